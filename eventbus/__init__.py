@@ -1,0 +1,34 @@
+"""eventbus: event-driven microservices on Redis Streams."""
+
+from eventbus.app import EventBus, SyncBus
+from eventbus.config import Settings
+from eventbus.consumer import Context
+from eventbus.errors import (
+    ConfigError,
+    DecodeError,
+    EventBusError,
+    NotStarted,
+    PayloadTooLarge,
+    PublishError,
+    RedisUnavailable,
+    ShardCountMismatch,
+    UnknownEventType,
+)
+from eventbus.sharding import shard_of
+
+__all__ = [
+    "ConfigError",
+    "Context",
+    "DecodeError",
+    "EventBus",
+    "EventBusError",
+    "NotStarted",
+    "PayloadTooLarge",
+    "PublishError",
+    "RedisUnavailable",
+    "Settings",
+    "ShardCountMismatch",
+    "SyncBus",
+    "UnknownEventType",
+    "shard_of",
+]

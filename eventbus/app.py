@@ -1,0 +1,306 @@
+"""`EventBus`: topics, subscriber registration, lifecycle, publishing and running consumers."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import signal
+import types
+import typing
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from functools import partial
+from typing import Any, Literal, TypeVar
+
+import anyio
+import anyio.from_thread
+from pydantic import BaseModel
+from redis.exceptions import RedisError
+
+from eventbus.codec import event_type_of
+from eventbus.config import Settings
+from eventbus.consumer import Consumer, Handler, Subscription
+from eventbus.errors import ConfigError, RedisUnavailable
+from eventbus.keys import Keys, check_name
+from eventbus.publisher import Publisher
+from eventbus.scripts import Scripts
+from eventbus.topics import TopicConfig, TopicRegistry
+
+log = logging.getLogger("eventbus")
+
+H = TypeVar("H", bound=Handler)
+Hook = Callable[[], Awaitable[None]]
+
+
+def connect(settings: Settings) -> Any:
+    """A redis-py asyncio client for `settings` (`RedisCluster` when ``cluster`` is set).
+
+    Binary-safe (``decode_responses=False``); connecting happens lazily on first use.
+    """
+    if settings.cluster:
+        from redis.asyncio.cluster import RedisCluster
+
+        return RedisCluster.from_url(settings.redis_url)
+    import redis.asyncio
+
+    return redis.asyncio.Redis.from_url(settings.redis_url)
+
+
+def _handler_models(handler: Callable[..., Any]) -> tuple[dict[str, type[BaseModel]], bool]:
+    """Event models accepted by `handler` (from its first parameter's annotation: a model or a
+    union of models) and whether it takes a second, `Context`, parameter."""
+    params = list(inspect.signature(handler).parameters.values())
+    if not params or len(params) > 2:
+        raise ConfigError(f"handler {handler!r} must take (event) or (event, ctx)")
+    hints = typing.get_type_hints(handler)
+    ann = hints.get(params[0].name)
+    is_union = typing.get_origin(ann) in (typing.Union, types.UnionType)
+    models = typing.get_args(ann) if is_union else (ann,)
+    if not all(isinstance(m, type) and issubclass(m, BaseModel) for m in models):
+        raise ConfigError(
+            f"handler {handler!r}: annotate its first parameter with a pydantic model "
+            f"or a union of models, not {ann!r}"
+        )
+    by_type: dict[str, type[BaseModel]] = {}
+    for m in models:
+        name = event_type_of(m)
+        if name in by_type:
+            raise ConfigError(f"handler {handler!r}: two models share the event type {name!r}")
+        by_type[name] = m
+    return by_type, len(params) == 2
+
+
+class EventBus:
+    """The application object: declare topics, register subscribers, publish, run.
+
+    ``async with bus:`` connects (checking that Redis answers) and starts the publisher's
+    pipeline flusher; `run()` also starts one `Consumer` per subscriber.
+    """
+
+    def __init__(self, settings: Settings | None = None, *, redis: Any | None = None) -> None:
+        self.settings = settings or Settings()
+        self.keys = Keys(self.settings.key_prefix, self.settings.hashtag)
+        self._redis = redis
+        self._topics: dict[str, TopicConfig] = {}
+        self.subscriptions: list[Subscription] = []
+        self.consumers: list[Consumer] = []
+        self._on_startup: list[Hook] = []
+        self._on_shutdown: list[Hook] = []
+        self._stack: contextlib.AsyncExitStack | None = None
+        self._publisher: Publisher | None = None
+        self._registry: TopicRegistry | None = None
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> EventBus:
+        """A bus configured from ``EVENTBUS_*`` / ``REDIS_URL``, with keyword overrides."""
+        return cls(Settings(**overrides))
+
+    # -- declaration ----------------------------------------------------------------------------
+    def topic(self, name: str, *, shards: int | None = None, maxlen: int | None = None) -> TopicConfig:
+        """Declare (or look up) a topic. Unset values come from the settings.
+
+        Raises `ConfigError` when the topic was already declared with other values.
+        """
+        check_name("topic", name)
+        existing = self._topics.get(name)
+        if existing is not None:
+            if (shards, maxlen) != (None, None) and (
+                (shards or existing.shards, maxlen or existing.maxlen)
+                != (existing.shards, existing.maxlen)
+            ):
+                raise ConfigError(f"topic {name!r} is already declared as {existing}")
+            return existing
+        config = TopicConfig(
+            name, shards or self.settings.shards, maxlen or self.settings.maxlen
+        )
+        self._topics[name] = config
+        return config
+
+    def subscriber(
+        self,
+        topic: str,
+        *,
+        group: str,
+        ack: Literal["after", "before"] = "after",
+        max_attempts: int | None = None,
+    ) -> Callable[[H], H]:
+        """Register the decorated function as the handler of `topic` for consumer group `group`.
+
+        The handler is ``async def h(event: Model, ctx: Context)`` (``ctx`` optional; a plain
+        ``def`` runs in a worker thread). ``Model`` is a pydantic model or a union of models:
+        entries of other event types are dead-lettered. ``ack="after"`` (default) acks after the
+        handler succeeded (at-least-once); ``ack="before"`` reads with NOACK (at-most-once).
+        """
+        check_name("group", group)
+        if ack not in ("after", "before"):
+            raise ConfigError(f"ack must be 'after' or 'before', got {ack!r}")
+
+        def register(handler: H) -> H:
+            models, takes_ctx = _handler_models(handler)
+            config = self.topic(topic)
+            if any(s.topic.name == topic and s.group == group for s in self.subscriptions):
+                raise ConfigError(f"group {group!r} already has a handler for topic {topic!r}")
+            self.subscriptions.append(
+                Subscription(config, group, handler, models, ack, max_attempts, takes_ctx)
+            )
+            return handler
+
+        return register
+
+    def on_startup(self, hook: Hook) -> Hook:
+        """Register ``async def hook()`` to run after connecting, before consumers start."""
+        self._on_startup.append(hook)
+        return hook
+
+    def on_shutdown(self, hook: Hook) -> Hook:
+        """Register ``async def hook()`` to run after consumers stopped, before disconnecting."""
+        self._on_shutdown.append(hook)
+        return hook
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    @property
+    def redis(self) -> Any:
+        """The redis-py asyncio client (created on first use)."""
+        if self._redis is None:
+            self._redis = connect(self.settings)
+        return self._redis
+
+    @property
+    def registry(self) -> TopicRegistry:
+        if self._registry is None:
+            self._registry = TopicRegistry(self.redis, self.keys)
+        return self._registry
+
+    @property
+    def publisher(self) -> Publisher:
+        if self._publisher is None:
+            self._publisher = Publisher(self.redis, self.settings, self.keys, self.registry)
+        return self._publisher
+
+    @property
+    def running(self) -> bool:
+        return self._stack is not None
+
+    async def __aenter__(self) -> EventBus:
+        try:
+            await self.redis.ping()
+        except (RedisError, OSError) as exc:
+            raise RedisUnavailable(
+                f"cannot reach Redis at {self.settings.redis_url}: {exc}"
+            ) from exc
+        async with contextlib.AsyncExitStack() as stack:
+            tg = await stack.enter_async_context(anyio.create_task_group())
+            stack.callback(tg.cancel_scope.cancel)
+            await tg.start(self.publisher.run_flusher)
+            for hook in self._on_startup:
+                await hook()
+            self._stack = stack.pop_all()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        stack, self._stack = self._stack, None
+        try:
+            for hook in self._on_shutdown:
+                await hook()
+        finally:
+            if stack is not None:
+                await stack.aclose()
+
+    async def aclose(self) -> None:
+        """Close the Redis connection pool."""
+        if self._redis is not None:
+            await self._redis.aclose()
+            self._redis = None
+            self._registry = self._publisher = None
+
+    # -- publishing -----------------------------------------------------------------------------
+    async def publish(
+        self,
+        topic: str,
+        event: BaseModel,
+        *,
+        resource_id: str,
+        headers: dict[str, str] | None = None,
+    ) -> str:
+        """Publish `event` on `topic`; its shard is chosen by `resource_id`. Returns the entry ID.
+
+        Concurrent calls on a running bus share pipelines. Raises `PayloadTooLarge`,
+        `ShardCountMismatch`, `ConfigError`, `PublishError` (see `Publisher.publish`).
+        """
+        return await self.publisher.publish(self.topic(topic), event, resource_id, headers)
+
+    async def publish_many(
+        self,
+        topic: str,
+        events: Iterable[tuple[str, BaseModel]],
+        *,
+        headers: dict[str, str] | None = None,
+    ) -> list[str]:
+        """Publish ``(resource_id, event)`` pairs in pipelines; returns entry IDs in order."""
+        return await self.publisher.publish_many(self.topic(topic), events, headers)
+
+    @contextlib.contextmanager
+    def sync(self) -> Iterator[SyncBus]:
+        """Run the bus on a private event loop thread, for synchronous code (Flask, Django).
+
+        ``with bus.sync() as sb: sb.publish(...)``; `SyncBus.publish` is thread-safe and calls
+        from many threads are coalesced into pipelines like async ones.
+        """
+        with (
+            anyio.from_thread.start_blocking_portal() as portal,
+            portal.wrap_async_context_manager(self),
+        ):
+            yield SyncBus(self, portal)
+
+    # -- consuming ------------------------------------------------------------------------------
+    async def run(self, *, stop: anyio.Event | None = None, handle_signals: bool = False) -> None:
+        """Run every registered subscriber until `stop` is set (or SIGTERM/SIGINT arrives, with
+        `handle_signals`), then shut down gracefully (see `Consumer.run`)."""
+        if not self.subscriptions:
+            raise ConfigError("no subscribers registered on this bus")
+        stop = stop or anyio.Event()
+        async with contextlib.AsyncExitStack() as stack:
+            if not self.running:
+                await stack.enter_async_context(self)
+            scripts = Scripts.register(self.redis)
+            self.consumers = [
+                Consumer(self.redis, scripts, self.keys, self.settings, self.registry, sub)
+                for sub in self.subscriptions
+            ]
+            async with anyio.create_task_group() as outer:
+                if handle_signals:
+                    outer.start_soon(_stop_on_signal, stop)
+                async with anyio.create_task_group() as tg:
+                    for consumer in self.consumers:
+                        tg.start_soon(consumer.run, stop)
+                outer.cancel_scope.cancel()
+
+
+async def _stop_on_signal(stop: anyio.Event) -> None:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            log.info("received %s: shutting down gracefully", signal.Signals(signum).name)
+            stop.set()
+            return
+
+
+class SyncBus:
+    """Blocking publishing API for synchronous code; made by `EventBus.sync()`."""
+
+    def __init__(self, bus: EventBus, portal: anyio.from_thread.BlockingPortal) -> None:
+        self._bus = bus
+        self._portal = portal
+
+    def publish(
+        self,
+        topic: str,
+        event: BaseModel,
+        *,
+        resource_id: str,
+        headers: dict[str, str] | None = None,
+    ) -> str:
+        """Like `EventBus.publish`, blocking the calling thread until Redis confirms."""
+        return self._portal.call(
+            partial(self._bus.publish, topic, event, resource_id=resource_id, headers=headers)
+        )
+

@@ -1,0 +1,73 @@
+"""Every Redis key eventbus uses, built in this one module.
+
+Two families, chosen for Redis Cluster (https://redis.io/docs/latest/operate/oss_and_stack/reference/cluster-spec/#hash-tags):
+
+* **Coordination keys** (topic registry, shard locks, group membership, offloader checkpoints)
+  all contain the same hashtag, default ``{eventbus}``, so they live in one slot and one Lua
+  script may touch several of them atomically.
+* **Data keys** (shard streams, dead-letter streams) carry no hashtag, so on a Cluster the
+  shard streams of a topic spread over the nodes.
+
+Topic and group names are restricted to ``[A-Za-z0-9_.-]`` (1-100 characters) so that keys never
+contain the ``:`` separator, braces or spaces. ``docs/protocol.md`` lists the layout.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from eventbus.errors import ConfigError
+
+_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,100}")
+
+
+def check_name(kind: str, name: str) -> str:
+    """Return `name` if it is a valid topic, group or consumer name; raise `ConfigError` if not."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ConfigError(f"invalid {kind} name {name!r}: use 1-100 characters of [A-Za-z0-9_.-]")
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    """Key builder for one deployment: `prefix` namespaces data keys, `hashtag` coordination keys."""
+
+    prefix: str = "eventbus"
+    hashtag: str = "eventbus"
+
+    def __post_init__(self) -> None:
+        check_name("key prefix", self.prefix)
+        check_name("hashtag", self.hashtag)
+
+    @property
+    def _coord(self) -> str:
+        return f"{self.prefix}:{{{self.hashtag}}}"
+
+    # -- data keys (no hashtag: spread over a Cluster) --------------------------------------
+    def stream(self, topic: str, shard: int) -> str:
+        """The stream holding shard `shard` of `topic`: ``<prefix>:stream:<topic>:<shard>``."""
+        return f"{self.prefix}:stream:{topic}:{shard}"
+
+    def dead_letter(self, topic: str, group: str) -> str:
+        """The dead-letter stream of `group` on `topic`: ``<prefix>:dlq:<topic>:<group>``."""
+        return f"{self.prefix}:dlq:{topic}:{group}"
+
+    # -- coordination keys (one hashtag, one slot) ------------------------------------------
+    def topics(self) -> str:
+        """Hash: topic name -> shard count, written once on a topic's first use."""
+        return f"{self._coord}:topics"
+
+    def locks(self, topic: str, group: str) -> str:
+        """Hash of a group's shard locks: ``<shard>`` -> owner consumer ID, ``<shard>:token`` ->
+        fencing token (incremented on every change of owner)."""
+        return f"{self._coord}:locks:{topic}:{group}"
+
+    def members(self, topic: str, group: str) -> str:
+        """Sorted set of a group's live consumers: member = consumer ID, score = the Redis server
+        time (ms) at which its liveness expires unless refreshed."""
+        return f"{self._coord}:members:{topic}:{group}"
+
+    def checkpoints(self, topic: str) -> str:
+        """Hash: shard -> last entry ID the offloader has archived (durable tier)."""
+        return f"{self._coord}:checkpoints:{topic}"

@@ -1,0 +1,43 @@
+"""The Lua scripts in ``lua/``, loaded once and called with EVALSHA.
+
+redis-py's `Script` object sends EVALSHA and, when Redis answers NOSCRIPT (after a restart or
+``SCRIPT FLUSH``), loads the script and retries, so callers never see a flushed script cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+_HERE = Path(__file__).resolve().parent
+# In a wheel the scripts are packaged as eventbus/lua; in a source checkout they sit at lua/.
+_LUA_DIRS = (_HERE / "lua", _HERE.parent / "lua")
+
+
+@cache
+def source(name: str) -> str:
+    """The text of ``lua/<name>.lua``. Raises `FileNotFoundError` naming the folders searched."""
+    for folder in _LUA_DIRS:
+        path = folder / f"{name}.lua"
+        if path.is_file():
+            return path.read_text()
+    raise FileNotFoundError(f"{name}.lua not found in {', '.join(map(str, _LUA_DIRS))}")
+
+
+@dataclass(frozen=True)
+class Scripts:
+    """The registered scripts of one Redis client (`redis.asyncio.Redis` or `RedisCluster`)."""
+
+    lock_shards: Any
+    unlock_shards: Any
+    heartbeat: Any
+
+    @classmethod
+    def register(cls, redis: Any) -> Scripts:
+        return cls(
+            lock_shards=redis.register_script(source("lock_shards")),
+            unlock_shards=redis.register_script(source("unlock_shards")),
+            heartbeat=redis.register_script(source("heartbeat")),
+        )

@@ -1,0 +1,56 @@
+"""Topic metadata: the shard count of each topic, stored once in Redis and checked by everyone.
+
+The registry hash (`Keys.topics`) maps topic -> shard count. The first publisher or consumer of a
+topic writes it (HSETNX); everyone after compares, and refuses a different count with
+`ShardCountMismatch`, since a resource must hash to the same shard on every side.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from eventbus.errors import ShardCountMismatch
+from eventbus.keys import Keys, check_name
+from eventbus.sharding import check_shards
+
+
+@dataclass(frozen=True, slots=True)
+class TopicConfig:
+    """Per-topic settings: shard count and approximate length cap of each shard stream."""
+
+    name: str
+    shards: int
+    maxlen: int
+
+    def __post_init__(self) -> None:
+        check_name("topic", self.name)
+        check_shards(self.shards)
+
+
+class TopicRegistry:
+    """Checks each topic's shard count against Redis once per process."""
+
+    def __init__(self, redis: Any, keys: Keys) -> None:
+        self._redis = redis
+        self._keys = keys
+        self._checked: set[str] = set()
+
+    async def ensure(self, topic: TopicConfig) -> None:
+        """Register `topic`'s shard count, or check it against the stored one.
+
+        Raises `ShardCountMismatch` when Redis holds another count for the topic.
+        """
+        if topic.name in self._checked:
+            return
+        key = self._keys.topics()
+        await self._redis.hsetnx(key, topic.name, topic.shards)
+        stored = int(await self._redis.hget(key, topic.name))
+        if stored != topic.shards:
+            raise ShardCountMismatch(topic.name, stored, topic.shards)
+        self._checked.add(topic.name)
+
+    async def stored(self) -> dict[str, int]:
+        """Every registered topic with its shard count."""
+        raw = await self._redis.hgetall(self._keys.topics())
+        return {k.decode(): int(v) for k, v in raw.items()}
