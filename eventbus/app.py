@@ -96,7 +96,9 @@ class EventBus:
         return cls(Settings(**overrides))
 
     # -- declaration ----------------------------------------------------------------------------
-    def topic(self, name: str, *, shards: int | None = None, maxlen: int | None = None) -> TopicConfig:
+    def topic(
+        self, name: str, *, shards: int | None = None, maxlen: int | None = None
+    ) -> TopicConfig:
         """Declare (or look up) a topic. Unset values come from the settings.
 
         Raises `ConfigError` when the topic was already declared with other values.
@@ -110,9 +112,7 @@ class EventBus:
             ):
                 raise ConfigError(f"topic {name!r} is already declared as {existing}")
             return existing
-        config = TopicConfig(
-            name, shards or self.settings.shards, maxlen or self.settings.maxlen
-        )
+        config = TopicConfig(name, shards or self.settings.shards, maxlen or self.settings.maxlen)
         self._topics[name] = config
         return config
 
@@ -303,4 +303,3 @@ class SyncBus:
         return self._portal.call(
             partial(self._bus.publish, topic, event, resource_id=resource_id, headers=headers)
         )
-

@@ -61,9 +61,7 @@ def new_event_id() -> bytes:
     return uuid.uuid4().bytes
 
 
-def encode_entry(
-    envelope: Envelope, *, compress_threshold: int = 1024
-) -> dict[bytes, bytes]:
+def encode_entry(envelope: Envelope, *, compress_threshold: int = 1024) -> dict[bytes, bytes]:
     """Encode `envelope` as the field map of one stream entry (see the module docstring)."""
     body = msgpack.packb(
         {

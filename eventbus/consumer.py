@@ -201,7 +201,10 @@ class Consumer:
         await self._ensure_groups()
         log.info(
             "consumer %s starts on topic %s group %s (%d shards)",
-            self.consumer_id, self.topic.name, self.group, self.topic.shards,
+            self.consumer_id,
+            self.topic.name,
+            self.group,
+            self.topic.shards,
         )
         try:
             async with anyio.create_task_group() as tg:
@@ -228,7 +231,10 @@ class Consumer:
         except _TRANSIENT as exc:
             log.error(
                 "consumer %s could not release its locks (%s); they free up after the liveness "
-                "TTL of %.1f s", self.consumer_id, exc, self.settings.liveness_ttl_s,
+                "TTL of %.1f s",
+                self.consumer_id,
+                exc,
+                self.settings.liveness_ttl_s,
             )
         self._held.clear()
 
@@ -255,7 +261,9 @@ class Consumer:
         """Forget every held shard: queued items and unsent acks of them are dropped and their
         entries stay pending, to be recovered by whoever holds the lock next (maybe us)."""
         if self._held:
-            log.warning("consumer %s drops shards %s: %s", self.consumer_id, sorted(self._held), reason)
+            log.warning(
+                "consumer %s drops shards %s: %s", self.consumer_id, sorted(self._held), reason
+            )
             METRICS.lease_lost.labels(*self._labels).inc()
         self._held.clear()
         self._wake_all()
@@ -292,8 +300,12 @@ class Consumer:
             except _TRANSIENT as exc:
                 failures += 1
                 delay = min(self.settings.retry_max_s, 0.05 * 2**failures)
-                log.warning("consumer %s: Redis unavailable (%s); retry in %.2f s",
-                            self.consumer_id, exc, delay)
+                log.warning(
+                    "consumer %s: Redis unavailable (%s); retry in %.2f s",
+                    self.consumer_id,
+                    exc,
+                    delay,
+                )
                 with anyio.move_on_after(delay):
                     await stop.wait()
                 continue
@@ -303,7 +315,9 @@ class Consumer:
                 log.warning("consumer %s: group missing (%s); creating it", self.consumer_id, exc)
                 await self._ensure_groups()
                 continue
-            block = self.settings.block_min_ms if got else min(block * 2, self.settings.block_max_ms)
+            block = (
+                self.settings.block_min_ms if got else min(block * 2, self.settings.block_max_ms)
+            )
 
     async def _round(self, block_ms: int) -> bool:
         """One lock/recover/read/release round. Returns whether any entry was read."""
@@ -326,7 +340,9 @@ class Consumer:
             local = self._held.get(s)
             if local is None or state != _HELD or local.token != token:
                 self._held[s] = _Shard(s, self._streams[s], token, next(self._generations))
-                if (state == _TAKEN_FROM_DEAD or (state == _HELD and local is None)) and not self.noack:
+                if (
+                    state == _TAKEN_FROM_DEAD or (state == _HELD and local is None)
+                ) and not self.noack:
                     recover.append(s)
         if recover:
             await self._recover(recover)
@@ -340,7 +356,8 @@ class Consumer:
             with anyio.move_on_after(block_ms / 1000):
                 await self._capacity.wait()
         idle = [
-            sh.shard for sh in self._held.values()
+            sh.shard
+            for sh in self._held.values()
             if sh.in_flight == 0 and (sh.draining or sh.shard not in got)
         ]
         if idle:
@@ -361,16 +378,28 @@ class Consumer:
             # pipelined (grouped per node by redis-py), then an adaptive pause if all were empty.
             pipe = self.redis.pipeline()
             for stream in streams:
-                pipe.xreadgroup(self.group, self.consumer_id, {stream: ">"},
-                                count=self.settings.read_count, noack=self.noack)
+                pipe.xreadgroup(
+                    self.group,
+                    self.consumer_id,
+                    {stream: ">"},
+                    count=self.settings.read_count,
+                    noack=self.noack,
+                )
             replies = [r for res in await pipe.execute() for r in (res or [])]
             if not any(entries for _, entries in replies):
                 await anyio.sleep(block_ms / 1000)
         else:
-            replies = await self.redis.xreadgroup(
-                self.group, self.consumer_id, streams,
-                count=self.settings.read_count, block=block_ms, noack=self.noack,
-            ) or []
+            replies = (
+                await self.redis.xreadgroup(
+                    self.group,
+                    self.consumer_id,
+                    streams,
+                    count=self.settings.read_count,
+                    block=block_ms,
+                    noack=self.noack,
+                )
+                or []
+            )
         got = set()
         for stream, entries in replies:
             if entries:
@@ -387,17 +416,30 @@ class Consumer:
             cursor: bytes | str = "0-0"
             while True:
                 cursor, entries, deleted = await self.redis.xautoclaim(
-                    sh.stream, self.group, self.consumer_id, 0, cursor,
+                    sh.stream,
+                    self.group,
+                    self.consumer_id,
+                    0,
+                    cursor,
                     count=self.settings.read_count,
                 )
                 if entries:
-                    log.info("consumer %s recovers %d pending entries of shard %d",
-                             self.consumer_id, len(entries), s)
+                    log.info(
+                        "consumer %s recovers %d pending entries of shard %d",
+                        self.consumer_id,
+                        len(entries),
+                        s,
+                    )
                     self._dispatch(sh, entries)
                 if deleted:
                     METRICS.lost.labels(*self._labels).inc(len(deleted))
-                    log.error("shard %s: %d pending entries were trimmed before being processed "
-                              "(stream cap too small?): %s", sh.stream, len(deleted), deleted[:5])
+                    log.error(
+                        "shard %s: %d pending entries were trimmed before being processed "
+                        "(stream cap too small?): %s",
+                        sh.stream,
+                        len(deleted),
+                        deleted[:5],
+                    )
                 if cursor in (b"0-0", "0-0"):
                     break
 
@@ -409,7 +451,9 @@ class Consumer:
             self._held.pop(s, None)
 
     # -- processing -----------------------------------------------------------------------------
-    def _dispatch(self, shard: _Shard, entries: list[tuple[bytes, dict[bytes, bytes] | None]]) -> None:
+    def _dispatch(
+        self, shard: _Shard, entries: list[tuple[bytes, dict[bytes, bytes] | None]]
+    ) -> None:
         assert self._tg is not None
         for entry_id, fields in entries:
             if fields is None:  # deleted between read and claim: nothing to process
@@ -458,10 +502,18 @@ class Consumer:
         entry_id = item.entry_id.decode()
         for attempt in range(1, self.max_attempts + 1):
             ctx = Context(
-                topic=self.topic.name, group=self.group, shard=item.shard.shard,
-                entry_id=entry_id, resource_id=env.resource_id, event_id=env.event_uuid,
-                event_type=env.event_type, published_at_ms=env.time_ms, headers=env.headers,
-                attempt=attempt, fencing_token=item.shard.token, consumer_id=self.consumer_id,
+                topic=self.topic.name,
+                group=self.group,
+                shard=item.shard.shard,
+                entry_id=entry_id,
+                resource_id=env.resource_id,
+                event_id=env.event_uuid,
+                event_type=env.event_type,
+                published_at_ms=env.time_ms,
+                headers=env.headers,
+                attempt=attempt,
+                fencing_token=item.shard.token,
+                consumer_id=self.consumer_id,
             )
             try:
                 async with self._limiter:
@@ -469,15 +521,30 @@ class Consumer:
             except Exception as exc:
                 METRICS.failures.labels(*self._labels).inc()
                 if attempt == self.max_attempts:
-                    log.error("handler %s failed %d times on %s %s: %r; dead-lettering",
-                              self.sub.name, attempt, item.shard.stream, entry_id, exc)
+                    log.error(
+                        "handler %s failed %d times on %s %s: %r; dead-lettering",
+                        self.sub.name,
+                        attempt,
+                        item.shard.stream,
+                        entry_id,
+                        exc,
+                    )
                     await self._dead_letter(item, exc, attempts=attempt)
                     return
-                delay = min(self.settings.retry_max_s, self.settings.retry_base_s * 2 ** (attempt - 1))
+                delay = min(
+                    self.settings.retry_max_s, self.settings.retry_base_s * 2 ** (attempt - 1)
+                )
                 delay *= random.uniform(0.5, 1.0)  # "equal jitter"
-                log.warning("handler %s failed on %s %s (attempt %d/%d): %r; retry in %.2f s",
-                            self.sub.name, item.shard.stream, entry_id, attempt,
-                            self.max_attempts, exc, delay)
+                log.warning(
+                    "handler %s failed on %s %s (attempt %d/%d): %r; retry in %.2f s",
+                    self.sub.name,
+                    item.shard.stream,
+                    entry_id,
+                    attempt,
+                    self.max_attempts,
+                    exc,
+                    delay,
+                )
                 await anyio.sleep(delay)
                 if not await self._await_lease(item):
                     self._finish(item)
@@ -567,8 +634,12 @@ class Consumer:
             batch, self._acks = self._acks, {}
             while not self._lease_ok() and self._held:
                 await self._lease_changed.wait()
-            current = [a for a in batch.values() if self._held.get(a.shard.shard) is not None
-                       and self._held[a.shard.shard].generation == a.generation]
+            current = [
+                a
+                for a in batch.values()
+                if self._held.get(a.shard.shard) is not None
+                and self._held[a.shard.shard].generation == a.generation
+            ]
             try:
                 if current:
                     pipe = self.redis.pipeline(transaction=False)

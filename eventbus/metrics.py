@@ -27,7 +27,9 @@ class _Metrics:
         "eventbus_lease_lost_total", "Times a consumer dropped its shards (lease lapsed)", _L
     )
     latency: Histogram = Histogram(
-        "eventbus_latency_seconds", "Publish-to-handled latency (seconds)", _L,
+        "eventbus_latency_seconds",
+        "Publish-to-handled latency (seconds)",
+        _L,
         buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
     )
 

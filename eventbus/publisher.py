@@ -21,7 +21,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from pydantic import BaseModel
 from redis.exceptions import RedisError
 
-from eventbus.codec import encode_entry, encoded_size, envelope_of
+from eventbus.codec import Envelope, encode_entry, encoded_size, envelope_of
 from eventbus.config import Settings
 from eventbus.errors import ConfigError, PayloadTooLarge, PublishError
 from eventbus.keys import Keys
@@ -40,9 +40,7 @@ class _Pending:
 class Publisher:
     """Encodes events and appends them to their shard streams. Created by `EventBus`."""
 
-    def __init__(
-        self, redis: Any, settings: Settings, keys: Keys, registry: TopicRegistry
-    ) -> None:
+    def __init__(self, redis: Any, settings: Settings, keys: Keys, registry: TopicRegistry) -> None:
         self._redis = redis
         self._settings = settings
         self._keys = keys
@@ -65,14 +63,17 @@ class Publisher:
             raise ConfigError(f"resource_id must be a non-empty string, got {resource_id!r}")
         if not isinstance(event, BaseModel):
             raise ConfigError(f"event must be a pydantic model, got {type(event).__name__}")
-        fields = encode_entry(
-            envelope_of(resource_id, event, headers),
-            compress_threshold=self._settings.compress_threshold_bytes,
-        )
+        return self.prepare_envelope(topic, envelope_of(resource_id, event, headers))
+
+    def prepare_envelope(
+        self, topic: TopicConfig, envelope: Envelope
+    ) -> tuple[str, dict[bytes, bytes]]:
+        """Encode a ready envelope (e.g. a raw payload from the CLI); see `prepare`."""
+        fields = encode_entry(envelope, compress_threshold=self._settings.compress_threshold_bytes)
         size = encoded_size(fields)
         if size > self._settings.max_payload_bytes:
             raise PayloadTooLarge(topic.name, size, self._settings.max_payload_bytes)
-        return self._keys.stream(topic.name, shard_of(resource_id, topic.shards)), fields
+        return self._keys.stream(topic.name, shard_of(envelope.resource_id, topic.shards)), fields
 
     async def publish(
         self,
@@ -93,6 +94,14 @@ class Publisher:
             await self._send([item])
         else:
             self._queue.send_nowait(item)
+        return await item.future
+
+    async def publish_envelope(self, topic: TopicConfig, envelope: Envelope) -> str:
+        """Append a ready envelope (no model needed); returns its entry ID."""
+        await self._registry.ensure(topic)
+        stream, fields = self.prepare_envelope(topic, envelope)
+        item = _Pending(stream, fields, topic.maxlen, asyncio.get_running_loop().create_future())
+        await self._send([item])
         return await item.future
 
     async def publish_many(

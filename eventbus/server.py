@@ -1,0 +1,181 @@
+"""Start a private ``redis-server`` (or a small Redis Cluster) on free loopback ports.
+
+Used by ``eventbus demo flights`` when no ``REDIS_URL`` is set, by the test fixtures and by the
+benchmarks. Needs the ``redis-server`` binary (Debian package ``redis-server``) on PATH.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+from eventbus.errors import EventBusError
+
+
+def free_port(below: int = 65536) -> int:
+    """A TCP port under `below` on 127.0.0.1 that was free a moment ago."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port < below:
+            return port
+
+
+def redis_binary(name: str = "redis-server") -> str:
+    """Path of `name`; raises `EventBusError` saying how to install it when it is missing."""
+    path = shutil.which(name)
+    if path is None:
+        raise EventBusError(
+            f"{name} not found on PATH: install it (Debian: apt-get install redis-server) "
+            "or set REDIS_URL to an existing server"
+        )
+    return path
+
+
+def _ping(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+class RedisServer:
+    """A ``redis-server`` child process on 127.0.0.1; a context manager.
+
+    `appendonly` turns AOF on with the given ``appendfsync`` policy ("always", "everysec");
+    `extra` adds raw ``--option value`` arguments. Data lives in a temporary folder unless `dir`
+    is given. `restart()` stops and starts it on the same port and folder (AOF reload).
+    """
+
+    def __init__(
+        self,
+        port: int | None = None,
+        *,
+        appendonly: str | None = None,
+        dir: str | Path | None = None,
+        extra: list[str] | None = None,
+    ) -> None:
+        self.port = port or free_port()
+        self._tmp = None if dir else tempfile.TemporaryDirectory(prefix="eventbus-redis-")
+        self.dir = Path(dir) if dir else Path(self._tmp.name)  # type: ignore[union-attr]
+        self.appendonly = appendonly
+        self.extra = extra or []
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def args(self) -> list[str]:
+        args = [
+            redis_binary(),
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.dir),
+            "--save",
+            "",
+            "--protected-mode",
+            "no",
+        ]
+        if self.appendonly:
+            args += ["--appendonly", "yes", "--appendfsync", self.appendonly]
+        return args + self.extra
+
+    def start(self, timeout: float = 10.0) -> RedisServer:
+        """Start and wait until it answers PING; raises `EventBusError` if it does not."""
+        log = open(self.dir / "redis.log", "ab")  # noqa: SIM115 - owned by the child
+        self.proc = subprocess.Popen(self.args(), stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while not _ping(self.port):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                tail = (self.dir / "redis.log").read_text(errors="replace")[-2000:]
+                self.stop()
+                raise EventBusError(f"redis-server on port {self.port} did not start:\n{tail}")
+            time.sleep(0.02)
+        return self
+
+    def stop(self, kill: bool = False) -> None:
+        """Stop it (SIGTERM, or SIGKILL with `kill`) and wait for the process to end."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill() if kill else self.proc.terminate()
+            self.proc.wait(timeout=30)
+        self.proc = None
+
+    def restart(self, kill: bool = False) -> None:
+        self.stop(kill=kill)
+        self.start()
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+
+class RedisCluster:
+    """A Redis Cluster of `primaries` nodes (no replicas) on loopback; a context manager."""
+
+    def __init__(self, primaries: int = 3) -> None:
+        # the cluster bus listens on port + 10000, so ports must stay below 55536
+        self.nodes = [
+            RedisServer(
+                free_port(below=55536),
+                extra=["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"],
+            )
+            for _ in range(primaries)
+        ]
+
+    @property
+    def url(self) -> str:
+        return self.nodes[0].url
+
+    def __enter__(self) -> RedisCluster:
+        for node in self.nodes:
+            node.start()
+        addrs = [f"127.0.0.1:{n.port}" for n in self.nodes]
+        subprocess.run(
+            [
+                redis_binary("redis-cli"),
+                "--cluster",
+                "create",
+                *addrs,
+                "--cluster-replicas",
+                "0",
+                "--cluster-yes",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            out = subprocess.run(
+                [redis_binary("redis-cli"), "-p", str(self.nodes[0].port), "cluster", "info"],
+                capture_output=True,
+                text=True,
+            ).stdout
+            if "cluster_state:ok" in out:
+                return self
+            time.sleep(0.1)
+        raise EventBusError("Redis Cluster did not reach cluster_state:ok within 30 s")
+
+    def __exit__(self, *exc: object) -> None:
+        for node in self.nodes:
+            node.stop()
+            if node._tmp is not None:
+                node._tmp.cleanup()
