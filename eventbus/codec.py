@@ -125,6 +125,11 @@ def decode_entry(fields: dict[bytes, bytes], *, max_bytes: int = 64 << 20) -> En
     fmt, body = data[0], data[1:]
     try:
         if fmt == FORMAT_MSGPACK_ZSTD:
+            # `max_output_size` only bounds frames that do not declare their size; a frame that
+            # declares one is decompressed into a buffer of that size, so check it first.
+            declared = zstandard.frame_content_size(body)
+            if declared > max_bytes:
+                raise DecodeError(f"envelope decompresses to {declared} bytes, over {max_bytes}")
             body = zstandard.ZstdDecompressor().decompress(body, max_output_size=max_bytes)
         elif fmt != FORMAT_MSGPACK:
             raise DecodeError(f"unknown envelope format byte 0x{fmt:02x}")
