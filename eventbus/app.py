@@ -106,13 +106,17 @@ class EventBus:
         check_name("topic", name)
         existing = self._topics.get(name)
         if existing is not None:
-            if (shards, maxlen) != (None, None) and (
-                (shards or existing.shards, maxlen or existing.maxlen)
-                != (existing.shards, existing.maxlen)
+            if (shards is not None and shards != existing.shards) or (
+                maxlen is not None and maxlen != existing.maxlen
             ):
                 raise ConfigError(f"topic {name!r} is already declared as {existing}")
             return existing
-        config = TopicConfig(name, shards or self.settings.shards, maxlen or self.settings.maxlen)
+        # `is None`, not `or`: an explicit 0 must be refused by TopicConfig, not replaced
+        config = TopicConfig(
+            name,
+            self.settings.shards if shards is None else shards,
+            self.settings.maxlen if maxlen is None else maxlen,
+        )
         self._topics[name] = config
         return config
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from eventbus.errors import ShardCountMismatch
+from eventbus.errors import ConfigError, ShardCountMismatch
 from eventbus.keys import Keys, check_name
 from eventbus.sharding import check_shards
 
@@ -26,6 +26,8 @@ class TopicConfig:
     def __post_init__(self) -> None:
         check_name("topic", self.name)
         check_shards(self.shards)
+        if isinstance(self.maxlen, bool) or not isinstance(self.maxlen, int) or self.maxlen < 1:
+            raise ConfigError(f"topic {self.name!r}: maxlen must be a positive integer")
 
 
 class TopicRegistry:

@@ -161,9 +161,7 @@ ID16 = b"\x01" * 16
         pytest.param(
             _with_data(bytes([FORMAT_MSGPACK]) + msgpack.packb([1, 2])), id="body-not-map"
         ),
-        pytest.param(
-            _with_data(bytes([FORMAT_MSGPACK]) + msgpack.packb({1: 2})), id="int-map-key"
-        ),
+        pytest.param(_with_data(bytes([FORMAT_MSGPACK]) + msgpack.packb({1: 2})), id="int-map-key"),
     ],
 )
 def test_decode_failures_raise_decode_error(fields: dict[bytes, bytes]) -> None:
