@@ -12,8 +12,10 @@
 -- (the fair share); locks it already holds are kept even above that (the caller releases its
 -- surplus once the shard is idle). Every change of owner increments the lock's fencing token.
 --
--- Returns {fair_share, {shard, token, changed}, ...}: one triple per lock the caller now holds,
--- changed = 1 when the caller has just taken it (it must recover the shard's pending entries).
+-- Returns {fair_share, {shard, token, state}, ...}: one triple per lock the caller now holds,
+-- state 0 = it already held the lock, 1 = it has just taken a free lock, 2 = it has just taken
+-- the lock from a consumer whose liveness expired. On 1 and 2 the caller is the new owner and
+-- must recover the shard's pending entries before reading new ones.
 -- Uses only plain Lua 5.1 (no bit library), so fakeredis runs it too.
 
 local members = KEYS[1]
@@ -39,17 +41,20 @@ for i = 4, #ARGV do
   if owner == me then
     count = count + 1
     held[#held + 1] = {tonumber(shard), tonumber(redis.call('HGET', locks, shard .. ':token') or 0), 0}
-  elseif (not owner) or (not redis.call('ZSCORE', members, owner)) then
-    free[#free + 1] = shard
+  elseif not owner then
+    free[#free + 1] = {shard, 1}
+  elseif not redis.call('ZSCORE', members, owner) then  -- expired members were removed above
+    free[#free + 1] = {shard, 2}
   end
 end
 
-for _, shard in ipairs(free) do
+for _, f in ipairs(free) do
   if count >= share then break end
+  local shard, state = f[1], f[2]
   redis.call('HSET', locks, shard, me)
   local token = redis.call('HINCRBY', locks, shard .. ':token', 1)
   count = count + 1
-  held[#held + 1] = {tonumber(shard), token, 1}
+  held[#held + 1] = {tonumber(shard), token, state}
 end
 
 local result = {share}

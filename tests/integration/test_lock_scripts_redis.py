@@ -1,0 +1,29 @@
+"""The lock scripts on a real redis-server and on a 3-node Redis Cluster; see
+`tests/unit/lock_script_cases.py` for the cases."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import redis.asyncio
+from redis.asyncio.cluster import RedisCluster as ClusterClient
+from unit.lock_script_cases import LockScriptCases
+
+from eventbus.server import RedisCluster
+
+
+class TestLockScriptsOnRedis(LockScriptCases):
+    @pytest.fixture
+    def client(self, r: redis.asyncio.Redis) -> Any:
+        return r
+
+
+class TestLockScriptsOnCluster(LockScriptCases):
+    @pytest.fixture
+    async def client(self, redis_cluster: RedisCluster) -> AsyncIterator[Any]:
+        client = ClusterClient.from_url(redis_cluster.url)
+        await client.flushall()
+        yield client
+        await client.aclose()

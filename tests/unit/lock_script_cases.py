@@ -1,0 +1,269 @@
+"""The lock scripts' contract, as test cases run on two backends.
+
+`tests/unit/test_lock_scripts_fake.py` runs them on fakeredis (fast, checks the Lua logic);
+`tests/integration/test_lock_scripts_redis.py` on a real redis-server and a Redis Cluster. A
+subclass provides the `client` fixture (an asyncio redis client on an empty database).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import pytest
+
+from eventbus.keys import Keys
+from eventbus.scripts import Scripts
+
+KEYS = Keys()
+MEMBERS = KEYS.members("orders", "billing")
+LOCKS = KEYS.locks("orders", "billing")
+LONG_TTL_MS = 60_000
+
+# lock states in the reply of lock_shards.lua
+HELD, TAKEN_FREE, TAKEN_FROM_DEAD = 0, 1, 2
+
+
+@dataclass
+class Reply:
+    share: int
+    locks: dict[int, tuple[int, int]]  # shard -> (token, state)
+
+    @property
+    def shards(self) -> set[int]:
+        return set(self.locks)
+
+    def states(self) -> set[int]:
+        return {state for _, state in self.locks.values()}
+
+
+class LockScriptCases:
+    """Test cases of lua/lock_shards.lua, lua/unlock_shards.lua and lua/heartbeat.lua."""
+
+    @pytest.fixture
+    def scripts(self, client: Any) -> Scripts:
+        return Scripts.register(client)
+
+    @staticmethod
+    async def lock(
+        scripts: Scripts,
+        me: str,
+        shard_count: int,
+        candidates: list[int] | None = None,
+        ttl_ms: int = LONG_TTL_MS,
+    ) -> Reply:
+        if candidates is None:
+            candidates = list(range(shard_count))
+        raw = await scripts.lock_shards(
+            keys=[MEMBERS, LOCKS], args=[me, ttl_ms, shard_count, *candidates]
+        )
+        locks = {}
+        for shard, token, state in raw[1:]:
+            assert int(shard) not in locks, f"shard {shard} reported twice"
+            locks[int(shard)] = (int(token), int(state))
+        return Reply(int(raw[0]), locks)
+
+    @staticmethod
+    async def unlock(scripts: Scripts, me: str, shards: list[int], leave: bool = False) -> set[int]:
+        raw = await scripts.unlock_shards(keys=[MEMBERS, LOCKS], args=[me, int(leave), *shards])
+        return {int(s) for s in raw}
+
+    @staticmethod
+    async def owners(client: Any) -> dict[int, str]:
+        raw = await client.hgetall(LOCKS)
+        return {int(k): v.decode() for k, v in raw.items() if b":" not in k}
+
+    @staticmethod
+    async def expire_now(client: Any, consumer: str) -> None:
+        """Let `consumer`'s liveness run out for real: wait until the server clock passes its
+        deadline (it was registered with a TTL of a few ms)."""
+        deadline = float(await client.zscore(MEMBERS, consumer))
+        with anyio.fail_after(5):
+            while True:
+                sec, usec = await client.time()
+                if sec * 1000 + usec // 1000 > deadline:
+                    return
+                await anyio.sleep(0.002)
+
+    # -- lock_shards -------------------------------------------------------------------------------
+    @pytest.mark.anyio
+    async def test_free_locks_are_taken_with_token_1(self, client: Any, scripts: Scripts) -> None:
+        reply = await self.lock(scripts, "a", 4)
+
+        assert reply.share == 4
+        assert reply.locks == {s: (1, TAKEN_FREE) for s in range(4)}
+        assert await self.owners(client) == {s: "a" for s in range(4)}
+        assert await client.zscore(MEMBERS, "a") is not None
+
+    @pytest.mark.anyio
+    async def test_lock_held_by_live_consumer_is_not_taken(
+        self, client: Any, scripts: Scripts
+    ) -> None:
+        await self.lock(scripts, "a", 4)
+        reply = await self.lock(scripts, "b", 4)
+
+        assert reply.share == 2  # two live consumers
+        assert reply.locks == {}
+        assert await self.owners(client) == {s: "a" for s in range(4)}
+        assert await client.hget(LOCKS, "0:token") == b"1"
+
+    @pytest.mark.anyio
+    async def test_lock_of_dead_consumer_is_taken_with_new_token(
+        self, client: Any, scripts: Scripts
+    ) -> None:
+        await self.lock(scripts, "a", 2, ttl_ms=5)
+        await self.expire_now(client, "a")
+
+        reply = await self.lock(scripts, "b", 2)
+
+        assert reply.share == 2  # "a" no longer counts as live
+        assert reply.locks == {0: (2, TAKEN_FROM_DEAD), 1: (2, TAKEN_FROM_DEAD)}
+        assert await self.owners(client) == {0: "b", 1: "b"}
+        assert await client.zscore(MEMBERS, "a") is None
+
+    @pytest.mark.anyio
+    async def test_mixed_free_dead_and_live_owners(self, client: Any, scripts: Scripts) -> None:
+        await self.lock(scripts, "live", 4, [0])
+        await self.lock(scripts, "dead", 4, [1], ttl_ms=5)
+        await self.expire_now(client, "dead")
+
+        reply = await self.lock(scripts, "me", 4, [0, 1, 2, 3])
+
+        assert reply.share == 2  # "live" and "me"
+        assert reply.locks == {1: (2, TAKEN_FROM_DEAD), 2: (1, TAKEN_FREE)}
+        assert await self.owners(client) == {0: "live", 1: "me", 2: "me"}
+
+    @pytest.mark.anyio
+    async def test_reentrant_lock_keeps_its_token(self, client: Any, scripts: Scripts) -> None:
+        first = await self.lock(scripts, "a", 4, [2, 3])
+        again = await self.lock(scripts, "a", 4, [2, 3])
+
+        assert first.locks == {2: (1, TAKEN_FREE), 3: (1, TAKEN_FREE)}
+        assert again.locks == {2: (1, HELD), 3: (1, HELD)}
+
+    @pytest.mark.anyio
+    async def test_refresh_keeps_the_caller_live(self, client: Any, scripts: Scripts) -> None:
+        await self.lock(scripts, "a", 1, ttl_ms=LONG_TTL_MS)
+        sec, usec = await client.time()
+        deadline = float(await client.zscore(MEMBERS, "a"))
+        assert deadline > sec * 1000 + usec // 1000 + LONG_TTL_MS / 2
+
+    @pytest.mark.anyio
+    async def test_token_grows_on_every_change_of_owner(
+        self, client: Any, scripts: Scripts
+    ) -> None:
+        assert (await self.lock(scripts, "a", 1)).locks == {0: (1, TAKEN_FREE)}
+        assert await self.unlock(scripts, "a", [0]) == {0}
+        assert (await self.lock(scripts, "b", 1, ttl_ms=5)).locks == {0: (2, TAKEN_FREE)}
+        await self.expire_now(client, "b")
+        assert (await self.lock(scripts, "a", 1)).locks == {0: (3, TAKEN_FROM_DEAD)}
+        assert (await self.lock(scripts, "a", 1)).locks == {0: (3, HELD)}
+
+    @pytest.mark.anyio
+    @pytest.mark.parametrize(("shard_count", "live"), [(10, 3), (16, 5), (4, 4), (3, 7)])
+    async def test_fair_share_is_ceil_shards_over_live(
+        self, client: Any, scripts: Scripts, shard_count: int, live: int
+    ) -> None:
+        for i in range(live - 1):  # register the others without taking anything
+            assert (await self.lock(scripts, f"other{i}", shard_count, [])).locks == {}
+        preference = list(reversed(range(shard_count)))
+
+        reply = await self.lock(scripts, "me", shard_count, preference)
+
+        share = math.ceil(shard_count / live)
+        assert reply.share == share
+        # the first `share` shards in the caller's order of preference
+        assert reply.shards == set(preference[:share])
+
+    @pytest.mark.anyio
+    async def test_shares_add_up_to_every_shard(self, client: Any, scripts: Scripts) -> None:
+        names = ["a", "b", "c"]
+        for name in names:
+            await self.lock(scripts, name, 10, [])
+        got = {name: (await self.lock(scripts, name, 10)).shards for name in names}
+
+        assert [len(got[n]) for n in names] == [4, 4, 2]
+        assert set().union(*got.values()) == set(range(10))
+
+    @pytest.mark.anyio
+    async def test_locks_above_the_share_are_kept(self, client: Any, scripts: Scripts) -> None:
+        await self.lock(scripts, "a", 4)
+        await self.lock(scripts, "b", 4, [])
+
+        reply = await self.lock(scripts, "a", 4)
+
+        assert reply.share == 2
+        assert reply.locks == {s: (1, HELD) for s in range(4)}
+
+    @pytest.mark.anyio
+    async def test_more_than_32_shards(self, client: Any, scripts: Scripts) -> None:
+        reply = await self.lock(scripts, "a", 64)
+        assert reply.share == 64
+        assert reply.shards == set(range(64))
+        assert reply.states() == {TAKEN_FREE}
+
+        # a second consumer joins: "a" releases the upper half, "b" takes exactly that
+        assert await self.unlock(scripts, "a", list(range(32, 64))) == set(range(32, 64))
+        reply_b = await self.lock(scripts, "b", 64)
+        assert reply_b.share == 32
+        assert reply_b.locks == {s: (2, TAKEN_FREE) for s in range(32, 64)}
+        owners = await self.owners(client)
+        assert {s for s, o in owners.items() if o == "a"} == set(range(32))
+        assert {s for s, o in owners.items() if o == "b"} == set(range(32, 64))
+
+    # -- unlock_shards -----------------------------------------------------------------------------
+    @pytest.mark.anyio
+    async def test_unlock_releases_only_the_callers_locks(
+        self, client: Any, scripts: Scripts
+    ) -> None:
+        await self.lock(scripts, "a", 4, [0, 1])
+        await self.lock(scripts, "b", 4, [2])
+
+        assert await self.unlock(scripts, "b", [0, 1, 2, 3]) == {2}
+        assert await self.owners(client) == {0: "a", 1: "a"}
+        assert await self.unlock(scripts, "a", [1]) == {1}
+        assert await self.owners(client) == {0: "a"}
+        # tokens are kept, so the next owner's token is larger
+        assert await client.hget(LOCKS, "1:token") == b"1"
+        # neither call removed anyone from the live members
+        assert await client.zscore(MEMBERS, "a") is not None
+        assert await client.zscore(MEMBERS, "b") is not None
+
+    @pytest.mark.anyio
+    async def test_unlock_with_leave_removes_the_member(
+        self, client: Any, scripts: Scripts
+    ) -> None:
+        await self.lock(scripts, "a", 4, [0])
+        await self.lock(scripts, "b", 4, [])
+
+        assert await self.unlock(scripts, "a", [0], leave=True) == {0}
+
+        assert await client.zscore(MEMBERS, "a") is None
+        # "b" is alone now: its share is every shard
+        reply = await self.lock(scripts, "b", 4)
+        assert reply.share == 4
+        assert reply.locks == {0: (2, TAKEN_FREE)} | {s: (1, TAKEN_FREE) for s in (1, 2, 3)}
+
+    # -- heartbeat ---------------------------------------------------------------------------------
+    @pytest.mark.anyio
+    async def test_heartbeat_reports_whether_the_caller_was_live(
+        self, client: Any, scripts: Scripts
+    ) -> None:
+        hb = scripts.heartbeat
+        assert await hb(keys=[MEMBERS], args=["a", 5]) == 0  # never seen
+        await self.expire_now(client, "a")
+        assert await hb(keys=[MEMBERS], args=["a", LONG_TTL_MS]) == 0  # had expired
+        assert await hb(keys=[MEMBERS], args=["a", LONG_TTL_MS]) == 1
+
+    # -- script cache ------------------------------------------------------------------------------
+    @pytest.mark.anyio
+    async def test_calls_work_after_script_flush(self, client: Any, scripts: Scripts) -> None:
+        assert (await self.lock(scripts, "a", 2)).shards == {0, 1}
+        await client.script_flush()
+        assert not any(await client.script_exists(scripts.lock_shards.sha))
+
+        assert (await self.lock(scripts, "a", 2)).locks == {0: (1, HELD), 1: (1, HELD)}
+        assert await self.unlock(scripts, "a", [0, 1], leave=True) == {0, 1}
+        assert await scripts.heartbeat(keys=[MEMBERS], args=["a", 1000]) == 0

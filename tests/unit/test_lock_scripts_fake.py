@@ -1,0 +1,14 @@
+"""The lock scripts' logic on fakeredis (with Lua); see `lock_script_cases`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from unit.lock_script_cases import LockScriptCases
+
+
+class TestLockScriptsOnFakeRedis(LockScriptCases):
+    @pytest.fixture
+    def client(self, fake_redis: Any) -> Any:
+        return fake_redis
