@@ -76,13 +76,18 @@ class Context:
     shard: int
     entry_id: str
     resource_id: str
-    event_id: uuid.UUID
+    event_id_bytes: bytes
     event_type: str
     published_at_ms: int
     headers: dict[str, str]
     attempt: int
     fencing_token: int
     consumer_id: str
+
+    @property
+    def event_id(self) -> uuid.UUID:
+        """The event's ID (UUID), set by the publisher: the key for idempotent handling."""
+        return uuid.UUID(bytes=self.event_id_bytes)
 
 
 Handler = Callable[..., Awaitable[None] | None]
@@ -182,9 +187,16 @@ class Consumer:
         self._lease_until = 0.0
         self._lease_changed = anyio.Event()
         self._stopping = False
-        self._limiter = anyio.CapacityLimiter(settings.concurrency)
-        self._tg: anyio.abc.TaskGroup | None = None
-        self._labels = (self.topic.name, self.group)
+        self._ready: deque[tuple[int, bytes]] = deque()  # resources with work and no worker
+        self._ready_event = anyio.Event()
+        labels = (self.topic.name, self.group)
+        self._m_handled = METRICS.handled.labels(*labels)
+        self._m_failures = METRICS.failures.labels(*labels)
+        self._m_dead = METRICS.dead_lettered.labels(*labels)
+        self._m_lost = METRICS.lost.labels(*labels)
+        self._m_lease = METRICS.lease_lost.labels(*labels)
+        self._m_latency = METRICS.latency.labels(*labels)
+        self._is_async = inspect.iscoroutinefunction(sub.handler)
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def run(self, stop: anyio.Event) -> None:
@@ -208,9 +220,10 @@ class Consumer:
         )
         try:
             async with anyio.create_task_group() as tg:
-                self._tg = tg
                 tg.start_soon(self._heartbeat_loop)
                 tg.start_soon(self._ack_loop)
+                for _ in range(self.settings.concurrency):
+                    tg.start_soon(self._worker)
                 await self._read_loop(stop)
                 self._stopping = True
                 self._wake_all()
@@ -264,7 +277,7 @@ class Consumer:
             log.warning(
                 "consumer %s drops shards %s: %s", self.consumer_id, sorted(self._held), reason
             )
-            METRICS.lease_lost.labels(*self._labels).inc()
+            self._m_lease.inc()
         self._held.clear()
         self._wake_all()
 
@@ -352,9 +365,8 @@ class Consumer:
         got: set[int] = set()
         if readable:
             got = await self._read(readable, block_ms)
-        else:  # nothing to read: wait a poll, or until an in-flight entry settles
-            with anyio.move_on_after(block_ms / 1000):
-                await self._capacity.wait()
+        else:  # nothing to read (all held shards draining, or none held): wait a poll
+            await anyio.sleep(block_ms / 1000)
         idle = [
             sh.shard
             for sh in self._held.values()
@@ -432,7 +444,7 @@ class Consumer:
                     )
                     self._dispatch(sh, entries)
                 if deleted:
-                    METRICS.lost.labels(*self._labels).inc(len(deleted))
+                    self._m_lost.inc(len(deleted))
                     log.error(
                         "shard %s: %d pending entries were trimmed before being processed "
                         "(stream cap too small?): %s",
@@ -454,7 +466,6 @@ class Consumer:
     def _dispatch(
         self, shard: _Shard, entries: list[tuple[bytes, dict[bytes, bytes] | None]]
     ) -> None:
-        assert self._tg is not None
         for entry_id, fields in entries:
             if fields is None:  # deleted between read and claim: nothing to process
                 continue
@@ -465,18 +476,27 @@ class Consumer:
             queue = self._queues.get(key)
             if queue is None:
                 self._queues[key] = deque([item])
-                self._tg.start_soon(self._run_resource, key)
+                self._ready.append(key)
+                self._ready_event.set()
             else:
                 queue.append(item)
 
-    async def _run_resource(self, key: tuple[int, bytes]) -> None:
-        queue = self._queues[key]
-        try:
-            while queue:
-                await self._process(queue[0])
-                queue.popleft()
-        finally:
-            del self._queues[key]
+    async def _worker(self) -> None:
+        """One of `concurrency` workers: takes a resource with queued entries and runs them in
+        order. A resource is in `_queues` while a worker owns it or it waits in `_ready`, so two
+        workers never run the same resource."""
+        while True:
+            while not self._ready:
+                self._ready_event = anyio.Event()
+                await self._ready_event.wait()
+            key = self._ready.popleft()
+            queue = self._queues[key]
+            try:
+                while queue:
+                    await self._process(queue[0])
+                    queue.popleft()
+            finally:
+                del self._queues[key]
 
     def _current(self, item: _Item) -> bool:
         sh = self._held.get(item.shard.shard)
@@ -507,7 +527,7 @@ class Consumer:
                 shard=item.shard.shard,
                 entry_id=entry_id,
                 resource_id=env.resource_id,
-                event_id=env.event_uuid,
+                event_id_bytes=env.event_id,
                 event_type=env.event_type,
                 published_at_ms=env.time_ms,
                 headers=env.headers,
@@ -516,10 +536,9 @@ class Consumer:
                 consumer_id=self.consumer_id,
             )
             try:
-                async with self._limiter:
-                    await self._call(event, ctx)
+                await self._call(event, ctx)
             except Exception as exc:
-                METRICS.failures.labels(*self._labels).inc()
+                self._m_failures.inc()
                 if attempt == self.max_attempts:
                     log.error(
                         "handler %s failed %d times on %s %s: %r; dead-lettering",
@@ -551,10 +570,8 @@ class Consumer:
                     return
                 continue
             self.handled += 1
-            METRICS.handled.labels(*self._labels).inc()
-            METRICS.latency.labels(*self._labels).observe(
-                max(0.0, time.time() - env.time_ms / 1000)
-            )
+            self._m_handled.inc()
+            self._m_latency.observe(max(0.0, time.time() - env.time_ms / 1000))
             self._ack(item)
             return
 
@@ -573,7 +590,7 @@ class Consumer:
 
     async def _call(self, event: Any, ctx: Context) -> None:
         args = (event, ctx) if self.sub.takes_context else (event,)
-        if inspect.iscoroutinefunction(self.sub.handler):
+        if self._is_async:
             await self.sub.handler(*args)
         else:
             await anyio.to_thread.run_sync(partial(self.sub.handler, *args))
@@ -610,7 +627,7 @@ class Consumer:
                 await anyio.sleep(delay)
                 delay = min(delay * 2, self.settings.retry_max_s)
         self.dead_lettered += 1
-        METRICS.dead_lettered.labels(*self._labels).inc()
+        self._m_dead.inc()
         self._ack(item)
 
     # -- acking ---------------------------------------------------------------------------------
@@ -671,7 +688,7 @@ class Consumer:
     def _finish_shard(self, shard: _Shard) -> None:
         shard.in_flight -= 1
         self._in_flight -= 1
-        if self._in_flight < self.settings.max_in_flight:
+        if self._in_flight == self.settings.max_in_flight - 1:  # crossed back under the cap
             self._capacity.set()
             self._capacity = anyio.Event()
         if self._in_flight == 0:
