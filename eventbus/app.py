@@ -259,13 +259,20 @@ class EventBus:
     # -- consuming ------------------------------------------------------------------------------
     async def run(self, *, stop: anyio.Event | None = None, handle_signals: bool = False) -> None:
         """Run every registered subscriber until `stop` is set (or SIGTERM/SIGINT arrives, with
-        `handle_signals`), then shut down gracefully (see `Consumer.run`)."""
+        `handle_signals`), then shut down gracefully (see `Consumer.run`).
+
+        Raises `ShardCountMismatch` before starting when a topic's stored shard count differs.
+        """
         if not self.subscriptions:
             raise ConfigError("no subscribers registered on this bus")
         stop = stop or anyio.Event()
         async with contextlib.AsyncExitStack() as stack:
             if not self.running:
                 await stack.enter_async_context(self)
+            # Checked here, before any task starts, so that a mismatch surfaces as itself
+            # rather than wrapped in the task groups' ExceptionGroup.
+            for sub in self.subscriptions:
+                await self.registry.ensure(sub.topic)
             scripts = Scripts.register(self.redis)
             self.consumers = [
                 Consumer(self.redis, scripts, self.keys, self.settings, self.registry, sub)

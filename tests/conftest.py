@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
+import redis
 import redis.asyncio
 
 from eventbus.config import Settings
@@ -62,22 +63,29 @@ def redis_url() -> Iterator[str]:
 
 
 @pytest.fixture
-async def r(redis_url: str) -> AsyncIterator[redis.asyncio.Redis]:
-    """A binary-safe client of the session's Redis, on a freshly flushed database."""
-    client = redis.asyncio.Redis.from_url(redis_url)
-    await client.flushdb()
+def redis_db(redis_url: str) -> str:
+    """The session's Redis URL, its database flushed for this test."""
+    with redis.Redis.from_url(redis_url) as client:
+        client.flushdb()
+    return redis_url
+
+
+@pytest.fixture
+async def r(redis_db: str) -> AsyncIterator[redis.asyncio.Redis]:
+    """A binary-safe asyncio client of the session's Redis, on a freshly flushed database."""
+    client = redis.asyncio.Redis.from_url(redis_db)
     yield client
     await client.aclose()
 
 
 @pytest.fixture
-def settings(redis_url: str, r: redis.asyncio.Redis) -> Callable[..., Settings]:
+def settings(redis_db: str) -> Callable[..., Settings]:
     """Factory of `Settings` for the session's Redis (database flushed), with small defaults
     that keep tests fast: 4 shards, short polls and retries. Keyword arguments override."""
 
     def make(**overrides: Any) -> Settings:
         values: dict[str, Any] = {
-            "redis_url": redis_url,
+            "redis_url": redis_db,
             "shards": 4,
             "block_max_ms": 100,
             "retry_base_s": 0.01,
