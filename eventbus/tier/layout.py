@@ -1,0 +1,77 @@
+"""Object keys of the durable tier, built and parsed in this one module.
+
+Inside a store (whose own prefix comes from its URL, e.g. ``s3://bucket/prefix``)::
+
+    <topic>/<shard>/<first>-<last>.parquet        a segment: entries first..last (inclusive)
+    <topic>/<shard>/gaps/<after>-<before>.json    a gap record: entries after..before (exclusive)
+                                                  were lost before they could be archived
+
+``<first>``, ``<last>``, ``<after>`` and ``<before>`` are entry IDs with both parts zero-padded to
+20 digits (`EntryId.padded`), so a plain text sort of a shard's keys is entry-ID order, and a
+listing can start after a given segment (``offset``). ``<shard>`` is the decimal shard index.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from eventbus.keys import check_name
+from eventbus.tier.ids import EntryId
+
+SEGMENT_SUFFIX = ".parquet"
+GAP_FOLDER = "gaps"
+_PADDED = r"(\d{20})-(\d{20})"
+_SEGMENT = re.compile(rf"{_PADDED}-{_PADDED}\.parquet")
+_GAP = re.compile(rf"{_PADDED}-{_PADDED}\.json")
+
+
+def shard_prefix(topic: str, shard: int) -> str:
+    """``<topic>/<shard>/``: the folder of one shard's segments."""
+    check_name("topic", topic)
+    return f"{topic}/{shard}/"
+
+
+def segment_key(topic: str, shard: int, first: EntryId, last: EntryId) -> str:
+    """Key of the segment holding entries `first`..`last` (inclusive) of a shard."""
+    return f"{shard_prefix(topic, shard)}{first.padded}-{last.padded}{SEGMENT_SUFFIX}"
+
+
+def gap_key(topic: str, shard: int, after: EntryId, before: EntryId) -> str:
+    """Key of the record of entries lost strictly between `after` and `before`."""
+    return f"{shard_prefix(topic, shard)}{GAP_FOLDER}/{after.padded}-{before.padded}.json"
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class SegmentRef:
+    """A segment object found by listing: its range (ordering key first), key and size (bytes)."""
+
+    first: EntryId
+    last: EntryId
+    key: str
+    size: int = 0
+    topic: str = ""
+    shard: int = 0
+
+
+def parse_segment_key(key: str, size: int = 0) -> SegmentRef | None:
+    """The `SegmentRef` of a segment key (with or without a store prefix), or None if `key` is
+    not a segment (a gap record, a temporary file, anything else)."""
+    parts = key.rsplit("/", 3)
+    if len(parts) < 3:
+        return None
+    topic, shard, name = parts[-3], parts[-2], parts[-1]
+    m = _SEGMENT.fullmatch(name)
+    if m is None or not shard.isdigit():
+        return None
+    a, b, c, d = (int(g) for g in m.groups())
+    return SegmentRef(EntryId(a, b), EntryId(c, d), key, size, topic, int(shard))
+
+
+def parse_gap_key(key: str) -> tuple[EntryId, EntryId] | None:
+    """(after, before) of a gap record key, or None if `key` is not one."""
+    m = _GAP.fullmatch(key.rsplit("/", 1)[-1])
+    if m is None:
+        return None
+    a, b, c, d = (int(g) for g in m.groups())
+    return EntryId(a, b), EntryId(c, d)

@@ -1,0 +1,259 @@
+"""The segment format: one immutable Parquet file (zstd) per run of a shard's entries.
+
+One row per stream entry, in entry-ID order. Columns (docs/tier.md is the spec):
+
+=============== ====================== =========================================================
+column          Arrow type             meaning
+=============== ====================== =========================================================
+topic           string (dictionary)    topic name
+shard           int32                  shard index
+entry_id        string                 Redis entry ID ``<ms>-<seq>``
+entry_ms        int64                  its millisecond part (Redis time the entry was added)
+entry_seq       int64                  its sequence part
+resource_id     string, nullable       the entry's ``rid`` field
+event_type      string, nullable       the entry's ``type`` field
+event_time_ms   int64, nullable        envelope time (publisher clock, Unix ms)
+event_id        string, nullable       envelope event ID as a UUID text
+headers         map<string, string>,   envelope headers
+                nullable
+data            binary                 the entry's raw ``data`` field (envelope bytes; decode
+                                       with `eventbus.codec.decode_entry`)
+=============== ====================== =========================================================
+
+Envelope-derived columns are null when the entry's envelope does not decode; the raw ``data``
+bytes are kept regardless. The file's key-value metadata holds ``eventbus.segment_version``
+(``1``), ``eventbus.topic``, ``eventbus.shard``, ``eventbus.first``, ``eventbus.last`` (the range
+the key names), ``eventbus.entries`` and ``eventbus.raw_bytes`` (field names + values of the
+entries, as counted against ``max_payload_bytes``). Data pages carry CRC32 checksums, verified
+on read.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from eventbus.codec import F_DATA, F_RESOURCE, F_TYPE, decode_entry
+from eventbus.errors import DecodeError
+from eventbus.tier.errors import CorruptSegment
+from eventbus.tier.ids import EntryId
+
+FORMAT_VERSION = "1"
+
+SCHEMA = pa.schema(
+    [
+        pa.field("topic", pa.dictionary(pa.int32(), pa.string()), nullable=False),
+        pa.field("shard", pa.int32(), nullable=False),
+        pa.field("entry_id", pa.string(), nullable=False),
+        pa.field("entry_ms", pa.int64(), nullable=False),
+        pa.field("entry_seq", pa.int64(), nullable=False),
+        pa.field("resource_id", pa.string()),
+        pa.field("event_type", pa.string()),
+        pa.field("event_time_ms", pa.int64()),
+        pa.field("event_id", pa.string()),
+        pa.field("headers", pa.map_(pa.string(), pa.string())),
+        pa.field("data", pa.binary(), nullable=False),
+    ]
+)
+COLUMNS = tuple(SCHEMA.names)
+
+RawEntry = tuple[EntryId, dict[bytes, bytes]]
+"""An entry as read from Redis: its ID and its field map."""
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentInfo:
+    """What a segment's metadata says: topic, shard, the key's range, entries, raw bytes."""
+
+    topic: str
+    shard: int
+    first: EntryId
+    last: EntryId
+    entries: int
+    raw_bytes: int
+
+
+def _text(value: bytes | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def _map_array(offsets: list[int], null: list[bool], keys: list[str], values: list[str]) -> Any:
+    """A map<string, string> array (built from offsets: far faster than from Python pairs)."""
+    return pa.MapArray.from_arrays(
+        pa.array(offsets, pa.int32()),
+        pa.array(keys, pa.string()),
+        pa.array(values, pa.string()),
+        mask=pa.array(null, pa.bool_()) if any(null) else None,
+    )
+
+
+def encode_segment(
+    topic: str,
+    shard: int,
+    first: EntryId,
+    last: EntryId,
+    entries: Sequence[RawEntry],
+    *,
+    zstd_level: int = 3,
+) -> tuple[bytes, SegmentInfo]:
+    """Encode `entries` (in entry-ID order, all within `first`..`last`) as a segment file.
+
+    Returns the file's bytes and its `SegmentInfo`. CPU-bound: call it in a worker thread from
+    async code. Raises `ValueError` if the entries are out of order or outside the range.
+    """
+    cols: dict[str, list[Any]] = {name: [] for name in COLUMNS}
+    raw_bytes = 0
+    prev: EntryId | None = None
+    header_keys: list[str] = []
+    header_values: list[str] = []
+    header_offsets: list[int] = [0]
+    header_null: list[bool] = []  # a null map: the envelope did not decode
+    for entry_id, fields in entries:
+        if not first <= entry_id <= last or (prev is not None and entry_id <= prev):
+            raise ValueError(f"entry {entry_id} out of order or outside {first}..{last}")
+        prev = entry_id
+        raw_bytes += sum(map(len, fields)) + sum(map(len, fields.values()))
+        cols["entry_id"].append(str(entry_id))
+        cols["entry_ms"].append(entry_id.ms)
+        cols["entry_seq"].append(entry_id.seq)
+        cols["resource_id"].append(_text(fields.get(F_RESOURCE)))
+        cols["event_type"].append(_text(fields.get(F_TYPE)))
+        cols["data"].append(fields.get(F_DATA, b""))
+        try:
+            env = decode_entry(fields)
+        except DecodeError:
+            cols["event_time_ms"].append(None)
+            cols["event_id"].append(None)
+            header_offsets.append(len(header_keys))
+            header_null.append(True)
+        else:
+            cols["event_time_ms"].append(env.time_ms)
+            h = env.event_id.hex()
+            cols["event_id"].append(f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}")
+            header_keys.extend(env.headers)
+            header_values.extend(env.headers.values())
+            header_offsets.append(len(header_keys))
+            header_null.append(False)
+    n = len(entries)
+    info = SegmentInfo(topic, shard, first, last, n, raw_bytes)
+    arrays = [
+        pa.DictionaryArray.from_arrays(pa.array([0] * n, pa.int32()), pa.array([topic])),
+        pa.array([shard] * n, pa.int32()),
+        *(pa.array(cols[name], SCHEMA.field(name).type) for name in COLUMNS[2:9]),
+        _map_array(header_offsets, header_null, header_keys, header_values),
+        pa.array(cols["data"], pa.binary()),
+    ]
+    metadata = {
+        "eventbus.segment_version": FORMAT_VERSION,
+        "eventbus.topic": topic,
+        "eventbus.shard": str(shard),
+        "eventbus.first": str(first),
+        "eventbus.last": str(last),
+        "eventbus.entries": str(n),
+        "eventbus.raw_bytes": str(raw_bytes),
+    }
+    table = pa.Table.from_arrays(arrays, schema=SCHEMA.with_metadata(metadata))
+    sink = io.BytesIO()
+    pq.write_table(
+        table,
+        sink,
+        compression="zstd",
+        compression_level=zstd_level,
+        write_page_checksum=True,
+        row_group_size=65536,
+    )
+    return sink.getvalue(), info
+
+
+def _meta(schema: Any, name: str, key: str) -> str:
+    raw = (schema.metadata or {}).get(f"eventbus.{name}".encode())
+    if raw is None:
+        raise CorruptSegment(key, f"metadata lacks eventbus.{name}")
+    return bytes(raw).decode()
+
+
+def read_info(schema: Any, key: str) -> SegmentInfo:
+    """The `SegmentInfo` in an Arrow schema's metadata. Raises `CorruptSegment`."""
+    from eventbus.tier.ids import parse_id
+
+    try:
+        version = _meta(schema, "segment_version", key)
+        if version != FORMAT_VERSION:
+            raise CorruptSegment(key, f"unsupported segment version {version!r}")
+        return SegmentInfo(
+            topic=_meta(schema, "topic", key),
+            shard=int(_meta(schema, "shard", key)),
+            first=parse_id(_meta(schema, "first", key)),
+            last=parse_id(_meta(schema, "last", key)),
+            entries=int(_meta(schema, "entries", key)),
+            raw_bytes=int(_meta(schema, "raw_bytes", key)),
+        )
+    except CorruptSegment:
+        raise
+    except Exception as exc:  # int() / parse_id on garbage metadata
+        raise CorruptSegment(key, f"bad metadata: {exc}") from None
+
+
+def decode_segment(
+    data: bytes,
+    key: str,
+    *,
+    expect: tuple[str, int, EntryId, EntryId] | None = None,
+    columns: Sequence[str] | None = None,
+) -> tuple[pa.Table, SegmentInfo]:
+    """Parse and verify a segment file; `key` names it in errors.
+
+    Checks the Parquet structure and page checksums, the schema, the metadata (and that it
+    matches `expect` = (topic, shard, first, last) when given, e.g. from the key), the row count,
+    that no required column has nulls, and that entry IDs strictly increase within the range.
+    Returns the table (only `columns` if given; the ID columns are always read) and its info.
+    Raises `CorruptSegment` naming `key` when any check fails: never returns wrong data.
+    """
+    try:
+        pf = pq.ParquetFile(io.BytesIO(data), page_checksum_verification=True)
+        schema = pf.schema_arrow
+        info = read_info(schema, key)
+        if pa.schema(list(schema)) != pa.schema(list(SCHEMA)):
+            raise CorruptSegment(key, f"unexpected schema {schema}")
+        wanted = (
+            list(COLUMNS)
+            if columns is None
+            else list(dict.fromkeys(["entry_ms", "entry_seq", *columns]))
+        )
+        table = pf.read(columns=wanted)
+    except CorruptSegment:
+        raise
+    except Exception as exc:  # pyarrow raises ArrowInvalid, OSError, ... on damaged files
+        raise CorruptSegment(key, f"{type(exc).__name__}: {exc}") from None
+    if expect is not None and (info.topic, info.shard, info.first, info.last) != expect:
+        raise CorruptSegment(
+            key,
+            f"metadata says {info.topic}/{info.shard} {info.first}..{info.last}, "
+            f"the key says {expect[0]}/{expect[1]} {expect[2]}..{expect[3]}",
+        )
+    if table.num_rows != info.entries:
+        raise CorruptSegment(key, f"{table.num_rows} rows, metadata says {info.entries}")
+    for name in table.column_names:
+        if not SCHEMA.field(name).nullable and table.column(name).null_count:
+            raise CorruptSegment(key, f"column {name} has nulls")
+    ms = table.column("entry_ms").to_pylist()
+    seq = table.column("entry_seq").to_pylist()
+    prev = info.first.prev() if info.first > EntryId(0, 0) else None
+    for pair in zip(ms, seq, strict=True):
+        current = EntryId(*pair)
+        if (prev is not None and current <= prev) or current > info.last:
+            raise CorruptSegment(
+                key, f"entry {current} out of order or outside {info.first}..{info.last}"
+            )
+        prev = current
+    return table, info

@@ -1,0 +1,197 @@
+"""The object store: obstore's stores behind a few functions the tier needs.
+
+`open_store` turns a URL into an obstore store: a folder path or ``file://`` URL (the default, a
+`LocalStore` that creates the folder), ``s3://bucket/prefix`` (an `S3Store` configured from the
+standard AWS settings, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_ENDPOINT_URL``,
+``AWS_DEFAULT_REGION``, ``AWS_ALLOW_HTTP`` ..., overridable by arguments), or ``memory://``
+(a `MemoryStore`, for tests). Any other URL obstore knows (``gs://``, ``az://``) is passed on.
+
+All three stores put atomically (a reader sees a whole object or none) and support create-only
+puts (`put_create`), which the offloader relies on.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import obstore
+from obstore.exceptions import AlreadyExistsError, BaseError
+from obstore.store import LocalStore, MemoryStore, S3Store
+from obstore.store import from_url as _from_url
+
+from eventbus.tier.errors import StoreError
+from eventbus.tier.layout import (
+    SEGMENT_SUFFIX,
+    SegmentRef,
+    parse_segment_key,
+    segment_key,
+    shard_prefix,
+)
+
+Store = LocalStore | MemoryStore | S3Store | Any
+"""Any obstore store (the union names the three the tier is tested with)."""
+
+
+def open_store(
+    url: str,
+    *,
+    endpoint: str | None = None,
+    region: str | None = None,
+    allow_http: bool | None = None,
+) -> Store:
+    """Open the store at `url` (see the module docstring for the schemes).
+
+    For S3, `endpoint` and `region` override ``AWS_ENDPOINT_URL`` / ``AWS_DEFAULT_REGION``;
+    `allow_http` defaults to True when the endpoint is ``http://`` (MinIO, moto, localstack).
+    Raises `StoreError` when obstore rejects the URL or configuration.
+    """
+    try:
+        if url.startswith("memory://"):
+            return MemoryStore()
+        if url.startswith("file://"):
+            path = Path(url.removeprefix("file://") or "/")
+            return LocalStore(path.resolve(), mkdir=True)
+        if "://" not in url:
+            return LocalStore(Path(url).resolve(), mkdir=True)
+        if url.startswith(("s3://", "s3a://")):
+            config: dict[str, Any] = {}
+            if endpoint:
+                config["endpoint"] = endpoint
+            if region:
+                config["region"] = region
+            client: dict[str, Any] = {}
+            if allow_http or (allow_http is None and (endpoint or "").startswith("http://")):
+                client["allow_http"] = True
+            return S3Store.from_url(url, config=config or None, client_options=client or None)  # type: ignore[arg-type]
+        return _from_url(url)
+    except (BaseError, ValueError, OSError) as exc:
+        raise StoreError(f"cannot open object store {url!r}: {exc}") from exc
+
+
+def describe(store: Store) -> str:
+    """A short text naming the store, for logs and error messages."""
+    if isinstance(store, LocalStore):
+        return f"file://{store.prefix}"
+    if isinstance(store, S3Store):
+        prefix = f"/{store.prefix}" if store.prefix else ""
+        return f"s3://{store.config.get('bucket', '?')}{prefix}"
+    return type(store).__name__
+
+
+async def put_create(store: Store, key: str, data: bytes) -> bool:
+    """Create object `key` holding `data`, only if no object has that key.
+
+    Returns True when this call created it, False when it already existed (the existing object is
+    left untouched). The put is atomic. Raises `StoreError` on any other failure.
+    """
+    try:
+        await obstore.put_async(store, key, data, mode="create", use_multipart=False)
+    except AlreadyExistsError:
+        return False
+    except (BaseError, OSError) as exc:
+        raise StoreError(f"put {key!r} to {describe(store)} failed: {exc}") from exc
+    return True
+
+
+async def get_bytes(store: Store, key: str) -> bytes:
+    """The whole content of object `key`. Raises `FileNotFoundError` if it does not exist and
+    `StoreError` on other failures."""
+    try:
+        result = await obstore.get_async(store, key)
+        return bytes(await result.bytes_async())
+    except FileNotFoundError:
+        raise
+    except (BaseError, OSError) as exc:
+        raise StoreError(f"get {key!r} from {describe(store)} failed: {exc}") from exc
+
+
+def get_bytes_sync(store: Store, key: str) -> bytes:
+    """Blocking `get_bytes`, for the replay iterators."""
+    try:
+        return bytes(obstore.get(store, key).bytes())
+    except FileNotFoundError:
+        raise
+    except (BaseError, OSError) as exc:
+        raise StoreError(f"get {key!r} from {describe(store)} failed: {exc}") from exc
+
+
+def _refs(metas: list[Any], after: str | None) -> list[SegmentRef]:
+    refs = []
+    for meta in metas:
+        if after is not None and meta["path"] <= after:
+            continue
+        ref = parse_segment_key(meta["path"], int(meta["size"]))
+        if ref is not None:
+            refs.append(ref)
+    refs.sort()
+    return refs
+
+
+def _offset(topic: str, shard: int, after: SegmentRef | None) -> str | None:
+    return None if after is None else segment_key(topic, shard, after.first, after.last)
+
+
+async def list_segments(
+    store: Store, topic: str, shard: int, *, after: SegmentRef | None = None
+) -> list[SegmentRef]:
+    """The segments of one shard in entry-ID order; only those whose key sorts after `after`'s
+    when given (a cheap "what is new since" listing). Raises `StoreError`."""
+    offset = _offset(topic, shard, after)
+    try:
+        stream = obstore.list(store, shard_prefix(topic, shard), offset=offset, chunk_size=1000)
+        metas = [m async for chunk in stream for m in chunk]
+    except (BaseError, OSError) as exc:
+        raise StoreError(f"list {shard_prefix(topic, shard)!r} failed: {exc}") from exc
+    return _refs(metas, offset)
+
+
+def list_segments_sync(
+    store: Store, topic: str, shard: int, *, after: SegmentRef | None = None
+) -> list[SegmentRef]:
+    """Blocking `list_segments`."""
+    offset = _offset(topic, shard, after)
+    try:
+        stream = obstore.list(store, shard_prefix(topic, shard), offset=offset, chunk_size=1000)
+        metas = [m for chunk in stream for m in chunk]
+    except (BaseError, OSError) as exc:
+        raise StoreError(f"list {shard_prefix(topic, shard)!r} failed: {exc}") from exc
+    return _refs(metas, offset)
+
+
+def list_shards_sync(store: Store, topic: str) -> list[int]:
+    """The shard folders present for `topic`, ascending. Raises `StoreError`."""
+    try:
+        result = obstore.list_with_delimiter(store, f"{topic}/")
+    except (BaseError, OSError) as exc:
+        raise StoreError(f"list {topic!r}/ failed: {exc}") from exc
+    shards = []
+    for prefix in result["common_prefixes"]:
+        name = prefix.rstrip("/").rsplit("/", 1)[-1]
+        if name.isdigit():
+            shards.append(int(name))
+    return sorted(shards)
+
+
+def list_keys_sync(store: Store, prefix: str) -> list[tuple[str, int]]:
+    """Every (key, size) under `prefix`, sorted by key. Raises `StoreError`."""
+    try:
+        metas = [m for chunk in obstore.list(store, prefix, chunk_size=1000) for m in chunk]
+    except (BaseError, OSError) as exc:
+        raise StoreError(f"list {prefix!r} failed: {exc}") from exc
+    return sorted((m["path"], int(m["size"])) for m in metas)
+
+
+__all__ = [
+    "SEGMENT_SUFFIX",
+    "Store",
+    "describe",
+    "get_bytes",
+    "get_bytes_sync",
+    "list_keys_sync",
+    "list_segments",
+    "list_segments_sync",
+    "list_shards_sync",
+    "open_store",
+    "put_create",
+]
