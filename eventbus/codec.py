@@ -12,6 +12,7 @@ A stream entry has three fields (docs/protocol.md gives the bytes):
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -57,8 +58,14 @@ class Envelope:
 
 
 def new_event_id() -> bytes:
-    """A fresh 16-byte event ID (UUID version 4) for idempotency checks downstream."""
-    return uuid.uuid4().bytes
+    """A fresh 16-byte event ID, a random UUID (RFC 9562 version 4), for idempotency checks.
+
+    Built from `os.urandom` like `uuid.uuid4`, without the UUID object (a third of the cost).
+    """
+    b = bytearray(os.urandom(16))
+    b[6] = (b[6] & 0x0F) | 0x40  # version 4
+    b[8] = (b[8] & 0x3F) | 0x80  # variant RFC 9562
+    return bytes(b)
 
 
 def encode_entry(envelope: Envelope, *, compress_threshold: int = 1024) -> dict[bytes, bytes]:
@@ -95,7 +102,7 @@ def envelope_of(
         event_type=event_type_of(type(event)),
         event_id=new_event_id(),
         time_ms=time.time_ns() // 1_000_000,
-        headers=dict(headers or {}),
+        headers=dict(headers) if headers else {},
         payload=event.model_dump(mode="json"),
     )
 

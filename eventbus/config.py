@@ -42,6 +42,10 @@ class Settings(BaseSettings):
         1024, ge=0, description="Envelopes at least this large are zstd-compressed."
     )
     publish_batch_max: int = Field(1000, ge=1, description="Most XADDs in one pipeline.")
+    publish_pipelines: int = Field(2, ge=1, description="Pipelines in flight at once.")
+    publish_timeout_s: float = Field(
+        10.0, ge=0, description="How long publish retries connection errors before failing."
+    )
 
     # consuming
     liveness_ttl_s: float = Field(

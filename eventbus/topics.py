@@ -38,6 +38,10 @@ class TopicRegistry:
         self._keys = keys
         self._checked: set[str] = set()
 
+    def checked(self, name: str) -> bool:
+        """Whether `ensure` already succeeded for topic `name` in this process."""
+        return name in self._checked
+
     async def ensure(self, topic: TopicConfig) -> None:
         """Register `topic`'s shard count, or check it against the stored one.
 
