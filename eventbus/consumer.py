@@ -28,6 +28,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import logging
+import math
 import os
 import random
 import socket
@@ -187,8 +188,11 @@ class Consumer:
         self._lease_until = 0.0
         self._lease_changed = anyio.Event()
         self._stopping = False
-        self._ready: deque[tuple[int, bytes]] = deque()  # resources with work and no worker
-        self._ready_event = anyio.Event()
+        # Resources with work and no worker. A memory stream hands each key to exactly one
+        # waiting worker (one shared Event re-created by each waiter woke only the last one).
+        self._ready, self._ready_out = anyio.create_memory_object_stream[tuple[int, bytes]](
+            math.inf
+        )
         labels = (self.topic.name, self.group)
         self._m_handled = METRICS.handled.labels(*labels)
         self._m_failures = METRICS.failures.labels(*labels)
@@ -476,8 +480,7 @@ class Consumer:
             queue = self._queues.get(key)
             if queue is None:
                 self._queues[key] = deque([item])
-                self._ready.append(key)
-                self._ready_event.set()
+                self._ready.send_nowait(key)
             else:
                 queue.append(item)
 
@@ -486,10 +489,7 @@ class Consumer:
         order. A resource is in `_queues` while a worker owns it or it waits in `_ready`, so two
         workers never run the same resource."""
         while True:
-            while not self._ready:
-                self._ready_event = anyio.Event()
-                await self._ready_event.wait()
-            key = self._ready.popleft()
+            key = await self._ready_out.receive()
             queue = self._queues[key]
             try:
                 while queue:
