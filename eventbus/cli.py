@@ -8,6 +8,7 @@ durable tier. Every command reads the same settings as the library (``EVENTBUS_*
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import logging
@@ -27,6 +28,7 @@ from rich.table import Table
 from eventbus.app import EventBus
 from eventbus.codec import Envelope, decode_entry, new_event_id
 from eventbus.config import Settings
+from eventbus.dlq import DeadLetter, DeadLetters
 from eventbus.errors import EventBusError
 
 app = typer.Typer(no_args_is_help=True, help="Event-driven microservices on Redis Streams.")
@@ -208,6 +210,125 @@ def publish(
     except EventBusError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from None
+
+
+dlq_app = typer.Typer(no_args_is_help=True, help="Dead letters of a consumer group.")
+app.add_typer(dlq_app, name="dlq")
+
+
+def _dead_letters(bus: EventBus, topic: str, shards: int | None, group: str) -> DeadLetters:
+    if shards is None:
+        raise typer.BadParameter(f"unknown topic {topic!r}")
+    return DeadLetters(bus.redis, bus.keys, bus.topic(topic, shards=shards), group)
+
+
+def _dlq_call(redis_url: str | None, topic: str, group: str, action: Any) -> Any:
+    async def go() -> Any:
+        bus = EventBus(settings_from(redis_url))
+        try:
+            shards = (await bus.registry.stored()).get(topic)
+            return await action(_dead_letters(bus, topic, shards, group))
+        finally:
+            await bus.aclose()
+
+    try:
+        return anyio.run(go)
+    except EventBusError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+
+
+@dlq_app.command("list")
+def dlq_list(
+    topic: str,
+    group: str,
+    count: Annotated[int, typer.Option(help="Most entries to show.")] = 50,
+    redis_url: RedisUrl = None,
+) -> None:
+    """Dead letters of GROUP on TOPIC, oldest first, and the parked resources."""
+
+    async def action(dl: DeadLetters) -> tuple[list[DeadLetter], dict[str, str]]:
+        return await dl.list(count), await dl.parked()
+
+    letters, parked = _dlq_call(redis_url, topic, group, action)
+    table = Table("dlq id", "shard", "entry id", "resource", "type", "reason", "attempts", "error")
+    for d in letters:
+        table.add_row(
+            d.dlq_id,
+            str(d.shard),
+            d.entry_id,
+            d.resource_id or "",
+            d.event_type or "",
+            d.reason,
+            str(d.attempts),
+            f"{d.error_type}: {d.error}"[:80],
+        )
+    Console().print(table)
+    if parked:
+        Console().print(f"parked resources: {', '.join(sorted(parked))}")
+
+
+@dlq_app.command("show")
+def dlq_show(topic: str, group: str, dlq_id: str, redis_url: RedisUrl = None) -> None:
+    """One dead letter in full, with its decoded event, as JSON."""
+
+    async def action(dl: DeadLetters) -> DeadLetter | None:
+        return await dl.get(dlq_id)
+
+    d = _dlq_call(redis_url, topic, group, action)
+    if d is None:
+        console.print(f"[red]error:[/red] no dead letter {dlq_id}")
+        raise typer.Exit(1)
+    out: dict[str, Any] = {
+        f.name: getattr(d, f.name) for f in dataclasses.fields(d) if f.name != "fields"
+    }
+    try:
+        env = decode_entry(d.original())
+        out["event"] = {
+            "event_id": str(env.event_uuid),
+            "time_ms": env.time_ms,
+            "headers": env.headers,
+            "payload": env.payload,
+        }
+    except EventBusError as exc:
+        out["event"] = {"undecodable": str(exc)}
+    print(json.dumps(out, indent=2, default=str))
+
+
+@dlq_app.command("requeue")
+def dlq_requeue(
+    topic: str,
+    group: str,
+    dlq_ids: Annotated[list[str] | None, typer.Argument(help="Dead-letter IDs.")] = None,
+    resource: Annotated[str | None, typer.Option(help="Requeue a parked resource.")] = None,
+    redis_url: RedisUrl = None,
+) -> None:
+    """Put dead letters back in their shard streams, or replay and unpark a parked resource."""
+
+    async def action(dl: DeadLetters) -> Any:
+        if resource is not None:
+            return await dl.requeue_resource(resource)
+        return await dl.requeue(dlq_ids or [])
+
+    print(_dlq_call(redis_url, topic, group, action))
+
+
+@dlq_app.command("drop")
+def dlq_drop(
+    topic: str,
+    group: str,
+    dlq_ids: Annotated[list[str] | None, typer.Argument(help="Dead-letter IDs.")] = None,
+    resource: Annotated[str | None, typer.Option(help="Drop a parked resource's events.")] = None,
+    redis_url: RedisUrl = None,
+) -> None:
+    """Delete dead letters for good, or discard a parked resource's events and unpark it."""
+
+    async def action(dl: DeadLetters) -> Any:
+        if resource is not None:
+            return await dl.drop_resource(resource)
+        return await dl.drop(dlq_ids or [])
+
+    print(_dlq_call(redis_url, topic, group, action))
 
 
 def _register_optional() -> None:

@@ -68,6 +68,15 @@ class Keys:
         time (ms) at which its liveness expires unless refreshed."""
         return f"{self._coord}:members:{topic}:{group}"
 
+    def parked(self, topic: str, group: str) -> str:
+        """Hash of a group's parked resources: resource ID -> dead-letter ID of its first parked
+        event. Changes bump the ``parked_version`` field of `locks`, which consumers watch."""
+        return f"{self._coord}:parked:{topic}:{group}"
+
+    def dedup(self, topic: str, group: str, event_id: bytes) -> str:
+        """String marking an event ID as handled by a group (optional de-duplication window)."""
+        return f"{self.prefix}:dedup:{topic}:{group}:{event_id.hex()}"
+
     def checkpoints(self, topic: str) -> str:
         """Hash: shard -> last entry ID the offloader has archived (durable tier)."""
         return f"{self._coord}:checkpoints:{topic}"

@@ -1,0 +1,202 @@
+"""Dead letters of a consumer group: list, inspect, requeue, drop; parked resources.
+
+Each (topic, group) has one dead-letter stream (`Keys.dead_letter`). A dead-letter entry holds
+the original entry's fields (``orig_rid``, ``orig_type``, ``orig_data``) and why it is there:
+
+==================  =========================================================================
+field               meaning
+==================  =========================================================================
+``topic``/``group`` where it was consumed
+``shard``           shard it was read from; ``entry_id``: its entry ID there
+``reason``          ``failed`` (handler failed ``attempts`` times), ``undecodable`` (bad bytes,
+                    missing field, unknown type, payload failing validation), ``parked`` (its
+                    resource was parked: not attempted)
+``error_type``      exception class name; ``error``: its message (first 4 KiB)
+``attempts``        handler attempts made (0 when not attempted)
+``failed_at_ms``    Unix time (ms) it was dead-lettered
+==================  =========================================================================
+
+With ``on_failure="park"`` a resource whose event exhausted its attempts is *parked*: its later
+events in that group go to the dead-letter stream too, in order, until an operator requeues or
+drops the resource. Both go through the resource's own shard stream as a *control entry*
+(event type ``__eventbus.unpark`` or ``__eventbus.drop``, naming the group), so the consumer
+that owns the resource handles it in sequence with the resource's events: parked events are
+replayed (or discarded) before any event published after the request. Order is never broken.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from eventbus.codec import F_RESOURCE, F_TYPE, Envelope, encode_entry, new_event_id
+from eventbus.errors import EventBusError
+from eventbus.keys import Keys
+from eventbus.sharding import shard_of
+from eventbus.topics import TopicConfig
+
+CONTROL_PREFIX = "__eventbus."
+UNPARK = "__eventbus.unpark"
+DROP = "__eventbus.drop"
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """One dead-letter entry, decoded. `dlq_id` is its entry ID in the dead-letter stream."""
+
+    dlq_id: str
+    shard: int
+    entry_id: str
+    resource_id: str | None
+    event_type: str | None
+    reason: str
+    error_type: str
+    error: str
+    attempts: int
+    failed_at_ms: int
+    fields: dict[bytes, bytes]
+
+    @classmethod
+    def parse(cls, dlq_id: bytes | str, f: dict[bytes, bytes]) -> DeadLetter:
+        def text(key: bytes) -> str | None:
+            v = f.get(key)
+            return v.decode("utf-8", "replace") if v is not None else None
+
+        return cls(
+            dlq_id=dlq_id.decode() if isinstance(dlq_id, bytes) else dlq_id,
+            shard=int(f.get(b"shard", b"-1")),
+            entry_id=text(b"entry_id") or "",
+            resource_id=text(b"orig_" + F_RESOURCE),
+            event_type=text(b"orig_" + F_TYPE),
+            reason=text(b"reason") or "failed",
+            error_type=text(b"error_type") or "",
+            error=text(b"error") or "",
+            attempts=int(f.get(b"attempts", b"0")),
+            failed_at_ms=int(f.get(b"failed_at_ms", b"0")),
+            fields=f,
+        )
+
+    def original(self) -> dict[bytes, bytes]:
+        """The original entry's fields, as they were in the shard stream."""
+        prefix = b"orig_"
+        return {k[len(prefix) :]: v for k, v in self.fields.items() if k.startswith(prefix)}
+
+
+def control_entry(kind: str, resource_id: str, group: str) -> dict[bytes, bytes]:
+    """Fields of a control entry asking `group`'s consumer to unpark or drop `resource_id`."""
+    env = Envelope(
+        resource_id=resource_id,
+        event_type=kind,
+        event_id=new_event_id(),
+        time_ms=time.time_ns() // 1_000_000,
+        payload={"group": group},
+    )
+    return encode_entry(env, compress_threshold=1 << 30)
+
+
+class DeadLetters:
+    """Operator API over the dead letters of (topic, group). `redis` is a redis-py asyncio
+    client; `topic` carries the shard count (use the stored one, see `TopicRegistry.stored`).
+    """
+
+    def __init__(self, redis: Any, keys: Keys, topic: TopicConfig, group: str) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.topic = topic
+        self.group = group
+        self.stream = keys.dead_letter(topic.name, group)
+
+    async def list(self, count: int = 100, start: str = "-") -> list[DeadLetter]:
+        """Up to `count` dead letters from entry ID `start` on, oldest first."""
+        rows = await self.redis.xrange(self.stream, min=start, count=count)
+        return [DeadLetter.parse(i, f) for i, f in rows]
+
+    async def get(self, dlq_id: str) -> DeadLetter | None:
+        rows = await self.redis.xrange(self.stream, min=dlq_id, max=dlq_id)
+        return DeadLetter.parse(*rows[0]) if rows else None
+
+    async def parked(self) -> dict[str, str]:
+        """Parked resources: resource ID -> dead-letter ID of its first parked event."""
+        raw = await self.redis.hgetall(self.keys.parked(self.topic.name, self.group))
+        return {k.decode(): v.decode() for k, v in raw.items()}
+
+    async def requeue(self, dlq_ids: list[str]) -> list[str]:
+        """Append these dead letters' original entries to their shard streams again, then delete
+        them from the dead-letter stream. Returns the new entry IDs.
+
+        Raises `EventBusError` (and requeues nothing) if an ID is unknown or belongs to a parked
+        resource: use `requeue_resource` for those, so that their order holds.
+        """
+        letters = await self._fetch(dlq_ids)
+        parked = await self.parked()
+        for d in letters:
+            if d.resource_id in parked:
+                raise EventBusError(
+                    f"{d.dlq_id}: resource {d.resource_id!r} is parked; requeue the resource"
+                )
+        new_ids = []
+        for d in letters:
+            rid = d.resource_id
+            shard = shard_of(rid, self.topic.shards) if rid else max(d.shard, 0)
+            new_ids.append(
+                (
+                    await self.redis.xadd(
+                        self.keys.stream(self.topic.name, shard),
+                        d.original(),
+                        maxlen=self.topic.maxlen,
+                        approximate=True,
+                    )
+                ).decode()
+            )
+            await self.redis.xdel(self.stream, d.dlq_id)
+        return new_ids
+
+    async def drop(self, dlq_ids: list[str]) -> int:
+        """Delete dead letters for good; returns how many existed. Parked resources' letters are
+        refused (use `drop_resource`)."""
+        letters = await self._fetch(dlq_ids)
+        parked = await self.parked()
+        if any(d.resource_id in parked for d in letters):
+            raise EventBusError("some letters belong to a parked resource: drop the resource")
+        return int(await self.redis.xdel(self.stream, *dlq_ids)) if dlq_ids else 0
+
+    async def requeue_resource(self, resource_id: str) -> str:
+        """Ask the group's consumer to replay `resource_id`'s parked events, in order, and then
+        unpark it. Returns the control entry's ID. Raises `EventBusError` if it is not parked."""
+        return await self._control(UNPARK, resource_id)
+
+    async def drop_resource(self, resource_id: str) -> str:
+        """Ask the group's consumer to delete `resource_id`'s parked events and unpark it."""
+        return await self._control(DROP, resource_id)
+
+    async def _control(self, kind: str, resource_id: str) -> str:
+        if resource_id not in await self.parked():
+            raise EventBusError(f"resource {resource_id!r} is not parked in group {self.group!r}")
+        stream = self.keys.stream(self.topic.name, shard_of(resource_id, self.topic.shards))
+        entry_id = await self.redis.xadd(stream, control_entry(kind, resource_id, self.group))
+        return str(entry_id.decode())
+
+    async def _fetch(self, dlq_ids: list[str]) -> list[DeadLetter]:
+        letters = []
+        for i in dlq_ids:
+            d = await self.get(i)
+            if d is None:
+                raise EventBusError(f"no dead letter {i} in {self.stream}")
+            letters.append(d)
+        return letters
+
+
+def is_control(fields: dict[bytes, bytes]) -> bool:
+    """Whether a stream entry is a control entry (never given to handlers)."""
+    return fields.get(F_TYPE, b"").startswith(CONTROL_PREFIX.encode())
+
+
+__all__ = [
+    "DROP",
+    "UNPARK",
+    "DeadLetter",
+    "DeadLetters",
+    "control_entry",
+    "is_control",
+]
