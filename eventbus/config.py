@@ -43,6 +43,12 @@ class Settings(BaseSettings):
     )
     publish_batch_max: int = Field(1000, ge=1, description="Most XADDs in one pipeline.")
     publish_pipelines: int = Field(2, ge=1, description="Pipelines in flight at once.")
+    publish_replicas: int = Field(
+        0, ge=0, description="Replicas that must confirm each publish (WAIT); 0: none."
+    )
+    publish_replicas_timeout_ms: int = Field(
+        1000, ge=0, description="How long WAIT waits for those replicas."
+    )
     publish_timeout_s: float = Field(
         10.0, ge=0, description="How long publish retries connection errors before failing."
     )

@@ -31,7 +31,7 @@ def check_name(kind: str, name: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Keys:
-    """Key builder for one deployment: `prefix` namespaces data keys, `hashtag` coordination keys."""
+    """Key builder: `prefix` namespaces data keys, `hashtag` groups coordination keys."""
 
     prefix: str = "eventbus"
     hashtag: str = "eventbus"

@@ -12,6 +12,11 @@ connection: redis-py's asyncio client packs commands in pure Python (its sync cl
 hiredis), which measured 3.5x slower here (42k vs 148k XADD/s). Cluster and fakeredis clients
 use redis-py's own pipeline, which routes commands per node.
 
+With ``publish_replicas = N`` every pipeline ends with ``WAIT N timeout``
+(https://redis.io/docs/latest/commands/wait/) on the same connection; when fewer than N replicas
+confirm in time, every publish of that pipeline raises `PublishError` (the events are on the
+primary, but a failover could lose them).
+
 Connection errors are retried with exponential backoff until `publish_timeout_s`; after that the
 call raises `PublishError`. An XADD whose reply was lost may have been applied, so a retry can
 store an event twice: both copies carry the same event ID, for consumers to de-duplicate.
@@ -191,15 +196,31 @@ class Publisher:
                     await anyio.sleep(delay)
                     delay = min(delay * 2, 2.0)
 
+    def _replicas_short(self, confirmed: Any) -> PublishError | None:
+        """The error for a WAIT reply of `confirmed` replicas, or None if enough confirmed."""
+        want = self._settings.publish_replicas
+        if isinstance(confirmed, int) and confirmed >= want:
+            return None
+        return PublishError(
+            f"only {confirmed} of {want} replicas confirmed within "
+            f"{self._settings.publish_replicas_timeout_ms} ms (WAIT); the event is on the primary"
+        )
+
     async def _send_pipeline(self, batch: list[_Pending]) -> None:
         pipe = self._redis.pipeline(transaction=False)
         for item in batch:
             pipe.xadd(item.stream, item.fields, maxlen=item.maxlen, approximate=True)
+        if self._settings.publish_replicas:
+            pipe.execute_command(
+                "WAIT", self._settings.publish_replicas,
+                self._settings.publish_replicas_timeout_ms,
+            )
         results = await pipe.execute(raise_on_error=False)
+        short = self._replicas_short(results.pop()) if self._settings.publish_replicas else None
         for item, result in zip(batch, results, strict=True):
             if isinstance(result, _TRANSIENT):
                 raise result
-            _settle(item, result)
+            _settle(item, short or result)
 
     async def _send_packed(self, batch: list[_Pending]) -> None:
         pack = hiredis.pack_command
@@ -208,16 +229,22 @@ class Publisher:
                   *[x for kv in item.fields.items() for x in kv]))
             for item in batch
         ])
+        replicas = self._settings.publish_replicas
+        if replicas:
+            payload += pack((b"WAIT", replicas, self._settings.publish_replicas_timeout_ms))
         pool = self._redis.connection_pool
         conn = await pool.get_connection()
         try:
             await conn.send_packed_command(payload)
-            for item in batch:
+            results: list[Any] = []
+            for _ in batch:
                 try:
-                    result: Any = await conn.read_response()
+                    results.append(await conn.read_response())
                 except ResponseError as exc:  # this XADD failed; the rest of the replies follow
-                    result = exc
-                _settle(item, result)
+                    results.append(exc)
+            short = self._replicas_short(await conn.read_response()) if replicas else None
+            for item, result in zip(batch, results, strict=True):
+                _settle(item, short or result)
         except BaseException:
             await conn.disconnect()  # replies may be half read: never reuse this connection
             raise
@@ -260,7 +287,9 @@ class Publisher:
 def _settle(item: _Pending, result: Any) -> None:
     if item.future.done():  # the caller was cancelled
         return
-    if isinstance(result, Exception):
+    if isinstance(result, PublishError):
+        item.future.set_exception(result)
+    elif isinstance(result, Exception):
         item.future.set_exception(PublishError(f"XADD {item.stream} failed: {result}"))
     else:
         item.future.set_result(result.decode() if isinstance(result, bytes) else result)
