@@ -1,0 +1,93 @@
+"""The durable tier: shard streams archived as Parquet segments in an object store.
+
+Needs the ``tier`` extra (obstore, pyarrow). docs/tier.md describes the format and protocol.
+Names are imported on first use, so ``eventbus`` commands that do not touch the tier do not pay
+for importing pyarrow.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "CatchUp": "catchup",
+    "CatchUpStats": "catchup",
+    "catch_up": "catchup",
+    "catch_up_group": "catchup",
+    "CorruptSegment": "errors",
+    "LockUnavailable": "errors",
+    "StoreError": "errors",
+    "TierError": "errors",
+    "EntryId": "ids",
+    "parse_id": "ids",
+    "OffloadStats": "offloader",
+    "Offloader": "offloader",
+    "offload_until_caught_up": "offloader",
+    "ArchivedEntry": "replay",
+    "ReplayFilter": "replay",
+    "ReplayedEvent": "replay",
+    "iter_events": "replay",
+    "iter_shard": "replay",
+    "iter_topic": "replay",
+    "plan": "replay",
+    "OFFLOADER_GROUP": "settings",
+    "TierSettings": "settings",
+    "open_store": "store",
+    "ArchiveReport": "verify",
+    "verify_archive": "verify",
+}
+
+__all__ = [
+    "OFFLOADER_GROUP",
+    "ArchiveReport",
+    "ArchivedEntry",
+    "CatchUp",
+    "CatchUpStats",
+    "CorruptSegment",
+    "EntryId",
+    "LockUnavailable",
+    "OffloadStats",
+    "Offloader",
+    "ReplayFilter",
+    "ReplayedEvent",
+    "StoreError",
+    "TierError",
+    "TierSettings",
+    "catch_up",
+    "catch_up_group",
+    "iter_events",
+    "iter_shard",
+    "iter_topic",
+    "offload_until_caught_up",
+    "open_store",
+    "parse_id",
+    "plan",
+    "verify_archive",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'eventbus.tier' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"eventbus.tier.{module}"), name)
+
+
+if TYPE_CHECKING:
+    from eventbus.tier.catchup import CatchUp, CatchUpStats, catch_up, catch_up_group
+    from eventbus.tier.errors import CorruptSegment, LockUnavailable, StoreError, TierError
+    from eventbus.tier.ids import EntryId, parse_id
+    from eventbus.tier.offloader import Offloader, OffloadStats, offload_until_caught_up
+    from eventbus.tier.replay import (
+        ArchivedEntry,
+        ReplayedEvent,
+        ReplayFilter,
+        iter_events,
+        iter_shard,
+        iter_topic,
+        plan,
+    )
+    from eventbus.tier.settings import OFFLOADER_GROUP, TierSettings
+    from eventbus.tier.store import open_store
+    from eventbus.tier.verify import ArchiveReport, verify_archive
