@@ -1,0 +1,173 @@
+"""Durable tier, pure parts: entry IDs and key order, the segment format, gap arithmetic."""
+
+from __future__ import annotations
+
+import io
+import random
+import re
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from eventbus.codec import Envelope, decode_entry, encode_entry, new_event_id
+from eventbus.errors import ConfigError
+from eventbus.tier.errors import CorruptSegment
+from eventbus.tier.gaps import find_gap
+from eventbus.tier.ids import EntryId, parse_id
+from eventbus.tier.layout import gap_key, parse_gap_key, parse_segment_key, segment_key
+from eventbus.tier.segment import SCHEMA, decode_segment, encode_segment
+
+
+def entry(
+    i: int, ms: int = 1_700_000_000_000, **headers: str
+) -> tuple[EntryId, dict[bytes, bytes]]:
+    env = Envelope(f"r{i % 7}", "Tick", new_event_id(), ms + i, dict(headers), {"seq": i})
+    return EntryId(ms + i // 3, i % 3), encode_entry(env)
+
+
+# -- ids and keys ------------------------------------------------------------------------------
+def test_parse_and_format_ids() -> None:
+    assert parse_id("1700000000000-5") == EntryId(1_700_000_000_000, 5)
+    assert parse_id(b"7-0") == EntryId(7, 0) == parse_id("7")
+    assert str(EntryId(9, 1)) == "9-1"
+    assert EntryId(9, 1).next() == EntryId(9, 2)
+    assert EntryId(9, 0).prev() == EntryId(8, (1 << 64) - 1)
+    assert EntryId(8, (1 << 64) - 1).next() == EntryId(9, 0)
+    with pytest.raises(ConfigError, match="not a stream entry ID"):
+        parse_id("abc")
+
+
+def test_keys_sort_by_entry_id_as_text() -> None:
+    """Plain text order of keys (what object store listings give) equals entry-ID order, where
+    unpadded IDs would not: "9-0" sorts after "10-0" as text."""
+    rng = random.Random(4)
+    ids = sorted(
+        {
+            EntryId(rng.choice([9, 10, 99, 1_700_000_000_000]), rng.randrange(0, 1000))
+            for _ in range(200)
+        }
+    )
+    keys = [segment_key("orders", 3, i, i) for i in ids]
+    assert sorted(keys) == keys
+    assert [parse_segment_key(k).first for k in keys] == ids  # type: ignore[union-attr]
+    assert sorted(str(i) for i in ids) != [str(i) for i in ids]  # why the padding is needed
+
+
+def test_key_layout_round_trips() -> None:
+    first, last = EntryId(1, 2), EntryId(3, 4)
+    key = segment_key("orders", 12, first, last)
+    assert key == (
+        "orders/12/00000000000000000001-00000000000000000002-"
+        "00000000000000000003-00000000000000000004.parquet"
+    )
+    ref = parse_segment_key("some/prefix/" + key, size=10)
+    assert ref is not None and (ref.topic, ref.shard, ref.first, ref.last, ref.size) == (
+        "orders",
+        12,
+        first,
+        last,
+        10,
+    )
+    gkey = gap_key("orders", 12, first, last)
+    assert gkey.startswith("orders/12/gaps/") and parse_gap_key(gkey) == (first, last)
+    assert parse_segment_key(gkey) is None
+    assert parse_segment_key("orders/12/tmp#1") is None
+
+
+# -- segments -----------------------------------------------------------------------------------
+def test_segment_round_trip_and_plain_pandas_read() -> None:
+    rows = [entry(i, trace="t") for i in range(500)]
+    bad = (EntryId(1_800_000_000_000, 0), {b"rid": b"x", b"type": b"T", b"data": b"\x09junk"})
+    rows.append(bad)
+    data, info = encode_segment("orders", 2, rows[0][0], rows[-1][0], rows)
+    assert (info.entries, info.first, info.last) == (501, rows[0][0], rows[-1][0])
+    assert info.raw_bytes == sum(len(k) + len(v) for _, f in rows for k, v in f.items())
+
+    table, info2 = decode_segment(data, "k", expect=("orders", 2, rows[0][0], rows[-1][0]))
+    assert info2 == info and table.schema.remove_metadata() == SCHEMA.remove_metadata()
+
+    # pandas reads it with no eventbus code; the data column decodes with the codec
+    df = pd.read_parquet(io.BytesIO(data))
+    assert list(df.columns) == SCHEMA.names
+    assert df["entry_id"].tolist() == [str(i) for i, _ in rows]
+    assert df["resource_id"].iloc[3] == "r3" and df["event_type"].iloc[3] == "Tick"
+    assert df["headers"].iloc[0] == [("trace", "t")]
+    env = decode_entry({b"rid": b"r0", b"type": b"Tick", b"data": df["data"].iloc[0]})
+    assert env.payload == {"seq": 0} and df["event_id"].iloc[0] == str(env.event_uuid)
+    # an undecodable envelope is kept raw, with null envelope columns
+    assert df["data"].iloc[-1] == b"\x09junk" and df["headers"].iloc[-1] is None
+    assert pd.isna(df["event_time_ms"].iloc[-1])
+    meta = pq.read_metadata(io.BytesIO(data)).metadata
+    assert meta[b"eventbus.entries"] == b"501"
+
+
+def test_encode_rejects_disorder() -> None:
+    a, b = entry(1), entry(2)
+    with pytest.raises(ValueError, match="out of order"):
+        encode_segment("t", 0, a[0], b[0], [b, a])
+    with pytest.raises(ValueError, match="outside"):
+        encode_segment("t", 0, b[0], b[0], [a])
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["flip_middle", "truncate_tail", "truncate_head", "empty", "not_parquet"],
+)
+def test_corrupt_segments_raise_naming_the_object(damage: str) -> None:
+    rows = [entry(i) for i in range(2000)]
+    data, _ = encode_segment("t", 0, rows[0][0], rows[-1][0], rows)
+    broken = {
+        "flip_middle": data[: len(data) // 2]
+        + bytes([data[len(data) // 2] ^ 0x55])
+        + data[len(data) // 2 + 1 :],
+        "truncate_tail": data[:-50],
+        "truncate_head": data[100:],
+        "empty": b"",
+        "not_parquet": b"hello world" * 10,
+    }[damage]
+    with pytest.raises(CorruptSegment, match=re.escape("t/0/seg.parquet")):
+        decode_segment(broken, "t/0/seg.parquet")
+
+
+def test_segment_metadata_must_match_its_key() -> None:
+    rows = [entry(i) for i in range(10)]
+    data, _ = encode_segment("t", 0, rows[0][0], rows[-1][0], rows)
+    with pytest.raises(CorruptSegment, match="the key says"):
+        decode_segment(data, "k", expect=("t", 1, rows[0][0], rows[-1][0]))
+
+
+# -- gap arithmetic -----------------------------------------------------------------------------
+def info(
+    first: str | None, length: int, added: int, last: str = "50-0", deleted: str = "0-0"
+) -> dict:
+    return {
+        "first-entry": None if first is None else (first.encode(), {}),
+        "length": length,
+        "entries-added": added,
+        "last-generated-id": last.encode(),
+        "max-deleted-entry-id": deleted.encode(),
+    }
+
+
+def test_no_gap_when_everything_is_accounted_for() -> None:
+    # 10 archived and trimmed by us, 5 in the stream after the checkpoint
+    assert find_gap(info("11-0", 5, 15), EntryId(10, 0), accounted=10, buffered=0) is None
+    # nothing archived yet, nothing trimmed
+    assert find_gap(info("1-0", 15, 15), None, accounted=0, buffered=0) is None
+    # buffered entries (read, not archived) trimmed meanwhile are not lost
+    assert find_gap(info("16-0", 0, 15), EntryId(15, 0), accounted=10, buffered=5) is None
+
+
+def test_gap_when_trimmed_before_archiving() -> None:
+    # checkpoint 10-0 (10 archived); 20 more added, 12 trimmed unread: first entry 23-0
+    found = find_gap(info("23-0", 8, 30), EntryId(10, 0), accounted=10, buffered=0)
+    assert found == (EntryId(10, 0), EntryId(23, 0), 12, found[3])  # type: ignore[index]
+    # the whole stream trimmed: "before" is just after the last generated ID
+    found = find_gap(info(None, 0, 30, last="30-0"), EntryId(10, 0), accounted=10, buffered=0)
+    assert found is not None and found[1] == EntryId(30, 1) and found[2] == 20
+
+
+def test_gap_from_xdel_has_unknown_count() -> None:
+    found = find_gap(info("1-0", 14, 15, deleted="12-0"), EntryId(10, 0), accounted=10, buffered=0)
+    assert found is not None and found[:3] == (EntryId(10, 0), EntryId(12, 1), None)
