@@ -21,10 +21,10 @@ class ArchiveReport:
     """What a topic's archive holds. Bytes are bytes.
 
     `raw_bytes` counts entry field names and values (what Redis stored), `stored_bytes` the
-    segment objects. `duplicates` lists entry IDs found more than once (overlapping segments),
-    `missing` / `unexpected` compare with the expected IDs when given (at most 20 of each are
-    kept; the counts are exact). `duplicate_event_ids` counts event IDs seen on more than one
-    entry (a publisher retry stored the same event twice).
+    segment objects. `duplicates` lists ``<shard>/<entry ID>`` found more than once (overlapping
+    segments), `missing` / `unexpected` compare with the expected IDs when given (at most 20 of
+    each are kept; the counts are exact). `duplicate_event_ids` counts event IDs seen on more
+    than one entry (a publisher retry stored the same event twice).
     """
 
     topic: str
@@ -74,7 +74,7 @@ def verify_archive(
     """
     report = ArchiveReport(topic)
     segments = plan(store, topic, None, list(shards) if shards is not None else None)
-    seen: Counter[EntryId] = Counter()
+    seen: Counter[tuple[int, EntryId]] = Counter()  # entry IDs are unique per shard stream only
     events: Counter[str] = Counter()
     for shard, refs in sorted(segments.items()):
         report.segments += len(refs)
@@ -83,7 +83,7 @@ def verify_archive(
         for ref in refs:
             entries = read_segment(store, ref)
             for entry in entries:
-                seen[entry.entry_id] += 1
+                seen[(shard, entry.entry_id)] += 1
                 if entry.event_id is not None:
                     events[entry.event_id] += 1
                 fields = entry.fields()
@@ -94,14 +94,17 @@ def verify_archive(
         report.gap_records += sum(
             1 for key, _ in list_keys_sync(store, f"{topic}/{shard}/gaps/") if key.endswith(".json")
         )
-    dups = [i for i, n in seen.items() if n > 1]
-    report.duplicate_entries = sum(seen[i] - 1 for i in dups)
-    report.duplicates = [str(i) for i in sorted(dups)[:20]]
+    dups = sorted(k for k, n in seen.items() if n > 1)
+    report.duplicate_entries = sum(seen[k] - 1 for k in dups)
+    report.duplicates = [f"{shard}/{i}" for shard, i in dups[:20]]
     report.duplicate_event_ids = sum(n - 1 for n in events.values() if n > 1)
     if expected_entry_ids is not None:
-        expected = {parse_id(i) for i in expected_entry_ids}
-        missing = sorted(expected - seen.keys())
-        unexpected = sorted(seen.keys() - expected)
+        # publishers get entry IDs without their shard, and two shards may share an ID: compare
+        # as multisets
+        expected = Counter(parse_id(i) for i in expected_entry_ids)
+        found = Counter(i for _, i in seen)
+        missing = sorted((expected - found).elements())
+        unexpected = sorted((found - expected).elements())
         report.missing_count, report.unexpected_count = len(missing), len(unexpected)
         report.missing = [str(i) for i in missing[:20]]
         report.unexpected = [str(i) for i in unexpected[:20]]
