@@ -228,15 +228,22 @@ class Consumer:
                 tg.start_soon(self._ack_loop)
                 for _ in range(self.settings.concurrency):
                     tg.start_soon(self._worker)
+                tg.start_soon(self._stop_starting, stop)
                 await self._read_loop(stop)
-                self._stopping = True
-                self._wake_all()
                 while self._in_flight:
                     await self._wait_idle()
                 tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
                 await self._leave()
+
+    async def _stop_starting(self, stop: anyio.Event) -> None:
+        """Once `stop` is set, start no more handlers, at once: the read loop may still be in a
+        blocking read (or waiting for capacity) for a while, and queued entries must not keep
+        running meanwhile, or a large backlog would delay the hand-over."""
+        await stop.wait()
+        self._stopping = True
+        self._wake_all()
 
     async def _leave(self) -> None:
         try:
@@ -357,9 +364,10 @@ class Consumer:
             local = self._held.get(s)
             if local is None or state != _HELD or local.token != token:
                 self._held[s] = _Shard(s, self._streams[s], token, next(self._generations))
-                if (
-                    state == _TAKEN_FROM_DEAD or (state == _HELD and local is None)
-                ) and not self.noack:
+                # Whatever state the lock was in, a new owner claims the shard's pending entries
+                # first: a free lock is not a clean shard, since a consumer that left gracefully
+                # leaves the entries it had read but not started pending.
+                if not self.noack:
                     recover.append(s)
         if recover:
             await self._recover(recover)
@@ -426,19 +434,24 @@ class Consumer:
         return got
 
     async def _recover(self, shards: list[int]) -> None:
-        """Claim and enqueue the PEL of newly taken shards, in entry-ID order, before new reads."""
+        """Claim and enqueue the PEL of newly taken shards, in entry-ID order, before new reads.
+
+        The first XAUTOCLAIM of every shard goes in one pipeline (most PELs are empty)."""
+        pipe = self.redis.pipeline(transaction=False)
         for s in shards:
+            pipe.xautoclaim(
+                self._held[s].stream,
+                self.group,
+                self.consumer_id,
+                0,
+                "0-0",
+                count=self.settings.read_count,
+            )
+        first_pages = await pipe.execute()
+        for s, page in zip(shards, first_pages, strict=True):
             sh = self._held[s]
-            cursor: bytes | str = "0-0"
+            cursor, entries, deleted = page
             while True:
-                cursor, entries, deleted = await self.redis.xautoclaim(
-                    sh.stream,
-                    self.group,
-                    self.consumer_id,
-                    0,
-                    cursor,
-                    count=self.settings.read_count,
-                )
                 if entries:
                     log.info(
                         "consumer %s recovers %d pending entries of shard %d",
@@ -458,6 +471,14 @@ class Consumer:
                     )
                 if cursor in (b"0-0", "0-0"):
                     break
+                cursor, entries, deleted = await self.redis.xautoclaim(
+                    sh.stream,
+                    self.group,
+                    self.consumer_id,
+                    0,
+                    cursor,
+                    count=self.settings.read_count,
+                )
 
     async def _release(self, shards: list[int]) -> None:
         await self.scripts.unlock_shards(
