@@ -1,0 +1,255 @@
+"""Crash safety, racing offloaders, gap detection and corrupt segments."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from functools import partial
+
+import anyio
+import obstore
+import pytest
+from prometheus_client import REGISTRY
+from tier_support import assert_no_overlap, fast_tier, make_bus, publish_ticks, wait_until
+
+from eventbus.tier.errors import CorruptSegment
+from eventbus.tier.layout import parse_segment_key
+from eventbus.tier.offloader import Offloader
+from eventbus.tier.replay import iter_topic
+from eventbus.tier.settings import OFFLOADER_GROUP
+from eventbus.tier.store import list_keys_sync, open_store
+from eventbus.tier.verify import verify_archive
+
+pytestmark = [pytest.mark.anyio, pytest.mark.integration]
+
+
+class Crash(Exception):
+    """Stands for the process dying at a hook point."""
+
+
+def segment_keys(store, topic: str) -> list[str]:
+    return [k for k, _ in list_keys_sync(store, f"{topic}/") if parse_segment_key(k)]
+
+
+@pytest.mark.parametrize(
+    "point", ["before_put", "after_put", "after_put_intent_lost", "after_commit"]
+)
+async def test_crash_at_any_point_loses_and_duplicates_nothing(
+    redis_db: str, store_url: str, point: str
+) -> None:
+    bus = make_bus(redis_db, shards=1)
+    store = open_store(store_url)
+    hook_point = point.removesuffix("_intent_lost")
+
+    async def crash(at: str, shard: int, key: str) -> None:
+        if at == hook_point:
+            raise Crash(at)
+
+    async with bus:
+        published = await publish_ticks(bus, "orders", 700)
+        first = Offloader(
+            bus.redis,
+            store,
+            settings=bus.settings,
+            tier=fast_tier(segment_max_entries=500),
+            consumer_id="offloader-a",
+            hook=crash,
+        )
+        with pytest.raises(Crash):
+            await first.run_until_caught_up(timeout_s=20)
+        cps = bus.keys.checkpoints("orders")
+        stream = bus.keys.stream("orders", 0)
+        keys_after_crash = segment_keys(store, "orders")
+        etags = {k: obstore.head(store, k)["e_tag"] for k in keys_after_crash}
+        if hook_point == "before_put":
+            assert keys_after_crash == [] and await bus.redis.hget(cps, "0:pending")
+        elif hook_point == "after_put":
+            assert len(keys_after_crash) == 1 and await bus.redis.hget(cps, "0") is None
+            assert await bus.redis.xlen(stream) == 700  # nothing trimmed before the checkpoint
+        else:
+            assert len(keys_after_crash) == 1 and await bus.redis.hget(cps, "0") is not None
+        if point == "after_put_intent_lost":  # e.g. Redis lost the intent: listing finds it
+            await bus.redis.hdel(cps, "0:pending")
+
+        second = Offloader(
+            bus.redis, store, settings=bus.settings, tier=fast_tier(segment_max_entries=500)
+        )
+        stats = await second.run_until_caught_up(timeout_s=20)
+        report = verify_archive(store, "orders", expected_entry_ids=published)
+        assert report.exactly_once and report.entries == 700, report
+        assert_no_overlap(store, "orders")
+        assert stats.adopted == (1 if hook_point == "after_put" else 0)
+        for key, etag in etags.items():  # the object written before the crash was not rewritten
+            assert obstore.head(store, key)["e_tag"] == etag
+        assert await bus.redis.hget(cps, "0:pending") is None
+        assert int(await bus.redis.hget(cps, "0:count")) == 700
+        assert await bus.redis.xlen(stream) == 0
+    await bus.aclose()
+
+
+async def test_two_offloaders_share_shards_without_overlap(redis_db: str, store_url: str) -> None:
+    bus = make_bus(redis_db, shards=8)
+    store = open_store(store_url)
+    tier = fast_tier(segment_max_entries=200, segment_max_age_s=0.05)
+    async with bus:
+        a = Offloader(bus.redis, store, settings=bus.settings, tier=tier, consumer_id="off-a")
+        b = Offloader(bus.redis, store, settings=bus.settings, tier=tier, consumer_id="off-b")
+        stop = anyio.Event()
+        published: list[str] = []
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(a.run, stop)
+            tg.start_soon(b.run, stop)
+            for i in range(10):
+                published += await publish_ticks(bus, "shared", 300, start=i * 300)
+            await wait_until(lambda: a.stats.entries + b.stats.entries >= 3000)
+            stop.set()
+        assert a.stats.entries > 0 and b.stats.entries > 0  # fair share: both did work
+        report = verify_archive(store, "shared", expected_entry_ids=published)
+        assert report.exactly_once and report.entries == 3000, report
+        assert_no_overlap(store, "shared")
+    await bus.aclose()
+
+
+async def test_paused_owner_is_fenced_and_its_late_put_changes_nothing(
+    redis_db: str, store_url: str
+) -> None:
+    """Offloader A pauses between recording its segment and putting it; its liveness lapses; B
+    takes the shard over, finishes A's segment under the same key and goes on. When A wakes up
+    its put finds the object (create-only) and its checkpoint commit is refused (fencing)."""
+    bus = make_bus(redis_db, shards=1)
+    store = open_store(store_url)
+    reached, resume = anyio.Event(), anyio.Event()
+
+    async def pause_once(at: str, shard: int, key: str) -> None:
+        if at == "before_put" and not reached.is_set():
+            reached.set()
+            await resume.wait()
+
+    async with bus:
+        published = await publish_ticks(bus, "race", 600)
+        tier = fast_tier(segment_max_entries=250)
+        a = Offloader(
+            bus.redis, store, settings=bus.settings, tier=tier, consumer_id="off-a", hook=pause_once
+        )
+        b = Offloader(bus.redis, store, settings=bus.settings, tier=tier, consumer_id="off-b")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(partial(a.round, flush=True))
+            await reached.wait()
+            # A's liveness expires (a paused process stops heartbeating)
+            await bus.redis.zrem(bus.keys.members("race", OFFLOADER_GROUP), "off-a")
+            await b.run_until_caught_up(timeout_s=20)
+            resume.set()
+        assert a.stats.segments == 0 and a.stats.adopted == 1  # A found its key already stored
+        assert b.stats.entries == 600
+        report = verify_archive(store, "race", expected_entry_ids=published)
+        assert report.exactly_once and report.segments == 3, report
+        assert_no_overlap(store, "race")
+        cp = await bus.redis.hget(bus.keys.checkpoints("race"), "0")
+        assert cp == published[-1].encode()  # A's refused commit did not move it back
+    await bus.aclose()
+
+
+def _gauge(name: str, topic: str) -> float:
+    return REGISTRY.get_sample_value(name, {"topic": topic}) or 0.0
+
+
+async def test_gap_detected_recorded_counted_and_logged(
+    redis_db: str, store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    bus = make_bus(redis_db, shards=1)
+    bus.topic("lossy", shards=1, maxlen=100)
+    store = open_store(store_url)
+    before_gaps = _gauge("eventbus_tier_gaps_total", "lossy")
+    before_lost = _gauge("eventbus_tier_lost_entries_total", "lossy")
+    async with bus:
+        published = await publish_ticks(bus, "lossy", 50)
+        await Offloader(
+            bus.redis, store, settings=bus.settings, tier=fast_tier()
+        ).run_until_caught_up(20)
+        # the offloader is down while 1000 more arrive: MAXLEN ~ 100 trims most of them
+        published += await publish_ticks(bus, "lossy", 1000, start=50)
+        remaining = await bus.redis.xlen(bus.keys.stream("lossy", 0))
+        assert remaining < 1000
+        caplog.set_level(logging.ERROR, logger="eventbus.tier")
+        stats = await Offloader(
+            bus.redis, store, settings=bus.settings, tier=fast_tier()
+        ).run_until_caught_up(20)
+        lost = 1000 - remaining
+        assert (stats.gaps, stats.lost, stats.entries) == (1, lost, remaining)
+        gap_keys = [k for k, _ in list_keys_sync(store, "lossy/0/gaps/")]
+        assert len(gap_keys) == 1
+        record = json.loads(bytes(obstore.get(store, gap_keys[0]).bytes()))
+        assert record["lost_entries"] == lost and record["topic"] == "lossy"
+        assert record["after"] == published[49]  # the last archived entry
+        assert record["before"] == published[50 + lost]  # the first entry that survived
+        assert _gauge("eventbus_tier_gaps_total", "lossy") == before_gaps + 1
+        assert _gauge("eventbus_tier_lost_entries_total", "lossy") == before_lost + lost
+        assert any("LOST" in r.getMessage() and str(lost) in r.getMessage() for r in caplog.records)
+        report = verify_archive(store, "lossy")
+        assert report.entries == 50 + remaining and report.gap_records == 1
+        # nothing new: no second gap
+        again = await Offloader(
+            bus.redis, store, settings=bus.settings, tier=fast_tier()
+        ).run_until_caught_up(20)
+        assert again.gaps == 0
+        # an XDEL of an unarchived entry is a gap of unknown size
+        more = await publish_ticks(bus, "lossy", 20, start=2000)
+        await bus.redis.xdel(bus.keys.stream("lossy", 0), more[5])
+        third = await Offloader(
+            bus.redis, store, settings=bus.settings, tier=fast_tier()
+        ).run_until_caught_up(20)
+        assert third.gaps == 1 and third.entries == 19
+        assert len(list_keys_sync(store, "lossy/0/gaps/")) == 2
+    await bus.aclose()
+
+
+async def test_corrupt_segment_is_reported_never_replayed(redis_db: str, store_url: str) -> None:
+    bus = make_bus(redis_db, shards=1)
+    store = open_store(store_url)
+    async with bus:
+        await publish_ticks(bus, "fragile", 900)
+        await Offloader(
+            bus.redis, store, settings=bus.settings, tier=fast_tier()
+        ).run_until_caught_up(20)
+    await bus.aclose()
+    keys = segment_keys(store, "fragile")
+    assert len(keys) == 3
+    good = list(iter_topic(store, "fragile"))
+    victim = keys[1]
+    data = bytes(obstore.get(store, victim).bytes())
+    mid = len(data) // 2  # inside the data pages (CRC-checked)
+    flipped = data[:mid] + bytes([data[mid] ^ 0xFF]) + data[mid + 1 :]
+    for damaged in (flipped, data[: len(data) // 2]):
+        obstore.put(store, victim, damaged)
+        seen = []
+        with pytest.raises(CorruptSegment, match=re.escape(victim)):
+            for entry in iter_topic(store, "fragile"):
+                seen.append(entry)
+        assert seen == good[: len(seen)] and len(seen) <= 300  # only the intact first segment
+        with pytest.raises(CorruptSegment, match=re.escape(victim)):
+            verify_archive(store, "fragile")
+
+
+async def test_offloader_refuses_to_adopt_a_corrupt_object(redis_db: str, tmp_path) -> None:
+    bus = make_bus(redis_db, shards=1)
+    store = open_store(str(tmp_path))
+
+    async def crash(at: str, shard: int, key: str) -> None:
+        if at == "after_put":
+            raise Crash(key)
+
+    async with bus:
+        await publish_ticks(bus, "bad", 100)
+        with pytest.raises(Crash) as crashed:
+            await Offloader(
+                bus.redis, store, settings=bus.settings, tier=fast_tier(), hook=crash
+            ).run_until_caught_up(20)
+        key = str(crashed.value)
+        obstore.put(store, key, b"PAR1 not really")
+        with pytest.raises(CorruptSegment, match=re.escape(key)):
+            await Offloader(
+                bus.redis, store, settings=bus.settings, tier=fast_tier()
+            ).run_until_caught_up(20)
+        assert await bus.redis.hget(bus.keys.checkpoints("bad"), "0") is None  # not advanced
+    await bus.aclose()
