@@ -1,0 +1,140 @@
+"""The whole path on a 3-node Redis Cluster: publish, lock scripts, ordered consumption by two
+consumers, acks. (The lock scripts' cases also run on the cluster: test_lock_scripts_redis.py.)"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import pytest
+from redis.asyncio.cluster import RedisCluster as ClusterClient
+from support import Recorder, Tick, running, wait_until
+
+from eventbus import Context, EventBus, Settings, ShardCountMismatch, shard_of
+from eventbus.app import connect
+from eventbus.server import RedisCluster
+
+pytestmark = pytest.mark.anyio
+
+TOPIC, GROUP, SHARDS = "flights", "ordered", 6
+
+
+@pytest.fixture
+async def cluster_settings(redis_cluster: RedisCluster) -> AsyncIterator[Settings]:
+    client = ClusterClient.from_url(redis_cluster.url)
+    await client.flushall()
+    await client.aclose()
+    yield Settings(
+        redis_url=redis_cluster.url,
+        cluster=True,
+        shards=SHARDS,
+        block_max_ms=50,
+        retry_base_s=0.01,
+        retry_max_s=0.05,
+    )
+
+
+async def _pending(client: Any, bus: EventBus) -> int:
+    total = 0
+    for s in range(SHARDS):
+        total += int((await client.xpending(bus.keys.stream(TOPIC, s), GROUP))["pending"])
+    return total
+
+
+async def test_publish_and_ordered_consume_on_a_cluster(cluster_settings: Settings) -> None:
+    client = connect(cluster_settings)
+    assert isinstance(client, ClusterClient)
+    publisher = EventBus(cluster_settings)
+    consumers = [EventBus(cluster_settings) for _ in range(2)]
+    rec = Recorder()
+    for bus in consumers:
+
+        @bus.subscriber(TOPIC, group=GROUP)
+        async def handle(event: Tick, ctx: Context) -> None:
+            rec.add(event, ctx)
+
+    resources, per_resource = 12, 15
+    events = [
+        (f"plane-{i}", Tick(resource=f"plane-{i}", seq=seq))
+        for seq in range(per_resource)
+        for i in range(resources)
+    ]
+    try:
+        first_ids = await publisher.publish_many(TOPIC, events[:60])
+        async with publisher, running(*consumers) as runs:
+            for rid, event in events[60:]:  # one by one, through the coalescing flusher
+                await publisher.publish(TOPIC, event, resource_id=rid)
+            await rec.wait_for(len(events), within_s=30)
+            await wait_until(lambda: _no_pending(client, publisher))
+            members = publisher.keys.members(TOPIC, GROUP)
+            assert set(await client.zrange(members, 0, -1)) == {
+                r.consumer_ids[0].encode() for r in runs
+            }
+        assert len(first_ids) == 60
+
+        assert rec.by_resource() == {
+            f"plane-{i}": list(range(per_resource)) for i in range(resources)
+        }
+        # shard streams spread over the nodes; coordination keys share one slot
+        slots = {await client.cluster_keyslot(publisher.keys.stream(TOPIC, s)) for s in range(6)}
+        nodes = {client.get_node_from_key(publisher.keys.stream(TOPIC, s)).name for s in range(6)}
+        assert len(slots) == 6 and len(nodes) >= 2
+        coord = [publisher.keys.locks(TOPIC, GROUP), members, publisher.keys.topics()]
+        assert len({await client.cluster_keyslot(k) for k in coord}) == 1
+
+        # the shard count check works on a cluster too
+        other = EventBus(cluster_settings.model_copy(update={"shards": 3}))
+        with pytest.raises(ShardCountMismatch):
+            await other.publish(TOPIC, Tick(resource="x", seq=0), resource_id="x")
+        await other.aclose()
+    finally:
+        await publisher.aclose()
+        await client.aclose()
+
+
+async def _no_pending(client: Any, bus: EventBus) -> bool:
+    return await _pending(client, bus) == 0
+
+
+async def test_dead_letter_and_takeover_on_a_cluster(cluster_settings: Settings) -> None:
+    """A garbage entry is dead-lettered; a stopped consumer's unfinished entries are recovered,
+    in order, by the next one (XAUTOCLAIM through the cluster client)."""
+    client = connect(cluster_settings)
+    first, second = EventBus(cluster_settings), EventBus(cluster_settings)
+    rec = Recorder()
+    gate = anyio.Event()
+    started: list[int] = []
+
+    @first.subscriber(TOPIC, group=GROUP)
+    async def failing(event: Tick, ctx: Context) -> None:
+        started.append(event.seq)
+        await gate.wait()
+        raise RuntimeError("not today")
+
+    @second.subscriber(TOPIC, group=GROUP)
+    async def fine(event: Tick, ctx: Context) -> None:
+        rec.add(event, ctx)
+
+    try:
+        await first.publish_many(TOPIC, [("r", Tick(resource="r", seq=i)) for i in range(4)])
+        await client.xadd(first.keys.stream(TOPIC, shard_of("r", SHARDS)), {b"junk": b"1"})
+        async with running(first) as [run]:
+            await wait_until(lambda: started == [0])
+            run.stop()
+            gate.set()  # seq 0 fails while stopping: not retried, not dead-lettered, pending
+        assert started == [0]
+        async with running(second):
+            await rec.wait_for(4)
+            dlq = second.keys.dead_letter(TOPIC, GROUP)
+            await wait_until(lambda: _xlen_is(client, dlq, 1))
+            await wait_until(lambda: _no_pending(client, second))
+        assert rec.by_resource() == {"r": [0, 1, 2, 3]}
+        [(_, letter)] = await client.xrange(dlq)
+        assert letter[b"error_type"] == b"DecodeError"
+    finally:
+        await client.aclose()
+
+
+async def _xlen_is(client: Any, key: str, n: int) -> bool:
+    return await client.xlen(key) == n
