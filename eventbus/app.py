@@ -136,6 +136,8 @@ class EventBus:
         handler succeeded (at-least-once); ``ack="before"`` reads with NOACK (at-most-once).
         """
         check_name("group", group)
+        if group.startswith("_"):
+            raise ConfigError(f"group {group!r}: names starting with '_' are reserved for eventbus")
         if ack not in ("after", "before"):
             raise ConfigError(f"ack must be 'after' or 'before', got {ack!r}")
 

@@ -105,13 +105,13 @@ def _run_processes(target: str, n: int, metrics_port: int | None, log_level: str
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     codes = [p.wait() for p in procs]
-    if any(codes):
-        raise typer.Exit(max(codes))
+    if any(codes):  # a child killed by a signal has a negative code
+        raise typer.Exit(1)
 
 
 @app.command()
 def stats(redis_url: RedisUrl = None) -> None:
-    """Topics, shard streams, consumer groups (lag, pending, live consumers) and lock owners."""
+    """Topics, shard streams, consumer groups (lag, pending, live consumers, locked shards)."""
     anyio.run(_stats, settings_from(redis_url))
 
 
@@ -136,10 +136,12 @@ async def _stats(settings: Settings) -> None:
                     agg[0] += g.get("lag") or 0
                     agg[1] += g["pending"]
             table.add_row(topic, str(shards), str(entries), "", "", "", "", "")
+            secs, micros = await r.time()  # liveness deadlines are in Redis server time
+            now_ms = secs * 1000 + micros // 1000
             for g, (lag, pending) in sorted(groups.items()):
-                live = await r.zcount(keys.members(topic, g), int(time.time() * 1000), "+inf")
+                live = await r.zcount(keys.members(topic, g), now_ms, "+inf")
                 locks = await r.hgetall(keys.locks(topic, g))
-                held = sum(1 for k in locks if not k.endswith(b":token"))
+                held = sum(1 for k in locks if k.isdigit())
                 table.add_row("", "", "", g, str(lag), str(pending), str(live), f"{held}/{shards}")
         Console().print(table)
     finally:

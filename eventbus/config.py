@@ -63,7 +63,9 @@ class Settings(BaseSettings):
     max_in_flight: int = Field(2000, ge=1, description="Entries read but not yet acked, at most.")
     concurrency: int = Field(64, ge=1, description="Handlers running at once, at most.")
     max_attempts: int = Field(5, ge=1, description="Handler attempts before dead-lettering.")
-    retry_base_s: float = Field(0.1, gt=0, description="First retry delay (doubles each time).")
+    retry_base_s: float = Field(
+        0.1, gt=0, description="Retry n waits base * 2**(n-1), times a random 0.5..1 (jitter)."
+    )
     retry_max_s: float = Field(10.0, gt=0, description="Longest retry delay.")
     start: Literal["beginning", "now"] = Field(
         "beginning", description="Where a new consumer group starts reading a topic."

@@ -49,7 +49,13 @@ class UnknownEventType(DecodeError):
 
 
 class PublishError(EventBusError):
-    """Redis did not confirm an XADD: the event may or may not be stored (see its event ID)."""
+    """Redis did not confirm an XADD: the event may or may not be stored (see its event ID).
+
+    From `publish_many`, `entry_ids` lists the IDs of the events that were stored (None for
+    the others), in input order.
+    """
+
+    entry_ids: list[str | None] | None = None
 
 
 class NotStarted(EventBusError):

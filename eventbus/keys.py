@@ -70,7 +70,7 @@ class Keys:
 
     def parked(self, topic: str, group: str) -> str:
         """Hash of a group's parked resources: resource ID -> dead-letter ID of its first parked
-        event. Changes bump the ``parked_version`` field of `locks`, which consumers watch."""
+        event. A consumer reads it whenever it takes a shard lock."""
         return f"{self._coord}:parked:{topic}:{group}"
 
     def dedup(self, topic: str, group: str, event_id: bytes) -> str:

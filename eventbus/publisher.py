@@ -33,11 +33,11 @@ from typing import Any
 
 import anyio
 import hiredis
-from redis.asyncio import Redis
 from pydantic import BaseModel
+from redis.asyncio import Redis
 from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from eventbus.codec import F_DATA, F_RESOURCE, F_TYPE, Envelope, encode_entry, envelope_of
@@ -64,9 +64,7 @@ class _Pending:
 class Publisher:
     """Encodes events and appends them to their shard streams. Created by `EventBus`."""
 
-    def __init__(
-        self, redis: Any, settings: Settings, keys: Keys, registry: TopicRegistry
-    ) -> None:
+    def __init__(self, redis: Any, settings: Settings, keys: Keys, registry: TopicRegistry) -> None:
         self._redis = redis
         self._settings = settings
         self._keys = keys
@@ -74,6 +72,10 @@ class Publisher:
         self._streams: dict[str, list[str]] = {}
         self._buffer: list[_Pending] = []
         self._wake: anyio.Event | None = None  # set while the flusher runs
+        if settings.cluster and settings.publish_replicas:
+            # redis-py sends WAIT to one default node, not to those that stored the XADDs, so
+            # the count it returns would not mean what the setting promises.
+            raise ConfigError("publish_replicas (WAIT) is not supported with cluster=True")
         pool = getattr(redis, "connection_pool", None)
         self._packed = type(redis) is Redis and issubclass(
             getattr(pool, "connection_class", object), _FAST_CONNECTIONS
@@ -98,8 +100,6 @@ class Publisher:
         Raises `ConfigError` for an empty resource ID or a non-model event, and `PayloadTooLarge`
         when the entry is over `max_payload_bytes`.
         """
-        if not isinstance(resource_id, str) or not resource_id:
-            raise ConfigError(f"resource_id must be a non-empty string, got {resource_id!r}")
         if not isinstance(event, BaseModel):
             raise ConfigError(f"event must be a pydantic model, got {type(event).__name__}")
         return self.prepare_envelope(topic, envelope_of(resource_id, event, headers))
@@ -108,6 +108,9 @@ class Publisher:
         self, topic: TopicConfig, envelope: Envelope
     ) -> tuple[str, dict[bytes, bytes]]:
         """Encode a ready envelope (e.g. a raw payload from the CLI); see `prepare`."""
+        rid = envelope.resource_id
+        if not isinstance(rid, str) or not rid:
+            raise ConfigError(f"resource_id must be a non-empty string, got {rid!r}")
         fields = encode_entry(envelope, compress_threshold=self._settings.compress_threshold_bytes)
         size = len(fields[F_RESOURCE]) + len(fields[F_TYPE]) + len(fields[F_DATA])
         if size > self._settings.max_payload_bytes:
@@ -155,7 +158,9 @@ class Publisher:
         """Append `(resource_id, event)` pairs in order, in pipelines of `publish_batch_max`.
 
         Returns the entry IDs in input order. Every event is encoded (and size-checked) before the
-        first is sent, so a bad event fails the call with nothing published.
+        first is sent, so a bad event fails the call with nothing published. A `PublishError` of
+        one pipeline is raised after the others were sent: the events of the pipelines that
+        succeeded stay published (their IDs are in the error's ``entry_ids``, None where failed).
         """
         await self._registry.ensure(topic)
         loop = asyncio.get_running_loop()
@@ -166,6 +171,14 @@ class Publisher:
         step = self._settings.publish_batch_max
         for i in range(0, len(items), step):
             await self._send(items[i : i + step])
+        errors = [item.future.exception() for item in items]
+        if any(errors):
+            first = next(e for e in errors if e is not None)
+            exc = PublishError(f"{sum(map(bool, errors))} of {len(items)} events failed: {first}")
+            exc.entry_ids = [
+                None if e else item.future.result() for item, e in zip(items, errors, strict=True)
+            ]
+            raise exc
         return [item.future.result() for item in items]
 
     async def _send(self, batch: list[_Pending]) -> None:
@@ -191,8 +204,9 @@ class Publisher:
                         for item in batch:
                             item.future.set_exception(err)
                         return
-                    log.warning("XADD of %d entries failed (%s); retry in %.2f s",
-                                len(batch), exc, delay)
+                    log.warning(
+                        "XADD of %d entries failed (%s); retry in %.2f s", len(batch), exc, delay
+                    )
                     await anyio.sleep(delay)
                     delay = min(delay * 2, 2.0)
 
@@ -212,7 +226,8 @@ class Publisher:
             pipe.xadd(item.stream, item.fields, maxlen=item.maxlen, approximate=True)
         if self._settings.publish_replicas:
             pipe.execute_command(
-                "WAIT", self._settings.publish_replicas,
+                "WAIT",
+                self._settings.publish_replicas,
                 self._settings.publish_replicas_timeout_ms,
             )
         results = await pipe.execute(raise_on_error=False)
@@ -224,11 +239,22 @@ class Publisher:
 
     async def _send_packed(self, batch: list[_Pending]) -> None:
         pack = hiredis.pack_command
-        payload = b"".join([
-            pack((b"XADD", item.stream, b"MAXLEN", b"~", item.maxlen, b"*",
-                  *[x for kv in item.fields.items() for x in kv]))
-            for item in batch
-        ])
+        payload = b"".join(
+            [
+                pack(
+                    (
+                        b"XADD",
+                        item.stream,
+                        b"MAXLEN",
+                        b"~",
+                        item.maxlen,
+                        b"*",
+                        *[x for kv in item.fields.items() for x in kv],
+                    )
+                )
+                for item in batch
+            ]
+        )
         replicas = self._settings.publish_replicas
         if replicas:
             payload += pack((b"WAIT", replicas, self._settings.publish_replicas_timeout_ms))
@@ -283,6 +309,7 @@ class Publisher:
             batch, self._buffer = self._buffer, []
             if batch:  # queued before the bus stopped: sent rather than dropped
                 await self._send(batch)
+
 
 def _settle(item: _Pending, result: Any) -> None:
     if item.future.done():  # the caller was cancelled
