@@ -1,0 +1,317 @@
+"""The consumer processes of the flights demo: ``python -m eventbus.demo.workers '<config JSON>'``.
+
+Each process runs one `EventBus` with one subscriber, in one of two consumer groups:
+
+* ``order-check``: checks that each plane's flights arrive strictly in ``seq`` order;
+* ``aggregate``: per-carrier flight counts and departure-delay sums.
+
+Both record their effect in Redis with a Lua script, atomically per event and *idempotently*: a
+bitmap of handled publish indices (``SETBIT`` returns the old bit) tells a first delivery from a
+redelivery, so a duplicate is counted, never applied twice. The order check must be shared by all
+processes of the group, because a plane's shard moves between them (idle shards are released, the
+fair share changes): Redis holds each plane's highest handled ``seq``. A handler awaits its script
+call, and the consumer starts a plane's next event only after that, so the order Redis sees is
+the order the handlers ran in, whichever process ran them.
+
+Concurrent handlers' script calls are coalesced into one ``EVALSHA`` per batch (`Batcher`), as the
+publisher coalesces XADDs. On SIGTERM the bus shuts down gracefully, then the process writes its
+report (handler calls, first/last handling time, every publish-to-handler latency) to Redis.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from array import array
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+import anyio
+from redis.exceptions import RedisError
+
+from eventbus.app import EventBus
+from eventbus.config import Settings
+from eventbus.consumer import Context
+from eventbus.demo.flightdata import Flight
+
+log = logging.getLogger("eventbus.demo")
+
+ORDER_GROUP = "order-check"
+AGGREGATE_GROUP = "aggregate"
+GROUPS = (ORDER_GROUP, AGGREGATE_GROUP)
+
+# Script result codes, one per event.
+IN_ORDER, DUPLICATE, OUT_OF_ORDER = 0, 1, 2
+
+ORDER_LUA = """
+-- Record handled flights of the order-checking group.
+-- KEYS[1] last_seq  hash: plane -> highest seq handled so far
+-- KEYS[2] seen      bitmap: bit <publish position> = 1 once that event was handled
+-- KEYS[3] counters  hash: handled (distinct events), duplicates, violations
+-- ARGV[1] JSON array of [plane, seq, position], one per event, in the order the handlers called
+-- Returns one code per event: 0 in order, 1 duplicate (handled before), 2 out of order
+-- (a later flight of the plane was handled first).
+local last_seq, seen, counters = KEYS[1], KEYS[2], KEYS[3]
+local codes, new, dups, bad = {}, 0, 0, 0
+for _, event in ipairs(cjson.decode(ARGV[1])) do
+  local plane, seq, position = event[1], event[2], event[3]
+  if redis.call('SETBIT', seen, position, 1) == 1 then
+    dups = dups + 1
+    codes[#codes + 1] = 1
+  else
+    new = new + 1
+    local last = tonumber(redis.call('HGET', last_seq, plane) or 0)
+    if seq <= last then
+      bad = bad + 1
+      codes[#codes + 1] = 2
+    else
+      redis.call('HSET', last_seq, plane, seq)
+      codes[#codes + 1] = 0
+    end
+  end
+end
+if new > 0 then redis.call('HINCRBY', counters, 'handled', new) end
+if dups > 0 then redis.call('HINCRBY', counters, 'duplicates', dups) end
+if bad > 0 then redis.call('HINCRBY', counters, 'violations', bad) end
+return codes
+"""
+
+AGGREGATE_LUA = """
+-- Add handled flights to the per-carrier aggregates, once per event.
+-- KEYS[1] seen        bitmap: bit <publish position> = 1 once that event was handled
+-- KEYS[2] aggregates  hash: <carrier>:flights, <carrier>:delay_sum (min), <carrier>:delay_n
+-- KEYS[3] counters    hash: handled (distinct events), duplicates
+-- ARGV[1] JSON array of [position, carrier, dep_delay (null when unknown)], one per event
+-- Returns one code per event: 0 applied, 1 duplicate (handled before, not applied again).
+local seen, aggregates, counters = KEYS[1], KEYS[2], KEYS[3]
+local codes, new, dups = {}, 0, 0
+for _, event in ipairs(cjson.decode(ARGV[1])) do
+  local position, carrier, delay = event[1], event[2], event[3]
+  if redis.call('SETBIT', seen, position, 1) == 1 then
+    dups = dups + 1
+    codes[#codes + 1] = 1
+  else
+    new = new + 1
+    redis.call('HINCRBY', aggregates, carrier .. ':flights', 1)
+    if delay ~= cjson.null then
+      redis.call('HINCRBY', aggregates, carrier .. ':delay_sum', delay)
+      redis.call('HINCRBY', aggregates, carrier .. ':delay_n', 1)
+    end
+    codes[#codes + 1] = 0
+  end
+end
+if new > 0 then redis.call('HINCRBY', counters, 'handled', new) end
+if dups > 0 then redis.call('HINCRBY', counters, 'duplicates', dups) end
+return codes
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class DemoKeys:
+    """The demo's own Redis keys (application data, beside eventbus's keys): one hashtag per run,
+    so each Lua script touches one Cluster slot, and the run's topic name in every key, so runs
+    on a shared server never mix."""
+
+    prefix: str
+    topic: str
+
+    @property
+    def _base(self) -> str:
+        return f"{self.prefix}:demo:{{{self.topic}}}"
+
+    @property
+    def last_seq(self) -> str:
+        return f"{self._base}:last-seq"
+
+    @property
+    def aggregates(self) -> str:
+        return f"{self._base}:aggregates"
+
+    def seen(self, group: str) -> str:
+        return f"{self._base}:seen:{group}"
+
+    def counters(self, group: str) -> str:
+        return f"{self._base}:counters:{group}"
+
+    def report(self, worker: str) -> str:
+        return f"{self._base}:report:{worker}"
+
+    def all(self, workers: list[str]) -> list[str]:
+        return [
+            self.last_seq,
+            self.aggregates,
+            *(self.seen(g) for g in GROUPS),
+            *(self.counters(g) for g in GROUPS),
+            *(self.report(w) for w in workers),
+        ]
+
+
+def settings_for(redis_url: str, shards: int) -> Settings:
+    """`Settings` from the environment (``EVENTBUS_*``) with the run's Redis and shard count."""
+    overrides: dict[str, Any] = {"redis_url": redis_url, "shards": shards}
+    return Settings(**overrides)  # a dict, since mypy has no pydantic plugin here
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """What a worker process needs, passed as JSON on its command line."""
+
+    name: str
+    group: str
+    redis_url: str
+    topic: str
+    shards: int
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> WorkerConfig:
+        return cls(**json.loads(text))
+
+
+@dataclass(slots=True)
+class _Call:
+    args: tuple[str | int | None, ...]
+    done: anyio.Event = field(default_factory=anyio.Event)
+    code: int = -1
+    error: BaseException | None = None
+
+
+class Batcher:
+    """Coalesces concurrent calls of one Lua script into one ``EVALSHA`` per batch.
+
+    Calls queue while a batch is on the wire; the next batch carries all of them (up to
+    `max_batch`), in call order, as one JSON argument (the script decodes it with ``cjson``):
+    redis-py packs arguments in pure Python, which cost more than the script itself.
+    `run` must be running (in the worker's task group).
+    """
+
+    def __init__(self, script: Any, keys: list[str], max_batch: int = 500) -> None:
+        self._script = script
+        self._keys = keys
+        self._max = max_batch
+        self._queue: list[_Call] = []
+        self._wake = anyio.Event()
+
+    async def call(self, *args: str | int | None) -> int:
+        """Queue one event's arguments; returns its code once the batch ran. Raises the Redis
+        error of a failed batch (the handler then fails and the consumer retries it)."""
+        call = _Call(args)
+        self._queue.append(call)
+        self._wake.set()
+        await call.done.wait()
+        if call.error is not None:
+            raise call.error
+        return call.code
+
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        task_status.started()
+        while True:
+            await self._wake.wait()
+            self._wake = anyio.Event()
+            while self._queue:
+                batch, self._queue = self._queue[: self._max], self._queue[self._max :]
+                try:
+                    codes = await self._script(
+                        keys=self._keys, args=[json.dumps([call.args for call in batch])]
+                    )
+                except (RedisError, OSError) as exc:
+                    for call in batch:
+                        call.error = exc
+                        call.done.set()
+                    continue
+                for call, code in zip(batch, codes, strict=True):
+                    call.code = int(code)
+                    call.done.set()
+
+
+@dataclass(slots=True)
+class Report:
+    """What a worker tells the parent when it stops. Times are Unix ms (wall clock)."""
+
+    name: str
+    group: str
+    pid: int
+    calls: int = 0  # handler calls, duplicates included
+    duplicates: int = 0
+    violations: int = 0
+    first_ms: float = 0.0  # first handler call
+    last_ms: float = 0.0  # last handler completion
+    latencies_ms: array[float] = field(default_factory=lambda: array("d"))
+
+    def to_redis(self) -> dict[str, bytes | str]:
+        meta = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "latencies_ms"}
+        return {"meta": json.dumps(meta), "latencies_ms": self.latencies_ms.tobytes()}
+
+    @classmethod
+    def from_redis(cls, raw: dict[bytes, bytes]) -> Report:
+        report = cls(**json.loads(raw[b"meta"]))
+        report.latencies_ms.frombytes(raw[b"latencies_ms"])
+        return report
+
+
+async def run_worker(cfg: WorkerConfig) -> None:
+    """Consume the demo topic in `cfg.group` until SIGTERM/SIGINT, then write the `Report`."""
+    bus = EventBus(settings_for(cfg.redis_url, cfg.shards))
+    keys = DemoKeys(bus.settings.key_prefix, cfg.topic)
+    report = Report(cfg.name, cfg.group, os.getpid())
+    if cfg.group == ORDER_GROUP:
+        batcher = Batcher(
+            bus.redis.register_script(ORDER_LUA),
+            [keys.last_seq, keys.seen(cfg.group), keys.counters(cfg.group)],
+        )
+
+        def script_args(ev: Flight) -> tuple[str | int | None, ...]:
+            return ev.plane, ev.seq, ev.position
+
+    else:
+        batcher = Batcher(
+            bus.redis.register_script(AGGREGATE_LUA),
+            [keys.seen(cfg.group), keys.aggregates, keys.counters(cfg.group)],
+        )
+
+        def script_args(ev: Flight) -> tuple[str | int | None, ...]:
+            return ev.position, ev.carrier, ev.dep_delay
+
+    @bus.subscriber(cfg.topic, group=cfg.group)
+    async def on_flight(event: Flight, ctx: Context) -> None:
+        now_ms = time.time() * 1000
+        if ctx.attempt == 1:  # latency of the delivery, not of a retry
+            report.latencies_ms.append(now_ms - ctx.published_at_ms)
+        if not report.first_ms:
+            report.first_ms = now_ms
+        report.calls += 1
+        code = await batcher.call(*script_args(event))
+        if code == DUPLICATE:
+            report.duplicates += 1
+        elif code == OUT_OF_ORDER:
+            report.violations += 1
+            log.error("plane %s: seq %d handled after a later flight", event.plane, event.seq)
+        report.last_ms = time.time() * 1000
+
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(batcher.run)
+            await bus.run(handle_signals=True)  # returns after a graceful shutdown
+            tg.cancel_scope.cancel()
+        await bus.redis.hset(keys.report(cfg.name), mapping=report.to_redis())
+    finally:
+        await bus.aclose()
+
+
+def main() -> None:
+    cfg = WorkerConfig.from_json(sys.argv[1])
+    logging.basicConfig(
+        level=logging.WARNING, format=f"[{cfg.name}] %(levelname)s %(name)s: %(message)s"
+    )
+    anyio.run(run_worker, cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""``eventbus demo flights --limit 5000`` end to end: the real command in a subprocess, with its
+own private redis-server (no REDIS_URL), its consumer processes, and its JSON summary."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+LIMIT = 5000
+
+
+def test_flights_demo_small_run(tmp_path: Path) -> None:
+    summary_file = tmp_path / "summary.json"
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "EVENTBUS_REDIS_URL")
+    }
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "eventbus.cli",
+            "demo",
+            "flights",
+            "--limit",
+            str(LIMIT),
+            "--summary-json",
+            str(summary_file),
+            "--no-progress",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = json.loads(summary_file.read_text())
+    assert summary["redis"] == "private"
+    assert summary["events_published"] == LIMIT
+    assert summary["events_handled"] == summary["events_published"]
+    assert summary["groups"]["aggregate"]["handled"] == LIMIT
+    assert summary["order_violations"] == 0
+    assert summary["lost"] == 0
+    assert summary["duplicates"] == 0  # no crash in this run, so no redelivery
+    assert summary["aggregates_match"] is True
+    assert summary["groups"]["order-check"]["processes"] == 3
+    for key in ("publish_events_per_s", "consume_events_per_s"):
+        assert summary[key] > 0
+    assert 0 <= summary["latency_ms_p50"] <= summary["latency_ms_p99"]
