@@ -1,0 +1,880 @@
+"""Chaos stress harness: publishers and consumers in separate processes, faults injected under load,
+and a ledger of every acknowledged publish and every handler run, checked afterwards.
+
+    python stress/chaos.py SCENARIO [--events N] [--duration S] [--rate R] [--consumers K]
+        [--publishers P] [--faults F] [--ttl S] [--seed N] [--json FILE] [--plot FILE] [--keep]
+
+Scenarios: steady, kill (SIGKILL consumers, start replacements), pause (SIGSTOP a consumer past
+its liveness TTL, then SIGCONT), term (SIGTERM under load: graceful hand-over, then replacement),
+redis-restart (AOF ``appendfsync always``, alternately SIGTERM and SIGKILL of redis-server),
+client-kill (``CLIENT KILL TYPE normal`` / ``ID``), client-pause (``CLIENT PAUSE``), poison
+(events whose handler always raises), slow (a few ms per event, publishing faster than
+handling), all (a long mixed run: 1,000,000 events, 25 faults of every kind, poison and slow
+events).
+
+Each event carries a per-resource sequence number (each resource belongs to one publisher
+process). After the run (publishers done, every entry acked) it reports events lost (acknowledged
+but neither handled nor dead-lettered), per-resource order violations (first handling of each seq,
+in handling-time order, must follow publish order), duplicates, takeover times, events/s and
+publish-to-handler latency, writes them as JSON and a PNG, and exits with 1 when a check failed
+(lost > 0, violations > 0, a crash or hang, a scenario fact not met), so that it can gate CI.
+Ledger files (see ledger.py) are kept when a check failed or with ``--keep``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import heapq
+import itertools
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import redis
+from ledger import (
+    EXITED,
+    HANDLED,
+    HELLO,
+    PUBLISH_FAILED,
+    PUBLISHED,
+    RAISED,
+    READY,
+    DeadLetter,
+    Handling,
+    Ledgers,
+    LineWriter,
+    check,
+    read_run,
+)
+from pydantic import BaseModel
+
+from eventbus import Context, EventBus, PublishError, Settings
+from eventbus.codec import F_DATA, F_RESOURCE, F_TYPE, decode_entry
+from eventbus.errors import DecodeError
+from eventbus.keys import Keys
+from eventbus.server import RedisServer
+
+HERE = Path(__file__).resolve().parent
+TOPIC, GROUP, SHARDS = "chaos", "ledger", 16
+CONSUMER_FAULTS = ("kill", "pause", "term")
+FAULT_KINDS = (*CONSUMER_FAULTS, "redis-restart", "client-kill", "client-pause")
+MIXED_KINDS = ("kill", "pause", "redis-restart", "client-kill", "client-pause")
+
+
+class Step(BaseModel):
+    """The `s`-th event of resource `r`. `poison`: the handler raises; `slow_ms`: it sleeps."""
+
+    r: str
+    s: int
+    poison: bool = False
+    slow_ms: float = 0.0
+    pad: str = ""
+
+
+class PoisonEvent(Exception):
+    """Raised by the handler for every attempt at a poison event."""
+
+
+@dataclass
+class Plan:
+    """One run's parameters (a scenario's preset, overridden by command-line options)."""
+
+    scenario: str
+    events: int = 200_000
+    rate: float = 8_000.0  # events/s over all publishers; 0 = as fast as they can
+    consumers: int = 3
+    publishers: int = 2
+    resources: int = 200  # per publisher
+    faults: int = 0
+    kinds: list[str] = field(default_factory=list)
+    ttl_s: float = 2.0
+    aof: bool = False
+    poison: int = 0  # poison events
+    slow_ms: float = 0.0
+    slow_fraction: float = 0.0  # of the resources, whose events sleep slow_ms
+    pad: int = 64  # payload padding, characters
+    max_attempts: int = 4
+    retry_base_s: float = 0.02
+    concurrency: int = 64
+    max_in_flight: int = 2000
+    respawn_after_s: float = 0.5
+    seed: int = 1
+    drain_stall_s: float = 0.0  # 0: 15 s + 5 x TTL
+    baseline: bool = False  # also measure redis-benchmark's XADD rate in this run
+
+    @property
+    def duration_s(self) -> float:
+        """Expected publishing time (the fault schedule spans it)."""
+        return self.events / self.rate if self.rate else max(5.0, self.events / 20_000)
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "steady": {},
+    "kill": {"consumers": 4, "faults": 6, "kinds": ["kill"]},
+    "pause": {"consumers": 4, "faults": 4, "kinds": ["pause"]},
+    "term": {"consumers": 4, "faults": 6, "kinds": ["term"]},
+    "redis-restart": {"faults": 4, "kinds": ["redis-restart"], "aof": True, "rate": 5_000},
+    "client-kill": {"faults": 8, "kinds": ["client-kill"]},
+    "client-pause": {"faults": 6, "kinds": ["client-pause"]},
+    "poison": {"events": 100_000, "poison": 6},
+    "slow": {"events": 60_000, "rate": 12_000, "slow_ms": 3.0, "slow_fraction": 1.0,
+             "concurrency": 32, "max_in_flight": 500},
+    "all": {"events": 1_000_000, "rate": 7_000, "consumers": 4, "faults": 25,
+            "kinds": list(MIXED_KINDS), "aof": True, "poison": 8, "slow_ms": 2.0,
+            "slow_fraction": 0.02, "ttl_s": 3.0},
+}
+
+
+# -- child processes ----------------------------------------------------------------------------
+def _peak_rss_kb() -> int:
+    match = re.search(r"VmHWM:\s+(\d+)", Path("/proc/self/status").read_text())
+    return int(match[1]) if match else 0
+
+
+async def consumer_role(cfg: dict[str, Any]) -> None:
+    """One consumer process: a bus with one subscriber that records every handler run."""
+    led = LineWriter(Path(cfg["ledger"]))
+    bus = EventBus(Settings(**cfg["settings"]))
+
+    announced = False
+
+    @bus.subscriber(TOPIC, group=GROUP)
+    async def handle(event: Step, ctx: Context) -> None:
+        nonlocal announced
+        start = time.time_ns()
+        if not announced:  # the orchestrator maps this process to its consumer ID
+            led.write(HELLO, ctx.consumer_id, os.getpid())
+            announced = True
+        if event.slow_ms:
+            await anyio.sleep(event.slow_ms / 1000)
+        # written before returning: the entry is acked only after this line is in the file
+        led.write(
+            RAISED if event.poison else HANDLED, event.r, event.s, ctx.entry_id,
+            ctx.fencing_token, ctx.shard, ctx.attempt, start, time.time_ns(),
+            ctx.published_at_ms, ctx.event_id_bytes.hex(),
+        )
+        if event.poison:
+            raise PoisonEvent(f"{event.r}#{event.s} is poison")
+
+    # Our own signal receiver rather than run(handle_signals=True): "ready" is written once
+    # SIGTERM is caught, so the orchestrator never SIGTERMs a process that would just die of it.
+    stop = anyio.Event()
+    try:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            led.write(READY, os.getpid())
+            async with anyio.create_task_group() as tg:
+
+                async def on_signal() -> None:
+                    async for _ in signals:
+                        stop.set()
+
+                tg.start_soon(on_signal)
+                await bus.run(stop=stop)
+                tg.cancel_scope.cancel()
+    finally:
+        await bus.aclose()
+    led.write(EXITED, _peak_rss_kb())
+    led.close()
+
+
+async def publisher_role(cfg: dict[str, Any]) -> None:
+    """One publisher process: one task per resource publishes its events in seq order (the next
+    only after Redis acknowledged the previous), paced to the process's share of the rate."""
+    led = LineWriter(Path(cfg["ledger"]), buffered=True)  # never killed: flushed periodically
+    bus = EventBus(Settings(**cfg["settings"]))
+    # Connected and imported: say so, then wait for the orchestrator's "go" line on stdin, so
+    # that all publishers start together and the fault schedule starts with them.
+    async with bus:
+        print("ready", flush=True)
+        await anyio.to_thread.run_sync(sys.stdin.readline)
+        await _publish_all(bus, led, cfg)
+    await bus.aclose()
+
+
+async def _publish_all(bus: EventBus, led: LineWriter, cfg: dict[str, Any]) -> None:
+    resources: list[str] = cfg["resources"]
+    counts: list[int] = cfg["counts"]
+    poison = {(r, s) for r, s in cfg["poison"]}
+    slow = set(cfg["slow"])
+    pad = "x" * cfg["pad"]
+    duration = sum(counts) / cfg["rate"] if cfg["rate"] else 0.0
+    start = time.monotonic()
+
+    async def one(i: int, r: str, n: int) -> None:
+        interval = duration / n if n else 0.0
+        offset = interval * i / len(resources)  # spread the resources over the interval
+        for s in range(1, n + 1):
+            if interval:
+                delay = start + offset + (s - 1) * interval - time.monotonic()
+                if delay > 0:
+                    await anyio.sleep(delay)
+            flags = ("p" if (r, s) in poison else "") + ("s" if r in slow else "") or "-"
+            event = Step(r=r, s=s, poison=(r, s) in poison,
+                         slow_ms=cfg["slow_ms"] if r in slow else 0.0, pad=pad)
+            try:
+                entry_id = await bus.publish(TOPIC, event, resource_id=r)
+            except PublishError as exc:  # not acknowledged: may or may not be stored
+                led.write(PUBLISH_FAILED, r, s, "-", time.time_ns(), str(exc)[:200])
+                continue
+            led.write(PUBLISHED, r, s, entry_id, time.time_ns(), flags)
+
+    async def flusher() -> None:
+        while True:
+            await anyio.sleep(0.2)
+            led.flush()
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(flusher)
+            async with anyio.create_task_group() as work:
+                for i, (r, n) in enumerate(zip(resources, counts, strict=True)):
+                    work.start_soon(one, i, r, n)
+            tg.cancel_scope.cancel()
+    finally:
+        led.close()
+
+
+# -- the orchestrator ---------------------------------------------------------------------------
+@dataclass
+class Proc:
+    index: int
+    popen: subprocess.Popen[bytes]
+    state: str = "live"  # live | stopped | killed | terming | exited
+    consumer_id: str | None = None
+    ready: bool = False
+
+
+class Chaos:
+    """Runs one plan: Redis, consumer and publisher processes, the fault schedule, the drain, and
+    the checks."""
+
+    def __init__(self, plan: Plan, workdir: Path) -> None:
+        self.plan = plan
+        self.dir = workdir
+        self.rng = random.Random(plan.seed)
+        self.keys = Keys()
+        self.server = RedisServer(appendonly="always" if plan.aof else None)
+        self.r: redis.Redis = redis.Redis(
+            port=self.server.port, socket_timeout=30, socket_connect_timeout=2
+        )
+        self.consumers: list[Proc] = []
+        self.publishers: list[subprocess.Popen[bytes]] = []
+        self.faults: list[dict[str, Any]] = []
+        self.incidents: list[dict[str, Any]] = []  # crashes, hangs, unexpected exits
+        self._later: list[tuple[float, int, Callable[[], None]]] = []
+        self._tie = itertools.count()
+        self._t0 = 0.0
+        self._t0_ns = 0
+        self.baseline: float | None = None
+        self._counts: dict[str, int] = defaultdict(int)
+
+    # -- processes ------------------------------------------------------------------------------
+    def _spawn(self, role: str, cfg: dict[str, Any], log: Path) -> subprocess.Popen[bytes]:
+        """Start this file in `role`; a publisher's stdout is a pipe (it says "ready" there and
+        waits for "go" on stdin), everything else goes to `log`."""
+        env = {**os.environ, "PYTHONPATH": str(HERE.parent)}
+        publisher = role == "_publisher"
+        with log.open("ab") as out:
+            return subprocess.Popen(
+                [sys.executable, str(Path(__file__).resolve()), role, json.dumps(cfg)],
+                env=env, stdin=subprocess.PIPE if publisher else subprocess.DEVNULL,
+                stdout=subprocess.PIPE if publisher else out, stderr=out,
+            )
+
+    def spawn_consumer(self) -> Proc:
+        p = self.plan
+        index = len(self.consumers)
+        cfg = {
+            "ledger": str(self.dir / f"con-{index}.log"),
+            "settings": {
+                "redis_url": self.server.url, "shards": SHARDS, "liveness_ttl_s": p.ttl_s,
+                "block_max_ms": 100, "max_attempts": p.max_attempts,
+                "retry_base_s": p.retry_base_s, "retry_max_s": max(0.5, p.retry_base_s),
+                "concurrency": p.concurrency, "max_in_flight": p.max_in_flight,
+            },
+        }
+        proc = Proc(index, self._spawn("_consumer", cfg, self.dir / f"con-{index}.out"))
+        self.consumers.append(proc)
+        return proc
+
+    def _first_line(self, proc: Proc, kind: str) -> list[str] | None:
+        path = self.dir / f"con-{proc.index}.log"
+        if path.exists():
+            with path.open() as f:
+                for line in f:
+                    if line.startswith(kind + "\t") and line.endswith("\n"):
+                        return line[:-1].split("\t")
+        return None
+
+    def consumer_id(self, proc: Proc) -> str | None:
+        """The process's consumer ID, once it has handled an event (None before)."""
+        if proc.consumer_id is None and (hello := self._first_line(proc, HELLO)):
+            proc.consumer_id = hello[1]
+        return proc.consumer_id
+
+    def ready(self, proc: Proc) -> bool:
+        """Whether the process handles SIGTERM yet (or is gone)."""
+        if not proc.ready:
+            proc.ready = proc.popen.poll() is not None or bool(self._first_line(proc, READY))
+        return proc.ready
+
+    def _workload(self) -> list[dict[str, Any]]:
+        """Split the events over publishers and their resources; choose poison and slow ones."""
+        p = self.plan
+        names = [[f"p{i}-r{j}" for j in range(p.resources)] for i in range(p.publishers)]
+        flat = [r for rs in names for r in rs]
+        base, extra = divmod(p.events, len(flat))
+        count = {r: base + (k < extra) for k, r in enumerate(flat)}
+        poison: list[tuple[str, int]] = []
+        for r in self.rng.sample(flat, min(p.poison, len(flat))):
+            n = count[r]
+            poison.append((r, self.rng.randint(max(1, n // 3), max(1, 2 * n // 3))))
+        slow = set(self.rng.sample(flat, round(p.slow_fraction * len(flat))))
+        settings = {"redis_url": self.server.url, "shards": SHARDS}
+        return [
+            {
+                "ledger": str(self.dir / f"pub-{i}.log"),
+                "settings": settings,
+                "resources": rs,
+                "counts": [count[r] for r in rs],
+                "poison": [x for x in poison if x[0] in rs],
+                "slow": [r for r in rs if r in slow],
+                "slow_ms": p.slow_ms,
+                "pad": p.pad,
+                "rate": p.rate / p.publishers,
+            }
+            for i, rs in enumerate(names)
+        ]
+
+    # -- waiting --------------------------------------------------------------------------------
+    def _redis(self, fn: Callable[[], Any], within_s: float = 60) -> Any:
+        """Call `fn` on the control connection, retrying while Redis restarts."""
+        deadline = time.monotonic() + within_s
+        while True:
+            try:
+                return fn()
+            except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def _wait(self, what: str, cond: Callable[[], bool], within_s: float) -> None:
+        deadline = time.monotonic() + within_s
+        while not cond():
+            self._check_children()
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"timed out after {within_s} s waiting for {what}")
+            time.sleep(0.02)
+
+    def _check_children(self) -> None:
+        """Notice consumers that ended: expected after a SIGTERM; otherwise a crash, recorded
+        with the tail of its output and replaced, as a process supervisor would."""
+        for c in list(self.consumers):
+            code = c.popen.poll()
+            if code is None or c.state in ("killed", "exited"):
+                continue
+            if c.state != "terming" or code != 0:
+                out = (self.dir / f"con-{c.index}.out").read_text(errors="replace")
+                self.incidents.append({"kind": "consumer exited", "consumer": c.index,
+                                       "code": code, "state": c.state, "t_ns": time.time_ns(),
+                                       "output_tail": out[-3000:]})
+                print(f"  consumer {c.index} exited with {code} ({c.state}): replaced",
+                      flush=True)
+                if c.state != "terming":
+                    self.spawn_consumer()
+            else:
+                for f in self.faults:
+                    if f["kind"] == "term" and f["victim"] == c.index:
+                        f["end_ns"] = time.time_ns()
+            c.state = "exited"
+
+    def remaining(self) -> int:
+        """Entries not yet acked by the group: pending plus never delivered, over all shards."""
+        pipe = self.r.pipeline(transaction=False)
+        for s in range(SHARDS):
+            pipe.xinfo_groups(self.keys.stream(TOPIC, s))
+        total = 0
+        for groups in pipe.execute():
+            for g in groups:
+                if g["name"] == GROUP.encode():
+                    lag = g.get("lag")
+                    total += int(g["pending"]) + (int(lag) if lag is not None else 1)
+        return total
+
+    def _drain(self) -> dict[str, Any]:
+        """Wait until every entry is acked, or until nothing moved for `drain_stall_s`."""
+        stall_s = self.plan.drain_stall_s or 15 + 5 * self.plan.ttl_s
+        start = time.monotonic()
+        last, changed = -1, time.monotonic()
+        while True:
+            self._check_children()
+            self._run_due()
+            left = self._redis(self.remaining)
+            if left == 0 and not self._later:
+                return {"drained": True, "drain_s": time.monotonic() - start, "remaining": 0}
+            if left != last:
+                last, changed = left, time.monotonic()
+            elif time.monotonic() - changed > stall_s:
+                return {"drained": False, "drain_s": time.monotonic() - start,
+                        "remaining": left, "stuck": self._stuck()}
+            time.sleep(0.1)
+
+    def _stuck(self, per_shard: int = 10) -> list[dict[str, Any]]:
+        """What is left pending or unread after a stalled drain: evidence for a report."""
+        out = []
+        locks = self.r.hgetall(self.keys.locks(TOPIC, GROUP))
+        members = self.r.zrange(self.keys.members(TOPIC, GROUP), 0, -1, withscores=True)
+        for s in range(SHARDS):
+            stream = self.keys.stream(TOPIC, s)
+            info = next(g for g in self.r.xinfo_groups(stream) if g["name"] == GROUP.encode())
+            if not info["pending"] and not info.get("lag"):
+                continue
+            pending = self.r.xpending_range(stream, GROUP, "-", "+", per_shard)
+            entries = []
+            for pe in pending:
+                got = self.r.xrange(stream, pe["message_id"], pe["message_id"])
+                step = _decode_step(got[0][1]) if got else None
+                entries.append({"entry_id": pe["message_id"].decode(),
+                                "consumer": pe["consumer"].decode(),
+                                "idle_ms": pe["time_since_delivered"],
+                                "deliveries": pe["times_delivered"], "event": step})
+            out.append({
+                "shard": s, "pending": info["pending"], "lag": info.get("lag"),
+                "last_delivered": info["last-delivered-id"].decode(),
+                "lock_owner": (locks.get(str(s).encode()) or b"").decode(),
+                "lock_token": int(locks.get(f"{s}:token".encode()) or 0),
+                "pending_entries": entries,
+            })
+        return [{"members": [(m.decode(), sc) for m, sc in members]}, *out]
+
+    # -- faults ---------------------------------------------------------------------------------
+    def _at(self, t: float, action: Callable[[], None]) -> None:
+        heapq.heappush(self._later, (t, next(self._tie), action))
+
+    def _after(self, delay: float, action: Callable[[], None]) -> None:
+        self._at(time.monotonic() - self._t0 + delay, action)
+
+    def _run_due(self) -> None:
+        while self._later and self._later[0][0] <= time.monotonic() - self._t0:
+            _, _, action = heapq.heappop(self._later)
+            action()
+
+    def _victim(self) -> Proc | None:
+        """A live consumer with a known ID, if at least one other would be left to take over."""
+        live = [c for c in self.consumers if c.state == "live" and c.popen.poll() is None]
+        known = [c for c in live if self.consumer_id(c)]
+        return self.rng.choice(known) if len(live) >= 2 and known else None
+
+    def _held(self, consumer_id: str) -> list[int]:
+        locks = self._redis(lambda: self.r.hgetall(self.keys.locks(TOPIC, GROUP)))
+        return sorted(
+            int(k) for k, v in locks.items() if b":" not in k and v.decode() == consumer_id
+        )
+
+    def inject(self, kind: str, tries: int = 0) -> None:
+        if kind in CONSUMER_FAULTS:
+            victim = self._victim()
+            if victim is None:  # nobody could take over now: try again shortly
+                if tries < 60:
+                    self._after(0.25, lambda: self.inject(kind, tries + 1))
+                return
+            fault = self._consumer_fault(kind, victim)
+        else:
+            fault = getattr(self, "_" + kind.replace("-", "_"))()
+        fault["t_rel_s"] = round((fault["t_ns"] - self._t0_ns) / 1e9, 3)
+        self.faults.append(fault)
+        print(f"  fault {len(self.faults):>2} at {fault['t_rel_s']:7.2f} s: {kind} "
+              f"{ {k: v for k, v in fault.items() if k in ('victim', 'victim_shards', 'detail')} }",
+              flush=True)
+
+    def _consumer_fault(self, kind: str, victim: Proc) -> dict[str, Any]:
+        cid = self.consumer_id(victim)
+        assert cid is not None
+        shards = self._held(cid)
+        fault: dict[str, Any] = {"kind": kind, "victim": victim.index, "victim_id": cid,
+                                 "victim_shards": shards}
+        fault["t_ns"] = time.time_ns()
+        if kind == "kill":
+            victim.popen.kill()
+            victim.popen.wait()
+            victim.state = "killed"
+            self._after(self.plan.respawn_after_s, self.spawn_consumer)
+        elif kind == "pause":
+            pause_s = 1.5 * self.plan.ttl_s + 0.5  # past the liveness TTL
+            victim.popen.send_signal(signal.SIGSTOP)
+            victim.state = "stopped"
+            fault["detail"] = f"SIGSTOP for {pause_s:.1f} s"
+
+            def wake() -> None:
+                victim.popen.send_signal(signal.SIGCONT)
+                victim.state = "live"
+                fault["end_ns"] = time.time_ns()
+
+            self._after(pause_s, wake)
+        else:  # term: graceful shutdown under load, then a replacement
+            victim.popen.send_signal(signal.SIGTERM)
+            victim.state = "terming"
+            self._after(self.plan.respawn_after_s, self.spawn_consumer)
+        return fault
+
+    def _redis_restart(self) -> dict[str, Any]:
+        n = self._counts["redis-restart"]
+        self._counts["redis-restart"] += 1
+        kill = n % 2 == 1
+        t = time.time_ns()
+        self.server.restart(kill=kill)
+        return {"kind": "redis-restart", "t_ns": t, "end_ns": time.time_ns(),
+                "detail": "SIGKILL" if kill else "SIGTERM"}
+
+    def _client_kill(self) -> dict[str, Any]:
+        n = self._counts["client-kill"]
+        self._counts["client-kill"] += 1
+        t = time.time_ns()
+        if n % 2 == 0:
+            killed = self._redis(lambda: self.r.client_kill_filter(_type="normal"))
+            return {"kind": "client-kill", "t_ns": t, "detail": f"TYPE normal: {killed} killed"}
+        me = self._redis(self.r.client_id)
+        ids = [c["id"] for c in self._redis(self.r.client_list) if int(c["id"]) != me]
+        victim = self.rng.choice(ids) if ids else None
+        killed = self._redis(lambda: self.r.client_kill_filter(_id=victim)) if victim else 0
+        return {"kind": "client-kill", "t_ns": t, "detail": f"ID {victim}: {killed} killed"}
+
+    def _client_pause(self) -> dict[str, Any]:
+        n = self._counts["client-pause"]
+        self._counts["client-pause"] += 1
+        ms = int((0.5 if n % 2 == 0 else 1.5) * self.plan.ttl_s * 1000)
+        t = time.time_ns()
+        self._redis(lambda: self.r.client_pause(ms))
+        return {"kind": "client-pause", "t_ns": t, "end_ns": t + ms * 1_000_000,
+                "detail": f"CLIENT PAUSE {ms} ms"}
+
+    def _schedule(self) -> list[tuple[float, str]]:
+        """Fault times spread over the publishing time; kinds in shuffled rounds."""
+        p = self.plan
+        if not p.faults or not p.kinds:
+            return []
+        kinds: list[str] = []
+        while len(kinds) < p.faults:
+            batch = list(p.kinds)
+            self.rng.shuffle(batch)
+            kinds += batch
+        d = p.duration_s
+        times = [d * (0.15 + 0.7 * i / max(1, p.faults - 1)) for i in range(p.faults)]
+        if p.faults == 1:
+            times = [0.4 * d]
+        return list(zip(times, kinds[: p.faults], strict=True))
+
+    # -- the run --------------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        p = self.plan
+        started = time.monotonic()
+        self.server.start()
+        try:
+            return self._run(started)
+        finally:
+            for c in self.consumers:
+                if c.popen.poll() is None:
+                    c.popen.send_signal(signal.SIGCONT)
+                    c.popen.kill()
+                    c.popen.wait()
+            for pub in self.publishers:
+                if pub.poll() is None:
+                    pub.kill()
+                    pub.wait()
+            self.r.close()
+            self.server.stop()
+            if p.baseline:
+                from bench import redis_benchmark_xadd
+
+                self.baseline = redis_benchmark_xadd(100_000)
+
+    def _run(self, started: float) -> dict[str, Any]:
+        p = self.plan
+        for _ in range(p.consumers):
+            self.spawn_consumer()
+        members = self.keys.members(TOPIC, GROUP)
+        self._wait("consumers to join",
+                   lambda: self._redis(lambda: self.r.zcard(members)) >= p.consumers, 120)
+        workload = self._workload()
+        self.publishers = [
+            self._spawn("_publisher", cfg, self.dir / f"pub-{i}.out")
+            for i, cfg in enumerate(workload)
+        ]
+        for pub in self.publishers:  # blocks until each has connected (or died)
+            assert pub.stdout is not None
+            if pub.stdout.readline().strip() != b"ready":
+                raise RuntimeError(f"a publisher failed to start; see {self.dir}/pub-*.out")
+        self._t0, self._t0_ns = time.monotonic(), time.time_ns()
+        for pub in self.publishers:
+            assert pub.stdin is not None
+            pub.stdin.write(b"go\n")
+            pub.stdin.close()
+        print(f"{p.scenario}: {p.events:,} events, {p.publishers} publishers, {p.consumers} "
+              f"consumers, rate {p.rate:,.0f}/s, {p.faults} faults, ledgers in {self.dir}",
+              flush=True)
+        for t, kind in self._schedule():
+            self._at(t, lambda kind=kind: self.inject(kind))
+        faults_due = len(self._later)
+        while True:
+            self._run_due()
+            self._check_children()
+            publishing = any(pub.poll() is None for pub in self.publishers)
+            if not publishing and len(self.faults) >= faults_due and not self._later:
+                break
+            wait = self._later[0][0] - (time.monotonic() - self._t0) if self._later else 0.05
+            time.sleep(min(0.05, max(0.0, wait)))
+        published_s = time.monotonic() - self._t0
+        for i, pub in enumerate(self.publishers):
+            if pub.returncode:
+                self.incidents.append({"kind": "publisher exited", "publisher": i,
+                                       "code": pub.returncode})
+        print(f"  published in {published_s:.1f} s; draining ...", flush=True)
+        drain = self._drain()
+        dead = self._dead_letters()
+        stop = self._stop_consumers()
+        return {"drain": drain, "dead": dead, "stop": stop, "published_s": published_s,
+                "wall_s": time.monotonic() - started}
+
+    def _dead_letters(self) -> list[DeadLetter]:
+        out = []
+        for entry_id, fields in self._redis(
+            lambda: self.r.xrange(self.keys.dead_letter(TOPIC, GROUP))
+        ):
+            orig = {F_RESOURCE: fields.get(b"orig_rid", b""), F_TYPE: fields.get(b"orig_type", b""),
+                    F_DATA: fields.get(b"orig_data", b"")}
+            step = _decode_step(orig)
+            out.append(DeadLetter(
+                step["r"] if step else "?", step["s"] if step else -1,
+                fields.get(b"entry_id", entry_id).decode(),
+                int(fields.get(b"attempts", b"-1")), fields.get(b"error_type", b"").decode(),
+            ))
+        return out
+
+    def _stop_consumers(self, within_s: float = 30) -> dict[str, Any]:
+        """SIGTERM every consumer still running (graceful shutdown); SIGKILL those that hang."""
+        running = [c for c in self.consumers if c.popen.poll() is None]
+        self._wait("consumers to catch SIGTERM", lambda: all(map(self.ready, running)), 120)
+        for c in running:
+            if c.state == "stopped":
+                c.popen.send_signal(signal.SIGCONT)
+            c.popen.send_signal(signal.SIGTERM)
+            c.state = "terming"
+        deadline = time.monotonic() + within_s
+        for c in running:
+            try:
+                c.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                c.popen.kill()
+                c.popen.wait()
+                self.incidents.append({"kind": "consumer hung on SIGTERM", "consumer": c.index})
+                continue
+            if c.popen.returncode != 0:
+                self.incidents.append({"kind": "consumer exited", "consumer": c.index,
+                                       "code": c.popen.returncode, "state": "terming"})
+            c.state = "exited"
+        return {"stopped": len(running)}
+
+
+def _decode_step(fields: dict[bytes, bytes]) -> dict[str, Any] | None:
+    try:
+        payload = decode_entry(fields).payload
+    except DecodeError:
+        return None
+    return payload if isinstance(payload, dict) else None
+
+
+# -- scenario facts -------------------------------------------------------------------------------
+def poison_facts(led: Ledgers, dead: list[DeadLetter], max_attempts: int) -> dict[str, Any]:
+    """Did other resources go on while a poison event was retried, and did the poison resource's
+    later events wait until it was dead-lettered?"""
+    fails: dict[tuple[str, int], list[Handling]] = defaultdict(list)
+    for h in led.handlings:
+        if not h.ok:
+            fails[(h.resource, h.seq)].append(h)
+    ends = sorted(h.end_ns for h in led.handlings if h.ok)
+    others, overtaken = [], 0
+    for (r, s), runs in fails.items():
+        lo, hi = min(h.start_ns for h in runs), max(h.end_ns for h in runs)
+        others.append(bisect.bisect_left(ends, hi) - bisect.bisect_right(ends, lo))
+        overtaken += sum(
+            1 for h in led.handlings if h.ok and h.resource == r and h.seq > s and h.end_ns < hi
+        )
+    attempts = sorted({d.attempts for d in dead})
+    return {
+        "poison_attempts_recorded": {f"{r}#{s}": len(v) for (r, s), v in sorted(fails.items())},
+        "dead_letter_attempts": attempts,
+        "dead_letter_attempts_ok": bool(dead) and attempts == [max_attempts],
+        "min_others_handled_during_retries": min(others) if others else None,
+        "poison_overtaken_by_later_seq": overtaken,
+    }
+
+
+def concurrency_facts(led: Ledgers) -> dict[str, Any]:
+    """Most handlers running at once in one consumer process (sweep over start/end times)."""
+    peak = 0
+    by_consumer: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    for h in led.handlings:
+        by_consumer[h.consumer] += [(h.start_ns, 1), (h.end_ns, -1)]
+    for marks in by_consumer.values():
+        running = 0
+        for _, d in sorted(marks, key=lambda m: (m[0], m[1])):
+            running += d
+            peak = max(peak, running)
+    return {"max_concurrent_handlers": peak}
+
+
+def backlog_facts(result: dict[str, Any]) -> dict[str, Any]:
+    tl = result["timeline"]
+    backlog, top = 0.0, 0.0
+    for pub, handled in zip(tl["published_per_s"], tl["handled_per_s"], strict=True):
+        backlog += pub - handled
+        top = max(top, backlog)
+    return {"max_backlog": int(top)}
+
+
+def verdict(plan: Plan, res: dict[str, Any]) -> dict[str, bool]:
+    """The checks that gate the exit code."""
+    checks = {
+        "no_loss": res["lost"] == 0,
+        "no_order_violation": res["order_violations"] == 0,
+        "no_crash_or_hang": not res["incidents"],
+        "drained": res["drain"]["drained"],
+        "no_unexpected_dead_letter": res["unexpected_dead_letter_count"] == 0,
+        "faults_injected": len(res["faults"]) >= plan.faults,
+    }
+    victims = [f for f in res["faults"] if f["kind"] in CONSUMER_FAULTS and f["victim_shards"]]
+    if victims:
+        checks["takeover_measured"] = all(f.get("takeover_s") is not None for f in victims)
+    if plan.poison:
+        checks["poison_dead_lettered"] = not res["poison_not_dead_lettered"]
+        checks["poison_after_max_attempts"] = res["dead_letter_attempts_ok"]
+        checks["poison_not_overtaken"] = res["poison_overtaken_by_later_seq"] == 0
+        checks["others_went_on"] = (res["min_others_handled_during_retries"] or 0) > 0
+    if plan.slow_ms:
+        checks["concurrency_bounded"] = res["max_concurrent_handlers"] <= plan.concurrency
+    return checks
+
+
+def run_plan(plan: Plan, workdir: Path | None = None, keep: bool = False) -> dict[str, Any]:
+    wd = workdir or Path(tempfile.mkdtemp(prefix=f"chaos-{plan.scenario}-"))
+    wd.mkdir(parents=True, exist_ok=True)
+    chaos = Chaos(plan, wd)
+    run = chaos.run()
+    led = read_run(wd)
+    res: dict[str, Any] = {"scenario": plan.scenario, "plan": asdict(plan), "workdir": str(wd),
+                           "t0_ns": chaos._t0_ns}
+    res |= check(led, run["dead"], chaos.faults, chaos._t0_ns)
+    res["faults"] = chaos.faults
+    res["faults_by_kind"] = dict(sorted(defaultdict(int, {
+        k: sum(1 for f in chaos.faults if f["kind"] == k) for k in FAULT_KINDS}).items()))
+    res["incidents"] = chaos.incidents
+    res["drain"] = run["drain"]
+    res["published_s"] = run["published_s"]
+    res["wall_s"] = run["wall_s"]
+    res["consumer_processes"] = len(chaos.consumers)
+    res["consumer_peak_rss_mb"] = max(led.peak_rss_kb.values(), default=0) / 1024
+    res |= poison_facts(led, run["dead"], plan.max_attempts)
+    res |= concurrency_facts(led)
+    res |= backlog_facts(res)
+    if plan.baseline:
+        res["redis_benchmark_xadd_per_s"] = chaos.baseline
+    res["checks"] = verdict(plan, res)
+    res["ok"] = all(res["checks"].values())
+    res["workdir_kept"] = keep or not res["ok"]
+    if not res["workdir_kept"]:
+        shutil.rmtree(wd, ignore_errors=True)
+    return res
+
+
+def summary(res: dict[str, Any]) -> str:
+    def ms(v: float | None) -> str:
+        return "-" if v is None else f"{v:.1f}"
+
+    def s(v: float | None) -> str:
+        return "-" if v is None else f"{v:.2f} s"
+
+    lines = [
+        f"{res['scenario']}: {'OK' if res['ok'] else 'FAILED'} in {res['wall_s']:.0f} s",
+        f"  events {res['events']:,} (publish failed {res['publish_failed']}), handled "
+        f"{res['handled']:,}, {res['events_per_s']:,.0f} events/s, latency p50 "
+        f"{ms(res['latency_ms_p50'])} ms p99 {ms(res['latency_ms_p99'])} ms",
+        f"  lost {res['lost']}, order violations {res['order_violations']}, duplicates "
+        f"{res['duplicates']} (redelivered {res['duplicates_redelivered']}, republished "
+        f"{res['duplicates_republished']}), dead-lettered {res['dead_lettered']}",
+        f"  faults {len(res['faults'])} {res['faults_by_kind']}, takeover median "
+        f"{s(res['takeover_s_median'])} max {s(res['takeover_s_max'])}, stale-token starts "
+        f"{res['stale_token_starts']}",
+    ]
+    failed = [k for k, v in res["checks"].items() if not v]
+    if failed:
+        lines.append(f"  FAILED checks: {', '.join(failed)}; ledgers kept in {res['workdir']}")
+    return "\n".join(lines)
+
+
+def plan_from_args(args: argparse.Namespace) -> Plan:
+    values: dict[str, Any] = dict(PRESETS[args.scenario])
+    for name in ("events", "rate", "consumers", "publishers", "resources", "faults", "ttl_s",
+                 "poison", "slow_ms", "seed"):
+        if getattr(args, name) is not None:
+            values[name] = getattr(args, name)
+    if args.duration is not None:
+        values["rate"] = values.get("events", Plan.events) / args.duration
+    if args.baseline:
+        values["baseline"] = True
+    return Plan(args.scenario, **values)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("scenario", choices=sorted(PRESETS))
+    parser.add_argument("--events", type=int)
+    parser.add_argument("--duration", type=float, help="publishing time, s (sets the rate)")
+    parser.add_argument("--rate", type=float, help="events/s over all publishers (0: max)")
+    parser.add_argument("--consumers", type=int)
+    parser.add_argument("--publishers", type=int)
+    parser.add_argument("--resources", type=int, help="resources per publisher")
+    parser.add_argument("--faults", type=int)
+    parser.add_argument("--ttl", dest="ttl_s", type=float, help="consumer liveness TTL, s")
+    parser.add_argument("--poison", type=int, help="poison events")
+    parser.add_argument("--slow-ms", dest="slow_ms", type=float)
+    parser.add_argument("--seed", type=int)
+    parser.add_argument("--baseline", action="store_true", help="also run redis-benchmark XADD")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--plot", type=Path)
+    parser.add_argument("--workdir", type=Path, help="ledger folder (default: a temp folder)")
+    parser.add_argument("--keep", action="store_true", help="keep the ledgers even when OK")
+    args = parser.parse_args(argv)
+    plan = plan_from_args(args)
+    res = run_plan(plan, args.workdir, args.keep)
+    json_path = args.json or HERE / "results" / f"{plan.scenario}.json"
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(res, indent=1, default=str))
+    plot_path = args.plot or json_path.with_suffix(".png")
+    from plot import plot
+
+    plot(res, plot_path)
+    print(summary(res))
+    print(f"  written {json_path} and {plot_path}")
+    return 0 if res["ok"] else 1
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] in ("_consumer", "_publisher"):
+        role = consumer_role if sys.argv[1] == "_consumer" else publisher_role
+        anyio.run(role, json.loads(sys.argv[2]))
+        sys.exit(0)
+    sys.exit(main())
