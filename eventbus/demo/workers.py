@@ -1,4 +1,5 @@
-"""The consumer processes of the flights demo: ``python -m eventbus.demo.workers '<config JSON>'``.
+"""The consumer processes of the flights demo: ``python -m eventbus.demo.workers '<config JSON>'``
+with a pipe from the parent as stdin (the worker stops when it closes).
 
 Each process runs one `EventBus` with one subscriber, in one of two consumer groups:
 
@@ -295,14 +296,27 @@ async def run_worker(cfg: WorkerConfig) -> None:
             log.error("plane %s: seq %d handled after a later flight", event.plane, event.seq)
         report.last_ms = time.time() * 1000
 
+    stop = anyio.Event()
     try:
         async with anyio.create_task_group() as tg:
             await tg.start(batcher.run)
-            await bus.run(handle_signals=True)  # returns after a graceful shutdown
+            tg.start_soon(_stop_when_orphaned, stop)
+            await bus.run(stop=stop, handle_signals=True)  # returns after a graceful shutdown
             tg.cancel_scope.cancel()
-        await bus.redis.hset(keys.report(cfg.name), mapping=report.to_redis())
+        try:
+            await bus.redis.hset(keys.report(cfg.name), mapping=report.to_redis())
+        except (RedisError, OSError) as exc:  # e.g. a private server stopped by Ctrl-C
+            log.warning("could not write the report to Redis: %s", exc)
     finally:
         await bus.aclose()
+
+
+async def _stop_when_orphaned(stop: anyio.Event) -> None:
+    """Set `stop` when stdin reaches end of file: the parent holds the pipe's other end, so the
+    pipe closes when the parent exits, even if it was killed before it could SIGTERM us."""
+    await anyio.wait_readable(sys.stdin.fileno())
+    log.warning("parent process is gone: stopping")
+    stop.set()
 
 
 def main() -> None:

@@ -18,9 +18,7 @@ LIMIT = 5000
 
 def test_flights_demo_small_run(tmp_path: Path) -> None:
     summary_file = tmp_path / "summary.json"
-    env = {
-        k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "EVENTBUS_REDIS_URL")
-    }
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "EVENTBUS_REDIS_URL")}
     proc = subprocess.run(
         [
             sys.executable,
