@@ -8,13 +8,15 @@ Redis, as JSON lines:
 * ``<prefix>:stopping`` - set once SIGTERM/SIGINT asked the bus to stop.
 
 Events with ``seq >= block_from`` block their handler until the key ``<prefix>:gate`` exists
-(never, unless the test creates it), so the process keeps entries pending on purpose.
+(never, unless the test creates it), so the process keeps entries pending on purpose. Events with
+``seq < hold_below`` take ``hold_s`` seconds (a long handler, with no Redis call meanwhile).
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 
 import anyio
 from support import Tick, wait_until
@@ -31,6 +33,7 @@ def record(ctx: Context, event: Tick) -> str:
             "entry_id": ctx.entry_id,
             "shard": ctx.shard,
             "token": ctx.fencing_token,
+            "t": time.time(),
         }
     )
 
@@ -38,12 +41,16 @@ def record(ctx: Context, event: Tick) -> str:
 async def main(config: dict[str, object]) -> None:
     prefix = str(config["prefix"])
     block_from = int(config["block_from"])  # type: ignore[call-overload]
+    hold_below = int(config.get("hold_below", 0))  # type: ignore[call-overload]
+    hold_s = float(config.get("hold_s", 0))  # type: ignore[arg-type]
     bus = EventBus(Settings(**config["settings"]))  # type: ignore[arg-type]
 
     @bus.subscriber(str(config["topic"]), group=str(config["group"]))
     async def handle(event: Tick, ctx: Context) -> None:
         redis = bus.redis
         await redis.rpush(f"{prefix}:started", record(ctx, event))
+        if event.seq < hold_below:
+            await anyio.sleep(hold_s)
         if event.seq >= block_from:
             await wait_until(lambda: redis.exists(f"{prefix}:gate"), within_s=3600)
         await redis.rpush(f"{prefix}:handled", record(ctx, event))

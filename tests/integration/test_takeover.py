@@ -34,13 +34,14 @@ def spawn() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
     """Start consumer_proc.py with a JSON config; kills what is left at the end."""
     procs: list[subprocess.Popen[bytes]] = []
 
-    def start(settings: Settings, block_from: int) -> subprocess.Popen[bytes]:
+    def start(settings: Settings, block_from: int, **extra: Any) -> subprocess.Popen[bytes]:
         config = {
             "prefix": "proc",
             "topic": TOPIC,
             "group": GROUP,
             "block_from": block_from,
             "settings": settings.model_dump(mode="json"),
+            **extra,
         }
         proc = subprocess.Popen(
             [sys.executable, str(PROC), json.dumps(config)],
@@ -181,3 +182,63 @@ async def test_sigterm_hands_shards_over_at_once(
 
 async def _zcard_is(r: redis.asyncio.Redis, key: str, n: int) -> bool:
     return await r.zcard(key) == n
+
+
+async def test_paused_consumer_past_its_ttl_is_fenced_out(
+    settings: SettingsFactory, r: redis.asyncio.Redis, spawn: Callable[..., Any]
+) -> None:
+    """SIGSTOP a consumer in the middle of long handlers for longer than its liveness TTL:
+    another consumer takes its shards (larger fencing tokens) and processes everything. Resumed,
+    the paused one finishes the handlers it was in (their writes carry the old token; the
+    handlers make no Redis call, so it learns nothing from Redis before they return), but must
+    start nothing else: its lease ran out while it was paused."""
+    s = settings(shards=SHARDS, liveness_ttl_s=1.0)
+    resources = resources_per_shard(SHARDS, per_shard=1)
+    publisher = EventBus(s)
+    await publisher.publish_many(
+        TOPIC, [(rid, Tick(resource=rid, seq=seq)) for seq in range(4) for rid in resources]
+    )
+    await publisher.aclose()
+
+    hold_s = 1.5
+    proc = spawn(s, block_from=99, hold_below=1, hold_s=hold_s)  # seq 0 takes 1.5 s
+    await wait_until(lambda: _blocked_on_every_resource(r, resources, 0), within_s=30)
+    proc.send_signal(signal.SIGSTOP)
+    try:
+        started = await _records(r, "proc:started")
+        assert {x["seq"] for x in started} == {0}, "paused too late: raise hold_s"
+        paused_id = started[0]["consumer"]
+        rec = Recorder()
+        async with running(_consumer(s, rec)) as [run]:
+            await rec.wait_for(len(resources) * 4, within_s=30)
+            await wait_until(lambda: _pending_is(run.bus, r, 0))
+
+            # resume once its handlers' time is up, so they return at once
+            done_at = max(x["t"] for x in started) + hold_s + 0.05
+            await wait_until(lambda: time.time() > done_at)
+            proc.send_signal(signal.SIGCONT)
+            await wait_until(lambda: _handled_count_is(r, len(resources)))
+            await wait_until(lambda: _is_member(r, run.bus, paused_id))  # it heartbeat again
+            proc.send_signal(signal.SIGTERM)
+            assert await anyio.to_thread.run_sync(proc.wait, 20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+
+    assert rec.by_resource() == {rid: [0, 1, 2, 3] for rid in resources}
+    started = await _records(r, "proc:started")
+    assert sorted((x["resource"], x["seq"]) for x in started) == [
+        (rid, 0) for rid in sorted(resources)
+    ]
+    new_tokens = {h.ctx.shard: h.ctx.fencing_token for h in rec.log}
+    for x in await _records(r, "proc:handled"):
+        assert x["token"] < new_tokens[x["shard"]]
+    assert await total_pending(run.bus, TOPIC, GROUP, r) == 0
+
+
+async def _handled_count_is(r: redis.asyncio.Redis, n: int) -> bool:
+    return await r.llen("proc:handled") == n
+
+
+async def _is_member(r: redis.asyncio.Redis, bus: EventBus, consumer_id: str) -> bool:
+    return await r.zscore(bus.keys.members(TOPIC, GROUP), consumer_id) is not None
