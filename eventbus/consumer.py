@@ -38,7 +38,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import anyio
 from pydantic import BaseModel, ValidationError
@@ -612,7 +612,7 @@ class Consumer:
     async def _call(self, event: Any, ctx: Context) -> None:
         args = (event, ctx) if self.sub.takes_context else (event,)
         if self._is_async:
-            await self.sub.handler(*args)
+            await cast("Awaitable[None]", self.sub.handler(*args))
         else:
             await anyio.to_thread.run_sync(partial(self.sub.handler, *args))
 
