@@ -89,8 +89,8 @@ class Running:
 
 @asynccontextmanager
 async def running(*buses: EventBus) -> AsyncIterator[list[Running]]:
-    """Run `buses` (`EventBus.run`) in a task group; on exit stop them gracefully, wait for
-    them, and close their connections."""
+    """Run `buses` (`EventBus.run`) in a task group, from when their consumers exist; on exit
+    stop them gracefully, wait for them, and close their connections."""
     runs = [Running(bus) for bus in buses]
 
     async def run(item: Running) -> None:
@@ -103,6 +103,8 @@ async def running(*buses: EventBus) -> AsyncIterator[list[Running]]:
         async with anyio.create_task_group() as tg:
             for item in runs:
                 tg.start_soon(run, item)
+            # `EventBus.run` creates its consumers (and their IDs) once connected
+            await wait_until(lambda: all(len(b.consumers) == len(b.subscriptions) for b in buses))
             yield runs
             for item in runs:
                 item.stop()

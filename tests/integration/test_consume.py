@@ -13,7 +13,15 @@ import anyio
 import pytest
 import redis.asyncio
 from pydantic import BaseModel
-from support import Recorder, Tick, group_lag, running, total_pending, wait_until
+from support import (
+    Recorder,
+    Tick,
+    group_lag,
+    resources_per_shard,
+    running,
+    total_pending,
+    wait_until,
+)
 
 from eventbus import Context, EventBus, Settings, shard_of
 from eventbus.codec import F_DATA, F_RESOURCE, F_TYPE
@@ -378,3 +386,43 @@ async def test_two_groups_each_get_every_event(
             await rec.wait_for(9)
     for rec in recs.values():
         assert rec.by_resource() == {"r0": [0, 3, 6], "r1": [1, 4, 7], "r2": [2, 5, 8]}
+
+
+async def test_busy_consumer_yields_its_surplus_to_a_newcomer(
+    settings: SettingsFactory, r: redis.asyncio.Redis
+) -> None:
+    """A consumer holding every shard of a busy topic releases those above its fair share once
+    a second consumer joins; they end up with ceil(4 / 2) = 2 shards each, order intact."""
+    s = settings(shards=4, read_count=5, block_max_ms=50)
+    resources = resources_per_shard(4, per_shard=2)
+    per_resource = 60
+    first, second = EventBus(s), EventBus(s)
+    rec = Recorder()
+    for bus in (first, second):
+
+        @bus.subscriber("busy", group="g")
+        async def handle(event: Tick, ctx: Context) -> None:
+            await anyio.sleep(0.002)  # a handler that takes a little time: keeps shards busy
+            rec.add(event, ctx)
+
+    await first.publish_many(
+        "busy",
+        [(rid, Tick(resource=rid, seq=seq)) for seq in range(per_resource) for rid in resources],
+    )
+    locks = first.keys.locks("busy", "g")
+    async with running(first) as [run_first]:
+        first_id = run_first.consumer_ids[0]
+        await wait_until(lambda: _owner_counts_are(r, locks, {first_id: 4}))
+        async with running(second) as [run_second]:
+            second_id = run_second.consumer_ids[0]
+            await wait_until(lambda: _owner_counts_are(r, locks, {first_id: 2, second_id: 2}))
+            await rec.wait_for(len(resources) * per_resource, within_s=60)
+
+    assert rec.by_resource() == {rid: list(range(per_resource)) for rid in resources}
+    by_consumer = Counter(h.ctx.consumer_id for h in rec.log)
+    assert by_consumer[second_id] > 0 and by_consumer[first_id] > 0
+
+
+async def _owner_counts_are(r: redis.asyncio.Redis, locks: str, want: dict[str, int]) -> bool:
+    owners = [v.decode() for k, v in (await r.hgetall(locks)).items() if b":" not in k]
+    return dict(Counter(owners)) == want
