@@ -426,3 +426,54 @@ async def test_busy_consumer_yields_its_surplus_to_a_newcomer(
 async def _owner_counts_are(r: redis.asyncio.Redis, locks: str, want: dict[str, int]) -> bool:
     owners = [v.decode() for k, v in (await r.hgetall(locks)).items() if b":" not in k]
     return dict(Counter(owners)) == want
+
+
+async def test_sixty_four_shards(settings: SettingsFactory, r: redis.asyncio.Redis) -> None:
+    """More shards than a 32-bit mask could hold: every shard is locked, read and acked."""
+    s = settings(shards=64)
+    buses = [EventBus(s) for _ in range(2)]
+    rec = Recorder()
+    for bus in buses:
+
+        @bus.subscriber("wide", group="g")
+        async def handle(event: Tick, ctx: Context) -> None:
+            rec.add(event, ctx)
+
+    resources = resources_per_shard(64, per_shard=1)
+    await buses[0].publish_many(
+        "wide", [(rid, Tick(resource=rid, seq=seq)) for seq in range(3) for rid in resources]
+    )
+    async with running(*buses):
+        await rec.wait_for(64 * 3)
+        await wait_until(lambda: _no_pending(buses[0], "wide", "g", r))
+    assert rec.by_resource() == {rid: [0, 1, 2] for rid in resources}
+    assert {h.ctx.shard for h in rec.log} == set(range(64))
+
+
+async def test_idle_consumer_backs_off_instead_of_spinning(
+    settings: SettingsFactory, r: redis.asyncio.Redis
+) -> None:
+    bus = EventBus(settings(shards=4, block_min_ms=10, block_max_ms=400))
+
+    @bus.subscriber("quiet", group="g")
+    async def handle(event: Tick) -> None: ...
+
+    async with running(bus):
+        # the blocking read grows 10, 20, ... 320, 400 ms while nothing arrives
+        await wait_until(lambda: _calls(r, "xreadgroup", at_least=7))
+        await r.config_resetstat()
+        await anyio.sleep(1.2)  # a measurement window, not a synchronisation
+        reads = await _command_calls(r, "xreadgroup")
+        scripts = await _command_calls(r, "evalsha")
+    # at most one read per 400 ms (plus the one in progress), and a lock and an unlock per read
+    assert 1 <= reads <= 4
+    assert scripts <= 2 * reads + 4  # + heartbeats
+
+
+async def _command_calls(r: redis.asyncio.Redis, command: str) -> int:
+    stats = await r.info("commandstats")
+    return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+async def _calls(r: redis.asyncio.Redis, command: str, at_least: int) -> bool:
+    return await _command_calls(r, command) >= at_least
