@@ -66,7 +66,7 @@ from eventbus import Context, EventBus, PublishError, Settings
 from eventbus.codec import F_DATA, F_RESOURCE, F_TYPE, decode_entry
 from eventbus.errors import DecodeError
 from eventbus.keys import Keys
-from eventbus.server import RedisServer
+from eventbus.server import RedisServer, redis_binary
 
 HERE = Path(__file__).resolve().parent
 TOPIC, GROUP, SHARDS = "chaos", "ledger", 16
@@ -115,6 +115,7 @@ class Plan:
     seed: int = 1
     drain_stall_s: float = 0.0  # 0: 15 s + 5 x TTL
     baseline: bool = False  # also measure redis-benchmark's XADD rate in this run
+    monitor: bool = False  # record Redis MONITOR output in the ledger folder (debugging)
 
     @property
     def duration_s(self) -> float:
@@ -131,8 +132,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "client-kill": {"faults": 8, "kinds": ["client-kill"]},
     "client-pause": {"faults": 6, "kinds": ["client-pause"]},
     "poison": {"events": 100_000, "poison": 6},
-    "slow": {"events": 60_000, "rate": 12_000, "slow_ms": 3.0, "slow_fraction": 1.0,
-             "concurrency": 32, "max_in_flight": 500},
+    "slow": {"events": 40_000, "rate": 8_000, "slow_ms": 5.0, "slow_fraction": 1.0,
+             "concurrency": 8, "max_in_flight": 200},
     "all": {"events": 1_000_000, "rate": 7_000, "consumers": 4, "faults": 25,
             "kinds": list(MIXED_KINDS), "aof": True, "poison": 8, "slow_ms": 2.0,
             "slow_fraction": 0.02, "ttl_s": 3.0},
@@ -546,12 +547,14 @@ class Chaos:
         t = time.time_ns()
         if n % 2 == 0:
             killed = self._redis(lambda: self.r.client_kill_filter(_type="normal"))
-            return {"kind": "client-kill", "t_ns": t, "detail": f"TYPE normal: {killed} killed"}
+            return {"kind": "client-kill", "t_ns": t, "killed": killed,
+                    "detail": f"TYPE normal: {killed} killed"}
         me = self._redis(self.r.client_id)
         ids = [c["id"] for c in self._redis(self.r.client_list) if int(c["id"]) != me]
         victim = self.rng.choice(ids) if ids else None
         killed = self._redis(lambda: self.r.client_kill_filter(_id=victim)) if victim else 0
-        return {"kind": "client-kill", "t_ns": t, "detail": f"ID {victim}: {killed} killed"}
+        return {"kind": "client-kill", "t_ns": t, "killed": killed,
+                "detail": f"ID {victim}: {killed} killed"}
 
     def _client_pause(self) -> dict[str, Any]:
         n = self._counts["client-pause"]
@@ -583,6 +586,13 @@ class Chaos:
         p = self.plan
         started = time.monotonic()
         self.server.start()
+        monitor = None
+        if p.monitor:  # every command Redis executes, with its client, for evidence
+            with (self.dir / "monitor.log").open("wb") as out:
+                monitor = subprocess.Popen(
+                    [redis_binary("redis-cli"), "-p", str(self.server.port), "monitor"],
+                    stdout=out, stderr=subprocess.STDOUT,
+                )
         try:
             return self._run(started)
         finally:
@@ -596,6 +606,9 @@ class Chaos:
                     pub.kill()
                     pub.wait()
             self.r.close()
+            if monitor is not None:
+                monitor.terminate()
+                monitor.wait()
             self.server.stop()
             if p.baseline:
                 from bench import redis_benchmark_xadd
@@ -683,8 +696,10 @@ class Chaos:
                 self.incidents.append({"kind": "consumer hung on SIGTERM", "consumer": c.index})
                 continue
             if c.popen.returncode != 0:
+                out = (self.dir / f"con-{c.index}.out").read_text(errors="replace")
                 self.incidents.append({"kind": "consumer exited", "consumer": c.index,
-                                       "code": c.popen.returncode, "state": "terming"})
+                                       "code": c.popen.returncode, "state": "terming",
+                                       "output_tail": out[-3000:]})
             c.state = "exited"
         return {"stopped": len(running)}
 
@@ -833,8 +848,8 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
             values[name] = getattr(args, name)
     if args.duration is not None:
         values["rate"] = values.get("events", Plan.events) / args.duration
-    if args.baseline:
-        values["baseline"] = True
+    values["baseline"] = args.baseline
+    values["monitor"] = args.monitor
     return Plan(args.scenario, **values)
 
 
@@ -853,6 +868,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slow-ms", dest="slow_ms", type=float)
     parser.add_argument("--seed", type=int)
     parser.add_argument("--baseline", action="store_true", help="also run redis-benchmark XADD")
+    parser.add_argument("--monitor", action="store_true",
+                        help="record redis-cli MONITOR into the ledger folder (slow; for evidence)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--plot", type=Path)
     parser.add_argument("--workdir", type=Path, help="ledger folder (default: a temp folder)")

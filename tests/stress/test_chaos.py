@@ -1,0 +1,222 @@
+"""Short versions of the chaos scenarios of ``stress/chaos.py``, and tests of its checker.
+
+Each scenario runs the real harness as a subprocess (its own redis-server, publisher and consumer
+processes, faults on a time schedule) on a few thousand events and asserts its JSON report: no
+event lost, no per-resource order violation, no consumer crash or hang, and the scenario's own
+facts (the fault was injected, another consumer took over, the poison event was dead-lettered).
+The long versions are the same commands with their default sizes (see stress/chaos.py).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CHAOS = ROOT / "stress" / "chaos.py"
+TTL = 2.0  # the harness's default liveness TTL in short runs
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"stress_{name}", ROOT / "stress" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while it loads
+    spec.loader.exec_module(module)
+    return module
+
+
+ledger = _load("ledger")
+
+
+def chaos(tmp_path: Path, scenario: str, *args: str) -> dict[str, Any]:
+    """Run one scenario; return its report. The exit code must agree with the report."""
+    out = tmp_path / f"{scenario}.json"
+    proc = subprocess.run(
+        [sys.executable, str(CHAOS), scenario, *args, "--json", str(out),
+         "--plot", str(tmp_path / f"{scenario}.png"), "--workdir", str(tmp_path / "ledgers")],
+        cwd=ROOT, capture_output=True, text=True, timeout=240,
+    )
+    assert out.exists(), f"no report:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    res: dict[str, Any] = json.loads(out.read_text())
+    assert proc.returncode == (0 if res["ok"] else 1), proc.stderr[-3000:]
+    assert (tmp_path / f"{scenario}.png").stat().st_size > 10_000
+    return res
+
+
+def assert_sound(res: dict[str, Any]) -> None:
+    """What every scenario must show: nothing lost, order kept, no crash, all acked."""
+    assert res["events"] > 0
+    assert res["lost"] == 0, res["lost_examples"]
+    assert res["order_violations"] == 0, res["violation_examples"]
+    assert res["incidents"] == [], [
+        {k: v for k, v in i.items() if k != "output_tail"} | {"tail": i.get("output_tail")}
+        for i in res["incidents"]
+    ]
+    assert res["drain"]["drained"], res["drain"]
+    assert res["unexpected_dead_letter_count"] == 0, res["unexpected_dead_letters"]
+    assert res["handled"] + res["dead_lettered"] >= res["events"]
+    assert res["ok"], res["checks"]
+
+
+def consumer_faults(res: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    faults = [f for f in res["faults"] if f["kind"] == kind]
+    assert faults, f"no {kind} fault was injected"
+    return faults
+
+
+# -- the checker itself -------------------------------------------------------------------------
+def _handling(seq: int, end: int, entry: str, consumer: int = 0, ok: bool = True) -> Any:
+    return ledger.Handling(consumer, ok, "r", seq, entry, 1, 0, 1, end - 5, end, 0, "e")
+
+
+def test_checker_finds_loss_reordering_and_duplicates() -> None:
+    led = ledger.Ledgers()
+    led.published = [ledger.Published("r", s, f"{s}-0", s, "-") for s in range(1, 7)]
+    led.handlings = [
+        _handling(1, 10, "1-0"),
+        _handling(3, 20, "3-0"),
+        _handling(2, 30, "2-0"),  # after 3: a violation
+        _handling(3, 40, "3-0", consumer=1),  # re-delivery of 3: a duplicate, not a violation
+        _handling(5, 50, "5-9"),  # stored twice by a publisher retry: counted as republished
+        _handling(5, 60, "5-0"),
+        _handling(6, 70, "6-0", ok=False),  # raised and never dead-lettered: lost
+    ]
+    res = ledger.check(led, [], [], t0_ns=0)
+    assert res["lost"] == 2  # 4 never handled, 6 only raised
+    assert [e["seq"] for e in res["lost_examples"]] == [4, 6]
+    assert res["order_violations"] == 1
+    assert res["violation_examples"][0]["seq"] == 2
+    assert (res["duplicates_redelivered"], res["duplicates_republished"]) == (1, 1)
+
+    dead = [ledger.DeadLetter("r", 6, "6-0", 4, "PoisonEvent")]
+    assert ledger.check(led, dead, [], t0_ns=0)["lost"] == 1
+
+
+def test_checker_measures_takeover_from_the_fault_to_another_consumer() -> None:
+    led = ledger.Ledgers()
+    led.published = [ledger.Published("r", s, f"{s}-0", s, "-") for s in range(1, 4)]
+    led.handlings = [
+        _handling(1, 1_000, "1-0", consumer=0),
+        _handling(2, 3_000, "2-0", consumer=0),  # the victim itself: not a takeover
+        _handling(3, 2_500_000_000, "3-0", consumer=1),
+    ]
+    faults = [{"kind": "kill", "t_ns": 2_000, "victim": 0, "victim_shards": [0]}]
+    ledger.check(led, [], faults, t0_ns=0)
+    assert faults[0]["takeover_s"] == pytest.approx(2.5, abs=1e-3)
+
+
+def test_torn_last_line_of_a_killed_consumer_is_skipped(tmp_path: Path) -> None:
+    path = tmp_path / "con-3.log"
+    w = ledger.LineWriter(path)
+    w.write(ledger.HELLO, "c-1", 1)
+    w.write(ledger.HANDLED, "r", 1, "1-0", 7, 2, 1, 10, 20, 0, "ab")
+    w.close()
+    with path.open("a") as f:
+        f.write("H\tr\t2\t2-0\t7")  # SIGKILL in the middle of a line
+    led = ledger.Ledgers()
+    ledger.read_consumer(path, 3, led)
+    assert [(h.consumer, h.seq, h.token) for h in led.handlings] == [(3, 1, 7)]
+    assert led.consumer_ids == {3: "c-1"}
+    assert led.torn_lines == 1
+
+
+# -- the scenarios, short -----------------------------------------------------------------------
+def test_steady(tmp_path: Path) -> None:
+    res = chaos(tmp_path, "steady", "--events", "20000", "--rate", "5000")
+    assert_sound(res)
+    assert res["events"] == 20_000 and res["publish_failed"] == 0
+    assert res["handled"] == 20_000 and res["duplicates"] == 0
+    assert res["latency_ms_p50"] is not None and res["events_per_s"] > 0
+
+
+def test_kill_consumers(tmp_path: Path) -> None:
+    res = chaos(tmp_path, "kill", "--events", "20000", "--rate", "2500", "--faults", "2")
+    assert_sound(res)
+    for f in consumer_faults(res, "kill"):
+        assert f["victim_shards"], f
+        # the dead consumer's shards were taken over once its liveness expired, not never
+        assert f["takeover_s"] is not None and f["takeover_s"] < 3 * TTL + 3, f
+    assert res["consumer_processes"] >= 4 + 2  # replacements were started
+
+
+def test_pause_past_liveness_ttl(tmp_path: Path) -> None:
+    res = chaos(tmp_path, "pause", "--events", "15000", "--rate", "2500", "--faults", "1")
+    assert_sound(res)
+    (f,) = consumer_faults(res, "pause")
+    assert f["end_ns"] - f["t_ns"] > TTL * 1e9  # stopped past its TTL, then woken
+    # shards are taken from a stopped consumer only after its liveness expired
+    assert f["takeover_s"] is not None and 0.5 * TTL < f["takeover_s"] < 3 * TTL + 3, f
+    # after waking, it started no handler with a token older than one already used
+    assert res["stale_token_starts"] == 0
+
+
+def test_sigterm_hands_over_without_waiting_for_the_ttl(tmp_path: Path) -> None:
+    res = chaos(tmp_path, "term", "--events", "15000", "--rate", "2500", "--faults", "2")
+    assert_sound(res)
+    for f in consumer_faults(res, "term"):
+        assert f.get("end_ns"), "the consumer did not exit after SIGTERM"
+        assert f["takeover_s"] is not None and f["takeover_s"] < TTL, f
+
+
+def test_redis_restart_with_aof(tmp_path: Path) -> None:
+    res = chaos(tmp_path, "redis-restart", "--events", "15000", "--rate", "2500",
+                "--faults", "2")
+    assert_sound(res)
+    faults = consumer_faults(res, "redis-restart")
+    assert {f["detail"] for f in faults} == {"SIGTERM", "SIGKILL"}
+    last = max(f["end_ns"] for f in faults)
+    assert res["plan"]["aof"]
+    # consumers came back after the last restart: events were handled after it
+    assert any(t > (last - res["t0_ns"]) / 1e9 and n > 0 for t, n in
+               zip(res["timeline"]["t_s"], res["timeline"]["handled_per_s"], strict=True))
+
+
+def test_client_kill(tmp_path: Path) -> None:
+    res = chaos(tmp_path, "client-kill", "--events", "15000", "--rate", "2500", "--faults", "3")
+    assert_sound(res)
+    faults = consumer_faults(res, "client-kill")
+    assert len(faults) == 3 and all(f["killed"] >= 1 for f in faults), faults
+
+
+def test_client_pause(tmp_path: Path) -> None:
+    res = chaos(tmp_path, "client-pause", "--events", "15000", "--rate", "2500",
+                "--faults", "2")
+    assert_sound(res)
+    faults = consumer_faults(res, "client-pause")
+    # one pause shorter and one longer than the liveness TTL
+    assert sorted(f["detail"] for f in faults) == ["CLIENT PAUSE 1000 ms", "CLIENT PAUSE 3000 ms"]
+
+
+def test_poison_events_are_dead_lettered_while_others_go_on(tmp_path: Path) -> None:
+    res = chaos(tmp_path, "poison", "--events", "10000", "--rate", "2500", "--poison", "3")
+    assert_sound(res)
+    assert res["poison_events"] == 3 and res["dead_lettered"] == 3
+    assert res["poison_not_dead_lettered"] == []
+    assert res["dead_letter_attempts"] == [res["plan"]["max_attempts"]]
+    assert all(n >= res["plan"]["max_attempts"] for n in res["poison_attempts_recorded"].values())
+    assert res["min_others_handled_during_retries"] > 0  # other resources were not held up
+    assert res["poison_overtaken_by_later_seq"] == 0  # its own later events waited
+
+
+def test_slow_handler_with_backpressure(tmp_path: Path) -> None:
+    res = chaos(tmp_path, "slow", "--events", "8000")
+    assert_sound(res)
+    assert res["max_concurrent_handlers"] <= res["plan"]["concurrency"]
+    assert res["max_backlog"] > 1000  # publishing outran handling: the stream held the rest
+
+
+def test_all_faults_mixed(tmp_path: Path) -> None:
+    res = chaos(tmp_path, "all", "--events", "20000", "--rate", "2000", "--faults", "5",
+                "--poison", "2", "--ttl", "2")
+    assert_sound(res)
+    assert len(res["faults"]) >= 5
+    assert len({f["kind"] for f in res["faults"]}) == 5
+    assert res["dead_lettered"] == 2
