@@ -127,6 +127,10 @@ class EventBus:
         group: str,
         ack: Literal["after", "before"] = "after",
         max_attempts: int | None = None,
+        on_failure: Literal["continue", "park"] = "continue",
+        retry_base_s: float | None = None,
+        retry_max_s: float | None = None,
+        dedup_window_s: float | None = None,
     ) -> Callable[[H], H]:
         """Register the decorated function as the handler of `topic` for consumer group `group`.
 
@@ -134,12 +138,31 @@ class EventBus:
         ``def`` runs in a worker thread). ``Model`` is a pydantic model or a union of models:
         entries of other event types are dead-lettered. ``ack="after"`` (default) acks after the
         handler succeeded (at-least-once); ``ack="before"`` reads with NOACK (at-most-once).
+
+        A failing handler is retried in place up to `max_attempts` times (default from the
+        settings), waiting ``retry_base_s * 2**(n-1)`` (at most `retry_max_s`, times a random
+        0.5..1) while the resource's later events wait. Then the entry is dead-lettered and
+        `on_failure` decides: ``"continue"`` with the resource's next event, or ``"park"`` the
+        resource (its later events are dead-lettered in order until an operator requeues or
+        drops it: `eventbus.dlq`, ``eventbus dlq``). With `dedup_window_s`, an event ID handled
+        successfully is remembered that long (seconds) and skipped if delivered again.
+        Raises `ConfigError` for a bad name, option, or handler signature.
         """
         check_name("group", group)
         if group.startswith("_"):
             raise ConfigError(f"group {group!r}: names starting with '_' are reserved for eventbus")
         if ack not in ("after", "before"):
             raise ConfigError(f"ack must be 'after' or 'before', got {ack!r}")
+        if on_failure not in ("continue", "park"):
+            raise ConfigError(f"on_failure must be 'continue' or 'park', got {on_failure!r}")
+        for name, value in (
+            ("max_attempts", max_attempts),
+            ("retry_base_s", retry_base_s),
+            ("retry_max_s", retry_max_s),
+            ("dedup_window_s", dedup_window_s),
+        ):
+            if value is not None and not value > 0:
+                raise ConfigError(f"{name} must be positive, got {value!r}")
 
         def register(handler: H) -> H:
             models, takes_ctx = _handler_models(handler)
@@ -147,7 +170,19 @@ class EventBus:
             if any(s.topic.name == topic and s.group == group for s in self.subscriptions):
                 raise ConfigError(f"group {group!r} already has a handler for topic {topic!r}")
             self.subscriptions.append(
-                Subscription(config, group, handler, models, ack, max_attempts, takes_ctx)
+                Subscription(
+                    config,
+                    group,
+                    handler,
+                    models,
+                    ack,
+                    max_attempts,
+                    takes_ctx,
+                    on_failure,
+                    retry_base_s,
+                    retry_max_s,
+                    dedup_window_s,
+                )
             )
             return handler
 

@@ -250,7 +250,7 @@ def dlq_list(
     """Dead letters of GROUP on TOPIC, oldest first, and the parked resources."""
 
     async def action(dl: DeadLetters) -> tuple[list[DeadLetter], dict[str, str]]:
-        return await dl.list(count), await dl.parked()
+        return await dl.letters(count), await dl.parked()
 
     letters, parked = _dlq_call(redis_url, topic, group, action)
     table = Table("dlq id", "shard", "entry id", "resource", "type", "reason", "attempts", "error")

@@ -3,14 +3,17 @@
 The life of a round (`Consumer._round`):
 
 1. ``lock_shards.lua`` refreshes this consumer's liveness and takes shard locks up to the fair share
-   ``ceil(shards / live consumers)``. A lock taken over from a dead consumer comes back marked
-   *dirty*: its pending entries list (PEL) is claimed with ``XAUTOCLAIM ... 0`` (min idle 0:
-   holding the lock makes this consumer the rightful owner) and processed before anything new.
+   ``ceil(shards / live consumers)``. For every lock it has just taken, the consumer first claims
+   the shard's pending entries list (PEL) with ``XAUTOCLAIM ... 0`` (min idle 0: holding the lock
+   makes it the rightful owner) and queues them before anything new: a dead owner's PEL, and also
+   what a gracefully departed owner had read but not started.
 2. ``XREADGROUP ... BLOCK`` reads new entries of the held shards only.
-3. Each entry goes to the FIFO queue of its resource; one task per busy resource runs the handler
-   on its events one after another (entry-ID order), while different resources run concurrently.
-   A failing handler is retried in place with exponential backoff, so later events of that
-   resource wait; after `max_attempts` the entry goes to the group's dead-letter stream.
+3. Each entry goes to the FIFO queue of its resource; a fixed pool of `concurrency` workers takes
+   resources with work and runs each resource's events one after another (entry-ID order), while
+   different resources run concurrently. A failing handler is retried with exponential backoff
+   and jitter while the resource's later events wait (its queue is put aside until a timer
+   fires, so other resources go on); after `max_attempts` the entry goes to the group's
+   dead-letter stream, and with ``on_failure="park"`` the resource is parked (see `eventbus.dlq`).
 4. ``XACK`` runs after the handler succeeded (at-least-once), batched per stream. With
    ``ack="before"`` entries are read with NOACK instead (at-most-once).
 5. Shards that returned nothing and have nothing in flight are released at once
@@ -25,6 +28,7 @@ has a fencing token, given to handlers in `Context`. docs/semantics.md states th
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import itertools
 import logging
@@ -43,11 +47,12 @@ from typing import Any, Literal, cast
 import anyio
 from pydantic import BaseModel, ValidationError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from eventbus.codec import F_DATA, F_RESOURCE, F_TYPE, Envelope, decode_entry
 from eventbus.config import Settings
+from eventbus.dlq import DROP, DeadLetter, is_control
 from eventbus.errors import DecodeError, UnknownEventType
 from eventbus.keys import Keys
 from eventbus.metrics import METRICS
@@ -56,7 +61,8 @@ from eventbus.topics import TopicConfig, TopicRegistry
 
 log = logging.getLogger("eventbus.consumer")
 
-_TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError)
+_TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError)  # the reply may be lost
+_RETRYABLE = (RedisError, OSError)  # includes error replies (OOM, READONLY, LOADING, ...)
 
 # lock_shards.lua: state of each returned lock
 _HELD, _TAKEN_FREE, _TAKEN_FROM_DEAD = 0, 1, 2
@@ -105,6 +111,10 @@ class Subscription:
     ack: Literal["after", "before"] = "after"
     max_attempts: int | None = None
     takes_context: bool = True
+    on_failure: Literal["continue", "park"] = "continue"
+    retry_base_s: float | None = None
+    retry_max_s: float | None = None
+    dedup_window_s: float | None = None
 
     @property
     def name(self) -> str:
@@ -135,6 +145,7 @@ class _Item:
     generation: int
     entry_id: bytes
     fields: dict[bytes, bytes]
+    attempt: int = 0  # handler attempts made so far
 
 
 @dataclass(slots=True)
@@ -167,6 +178,10 @@ class Consumer:
         self.group = sub.group
         self.consumer_id = consumer_id or new_consumer_id()
         self.max_attempts = sub.max_attempts or settings.max_attempts
+        self.retry_base_s: float = sub.retry_base_s or settings.retry_base_s
+        self.retry_max_s: float = sub.retry_max_s or settings.retry_max_s
+        self._dedup_s = math.ceil(sub.dedup_window_s) if sub.dedup_window_s else 0
+        self.duplicates_skipped = 0  # entries skipped as already handled (dedup window)
         self.noack = sub.ack == "before"
         self.handled = 0  # entries whose handler succeeded
         self.dead_lettered = 0
@@ -174,6 +189,8 @@ class Consumer:
         self._members = keys.members(self.topic.name, self.group)
         self._locks = keys.locks(self.topic.name, self.group)
         self._dlq = keys.dead_letter(self.topic.name, self.group)
+        self._parked_key = keys.parked(self.topic.name, self.group)
+        self._parked: dict[str, str] = {}  # resource -> first parked letter (shards we hold)
         self._streams = [keys.stream(self.topic.name, s) for s in range(self.topic.shards)]
         self._stream_shard = {s.encode(): i for i, s in enumerate(self._streams)}
         self._held: dict[int, _Shard] = {}
@@ -188,6 +205,9 @@ class Consumer:
         self._lease_until = 0.0
         self._lease_changed = anyio.Event()
         self._stopping = False
+        self._stopped = anyio.Event()
+        self._joined = anyio.Event()  # set by the first lock round: then heartbeats start
+        self._retry_timers: anyio.abc.TaskGroup | None = None
         # Resources with work and no worker. A memory stream hands each key to exactly one
         # waiting worker (one shared Event re-created by each waiter woke only the last one).
         self._ready, self._ready_out = anyio.create_memory_object_stream[tuple[int, bytes]](
@@ -224,6 +244,7 @@ class Consumer:
         )
         try:
             async with anyio.create_task_group() as tg:
+                self._retry_timers = tg
                 tg.start_soon(self._heartbeat_loop)
                 tg.start_soon(self._ack_loop)
                 for _ in range(self.settings.concurrency):
@@ -243,6 +264,7 @@ class Consumer:
         running meanwhile, or a large backlog would delay the hand-over."""
         await stop.wait()
         self._stopping = True
+        self._stopped.set()
         self._wake_all()
 
     async def _leave(self) -> None:
@@ -281,26 +303,30 @@ class Consumer:
         self._lease_changed.set()
         self._lease_changed = anyio.Event()
 
-    def _drop_all(self, reason: str) -> None:
+    def _drop_all(self, reason: str, *, lease: bool = True) -> None:
         """Forget every held shard: queued items and unsent acks of them are dropped and their
         entries stay pending, to be recovered by whoever holds the lock next (maybe us)."""
         if self._held:
             log.warning(
                 "consumer %s drops shards %s: %s", self.consumer_id, sorted(self._held), reason
             )
-            self._m_lease.inc()
+            if lease:
+                self._m_lease.inc()
         self._held.clear()
         self._wake_all()
 
     async def _heartbeat_loop(self) -> None:
         ttl = self.settings.liveness_ttl_s
+        # The first lock round adds this consumer to the members; a heartbeat before that would
+        # find no entry and take a consumer that is just joining for one whose liveness expired.
+        await self._joined.wait()
         while True:
             sent_at = time.monotonic()
             try:
                 was_live = await self.scripts.heartbeat(
                     keys=[self._members], args=[self.consumer_id, int(ttl * 1000)]
                 )
-            except _TRANSIENT as exc:
+            except _RETRYABLE as exc:
                 log.warning("consumer %s heartbeat failed: %s", self.consumer_id, exc)
                 await anyio.sleep(ttl / 10)
                 continue
@@ -322,6 +348,9 @@ class Consumer:
                 got = await self._round(block)
                 failures = 0
             except _TRANSIENT as exc:
+                # A reply lost with the connection may have delivered entries into our PEL:
+                # forget the shards, so the next round re-claims their PEL in order first.
+                self._drop_all(f"connection error during a round: {exc}", lease=False)
                 failures += 1
                 delay = min(self.settings.retry_max_s, 0.05 * 2**failures)
                 log.warning(
@@ -334,10 +363,23 @@ class Consumer:
                     await stop.wait()
                 continue
             except ResponseError as exc:
-                if "NOGROUP" not in str(exc):
-                    raise
-                log.warning("consumer %s: group missing (%s); creating it", self.consumer_id, exc)
-                await self._ensure_groups()
+                failures += 1
+                if "NOGROUP" in str(exc):
+                    log.warning(
+                        "consumer %s: group missing (%s); creating it", self.consumer_id, exc
+                    )
+                    with contextlib.suppress(*_RETRYABLE):
+                        await self._ensure_groups()
+                    continue
+                delay = min(self.settings.retry_max_s, 0.05 * 2**failures)
+                log.error(
+                    "consumer %s: Redis refused a command (%s); retry in %.2f s",
+                    self.consumer_id,
+                    exc,
+                    delay,
+                )
+                with anyio.move_on_after(delay):
+                    await stop.wait()
                 continue
             block = (
                 self.settings.block_min_ms if got else min(block * 2, self.settings.block_max_ms)
@@ -354,6 +396,7 @@ class Consumer:
             args=[self.consumer_id, int(self.settings.liveness_ttl_s * 1000), n, *order],
         )
         self._renew_lease(sent_at)
+        self._joined.set()
         share = int(reply[0])
         now_held = {int(s): (int(tok), int(state)) for s, tok, state in reply[1:]}
         for s in [s for s in self._held if s not in now_held]:
@@ -369,6 +412,8 @@ class Consumer:
                 # leaves the entries it had read but not started pending.
                 if not self.noack:
                     recover.append(s)
+        if recover and self.sub.on_failure == "park":
+            await self._load_parked()  # a new shard's resources may have been parked elsewhere
         if recover:
             await self._recover(recover)
         self._mark_surplus(share)
@@ -437,10 +482,11 @@ class Consumer:
         """Claim and enqueue the PEL of newly taken shards, in entry-ID order, before new reads.
 
         The first XAUTOCLAIM of every shard goes in one pipeline (most PELs are empty)."""
+        held = [self._held[s] for s in shards]
         pipe = self.redis.pipeline(transaction=False)
-        for s in shards:
+        for sh in held:
             pipe.xautoclaim(
-                self._held[s].stream,
+                sh.stream,
                 self.group,
                 self.consumer_id,
                 0,
@@ -448,10 +494,12 @@ class Consumer:
                 count=self.settings.read_count,
             )
         first_pages = await pipe.execute()
-        for s, page in zip(shards, first_pages, strict=True):
-            sh = self._held[s]
+        for sh, page in zip(held, first_pages, strict=True):
+            s = sh.shard
             cursor, entries, deleted = page
             while True:
+                if self._held.get(s) is not sh:
+                    break  # dropped meanwhile (lease lapsed): the next owner claims them again
                 if entries:
                     log.info(
                         "consumer %s recovers %d pending entries of shard %d",
@@ -507,17 +555,30 @@ class Consumer:
 
     async def _worker(self) -> None:
         """One of `concurrency` workers: takes a resource with queued entries and runs them in
-        order. A resource is in `_queues` while a worker owns it or it waits in `_ready`, so two
-        workers never run the same resource."""
+        order. A resource is in `_queues` while a worker owns it, waits in `_ready`, or waits for
+        a retry timer, so two workers never run the same resource. A retry's backoff does not
+        hold a worker: the resource goes back to `_ready` when its timer fires."""
         while True:
             key = await self._ready_out.receive()
             queue = self._queues[key]
+            retry_in: float | None = None
             try:
                 while queue:
-                    await self._process(queue[0])
+                    retry_in = await self._process(queue[0])
+                    if retry_in is not None:
+                        break
                     queue.popleft()
             finally:
-                del self._queues[key]
+                if retry_in is None:
+                    del self._queues[key]
+                else:
+                    assert self._retry_timers is not None
+                    self._retry_timers.start_soon(self._retry_later, key, retry_in)
+
+    async def _retry_later(self, key: tuple[int, bytes], delay: float) -> None:
+        with anyio.move_on_after(delay):
+            await self._stopped.wait()  # on shutdown, come back at once to be let go
+        self._ready.send_nowait(key)
 
     def _current(self, item: _Item) -> bool:
         sh = self._held.get(item.shard.shard)
@@ -531,73 +592,100 @@ class Consumer:
             await self._lease_changed.wait()
         return self._current(item)
 
-    async def _process(self, item: _Item) -> None:
+    async def _process(self, item: _Item) -> float | None:
+        """One step for the entry at the head of its resource's queue.
+
+        Returns the delay (s) after which to try it again (a handler attempt failed and attempts
+        remain), or None once it is finished: acked, dead-lettered then acked, or let go
+        unacked because its shard was lost (it stays pending for the next owner).
+        """
         if not await self._await_lease(item):
             self._finish(item)
-            return
+            return None
+        if is_control(item.fields):
+            await self._control(item)
+            return None
+        rid = item.fields.get(F_RESOURCE)
+        if rid is not None and rid.decode("utf-8", "replace") in self._parked:
+            await self._dead_letter_and_ack(item, None, reason="parked", attempts=0)
+            return None
         try:
-            env, event = self._decode(item)
+            env, event = self._decode(item.fields)
         except DecodeError as exc:
-            await self._dead_letter(item, exc, attempts=0)
-            return
-        entry_id = item.entry_id.decode()
-        for attempt in range(1, self.max_attempts + 1):
-            ctx = Context(
-                topic=self.topic.name,
-                group=self.group,
-                shard=item.shard.shard,
-                entry_id=entry_id,
-                resource_id=env.resource_id,
-                event_id_bytes=env.event_id,
-                event_type=env.event_type,
-                published_at_ms=env.time_ms,
-                headers=env.headers,
-                attempt=attempt,
-                fencing_token=item.shard.token,
-                consumer_id=self.consumer_id,
-            )
-            try:
-                await self._call(event, ctx)
-            except Exception as exc:
-                self._m_failures.inc()
-                if attempt == self.max_attempts:
-                    log.error(
-                        "handler %s failed %d times on %s %s: %r; dead-lettering",
-                        self.sub.name,
-                        attempt,
-                        item.shard.stream,
-                        entry_id,
-                        exc,
-                    )
-                    await self._dead_letter(item, exc, attempts=attempt)
-                    return
-                delay = min(
-                    self.settings.retry_max_s, self.settings.retry_base_s * 2 ** (attempt - 1)
-                )
-                delay *= random.uniform(0.5, 1.0)  # "equal jitter"
-                log.warning(
-                    "handler %s failed on %s %s (attempt %d/%d): %r; retry in %.2f s",
-                    self.sub.name,
-                    item.shard.stream,
-                    entry_id,
-                    attempt,
-                    self.max_attempts,
-                    exc,
-                    delay,
-                )
-                await anyio.sleep(delay)
-                if not await self._await_lease(item):
-                    self._finish(item)
-                    return
-                continue
-            self.handled += 1
-            self._m_handled.inc()
-            self._m_latency.observe(max(0.0, time.time() - env.time_ms / 1000))
+            await self._dead_letter_and_ack(item, exc, reason="undecodable", attempts=0)
+            return None
+        if self._dedup_s and await self._seen(env.event_id):
+            self.duplicates_skipped += 1
             self._ack(item)
-            return
+            return None
+        item.attempt += 1
+        error = await self._attempt(item, env, event, item.entry_id, item.attempt)
+        if error is None:
+            if self._dedup_s:
+                await self._mark_seen(env.event_id)
+            self._ack(item)
+            return None
+        if item.attempt < self.max_attempts:
+            delay = min(self.retry_max_s, self.retry_base_s * 2.0 ** (item.attempt - 1))
+            delay *= random.uniform(0.5, 1.0)  # "equal jitter"
+            log.warning(
+                "handler %s failed on %s %s (attempt %d/%d): %r; retry in %.2f s",
+                self.sub.name,
+                item.shard.stream,
+                item.entry_id.decode(),
+                item.attempt,
+                self.max_attempts,
+                error,
+                delay,
+            )
+            return delay
+        log.error(
+            "handler %s failed %d times on %s %s: %r; dead-lettering%s",
+            self.sub.name,
+            item.attempt,
+            item.shard.stream,
+            item.entry_id.decode(),
+            error,
+            " and parking the resource" if self.sub.on_failure == "park" else "",
+        )
+        dlq_id = await self._dead_letter(item, error, reason="failed", attempts=item.attempt)
+        if dlq_id is None:
+            return None
+        if self.sub.on_failure == "park":
+            await self._park(env.resource_id, dlq_id)
+        self._ack(item)
+        return None
 
-    def _decode(self, item: _Item) -> tuple[Envelope, Any]:
-        env = decode_entry(item.fields, max_bytes=self.settings.max_payload_bytes * 64)
+    async def _attempt(
+        self, item: _Item, env: Envelope, event: Any, entry_id: bytes, attempt: int
+    ) -> Exception | None:
+        """Run the handler once; returns its exception, or None on success."""
+        ctx = Context(
+            topic=self.topic.name,
+            group=self.group,
+            shard=item.shard.shard,
+            entry_id=entry_id.decode(),
+            resource_id=env.resource_id,
+            event_id_bytes=env.event_id,
+            event_type=env.event_type,
+            published_at_ms=env.time_ms,
+            headers=env.headers,
+            attempt=attempt,
+            fencing_token=item.shard.token,
+            consumer_id=self.consumer_id,
+        )
+        try:
+            await self._call(event, ctx)
+        except Exception as exc:
+            self._m_failures.inc()
+            return exc
+        self.handled += 1
+        self._m_handled.inc()
+        self._m_latency.observe(max(0.0, time.time() - env.time_ms / 1000))
+        return None
+
+    def _decode(self, fields: dict[bytes, bytes]) -> tuple[Envelope, Any]:
+        env = decode_entry(fields, max_bytes=self.settings.max_payload_bytes * 64)
         model = self.sub.models.get(env.event_type)
         if model is None:
             raise UnknownEventType(
@@ -616,19 +704,44 @@ class Consumer:
         else:
             await anyio.to_thread.run_sync(partial(self.sub.handler, *args))
 
-    async def _dead_letter(self, item: _Item, exc: BaseException, *, attempts: int) -> None:
-        """XADD the original entry and the error to the group's dead-letter stream, then ack.
+    # -- de-duplication (optional) ----------------------------------------------------------------
+    async def _seen(self, event_id: bytes) -> bool:
+        key = self.keys.dedup(self.topic.name, self.group, event_id)
+        return bool(await self._retrying("dedup check", self.redis.exists, key))
 
-        The write is retried until it succeeds or the shard is lost: an entry is never acked
-        before its dead-letter record exists.
+    async def _mark_seen(self, event_id: bytes) -> None:
+        key = self.keys.dedup(self.topic.name, self.group, event_id)
+        await self._retrying("dedup mark", self.redis.set, key, b"1", ex=self._dedup_s)
+
+    async def _retrying(self, what: str, fn: Any, *args: Any, **kw: Any) -> Any:
+        """Await ``fn(*args, **kw)``, retrying Redis errors with backoff until it succeeds."""
+        delay = self.settings.retry_base_s
+        while True:
+            try:
+                return await fn(*args, **kw)
+            except _RETRYABLE as exc:
+                log.warning("%s failed (%s); retry in %.2f s", what, exc, delay)
+                await anyio.sleep(delay)
+                delay = min(delay * 2, self.settings.retry_max_s)
+
+    # -- dead letters and parking ---------------------------------------------------------------
+    async def _dead_letter(
+        self, item: _Item, exc: BaseException | None, *, reason: str, attempts: int
+    ) -> bytes | None:
+        """XADD the original entry and why to the group's dead-letter stream (see `eventbus.dlq`).
+
+        Redis errors are retried until the write succeeds; returns its dead-letter entry ID, or
+        None (item let go, unacked) if the shard was lost meanwhile. Does not ack: an entry is
+        acked only after its dead-letter record exists.
         """
         fields = {
             b"topic": self.topic.name.encode(),
             b"group": self.group.encode(),
             b"shard": str(item.shard.shard).encode(),
             b"entry_id": item.entry_id,
-            b"error_type": type(exc).__name__.encode(),
-            b"error": str(exc).encode()[:4096],
+            b"reason": reason.encode(),
+            b"error_type": type(exc).__name__.encode() if exc else b"",
+            b"error": str(exc).encode()[:4096] if exc else b"resource is parked",
             b"attempts": str(attempts).encode(),
             b"failed_at_ms": str(time.time_ns() // 1_000_000).encode(),
         }
@@ -639,17 +752,107 @@ class Consumer:
         while True:
             if not await self._await_lease(item):
                 self._finish(item)
-                return
+                return None
             try:
-                await self.redis.xadd(self._dlq, fields, maxlen=self.topic.maxlen, approximate=True)
+                dlq_id: bytes = await self.redis.xadd(
+                    self._dlq, fields, maxlen=self.topic.maxlen, approximate=True
+                )
                 break
-            except _TRANSIENT as exc2:
+            except _RETRYABLE as exc2:
                 log.warning("dead-letter write to %s failed (%s); retrying", self._dlq, exc2)
                 await anyio.sleep(delay)
                 delay = min(delay * 2, self.settings.retry_max_s)
         self.dead_lettered += 1
         self._m_dead.inc()
+        return dlq_id
+
+    async def _dead_letter_and_ack(
+        self, item: _Item, exc: BaseException | None, *, reason: str, attempts: int
+    ) -> None:
+        if await self._dead_letter(item, exc, reason=reason, attempts=attempts) is not None:
+            self._ack(item)
+
+    async def _park(self, resource_id: str, dlq_id: bytes) -> None:
+        """Mark `resource_id` parked (first parked letter `dlq_id`) before its entry is acked."""
+        await self._retrying("park", self.redis.hsetnx, self._parked_key, resource_id, dlq_id)
+        self._parked.setdefault(resource_id, dlq_id.decode())
+
+    async def _load_parked(self) -> None:
+        raw = await self.redis.hgetall(self._parked_key)
+        self._parked = {k.decode(): v.decode() for k, v in raw.items()}
+
+    async def _control(self, item: _Item) -> None:
+        """Handle a control entry (`eventbus.dlq`): replay or drop a parked resource's letters,
+        in order, then unpark it. Runs in the resource's queue, so the resource's later events
+        wait until it is done. Control entries for other groups are acked and ignored."""
+        try:
+            env = decode_entry(item.fields)
+        except DecodeError as exc:
+            await self._dead_letter_and_ack(item, exc, reason="undecodable", attempts=0)
+            return
+        payload = env.payload if isinstance(env.payload, dict) else {}
+        rid = env.resource_id
+        first = await self._retrying("parked lookup", self.redis.hget, self._parked_key, rid)
+        if payload.get("group") != self.group or first is None:
+            self._ack(item)
+            return
+        letters = await self._parked_letters(rid, first.decode())
+        if env.event_type == DROP:
+            if letters:
+                await self._retrying(
+                    "drop", self.redis.xdel, self._dlq, *[d.dlq_id for d in letters]
+                )
+            log.warning("resource %r unparked; %d parked events dropped", rid, len(letters))
+        else:
+            for letter in letters:
+                if not await self._replay_letter(item, letter):
+                    await self._retrying(
+                        "re-park", self.redis.hset, self._parked_key, rid, letter.dlq_id
+                    )
+                    self._parked[rid] = letter.dlq_id
+                    self._ack(item)
+                    return
+            log.info("resource %r unparked after replaying %d events", rid, len(letters))
+        await self._retrying("unpark", self.redis.hdel, self._parked_key, rid)
+        self._parked.pop(rid, None)
         self._ack(item)
+
+    async def _parked_letters(self, rid: str, first_id: str) -> list[DeadLetter]:
+        """The resource's parked letters (failed or parked, not undecodable), in order."""
+        letters: list[DeadLetter] = []
+        start = first_id
+        while True:
+            rows = await self._retrying(
+                "dead-letter scan", self.redis.xrange, self._dlq, min=start, count=500
+            )
+            for dlq_id, fields in rows:
+                d = DeadLetter.parse(dlq_id, fields)
+                if d.resource_id == rid and d.reason in ("failed", "parked"):
+                    letters.append(d)
+            if len(rows) < 500:
+                return letters
+            start = "(" + rows[-1][0].decode()
+
+    async def _replay_letter(self, control: _Item, letter: DeadLetter) -> bool:
+        """Run the handler on a parked letter (with retries in place) and delete the letter on
+        success. False when it still fails (or the shard was lost): the resource stays parked."""
+        try:
+            env, event = self._decode(letter.original())
+        except DecodeError as exc:
+            log.error("parked letter %s is undecodable (%s); left in place", letter.dlq_id, exc)
+            return False
+        for attempt in range(1, self.max_attempts + 1):
+            if not await self._await_lease(control):
+                return False
+            if await self._attempt(control, env, event, letter.entry_id.encode(), attempt) is None:
+                await self._retrying(
+                    "delete replayed letter", self.redis.xdel, self._dlq, letter.dlq_id
+                )
+                return True
+            if attempt < self.max_attempts:
+                await anyio.sleep(min(self.retry_max_s, self.retry_base_s * 2 ** (attempt - 1)))
+        log.error("parked letter %s still fails after %d attempts", letter.dlq_id, attempt)
+        return False
 
     # -- acking ---------------------------------------------------------------------------------
     def _ack(self, item: _Item) -> None:
@@ -684,7 +887,7 @@ class Consumer:
                     for acks in current:
                         pipe.xack(acks.shard.stream, self.group, *acks.ids)
                     await pipe.execute()
-            except _TRANSIENT as exc:
+            except _RETRYABLE as exc:
                 log.warning("XACK failed (%s); retrying", exc)
                 for s, acks in batch.items():  # put back, ahead of newer acks
                     newer = self._acks.get(s)

@@ -107,7 +107,7 @@ class DeadLetters:
         self.group = group
         self.stream = keys.dead_letter(topic.name, group)
 
-    async def list(self, count: int = 100, start: str = "-") -> list[DeadLetter]:
+    async def letters(self, count: int = 100, start: str = "-") -> list[DeadLetter]:
         """Up to `count` dead letters from entry ID `start` on, oldest first."""
         rows = await self.redis.xrange(self.stream, min=start, count=count)
         return [DeadLetter.parse(i, f) for i, f in rows]

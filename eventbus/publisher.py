@@ -27,9 +27,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import hiredis
@@ -238,7 +238,8 @@ class Publisher:
             _settle(item, short or result)
 
     async def _send_packed(self, batch: list[_Pending]) -> None:
-        pack = hiredis.pack_command
+        # hiredis's stub types the argument as a 1-tuple; any tuple of str/bytes/int is packed
+        pack = cast("Callable[[tuple[Any, ...]], bytes]", hiredis.pack_command)
         payload = b"".join(
             [
                 pack(
