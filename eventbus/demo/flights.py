@@ -105,9 +105,9 @@ class Worker:
 
 @dataclass(slots=True)
 class Run:
-    """One run of the pipeline: its names in Redis, its processes and its measurements.
+    """One run of the pipeline: its names in Redis, its input, its processes, its measurements.
 
-    Times named ``*_ms`` are Unix ms (wall clock, comparable with the publisher's event times).
+    `publish_start_ms` and `publish_end_ms` are Unix ms (wall clock, like the events' times).
     """
 
     options: DemoOptions
@@ -115,6 +115,7 @@ class Run:
     topic: str
     keys: DemoKeys
     rows: list[FlightRow] = field(default_factory=list)
+    reference: dict[str, CarrierStats] = field(default_factory=dict)  # straight from the CSV
     workers: list[Worker] = field(default_factory=list)
     published: int = 0
     publish_start_ms: float = 0.0
@@ -343,7 +344,7 @@ def percentile(sorted_values: Sequence[float], p: float) -> float:
     return sorted_values[rank - 1]
 
 
-async def summarize(bus: EventBus, run: Run, reference: dict[str, CarrierStats]) -> dict[str, Any]:
+async def summarize(bus: EventBus, run: Run) -> dict[str, Any]:
     """The summary (the JSON of ``--summary-json``); see `print_summary` for the meaning."""
     pipe = bus.redis.pipeline(transaction=False)
     for group in GROUPS:
@@ -385,14 +386,14 @@ async def summarize(bus: EventBus, run: Run, reference: dict[str, CarrierStats])
             "csv_flights": ref.flights,
             "csv_mean_dep_delay_min": ref.mean_dep_delay,
         }
-        for c, ref in sorted(reference.items())
+        for c, ref in sorted(run.reference.items())
     }
     main_group = groups[ORDER_GROUP]
     publish_s = max(1e-9, (run.publish_end_ms - run.publish_start_ms) / 1000)
     lost = sum(g["lost"] for g in groups.values())
     confirms = sorted(run.confirm_ms)
     dead = await dead_lettered(bus, run)
-    matched = aggregates_match(got, reference)
+    matched = aggregates_match(got, run.reference)
     return {
         "events_published": published,
         "events_handled": main_group["handled"],
@@ -560,7 +561,7 @@ async def _run_steps(options: DemoOptions, redis_url: str, private: bool) -> dic
                     # Loading (about 3 s) overlaps the workers' start-up.
                     run.rows = await anyio.to_thread.run_sync(load_flights, None, options.limit)
                     gc.freeze()  # the rows live to the end: keep them out of later collections
-                    reference = reference_aggregates(run.rows)
+                    run.reference = reference_aggregates(run.rows)
                     display = Display(run, len(run.rows), options.progress)
                     with display.progress:
                         await wait_ready(bus, run)
@@ -574,11 +575,11 @@ async def _run_steps(options: DemoOptions, redis_url: str, private: bool) -> dic
                                 "reporting the missing events as lost"
                             )
                         # Durable tier seam: offload run.topic to segments here; summarize()
-                        # then gets a check that a replay of them matches `reference`.
+                        # then gets a check that a replay of them matches `run.reference`.
                 finally:
                     with anyio.CancelScope(shield=True):
                         await stop_workers(bus, run)
-                summary = await summarize(bus, run, reference)
+                summary = await summarize(bus, run)
             finally:
                 if not (options.keep or private):
                     with anyio.CancelScope(shield=True):
