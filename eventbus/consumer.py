@@ -420,8 +420,15 @@ class Consumer:
 
         readable = [sh for sh in self._held.values() if not sh.draining]
         got: set[int] = set()
+        # XREADGROUP is not fenced by Redis: a read sent after the lease ran out (a process
+        # paused past its TTL) would pull entries of shards now owned by others into our PEL,
+        # and their owner would read past them. So read only with a lease, blocking no longer
+        # than it lasts; without one, skip the read and re-lock in the next round.
+        lease_ms = int((self._lease_until - time.monotonic()) * 1000) - 5
+        if readable and lease_ms < 1:
+            return False
         if readable:
-            got = await self._read(readable, block_ms)
+            got = await self._read(readable, min(block_ms, lease_ms))
         else:  # nothing to read (all held shards draining, or none held): wait a poll
             await anyio.sleep(block_ms / 1000)
         idle = [
