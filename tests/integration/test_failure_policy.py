@@ -8,13 +8,12 @@ from collections.abc import Callable
 
 import pytest
 import redis.asyncio
+from support import Recorder, Tick, running, total_pending, wait_until
 from typer.testing import CliRunner
 
 from eventbus import Context, EventBus, Settings
 from eventbus.cli import app
 from eventbus.dlq import DeadLetters
-
-from support import Recorder, Tick, running, total_pending, wait_until
 
 pytestmark = pytest.mark.anyio
 
