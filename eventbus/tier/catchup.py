@@ -132,15 +132,17 @@ class _ShardCatchUp:
     async def read(self, ref: Any, flt: ReplayFilter) -> list[ArchivedEntry]:
         return await anyio.to_thread.run_sync(read_segment, self.o.store, ref, flt)
 
-    async def run(self) -> None:
+    async def run(self, first_pass: bool) -> bool:
+        """Catch the shard up; returns whether it was behind Redis's first entry."""
         delivered = await self.last_delivered()
         if delivered is None:
             log.info(
                 "catch-up: group %s has no stream %s yet; nothing to do", self.o.group, self.stream
             )
-            return
-        await self.pending()
-        await self.after(delivered)
+            return False
+        if first_pass:
+            await self.pending()
+        return await self.after(delivered, chase=not first_pass)
 
     async def pending(self) -> None:
         """Handle and ack the group's pending entries, oldest first."""
@@ -197,37 +199,41 @@ class _ShardCatchUp:
         self.stats.from_redis += len(entries) - n_segment
         TIER_METRICS.caught_up.labels(self.o.topic).inc(n_segment)
 
-    async def after(self, delivered: EntryId) -> None:
-        """Handle archived entries after `delivered` while Redis lacks some of them."""
+    async def after(self, delivered: EntryId, chase: bool) -> bool:
+        """If Redis lacks entries after `delivered` (or `chase` is set), handle every archived
+        entry after it, to the end of the archive. Returns whether Redis lacked entries after
+        `delivered` and segments held them; False when Redis held everything after it, or the
+        missing entries are in no segment (lost: logged and counted)."""
         redis, group = self.o.redis, self.o.group
-        while True:
-            head = await self.head()
-            if head <= delivered.next():
-                return  # Redis holds every entry after the last-delivered ID
-            handled = 0
-            for ref in await self.segments_after(delivered):
-                entries = await self.read(ref, ReplayFilter(start_id=delivered.next()))
-                for entry in entries:
-                    await self.handle(entry, self.token)
-                handled += len(entries)
-                if entries:
-                    await self.confirm()
-                    delivered = entries[-1].entry_id
-                    await redis.xgroup_setid(self.stream, group, str(delivered))
-                    self.stats.from_segments += len(entries)
-                    TIER_METRICS.caught_up.labels(self.o.topic).inc(len(entries))
-            if handled == 0:
-                self.stats.lost_ranges += 1
-                log.error(
-                    "catch-up %s/%s shard %d: entries after %s up to %s were trimmed from Redis "
-                    "and are not in any segment: lost before archiving (see the gap records)",
-                    self.o.topic,
-                    group,
-                    self.shard,
-                    delivered,
-                    head,
-                )
-                return
+        head = await self.head()
+        behind = head > delivered.next()
+        if not behind and not chase:
+            return False  # Redis holds every entry after the last-delivered ID
+        handled = 0
+        for ref in await self.segments_after(delivered):
+            entries = await self.read(ref, ReplayFilter(start_id=delivered.next()))
+            for entry in entries:
+                await self.handle(entry, self.token)
+            handled += len(entries)
+            if entries:
+                await self.confirm()
+                delivered = entries[-1].entry_id
+                await redis.xgroup_setid(self.stream, group, str(delivered))
+                self.stats.from_segments += len(entries)
+                TIER_METRICS.caught_up.labels(self.o.topic).inc(len(entries))
+        if behind and handled == 0:
+            self.stats.lost_ranges += 1
+            log.error(
+                "catch-up %s/%s shard %d: entries after %s up to %s were trimmed from Redis "
+                "and are not in any segment: lost before archiving (see the gap records)",
+                self.o.topic,
+                group,
+                self.shard,
+                delivered,
+                head,
+            )
+            return False
+        return behind
 
 
 class CatchUp:
@@ -273,6 +279,40 @@ class CatchUp:
             keys=[self._members, self._locks], args=[self.consumer_id, int(leave), *shards]
         )
 
+    async def _pass(
+        self,
+        handle: RawHandler,
+        chosen: list[int],
+        first_pass: bool,
+        stats: CatchUpStats,
+        deadline: float,
+    ) -> bool:
+        """One sweep over `chosen` shards, each under its lock. Returns whether any was behind."""
+        todo = list(chosen)
+        behind = False
+        delay = 0.05
+        while todo:
+            held = await self.lock(todo)
+            for s, token in held.items():
+                try:
+                    behind |= await _ShardCatchUp(self, s, token, handle, stats).run(first_pass)
+                    stats.shards += first_pass
+                except _Fenced:
+                    log.warning("catch-up %s lost the lock of shard %d", self.consumer_id, s)
+                    continue
+                finally:
+                    await self.unlock([s])
+                todo.remove(s)
+            if todo and not held:
+                if time.monotonic() > deadline:
+                    raise LockUnavailable(
+                        f"catch-up of {self.topic}/{self.group}: shards {todo} stayed locked "
+                        f"by live consumers past the timeout"
+                    )
+                await anyio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+        return behind
+
     async def run(
         self,
         handle: RawHandler,
@@ -283,32 +323,22 @@ class CatchUp:
         """Catch up `shards` (default: all), calling `handle` on each entry in entry-ID order
         per shard. Shards locked by live consumers are retried until `lock_timeout_s` seconds
         pass, then `LockUnavailable` is raised naming them. Exceptions from `handle` propagate
-        (the shard's position stays at the last entry handled before)."""
+        (the shard's position stays at the last entry handled before).
+
+        Sweeps over the shards repeat until a sweep finds none behind Redis's first entry: a
+        shard finished early may fall behind again (the offloader keeps trimming) while later
+        shards are caught up. Every sweep after the first also moves each shard up to the end
+        of the archive, so when this returns every shard's group position is at most one sweep
+        behind the offloader's checkpoint, and the entries after it stay in Redis for about
+        ``hot_window_s``: start the group's consumers right away.
+        """
         stats = CatchUpStats()
         started = time.monotonic()
-        todo = list(range(self.shards)) if shards is None else list(shards)
-        delay = 0.05
+        chosen = list(range(self.shards)) if shards is None else list(shards)
         try:
-            while todo:
-                held = await self.lock(todo)
-                for s, token in held.items():
-                    try:
-                        await _ShardCatchUp(self, s, token, handle, stats).run()
-                        stats.shards += 1
-                    except _Fenced:
-                        log.warning("catch-up %s lost the lock of shard %d", self.consumer_id, s)
-                        continue
-                    finally:
-                        await self.unlock([s])
-                    todo.remove(s)
-                if todo and not held:
-                    if time.monotonic() - started > lock_timeout_s:
-                        raise LockUnavailable(
-                            f"catch-up of {self.topic}/{self.group}: shards {todo} stayed locked "
-                            f"by live consumers for {lock_timeout_s} s"
-                        )
-                    await anyio.sleep(delay)
-                    delay = min(delay * 2, 1.0)
+            first_pass = True
+            while await self._pass(handle, chosen, first_pass, stats, started + lock_timeout_s):
+                first_pass = False  # some shard was behind: sweep again until none is
         finally:
             with anyio.CancelScope(shield=True):
                 await self.unlock([], leave=True)
