@@ -311,6 +311,15 @@ async def consumer_aggregates(bus: EventBus, run: Run) -> dict[str, CarrierStats
     return out
 
 
+async def redis_cpu_s(bus: EventBus) -> float | None:
+    """CPU seconds (user + system) the Redis server used since it started (INFO cpu)."""
+    try:
+        info = await bus.redis.info("cpu")
+        return round(float(info["used_cpu_user"]) + float(info["used_cpu_sys"]), 2)
+    except (RedisError, KeyError, ValueError):  # e.g. a managed Redis that hides INFO
+        return None
+
+
 async def dead_lettered(bus: EventBus, run: Run) -> int:
     """Entries in the groups' dead-letter streams (each one is an event not handled)."""
     pipe = bus.redis.pipeline(transaction=False)
@@ -368,6 +377,7 @@ async def summarize(bus: EventBus, run: Run) -> dict[str, Any]:
             "processes": len(reports),
             "handled": handled,
             "handled_per_process": {r.name: r.calls for r in reports},
+            "cpu_s_per_process": {r.name: round(r.cpu_s, 2) for r in reports},
             "lost": published - handled,
             "duplicates": counters[group].get("duplicates", 0),
             "order_violations": counters[group].get("violations", 0),
@@ -415,6 +425,13 @@ async def summarize(bus: EventBus, run: Run) -> dict[str, Any]:
             "aggregates_match": matched,
         },
         "publish_s": round(publish_s, 3),
+        # CPU seconds (user + system) spent by each side: unlike rates, they hardly depend on
+        # what else runs on the machine.
+        "cpu_s": {
+            "publisher_process": round(time.process_time(), 2),
+            "consumer_processes": round(sum(r.cpu_s for r in run.reports), 2),
+            "redis_server": await redis_cpu_s(bus),
+        },
         # How long one publish() call took, call to confirmation: the publisher's share of the
         # latency above.
         "publish_confirm_ms_p50": round(percentile(confirms, 50), 3),
@@ -441,6 +458,7 @@ def passed(summary: dict[str, Any]) -> bool:
 def print_summary(summary: dict[str, Any]) -> None:
     """The summary as a rich table on stdout."""
     order, agg = summary["groups"][ORDER_GROUP], summary["groups"][AGGREGATE_GROUP]
+    cpu = summary["cpu_s"]
     ok = passed(summary)
 
     def per_process(group: dict[str, Any]) -> str:
@@ -487,6 +505,14 @@ def print_summary(summary: dict[str, Any]) -> None:
             "aggregates match the CSV",
             str(summary["aggregates_match"]),
             mark(summary["aggregates_match"]),
+        ),
+        (
+            "CPU s: publisher / consumers / redis",
+            " / ".join(
+                "-" if v is None else f"{v:.1f}"
+                for v in (cpu["publisher_process"], cpu["consumer_processes"], cpu["redis_server"])
+            ),
+            "",
         ),
         ("wall time (s)", f"{summary.get('wall_time_s', math.nan):.1f}", ""),
     ]

@@ -244,6 +244,7 @@ class Report:
     violations: int = 0
     first_ms: float = 0.0  # first handler call
     last_ms: float = 0.0  # last handler completion
+    cpu_s: float = 0.0  # CPU time of the whole process (user + system), seconds
     latencies_ms: array[float] = field(default_factory=lambda: array("d"))
 
     def to_redis(self) -> dict[str, bytes | str]:
@@ -303,6 +304,7 @@ async def run_worker(cfg: WorkerConfig) -> None:
             tg.start_soon(_stop_when_orphaned, stop)
             await bus.run(stop=stop, handle_signals=True)  # returns after a graceful shutdown
             tg.cancel_scope.cancel()
+        report.cpu_s = time.process_time()
         try:
             await bus.redis.hset(keys.report(cfg.name), mapping=report.to_redis())
         except (RedisError, OSError) as exc:  # e.g. a private server stopped by Ctrl-C
