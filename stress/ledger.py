@@ -326,6 +326,10 @@ def _takeovers(oks: list[Handling], faults: list[dict[str, Any]]) -> None:
         if f.get("victim") is None or not f.get("victim_shards"):
             continue
         firsts = []
+        # measurable only if anyone handled an event on those shards after the fault
+        f["traffic_after"] = any(
+            ends.get(s) and ends[s][-1] > f["t_ns"] for s in f["victim_shards"]
+        )
         for s in f["victim_shards"]:
             hs = by_shard.get(s, [])
             i = bisect.bisect_right(ends.get(s, []), f["t_ns"])

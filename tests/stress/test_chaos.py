@@ -130,15 +130,15 @@ def test_torn_last_line_of_a_killed_consumer_is_skipped(tmp_path: Path) -> None:
 
 # -- the scenarios, short -----------------------------------------------------------------------
 def test_steady(tmp_path: Path) -> None:
-    res = chaos(tmp_path, "steady", "--events", "20000", "--rate", "5000")
+    res = chaos(tmp_path, "steady", "--events", "10000", "--rate", "4000")
     assert_sound(res)
-    assert res["events"] == 20_000 and res["publish_failed"] == 0
-    assert res["handled"] == 20_000 and res["duplicates"] == 0
+    assert res["events"] == 10_000 and res["publish_failed"] == 0
+    assert res["handled"] == 10_000 and res["duplicates"] == 0
     assert res["latency_ms_p50"] is not None and res["events_per_s"] > 0
 
 
 def test_kill_consumers(tmp_path: Path) -> None:
-    res = chaos(tmp_path, "kill", "--events", "20000", "--rate", "2500", "--faults", "2")
+    res = chaos(tmp_path, "kill", "--events", "10000", "--rate", "2000", "--faults", "2")
     assert_sound(res)
     for f in consumer_faults(res, "kill"):
         assert f["victim_shards"], f
@@ -148,7 +148,7 @@ def test_kill_consumers(tmp_path: Path) -> None:
 
 
 def test_pause_past_liveness_ttl(tmp_path: Path) -> None:
-    res = chaos(tmp_path, "pause", "--events", "15000", "--rate", "2500", "--faults", "1")
+    res = chaos(tmp_path, "pause", "--events", "10000", "--rate", "2000", "--faults", "1")
     assert_sound(res)
     (f,) = consumer_faults(res, "pause")
     assert f["end_ns"] - f["t_ns"] > TTL * 1e9  # stopped past its TTL, then woken
@@ -159,7 +159,7 @@ def test_pause_past_liveness_ttl(tmp_path: Path) -> None:
 
 
 def test_sigterm_hands_over_without_waiting_for_the_ttl(tmp_path: Path) -> None:
-    res = chaos(tmp_path, "term", "--events", "15000", "--rate", "2500", "--faults", "2")
+    res = chaos(tmp_path, "term", "--events", "10000", "--rate", "2000", "--faults", "2")
     assert_sound(res)
     for f in consumer_faults(res, "term"):
         assert f.get("end_ns"), "the consumer did not exit after SIGTERM"
@@ -167,7 +167,7 @@ def test_sigterm_hands_over_without_waiting_for_the_ttl(tmp_path: Path) -> None:
 
 
 def test_redis_restart_with_aof(tmp_path: Path) -> None:
-    res = chaos(tmp_path, "redis-restart", "--events", "15000", "--rate", "2500",
+    res = chaos(tmp_path, "redis-restart", "--events", "10000", "--rate", "2000",
                 "--faults", "2")
     assert_sound(res)
     faults = consumer_faults(res, "redis-restart")
@@ -180,14 +180,14 @@ def test_redis_restart_with_aof(tmp_path: Path) -> None:
 
 
 def test_client_kill(tmp_path: Path) -> None:
-    res = chaos(tmp_path, "client-kill", "--events", "15000", "--rate", "2500", "--faults", "3")
+    res = chaos(tmp_path, "client-kill", "--events", "10000", "--rate", "2000", "--faults", "3")
     assert_sound(res)
     faults = consumer_faults(res, "client-kill")
     assert len(faults) == 3 and all(f["killed"] >= 1 for f in faults), faults
 
 
 def test_client_pause(tmp_path: Path) -> None:
-    res = chaos(tmp_path, "client-pause", "--events", "15000", "--rate", "2500",
+    res = chaos(tmp_path, "client-pause", "--events", "10000", "--rate", "2000",
                 "--faults", "2")
     assert_sound(res)
     faults = consumer_faults(res, "client-pause")
@@ -196,7 +196,7 @@ def test_client_pause(tmp_path: Path) -> None:
 
 
 def test_poison_events_are_dead_lettered_while_others_go_on(tmp_path: Path) -> None:
-    res = chaos(tmp_path, "poison", "--events", "10000", "--rate", "2500", "--poison", "3")
+    res = chaos(tmp_path, "poison", "--events", "8000", "--rate", "2000", "--poison", "3")
     assert_sound(res)
     assert res["poison_events"] == 3 and res["dead_lettered"] == 3
     assert res["poison_not_dead_lettered"] == []
@@ -214,7 +214,7 @@ def test_slow_handler_with_backpressure(tmp_path: Path) -> None:
 
 
 def test_all_faults_mixed(tmp_path: Path) -> None:
-    res = chaos(tmp_path, "all", "--events", "20000", "--rate", "2000", "--faults", "5",
+    res = chaos(tmp_path, "all", "--events", "12000", "--rate", "2000", "--faults", "5",
                 "--poison", "2", "--ttl", "2")
     assert_sound(res)
     assert len(res["faults"]) >= 5
