@@ -17,10 +17,13 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Annotated, Any
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, TypeVar
 
 import anyio
 import typer
+from pydantic import ValidationError
+from redis.exceptions import RedisError
 from rich.console import Console
 from rich.logging import RichHandler
 from rich.table import Table
@@ -30,6 +33,10 @@ from eventbus.codec import Envelope, decode_entry, new_event_id
 from eventbus.config import Settings
 from eventbus.dlq import DeadLetter, DeadLetters
 from eventbus.errors import EventBusError
+
+T = TypeVar("T")
+# Errors a user can act on: printed as one line, exit code 1
+_USER_ERRORS = (EventBusError, RedisError, OSError, ValidationError)
 
 app = typer.Typer(no_args_is_help=True, help="Event-driven microservices on Redis Streams.")
 demo_app = typer.Typer(no_args_is_help=True, help="End-to-end demonstrations on real data.")
@@ -49,6 +56,25 @@ def _logging(level: str) -> None:
     logging.basicConfig(
         level=level.upper(), format="%(message)s", handlers=[RichHandler(console=console)]
     )
+
+
+def _fail(exc: BaseException) -> typer.Exit:
+    console.print(f"[red]error:[/red] {exc}")
+    return typer.Exit(1)
+
+
+def _run_async(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """`anyio.run` with the errors a user can act on (bad config, Redis unreachable or refusing,
+    a shard-count mismatch) printed as one line and exit code 1, not a traceback."""
+    try:
+        return anyio.run(fn, *args)
+    except _USER_ERRORS as exc:
+        raise _fail(exc) from None
+    except BaseExceptionGroup as group:  # raised from inside a task group
+        match, rest = group.split(_USER_ERRORS)
+        if match is None or rest is not None:
+            raise
+        raise _fail(match.exceptions[0]) from None
 
 
 def load_bus(target: str) -> EventBus:
@@ -82,11 +108,7 @@ def run(
         from prometheus_client import start_http_server
 
         start_http_server(metrics_port, addr="127.0.0.1")
-    try:
-        anyio.run(lambda: bus.run(handle_signals=True))
-    except EventBusError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(1) from None
+    _run_async(lambda: bus.run(handle_signals=True))
 
 
 def _run_processes(target: str, n: int, metrics_port: int | None, log_level: str) -> None:
@@ -112,7 +134,7 @@ def _run_processes(target: str, n: int, metrics_port: int | None, log_level: str
 @app.command()
 def stats(redis_url: RedisUrl = None) -> None:
     """Topics, shard streams, consumer groups (lag, pending, live consumers, locked shards)."""
-    anyio.run(_stats, settings_from(redis_url))
+    _run_async(_stats, settings_from(redis_url))
 
 
 async def _stats(settings: Settings) -> None:
@@ -155,7 +177,7 @@ def tail(
     redis_url: RedisUrl = None,
 ) -> None:
     """Print the newest entries of each shard of TOPIC, decoded, as JSON lines."""
-    anyio.run(_tail, settings_from(redis_url), topic, count)
+    _run_async(_tail, settings_from(redis_url), topic, count)
 
 
 async def _tail(settings: Settings, topic: str, count: int) -> None:
@@ -207,11 +229,7 @@ def publish(
         finally:
             await bus.aclose()
 
-    try:
-        print(anyio.run(go))
-    except EventBusError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(1) from None
+    print(_run_async(go))
 
 
 dlq_app = typer.Typer(no_args_is_help=True, help="Dead letters of a consumer group.")
@@ -233,11 +251,7 @@ def _dlq_call(redis_url: str | None, topic: str, group: str, action: Any) -> Any
         finally:
             await bus.aclose()
 
-    try:
-        return anyio.run(go)
-    except EventBusError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(1) from None
+    return _run_async(go)
 
 
 @dlq_app.command("list")

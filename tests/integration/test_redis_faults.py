@@ -1,0 +1,80 @@
+"""Redis unreachable at start, and lost mid-run: a clear error at start, no false success
+while it is down, and nothing lost or reordered once it is back (AOF ``appendfsync always``)."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+from support import Recorder, Tick, running, wait_until
+from typer.testing import CliRunner
+
+from eventbus import EventBus, PublishError, RedisUnavailable, Settings
+from eventbus.cli import app
+from eventbus.server import RedisServer, free_port
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_unreachable_redis_at_start_is_a_clear_error() -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    bus = EventBus(Settings(redis_url=url))
+
+    @bus.subscriber("orders", group="billing")
+    async def handle(event: Tick) -> None: ...
+
+    with pytest.raises(RedisUnavailable, match=f"cannot reach Redis at {url}"):
+        async with bus:
+            pass
+    with pytest.raises(RedisUnavailable):
+        await bus.run()
+    await bus.aclose()
+
+
+def test_cli_reports_unreachable_redis_without_a_traceback() -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    result = CliRunner().invoke(
+        app, ["publish", "orders", "--type", "T", "--resource-id", "r", "--redis-url", url]
+    )
+    assert result.exit_code == 1
+    assert "Traceback" not in result.output and "Connect call failed" in result.output
+
+
+async def test_redis_lost_mid_run_loses_nothing_and_keeps_order(tmp_path: object) -> None:
+    with RedisServer(appendonly="always") as server:
+        bus = EventBus(Settings(redis_url=server.url, shards=4, publish_timeout_s=0.3))
+        rec = Recorder()
+
+        @bus.subscriber("orders", group="billing")
+        async def handle(event: Tick, ctx: object) -> None:
+            rec.add(event, ctx)  # type: ignore[arg-type]
+
+        acknowledged: dict[str, list[int]] = {f"r{i}": [] for i in range(8)}
+
+        async def publish_round(seqs: range) -> None:
+            for seq in seqs:
+                for rid in acknowledged:
+                    await bus.publish("orders", Tick(resource=rid, seq=seq), resource_id=rid)
+                    acknowledged[rid].append(seq)
+
+        async with running(bus):
+            await publish_round(range(0, 20))
+            await rec.wait_for(160)
+
+            server.stop()  # Redis is gone; the consumer keeps retrying in the background
+            with pytest.raises(PublishError, match=r"not confirmed within 0\.3 s"):
+                await bus.publish("orders", Tick(resource="r0", seq=-1), resource_id="r0")
+
+            await anyio.to_thread.run_sync(server.start)  # same port, AOF reloaded
+            await publish_round(range(20, 40))
+            await wait_until(lambda: _all_handled(rec, acknowledged), within_s=30)
+
+    handled = rec.by_resource()
+    for rid, seqs in acknowledged.items():
+        # re-deliveries collapsed: the first handling of each seq, in handling order
+        first_seen = list(dict.fromkeys(handled[rid]))
+        assert first_seen == seqs, rid
+
+
+def _all_handled(rec: Recorder, acknowledged: dict[str, list[int]]) -> bool:
+    handled = rec.by_resource()
+    return all(set(seqs) <= set(handled.get(rid, ())) for rid, seqs in acknowledged.items())
