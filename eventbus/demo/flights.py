@@ -92,9 +92,10 @@ class DemoOptions:
     shards: int = 16
     rate: float = 0.0  # events/s, 0 = as fast as possible
     window: int = 2000  # publish() calls in flight at once
-    stall_timeout_s: float = 30.0
+    stall_timeout_s: float = 60.0  # longer than the liveness TTL, for takeovers
     keep: bool = False
     progress: bool = True
+    kill_after: int | None = None  # SIGKILL one order-check worker after this many events
 
 
 @dataclass(slots=True)
@@ -123,6 +124,7 @@ class Run:
     confirm_ms: array[float] = field(default_factory=lambda: array("d"))  # publish() durations
     handled: dict[str, int] = field(default_factory=lambda: dict.fromkeys(GROUPS, 0))
     reports: list[Report] = field(default_factory=list)
+    exited_early: list[str] = field(default_factory=list)  # workers that died while running
 
 
 class Display:
@@ -130,6 +132,7 @@ class Display:
 
     def __init__(self, run: Run, total: int, enabled: bool) -> None:
         self.run = run
+        self.polled = anyio.Event()  # set (and replaced) after each poll
         self.progress = Progress(
             TextColumn("{task.description:<22}"),
             BarColumn(),
@@ -155,6 +158,8 @@ class Display:
             pipe.hget(self.run.keys.counters(group), "handled")
         for group, value in zip(GROUPS, await pipe.execute(), strict=True):
             self.run.handled[group] = int(value or 0)
+        self.polled.set()
+        self.polled = anyio.Event()
         elapsed_s = max(1e-3, time.time() - self.run.publish_start_ms / 1000)
         for name, done in (("published", self.run.published), *self.run.handled.items()):
             rate = f"{done / elapsed_s:,.0f}/s" if self.run.publish_start_ms else ""
@@ -188,12 +193,30 @@ async def start_workers(run: Run) -> None:
 
 
 def _check_alive(run: Run) -> None:
+    """Raise `EventBusError` if a worker has exited (used while they start)."""
     for w in run.workers:
         if w.process.returncode is not None:
             raise EventBusError(
                 f"consumer process {w.config.name} (pid {w.process.pid}) exited early "
                 f"with code {w.process.returncode}"
             )
+
+
+def _note_crashes(run: Run) -> None:
+    """Record workers that exited while events flow; the rest of their group takes their shards
+    over once their liveness expires (and redelivers what they had not acked). Raises
+    `EventBusError` when a group has no worker left."""
+    for w in run.workers:
+        if w.process.returncode is not None and w.config.name not in run.exited_early:
+            run.exited_early.append(w.config.name)
+            console.print(
+                f"[yellow]consumer process {w.config.name} (pid {w.process.pid}) exited with "
+                f"code {w.process.returncode}: its group takes its shards over after the "
+                f"liveness TTL ({run.settings.liveness_ttl_s:g} s)"
+            )
+    for group in GROUPS:
+        if all(w.process.returncode is not None for w in run.workers if w.config.group == group):
+            raise EventBusError(f"every consumer process of the group {group!r} has exited")
 
 
 async def wait_ready(bus: EventBus, run: Run, timeout_s: float = 60.0) -> None:
@@ -267,12 +290,25 @@ async def wait_handled(bus: EventBus, run: Run, display: Display) -> bool:
         counts = await display.poll(bus)
         if all(n >= run.published for n in counts.values()):
             return True
-        _check_alive(run)
+        _note_crashes(run)
         if counts != last:
             last, last_change = counts, time.monotonic()
         elif time.monotonic() - last_change > run.options.stall_timeout_s:
             return False
         await anyio.sleep(0.1)
+
+
+async def kill_one_consumer(run: Run, display: Display) -> None:
+    """SIGKILL the first ``order-check`` worker once its group handled ``kill_after`` events: a
+    crash in the middle of the run. The others take its shards over when its liveness expires
+    and process its unacknowledged entries first, in order; those it had already recorded come
+    back as duplicates."""
+    after = run.options.kill_after or 0
+    while run.handled[ORDER_GROUP] < after:
+        await display.polled.wait()
+    victim = next(w for w in run.workers if w.config.group == ORDER_GROUP)
+    console.print(f"[yellow]killing {victim.config.name} (SIGKILL) after {after:,} events")
+    victim.process.kill()
 
 
 async def stop_workers(bus: EventBus, run: Run, timeout_s: float = 60.0) -> None:
@@ -443,8 +479,10 @@ async def summarize(bus: EventBus, run: Run) -> dict[str, Any]:
             "shards": run.settings.shards,
             "rate": run.options.rate,
             "window": run.options.window,
+            "kill_after": run.options.kill_after,
         },
         "topic": run.topic,
+        "exited_early": run.exited_early,
         "groups": groups,
         "carriers": carriers,
     }
@@ -591,15 +629,19 @@ async def _run_steps(options: DemoOptions, redis_url: str, private: bool) -> dic
                     display = Display(run, len(run.rows), options.progress)
                     with display.progress:
                         await wait_ready(bus, run)
-                        async with anyio.create_task_group() as tg:
-                            tg.start_soon(display.refresh, bus)
-                            await publish_flights(bus, run)
-                            tg.cancel_scope.cancel()
-                        if not await wait_handled(bus, run, display):
-                            console.print(
-                                f"[red]no progress for {options.stall_timeout_s} s: "
-                                "reporting the missing events as lost"
-                            )
+                        async with anyio.create_task_group() as chaos:
+                            if options.kill_after is not None:
+                                chaos.start_soon(kill_one_consumer, run, display)
+                            async with anyio.create_task_group() as tg:
+                                tg.start_soon(display.refresh, bus)
+                                await publish_flights(bus, run)
+                                tg.cancel_scope.cancel()
+                            if not await wait_handled(bus, run, display):
+                                console.print(
+                                    f"[red]no progress for {options.stall_timeout_s} s: "
+                                    "reporting the missing events as lost"
+                                )
+                            chaos.cancel_scope.cancel()
                         # Durable tier seam: offload run.topic to segments here; summarize()
                         # then gets a check that a replay of them matches `run.reference`.
                 finally:
@@ -661,9 +703,21 @@ def main(
     ] = False,
     stall_timeout: Annotated[
         float,
-        typer.Option(min=1, help="Stop waiting after this many seconds without progress."),
-    ] = 30.0,
+        typer.Option(
+            min=1,
+            help="Stop waiting after this many seconds without progress (keep it above the "
+            "liveness TTL, so that the shards of a crashed consumer are taken over first).",
+        ),
+    ] = 60.0,
     progress: Annotated[bool, typer.Option(help="Show progress bars.")] = True,
+    kill_after: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            help="SIGKILL one order-check consumer process once N events were handled, to see "
+            "a takeover (faster with EVENTBUS_LIVENESS_TTL_S=5): expect duplicates, no loss.",
+        ),
+    ] = None,
 ) -> None:
     """The flights of NYC in 2013 through the bus: per-plane order, aggregates, latency.
 
@@ -672,8 +726,21 @@ def main(
     reachable, a consumer process failed).
     """
     options = DemoOptions(
-        limit, consumers, aggregators, shards, rate, window, stall_timeout, keep, progress
+        limit,
+        consumers,
+        aggregators,
+        shards,
+        rate,
+        window,
+        stall_timeout,
+        keep,
+        progress,
+        kill_after,
     )
+    if kill_after is not None and consumers < 2:
+        raise typer.BadParameter(
+            "--kill-after needs --consumers 2 or more (someone must take over)"
+        )
     url = redis_url or os.environ.get("EVENTBUS_REDIS_URL") or os.environ.get("REDIS_URL")
     try:
         if url:
