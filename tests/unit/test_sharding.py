@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import collections
+import re
+from pathlib import Path
 
 import pytest
+import xxhash
 
 from eventbus.errors import ConfigError
 from eventbus.sharding import MAX_SHARDS, check_shards, shard_of
@@ -66,3 +69,25 @@ def test_invalid_shard_counts_are_refused(bad: object) -> None:
 @pytest.mark.parametrize("good", [1, 16, MAX_SHARDS])
 def test_valid_shard_counts(good: int) -> None:
     assert check_shards(good) == good
+
+
+def _documented_vectors() -> list[tuple[str, str, str, int, int]]:
+    """Rows of the test-vector table in docs/protocol.md: (id, utf8 hex, xxh64 hex, %16, %64)."""
+    doc = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
+    if not doc.is_file():
+        pytest.skip("docs/protocol.md is not part of this tree")
+    row = re.compile(
+        r"^\| `([^`]+)`[^|]*\| `([0-9a-f]+)` \| `([0-9a-f]{16})` \| (\d+) \| (\d+) \|$"
+    )
+    rows = [m.groups() for line in doc.read_text().splitlines() if (m := row.match(line))]
+    return [(rid, utf8, digest, int(s16), int(s64)) for rid, utf8, digest, s16, s64 in rows]
+
+
+def test_documented_vectors_hold() -> None:
+    rows = _documented_vectors()
+    assert len(rows) >= 10
+    for _, utf8, digest, s16, s64 in rows:
+        resource_id = bytes.fromhex(utf8).decode("utf-8")  # the doc's NFC/NFD rows differ here
+        assert xxhash.xxh64_intdigest(bytes.fromhex(utf8)) == int(digest, 16), resource_id
+        assert shard_of(resource_id, 16) == s16, resource_id
+        assert shard_of(resource_id, 64) == s64, resource_id
