@@ -72,6 +72,7 @@ class Publisher:
         self._streams: dict[str, list[str]] = {}
         self._buffer: list[_Pending] = []
         self._wake: anyio.Event | None = None  # set while the flusher runs
+        self._topic_locks: dict[str, anyio.Lock] = {}
         if settings.cluster and settings.publish_replicas:
             # redis-py sends WAIT to one default node, not to those that stored the XADDs, so
             # the count it returns would not mean what the setting promises.
@@ -130,15 +131,42 @@ class Publisher:
         Redis did not confirm the XADD within `publish_timeout_s` (it may still have stored it).
         """
         if not self._registry.checked(topic.name):
-            await self._registry.ensure(topic)
+            await self._check_topic(topic)
         stream, fields = self.prepare(topic, event, resource_id, headers)
         return await self._submit(stream, fields, topic.maxlen)
 
     async def publish_envelope(self, topic: TopicConfig, envelope: Envelope) -> str:
         """Append a ready envelope (no model needed); returns its entry ID."""
-        await self._registry.ensure(topic)
+        await self._check_topic(topic)
         stream, fields = self.prepare_envelope(topic, envelope)
         return await self._submit(stream, fields, topic.maxlen)
+
+    async def _check_topic(self, topic: TopicConfig) -> None:
+        """`TopicRegistry.ensure` under the publish retry policy: connection errors (a Redis
+        restart) are retried until `publish_timeout_s`, then raised as `PublishError`, like those
+        of the XADDs. Concurrent first publishes of a topic share one check."""
+        if self._registry.checked(topic.name):
+            return
+        async with self._topic_locks.setdefault(topic.name, anyio.Lock()):
+            deadline = time.monotonic() + self._settings.publish_timeout_s
+            delay = 0.05
+            while not self._registry.checked(topic.name):
+                try:
+                    await self._registry.ensure(topic)
+                except _TRANSIENT as exc:
+                    if time.monotonic() + delay > deadline:
+                        raise PublishError(
+                            f"shard count of topic {topic.name!r} not checked within "
+                            f"{self._settings.publish_timeout_s} s: {exc}"
+                        ) from exc
+                    log.warning(
+                        "shard count check of topic %s failed (%s); retry in %.2f s",
+                        topic.name,
+                        exc,
+                        delay,
+                    )
+                    await anyio.sleep(delay)
+                    delay = min(delay * 2, 2.0)
 
     async def _submit(self, stream: str, fields: dict[bytes, bytes], maxlen: int) -> str:
         item = _Pending(stream, fields, maxlen, asyncio.get_running_loop().create_future())
@@ -162,7 +190,7 @@ class Publisher:
         one pipeline is raised after the others were sent: the events of the pipelines that
         succeeded stay published (their IDs are in the error's ``entry_ids``, None where failed).
         """
-        await self._registry.ensure(topic)
+        await self._check_topic(topic)
         loop = asyncio.get_running_loop()
         items = [
             _Pending(*self.prepare(topic, ev, rid, headers), topic.maxlen, loop.create_future())

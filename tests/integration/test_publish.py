@@ -5,24 +5,30 @@ from __future__ import annotations
 import base64
 import os
 import threading
+import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import Any
 
 import anyio
 import pytest
 import redis
 import redis.asyncio
-from support import Tick, running
+from support import Tick, running, wait_until
 
 from eventbus import (
     ConfigError,
     EventBus,
     PayloadTooLarge,
+    PublishError,
     Settings,
     ShardCountMismatch,
     shard_of,
 )
 from eventbus.codec import F_RESOURCE, F_TYPE, decode_entry
+from eventbus.server import RedisServer
 
 pytestmark = pytest.mark.anyio
 
@@ -234,3 +240,58 @@ async def test_running_bus_sends_queued_publishes_before_closing(
         run.stop()
         await run.done.wait()
     assert [e.decode() for e, _ in await r.xrange(bus.keys.stream("t", 0))] == ids
+
+
+class CountingRedis(redis.asyncio.Redis):
+    """A real client that counts the commands it sends."""
+
+    calls: Counter[str]
+
+    async def execute_command(self, *args: Any, **options: Any) -> Any:
+        self.calls[str(args[0]).upper()] += 1
+        return await super().execute_command(*args, **options)
+
+
+async def test_concurrent_first_publishes_share_one_topic_check(
+    settings: SettingsFactory, redis_db: str
+) -> None:
+    client = CountingRedis.from_url(redis_db)
+    client.calls = Counter()
+    bus = EventBus(settings(shards=4), redis=client)
+    async with bus, anyio.create_task_group() as tg:
+        for i in range(50):
+            tg.start_soon(partial(bus.publish, "t", Tick(resource="a", seq=i), resource_id="a"))
+    await bus.aclose()
+    assert client.calls["HSETNX"] == 1
+
+
+async def test_publish_while_redis_is_down_fails_with_publish_error() -> None:
+    with RedisServer() as server:
+        bus = EventBus(Settings(redis_url=server.url, publish_timeout_s=0.5))
+        server.stop()
+        started = time.monotonic()
+        with pytest.raises(PublishError):  # the topic check, then the XADD, both retried
+            await bus.publish("t", Tick(resource="a", seq=0), resource_id="a")
+        assert time.monotonic() - started < 5
+        await bus.aclose()
+
+
+async def test_publish_rides_through_a_redis_restart(caplog: pytest.LogCaptureFixture) -> None:
+    """The first publish of a topic finds Redis down; it retries (topic check and XADD) and
+    succeeds once Redis is back, within `publish_timeout_s`."""
+    with RedisServer(appendonly="always") as server:
+        bus = EventBus(Settings(redis_url=server.url, publish_timeout_s=30))
+        server.stop()
+        async with anyio.create_task_group() as tg:
+            result: list[str] = []
+
+            async def publish() -> None:
+                result.append(await bus.publish("t", Tick(resource="a", seq=0), resource_id="a"))
+
+            tg.start_soon(publish)
+            await wait_until(lambda: "retry in" in caplog.text)  # it has met the outage
+            await anyio.to_thread.run_sync(server.start)
+        await bus.aclose()
+        with redis.Redis.from_url(server.url) as client:
+            [(entry_id, _)] = client.xrange(bus.keys.stream("t", shard_of("a", 16)))
+        assert result == [entry_id.decode()]
