@@ -229,13 +229,22 @@ class EventBus:
             raise RedisUnavailable(
                 f"cannot reach Redis at {self.settings.redis_url}: {exc}"
             ) from exc
+        failure: Exception | None = None
         async with contextlib.AsyncExitStack() as stack:
             tg = await stack.enter_async_context(anyio.create_task_group())
             stack.callback(tg.cancel_scope.cancel)
             await tg.start(self.publisher.run_flusher)
-            for hook in self._on_startup:
-                await hook()
-            self._stack = stack.pop_all()
+            try:
+                for hook in self._on_startup:
+                    await hook()
+            except Exception as exc:
+                # raised below, once the flusher's task group is closed: raised inside it, the
+                # hook's error would reach the caller wrapped in an ExceptionGroup
+                failure = exc
+            else:
+                self._stack = stack.pop_all()
+        if failure is not None:
+            raise failure
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
