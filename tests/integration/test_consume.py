@@ -481,3 +481,43 @@ async def test_idle_consumer_backs_off_instead_of_spinning(
     # at most one read per 400 ms (plus the one in progress), a lock and an unlock per read
     assert 1 <= during["XREADGROUP"] <= 4, during
     assert during["EVALSHA"] <= 2 * during["XREADGROUP"] + 4, during  # + heartbeats
+
+
+async def test_in_flight_cap_and_concurrency_limit(
+    settings: SettingsFactory, r: redis.asyncio.Redis
+) -> None:
+    """With `max_in_flight` 6 the consumer stops reading once 6 entries are unfinished; with
+    `concurrency` 2 at most two handlers run at once."""
+    s = settings(shards=1, max_in_flight=6, read_count=3, concurrency=2)
+    bus = EventBus(s)
+    gate = anyio.Event()
+    running_now = 0
+    most = 0
+    handled: list[int] = []
+
+    @bus.subscriber("capped", group="g")
+    async def handle(event: Tick) -> None:
+        nonlocal running_now, most
+        running_now += 1
+        most = max(most, running_now)
+        try:
+            await gate.wait()
+            handled.append(event.seq)
+        finally:
+            running_now -= 1
+
+    await bus.publish_many("capped", [(f"r{i}", Tick(resource=f"r{i}", seq=i)) for i in range(30)])
+    stream = bus.keys.stream("capped", 0)
+    async with running(bus):
+        await wait_until(lambda: _pending_is(r, stream, 6))
+        await wait_until(lambda: running_now == 2)
+        assert await group_lag(r, stream, "g") == 24  # no more read while 6 are unfinished
+        gate.set()
+        await wait_until(lambda: len(handled) == 30)
+        await wait_until(lambda: _no_pending(bus, "capped", "g", r))
+    assert most == 2
+    assert sorted(handled) == list(range(30))
+
+
+async def _pending_is(r: redis.asyncio.Redis, stream: str, n: int) -> bool:
+    return int((await r.xpending(stream, "g"))["pending"]) == n
