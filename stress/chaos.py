@@ -130,8 +130,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "client-pause": {"faults": 6, "kinds": ["client-pause"]},
     "poison": {"events": 100_000, "poison": 6},
     "slow": {"events": 40_000, "rate": 8_000, "slow_ms": 5.0, "slow_fraction": 1.0,
-             "concurrency": 8, "max_in_flight": 200},
-    "all": {"events": 1_000_000, "rate": 7_000, "consumers": 4, "faults": 25,
+             "concurrency": 4, "max_in_flight": 100},
+    "all": {"events": 1_000_000, "rate": 4_000, "consumers": 4, "faults": 25,
             "kinds": list(MIXED_KINDS), "aof": True, "poison": 8, "slow_ms": 2.0,
             "slow_fraction": 0.02, "ttl_s": 3.0},
 }
@@ -646,18 +646,19 @@ class Chaos:
         p = self.plan
         for _ in range(p.consumers):
             self.spawn_consumer()
-        members = self.keys.members(TOPIC, GROUP)
-        self._wait("consumers to join",
-                   lambda: self._redis(lambda: self.r.zcard(members)) >= p.consumers, 120)
         workload = self._workload()
-        self.publishers = [
+        self.publishers = [  # they start up alongside the consumers and wait for "go"
             self._spawn("_publisher", cfg, self.dir / f"pub-{i}.out")
             for i, cfg in enumerate(workload)
         ]
+        members = self.keys.members(TOPIC, GROUP)
+        self._wait("consumers to join",
+                   lambda: self._redis(lambda: self.r.zcard(members)) >= p.consumers, 120)
         for pub in self.publishers:  # blocks until each has connected (or died)
             assert pub.stdout is not None
             if pub.stdout.readline().strip() != b"ready":
                 raise RuntimeError(f"a publisher failed to start; see {self.dir}/pub-*.out")
+        ready_s = time.monotonic() - started
         self._t0, self._t0_ns = time.monotonic(), time.time_ns()
         for pub in self.publishers:
             assert pub.stdin is not None
@@ -687,10 +688,15 @@ class Chaos:
             if pub.returncode:
                 self.incidents.append({"kind": "publisher exited", "publisher": i,
                                        "code": pub.returncode})
-        print(f"  published in {published_s:.1f} s; draining ...", flush=True)
+        print(f"  started in {ready_s:.1f} s, published in {published_s:.1f} s; draining ...",
+              flush=True)
         drain = self._drain()
         dead = self._dead_letters()
+        t = time.monotonic()
         stop = self._stop_consumers()
+        stop["stop_s"] = time.monotonic() - t
+        print(f"  drained in {drain['drain_s']:.1f} s, consumers stopped in {stop['stop_s']:.1f} s",
+              flush=True)
         return {"drain": drain, "dead": dead, "stop": stop, "published_s": published_s,
                 "wall_s": time.monotonic() - started}
 
@@ -842,7 +848,7 @@ def run_plan(plan: Plan, workdir: Path | None = None, keep: bool = False) -> dic
         res["redis_benchmark_xadd_per_s"] = chaos.baseline
     res["checks"] = verdict(plan, res)
     res["ok"] = all(res["checks"].values())
-    res["workdir_kept"] = keep or not res["ok"]
+    res["workdir_kept"] = keep or workdir is not None or not res["ok"]
     if not res["workdir_kept"]:
         shutil.rmtree(wd, ignore_errors=True)
     return res
@@ -904,21 +910,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--monitor", action="store_true",
                         help="record redis-cli MONITOR into the ledger folder (slow; for evidence)")
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--plot", type=Path)
+    parser.add_argument("--plot", type=Path, help="PNG path (default: beside the JSON)")
+    parser.add_argument("--no-plot", action="store_true", help="skip the PNG (saves seconds)")
     parser.add_argument("--workdir", type=Path, help="ledger folder (default: a temp folder)")
     parser.add_argument("--keep", action="store_true", help="keep the ledgers even when OK")
     args = parser.parse_args(argv)
     plan = plan_from_args(args)
+    t = time.monotonic()
     res = run_plan(plan, args.workdir, args.keep)
+    checked_s = time.monotonic() - t - res["wall_s"]
     json_path = args.json or HERE / "results" / f"{plan.scenario}.json"
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(res, indent=1, default=str))
-    plot_path = args.plot or json_path.with_suffix(".png")
-    from plot import plot
+    plot_path = None if args.no_plot else args.plot or json_path.with_suffix(".png")
+    if plot_path is not None:
+        from plot import plot
 
-    plot(res, plot_path)
+        plot(res, plot_path)
     print(summary(res))
-    print(f"  written {json_path} and {plot_path}")
+    print(f"  ledgers checked in {checked_s:.1f} s")
+    print(f"  written {json_path}" + (f" and {plot_path}" if plot_path else ""))
     return 0 if res["ok"] else 1
 
 
