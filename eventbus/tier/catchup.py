@@ -42,7 +42,7 @@ from eventbus.consumer import Context, Subscription, new_consumer_id
 from eventbus.errors import ConfigError, DecodeError
 from eventbus.keys import Keys
 from eventbus.scripts import Scripts
-from eventbus.tier.errors import LockUnavailable
+from eventbus.tier.errors import LockUnavailable, TierError
 from eventbus.tier.ids import EntryId, parse_id
 from eventbus.tier.metrics import TIER_METRICS
 from eventbus.tier.replay import ArchivedEntry, ReplayFilter, decode_event, read_segment
@@ -319,6 +319,7 @@ class CatchUp:
         *,
         shards: Sequence[int] | None = None,
         lock_timeout_s: float = 30.0,
+        max_sweeps: int = 50,
     ) -> CatchUpStats:
         """Catch up `shards` (default: all), calling `handle` on each entry in entry-ID order
         per shard. Shards locked by live consumers are retried until `lock_timeout_s` seconds
@@ -330,15 +331,23 @@ class CatchUp:
         shards are caught up. Every sweep after the first also moves each shard up to the end
         of the archive, so when this returns every shard's group position is at most one sweep
         behind the offloader's checkpoint, and the entries after it stay in Redis for about
-        ``hot_window_s``: start the group's consumers right away.
+        ``hot_window_s``: start the group's consumers right away. A catch-up slower than the
+        trimming (a sweep longer than the hot window, every time) raises `TierError` after
+        `max_sweeps` sweeps instead of running forever.
         """
         stats = CatchUpStats()
         started = time.monotonic()
         chosen = list(range(self.shards)) if shards is None else list(shards)
         try:
-            first_pass = True
-            while await self._pass(handle, chosen, first_pass, stats, started + lock_timeout_s):
-                first_pass = False  # some shard was behind: sweep again until none is
+            sweeps = 1
+            while await self._pass(handle, chosen, sweeps == 1, stats, started + lock_timeout_s):
+                sweeps += 1  # some shard was behind: sweep again until none is
+                if sweeps > max_sweeps:
+                    raise TierError(
+                        f"catch-up of {self.topic}/{self.group} does not converge: after "
+                        f"{max_sweeps} sweeps the offloader still trims entries before this "
+                        "catch-up reaches them (raise hot_window_s, or speed up the handler)"
+                    )
         finally:
             with anyio.CancelScope(shield=True):
                 await self.unlock([], leave=True)
