@@ -365,17 +365,14 @@ async def dead_lettered(bus: EventBus, run: Run) -> int:
 
 
 async def cleanup(bus: EventBus, run: Run) -> None:
-    """Delete the run's streams, eventbus coordination keys and demo keys."""
+    """Delete the run's keys: every key whose name holds the run's topic (streams, eventbus's
+    coordination keys, demo keys; the topic name is random, so nothing else matches), and the
+    topic's entry in the topic registry."""
     keys = [bus.keys.stream(run.topic, s) for s in range(run.settings.shards)]
-    for group in GROUPS:
-        keys += [
-            bus.keys.dead_letter(run.topic, group),
-            bus.keys.locks(run.topic, group),
-            bus.keys.members(run.topic, group),
-        ]
     keys += run.keys.all([w.config.name for w in run.workers])
+    keys += [k.decode() async for k in bus.redis.scan_iter(match=f"*{run.topic}*", count=1000)]
     pipe = bus.redis.pipeline(transaction=False)
-    for key in keys:
+    for key in set(keys):
         pipe.unlink(key)
     pipe.hdel(bus.keys.topics(), run.topic)
     await pipe.execute()
