@@ -44,11 +44,14 @@ from eventbus.keys import Keys
 from eventbus.scripts import Scripts
 from eventbus.tier.errors import LockUnavailable, TierError
 from eventbus.tier.ids import EntryId, parse_id
+from eventbus.tier.layout import SegmentRef
 from eventbus.tier.metrics import TIER_METRICS
 from eventbus.tier.replay import ArchivedEntry, ReplayFilter, decode_event, read_segment
 from eventbus.tier.store import Store, list_segments
 
 log = logging.getLogger("eventbus.tier")
+
+READ_AHEAD = 8  # segments fetched concurrently by catch-up
 
 RawHandler = Callable[[ArchivedEntry, int], Awaitable[None]]
 """``await handle(entry, fencing_token)``: process one entry; raising stops the catch-up."""
@@ -125,12 +128,36 @@ class _ShardCatchUp:
                 return parse_id(g["last-delivered-id"])
         return None
 
-    async def segments_after(self, after: EntryId) -> list[Any]:
-        refs = await list_segments(self.o.store, self.o.topic, self.shard)
+    async def segments_after(self, after: EntryId, *, resume: bool = False) -> list[SegmentRef]:
+        """Segments holding entries after `after`; with `resume`, listing only the keys after
+        the last segment this catch-up consumed on the shard (cheap on later sweeps)."""
+        since = self.o.consumed.get(self.shard) if resume else None
+        refs = await list_segments(self.o.store, self.o.topic, self.shard, after=since)
         return [r for r in refs if r.last > after]
 
-    async def read(self, ref: Any, flt: ReplayFilter) -> list[ArchivedEntry]:
+    async def read(self, ref: SegmentRef, flt: ReplayFilter) -> list[ArchivedEntry]:
         return await anyio.to_thread.run_sync(read_segment, self.o.store, ref, flt)
+
+    async def read_many(
+        self, refs: Sequence[SegmentRef], flt: ReplayFilter
+    ) -> list[list[ArchivedEntry]]:
+        """Read `refs` concurrently (per-segment latency dominates on S3); results in order.
+        Raises the first error (e.g. `CorruptSegment`) unwrapped."""
+        results: list[list[ArchivedEntry]] = [[] for _ in refs]
+        errors: list[BaseException] = []
+
+        async def one(i: int, ref: SegmentRef) -> None:
+            try:
+                results[i] = await self.read(ref, flt)
+            except Exception as exc:
+                errors.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            for i, ref in enumerate(refs):
+                tg.start_soon(one, i, ref)
+        if errors:
+            raise errors[0]
+        return results
 
     async def run(self, first_pass: bool) -> bool:
         """Catch the shard up; returns whether it was behind Redis's first entry."""
@@ -210,17 +237,21 @@ class _ShardCatchUp:
         if not behind and not chase:
             return False  # Redis holds every entry after the last-delivered ID
         handled = 0
-        for ref in await self.segments_after(delivered):
-            entries = await self.read(ref, ReplayFilter(start_id=delivered.next()))
-            for entry in entries:
-                await self.handle(entry, self.token)
-            handled += len(entries)
-            if entries:
-                await self.confirm()
-                delivered = entries[-1].entry_id
-                await redis.xgroup_setid(self.stream, group, str(delivered))
-                self.stats.from_segments += len(entries)
-                TIER_METRICS.caught_up.labels(self.o.topic).inc(len(entries))
+        refs = await self.segments_after(delivered, resume=True)
+        flt = ReplayFilter(start_id=delivered.next())
+        for i in range(0, len(refs), READ_AHEAD):
+            chunk = refs[i : i + READ_AHEAD]
+            for ref, entries in zip(chunk, await self.read_many(chunk, flt), strict=True):
+                for entry in entries:
+                    await self.handle(entry, self.token)
+                handled += len(entries)
+                if entries:
+                    await self.confirm()
+                    delivered = entries[-1].entry_id
+                    await redis.xgroup_setid(self.stream, group, str(delivered))
+                    self.stats.from_segments += len(entries)
+                    TIER_METRICS.caught_up.labels(self.o.topic).inc(len(entries))
+                self.o.consumed[self.shard] = ref
         if behind and handled == 0:
             self.stats.lost_ranges += 1
             log.error(
@@ -258,10 +289,11 @@ class CatchUp:
         self.topic = topic
         self.group = group
         self.shards = shards
-        self.settings = settings or Settings()  # type: ignore[call-arg]  # fields from env
+        self.settings = settings or Settings()  # type: ignore[call-arg,unused-ignore]  # fields from env
         self.keys = Keys(self.settings.key_prefix, self.settings.hashtag)
         self.scripts = Scripts.register(redis)
         self.consumer_id = consumer_id or f"catchup-{new_consumer_id()}"
+        self.consumed: dict[int, SegmentRef] = {}  # last segment handled, per shard
         self._members = self.keys.members(topic, group)
         self._locks = self.keys.locks(topic, group)
 

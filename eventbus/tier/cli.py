@@ -100,7 +100,7 @@ def offload(
     logging.basicConfig(
         level=log_level.upper(), format="%(message)s", handlers=[RichHandler(console=console)]
     )
-    settings = Settings(redis_url=redis_url) if redis_url else Settings()  # type: ignore[call-arg]
+    settings = Settings(redis_url=redis_url) if redis_url else Settings()  # type: ignore[call-arg,unused-ignore]
     try:
         tier = _tier(
             store,

@@ -57,6 +57,7 @@ log = logging.getLogger("eventbus.tier")
 
 _TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError, StoreError)
 _MAX_SEGMENTS_PER_ROUND = 8  # per shard, so one backlog does not starve the other shards
+SHARD_CONCURRENCY = 4  # shards of a topic worked on at once by one offloader
 
 Hook = Callable[[str, int, str], Awaitable[None]]
 """Test hook: ``await hook(point, shard, key)`` at "before_put", "after_put", "after_commit"."""
@@ -156,28 +157,42 @@ class _TopicOffloader:
 
     # -- one round ------------------------------------------------------------------------------
     async def round(self, now_ms: int, flush: bool) -> bool:
-        """Work on every held shard once. Returns True if any shard wrote a segment or has more
-        to read right away."""
+        """Work on every held shard once, up to `SHARD_CONCURRENCY` shards at a time (Redis
+        reads of one overlap the encoding and put of another). Returns True if any shard wrote a
+        segment or has more to read right away. Errors other than transient ones and fencing
+        (e.g. `CorruptSegment`) are raised after the other shards finished their step."""
         await self.lock()
-        busy = False
-        for sh in list(self.held.values()):
-            try:
-                if not sh.recovered:
-                    await self.recover(sh)
-                busy |= await self.work(sh, now_ms, flush)
-            except _Fenced:
-                log.warning(
-                    "offloader %s was fenced off %s shard %d (lock taken over)",
-                    self.o.consumer_id,
-                    self.topic,
-                    sh.shard,
-                )
-                self.held.pop(sh.shard, None)
-            except _TRANSIENT as exc:
-                log.warning(
-                    "offload of %s shard %d failed (%s); retrying", sh.stream, sh.shard, exc
-                )
-        return busy
+        busy: list[bool] = []
+        fatal: list[BaseException] = []
+        limiter = anyio.CapacityLimiter(SHARD_CONCURRENCY)
+
+        async def one(sh: _Shard) -> None:
+            async with limiter:
+                try:
+                    if not sh.recovered:
+                        await self.recover(sh)
+                    busy.append(await self.work(sh, now_ms, flush))
+                except _Fenced:
+                    log.warning(
+                        "offloader %s was fenced off %s shard %d (lock taken over)",
+                        self.o.consumer_id,
+                        self.topic,
+                        sh.shard,
+                    )
+                    self.held.pop(sh.shard, None)
+                except _TRANSIENT as exc:
+                    log.warning(
+                        "offload of %s shard %d failed (%s); retrying", sh.stream, sh.shard, exc
+                    )
+                except Exception as exc:
+                    fatal.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            for sh in list(self.held.values()):
+                tg.start_soon(one, sh)
+        if fatal:
+            raise fatal[0]
+        return any(busy)
 
     # -- recovery -------------------------------------------------------------------------------
     async def recover(self, sh: _Shard) -> None:
@@ -414,8 +429,8 @@ class Offloader:
     ) -> None:
         self.redis = redis
         self.store = store
-        self.settings = settings or Settings()  # type: ignore[call-arg]  # fields from env
-        self.tier = tier or TierSettings()  # type: ignore[call-arg]
+        self.settings = settings or Settings()  # type: ignore[call-arg,unused-ignore]  # fields from env
+        self.tier = tier or TierSettings()  # type: ignore[call-arg,unused-ignore]
         self.keys = Keys(self.settings.key_prefix, self.settings.hashtag)
         self.scripts = Scripts.register(redis)
         self.consumer_id = consumer_id or f"offloader-{new_consumer_id()}"

@@ -61,7 +61,7 @@ async def test_catch_up_then_consume_with_no_gap_and_no_duplicate(
             await bus.publish_many("flow", batch)
             published.extend((rid, ev.seq) for rid, ev in batch)
             n += 50
-            await anyio.sleep(0.005)  # pacing, not synchronisation
+            await anyio.sleep(0.02)  # pacing (about 2,500 events/s), not synchronisation
         publisher_done.set()
 
     tier = fast_tier(segment_max_entries=200, segment_max_age_s=0.05, hot_window_s=1.0)
@@ -88,7 +88,8 @@ async def test_catch_up_then_consume_with_no_gap_and_no_duplicate(
             tg.start_soon(offloader.run, stop_offloading)
             # the group falls behind: its next entries are trimmed from Redis
             await wait_until(lambda: _head_past_group(bus, "flow", "billing"), within_s=30)
-            stats = await catch_up(bus, store, "flow", "billing")
+            with anyio.fail_after(60):
+                stats = await catch_up(bus, store, "flow", "billing")
             assert stats.shards == SHARDS and stats.pending_acked == 5
             assert stats.from_segments > 0 and stats.lost_ranges == 0
             tg.start_soon(lambda: bus.run(stop=stop_consuming))
