@@ -7,14 +7,16 @@ like a consumer (so no consumer of the group reads the shard meanwhile):
 1. **Pending entries** of the group (delivered, never acked), in entry-ID order: from Redis when
    still there, from segments when trimmed. Each is handled, then ``XACK``-ed. They come first
    because they precede everything after the group's last-delivered ID (per-resource order).
-2. **After the last-delivered ID** ``D``: while the stream's first entry lies after ``D`` (so
+2. **After the last-delivered ID** ``D``: when the stream's first entry lies after ``D`` (so
    entries after ``D`` may be missing from Redis), every archived entry after ``D`` is handled in
-   entry-ID order, reading segments, and ``XGROUP SETID`` moves ``D`` past them, segment by
-   segment. Reading on to the end of the archive, past what Redis still holds, leaves the
-   group at the offloader's checkpoint: the entries after it are not archived yet, so the
-   offloader cannot trim them before a consumer reads them.
+   entry-ID order, reading segments (several at a time), and ``XGROUP SETID`` moves ``D`` past
+   them, segment by segment. Reading on to the end of the archive, past what Redis still holds,
+   leaves the group near the offloader's checkpoint: the entries after it stay in Redis for
+   about ``hot_window_s``.
 3. If segments hold nothing after ``D`` while Redis lacks entries after ``D``, those entries were
    lost before archiving (see the shard's gap records): logged at ERROR level and counted.
+
+Sweeps over the shards repeat until one finds no shard behind (`CatchUp.run`).
 
 Before every ``XACK`` / ``XGROUP SETID`` the lock is re-taken (refreshing liveness) and its
 fencing token compared: a catch-up that lost its lock stops that shard at once. As on the live
