@@ -171,3 +171,39 @@ def test_gap_when_trimmed_before_archiving() -> None:
 def test_gap_from_xdel_has_unknown_count() -> None:
     found = find_gap(info("1-0", 14, 15, deleted="12-0"), EntryId(10, 0), accounted=10, buffered=0)
     assert found is not None and found[:3] == (EntryId(10, 0), EntryId(12, 1), None)
+
+
+# -- stores -------------------------------------------------------------------------------------
+def test_open_store_schemes(tmp_path) -> None:
+    import anyio
+    import obstore
+    from obstore.store import LocalStore, MemoryStore, S3Store
+
+    from eventbus.tier.errors import StoreError
+    from eventbus.tier.store import list_segments, open_store, put_create
+
+    assert isinstance(open_store("memory://"), MemoryStore)
+    local = open_store(str(tmp_path / "a" / "b"))
+    assert isinstance(local, LocalStore) and (tmp_path / "a" / "b").is_dir()
+    assert isinstance(open_store(f"file://{tmp_path}/c"), LocalStore)
+    s3 = open_store("s3://bucket/pre/fix", endpoint="http://127.0.0.1:9", region="eu-west-1")
+    assert isinstance(s3, S3Store) and s3.prefix == "pre/fix"
+    assert str((s3.client_options or {}).get("allow_http")).lower() == "true"
+    assert s3.config.get("endpoint") == "http://127.0.0.1:9"
+    with pytest.raises(StoreError, match="nope://x"):
+        open_store("nope://x")
+
+    async def create_only() -> None:
+        store = open_store("memory://")
+        key = segment_key("t", 0, EntryId(1, 0), EntryId(2, 0))
+        assert await put_create(store, key, b"first")
+        assert not await put_create(store, key, b"second")  # never overwritten
+        assert bytes((await obstore.get_async(store, key)).bytes()) == b"first"
+        later = segment_key("t", 0, EntryId(3, 0), EntryId(4, 0))
+        await put_create(store, later, b"x")
+        await put_create(store, gap_key("t", 0, EntryId(2, 0), EntryId(3, 0)), b"{}")
+        refs = await list_segments(store, "t", 0)
+        assert [r.key for r in refs] == [key, later]  # gap records are not segments
+        assert [r.key for r in await list_segments(store, "t", 0, after=refs[0])] == [later]
+
+    anyio.run(create_only)

@@ -145,3 +145,31 @@ async def test_catch_up_group_raw_and_lost_range(redis_db: str, tmp_path) -> Non
         stats = await catch_up_group(bus.redis, store, "raw", "g", handle, shards=1)
         assert stats.lost_ranges == 1 and got == []
     await bus.aclose()
+
+
+async def test_catch_up_waits_for_live_consumers_locks(redis_db: str, tmp_path) -> None:
+    """Catch-up needs the group's shard locks: held by a live consumer, it gives up clearly."""
+    from eventbus.tier.errors import LockUnavailable
+
+    bus = make_bus(redis_db, shards=1)
+    store = open_store(str(tmp_path))
+    async with bus:
+        await bus.publish_many("busy", [("r", Tick(resource="r", seq=0))])
+        await bus.redis.xgroup_create(bus.keys.stream("busy", 0), "g", id="0")
+        from eventbus.scripts import Scripts
+
+        scripts = Scripts.register(bus.redis)
+        held = await scripts.lock_shards(
+            keys=[bus.keys.members("busy", "g"), bus.keys.locks("busy", "g")],
+            args=["live-consumer", 30_000, 1, 0],
+        )
+        assert held[1][0] == 0  # a live consumer holds shard 0
+
+        async def handle(entry: ArchivedEntry, token: int) -> None:
+            raise AssertionError("must not run")
+
+        with pytest.raises(LockUnavailable, match=r"shards \[0\]"):
+            await catch_up_group(
+                bus.redis, store, "busy", "g", handle, shards=1, lock_timeout_s=0.3
+            )
+    await bus.aclose()

@@ -198,3 +198,27 @@ async def test_entry_id_bounds_cover_64_bit_ids(redis_db: str, tmp_path) -> None
         assert cp == f"{2**60}-{2**62}".encode()
     await bus.aclose()
     await client.aclose()
+
+
+async def test_typed_replay_names_segment_and_entry_of_a_bad_payload(
+    redis_db: str, tmp_path
+) -> None:
+    from eventbus.codec import Envelope, new_event_id
+    from eventbus.errors import DecodeError
+
+    bus = make_bus(redis_db, shards=1)
+    store = open_store(str(tmp_path))
+    async with bus:
+        await publish_ticks(bus, "typed", 3)
+        bad = Envelope("res-0", "Tick", new_event_id(), 1, {}, {"resource": "res-0", "seq": "x"})
+        bad_id = await bus.publisher.publish_envelope(bus.topic("typed"), bad)
+        await offload_until_caught_up(
+            bus.redis, store, settings=bus.settings, tier=fast_tier(), timeout_s=30
+        )
+    await bus.aclose()
+    got = []
+    with pytest.raises(DecodeError, match=rf"typed/0/.*\.parquet entry {bad_id}: payload"):
+        for replayed in iter_events(store, "typed", [Tick]):
+            got.append(replayed.event.seq)  # type: ignore[attr-defined]
+    assert got == [0, 1, 2]
+    assert len(list(iter_events(store, "typed", [Tock]))) == 0  # other types are skipped
