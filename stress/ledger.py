@@ -223,6 +223,7 @@ def check(
     unacked_failed = {(r, s) for r, s, _, _ in led.publish_failed}
     unknown = [k for k in first if k not in acked and k not in unacked_failed]
 
+    stale = stale_token_starts(led.handlings)
     latencies = sorted((h.start_ns / 1e6 - h.published_ms) for h in first.values())
     t_end = max((h.end_ns for h in first.values()), default=t0_ns)
     t_pub = [p.acked_ns for p in led.published]
@@ -247,7 +248,8 @@ def check(
         "handled_but_publish_failed": sum(1 for k in first if k in unacked_failed),
         "handled_unknown": len(unknown),
         "torn_ledger_lines": led.torn_lines,
-        "stale_token_starts": stale_token_starts(led.handlings),
+        "stale_token_starts": stale[0],
+        "stale_token_examples": stale[1],
         "events_per_s": len(first) / max(1e-9, (t_end - t0_ns) / 1e9),
         "publish_per_s": len(t_pub) / max(1e-9, (max(t_pub, default=t0_ns) - t0_ns) / 1e9),
         "handling_s": (t_end - t0_ns) / 1e9,
@@ -292,26 +294,34 @@ def _lost_example(key: tuple[str, int], p: Published, led: Ledgers) -> dict[str,
             "acked_ns": p.acked_ns, "handler_runs": runs}
 
 
-def stale_token_starts(handlings: list[Handling]) -> int:
+def stale_token_starts(
+    handlings: list[Handling], examples: int = 10
+) -> tuple[int, list[dict[str, Any]]]:
     """Handler runs that started after a run with a higher fencing token had completed on the
     same shard: work done by an owner that had already been replaced (fencing is what lets a
-    downstream store refuse it)."""
+    downstream store refuse it). Returns the count and a few examples, each with the
+    higher-token run it came after."""
     by_shard: dict[int, list[Handling]] = defaultdict(list)
     for h in handlings:
         by_shard[h.shard].append(h)
-    stale = 0
+    stale, found = 0, []
     for runs in by_shard.values():
         ends = sorted(runs, key=lambda h: h.end_ns)
         end_ns = [h.end_ns for h in ends]
-        top, prefix_max = 0, []
+        top: Handling | None = None
+        prefix_max: list[Handling] = []
         for h in ends:
-            top = max(top, h.token)
+            if top is None or h.token > top.token:
+                top = h
             prefix_max.append(top)
         for h in runs:
             i = bisect.bisect_left(end_ns, h.start_ns)
-            if i and prefix_max[i - 1] > h.token:
+            if i and prefix_max[i - 1].token > h.token:
                 stale += 1
-    return stale
+                if len(found) < examples:
+                    found.append({"run": _describe(h) | {"resource": h.resource, "seq": h.seq},
+                                  "after": _describe(prefix_max[i - 1])})
+    return stale, found
 
 
 def _takeovers(oks: list[Handling], faults: list[dict[str, Any]]) -> None:

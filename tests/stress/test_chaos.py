@@ -115,6 +115,15 @@ def test_checker_measures_takeover_from_the_fault_to_another_consumer() -> None:
     assert faults[0]["takeover_s"] == pytest.approx(2.5, abs=1e-3)
 
 
+def test_checker_counts_handlers_started_with_a_superseded_token() -> None:
+    new_owner = ledger.Handling(1, True, "r", 1, "1-0", 2, 0, 1, 90, 100, 0, "e")
+    old_owner = ledger.Handling(0, True, "r", 2, "2-0", 1, 0, 1, 200, 210, 0, "e")
+    before = ledger.Handling(0, True, "r", 0, "0-0", 1, 0, 1, 10, 20, 0, "e")
+    count, examples = ledger.stale_token_starts([before, new_owner, old_owner])
+    assert count == 1
+    assert examples[0]["run"]["seq"] == 2 and examples[0]["after"]["token"] == 2
+
+
 def test_torn_last_line_of_a_killed_consumer_is_skipped(tmp_path: Path) -> None:
     path = tmp_path / "con-3.log"
     w = ledger.LineWriter(path)
