@@ -52,7 +52,13 @@ def _handler_models(handler: Callable[..., Any]) -> tuple[dict[str, type[BaseMod
     params = list(inspect.signature(handler).parameters.values())
     if not params or len(params) > 2:
         raise ConfigError(f"handler {handler!r} must take (event) or (event, ctx)")
-    hints = typing.get_type_hints(handler)
+    try:
+        hints = typing.get_type_hints(handler)
+    except NameError as exc:  # a string annotation naming a class local to a function
+        raise ConfigError(
+            f"handler {handler!r}: cannot resolve its annotations ({exc}); define the event "
+            "models at module level"
+        ) from exc
     ann = hints.get(params[0].name)
     is_union = typing.get_origin(ann) in (typing.Union, types.UnionType)
     models = typing.get_args(ann) if is_union else (ann,)

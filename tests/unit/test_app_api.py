@@ -126,3 +126,14 @@ async def test_run_without_subscribers_is_refused(bus: EventBus) -> None:
 def test_topic_refuses_explicit_bad_values(bus: EventBus, bad: dict[str, int]) -> None:
     with pytest.raises(ConfigError):
         bus.topic("x", **bad)
+
+
+def test_unresolvable_annotation_is_a_config_error(bus: EventBus) -> None:
+    # this module uses postponed annotations: a model local to a function cannot be resolved
+    class Local(BaseModel):
+        x: int
+
+    async def handle(event: Local) -> None: ...
+
+    with pytest.raises(ConfigError, match="module level"):
+        bus.subscriber("orders", group="g")(handle)
