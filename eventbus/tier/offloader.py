@@ -385,18 +385,20 @@ class _TopicOffloader:
     async def gap(
         self, sh: _Shard, after: EntryId, before: EntryId, lost: int | None, reason: str
     ) -> None:
+        """Record the gap first, then account its entries: a crash in between re-detects it
+        (recording it again at worst), never leaves a counted but unrecorded loss."""
         gap = new_gap(self.topic, sh.shard, after, before, lost, reason, self.o.consumer_id)
         if gap.key in sh.gaps_seen:
             return
+        if await record_gap(self.o.store, gap):
+            self.o.stats.gaps += 1
+            self.o.stats.lost += lost or 0
         if not await self.checkpoints.account_lost(
             sh.shard, self.o.consumer_id, sh.token, lost or 0
         ):
             raise _Fenced
         sh.count += lost or 0
         sh.gaps_seen.add(gap.key)
-        if await record_gap(self.o.store, gap):
-            self.o.stats.gaps += 1
-            self.o.stats.lost += lost or 0
 
     async def trim(self, sh: _Shard, now_ms: int) -> None:
         if sh.checkpoint is None:
