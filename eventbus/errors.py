@@ -58,9 +58,5 @@ class PublishError(EventBusError):
     entry_ids: list[str | None] | None = None
 
 
-class NotStarted(EventBusError):
-    """An operation needs the bus to be running (`async with bus:`)."""
-
-
 class RedisUnavailable(EventBusError):
     """Redis could not be reached at start (wrong URL, server down, network)."""

@@ -1,32 +1,27 @@
 """Prometheus metrics (prometheus-client). `eventbus run --metrics-port` serves them.
 
-All carry the labels ``topic`` and ``group``; latency is in seconds, publisher wall clock to
-handler completion.
+All carry the labels ``topic`` and ``group``; latency is in seconds, from the publisher's wall
+clock (the envelope's event time) to the handler's success.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 from prometheus_client import Counter, Histogram
 
 _L = ("topic", "group")
 
 
-@dataclass(frozen=True)
 class _Metrics:
-    handled: Counter = Counter("eventbus_handled_total", "Entries handled successfully", _L)
-    failures: Counter = Counter("eventbus_handler_failures_total", "Failed handler attempts", _L)
-    dead_lettered: Counter = Counter(
+    handled = Counter("eventbus_handled_total", "Entries handled successfully", _L)
+    failures = Counter("eventbus_handler_failures_total", "Failed handler attempts", _L)
+    dead_lettered = Counter(
         "eventbus_dead_lettered_total", "Entries written to the dead-letter stream", _L
     )
-    lost: Counter = Counter(
-        "eventbus_lost_total", "Pending entries trimmed before they were processed", _L
-    )
-    lease_lost: Counter = Counter(
+    lost = Counter("eventbus_lost_total", "Pending entries trimmed before they were processed", _L)
+    lease_lost = Counter(
         "eventbus_lease_lost_total", "Times a consumer dropped its shards (lease lapsed)", _L
     )
-    latency: Histogram = Histogram(
+    latency = Histogram(
         "eventbus_latency_seconds",
         "Publish-to-handled latency (seconds)",
         _L,

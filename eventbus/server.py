@@ -93,9 +93,11 @@ class RedisServer:
         return args + self.extra
 
     def start(self, timeout: float = 10.0) -> RedisServer:
-        """Start and wait until it answers PING; raises `EventBusError` if it does not."""
-        log = open(self.dir / "redis.log", "ab")  # noqa: SIM115 - owned by the child
-        self.proc = subprocess.Popen(self.args(), stdout=log, stderr=subprocess.STDOUT)
+        """Start and wait until it answers PING; raises `EventBusError` if it does not (or if
+        the binary is missing)."""
+        args = self.args()  # raises before anything is opened when the binary is missing
+        with open(self.dir / "redis.log", "ab") as log:  # the child keeps its own descriptor
+            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while not _ping(self.port):
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -117,7 +119,12 @@ class RedisServer:
         self.start()
 
     def __enter__(self) -> RedisServer:
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:
+            if self._tmp is not None:
+                self._tmp.cleanup()
+            raise
 
     def __exit__(
         self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None

@@ -52,17 +52,17 @@ class TestBus:
         """`EventBus.publish` on the in-memory Redis."""
         return await self.bus.publish(topic, event, resource_id=resource_id, **kw)
 
-    async def drain(self, timeout: float = 10.0) -> None:
+    async def drain(self, within_s: float = 10.0) -> None:
         """Wait until every subscriber has handled (or dead-lettered) every published entry.
 
-        Raises `TimeoutError` after `timeout` seconds, naming the streams still behind.
+        Raises `TimeoutError` after `within_s` seconds, naming the streams still behind.
         """
         try:
-            with anyio.fail_after(timeout):
-                while behind := await self._behind():
-                    await anyio.sleep(0.002)  # polling state held outside this task
+            with anyio.fail_after(within_s):
+                while await self._behind():  # state held in (fake) Redis: polled
+                    await anyio.sleep(0.002)  # noqa: ASYNC110
         except TimeoutError:
-            raise TimeoutError(f"not drained after {timeout} s: {await self._behind()}") from None
+            raise TimeoutError(f"not drained after {within_s} s: {await self._behind()}") from None
 
     async def _behind(self) -> list[str]:
         behind = []
