@@ -59,8 +59,8 @@ class TestBus:
         """
         try:
             with anyio.fail_after(within_s):
-                while await self._behind():  # state held in (fake) Redis: polled
-                    await anyio.sleep(0.002)  # noqa: ASYNC110
+                while await self._behind():  # noqa: ASYNC110 - state held in Redis is polled
+                    await anyio.sleep(0.002)
         except TimeoutError:
             raise TimeoutError(f"not drained after {within_s} s: {await self._behind()}") from None
 
