@@ -83,8 +83,19 @@ class EventBus:
     pipeline flusher; `run()` also starts one `Consumer` per subscriber.
     """
 
-    def __init__(self, settings: Settings | None = None, *, redis: Any | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        redis: Any | None = None,
+        archive: Any | None = None,
+    ) -> None:
+        """`archive`: the durable tier's segment store (`eventbus.tier.open_store(url)`). With
+        one, a consumer that locks a shard whose group fell behind Redis's first entry (the
+        offloader trimmed what it had not read) first handles the missing entries from the
+        segments, in order, then reads Redis: no gap. Without one, such entries are skipped."""
         self.settings = settings or Settings()
+        self.archive = archive
         self.keys = Keys(self.settings.key_prefix, self.settings.hashtag)
         self._redis = redis
         self._topics: dict[str, TopicConfig] = {}
@@ -330,6 +341,13 @@ class EventBus:
                 Consumer(self.redis, scripts, self.keys, self.settings, self.registry, sub)
                 for sub in self.subscriptions
             ]
+            if self.archive is not None:
+                from eventbus.tier.catchup import shard_hook
+
+                for c in self.consumers:
+                    c.catch_up = shard_hook(
+                        self.redis, self.archive, c.sub, self.settings, c.consumer_id
+                    )
             async with anyio.create_task_group() as outer:
                 if handle_signals:
                     outer.start_soon(_stop_on_signal, stop)

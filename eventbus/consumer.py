@@ -64,6 +64,12 @@ log = logging.getLogger("eventbus.consumer")
 _TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError)  # the reply may be lost
 _RETRYABLE = (RedisError, OSError)  # includes error replies (OOM, READONLY, LOADING, ...)
 
+CATCH_UP_CHECK_S = 10.0  # a shard is checked for a gap behind the archive at most this often
+
+CatchUpHook = Callable[[int, int], Awaitable[object]]
+"""``await hook(shard, fencing_token)``: bring the group up to Redis's first entry of a shard this
+consumer has just locked, from the durable tier's segments (`eventbus.tier.catchup.shard_hook`)."""
+
 # lock_shards.lua: state of each returned lock
 _HELD, _TAKEN_FREE, _TAKEN_FROM_DEAD = 0, 1, 2
 
@@ -208,6 +214,8 @@ class Consumer:
         self._stopped = anyio.Event()
         self._joined = anyio.Event()  # set by the first lock round: then heartbeats start
         self._retry_timers: anyio.abc.TaskGroup | None = None
+        self.catch_up: CatchUpHook | None = None  # set by EventBus.run when it has an archive
+        self._caught_up_at: dict[int, float] = {}
         # Resources with work and no worker. A memory stream hands each key to exactly one
         # waiting worker (one shared Event re-created by each waiter woke only the last one).
         self._ready, self._ready_out = anyio.create_memory_object_stream[tuple[int, bytes]](
@@ -414,6 +422,8 @@ class Consumer:
                     recover.append(s)
         if recover and self.sub.on_failure == "park":
             await self._load_parked()  # a new shard's resources may have been parked elsewhere
+        if recover and self.catch_up is not None:
+            recover = await self._catch_up(recover)
         if recover:
             await self._recover(recover)
         self._mark_surplus(share)
@@ -439,6 +449,36 @@ class Consumer:
         if idle:
             await self._release(idle)
         return bool(got)
+
+    async def _catch_up(self, shards: list[int]) -> list[int]:
+        """Before reading newly locked shards, let the catch-up hook handle what the group missed
+        while those entries were trimmed from Redis (at most every `CATCH_UP_CHECK_S` per shard).
+        A shard whose catch-up fails (archive unreachable) is released unread rather than read
+        past the gap; returns the shards still held."""
+        kept = []
+        for s in shards:
+            sh = self._held.get(s)
+            if sh is None:
+                continue
+            if time.monotonic() - self._caught_up_at.get(s, -CATCH_UP_CHECK_S) < CATCH_UP_CHECK_S:
+                kept.append(s)
+                continue
+            try:
+                await self.catch_up(s, sh.token)  # type: ignore[misc]  # checked by the caller
+            except _TRANSIENT:
+                raise
+            except Exception as exc:
+                log.error(
+                    "consumer %s: catch-up of shard %d failed (%r); shard released unread",
+                    self.consumer_id,
+                    s,
+                    exc,
+                )
+                await self._release([s])
+                continue
+            self._caught_up_at[s] = time.monotonic()
+            kept.append(s)
+        return kept
 
     def _mark_surplus(self, share: int) -> None:
         active = [sh for sh in self._held.values() if not sh.draining]

@@ -432,6 +432,47 @@ async def catch_up(
     return await runner.run(typed, shards=only, lock_timeout_s=lock_timeout_s)
 
 
+def shard_hook(
+    redis: Any, store: Store, sub: Subscription, settings: Settings, consumer_id: str
+) -> Callable[[int, int], Awaitable[bool]]:
+    """The live consumer's catch-up hook (`Consumer.catch_up`): ``await hook(shard, token)``
+    catches one shard the consumer has just locked up to Redis's first entry, under that same
+    lock (re-taken with the consumer's ID, so the token must stay `token`), with the
+    subscriber's handler, before the consumer reads the shard. Returns whether the shard was
+    behind. A lost lock ends it quietly (the new owner catches up)."""
+    runner = CatchUp(
+        redis,
+        store,
+        sub.topic.name,
+        sub.group,
+        shards=sub.topic.shards,
+        settings=settings,
+        consumer_id=consumer_id,
+    )
+    typed = _TypedHandler(runner, sub, settings)
+
+    async def hook(shard: int, token: int) -> bool:
+        stats = CatchUpStats()
+        try:
+            behind = await _ShardCatchUp(runner, shard, token, typed, stats).run(first_pass=True)
+        except _Fenced:
+            log.warning("catch-up of shard %d by %s lost its lock", shard, consumer_id)
+            return False
+        if behind or stats.pending_acked:
+            log.info(
+                "consumer %s caught shard %d of %s/%s up: %d entries from segments, %d from Redis",
+                consumer_id,
+                shard,
+                sub.topic.name,
+                sub.group,
+                stats.from_segments,
+                stats.from_redis,
+            )
+        return behind
+
+    return hook
+
+
 class _TypedHandler:
     """Decode, validate, call the subscriber's handler with retries; dead-letter on failure."""
 
