@@ -70,6 +70,8 @@ CatchUpHook = Callable[[int, int], Awaitable[object]]
 """``await hook(shard, fencing_token)``: bring the group up to Redis's first entry of a shard this
 consumer has just locked, from the durable tier's segments (`eventbus.tier.catchup.shard_hook`)."""
 
+_NOT_STARTED = Exception("handler not started: lease or shard lost")  # a sentinel
+
 # lock_shards.lua: state of each returned lock
 _HELD, _TAKEN_FREE, _TAKEN_FROM_DEAD = 0, 1, 2
 
@@ -667,6 +669,9 @@ class Consumer:
             return None
         item.attempt += 1
         error = await self._attempt(item, env, event, item.entry_id, item.attempt)
+        if error is _NOT_STARTED:  # the lease ran out while decoding: wait for it again
+            item.attempt -= 1
+            return 0.0
         if error is None:
             if self._dedup_s:
                 await self._mark_seen(env.event_id)
@@ -706,7 +711,8 @@ class Consumer:
     async def _attempt(
         self, item: _Item, env: Envelope, event: Any, entry_id: bytes, attempt: int
     ) -> Exception | None:
-        """Run the handler once; returns its exception, or None on success."""
+        """Run the handler once; returns its exception, None on success, or `_NOT_STARTED` when
+        the lease or the shard was lost since the caller checked it (then nothing ran)."""
         ctx = Context(
             topic=self.topic.name,
             group=self.group,
@@ -721,6 +727,11 @@ class Consumer:
             fencing_token=item.shard.token,
             consumer_id=self.consumer_id,
         )
+        # Checked again right before the call, with no await in between: decoding and
+        # validation take a while, and a process paused during them must not start a handler
+        # with a superseded token when it wakes (found by the chaos harness).
+        if not (self._lease_ok() and self._current(item)):
+            return _NOT_STARTED
         try:
             await self._call(event, ctx)
         except Exception as exc:
@@ -888,17 +899,22 @@ class Consumer:
         except DecodeError as exc:
             log.error("parked letter %s is undecodable (%s); left in place", letter.dlq_id, exc)
             return False
-        for attempt in range(1, self.max_attempts + 1):
+        attempt = 1
+        while attempt <= self.max_attempts:
             if not await self._await_lease(control):
                 return False
-            if await self._attempt(control, env, event, letter.entry_id.encode(), attempt) is None:
+            error = await self._attempt(control, env, event, letter.entry_id.encode(), attempt)
+            if error is _NOT_STARTED:
+                continue  # nothing ran: wait for the lease again, same attempt
+            if error is None:
                 await self._retrying(
                     "delete replayed letter", self.redis.xdel, self._dlq, letter.dlq_id
                 )
                 return True
             if attempt < self.max_attempts:
-                await anyio.sleep(min(self.retry_max_s, self.retry_base_s * 2 ** (attempt - 1)))
-        log.error("parked letter %s still fails after %d attempts", letter.dlq_id, attempt)
+                await anyio.sleep(min(self.retry_max_s, self.retry_base_s * 2.0 ** (attempt - 1)))
+            attempt += 1
+        log.error("parked letter %s still fails after %d attempts", letter.dlq_id, attempt - 1)
         return False
 
     # -- acking ---------------------------------------------------------------------------------
