@@ -224,6 +224,8 @@ class Publisher:
                     return
                 except _TRANSIENT as exc:
                     batch = [item for item in batch if not item.future.done()]
+                    if not batch:  # every caller of the batch was cancelled
+                        return
                     if time.monotonic() + delay > deadline:
                         err = PublishError(
                             f"{len(batch)} XADD not confirmed within "

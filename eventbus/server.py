@@ -97,7 +97,10 @@ class RedisServer:
         the binary is missing)."""
         args = self.args()  # raises before anything is opened when the binary is missing
         with open(self.dir / "redis.log", "ab") as log:  # the child keeps its own descriptor
-            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+            # its own session: a Ctrl-C meant for us must not stop Redis before we shut down
+            self.proc = subprocess.Popen(
+                args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         deadline = time.monotonic() + timeout
         while not _ping(self.port):
             if self.proc.poll() is not None or time.monotonic() > deadline:
