@@ -16,8 +16,9 @@ is a sequence of steps, each a function of this module, called by `run_pipeline`
 5. `stop_workers`: SIGTERM, graceful shutdown, each worker's report read back from Redis.
 6. `summarize`: counts, throughput, latency percentiles, aggregates against the CSV.
 
-The durable tier plugs in between 4 and 5 (offload the topic to segments) and into 6 (a Spark
-replay of the segments must match the same reference aggregates); `Run` carries what it needs.
+7. `archive_and_replay` (`eventbus.demo.archive`): the offloader archives the topic to Parquet
+   segments, which must hold every published flight exactly once, and a replay of them must
+   give the same per-carrier aggregates as the CSV (skipped with ``--no-archive``).
 
 With no ``--redis-url``/``REDIS_URL`` a private ``redis-server`` is started on a free loopback port
 and stopped at the end. On a given server each run uses its own topic (``flights-<random>``) and
@@ -34,6 +35,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from array import array
@@ -96,6 +98,7 @@ class DemoOptions:
     keep: bool = False
     progress: bool = True
     kill_after: int | None = None  # SIGKILL one order-check worker after this many events
+    segments: str | None = ""  # segment store URL or folder; "" = a temporary folder; None = off
 
 
 @dataclass(slots=True)
@@ -551,6 +554,27 @@ def print_summary(summary: dict[str, Any]) -> None:
         ),
         ("wall time (s)", f"{summary.get('wall_time_s', math.nan):.1f}", ""),
     ]
+    if (tier := summary.get("tier")) is not None:
+        rows += [
+            ("segments written / bytes", f"{tier['segments']:,} / {tier['segment_bytes']:,}", ""),
+            ("compression ratio (raw / segment bytes)", f"{tier['compression_ratio']:.2f}", ""),
+            (
+                "offload entries/s (MB/s)",
+                f"{tier['offload_entries_per_s']:,.0f} ({tier['offload_mb_per_s']:.1f})",
+                "",
+            ),
+            ("replay events/s", f"{tier['replay_events_per_s']:,.0f}", ""),
+            (
+                "segments hold every event exactly once",
+                str(tier["exactly_once"]),
+                mark(tier["exactly_once"]),
+            ),
+            (
+                "replayed aggregates match the CSV",
+                str(tier["replay_aggregates_match"]),
+                mark(tier["replay_aggregates_match"]),
+            ),
+        ]
     for row in rows:
         table.add_row(*row)
     Console().print(table)
@@ -645,6 +669,12 @@ async def _run_steps(options: DemoOptions, redis_url: str, private: bool) -> dic
                     with anyio.CancelScope(shield=True):
                         await stop_workers(bus, run)
                 summary = await summarize(bus, run)
+                if options.segments is not None:
+                    summary["tier"] = await _archive_step(bus, run)
+                    summary["checks"]["archive_exactly_once"] = summary["tier"]["exactly_once"]
+                    summary["checks"]["replay_aggregates_match"] = summary["tier"][
+                        "replay_aggregates_match"
+                    ]
             finally:
                 if not (options.keep or private):
                     with anyio.CancelScope(shield=True):
@@ -653,6 +683,17 @@ async def _run_steps(options: DemoOptions, redis_url: str, private: bool) -> dic
         await bus.aclose()
     summary["wall_time_s"] = round(time.perf_counter() - started, 3)
     return summary
+
+
+async def _archive_step(bus: EventBus, run: Run) -> dict[str, Any]:
+    from eventbus.demo.archive import archive_and_replay
+
+    console.print("archiving the topic to segments, then replaying them ...")
+    with contextlib.ExitStack() as stack:
+        url = run.options.segments or stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="eventbus-flights-segments-")
+        )
+        return await archive_and_replay(bus, run.topic, run.published, run.reference, url)
 
 
 def _known_error(exc: BaseException) -> Exception | None:
@@ -707,6 +748,16 @@ def main(
         ),
     ] = 60.0,
     progress: Annotated[bool, typer.Option(help="Show progress bars.")] = True,
+    segments: Annotated[
+        str | None,
+        typer.Option(
+            help="Archive to this segment store (folder, file://, s3://); default: a "
+            "temporary folder, deleted at the end."
+        ),
+    ] = None,
+    archive: Annotated[
+        bool, typer.Option(help="Run the durable-tier step (offload, verify, replay).")
+    ] = True,
     kill_after: Annotated[
         int | None,
         typer.Option(
@@ -733,6 +784,7 @@ def main(
         keep,
         progress,
         kill_after,
+        (segments or "") if archive else None,
     )
     if kill_after is not None and consumers < 2:
         raise typer.BadParameter(

@@ -51,3 +51,11 @@ def test_flights_demo_small_run(tmp_path: Path) -> None:
     for key in ("publish_events_per_s", "consume_events_per_s"):
         assert summary[key] > 0
     assert 0 <= summary["latency_ms_p50"] <= summary["latency_ms_p99"]
+    # the durable tier: every published flight archived once, and the replay agrees with the CSV
+    tier = summary["tier"]
+    assert tier["exactly_once"] is True and tier["entries"] == LIMIT
+    assert tier["replay_aggregates_match"] is True
+    assert tier["segments"] >= 1 and tier["compression_ratio"] > 1
+    assert (
+        summary["checks"]["archive_exactly_once"] and summary["checks"]["replay_aggregates_match"]
+    )
