@@ -121,7 +121,7 @@ class Plan:
 
 
 PRESETS: dict[str, dict[str, Any]] = {
-    "steady": {},
+    "steady": {"rate": 3_000},  # well below capacity: latency without a backlog
     "kill": {"consumers": 4, "faults": 6, "kinds": ["kill"]},
     "pause": {"consumers": 4, "faults": 4, "kinds": ["pause"]},
     "term": {"consumers": 4, "faults": 6, "kinds": ["term"]},
