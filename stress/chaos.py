@@ -2,15 +2,16 @@
 and a ledger of every acknowledged publish and every handler run, checked afterwards.
 
     python stress/chaos.py SCENARIO [--events N] [--duration S] [--rate R] [--consumers K]
-        [--publishers P] [--faults F] [--ttl S] [--seed N] [--json FILE] [--plot FILE] [--keep]
+        [--publishers P] [--faults F] [--kinds K1,K2] [--ttl S] [--seed N] [--json FILE]
+        [--plot FILE | --no-plot] [--workdir DIR] [--keep] [--baseline] [--monitor]
 
 Scenarios: steady, kill (SIGKILL consumers, start replacements), pause (SIGSTOP a consumer past
 its liveness TTL, then SIGCONT), term (SIGTERM under load: graceful hand-over, then replacement),
 redis-restart (AOF ``appendfsync always``, alternately SIGTERM and SIGKILL of redis-server),
 client-kill (``CLIENT KILL TYPE normal`` / ``ID``), client-pause (``CLIENT PAUSE``), poison
 (events whose handler always raises), slow (a few ms per event, publishing faster than
-handling), all (a long mixed run: 1,000,000 events, 25 faults of every kind, poison and slow
-events).
+handling), all (a long mixed run: 1,000,000 events, 25 faults of the kinds above but term,
+poison and slow events; ``--kinds`` chooses other kinds).
 
 Each event carries a per-resource sequence number (each resource belongs to one publisher
 process). After the run (publishers done, every entry acked) it reports events lost (acknowledged
@@ -885,6 +886,11 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
                  "poison", "slow_ms", "seed"):
         if getattr(args, name) is not None:
             values[name] = getattr(args, name)
+    if args.kinds:
+        values["kinds"] = [k.strip() for k in args.kinds.split(",")]
+        unknown = set(values["kinds"]) - set(FAULT_KINDS)
+        if unknown:
+            raise SystemExit(f"unknown fault kinds {sorted(unknown)}; choose from {FAULT_KINDS}")
     if args.duration is not None:
         values["rate"] = values.get("events", Plan.events) / args.duration
     values["baseline"] = args.baseline
@@ -902,6 +908,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--publishers", type=int)
     parser.add_argument("--resources", type=int, help="resources per publisher")
     parser.add_argument("--faults", type=int)
+    parser.add_argument("--kinds", help=f"comma-separated fault kinds ({','.join(FAULT_KINDS)})")
     parser.add_argument("--ttl", dest="ttl_s", type=float, help="consumer liveness TTL, s")
     parser.add_argument("--poison", type=int, help="poison events")
     parser.add_argument("--slow-ms", dest="slow_ms", type=float)
