@@ -120,7 +120,6 @@ class Plan:
     monitor: bool = False  # record Redis MONITOR output in the ledger folder (debugging)
 
 
-
 PRESETS: dict[str, dict[str, Any]] = {
     "steady": {"rate": 3_000},  # well below capacity: latency without a backlog
     "kill": {"consumers": 4, "faults": 6, "kinds": ["kill"]},
