@@ -67,6 +67,9 @@ class Settings(BaseSettings):
         0.1, gt=0, description="Retry n waits base * 2**(n-1), times a random 0.5..1 (jitter)."
     )
     retry_max_s: float = Field(10.0, gt=0, description="Longest retry delay.")
+    shutdown_grace_s: float = Field(
+        30.0, gt=0, description="Longest wait for in-flight entries at graceful shutdown."
+    )
     start: Literal["beginning", "now"] = Field(
         "beginning", description="Where a new consumer group starts reading a topic."
     )

@@ -199,6 +199,7 @@ class Consumer:
         self._dlq = keys.dead_letter(self.topic.name, self.group)
         self._parked_key = keys.parked(self.topic.name, self.group)
         self._parked: dict[str, str] = {}  # resource -> first parked letter (shards we hold)
+        self._parked_changes = 0  # local parks and unparks, to detect a reload racing them
         self._streams = [keys.stream(self.topic.name, s) for s in range(self.topic.shards)]
         self._stream_shard = {s.encode(): i for i, s in enumerate(self._streams)}
         self._held: dict[int, _Shard] = {}
@@ -261,8 +262,17 @@ class Consumer:
                     tg.start_soon(self._worker)
                 tg.start_soon(self._stop_starting, stop)
                 await self._read_loop(stop)
-                while self._in_flight:
-                    await self._wait_idle()
+                with anyio.move_on_after(self.settings.shutdown_grace_s) as grace:
+                    while self._in_flight:
+                        await self._wait_idle()
+                if grace.cancelled_caught:
+                    log.error(
+                        "consumer %s: %d entries still unacked after %.0f s of shutdown (Redis "
+                        "unreachable?); they stay pending and will be delivered again",
+                        self.consumer_id,
+                        self._in_flight,
+                        self.settings.shutdown_grace_s,
+                    )
                 tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
@@ -412,18 +422,18 @@ class Consumer:
         for s in [s for s in self._held if s not in now_held]:
             log.warning("consumer %s lost shard %d to another consumer", self.consumer_id, s)
             del self._held[s]
-        recover = []
+        newly = []
         for s, (token, state) in now_held.items():
             local = self._held.get(s)
             if local is None or state != _HELD or local.token != token:
                 self._held[s] = _Shard(s, self._streams[s], token, next(self._generations))
-                # Whatever state the lock was in, a new owner claims the shard's pending entries
-                # first: a free lock is not a clean shard, since a consumer that left gracefully
-                # leaves the entries it had read but not started pending.
-                if not self.noack:
-                    recover.append(s)
-        if recover and self.sub.on_failure == "park":
+                newly.append(s)
+        if newly and self.sub.on_failure == "park":
             await self._load_parked()  # a new shard's resources may have been parked elsewhere
+        # Whatever state the lock was in, a new owner claims the shard's pending entries first:
+        # a free lock is not a clean shard, since a consumer that left gracefully leaves the
+        # entries it had read but not started pending. (NOACK reads leave no pending entries.)
+        recover = [] if self.noack else newly
         if recover and self.catch_up is not None:
             recover = await self._catch_up(recover)
         if recover:
@@ -613,7 +623,14 @@ class Consumer:
             retry_in: float | None = None
             try:
                 while queue:
-                    retry_in = await self._process(queue[0])
+                    try:
+                        retry_in = await self._process(queue[0])
+                    except Exception as exc:  # a bug of ours: keep the entry, keep consuming
+                        log.exception("consumer %s: internal error on an entry", self.consumer_id)
+                        await self._dead_letter_and_ack(
+                            queue[0], exc, reason="failed", attempts=queue[0].attempt
+                        )
+                        retry_in = None
                     if retry_in is not None:
                         break
                     queue.popleft()
@@ -754,6 +771,10 @@ class Consumer:
             return env, model.model_validate(env.payload)
         except ValidationError as exc:
             raise DecodeError(f"payload does not validate as {model.__name__}: {exc}") from None
+        except Exception as exc:  # a validator of the model raised something else
+            raise DecodeError(
+                f"payload does not validate as {model.__name__}: {type(exc).__name__}: {exc}"
+            ) from None
 
     async def _call(self, event: Any, ctx: Context) -> None:
         args = (event, ctx) if self.sub.takes_context else (event,)
@@ -834,10 +855,15 @@ class Consumer:
         """Mark `resource_id` parked (first parked letter `dlq_id`) before its entry is acked."""
         await self._retrying("park", self.redis.hsetnx, self._parked_key, resource_id, dlq_id)
         self._parked.setdefault(resource_id, dlq_id.decode())
+        self._parked_changes += 1
 
     async def _load_parked(self) -> None:
-        raw = await self.redis.hgetall(self._parked_key)
-        self._parked = {k.decode(): v.decode() for k, v in raw.items()}
+        while True:  # a park or unpark made while the reply was on its way wins: read again
+            changes = self._parked_changes
+            raw = await self.redis.hgetall(self._parked_key)
+            if changes == self._parked_changes:
+                self._parked = {k.decode(): v.decode() for k, v in raw.items()}
+                return
 
     async def _control(self, item: _Item) -> None:
         """Handle a control entry (`eventbus.dlq`): replay or drop a parked resource's letters,
@@ -864,15 +890,23 @@ class Consumer:
         else:
             for letter in letters:
                 if not await self._replay_letter(item, letter):
+                    if not self._current(item):  # stopped or shard lost: the control entry
+                        self._finish(item)  # stays pending and the next owner resumes it
+                        return
                     await self._retrying(
                         "re-park", self.redis.hset, self._parked_key, rid, letter.dlq_id
                     )
                     self._parked[rid] = letter.dlq_id
+                    self._parked_changes += 1
                     self._ack(item)
                     return
             log.info("resource %r unparked after replaying %d events", rid, len(letters))
+        if not self._current(item):
+            self._finish(item)
+            return
         await self._retrying("unpark", self.redis.hdel, self._parked_key, rid)
         self._parked.pop(rid, None)
+        self._parked_changes += 1
         self._ack(item)
 
     async def _parked_letters(self, rid: str, first_id: str) -> list[DeadLetter]:
@@ -922,6 +956,12 @@ class Consumer:
         if self.noack:
             self._finish(item)
             return
+        held = self._held.get(item.shard.shard)
+        if held is None or held.generation != item.generation:
+            # the shard was lost or re-taken since this entry was read: it stays pending for the
+            # current owner (maybe us, in a later generation), whose acks must not be touched
+            self._finish(item)
+            return
         acks = self._acks.get(item.shard.shard)
         if acks is None or acks.generation != item.generation:
             if acks is not None:  # an older generation's acks: that shard was lost, drop them
@@ -954,9 +994,13 @@ class Consumer:
                 log.warning("XACK failed (%s); retrying", exc)
                 for s, acks in batch.items():  # put back, ahead of newer acks
                     newer = self._acks.get(s)
-                    if newer is not None and newer.generation == acks.generation:
+                    if newer is None:
+                        self._acks[s] = acks
+                    elif newer.generation == acks.generation:
                         acks.ids.extend(newer.ids)
-                    self._acks[s] = acks
+                        self._acks[s] = acks
+                    else:  # newer acks belong to a later generation: this batch is stale
+                        self._settle(acks)
                 self._ack_wake.set()
                 await anyio.sleep(delay)
                 delay = min(delay * 2, self.settings.retry_max_s)

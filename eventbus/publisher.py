@@ -167,6 +167,10 @@ class Publisher:
                     )
                     await anyio.sleep(delay)
                     delay = min(delay * 2, 2.0)
+                except ResponseError as exc:  # READONLY (a replica), OOM, ...: not retried
+                    raise PublishError(
+                        f"shard count of topic {topic.name!r} could not be checked: {exc}"
+                    ) from exc
 
     async def _submit(self, stream: str, fields: dict[bytes, bytes], maxlen: int) -> str:
         item = _Pending(stream, fields, maxlen, asyncio.get_running_loop().create_future())
@@ -239,6 +243,12 @@ class Publisher:
                     )
                     await anyio.sleep(delay)
                     delay = min(delay * 2, 2.0)
+                except Exception as exc:  # never leave a caller waiting on an unsettled future
+                    err = PublishError(f"XADD pipeline failed: {type(exc).__name__}: {exc}")
+                    for item in batch:
+                        if not item.future.done():
+                            item.future.set_exception(err)
+                    return
 
     def _replicas_short(self, confirmed: Any) -> PublishError | None:
         """The error for a WAIT reply of `confirmed` replicas, or None if enough confirmed."""
@@ -261,7 +271,14 @@ class Publisher:
                 self._settings.publish_replicas_timeout_ms,
             )
         results = await pipe.execute(raise_on_error=False)
-        short = self._replicas_short(results.pop()) if self._settings.publish_replicas else None
+        short = None
+        if self._settings.publish_replicas:
+            confirmed = results.pop()
+            short = (
+                PublishError(f"WAIT failed: {confirmed}; the events are on the primary")
+                if isinstance(confirmed, Exception)
+                else self._replicas_short(confirmed)
+            )
         for item, result in zip(batch, results, strict=True):
             if isinstance(result, _TRANSIENT):
                 raise result
@@ -299,7 +316,12 @@ class Publisher:
                     results.append(await conn.read_response())
                 except ResponseError as exc:  # this XADD failed; the rest of the replies follow
                     results.append(exc)
-            short = self._replicas_short(await conn.read_response()) if replicas else None
+            short = None
+            if replicas:
+                try:
+                    short = self._replicas_short(await conn.read_response())
+                except ResponseError as exc:  # e.g. WAIT sent to a replica after a failover
+                    short = PublishError(f"WAIT failed: {exc}; the events are on the primary")
             for item, result in zip(batch, results, strict=True):
                 _settle(item, short or result)
         except BaseException:

@@ -453,8 +453,22 @@ def shard_hook(
 
     async def hook(shard: int, token: int) -> bool:
         stats = CatchUpStats()
+        sc = _ShardCatchUp(runner, shard, token, typed, stats)
         try:
-            behind = await _ShardCatchUp(runner, shard, token, typed, stats).run(first_pass=True)
+            delivered = await sc.last_delivered()
+            if delivered is None:
+                return False
+            head = await sc.head()
+            summary = await redis.xpending(sc.stream, sub.group)
+            lowest = summary.get("min") if summary.get("pending") else None
+            trimmed_pending = lowest is not None and parse_id(lowest) < head
+            if not trimmed_pending and head <= delivered.next():
+                # nothing the group needs is missing from Redis: the consumer's own recovery
+                # (with its park, control-entry and retry handling) takes it from here
+                return False
+            if trimmed_pending:
+                await sc.pending()
+            behind = await sc.after(delivered, chase=False)
         except _Fenced:
             log.warning("catch-up of shard %d by %s lost its lock", shard, consumer_id)
             return False

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
+import anyio
 import pytest
 import redis
 from pydantic import BaseModel
@@ -30,6 +31,7 @@ def primary_with_replica() -> Iterator[RedisServer]:
         while client.info("replication").get("master_link_status") != "up":
             assert time.monotonic() < deadline, "replica did not sync within 10 s"
             time.sleep(0.05)  # polling another process's state
+        primary.replica_url = replica.url  # type: ignore[attr-defined]
         yield primary
 
 
@@ -59,3 +61,16 @@ async def test_too_few_replicas_is_an_error_not_a_success(
         with pytest.raises(PublishError, match="only 1 of 2 replicas"):
             await bus.publish("notes", Note(text="not replicated enough"), resource_id="n1")
     await bus.aclose()
+
+
+async def test_publishing_to_a_replica_fails_cleanly_instead_of_hanging(
+    primary_with_replica: RedisServer,
+) -> None:
+    replica_url = primary_with_replica.replica_url  # type: ignore[attr-defined]
+    for packed in (True, False):
+        bus = EventBus(Settings(redis_url=replica_url, publish_replicas=1, publish_timeout_s=1))
+        bus.publisher._packed = packed and bus.publisher._packed
+        async with bus:
+            with anyio.fail_after(10), pytest.raises(PublishError):
+                await bus.publish("notes", Note(text="read-only"), resource_id="n1")
+        await bus.aclose()

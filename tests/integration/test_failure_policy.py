@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import pytest
 import redis.asyncio
+from pydantic import BaseModel, field_validator
 from support import Recorder, Tick, running, total_pending, wait_until
 from typer.testing import CliRunner
 
@@ -18,6 +19,15 @@ from eventbus.dlq import DeadLetters
 pytestmark = pytest.mark.anyio
 
 SettingsFactory = Callable[..., Settings]
+
+
+class Strict(BaseModel):
+    code: str
+
+    @field_validator("code", mode="before")
+    @classmethod
+    def upper(cls, v: str) -> str:
+        return v.upper()  # AttributeError for an int: not a pydantic ValidationError
 
 
 def failing_bus(settings: SettingsFactory, broken: set[tuple[str, int]], **sub: object):
@@ -219,3 +229,71 @@ async def _letters_are(dl: DeadLetters, n: int) -> bool:
 
 async def _drained(bus: EventBus, r: redis.asyncio.Redis) -> bool:
     return await total_pending(bus, "orders", "billing", r) == 0
+
+
+async def test_a_validator_raising_any_error_is_dead_lettered_not_a_crash(
+    settings: SettingsFactory, r: redis.asyncio.Redis
+) -> None:
+    bus = EventBus(settings(shards=1))
+    seen: list[str] = []
+
+    @bus.subscriber("codes", group="g")
+    async def handle(event: Strict) -> None:
+        seen.append(event.code)
+
+    stream = bus.keys.stream("codes", 0)
+    async with bus:
+        await bus.publisher.publish_envelope(
+            bus.topic("codes"), _envelope("c1", "Strict", {"code": 7})
+        )
+        await bus.publish("codes", Strict(code="ok"), resource_id="c1")
+    dl = DeadLetters(r, bus.keys, bus.topic("codes"), "g")
+    async with running(bus):
+        await wait_until(lambda: seen == ["OK"])
+        await wait_until(lambda: _letters_are(dl, 1))
+    (letter,) = await dl.letters()
+    assert letter.reason == "undecodable" and "AttributeError" in letter.error
+    assert await r.xpending(stream, "g") == {
+        "pending": 0,
+        "min": None,
+        "max": None,
+        "consumers": [],
+    }
+
+
+async def test_park_holds_with_ack_before_across_consumers(
+    settings: SettingsFactory, r: redis.asyncio.Redis
+) -> None:
+    seen: list[int] = []
+
+    def make() -> EventBus:
+        bus = EventBus(settings(shards=1, max_attempts=1))
+
+        @bus.subscriber("orders", group="g", ack="before", on_failure="park")
+        async def handle(event: Tick) -> None:
+            seen.append(event.seq)
+            if event.seq == 1:
+                raise RuntimeError("boom")
+
+        return bus
+
+    first = make()
+    dl = DeadLetters(r, first.keys, first.topic("orders"), "g")
+    await publish(first, "R", range(1, 2))
+    async with running(first):
+        await wait_until(lambda: _letters_are(dl, 1))
+    assert list(await dl.parked()) == ["R"]
+    second = make()  # a restarted process: it must learn that R is parked
+    await publish(second, "R", range(2, 3))
+    async with running(second):
+        await wait_until(lambda: _letters_are(dl, 2))
+    assert seen == [1]
+    assert [d.reason for d in await dl.letters()] == ["failed", "parked"]
+
+
+def _envelope(rid: str, event_type: str, payload: object) -> object:
+    import time as _time
+
+    from eventbus.codec import Envelope, new_event_id
+
+    return Envelope(rid, event_type, new_event_id(), _time.time_ns() // 1_000_000, {}, payload)
