@@ -10,6 +10,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# uv trusts the system's certificate store (as pip and curl do), not only its built-in roots:
+# networks that inspect TLS add their CA there.
+export UV_NATIVE_TLS="${UV_NATIVE_TLS:-1}"
+
 say() { printf '\033[1m[dev]\033[0m %s\n' "$*" >&2; }
 die() { printf '\033[31m[dev] %s\033[0m\n' "$*" >&2; exit 1; }
 
