@@ -147,24 +147,33 @@ async def _stats(settings: Settings) -> None:
             streams = [keys.stream(topic, s) for s in range(shards)]
             pipe = r.pipeline(transaction=False)
             for st in streams:
-                pipe.xlen(st)
+                pipe.xinfo_stream(st)
                 pipe.xinfo_groups(st)
             replies = await pipe.execute(raise_on_error=False)
-            entries = sum(x for x in replies[0::2] if isinstance(x, int))
-            groups: dict[str, list[int]] = {}
-            for infos in replies[1::2]:
-                for g in infos if isinstance(infos, list) else []:
-                    agg = groups.setdefault(g["name"].decode(), [0, 0])
-                    agg[0] += g.get("lag") or 0
+            entries = 0
+            groups: dict[str, list[int]] = {}  # group -> [lag, pending, estimated]
+            for info, infos in zip(replies[0::2], replies[1::2], strict=True):
+                if not isinstance(info, dict) or not isinstance(infos, list):
+                    continue  # the shard stream does not exist yet
+                entries += info["length"]
+                for g in infos:
+                    agg = groups.setdefault(g["name"].decode(), [0, 0, 0])
+                    # Redis's lag is exact only while it knows the group's entries-read (after
+                    # an AOF reload it estimates): a group that has delivered the stream's last
+                    # ID has no lag, whatever the estimate says.
+                    if g["last-delivered-id"] != info["last-generated-id"]:
+                        agg[0] += g.get("lag") or 0
+                        agg[2] |= g.get("entries-read") is None
                     agg[1] += g["pending"]
             table.add_row(topic, str(shards), str(entries), "", "", "", "", "")
             secs, micros = await r.time()  # liveness deadlines are in Redis server time
             now_ms = secs * 1000 + micros // 1000
-            for g, (lag, pending) in sorted(groups.items()):
+            for g, (lag, pending, estimated) in sorted(groups.items()):
                 live = await r.zcount(keys.members(topic, g), now_ms, "+inf")
                 locks = await r.hgetall(keys.locks(topic, g))
                 held = sum(1 for k in locks if k.isdigit())
-                table.add_row("", "", "", g, str(lag), str(pending), str(live), f"{held}/{shards}")
+                shown = f"~{lag}" if estimated else str(lag)
+                table.add_row("", "", "", g, shown, str(pending), str(live), f"{held}/{shards}")
         Console().print(table)
     finally:
         await bus.aclose()
