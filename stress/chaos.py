@@ -812,6 +812,13 @@ def verdict(plan: Plan, res: dict[str, Any]) -> dict[str, bool]:
     victims = [f for f in res["faults"] if f["kind"] in CONSUMER_FAULTS and f.get("traffic_after")]
     if victims:
         checks["takeover_measured"] = all(f.get("takeover_s") is not None for f in victims)
+    # A SIGKILLed or SIGSTOPped consumer keeps its locks until its liveness expires, at least
+    # TTL - TTL/3 after its last refresh: another consumer starting work on its shards sooner
+    # would mean two owners at once.
+    early = [f for f in victims if f["kind"] in ("kill", "pause")
+             and f.get("takeover_s") is not None and f["takeover_s"] < 0.5 * plan.ttl_s]
+    if victims:
+        checks["no_takeover_before_liveness_expiry"] = not early
     if plan.poison:
         checks["poison_dead_lettered"] = not res["poison_not_dead_lettered"]
         checks["poison_after_max_attempts"] = res["dead_letter_attempts_ok"]

@@ -327,7 +327,8 @@ def stale_token_starts(
 def _takeovers(oks: list[Handling], faults: list[dict[str, Any]]) -> None:
     """Time from a fault on a consumer to the first event another consumer handled on a shard
     the victim held (``takeover_s``), and until that happened on all of them
-    (``takeover_all_s``)."""
+    (``takeover_all_s``). Only handler runs that started after the fault count: one that began
+    before it is a previous owner finishing, not a takeover."""
     by_shard: dict[int, list[Handling]] = defaultdict(list)
     for h in oks:  # already in end_ns order
         by_shard[h.shard].append(h)
@@ -343,7 +344,7 @@ def _takeovers(oks: list[Handling], faults: list[dict[str, Any]]) -> None:
         for s in f["victim_shards"]:
             hs = by_shard.get(s, [])
             i = bisect.bisect_right(ends.get(s, []), f["t_ns"])
-            while i < len(hs) and hs[i].consumer == f["victim"]:
+            while i < len(hs) and (hs[i].consumer == f["victim"] or hs[i].start_ns <= f["t_ns"]):
                 i += 1
             if i < len(hs):
                 firsts.append((hs[i].end_ns - f["t_ns"]) / 1e9)
