@@ -542,6 +542,13 @@ class Chaos:
             victim.popen.send_signal(signal.SIGTERM)
             victim.state = "terming"
             self._after(self.plan.respawn_after_s, self.spawn_consumer)
+        if kind != "term":
+            # Consumers release idle shards every round, so the victim may have let one go
+            # between the snapshot and the signal: keep the shards it held on both sides, read
+            # after a moment in which commands it sent before the signal reach Redis.
+            time.sleep(0.05)
+            fault["victim_shards_before"] = shards
+            fault["victim_shards"] = sorted(set(shards) & set(self._held(cid)))
         return fault
 
     def _redis_restart(self) -> dict[str, Any]:
