@@ -484,10 +484,16 @@ class Chaos:
             action()
 
     def _victim(self) -> Proc | None:
-        """A live consumer with a known ID, if at least one other would be left to take over."""
+        """A live consumer with a known ID, preferably one holding shards (so that there is a
+        takeover to measure), if at least one other would be left to take over."""
         live = [c for c in self.consumers if c.state == "live" and c.popen.poll() is None]
         known = [c for c in live if self.consumer_id(c)]
-        return self.rng.choice(known) if len(live) >= 2 and known else None
+        if len(live) < 2 or not known:
+            return None
+        locks = self._redis(lambda: self.r.hgetall(self.keys.locks(TOPIC, GROUP)))
+        owners = {v.decode() for k, v in locks.items() if b":" not in k}
+        holding = [c for c in known if c.consumer_id in owners]
+        return self.rng.choice(holding or known)
 
     def _held(self, consumer_id: str) -> list[int]:
         locks = self._redis(lambda: self.r.hgetall(self.keys.locks(TOPIC, GROUP)))
