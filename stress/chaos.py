@@ -952,6 +952,7 @@ def main(argv: list[str] | None = None) -> int:
     if plot_path is not None:
         from plot import plot
 
+        plot_path.parent.mkdir(parents=True, exist_ok=True)
         plot(res, plot_path)
     print(summary(res))
     print(f"  ledgers checked in {checked_s:.1f} s")
