@@ -60,6 +60,9 @@ class Settings(BaseSettings):
     read_count: int = Field(200, ge=1, description="COUNT of one XREADGROUP.")
     block_min_ms: int = Field(10, ge=1, description="Shortest XREADGROUP BLOCK when idle.")
     block_max_ms: int = Field(1000, ge=1, description="Longest XREADGROUP BLOCK when idle.")
+    idle_release_ms: int = Field(
+        500, ge=0, description="A held shard idle this long is released for others to take."
+    )
     max_in_flight: int = Field(2000, ge=1, description="Entries read but not yet acked, at most.")
     concurrency: int = Field(64, ge=1, description="Handlers running at once, at most.")
     max_attempts: int = Field(5, ge=1, description="Handler attempts before dead-lettering.")

@@ -16,9 +16,9 @@ The life of a round (`Consumer._round`):
    dead-letter stream, and with ``on_failure="park"`` the resource is parked (see `eventbus.dlq`).
 4. ``XACK`` runs after the handler succeeded (at-least-once), batched per stream. With
    ``ack="before"`` entries are read with NOACK instead (at-most-once).
-5. Shards that returned nothing and have nothing in flight are released at once
-   (``unlock_shards.lua``), and shards above the fair share stop being read and are released as
-   soon as their in-flight entries are acked, so a newcomer gets work within a round.
+5. Shards that have been idle (nothing read, nothing in flight) for `idle_release_ms` are
+   released (``unlock_shards.lua``), and shards above the fair share stop being read and are
+   released as soon as their in-flight entries are acked, so a newcomer gets work within a round.
 
 Fencing: the consumer trusts its locks only until its *lease* runs out, ``lease_s`` after the
 send time of the last confirmed liveness refresh (0.8 x the liveness TTL, which Redis counts from
@@ -145,6 +145,7 @@ class _Shard:
     generation: int
     in_flight: int = 0
     draining: bool = False  # above the fair share: no more reads, release when in_flight == 0
+    idle_since: float | None = None  # monotonic time of the first empty read in a row
 
 
 @dataclass(slots=True)
@@ -453,11 +454,21 @@ class Consumer:
             got = await self._read(readable, min(block_ms, lease_ms))
         else:  # nothing to read (all held shards draining, or none held): wait a poll
             await anyio.sleep(block_ms / 1000)
-        idle = [
-            sh.shard
-            for sh in self._held.values()
-            if sh.in_flight == 0 and (sh.draining or sh.shard not in got)
-        ]
+        # A shard is released once it has been idle (no entry read, none in flight) for
+        # `idle_release_ms`, or as soon as it is drained above the fair share. Releasing after a
+        # single empty read made locks change owner about once per 1.5 events at 2,000
+        # events/s (a lock, an unlock, a token and an XAUTOCLAIM each time).
+        now = time.monotonic()
+        idle_s = self.settings.idle_release_ms / 1000
+        idle = []
+        for sh in self._held.values():
+            if sh.shard in got or sh.in_flight:
+                sh.idle_since = None
+                continue
+            if sh.idle_since is None:
+                sh.idle_since = now
+            if sh.draining or now - sh.idle_since >= idle_s:
+                idle.append(sh.shard)
         if idle:
             await self._release(idle)
         return bool(got)
