@@ -187,9 +187,12 @@ class DeadLetters:
         return letters
 
 
+_CONTROL_PREFIX_BYTES = CONTROL_PREFIX.encode()
+
+
 def is_control(fields: dict[bytes, bytes]) -> bool:
     """Whether a stream entry is a control entry (never given to handlers)."""
-    return fields.get(F_TYPE, b"").startswith(CONTROL_PREFIX.encode())
+    return fields.get(F_TYPE, b"").startswith(_CONTROL_PREFIX_BYTES)
 
 
 __all__ = [
