@@ -52,7 +52,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from eventbus.codec import F_DATA, F_RESOURCE, F_TYPE, Envelope, decode_entry
 from eventbus.config import Settings
-from eventbus.dlq import DROP, DeadLetter, is_control
+from eventbus.dlq import DROP, DeadLetter, dead_letter_fields, is_control
 from eventbus.errors import DecodeError, UnknownEventType
 from eventbus.keys import Keys
 from eventbus.metrics import METRICS
@@ -832,20 +832,17 @@ class Consumer:
         None (item let go, unacked) if the shard was lost meanwhile. Does not ack: an entry is
         acked only after its dead-letter record exists.
         """
-        fields = {
-            b"topic": self.topic.name.encode(),
-            b"group": self.group.encode(),
-            b"shard": str(item.shard.shard).encode(),
-            b"entry_id": item.entry_id,
-            b"reason": reason.encode(),
-            b"error_type": type(exc).__name__.encode() if exc else b"",
-            b"error": str(exc).encode()[:4096] if exc else b"resource is parked",
-            b"attempts": str(attempts).encode(),
-            b"failed_at_ms": str(time.time_ns() // 1_000_000).encode(),
-        }
-        for name in (F_RESOURCE, F_TYPE, F_DATA):
-            if name in item.fields:
-                fields[b"orig_" + name] = item.fields[name]
+        original = {n: item.fields[n] for n in (F_RESOURCE, F_TYPE, F_DATA) if n in item.fields}
+        fields = dead_letter_fields(
+            topic=self.topic.name,
+            group=self.group,
+            shard=item.shard.shard,
+            entry_id=item.entry_id,
+            reason=reason,
+            exc=exc,
+            attempts=attempts,
+            original=original,
+        )
         delay = self.settings.retry_base_s
         while True:
             if not await self._await_lease(item):

@@ -83,6 +83,35 @@ class DeadLetter:
         return {k[len(prefix) :]: v for k, v in self.fields.items() if k.startswith(prefix)}
 
 
+def dead_letter_fields(
+    *,
+    topic: str,
+    group: str,
+    shard: int,
+    entry_id: bytes | str,
+    reason: str,
+    exc: BaseException | None,
+    attempts: int,
+    original: dict[bytes, bytes],
+) -> dict[bytes, bytes]:
+    """The fields of a dead-letter entry (see the table above); `original` is the entry's own
+    field map, kept as ``orig_<name>``. The error message is cut to 4 KiB."""
+    fields = {
+        b"topic": topic.encode(),
+        b"group": group.encode(),
+        b"shard": str(shard).encode(),
+        b"entry_id": entry_id if isinstance(entry_id, bytes) else entry_id.encode(),
+        b"reason": reason.encode(),
+        b"error_type": type(exc).__name__.encode() if exc else b"",
+        b"error": str(exc).encode()[:4096] if exc else b"resource is parked",
+        b"attempts": str(attempts).encode(),
+        b"failed_at_ms": str(time.time_ns() // 1_000_000).encode(),
+    }
+    for name, value in original.items():
+        fields[b"orig_" + name] = value
+    return fields
+
+
 def control_entry(kind: str, resource_id: str, group: str) -> dict[bytes, bytes]:
     """Fields of a control entry asking `group`'s consumer to unpark or drop `resource_id`."""
     env = Envelope(
@@ -201,5 +230,6 @@ __all__ = [
     "DeadLetter",
     "DeadLetters",
     "control_entry",
+    "dead_letter_fields",
     "is_control",
 ]

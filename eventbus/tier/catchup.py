@@ -41,6 +41,7 @@ from redis.exceptions import ResponseError
 from eventbus.codec import F_DATA, F_RESOURCE, F_TYPE
 from eventbus.config import Settings
 from eventbus.consumer import Context, Subscription, new_consumer_id
+from eventbus.dlq import dead_letter_fields
 from eventbus.errors import ConfigError, DecodeError
 from eventbus.keys import Keys
 from eventbus.scripts import Scripts
@@ -542,19 +543,17 @@ class _TypedHandler:
             entry.shard,
             exc,
         )
-        fields = {
-            b"topic": entry.topic.encode(),
-            b"group": self.sub.group.encode(),
-            b"shard": str(entry.shard).encode(),
-            b"entry_id": str(entry.entry_id).encode(),
-            b"error_type": type(exc).__name__.encode(),
-            b"error": str(exc).encode()[:4096],
-            b"attempts": str(attempts).encode(),
-            b"failed_at_ms": str(time.time_ns() // 1_000_000).encode(),
-            b"segment": entry.segment.encode(),
-        }
-        for name, value in entry.fields().items():
-            fields[b"orig_" + name] = value
+        fields = dead_letter_fields(
+            topic=entry.topic,
+            group=self.sub.group,
+            shard=entry.shard,
+            entry_id=str(entry.entry_id),
+            reason="undecodable" if isinstance(exc, DecodeError) else "failed",
+            exc=exc,
+            attempts=attempts,
+            original=entry.fields(),
+        )
+        fields[b"segment"] = entry.segment.encode()
         await self.runner.redis.xadd(
             self.runner.keys.dead_letter(entry.topic, self.sub.group),
             fields,
