@@ -40,7 +40,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from eventbus.codec import F_DATA, F_RESOURCE, F_TYPE, Envelope, encode_entry, envelope_of
+from eventbus.codec import Envelope, encode_entry, encoded_size, envelope_of
 from eventbus.config import Settings
 from eventbus.errors import ConfigError, PayloadTooLarge, PublishError
 from eventbus.keys import Keys
@@ -113,7 +113,7 @@ class Publisher:
         if not isinstance(rid, str) or not rid:
             raise ConfigError(f"resource_id must be a non-empty string, got {rid!r}")
         fields = encode_entry(envelope, compress_threshold=self._settings.compress_threshold_bytes)
-        size = len(fields[F_RESOURCE]) + len(fields[F_TYPE]) + len(fields[F_DATA])
+        size = encoded_size(fields)
         if size > self._settings.max_payload_bytes:
             raise PayloadTooLarge(topic.name, size, self._settings.max_payload_bytes)
         return self._stream(topic, envelope.resource_id), fields
