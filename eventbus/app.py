@@ -118,9 +118,9 @@ class EventBus:
     ) -> TopicConfig:
         """Declare (or look up) a topic. Unset values come from the settings.
 
-        Raises `ConfigError` when the topic was already declared with other values.
+        Raises `ConfigError` when the topic was already declared with other values, or for an
+        invalid name (checked by `TopicConfig` when the topic is first seen, not on every call).
         """
-        check_name("topic", name)
         existing = self._topics.get(name)
         if existing is not None:
             if (shards is not None and shards != existing.shards) or (

@@ -375,15 +375,7 @@ class Consumer:
                 # forget the shards, so the next round re-claims their PEL in order first.
                 self._drop_all(f"connection error during a round: {exc}", lease=False)
                 failures += 1
-                delay = min(self.settings.retry_max_s, 0.05 * 2**failures)
-                log.warning(
-                    "consumer %s: Redis unavailable (%s); retry in %.2f s",
-                    self.consumer_id,
-                    exc,
-                    delay,
-                )
-                with anyio.move_on_after(delay):
-                    await stop.wait()
+                await self._back_off(stop, failures, "Redis unavailable", exc, logging.WARNING)
                 continue
             except ResponseError as exc:
                 failures += 1
@@ -394,19 +386,21 @@ class Consumer:
                     with contextlib.suppress(*_RETRYABLE):
                         await self._ensure_groups()
                     continue
-                delay = min(self.settings.retry_max_s, 0.05 * 2**failures)
-                log.error(
-                    "consumer %s: Redis refused a command (%s); retry in %.2f s",
-                    self.consumer_id,
-                    exc,
-                    delay,
-                )
-                with anyio.move_on_after(delay):
-                    await stop.wait()
+                await self._back_off(stop, failures, "Redis refused a command", exc, logging.ERROR)
                 continue
             block = (
                 self.settings.block_min_ms if got else min(block * 2, self.settings.block_max_ms)
             )
+
+    async def _back_off(
+        self, stop: anyio.Event, failures: int, what: str, exc: Exception, level: int
+    ) -> None:
+        """Log a failed round and wait 0.05 s x 2^failures (at most `retry_max_s`), or until
+        `stop` is set."""
+        delay = min(self.settings.retry_max_s, 0.05 * 2**failures)
+        log.log(level, "consumer %s: %s (%s); retry in %.2f s", self.consumer_id, what, exc, delay)
+        with anyio.move_on_after(delay):
+            await stop.wait()
 
     async def _round(self, block_ms: int) -> bool:
         """One lock/recover/read/release round. Returns whether any entry was read."""
