@@ -1,8 +1,7 @@
 """The ``eventbus`` command (typer + rich).
 
-``run`` runs a service's subscribers; ``stats``, ``tail`` and ``publish`` are operator tools;
-``demo flights`` is the end-to-end flights pipeline; ``offload`` and ``replay`` drive the
-durable tier. Every command reads the same settings as the library (``EVENTBUS_*``,
+``run`` runs a service's subscribers; ``stats``, ``tail``, ``publish`` and ``dlq`` are operator
+tools; ``offload`` and ``replay`` drive the durable tier. Every command reads the same settings as the library (``EVENTBUS_*``,
 ``REDIS_URL``), with ``--redis-url`` as an override.
 """
 
@@ -39,8 +38,6 @@ T = TypeVar("T")
 _USER_ERRORS = (EventBusError, RedisError, OSError, ValidationError)
 
 app = typer.Typer(no_args_is_help=True, help="Event-driven microservices on Redis Streams.")
-demo_app = typer.Typer(no_args_is_help=True, help="End-to-end demonstrations on real data.")
-app.add_typer(demo_app, name="demo")
 console = Console(stderr=True)
 
 RedisUrl = Annotated[
@@ -357,19 +354,13 @@ def dlq_drop(
 
 
 def _register_optional() -> None:
-    """Commands living in their own modules (demo, durable tier), registered when importable."""
-    for module, name in (
-        ("eventbus.demo.flights", "flights"),
-        ("eventbus.tier.cli", None),
-    ):
-        try:
-            mod = importlib.import_module(module)
-        except ImportError:
-            continue
-        if name:
-            demo_app.command(name)(mod.main)
-        else:
-            mod.register(app)
+    """Commands living in modules with optional dependencies (the durable tier), registered when
+    importable."""
+    try:
+        mod = importlib.import_module("eventbus.tier.cli")
+    except ImportError:
+        return
+    mod.register(app)
 
 
 _register_optional()

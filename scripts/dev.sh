@@ -2,7 +2,7 @@
 # One entry point for a fresh Debian machine with Python 3.11: installs what is missing
 # (redis-server from Debian's packages, uv, the locked Python dependencies in .venv), then runs.
 #
-#   ./scripts/dev.sh flights [ARGS]   the main job: `eventbus demo flights` on embedded defaults
+#   ./scripts/dev.sh flights [ARGS]   the main job: `python -m examples.flights` on embedded defaults
 #   ./scripts/dev.sh test [ARGS]      the whole test suite (pytest ARGS)
 #   ./scripts/dev.sh bench [ARGS]     the throughput/latency benchmark (stress/bench.py)
 #   ./scripts/dev.sh stress [ARGS]    the chaos harness (stress/chaos.py)
@@ -48,6 +48,15 @@ ensure_redis() {
     || die "redis-server is missing: apt-get install redis-server, or set REDIS_URL"
 }
 
+# Spark (eventbus.spark, the flights job's last step, its tests) runs on a JVM: Debian's headless
+# JRE when no `java` is on PATH.
+ensure_java() {
+  command -v java >/dev/null && return
+  apt_install default-jre-headless \
+    || die "java is missing and could not be installed: apt-get install default-jre-headless"
+  command -v java >/dev/null || die "java is still missing after installing default-jre-headless"
+}
+
 UV=""
 ensure_uv() {
   if command -v uv >/dev/null; then UV=uv; return; fi
@@ -72,13 +81,13 @@ ensure_venv() {
   "$UV" sync --frozen --all-extras --group dev --python "$py" --quiet
 }
 
-setup() { ensure_redis; ensure_venv; }
+setup() { ensure_redis; ensure_java; ensure_venv; }
 
 cmd=${1:-}
 [ $# -gt 0 ] && shift
 case "$cmd" in
   setup) setup ;;
-  flights) setup; exec .venv/bin/eventbus demo flights "$@" ;;
+  flights) setup; exec .venv/bin/python -m examples.flights "$@" ;;
   test) setup; exec .venv/bin/pytest "$@" ;;
   bench) setup; exec .venv/bin/python stress/bench.py "$@" ;;
   stress) setup; exec .venv/bin/python stress/chaos.py "$@" ;;

@@ -35,7 +35,7 @@ import redis.asyncio as aioredis
 from pydantic import BaseModel
 
 from eventbus import Context, EventBus, Settings
-from eventbus.server import RedisServer, redis_binary
+from eventbus.testing.server import RedisServer, redis_binary
 
 PAYLOAD_CHARS = 150  # with the envelope (ID, time, headers) an entry is ~200 bytes
 SHARDS = 16

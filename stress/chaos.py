@@ -68,7 +68,7 @@ from eventbus import Context, EventBus, PublishError, Settings
 from eventbus.codec import F_DATA, F_RESOURCE, F_TYPE, decode_entry
 from eventbus.errors import DecodeError
 from eventbus.keys import Keys
-from eventbus.server import RedisServer, redis_binary
+from eventbus.testing.server import RedisServer, redis_binary
 
 HERE = Path(__file__).resolve().parent
 TOPIC, GROUP, SHARDS = "chaos", "ledger", 16

@@ -36,7 +36,7 @@ import anyio
 from pydantic import BaseModel
 
 from eventbus import EventBus, Settings
-from eventbus.server import RedisServer, free_port
+from eventbus.testing.server import RedisServer, free_port
 
 
 class Synthetic(BaseModel):
@@ -104,7 +104,7 @@ def events(args: argparse.Namespace) -> tuple[list[tuple[str, BaseModel]], list[
             for i in range(args.synthetic)
         ]
         return out, [Synthetic]
-    from eventbus.demo.flightdata import Flight, load_flights
+    from examples.flights.flightdata import Flight, load_flights
 
     rows = load_flights(limit=args.events)
     return [(row.plane, row.event()) for row in rows], [Flight]

@@ -5,7 +5,7 @@ Redis for integration tests, in order of preference:
 1. ``REDIS_URL`` from the environment: an existing server. Tests FLUSHDB it, so point it at a
    throw-away database.
 2. testcontainers' ``redis:7`` image, when a Docker engine answers.
-3. A private ``redis-server`` on a free loopback port (`eventbus.server.RedisServer`).
+3. A private ``redis-server`` on a free loopback port (`eventbus.testing.server.RedisServer`).
 
 The server is started once per session; each test gets a flushed database. The 3-node Redis
 Cluster (`redis_cluster`) is started only by the tests that ask for it.
@@ -22,7 +22,7 @@ import redis
 import redis.asyncio
 
 from eventbus.config import Settings
-from eventbus.server import RedisCluster, RedisServer
+from eventbus.testing.server import RedisCluster, RedisServer
 
 
 @pytest.fixture(scope="session")

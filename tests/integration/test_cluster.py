@@ -13,7 +13,7 @@ from support import Recorder, Tick, running, wait_until
 
 from eventbus import Context, EventBus, Settings, ShardCountMismatch, shard_of
 from eventbus.app import connect
-from eventbus.server import RedisCluster
+from eventbus.testing.server import RedisCluster
 
 pytestmark = pytest.mark.anyio
 

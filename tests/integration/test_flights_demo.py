@@ -1,4 +1,4 @@
-"""``eventbus demo flights --limit 5000`` end to end: the real command in a subprocess, with its
+"""``python -m examples.flights --limit 5000`` end to end: the real command in a subprocess, with its
 own private redis-server (no REDIS_URL), its consumer processes, and its JSON summary."""
 
 from __future__ import annotations
@@ -23,9 +23,7 @@ def test_flights_demo_small_run(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "eventbus.cli",
-            "demo",
-            "flights",
+            "examples.flights",
             "--limit",
             str(LIMIT),
             "--summary-json",
@@ -33,6 +31,7 @@ def test_flights_demo_small_run(tmp_path: Path) -> None:
             "--no-progress",
         ],
         env=env,
+        cwd=Path(__file__).resolve().parents[2],  # `python -m examples.flights` from the root
         capture_output=True,
         text=True,
         timeout=240,

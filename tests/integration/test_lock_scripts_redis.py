@@ -11,7 +11,7 @@ import redis.asyncio
 from redis.asyncio.cluster import RedisCluster as ClusterClient
 from unit.lock_script_cases import LockScriptCases
 
-from eventbus.server import RedisCluster
+from eventbus.testing.server import RedisCluster
 
 
 class TestLockScriptsOnRedis(LockScriptCases):

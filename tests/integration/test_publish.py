@@ -28,7 +28,7 @@ from eventbus import (
     shard_of,
 )
 from eventbus.codec import F_RESOURCE, F_TYPE, decode_entry
-from eventbus.server import RedisServer
+from eventbus.testing.server import RedisServer
 
 pytestmark = pytest.mark.anyio
 

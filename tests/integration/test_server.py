@@ -1,4 +1,4 @@
-"""`eventbus.server.RedisServer`, as far as the fixtures rely on it."""
+"""`eventbus.testing.server.RedisServer`, as far as the fixtures rely on it."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import redis
 
 from eventbus.errors import EventBusError
-from eventbus.server import RedisServer, free_port
+from eventbus.testing.server import RedisServer, free_port
 
 
 def test_server_starts_answers_and_stops() -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 
 from eventbus.app import EventBus
-from eventbus.demo.flightdata import CarrierStats, Flight, aggregates_match
+from examples.flights.flightdata import CarrierStats, Flight, aggregates_match
 
 
 async def archive_and_replay(

@@ -1,6 +1,6 @@
 """Start a private ``redis-server`` (or a small Redis Cluster) on free loopback ports.
 
-Used by ``eventbus demo flights`` when no ``REDIS_URL`` is set, by the test fixtures and by the
+Used by ``python -m examples.flights`` when no ``REDIS_URL`` is set, by the test fixtures and by the
 benchmarks. Needs the ``redis-server`` binary (Debian package ``redis-server``) on PATH.
 """
 

@@ -1,4 +1,4 @@
-"""The consumer processes of the flights demo: ``python -m eventbus.demo.workers '<config JSON>'``
+"""The consumer processes of the flights demo: ``python -m examples.flights.workers '<config JSON>'``
 with a pipe from the parent as stdin (the worker stops when it closes).
 
 Each process runs one `EventBus` with one subscriber, in one of two consumer groups:
@@ -36,9 +36,9 @@ from redis.exceptions import RedisError
 from eventbus.app import EventBus
 from eventbus.config import Settings
 from eventbus.consumer import Context
-from eventbus.demo.flightdata import Flight
+from examples.flights.flightdata import Flight
 
-log = logging.getLogger("eventbus.demo")
+log = logging.getLogger("examples.flights")
 
 ORDER_GROUP = "order-check"
 AGGREGATE_GROUP = "aggregate"

