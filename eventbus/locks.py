@@ -1,0 +1,123 @@
+"""The one client of the lock protocol: shard locks and liveness of one (topic, group) member.
+
+Consumers, the offloader (group ``_offloader``) and catch-up all take shard locks through
+`LockClient`, which calls the Lua scripts ``lock_shards``, ``unlock_shards`` and ``heartbeat``
+(``lua/*.lua``; docs/protocol.md is the spec) and parses their replies into typed values.
+
+A member is live while its score in the group's members sorted set (a deadline in Redis server
+time) lies in the future. ``lock_shards`` refreshes that deadline, takes locks that are free, held
+by a member whose liveness expired, or already held by the caller, up to the fair share
+``ceil(shards / live members)``, and increments a lock's fencing token on every change of owner.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any
+
+from eventbus.keys import Keys
+from eventbus.scripts import Scripts
+
+
+class LockState(IntEnum):
+    """How the caller came to hold a lock (the third field of each ``lock_shards`` triple)."""
+
+    HELD = 0
+    """The caller already held it before this call."""
+    TAKEN_FREE = 1
+    """The lock was free: nobody held it (a previous owner may have left entries pending)."""
+    TAKEN_FROM_DEAD = 2
+    """The previous owner's liveness had expired: it crashed, hung or was partitioned away."""
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """A shard lock the caller holds, with its fencing token (grows on every change of owner)."""
+
+    shard: int
+    token: int
+    state: LockState
+
+    @property
+    def is_new(self) -> bool:
+        """The lock changed owner in this call: recover the shard's pending entries first."""
+        return self.state is not LockState.HELD
+
+
+@dataclass(frozen=True, slots=True)
+class LockRound:
+    """The reply of one `LockClient.acquire`.
+
+    `share` is the fair share ceil(shards / live members); `grants` maps each shard the caller
+    holds after the call (including locks held before it, even above the share) to its `Grant`;
+    `sent_at` is the `time.monotonic()` at which the request was sent, the earliest instant the
+    refreshed liveness can count from (so the start of a lease).
+    """
+
+    share: int
+    grants: dict[int, Grant]
+    sent_at: float
+
+
+class LockClient:
+    """Lock protocol client for member `member_id` of (`topic`, `group`).
+
+    :param redis: a `redis.asyncio.Redis` or `RedisCluster` client (the scripts' keys share one
+        hashtag, so they run on one node of a Cluster)
+    :param shards: the topic's shard count (for the fair share)
+    :param liveness_ttl_s: how long (seconds) after a refresh the member counts as live
+    """
+
+    def __init__(
+        self,
+        redis: Any,
+        keys: Keys,
+        topic: str,
+        group: str,
+        member_id: str,
+        *,
+        shards: int,
+        liveness_ttl_s: float,
+        scripts: Scripts | None = None,
+    ) -> None:
+        self.member_id = member_id
+        self.shards = shards
+        self._ttl_ms = int(liveness_ttl_s * 1000)
+        self._scripts = scripts or Scripts.register(redis)
+        self._keys = [keys.members(topic, group), keys.locks(topic, group)]
+
+    async def acquire(self, candidates: Sequence[int]) -> LockRound:
+        """Refresh liveness and take free or expired locks among `candidates` (in order of
+        preference) up to the fair share; report every lock held after the call.
+
+        Raises `redis.exceptions.RedisError` (or `OSError`) as the client does; a reply lost with
+        the connection may still have taken locks, which the next call reports as held.
+        """
+        sent_at = time.monotonic()
+        reply = await self._scripts.lock_shards(
+            keys=self._keys, args=[self.member_id, self._ttl_ms, self.shards, *candidates]
+        )
+        grants = {
+            int(s): Grant(int(s), int(token), LockState(int(state)))
+            for s, token, state in reply[1:]
+        }
+        return LockRound(int(reply[0]), grants, sent_at)
+
+    async def release(self, shards: Iterable[int], *, leave: bool = False) -> list[int]:
+        """Release the locks of `shards` this member holds (others' are left alone); with
+        `leave`, also drop out of the live members, so others count the fair share without it
+        at once. Returns the shards released. Fencing tokens are kept: they only grow."""
+        released = await self._scripts.unlock_shards(
+            keys=self._keys, args=[self.member_id, int(leave), *shards]
+        )
+        return [int(s) for s in released]
+
+    async def heartbeat(self) -> bool:
+        """Refresh liveness. Returns whether the member was still live before this refresh;
+        False means its locks may have been taken: drop them and re-lock."""
+        return bool(
+            await self._scripts.heartbeat(keys=self._keys[:1], args=[self.member_id, self._ttl_ms])
+        )

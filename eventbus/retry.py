@@ -1,0 +1,51 @@
+"""Retrying Redis operations: one backoff value, one retry function.
+
+Backoff is redis-py's `EqualJitterBackoff` (the delay after failure n is uniform in
+[t/2, t] with t = min(cap, base * 2**n)), and retrying is redis-py's asyncio `Retry`: no
+hand-written retry loops around Redis calls. The handler's own retries are a different thing
+(a timer driven by the subscriber's `RetryPolicy`, so the resource's queue does not hold a worker).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from redis.asyncio.retry import Retry
+from redis.backoff import EqualJitterBackoff
+from redis.exceptions import RedisError
+
+T = TypeVar("T")
+
+REDIS_ERRORS: tuple[type[Exception], ...] = (RedisError, OSError)
+"""What a Redis call can raise: connection errors and error replies (OOM, READONLY, LOADING...)."""
+
+log = logging.getLogger("eventbus.retry")
+
+
+def backoff(base_s: float, cap_s: float) -> EqualJitterBackoff:
+    """Equal-jitter exponential backoff; `base_s` and `cap_s` in seconds."""
+    return EqualJitterBackoff(cap=cap_s, base=base_s)
+
+
+def forever(base_s: float, cap_s: float) -> Retry:
+    """A `Retry` that retries every Redis error (and `OSError`) without limit."""
+    return Retry(backoff(base_s, cap_s), retries=-1, supported_errors=REDIS_ERRORS)  # type: ignore[arg-type]
+
+
+async def call(
+    retry: Retry,
+    what: str,
+    do: Callable[[], Awaitable[T]],
+    *,
+    logger: logging.Logger = log,
+) -> T:
+    """``await do()`` until it succeeds or `retry` gives up (then its last error is raised),
+    logging each failure at WARNING with `what` and the server's reason. Cancellation (shutdown,
+    a timeout scope) ends the wait at once."""
+
+    async def fail(error: Exception) -> None:
+        logger.warning("%s failed (%s: %s); retrying", what, type(error).__name__, error)
+
+    return await retry.call_with_retry(do, fail)
