@@ -12,7 +12,10 @@ by a member whose liveness expired, or already held by the caller, up to the fai
 
 from __future__ import annotations
 
+import os
+import socket
 import time
+import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
@@ -20,6 +23,11 @@ from typing import Any
 
 from eventbus.keys import Keys
 from eventbus.scripts import Scripts
+
+
+def new_member_id() -> str:
+    """A member ID unique across machines and restarts: ``<host>-<pid>-<8 hex digits>``."""
+    return f"{socket.gethostname()[:40]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
 class LockState(IntEnum):

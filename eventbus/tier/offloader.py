@@ -2,8 +2,8 @@
 
 The life of a shard under one offloader (docs/tier.md states the protocol and its safety):
 
-1. **Lock.** Each round ``lock_shards.lua`` refreshes the offloader's liveness and takes shard
-   locks of the special group ``_offloader`` (`OFFLOADER_GROUP`), up to the fair share
+1. **Lock.** Each round `eventbus.locks.LockClient` refreshes the offloader's liveness and takes
+   shard locks of the special group ``_offloader`` (`OFFLOADER_GROUP`), up to the fair share
    ``ceil(shards / live offloaders)``; surplus locks are released at once, so several
    offloaders split a topic's shards. A lock comes with a fencing token.
 2. **Recover** (when a lock is newly taken). A pending *intent* left in the checkpoint hash
@@ -35,13 +35,13 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from eventbus import retry
 from eventbus.config import Settings
-from eventbus.consumer import new_consumer_id
 from eventbus.keys import Keys
+from eventbus.locks import Grant, LockClient, new_member_id
+from eventbus.retry import REDIS_ERRORS
 from eventbus.scripts import Scripts
 from eventbus.tier.checkpoint import Checkpoints, Intent
 from eventbus.tier.errors import CorruptSegment, StoreError
@@ -55,7 +55,9 @@ from eventbus.tier.store import Store, get_bytes, list_segments, put_create
 
 log = logging.getLogger("eventbus.tier")
 
-_TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError, StoreError)
+# A shard's step failing with these is logged and retried on the next round; the other shards
+# go on meanwhile.
+_TRANSIENT: tuple[type[Exception], ...] = (*REDIS_ERRORS, StoreError)
 _MAX_SEGMENTS_PER_ROUND = 8  # per shard, so one backlog does not starve the other shards
 SHARD_CONCURRENCY = 4  # shards of a topic worked on at once by one offloader
 
@@ -84,11 +86,10 @@ class OffloadStats:
 
 @dataclass
 class _Shard:
-    """Local state of a held offloader lock; dropped with the lock."""
+    """The offload state of a held shard lock (`grant`); dropped with the lock."""
 
-    shard: int
+    grant: Grant
     stream: str
-    token: int
     checkpoint: EntryId | None = None
     count: int = 0  # entries accounted for (archived + recorded lost)
     buffer: list[RawEntry] = field(default_factory=list)
@@ -96,6 +97,14 @@ class _Shard:
     read_to: EntryId | None = None  # last entry read into the buffer (or the checkpoint)
     recovered: bool = False
     gaps_seen: set[str] = field(default_factory=set)
+
+    @property
+    def shard(self) -> int:
+        return self.grant.shard
+
+    @property
+    def token(self) -> int:
+        return self.grant.token
 
     def reset_to(self, checkpoint: EntryId | None, count: int) -> None:
         self.checkpoint, self.count = checkpoint, count
@@ -120,38 +129,41 @@ class _TopicOffloader:
         self.topic = topic
         self.shards = shards
         self.checkpoints = Checkpoints(owner.redis, owner.keys, topic)
-        self.members = owner.keys.members(topic, OFFLOADER_GROUP)
-        self.locks = owner.keys.locks(topic, OFFLOADER_GROUP)
+        self.locks = LockClient(
+            owner.redis,
+            owner.keys,
+            topic,
+            OFFLOADER_GROUP,
+            owner.consumer_id,
+            shards=shards,
+            liveness_ttl_s=owner.settings.liveness_ttl_s,
+            scripts=owner.scripts,
+        )
         self.held: dict[int, _Shard] = {}
         self.rotation = random.randrange(shards)
 
     # -- locks ----------------------------------------------------------------------------------
     async def lock(self) -> None:
-        o = self.o
+        """Take this round's locks (starting the preference order one shard further each round,
+        so offloaders do not all want the same shards first) and release any surplus at once,
+        the shards with the smallest buffers first."""
         order = [(self.rotation + i) % self.shards for i in range(self.shards)]
         self.rotation = (self.rotation + 1) % self.shards
-        reply = await o.scripts.lock_shards(
-            keys=[self.members, self.locks],
-            args=[o.consumer_id, int(o.settings.liveness_ttl_s * 1000), self.shards, *order],
-        )
-        share = int(reply[0])
-        now = {int(s): (int(tok), int(state)) for s, tok, state in reply[1:]}
-        for s in [s for s in self.held if s not in now]:
-            log.warning("offloader %s lost %s shard %d", o.consumer_id, self.topic, s)
+        got = await self.locks.acquire(order)
+        for s in [s for s in self.held if s not in got.grants]:
+            log.warning("offloader %s lost %s shard %d", self.o.consumer_id, self.topic, s)
             del self.held[s]
-        for s, (token, state) in now.items():
+        for s, grant in got.grants.items():
             local = self.held.get(s)
-            if local is None or state != 0 or local.token != token:
-                self.held[s] = _Shard(s, o.keys.stream(self.topic, s), token)
-        surplus = len(self.held) - share
+            if local is None or grant.is_new or local.token != grant.token:
+                self.held[s] = _Shard(grant, self.o.keys.stream(self.topic, s))
+        surplus = len(self.held) - got.share
         if surplus > 0:
             idle = sorted(self.held.values(), key=lambda sh: len(sh.buffer))[:surplus]
             await self.release([sh.shard for sh in idle])
 
     async def release(self, shards: list[int], leave: bool = False) -> None:
-        await self.o.scripts.unlock_shards(
-            keys=[self.members, self.locks], args=[self.o.consumer_id, int(leave), *shards]
-        )
+        await self.locks.release(shards, leave=leave)
         for s in shards:
             self.held.pop(s, None)
 
@@ -435,7 +447,10 @@ class Offloader:
         self.tier = tier or TierSettings()  # type: ignore[call-arg,unused-ignore]
         self.keys = Keys(self.settings.key_prefix, self.settings.hashtag)
         self.scripts = Scripts.register(redis)
-        self.consumer_id = consumer_id or f"offloader-{new_consumer_id()}"
+        self.consumer_id = consumer_id or f"offloader-{new_member_id()}"
+        # Failed rounds (Redis unavailable) are retried after 0.1 s doubling up to one poll
+        # interval, so an outage costs no more polls than idling, and recovery is noticed soon.
+        self._retry = retry.forever(self.settings.retry_base_s, self.tier.poll_interval_s)
         self.stats = OffloadStats()
         self._topic_names = list(topics) if topics is not None else None
         self._topics: dict[str, _TopicOffloader] = {}
@@ -473,15 +488,18 @@ class Offloader:
         """Offload until `stop` is set, then release every lock and leave (graceful shutdown:
         buffered, unwritten entries simply stay in Redis for the next owner)."""
         log.info("offloader %s starts", self.consumer_id)
+        what = f"offloader {self.consumer_id}: round"
+
+        async def round_unless_stopped() -> bool:
+            return False if stop.is_set() else await self.round()
+
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._heartbeat_loop)
                 while not stop.is_set():
-                    try:
-                        busy = await self.round()
-                    except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-                        log.warning("offloader %s: Redis unavailable (%s)", self.consumer_id, exc)
-                        busy = False
+                    # Redis errors are retried with backoff (capped at one poll interval, so a
+                    # stop during an outage is noticed within that)
+                    busy = await retry.call(self._retry, what, round_unless_stopped, logger=log)
                     if not busy:
                         with anyio.move_on_after(self.tier.poll_interval_s):
                             await stop.wait()
@@ -495,19 +513,19 @@ class Offloader:
         for t in self._topics.values():
             try:
                 await t.release(list(t.held), leave=True)
-            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            except REDIS_ERRORS as exc:  # no retry: their liveness lapses after the TTL anyway
                 log.error("offloader %s could not release its locks: %s", self.consumer_id, exc)
 
     async def _heartbeat_loop(self) -> None:
-        ttl = self.settings.liveness_ttl_s
+        """Refresh liveness every TTL/3 during long rounds. A failed refresh is not retried: the
+        next tick is the retry, and the locks stay valid until the TTL runs out."""
         while True:
-            await anyio.sleep(ttl / 3)
+            await anyio.sleep(self.settings.liveness_ttl_s / 3)
             for t in list(self._topics.values()):
                 try:
-                    was_live = await self.scripts.heartbeat(
-                        keys=[t.members], args=[self.consumer_id, int(ttl * 1000)]
-                    )
-                except (RedisConnectionError, RedisTimeoutError, OSError):
+                    was_live = await t.locks.heartbeat()
+                except REDIS_ERRORS as exc:
+                    log.debug("offloader %s: heartbeat failed (%s)", self.consumer_id, exc)
                     continue
                 if not was_live and t.held:
                     log.warning("offloader %s: liveness had expired; re-locking", self.consumer_id)
