@@ -26,6 +26,13 @@ def source(name: str) -> str:
     raise FileNotFoundError(f"{name}.lua not found in {', '.join(map(str, _LUA_DIRS))}")
 
 
+def register(redis: Any, name: str) -> Any:
+    """``lua/<name>.lua`` registered on `redis`: a redis-py script object, called as
+    ``await script(keys=[...], args=[...])`` (EVALSHA, loading the script on NOSCRIPT).
+    Raises `FileNotFoundError` when the file is missing."""
+    return redis.register_script(source(name))
+
+
 @dataclass(frozen=True)
 class Scripts:
     """The registered scripts of one Redis client (`redis.asyncio.Redis` or `RedisCluster`)."""
@@ -37,7 +44,7 @@ class Scripts:
     @classmethod
     def register(cls, redis: Any) -> Scripts:
         return cls(
-            lock_shards=redis.register_script(source("lock_shards")),
-            unlock_shards=redis.register_script(source("unlock_shards")),
-            heartbeat=redis.register_script(source("heartbeat")),
+            lock_shards=register(redis, "lock_shards"),
+            unlock_shards=register(redis, "unlock_shards"),
+            heartbeat=register(redis, "heartbeat"),
         )

@@ -43,7 +43,7 @@ from eventbus.keys import Keys
 from eventbus.locks import Grant, LockClient, new_member_id
 from eventbus.retry import REDIS_ERRORS
 from eventbus.scripts import Scripts
-from eventbus.tier.checkpoint import Checkpoints, Intent
+from eventbus.tier.checkpoint import Checkpoints, Fenced, Intent
 from eventbus.tier.errors import CorruptSegment, StoreError
 from eventbus.tier.gaps import find_gap, new_gap, record_gap
 from eventbus.tier.ids import EntryId, parse_id
@@ -117,10 +117,6 @@ def _size(fields: dict[bytes, bytes]) -> int:
     return sum(map(len, fields)) + sum(map(len, fields.values()))
 
 
-class _Fenced(Exception):
-    """This offloader no longer holds the shard's lock."""
-
-
 class _TopicOffloader:
     """The offloader's work on one topic."""
 
@@ -184,7 +180,7 @@ class _TopicOffloader:
                     if not sh.recovered:
                         await self.recover(sh)
                     busy.append(await self.work(sh, now_ms, flush))
-                except _Fenced:
+                except Fenced:
                     log.warning(
                         "offloader %s was fenced off %s shard %d (lock taken over)",
                         self.o.consumer_id,
@@ -339,10 +335,8 @@ class _TopicOffloader:
                 break
         batch = sh.buffer[:n]
         intent = Intent(batch[0][0], batch[-1][0], n)
-        reply = await self.checkpoints.begin(sh.shard, self.o.consumer_id, sh.token, intent)
-        if reply is False:
-            raise _Fenced
-        if reply is not True:  # another intent pending, or our buffer is stale: resync
+        if not await self.checkpoints.begin(sh.shard, self.o.consumer_id, sh.token, intent):
+            # another intent pending, or our buffer is stale: resync
             cp = await self.checkpoints.read(sh.shard)
             sh.reset_to(cp.last, cp.count)
             if cp.pending is not None:
@@ -384,9 +378,7 @@ class _TopicOffloader:
         return info.entries
 
     async def commit(self, sh: _Shard, last: EntryId, entries: int, adopted: bool = False) -> None:
-        ok = await self.checkpoints.commit(sh.shard, self.o.consumer_id, sh.token, last, entries)
-        if not ok:
-            raise _Fenced
+        await self.checkpoints.commit(sh.shard, self.o.consumer_id, sh.token, last, entries)
         if adopted:
             TIER_METRICS.adopted.labels(self.topic).inc()
             self.o.stats.adopted += 1
@@ -405,10 +397,7 @@ class _TopicOffloader:
         if await record_gap(self.o.store, gap):
             self.o.stats.gaps += 1
             self.o.stats.lost += lost or 0
-        if not await self.checkpoints.account_lost(
-            sh.shard, self.o.consumer_id, sh.token, lost or 0
-        ):
-            raise _Fenced
+        await self.checkpoints.account_lost(sh.shard, self.o.consumer_id, sh.token, lost or 0)
         sh.count += lost or 0
         sh.gaps_seen.add(gap.key)
 
