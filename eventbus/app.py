@@ -19,7 +19,7 @@ from redis.exceptions import RedisError
 
 from eventbus.codec import event_type_of
 from eventbus.config import Settings
-from eventbus.consumer import Consumer, Handler, Subscription
+from eventbus.consumer import Consumer, Handler, HandlerCall, RetryPolicy, Subscription
 from eventbus.errors import ConfigError, RedisUnavailable
 from eventbus.keys import Keys, check_name
 from eventbus.publisher import Publisher
@@ -35,15 +35,21 @@ Hook = Callable[[], Awaitable[None]]
 def connect(settings: Settings) -> Any:
     """A redis-py asyncio client for `settings` (`RedisCluster` when ``cluster`` is set).
 
-    Binary-safe (``decode_responses=False``); connecting happens lazily on first use.
+    Binary-safe (``decode_responses=False``); connecting happens lazily on first use. Every
+    connection has deadlines (`Settings.redis_connect_timeout_s`, `Settings.redis_read_timeout_s`),
+    so a server that accepts and never answers fails a call instead of hanging it.
     """
+    options: dict[str, Any] = {
+        "socket_connect_timeout": settings.redis_connect_timeout_s,
+        "socket_timeout": settings.redis_read_timeout_s,
+    }
     if settings.cluster:
         from redis.asyncio.cluster import RedisCluster
 
-        return RedisCluster.from_url(settings.redis_url)
+        return RedisCluster.from_url(settings.redis_url, **options)
     import redis.asyncio
 
-    return redis.asyncio.Redis.from_url(settings.redis_url)
+    return redis.asyncio.Redis.from_url(settings.redis_url, **options)
 
 
 def _handler_models(handler: Callable[..., Any]) -> tuple[dict[str, type[BaseModel]], bool]:
@@ -186,19 +192,21 @@ class EventBus:
             config = self.topic(topic)
             if any(s.topic.name == topic and s.group == group for s in self.subscriptions):
                 raise ConfigError(f"group {group!r} already has a handler for topic {topic!r}")
+            retry = RetryPolicy(
+                max_attempts=max_attempts or self.settings.max_attempts,
+                base_s=retry_base_s or self.settings.retry_base_s,
+                max_s=retry_max_s or self.settings.retry_max_s,
+            )
             self.subscriptions.append(
                 Subscription(
-                    config,
-                    group,
-                    handler,
-                    models,
-                    ack,
-                    max_attempts,
-                    takes_ctx,
-                    on_failure,
-                    retry_base_s,
-                    retry_max_s,
-                    dedup_window_s,
+                    topic=config,
+                    group=group,
+                    call=HandlerCall(handler, takes_context=takes_ctx),
+                    models=models,
+                    retry=retry,
+                    ack=ack,
+                    on_failure=on_failure,
+                    dedup_window_s=dedup_window_s,
                 )
             )
             return handler
@@ -243,9 +251,7 @@ class EventBus:
         try:
             await self.redis.ping()
         except (RedisError, OSError) as exc:
-            raise RedisUnavailable(
-                f"cannot reach Redis at {self.settings.redis_url}: {exc}"
-            ) from exc
+            raise RedisUnavailable.of(self.settings, exc) from exc
         failure: Exception | None = None
         async with contextlib.AsyncExitStack() as stack:
             tg = await stack.enter_async_context(anyio.create_task_group())

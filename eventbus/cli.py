@@ -1,37 +1,51 @@
 """The ``eventbus`` command (typer + rich).
 
 ``run`` runs a service's subscribers; ``stats``, ``tail``, ``publish`` and ``dlq`` are operator
-tools; ``offload`` and ``replay`` drive the durable tier. Every command reads the same settings as the library (``EVENTBUS_*``,
-``REDIS_URL``), with ``--redis-url`` as an override.
+tools; ``offload`` and ``replay`` drive the durable tier. Every command reads the same settings
+as the library (``EVENTBUS_*``, ``REDIS_URL``), with ``--redis-url`` as an override.
+
+What reaches the terminal is made safe: errors are one line with exit code 1 (no traceback),
+passwords are redacted, and user data (resource IDs, group names, error texts) has its control
+characters escaped and, in tables, its rich markup escaped (`terminal_safe`, `cell`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Annotated, Any, TypeVar
 
 import anyio
 import typer
 from pydantic import ValidationError
-from redis.exceptions import RedisError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from rich.console import Console
 from rich.logging import RichHandler
+from rich.markup import escape
 from rich.table import Table
 
 from eventbus.app import EventBus
 from eventbus.codec import Envelope, decode_entry, new_event_id
-from eventbus.config import Settings
+from eventbus.config import Settings, scrub
 from eventbus.dlq import DeadLetter, DeadLetters
-from eventbus.errors import EventBusError
+from eventbus.errors import (
+    ConfigError,
+    EventBusError,
+    RedisCommandRefused,
+    RedisUnavailable,
+)
 
 T = TypeVar("T")
 # Errors a user can act on: printed as one line, exit code 1
@@ -44,45 +58,141 @@ RedisUrl = Annotated[
     str | None, typer.Option("--redis-url", help="Overrides REDIS_URL / EVENTBUS_REDIS_URL.")
 ]
 
+# C0 and C1 controls (ESC, CR, BS, ...) except tab and newline, line separators, bidi overrides
+_CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+# URLs seen by this process (settings, --redis-url): their secrets are scrubbed from output
+_URLS: set[str] = set()
+
+
+def terminal_safe(text: object, *, newlines: bool = False) -> str:
+    """`text` as it may reach a terminal: control characters (escape sequences, carriage
+    returns, bidi overrides) shown as ``\\xNN`` escapes, newlines and tabs too unless
+    `newlines`, and every known Redis password replaced by ``***``."""
+    out = str(text)
+    for url in _URLS:
+        out = scrub(out, url)
+    if not newlines:
+        out = out.replace("\n", "\\n").replace("\t", "\\t")
+    return _CONTROL_CHARS.sub(lambda m: f"\\x{ord(m.group()):02x}", out)
+
+
+def cell(text: object) -> str:
+    """User data (a resource ID, a group name, an error) as a rich table cell or markup
+    fragment: `terminal_safe`, with rich markup escaped."""
+    return escape(terminal_safe(text))
+
 
 def settings_from(redis_url: str | None) -> Settings:
-    return Settings(redis_url=redis_url) if redis_url else Settings()
+    """The settings (environment, `redis_url` overriding); raises `ValidationError`."""
+    if redis_url:
+        _URLS.add(redis_url)
+    for name in ("EVENTBUS_REDIS_URL", "REDIS_URL"):
+        if os.environ.get(name):
+            _URLS.add(os.environ[name])
+    settings = Settings(redis_url=redis_url) if redis_url else Settings()
+    _URLS.add(settings.redis_url)
+    return settings
+
+
+class _TerminalLogFilter(logging.Filter):
+    """Makes log records safe for a terminal: passwords scrubbed, control characters escaped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg = terminal_safe(record.getMessage(), newlines=True)
+        record.args = ()
+        return True
 
 
 def _logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(), format="%(message)s", handlers=[RichHandler(console=console)]
-    )
+    handler = RichHandler(console=console)
+    handler.addFilter(_TerminalLogFilter())
+    logging.basicConfig(level=level.upper(), format="%(message)s", handlers=[handler])
+
+
+def _message(exc: BaseException) -> str:
+    """One line describing `exc`, safe for a terminal."""
+    if isinstance(exc, ValidationError):
+        parts = []
+        for err in exc.errors():
+            where = ".".join(str(x) for x in err["loc"]) or "settings"
+            parts.append(f"{where}: {err['msg']}")
+        text = "invalid settings: " + "; ".join(parts)
+    elif isinstance(exc, EventBusError):
+        text = str(exc)
+    else:
+        text = f"{type(exc).__name__}: {exc}"
+    return terminal_safe(text)
 
 
 def _fail(exc: BaseException) -> typer.Exit:
-    console.print(f"[red]error:[/red] {exc}")
+    console.print(f"[red]error:[/red] {escape(_message(exc))}", soft_wrap=True)
     return typer.Exit(1)
 
 
-def _run_async(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-    """`anyio.run` with the errors a user can act on (bad config, Redis unreachable or refusing,
-    a shard-count mismatch) printed as one line and exit code 1, not a traceback."""
+def _leaf(exc: BaseException) -> BaseException | None:
+    """The user error inside `exc` (itself, or the first one inside an exception group whose
+    other members are only cancellations), or None."""
+    if isinstance(exc, _USER_ERRORS):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        match, rest = exc.split(_USER_ERRORS)
+        if match is not None and rest is None:
+            return _leaf(match.exceptions[0])
+    return None
+
+
+@contextlib.contextmanager
+def user_errors() -> Iterator[None]:
+    """Errors a user can act on (bad settings or arguments, Redis unreachable or refusing,
+    a shard-count mismatch, ...) become one line on stderr and exit code 1, not a traceback."""
     try:
-        return anyio.run(fn, *args)
-    except _USER_ERRORS as exc:
-        raise _fail(exc) from None
-    except BaseExceptionGroup as group:  # raised from inside a task group
-        match, rest = group.split(_USER_ERRORS)
-        if match is None or rest is not None:
+        yield
+    except (typer.Exit, typer.Abort, typer.BadParameter):
+        raise
+    except BaseException as exc:
+        leaf = _leaf(exc)
+        if leaf is None:
             raise
-        raise _fail(match.exceptions[0]) from None
+        raise _fail(leaf) from None
+
+
+def _run_async(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """`anyio.run` under `user_errors`."""
+    with user_errors():
+        return anyio.run(fn, *args)
+
+
+async def open_bus(settings: Settings) -> EventBus:
+    """An `EventBus` whose Redis answered a PING; raises `RedisUnavailable` (URL redacted)
+    when it cannot be reached, refuses the credentials or does not answer in time."""
+    bus = EventBus(settings)
+    try:
+        await bus.redis.ping()
+    except (RedisConnectionError, RedisTimeoutError, ResponseError, OSError) as exc:
+        await bus.aclose()
+        raise RedisUnavailable.of(settings, exc) from None
+    return bus
 
 
 def load_bus(target: str) -> EventBus:
-    """Import ``module:attribute`` and return the `EventBus` it names."""
+    """Import ``module:attribute`` and return the `EventBus` it names; raises `ConfigError`
+    (one line) when the module, the attribute or the bus is not there."""
     module_name, _, attr = target.partition(":")
     if not module_name or not attr:
-        raise typer.BadParameter(f"expected module:attribute, got {target!r}")
+        raise ConfigError(f"expected module:attribute (e.g. app:bus), got {target!r}")
     sys.path.insert(0, os.getcwd())
-    bus = getattr(importlib.import_module(module_name), attr, None)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and module_name.startswith(exc.name):
+            raise ConfigError(
+                f"{target}: no module named {exc.name!r} (run from the folder that holds it)"
+            ) from None
+        raise
+    bus = getattr(module, attr, None)
     if not isinstance(bus, EventBus):
-        raise typer.BadParameter(f"{target} is not an EventBus")
+        found = "nothing" if bus is None else type(bus).__name__
+        raise ConfigError(f"{target} is not an EventBus (found {found})")
     return bus
 
 
@@ -100,11 +210,13 @@ def run(
         _run_processes(target, processes, metrics_port, log_level)
         return
     _logging(log_level)
-    bus = load_bus(target)
-    if metrics_port is not None:
-        from prometheus_client import start_http_server
+    with user_errors():
+        bus = load_bus(target)
+        _URLS.add(bus.settings.redis_url)
+        if metrics_port is not None:
+            from prometheus_client import start_http_server
 
-        start_http_server(metrics_port, addr="127.0.0.1")
+            start_http_server(metrics_port, addr="127.0.0.1")
     _run_async(lambda: bus.run(handle_signals=True))
 
 
@@ -131,11 +243,18 @@ def _run_processes(target: str, n: int, metrics_port: int | None, log_level: str
 @app.command()
 def stats(redis_url: RedisUrl = None) -> None:
     """Topics, shard streams, consumer groups (lag, pending, live consumers, locked shards)."""
-    _run_async(_stats, settings_from(redis_url))
+    with user_errors():
+        settings = settings_from(redis_url)
+    _run_async(_stats, settings)
+
+
+def _no_stream(reply: object) -> bool:
+    """Whether an XINFO reply is Redis's "no such key" (a shard stream not created yet)."""
+    return isinstance(reply, ResponseError) and "no such key" in str(reply).lower()
 
 
 async def _stats(settings: Settings) -> None:
-    bus = EventBus(settings)
+    bus = await open_bus(settings)
     r, keys = bus.redis, bus.keys
     try:
         topics = await bus.registry.stored()
@@ -149,12 +268,15 @@ async def _stats(settings: Settings) -> None:
             replies = await pipe.execute(raise_on_error=False)
             entries = 0
             groups: dict[str, list[int]] = {}  # group -> [lag, pending, estimated]
-            for info, infos in zip(replies[0::2], replies[1::2], strict=True):
+            for st, info, infos in zip(streams, replies[0::2], replies[1::2], strict=True):
+                for command, reply in (("XINFO STREAM", info), ("XINFO GROUPS", infos)):
+                    if isinstance(reply, Exception) and not _no_stream(reply):
+                        raise RedisCommandRefused(command, st, str(reply))
                 if not isinstance(info, dict) or not isinstance(infos, list):
                     continue  # the shard stream does not exist yet
                 entries += info["length"]
                 for g in infos:
-                    agg = groups.setdefault(g["name"].decode(), [0, 0, 0])
+                    agg = groups.setdefault(g["name"].decode("utf-8", "replace"), [0, 0, 0])
                     # Redis's lag is exact only while it knows the group's entries-read (after
                     # an AOF reload it estimates): a group that has delivered the stream's last
                     # ID has no lag, whatever the estimate says.
@@ -162,7 +284,7 @@ async def _stats(settings: Settings) -> None:
                         agg[0] += g.get("lag") or 0
                         agg[2] |= g.get("entries-read") is None
                     agg[1] += g["pending"]
-            table.add_row(topic, str(shards), str(entries), "", "", "", "", "")
+            table.add_row(cell(topic), str(shards), str(entries), "", "", "", "", "")
             secs, micros = await r.time()  # liveness deadlines are in Redis server time
             now_ms = secs * 1000 + micros // 1000
             for g, (lag, pending, estimated) in sorted(groups.items()):
@@ -170,7 +292,9 @@ async def _stats(settings: Settings) -> None:
                 locks = await r.hgetall(keys.locks(topic, g))
                 held = sum(1 for k in locks if k.isdigit())
                 shown = f"~{lag}" if estimated else str(lag)
-                table.add_row("", "", "", g, shown, str(pending), str(live), f"{held}/{shards}")
+                table.add_row(
+                    "", "", "", cell(g), shown, str(pending), str(live), f"{held}/{shards}"
+                )
         Console().print(table)
     finally:
         await bus.aclose()
@@ -183,21 +307,23 @@ def tail(
     redis_url: RedisUrl = None,
 ) -> None:
     """Print the newest entries of each shard of TOPIC, decoded, as JSON lines."""
-    _run_async(_tail, settings_from(redis_url), topic, count)
+    with user_errors():
+        settings = settings_from(redis_url)
+    _run_async(_tail, settings, topic, count)
 
 
 async def _tail(settings: Settings, topic: str, count: int) -> None:
-    bus = EventBus(settings)
+    bus = await open_bus(settings)
     try:
         shards = (await bus.registry.stored()).get(topic)
         if shards is None:
-            raise typer.BadParameter(f"unknown topic {topic!r}")
+            raise ConfigError(f"unknown topic {topic!r}")
         for shard in range(shards):
             rows = await bus.redis.xrevrange(bus.keys.stream(topic, shard), count=count)
             for entry_id, fields in reversed(rows):
                 out: dict[str, Any] = {"shard": shard, "entry_id": entry_id.decode()}
                 try:
-                    env = decode_entry(fields)
+                    env = decode_entry(fields, max_bytes=settings.max_decompressed_bytes)
                     out |= {
                         "resource_id": env.resource_id,
                         "type": env.event_type,
@@ -208,7 +334,7 @@ async def _tail(settings: Settings, topic: str, count: int) -> None:
                     }
                 except EventBusError as exc:
                     out["error"] = str(exc)
-                print(json.dumps(out, default=str))
+                print(json.dumps(out, default=str))  # ASCII: control characters are escaped
     finally:
         await bus.aclose()
 
@@ -222,13 +348,18 @@ def publish(
     redis_url: RedisUrl = None,
 ) -> None:
     """Publish one event with a JSON payload; prints its entry ID."""
-    payload = json.loads(data)
+    with user_errors():
+        try:
+            payload = json.loads(data)
+        except ValueError as exc:
+            raise ConfigError(f"--data is not valid JSON ({exc})") from None
+        settings = settings_from(redis_url)
     env = Envelope(
         resource_id, event_type, new_event_id(), time.time_ns() // 1_000_000, {}, payload
     )
 
     async def go() -> str:
-        bus = EventBus(settings_from(redis_url))
+        bus = await open_bus(settings)
         try:
             shards = (await bus.registry.stored()).get(topic)
             return await bus.publisher.publish_envelope(bus.topic(topic, shards=shards), env)
@@ -244,13 +375,16 @@ app.add_typer(dlq_app, name="dlq")
 
 def _dead_letters(bus: EventBus, topic: str, shards: int | None, group: str) -> DeadLetters:
     if shards is None:
-        raise typer.BadParameter(f"unknown topic {topic!r}")
+        raise ConfigError(f"unknown topic {topic!r}")
     return DeadLetters(bus.redis, bus.keys, bus.topic(topic, shards=shards), group)
 
 
 def _dlq_call(redis_url: str | None, topic: str, group: str, action: Any) -> Any:
+    with user_errors():
+        settings = settings_from(redis_url)
+
     async def go() -> Any:
-        bus = EventBus(settings_from(redis_url))
+        bus = await open_bus(settings)
         try:
             shards = (await bus.registry.stored()).get(topic)
             return await action(_dead_letters(bus, topic, shards, group))
@@ -276,18 +410,18 @@ def dlq_list(
     table = Table("dlq id", "shard", "entry id", "resource", "type", "reason", "attempts", "error")
     for d in letters:
         table.add_row(
-            d.dlq_id,
+            cell(d.dlq_id),
             str(d.shard),
-            d.entry_id,
-            d.resource_id or "",
-            d.event_type or "",
-            d.reason,
+            cell(d.entry_id),
+            cell(d.resource_id or ""),
+            cell(d.event_type or ""),
+            cell(d.reason),
             str(d.attempts),
-            f"{d.error_type}: {d.error}"[:80],
+            cell(f"{d.error_type}: {d.error}"[:80]),
         )
     Console().print(table)
     if parked:
-        Console().print(f"parked resources: {', '.join(sorted(parked))}")
+        Console().print(f"parked resources: {', '.join(cell(p) for p in sorted(parked))}")
 
 
 @dlq_app.command("show")
@@ -299,7 +433,7 @@ def dlq_show(topic: str, group: str, dlq_id: str, redis_url: RedisUrl = None) ->
 
     d = _dlq_call(redis_url, topic, group, action)
     if d is None:
-        console.print(f"[red]error:[/red] no dead letter {dlq_id}")
+        console.print(f"[red]error:[/red] no dead letter {cell(dlq_id)}")
         raise typer.Exit(1)
     out: dict[str, Any] = {
         f.name: getattr(d, f.name) for f in dataclasses.fields(d) if f.name != "fields"
@@ -314,7 +448,7 @@ def dlq_show(topic: str, group: str, dlq_id: str, redis_url: RedisUrl = None) ->
         }
     except EventBusError as exc:
         out["event"] = {"undecodable": str(exc)}
-    print(json.dumps(out, indent=2, default=str))
+    print(json.dumps(out, indent=2, default=str))  # ASCII: control characters are escaped
 
 
 @dlq_app.command("requeue")

@@ -6,12 +6,110 @@ Units are in the field names: ``_s`` seconds, ``_ms`` milliseconds, ``_bytes`` b
 
 from __future__ import annotations
 
-from typing import Literal
+import re
+from typing import Any, Literal
+from urllib.parse import parse_qsl, unquote, urlsplit
 
-from pydantic import AliasChoices, Field, model_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from eventbus.sharding import MAX_SHARDS
+
+DECOMPRESSION_FACTOR = 64
+"""An envelope may decompress to at most this many times `max_payload_bytes`: consumers refuse
+bigger ones (`DecodeError`) and publishers refuse to send them (`PayloadTooLarge`)."""
+
+REDACTED = "***"
+_SECRET_QUERY = re.compile(r"pass|secret|token|key", re.IGNORECASE)
+_SCHEMES = ("redis", "rediss", "unix")
+
+
+def redact_url(url: str) -> str:
+    """`url` with its password (and secret-looking query values) replaced by ``***``: the form
+    in which a URL may be printed, logged, raised or used as a label. Works on malformed URLs
+    too (everything between ``://`` and the last ``@`` is treated as user info)."""
+    if not isinstance(url, str):
+        return REDACTED
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return REDACTED if "@" in url else url
+    userinfo, at, hostpart = rest.rpartition("@")
+    if at:
+        user, colon, _password = userinfo.partition(":")
+        rest = f"{user}:{REDACTED}@{hostpart}" if colon else f"{REDACTED}@{hostpart}"
+        if colon and not user:
+            rest = f":{REDACTED}@{hostpart}"
+    base, q, query = rest.partition("?")
+    if q:
+        pairs = [
+            f"{k}={REDACTED}" if _SECRET_QUERY.search(k) else f"{k}={v}"
+            for k, v in parse_qsl(query.split("#", 1)[0], keep_blank_values=True)
+        ]
+        rest = f"{base}?{'&'.join(pairs)}"
+    return f"{scheme}://{rest}"
+
+
+def url_secrets(url: str) -> list[str]:
+    """The secret strings of `url` (its password, raw and percent-decoded, and secret query
+    values), for scrubbing them from text that did not come from `redact_url`."""
+
+    found: list[str] = []
+    _scheme, sep, rest = url.partition("://")
+    if not sep:
+        return found
+    userinfo, at, _host = rest.rpartition("@")
+    if at:
+        user, colon, password = userinfo.partition(":")
+        secret = password if colon else user
+        found += [secret, unquote(secret)]
+    _base, q, query = rest.partition("?")
+    if q:
+        found += [v for k, v in parse_qsl(query, keep_blank_values=True) if _SECRET_QUERY.search(k)]
+    return sorted({s for s in found if len(s) >= 3}, key=len, reverse=True)
+
+
+def scrub(text: str, url: str) -> str:
+    """`text` with `url` redacted and every secret of `url` replaced by ``***`` (for messages
+    that came from elsewhere, e.g. a library's exception)."""
+    text = text.replace(url, redact_url(url))
+    for secret in url_secrets(url):
+        text = text.replace(secret, REDACTED)
+    return text
+
+
+def check_redis_url(url: str) -> str:
+    """Return `url` if it is a usable ``redis://``, ``rediss://`` or ``unix://`` URL; raise
+    `ValueError` (message with the URL redacted) if not."""
+    shown = redact_url(url)
+    hint = (
+        "; percent-encode reserved characters in the user name and password "
+        "(/ as %2F, # as %23, ? as %3F, @ as %40, : as %3A)"
+    )
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises ValueError when the port is not a number
+    except ValueError:  # its message may quote part of the password: not repeated
+        raise ValueError(f"invalid Redis URL {shown}: the port is not a number{hint}") from None
+    if parts.scheme not in _SCHEMES:
+        raise ValueError(
+            f"invalid Redis URL {shown}: the scheme must be redis://, rediss:// or unix://"
+        )
+    if parts.fragment or "#" in url:
+        raise ValueError(f"invalid Redis URL {shown}: it contains '#'{hint}")
+    if parts.scheme == "unix":
+        if not parts.path:
+            raise ValueError(f"invalid Redis URL {shown}: unix:// needs a socket path")
+        return url
+    if not parts.hostname:
+        raise ValueError(f"invalid Redis URL {shown}: no host{hint}")
+    if port is not None and not 0 < port < 65536:
+        raise ValueError(f"invalid Redis URL {shown}: port {port} is out of range")
+    db = parts.path.lstrip("/")
+    if "/" in parts.path[1:] or "@" in parts.path or (db and not db.isdigit()):
+        raise ValueError(f"invalid Redis URL {shown}: the path must be a database number{hint}")
+    if "@" in parts.query:
+        raise ValueError(f"invalid Redis URL {shown}: '@' after the host{hint}")
+    return url
 
 
 class Settings(BaseSettings):
@@ -21,12 +119,26 @@ class Settings(BaseSettings):
     `pydantic.ValidationError` naming the field.
     """
 
-    model_config = SettingsConfigDict(env_prefix="EVENTBUS_", extra="forbid")
+    # hide_input_in_errors: a rejected redis_url must not print its password
+    model_config = SettingsConfigDict(
+        env_prefix="EVENTBUS_", extra="forbid", hide_input_in_errors=True
+    )
 
     redis_url: str = Field(
         "redis://127.0.0.1:6379/0",
         validation_alias=AliasChoices("EVENTBUS_REDIS_URL", "REDIS_URL", "redis_url"),
-        description="redis:// or rediss:// URL of one node (of any node, for a Cluster).",
+        description="redis:// or rediss:// URL of one node (of any node, for a Cluster); "
+        "reserved characters in the password percent-encoded. Printed only redacted.",
+    )
+    redis_connect_timeout_s: float = Field(
+        5.0, gt=0, description="Seconds to wait for a TCP (and TLS) connection to Redis."
+    )
+    redis_timeout_margin_s: float = Field(
+        5.0,
+        gt=0,
+        description="Seconds a Redis reply may take beyond the longest server-side wait "
+        "(XREADGROUP BLOCK block_max_ms, WAIT publish_replicas_timeout_ms); their sum is the "
+        "socket read timeout (redis_read_timeout_s).",
     )
     cluster: bool = Field(False, description="Connect with the Redis Cluster protocol.")
     key_prefix: str = Field("eventbus", pattern=r"^[A-Za-z0-9_.\-]{1,100}$")
@@ -37,7 +149,12 @@ class Settings(BaseSettings):
     maxlen: int = Field(
         1_000_000, ge=1, description="Approximate cap of each shard stream (XADD MAXLEN ~)."
     )
-    max_payload_bytes: int = Field(1_048_576, ge=64, description="Largest encoded entry.")
+    max_payload_bytes: int = Field(
+        1_048_576,
+        ge=64,
+        description="Largest encoded entry in bytes; an envelope may decompress to at most "
+        f"{DECOMPRESSION_FACTOR} times this (max_decompressed_bytes).",
+    )
     compress_threshold_bytes: int = Field(
         1024, ge=0, description="Envelopes at least this large are zstd-compressed."
     )
@@ -50,7 +167,10 @@ class Settings(BaseSettings):
         1000, ge=0, description="How long WAIT waits for those replicas."
     )
     publish_timeout_s: float = Field(
-        10.0, ge=0, description="How long publish retries connection errors before failing."
+        10.0,
+        gt=0,
+        description="Seconds a publish() may take, retries of connection errors included, "
+        "before it raises PublishError (a deadline on the caller).",
     )
 
     # consuming
@@ -76,6 +196,34 @@ class Settings(BaseSettings):
     start: Literal["beginning", "now"] = Field(
         "beginning", description="Where a new consumer group starts reading a topic."
     )
+
+    @field_validator("redis_url")
+    @classmethod
+    def _valid_url(cls, value: str) -> str:
+        return check_redis_url(value)
+
+    def __repr_args__(self) -> Any:
+        for name, value in super().__repr_args__():
+            yield name, redact_url(value) if name == "redis_url" else value
+
+    @property
+    def redacted_url(self) -> str:
+        """`redis_url` with its password replaced by ``***``: the form to print or log."""
+        return redact_url(self.redis_url)
+
+    @property
+    def redis_read_timeout_s(self) -> float:
+        """Socket read timeout of every Redis connection, in seconds: the longest server-side
+        wait a command may ask for (``block_max_ms``, ``publish_replicas_timeout_ms``) plus
+        ``redis_timeout_margin_s``. A server that stops answering fails a call after this."""
+        longest_ms = max(self.block_max_ms, self.publish_replicas_timeout_ms)
+        return longest_ms / 1000 + self.redis_timeout_margin_s
+
+    @property
+    def max_decompressed_bytes(self) -> int:
+        """Largest decompressed envelope, in bytes, that consumers decode and publishers send:
+        ``DECOMPRESSION_FACTOR * max_payload_bytes``."""
+        return self.max_payload_bytes * DECOMPRESSION_FACTOR
 
     @model_validator(mode="after")
     def _blocks_ordered(self) -> Settings:

@@ -5,6 +5,11 @@ Each error names the key, topic or object it concerns, so that a log line is eno
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from eventbus.config import Settings
+
 
 class EventBusError(Exception):
     """Base class of every error raised by eventbus."""
@@ -59,4 +64,94 @@ class PublishError(EventBusError):
 
 
 class RedisUnavailable(EventBusError):
-    """Redis could not be reached at start (wrong URL, server down, network)."""
+    """Redis could not be reached, refused the credentials, or did not answer in time (wrong
+    URL, server down, network, a server that accepts and never answers). The message names the
+    URL with its password redacted."""
+
+    @classmethod
+    def of(cls, settings: Settings, exc: BaseException) -> RedisUnavailable:
+        """The error for `exc`, met talking to the Redis of `settings`."""
+        from eventbus.config import scrub
+
+        url = settings.redacted_url
+        if isinstance(exc, TimeoutError) or "Timeout" in type(exc).__name__:
+            what = (
+                f"Redis at {url} did not answer within {settings.redis_read_timeout_s:g} s "
+                f"(connect {settings.redis_connect_timeout_s:g} s); check that the URL names a "
+                "Redis server and that it is not stopped"
+            )
+        else:
+            reason = scrub(f"{type(exc).__name__}: {exc}", settings.redis_url)
+            what = f"cannot reach Redis at {url}: {reason}; check the URL, password and server"
+        return cls(what)
+
+
+class InvalidName(ConfigError):
+    """A topic, group or key-prefix name is not allowed (characters, length, ``.``/``..``, a
+    leading ``-``). `kind` says which name, `name` is the value refused."""
+
+    def __init__(self, kind: str, name: object, reason: str) -> None:
+        super().__init__(
+            f"invalid {kind} name {name!r}: {reason}; use 1-100 characters of [A-Za-z0-9_.-], "
+            "not '.' or '..', not starting with '-'"
+        )
+        self.kind, self.name, self.reason = kind, name, reason
+
+
+class ReservedEventType(ConfigError):
+    """An event type starting with ``__eventbus.`` was published or subscribed to: that
+    namespace belongs to eventbus's own control entries, which consumers never hand to
+    handlers. `event_type` is the name refused."""
+
+    def __init__(self, event_type: str, where: str) -> None:
+        super().__init__(
+            f"{where}: event type {event_type!r} is reserved (names starting with "
+            "'__eventbus.' belong to eventbus's control entries); rename the event type"
+        )
+        self.event_type, self.where = event_type, where
+
+
+class InvalidEvent(ConfigError):
+    """An event cannot be published because every consumer would refuse it: a header that is
+    not a str -> str pair, or a resource ID that cannot be encoded as UTF-8. `field` names the
+    part at fault."""
+
+    def __init__(self, topic: str, field: str, reason: str) -> None:
+        super().__init__(f"event for topic {topic!r} not published: {field} {reason}")
+        self.topic, self.field, self.reason = topic, field, reason
+
+
+class DecompressedTooLarge(PayloadTooLarge):
+    """A compressed entry is small enough to send, but its envelope decompresses to more than
+    consumers accept (`Settings.max_decompressed_bytes`); it was not published."""
+
+    def __init__(self, topic: str, size: int, limit: int) -> None:
+        EventBusError.__init__(
+            self,
+            f"event for topic {topic!r} decompresses to {size} bytes, over the {limit} bytes "
+            "consumers accept (64 x EVENTBUS_MAX_PAYLOAD_BYTES); make the event smaller",
+        )
+        self.topic, self.size, self.limit = topic, size, limit
+
+
+class RedisCommandRefused(EventBusError):
+    """Redis answered a command with an error reply (NOPERM under an ACL, OOM, ...). `command`
+    and `key` say what was refused, `reply` is the server's message."""
+
+    def __init__(self, command: str, key: str, reply: str) -> None:
+        super().__init__(
+            f"Redis refused {command} on {key!r}: {reply}; check the user's ACL "
+            "(docs/security.md) and the server's state"
+        )
+        self.command, self.key, self.reply = command, key, reply
+
+
+class MalformedDeadLetter(EventBusError):
+    """A dead-letter entry lacks a field or holds a value of the wrong form (written by
+    something other than eventbus). `dlq_id` names the entry; inspect it with XRANGE."""
+
+    def __init__(self, dlq_id: str, reason: str) -> None:
+        super().__init__(
+            f"dead letter {dlq_id} is malformed ({reason}); inspect it with XRANGE or drop it"
+        )
+        self.dlq_id, self.reason = dlq_id, reason
