@@ -663,8 +663,6 @@ async def _run_steps(options: DemoOptions, redis_url: str, private: bool) -> dic
                                     "reporting the missing events as lost"
                                 )
                             chaos.cancel_scope.cancel()
-                        # Durable tier seam: offload run.topic to segments here; summarize()
-                        # then gets a check that a replay of them matches `run.reference`.
                 finally:
                     with anyio.CancelScope(shield=True):
                         await stop_workers(bus, run)

@@ -1,14 +1,16 @@
-"""The consumer processes of the flights demo: ``python -m examples.flights.workers '<config JSON>'``
-with a pipe from the parent as stdin (the worker stops when it closes).
+"""The consumer processes of the flights demo, run as
+``python -m examples.flights.workers '<config JSON>'`` with a pipe from the parent as stdin (the
+worker stops when it closes).
 
 Each process runs one `EventBus` with one subscriber, in one of two consumer groups:
 
 * ``order-check``: checks that each plane's flights arrive strictly in ``seq`` order;
 * ``aggregate``: per-carrier flight counts and departure-delay sums.
 
-Both record their effect in Redis with a Lua script, atomically per event and *idempotently*: a
-bitmap of handled publish indices (``SETBIT`` returns the old bit) tells a first delivery from a
-redelivery, so a duplicate is counted, never applied twice. The order check must be shared by all
+Both record their effect in Redis with a Lua script (``order_check.lua``, ``aggregate.lua``),
+atomically per event and *idempotently*: a bitmap of handled publish indices (``SETBIT`` returns
+the old bit) tells a first delivery from a redelivery, so a duplicate is counted, never applied
+twice. The order check must be shared by all
 processes of the group, because a plane's shard moves between them (idle shards are released, the
 fair share changes): Redis holds each plane's highest handled ``seq``. A handler awaits its script
 call, and the consumer starts a plane's next event only after that, so the order Redis sees is
@@ -28,6 +30,7 @@ import sys
 import time
 from array import array
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -47,67 +50,10 @@ GROUPS = (ORDER_GROUP, AGGREGATE_GROUP)
 # Script result codes, one per event.
 IN_ORDER, DUPLICATE, OUT_OF_ORDER = 0, 1, 2
 
-ORDER_LUA = """
--- Record handled flights of the order-checking group.
--- KEYS[1] last_seq  hash: plane -> highest seq handled so far
--- KEYS[2] seen      bitmap: bit <publish position> = 1 once that event was handled
--- KEYS[3] counters  hash: handled (distinct events), duplicates, violations
--- ARGV[1] JSON array of [plane, seq, position], one per event, in the order the handlers called
--- Returns one code per event: 0 in order, 1 duplicate (handled before), 2 out of order
--- (a later flight of the plane was handled first).
-local last_seq, seen, counters = KEYS[1], KEYS[2], KEYS[3]
-local codes, new, dups, bad = {}, 0, 0, 0
-for _, event in ipairs(cjson.decode(ARGV[1])) do
-  local plane, seq, position = event[1], event[2], event[3]
-  if redis.call('SETBIT', seen, position, 1) == 1 then
-    dups = dups + 1
-    codes[#codes + 1] = 1
-  else
-    new = new + 1
-    local last = tonumber(redis.call('HGET', last_seq, plane) or 0)
-    if seq <= last then
-      bad = bad + 1
-      codes[#codes + 1] = 2
-    else
-      redis.call('HSET', last_seq, plane, seq)
-      codes[#codes + 1] = 0
-    end
-  end
-end
-if new > 0 then redis.call('HINCRBY', counters, 'handled', new) end
-if dups > 0 then redis.call('HINCRBY', counters, 'duplicates', dups) end
-if bad > 0 then redis.call('HINCRBY', counters, 'violations', bad) end
-return codes
-"""
-
-AGGREGATE_LUA = """
--- Add handled flights to the per-carrier aggregates, once per event.
--- KEYS[1] seen        bitmap: bit <publish position> = 1 once that event was handled
--- KEYS[2] aggregates  hash: <carrier>:flights, <carrier>:delay_sum (min), <carrier>:delay_n
--- KEYS[3] counters    hash: handled (distinct events), duplicates
--- ARGV[1] JSON array of [position, carrier, dep_delay (null when unknown)], one per event
--- Returns one code per event: 0 applied, 1 duplicate (handled before, not applied again).
-local seen, aggregates, counters = KEYS[1], KEYS[2], KEYS[3]
-local codes, new, dups = {}, 0, 0
-for _, event in ipairs(cjson.decode(ARGV[1])) do
-  local position, carrier, delay = event[1], event[2], event[3]
-  if redis.call('SETBIT', seen, position, 1) == 1 then
-    dups = dups + 1
-    codes[#codes + 1] = 1
-  else
-    new = new + 1
-    redis.call('HINCRBY', aggregates, carrier .. ':flights', 1)
-    if delay ~= cjson.null then
-      redis.call('HINCRBY', aggregates, carrier .. ':delay_sum', delay)
-      redis.call('HINCRBY', aggregates, carrier .. ':delay_n', 1)
-    end
-    codes[#codes + 1] = 0
-  end
-end
-if new > 0 then redis.call('HINCRBY', counters, 'handled', new) end
-if dups > 0 then redis.call('HINCRBY', counters, 'duplicates', dups) end
-return codes
-"""
+# The groups' scripts (KEYS/ARGV documented in each file), beside this module.
+_HERE = Path(__file__).resolve().parent
+ORDER_LUA = (_HERE / "order_check.lua").read_text()
+AGGREGATE_LUA = (_HERE / "aggregate.lua").read_text()
 
 
 @dataclass(frozen=True, slots=True)
