@@ -19,7 +19,7 @@ from redis.exceptions import RedisError
 
 from eventbus.codec import event_type_of
 from eventbus.config import Settings
-from eventbus.consumer import Consumer, Handler, HandlerCall, RetryPolicy, Subscription
+from eventbus.consumer import Consumer, Handler, Subscription
 from eventbus.errors import ConfigError, RedisUnavailable
 from eventbus.keys import Keys, check_name
 from eventbus.publisher import Publisher
@@ -48,8 +48,12 @@ def connect(settings: Settings) -> Any:
 
         return RedisCluster.from_url(settings.redis_url, **options)
     import redis.asyncio
+    from redis.asyncio.retry import Retry
 
-    return redis.asyncio.Redis.from_url(settings.redis_url, **options)
+    from eventbus.retry import backoff
+
+    retry = Retry(backoff(0.05, 1.0), retries=settings.redis_retries)
+    return redis.asyncio.Redis.from_url(settings.redis_url, retry=retry, **options)
 
 
 def _handler_models(handler: Callable[..., Any]) -> tuple[dict[str, type[BaseModel]], bool]:
@@ -192,21 +196,19 @@ class EventBus:
             config = self.topic(topic)
             if any(s.topic.name == topic and s.group == group for s in self.subscriptions):
                 raise ConfigError(f"group {group!r} already has a handler for topic {topic!r}")
-            retry = RetryPolicy(
-                max_attempts=max_attempts or self.settings.max_attempts,
-                base_s=retry_base_s or self.settings.retry_base_s,
-                max_s=retry_max_s or self.settings.retry_max_s,
-            )
             self.subscriptions.append(
                 Subscription(
-                    topic=config,
-                    group=group,
-                    call=HandlerCall(handler, takes_context=takes_ctx),
-                    models=models,
-                    retry=retry,
-                    ack=ack,
-                    on_failure=on_failure,
-                    dedup_window_s=dedup_window_s,
+                    config,
+                    group,
+                    handler,
+                    models,
+                    ack,
+                    max_attempts,
+                    takes_ctx,
+                    on_failure,
+                    retry_base_s,
+                    retry_max_s,
+                    dedup_window_s,
                 )
             )
             return handler
