@@ -1,4 +1,5 @@
-"""The lock scripts' contract, as test cases run on two backends.
+"""The lock scripts' contract and their one client (`eventbus.locks.LockClient`), as test cases
+run on two backends.
 
 `tests/unit/test_lock_scripts_fake.py` runs them on fakeredis (fast, checks the Lua logic);
 `tests/integration/test_lock_scripts_redis.py` on a real redis-server and a Redis Cluster. A
@@ -8,6 +9,7 @@ subclass provides the `client` fixture (an asyncio redis client on an empty data
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +17,7 @@ import anyio
 import pytest
 
 from eventbus.keys import Keys
+from eventbus.locks import Grant, LockClient, LockState
 from eventbus.scripts import Scripts
 
 KEYS = Keys()
@@ -37,6 +40,18 @@ class Reply:
 
     def states(self) -> set[int]:
         return {state for _, state in self.locks.values()}
+
+
+async def expire_now(client: Any, consumer: str) -> None:
+    """Let `consumer`'s liveness run out for real: wait until the server clock passes its
+    deadline (it was registered with a TTL of a few ms)."""
+    deadline = float(await client.zscore(MEMBERS, consumer))
+    with anyio.fail_after(5):
+        while True:
+            sec, usec = await client.time()
+            if sec * 1000 + usec // 1000 > deadline:
+                return
+            await anyio.sleep(0.002)
 
 
 class LockScriptCases:
@@ -77,15 +92,7 @@ class LockScriptCases:
 
     @staticmethod
     async def expire_now(client: Any, consumer: str) -> None:
-        """Let `consumer`'s liveness run out for real: wait until the server clock passes its
-        deadline (it was registered with a TTL of a few ms)."""
-        deadline = float(await client.zscore(MEMBERS, consumer))
-        with anyio.fail_after(5):
-            while True:
-                sec, usec = await client.time()
-                if sec * 1000 + usec // 1000 > deadline:
-                    return
-                await anyio.sleep(0.002)
+        await expire_now(client, consumer)
 
     # -- lock_shards -------------------------------------------------------------------------------
     @pytest.mark.anyio
@@ -267,3 +274,94 @@ class LockScriptCases:
         assert (await self.lock(scripts, "a", 2)).locks == {0: (1, HELD), 1: (1, HELD)}
         assert await self.unlock(scripts, "a", [0, 1], leave=True) == {0, 1}
         assert await scripts.heartbeat(keys=[MEMBERS], args=["a", 1000]) == 0
+
+
+class LockClientCases:
+    """Test cases of `eventbus.locks.LockClient`: the scripts' replies as typed values."""
+
+    @staticmethod
+    def member(client: Any, name: str, shards: int = 4, ttl_s: float = 60.0) -> LockClient:
+        return LockClient(
+            client, KEYS, "orders", "billing", name, shards=shards, liveness_ttl_s=ttl_s
+        )
+
+    @pytest.mark.anyio
+    async def test_grants_are_typed_with_share_and_send_time(self, client: Any) -> None:
+        a = self.member(client, "a")
+        before = time.monotonic()
+
+        got = await a.acquire([0, 1])
+
+        assert got.share == 4
+        assert got.grants == {s: Grant(s, 1, LockState.TAKEN_FREE) for s in (0, 1)}
+        assert all(type(g.shard) is int and type(g.token) is int for g in got.grants.values())
+        assert before <= got.sent_at <= time.monotonic()
+
+    @pytest.mark.anyio
+    async def test_is_new_per_state(self, client: Any) -> None:
+        dead = self.member(client, "dead", ttl_s=0.005)
+        me = self.member(client, "me")
+        await dead.acquire([0])
+        await expire_now(client, "dead")
+
+        first = await me.acquire([0, 1])
+        again = await me.acquire([0, 1])
+
+        assert first.grants == {
+            0: Grant(0, 2, LockState.TAKEN_FROM_DEAD),
+            1: Grant(1, 1, LockState.TAKEN_FREE),
+        }
+        assert [g.is_new for g in first.grants.values()] == [True, True]
+        assert again.grants == {0: Grant(0, 2, LockState.HELD), 1: Grant(1, 1, LockState.HELD)}
+        assert not any(g.is_new for g in again.grants.values())
+
+    @pytest.mark.anyio
+    async def test_fair_share_follows_the_candidates_order(self, client: Any) -> None:
+        await self.member(client, "other").acquire([])
+        me = self.member(client, "me")
+
+        got = await me.acquire([3, 1, 0, 2])
+
+        assert got.share == 2
+        assert set(got.grants) == {3, 1}
+
+    @pytest.mark.anyio
+    async def test_release_returns_only_the_callers_shards(self, client: Any) -> None:
+        a, b = self.member(client, "a"), self.member(client, "b")
+        await a.acquire([0, 1])
+        await b.acquire([2])
+
+        assert await b.release([0, 1, 2, 3]) == [2]
+        assert sorted(await a.release([1, 2])) == [1]
+        assert await a.release([]) == []
+        # still live: neither left
+        assert (await a.acquire([])).share == 2
+
+    @pytest.mark.anyio
+    async def test_release_with_leave_gives_the_others_the_whole_share(self, client: Any) -> None:
+        a, b = self.member(client, "a"), self.member(client, "b")
+        await a.acquire([0, 1])
+        assert (await b.acquire([])).share == 2
+
+        assert sorted(await a.release([0, 1], leave=True)) == [0, 1]
+
+        got = await b.acquire([0, 1, 2, 3])
+        assert got.share == 4
+        assert got.grants[0] == Grant(0, 2, LockState.TAKEN_FREE)  # the token only grows
+        assert set(got.grants) == {0, 1, 2, 3}
+
+    @pytest.mark.anyio
+    async def test_heartbeat_after_expiry_reports_false_then_true(self, client: Any) -> None:
+        a = self.member(client, "a", ttl_s=0.005)
+        await a.acquire([0])
+        await expire_now(client, "a")
+
+        assert await a.heartbeat() is False  # its locks may be someone else's now
+        await expire_now(client, "a")  # the refresh above used the same short TTL
+        b = self.member(client, "b")
+        assert (await b.acquire([0])).grants == {0: Grant(0, 2, LockState.TAKEN_FROM_DEAD)}
+
+        live = self.member(client, "a")  # same member ID, a long TTL
+        assert await live.heartbeat() is False
+        assert await live.heartbeat() is True
+        assert (await live.acquire([0])).grants == {}  # the lock stays with b
