@@ -1,0 +1,76 @@
+"""Object access of the Spark source: the few calls it makes on a segment store, in one class.
+
+`Objects` wraps an obstore store (the tier's `open_store`: local folder, S3, memory). Every read
+the source makes goes through `get` or `open` here, so a subclass returned by the
+``store_factory`` option can add credentials, caching or instrumentation (the tests count reads
+with one).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, BinaryIO
+
+import obstore
+from obstore.exceptions import BaseError
+
+from eventbus.tier.errors import StoreError
+from eventbus.tier.ids import EntryId
+from eventbus.tier.layout import GAP_FOLDER, SegmentRef, parse_gap_key, shard_prefix
+from eventbus.tier.store import Store, describe, get_bytes_sync, list_segments_sync, list_shards_sync
+
+
+class Objects:
+    """Reads of one segment store. Picklable only through its URL (see `SourceOptions`)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def __repr__(self) -> str:
+        return f"Objects({describe(self.store)})"
+
+    def get(self, key: str) -> bytes:
+        """The whole object. Raises `FileNotFoundError`, `StoreError`."""
+        return get_bytes_sync(self.store, key)
+
+    def open(self, key: str) -> BinaryIO:
+        """A seekable reader of the object (range requests: a Parquet footer read costs one or
+        two small GETs, not the whole object). Raises `StoreError`."""
+        try:
+            return obstore.open_reader(self.store, key)  # type: ignore[return-value]
+        except (BaseError, OSError) as exc:
+            raise StoreError(f"open {key!r} in {describe(self.store)} failed: {exc}") from exc
+
+    def shards(self, topic: str) -> list[int]:
+        """Shard folders present for `topic`, ascending."""
+        return list_shards_sync(self.store, topic)
+
+    def segments(self, topic: str, shard: int, after: SegmentRef | None = None) -> list[SegmentRef]:
+        """The shard's segments in entry-ID order (only keys after `after`'s, when given)."""
+        return list_segments_sync(self.store, topic, shard, after=after)
+
+    def gaps(self, topic: str, shard: int) -> list[dict[str, Any]]:
+        """The shard's gap records (parsed JSON, plus their ``key``), in key order."""
+        prefix = f"{shard_prefix(topic, shard)}{GAP_FOLDER}/"
+        try:
+            metas = [m for chunk in obstore.list(self.store, prefix) for m in chunk]
+        except (BaseError, OSError) as exc:
+            raise StoreError(f"list {prefix!r} failed: {exc}") from exc
+        out = []
+        for key in sorted(m["path"] for m in metas):
+            if parse_gap_key(key) is None:
+                continue
+            record = json.loads(self.get(key))
+            record["key"] = key
+            out.append(record)
+        return out
+
+
+def as_objects(store: Any) -> Objects:
+    """`store` itself when it is an `Objects`, else an `Objects` around an obstore store."""
+    return store if isinstance(store, Objects) else Objects(store)
+
+
+def ref_after(ref: SegmentRef | None, point: EntryId | None) -> bool:
+    """Whether segment `ref` lies entirely after `point` (None: the beginning)."""
+    return ref is not None and (point is None or ref.first > point)

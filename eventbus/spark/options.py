@@ -1,0 +1,189 @@
+"""The options of ``format("eventbus")``, parsed once into a `SourceOptions` (picklable).
+
+Spark passes options as strings (names case-insensitive). Every problem raises `ConfigError`
+naming the option, when the DataFrame is defined (``load()``), not when a task runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+from eventbus.codec import event_type_of
+from eventbus.errors import ConfigError
+from eventbus.keys import Keys, check_name
+from eventbus.tier.store import Store, open_store
+
+MODES = ("PERMISSIVE", "FAILFAST")
+
+
+def load_object(path: str, what: str) -> Any:
+    """Import ``"pkg.module:Name"``. Raises `ConfigError` naming `what` and the path."""
+    module, _, name = path.partition(":")
+    if not module or not name:
+        raise ConfigError(f"{what} must be 'package.module:Name', got {path!r}")
+    try:
+        obj: Any = importlib.import_module(module)
+        for part in name.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"cannot import {what} {path!r}: {exc}") from None
+    return obj
+
+
+def load_models(spec: str | None) -> dict[str | None, type[BaseModel]] | None:
+    """The ``model`` option: ``"pkg.mod:Model"`` (key None: decodes every entry) or a JSON object
+    ``{"<event type>": "pkg.mod:Model", ...}`` (entries of other types get null typed columns)."""
+    if not spec:
+        return None
+    spec = spec.strip()
+    if spec.startswith("{"):
+        try:
+            raw = json.loads(spec)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"option model is not valid JSON: {exc}") from None
+        pairs: dict[str | None, Any] = {
+            str(k): load_object(str(v), "model") for k, v in raw.items()
+        }
+    else:
+        pairs = {None: load_object(spec, "model")}
+    for model in pairs.values():
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            raise ConfigError(f"option model must name pydantic models, got {model!r}")
+    return pairs
+
+
+def models_option(models: Any) -> str:
+    """The ``model`` option's text for a model class or a mapping type -> model (or path)."""
+    if isinstance(models, str):
+        return models
+    if isinstance(models, type):
+        return f"{models.__module__}:{models.__qualname__}"
+    if isinstance(models, Mapping):
+        return json.dumps({k: models_option(v) for k, v in models.items()})
+    return json.dumps({event_type_of(m): models_option(m) for m in models})
+
+
+def _int(options: Mapping[str, str], name: str, default: int | None, low: int = 0) -> int | None:
+    raw = options.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"option {name} must be an integer, got {raw!r}") from None
+    if value < low:
+        raise ConfigError(f"option {name} must be >= {low}, got {value}")
+    return value
+
+
+def _bool(options: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = options.get(name)
+    if raw is None:
+        return default
+    if raw.lower() in ("true", "1", "yes"):
+        return True
+    if raw.lower() in ("false", "0", "no"):
+        return False
+    raise ConfigError(f"option {name} must be true or false, got {raw!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class SourceOptions:
+    """Parsed options. Sizes in bytes."""
+
+    store: str
+    topic: str
+    redis_url: str | None = None
+    model: str | None = None
+    mode: str = "PERMISSIVE"
+    validate: bool = True
+    shards: int | None = None
+    key_prefix: str = "eventbus"
+    hashtag: str = "eventbus"
+    pack_bytes: int = 8 << 20
+    store_factory: str | None = None
+    table: str = "events"
+    on_gap: str = "warn"
+    max_entries_per_trigger: int | None = None
+    starting_offsets: str = "earliest"
+    resource_id_col: str | None = None
+    event_id_col: str | None = None
+    event_type: str | None = None
+    headers_col: str | None = None
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str], *, need_store: bool = True) -> SourceOptions:
+        """Parse Spark's option map. Raises `ConfigError` for a missing or invalid option."""
+        opts = {k.lower(): v for k, v in options.items()}
+        topic = opts.get("topic")
+        if not topic:
+            raise ConfigError("option topic is required: .option('topic', 'orders')")
+        check_name("topic", topic)
+        store = opts.get("store", "")
+        if need_store and not store:
+            raise ConfigError(
+                "option store is required: a segment store URL (folder, file://, s3://bucket/p)"
+            )
+        mode = opts.get("mode", "PERMISSIVE").upper()
+        if mode not in MODES:
+            raise ConfigError(f"option mode must be one of {', '.join(MODES)}, got {mode!r}")
+        table = opts.get("table", "events").lower()
+        if table not in ("events", "gaps"):
+            raise ConfigError(f"option table must be 'events' or 'gaps', got {table!r}")
+        on_gap = opts.get("ongap", "warn").lower()
+        if on_gap not in ("warn", "fail"):
+            raise ConfigError(f"option onGap must be 'warn' or 'fail', got {on_gap!r}")
+        parsed = cls(
+            store=store,
+            topic=topic,
+            redis_url=opts.get("redis_url") or None,
+            model=opts.get("model") or None,
+            mode=mode,
+            validate=_bool(opts, "validate", True),
+            shards=_int(opts, "shards", None, 1),
+            key_prefix=opts.get("key_prefix", "eventbus"),
+            hashtag=opts.get("hashtag", "eventbus"),
+            pack_bytes=_int(opts, "packbytes", 8 << 20) or 0,
+            store_factory=opts.get("store_factory") or None,
+            table=table,
+            on_gap=on_gap,
+            max_entries_per_trigger=_int(opts, "maxentriespertrigger", None, 1),
+            starting_offsets=opts.get("startingoffsets", "earliest"),
+            resource_id_col=opts.get("resource_id_col") or None,
+            event_id_col=opts.get("event_id_col") or None,
+            event_type=opts.get("event_type") or None,
+            headers_col=opts.get("headers_col") or None,
+        )
+        parsed.keys()  # validates key_prefix / hashtag
+        load_models(parsed.model)  # fails now, not in a task
+        return parsed
+
+    def keys(self) -> Keys:
+        return Keys(self.key_prefix, self.hashtag)
+
+    def models(self) -> dict[str | None, type[BaseModel]] | None:
+        return load_models(self.model)
+
+    def open_store(self) -> Store:
+        """The segment store: ``store_factory(url)`` when given (an obstore store, e.g. with
+        custom credentials or instrumentation), else `eventbus.tier.open_store(url)`."""
+        if self.store_factory:
+            factory = load_object(self.store_factory, "store_factory")
+            return factory(self.store)
+        return open_store(self.store)
+
+    def redis(self) -> Any:
+        """A synchronous, binary-safe redis-py client of ``redis_url`` (None without it)."""
+        if not self.redis_url:
+            return None
+        import redis
+
+        if not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
+            raise ConfigError(f"option redis_url must be a redis:// URL, got {self.redis_url!r}")
+        return redis.Redis.from_url(self.redis_url)

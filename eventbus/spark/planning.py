@@ -1,0 +1,355 @@
+"""What a read covers: pruning, the consistent cut with Redis, and reading one shard's range.
+
+**Pruning** (`Pruning.from_filters`): Spark's pushed filters on ``shard``, ``resource_id``
+(through the shard hash), ``entry_id`` (equality), ``entry_ms`` (ranges) and ``published_at``
+(ranges, checked against each segment's Parquet statistics) narrow the shards and entry-ID
+range; segments outside are never fetched. Every filter is still handed back to Spark, which
+applies it to the rows: pruning only skips what cannot match.
+
+**The cut** (`plan_read` with Redis): per shard, the offloader's checkpoint ``C`` is read
+first, then the segments are listed (only those with ``last <= C`` are used: the others are
+still in Redis), then the stream's last entry ``S``. Segments give entries up to ``C``,
+``XRANGE (C, S]`` the rest: disjoint, and together every entry of the shard up to ``S``.
+
+**Reading (after, upto]** (`read_range`) stays exact while an offloader runs: the checkpoint
+``C1`` is read again *after* the ``XRANGE`` pages; entries the offloader archived and trimmed
+meanwhile (``C < id <= C1``) are taken from the segments it committed, the rest from the pages.
+An entry after ``C1`` cannot have been trimmed by the offloader before the pages were read (it
+trims only below its checkpoint), so nothing is missed and nothing is read twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark.sql.datasource import (
+    EqualTo,
+    Filter,
+    GreaterThan,
+    GreaterThanOrEqual,
+    In,
+    InputPartition,
+    LessThan,
+    LessThanOrEqual,
+)
+
+from eventbus.errors import ConfigError
+from eventbus.keys import Keys
+from eventbus.sharding import shard_of
+from eventbus.tier.errors import TierError
+from eventbus.tier.ids import EntryId, parse_id
+from eventbus.tier.layout import SegmentRef
+from eventbus.spark.decode import entries_batch, id_mask, read_segment
+from eventbus.spark.objects import Objects
+
+log = logging.getLogger("eventbus.spark")
+
+MAX_ID = EntryId((1 << 64) - 1, (1 << 64) - 1)
+XRANGE_COUNT = 5000
+
+
+@dataclass(frozen=True, slots=True)
+class Pruning:
+    """Conditions every wanted row meets. `shards` None: any. Entry IDs in [`lo`, `hi`];
+    publisher time (Unix ms) in [`time_lo`, `time_hi`] when set."""
+
+    shards: frozenset[int] | None = None
+    resource_ids: frozenset[str] | None = None
+    lo: EntryId = EntryId(0, 0)
+    hi: EntryId = MAX_ID
+    time_lo: int | None = None
+    time_hi: int | None = None
+
+    @classmethod
+    def from_filters(cls, filters: Sequence[Filter]) -> Pruning:
+        """The conditions of the pushed `filters` that prune (others are ignored here)."""
+        p = cls()
+        for f in filters:
+            p = p._with(f)
+        return p
+
+    def _with(self, f: Filter) -> Pruning:
+        col = getattr(f, "attribute", ("",))
+        name = col[0] if len(col) == 1 else ""
+        value = getattr(f, "value", None)
+        values = tuple(value) if isinstance(f, In) else (value,)
+        exact = isinstance(f, EqualTo | In)
+        if name == "shard" and exact:
+            return _replace(self, shards=_meet(self.shards, {int(v) for v in values}))
+        if name == "resource_id" and exact:
+            return _replace(self, resource_ids=_meet(self.resource_ids, set(map(str, values))))
+        if name == "entry_id" and exact:
+            try:
+                ids = sorted(parse_id(str(v)) for v in values)
+            except ConfigError:
+                return self
+            return _replace(self, lo=max(self.lo, ids[0]), hi=min(self.hi, ids[-1]))
+        if name == "entry_ms" and isinstance(value, int):
+            lo, hi = _bounds(f, value)
+            return _replace(
+                self,
+                lo=max(self.lo, EntryId(lo, 0)) if lo is not None else self.lo,
+                hi=min(self.hi, EntryId(hi, MAX_ID.seq)) if hi is not None else self.hi,
+            )
+        if name == "published_at" and isinstance(value, datetime):
+            ms = int(value.replace(tzinfo=value.tzinfo or UTC).timestamp() * 1000)
+            lo, hi = _bounds(f, ms)
+            return _replace(
+                self,
+                time_lo=max(x for x in (self.time_lo, lo) if x is not None) if lo is not None
+                else self.time_lo,
+                time_hi=min(x for x in (self.time_hi, hi) if x is not None) if hi is not None
+                else self.time_hi,
+            )
+        return self
+
+    def shard_set(self, shards: int | None) -> frozenset[int] | None:
+        """Shards that may hold wanted rows, given the topic's shard count (None: unknown)."""
+        allowed = self.shards
+        if self.resource_ids is not None and shards:
+            allowed = _meet(allowed, {shard_of(r, shards) for r in self.resource_ids})
+        return allowed
+
+    def overlaps(self, ref: SegmentRef) -> bool:
+        return ref.last >= self.lo and ref.first <= self.hi
+
+
+def _replace(p: Pruning, **changes: Any) -> Pruning:
+    values = {f: getattr(p, f) for f in Pruning.__slots__}
+    values.update(changes)
+    return Pruning(**values)
+
+
+def _meet(a: frozenset[Any] | None, b: set[Any]) -> frozenset[Any]:
+    return frozenset(b) if a is None else a & b
+
+
+def _bounds(f: Filter, v: int) -> tuple[int | None, int | None]:
+    """Inclusive integer bounds of a comparison filter on an integer (ms) value."""
+    if isinstance(f, EqualTo | In):
+        return v, v
+    if isinstance(f, GreaterThan):
+        return v + 1, None
+    if isinstance(f, GreaterThanOrEqual):
+        return v, None
+    if isinstance(f, LessThan):
+        return None, v - 1
+    if isinstance(f, LessThanOrEqual):
+        return None, v
+    return None, None
+
+
+@dataclass(frozen=True)
+class SegmentsPart(InputPartition):
+    """A Spark task: consecutive segments of one shard, rows in [`lo`, `hi`]."""
+
+    refs: tuple[SegmentRef, ...]
+    lo: EntryId
+    hi: EntryId
+    time_lo: int | None = None
+    time_hi: int | None = None
+
+
+@dataclass(frozen=True)
+class RangePart(InputPartition):
+    """A Spark task: shard `shard`'s entries in (`after`, `upto`], archived ones up to `cp`
+    from segments, the rest from Redis (see `read_range`)."""
+
+    topic: str
+    shard: int
+    after: EntryId | None
+    upto: EntryId
+    cp: EntryId | None = None
+    refs: tuple[SegmentRef, ...] = field(default=())
+
+
+@dataclass(slots=True)
+class Cut:
+    """A planned read: its Spark tasks, and the gap records overlapping it."""
+
+    parts: list[InputPartition]
+    gaps: list[dict[str, Any]]
+
+
+def checkpoints(redis: Any, keys: Keys, topic: str, shards: Sequence[int]) -> dict[int, EntryId]:
+    """The offloader's checkpoint (last archived ID) of each of `shards` that has one."""
+    raw = redis.hmget(keys.checkpoints(topic), [str(s) for s in shards]) if shards else []
+    return {s: parse_id(v) for s, v in zip(shards, raw, strict=True) if v is not None}
+
+
+def last_ids(redis: Any, keys: Keys, topic: str, shards: Sequence[int]) -> dict[int, EntryId]:
+    """The last entry ID in each of `shards`' streams (shards with an empty stream: absent)."""
+    pipe = redis.pipeline(transaction=False)
+    for s in shards:
+        pipe.xrevrange(keys.stream(topic, s), "+", "-", count=1)
+    out = {}
+    for s, reply in zip(shards, pipe.execute(), strict=True):
+        if reply:
+            out[s] = parse_id(reply[0][0])
+    return out
+
+
+def shard_count(redis: Any, keys: Keys, topic: str, given: int | None) -> int | None:
+    """The topic's shard count: `given`, else the topic registry in Redis, else None."""
+    if given is not None or redis is None:
+        return given
+    raw = redis.hget(keys.topics(), topic)
+    return int(raw) if raw is not None else None
+
+
+def plan_read(
+    objects: Objects,
+    topic: str,
+    pruning: Pruning,
+    *,
+    redis: Any = None,
+    keys: Keys | None = None,
+    shards: int | None = None,
+    pack_bytes: int = 0,
+) -> Cut:
+    """Plan a batch read of `topic` (see the module docstring for the cut). Segments of a shard
+    smaller than `pack_bytes` together share a task. Raises `StoreError`."""
+    keys = keys or Keys()
+    count = shard_count(redis, keys, topic, shards)
+    present = set(objects.shards(topic)) | set(range(count or 0))
+    allowed = pruning.shard_set(count)
+    chosen = sorted(s for s in present if allowed is None or s in allowed)
+    cps = checkpoints(redis, keys, topic, chosen) if redis is not None else {}
+    parts: list[InputPartition] = []
+    gaps: list[dict[str, Any]] = []
+    per_shard = {s: objects.segments(topic, s) for s in chosen}
+    lasts = last_ids(redis, keys, topic, chosen) if redis is not None else {}
+    for s in chosen:
+        refs = [r for r in per_shard[s] if pruning.overlaps(r)]
+        if redis is not None:
+            cp = cps.get(s)
+            refs = [r for r in refs if cp is not None and r.last <= cp]
+        parts += [
+            SegmentsPart(tuple(group), pruning.lo, pruning.hi, pruning.time_lo, pruning.time_hi)
+            for group in _pack(refs, pack_bytes)
+        ]
+        last = lasts.get(s)
+        start = cps.get(s)
+        if last is not None and (start is None or last > start):
+            upto = min(last, pruning.hi)
+            floor = pruning.lo.prev() if pruning.lo > EntryId(0, 0) else None
+            after = start if floor is None else floor if start is None else max(start, floor)
+            if after is None or upto > after:
+                parts.append(RangePart(topic, s, after, upto, start))
+        if per_shard[s] or s in lasts or s in cps:
+            gaps += [g for g in objects.gaps(topic, s) if _gap_overlaps(g, pruning)]
+    return Cut(parts, gaps)
+
+
+def _gap_overlaps(gap: dict[str, Any], pruning: Pruning) -> bool:
+    try:
+        after, before = parse_id(gap["after"]), parse_id(gap["before"])
+    except (KeyError, ConfigError):
+        return True
+    return before > pruning.lo and after < pruning.hi
+
+
+def surface_gaps(topic: str, gaps: Sequence[dict[str, Any]], on_gap: str) -> None:
+    """Warn about (or, with ``on_gap="fail"``, raise `TierError` for) gap records in a read."""
+    if not gaps:
+        return
+    lost = sum(g.get("lost_entries") or 0 for g in gaps)
+    text = (
+        f"topic {topic!r}: {len(gaps)} gap record(s) overlap this read ({lost} entries known "
+        "lost before they were archived); read them with option('table', 'gaps'): "
+        + ", ".join(g["key"] for g in gaps[:5])
+    )
+    if on_gap == "fail":
+        raise TierError(text)
+    log.warning(text)
+    warnings.warn(text, RuntimeWarning, stacklevel=2)
+
+
+def _pack(refs: list[SegmentRef], pack_bytes: int) -> Iterator[list[SegmentRef]]:
+    group: list[SegmentRef] = []
+    size = 0
+    for ref in refs:
+        if group and size + ref.size > pack_bytes:
+            yield group
+            group, size = [], 0
+        group.append(ref)
+        size += ref.size
+    if group:
+        yield group
+
+
+def stats_exclude(objects: Objects, ref: SegmentRef, time_lo: int | None, time_hi: int | None) -> bool:
+    """Whether the segment's Parquet statistics of ``event_time_ms`` show no row in
+    [`time_lo`, `time_hi`] (reads only the footer). False when unsure."""
+    if time_lo is None and time_hi is None:
+        return False
+    try:
+        meta = pq.ParquetFile(objects.open(ref.key)).metadata
+    except Exception:  # unreadable footer: let the full read report it
+        return False
+    col = meta.schema.names.index("event_time_ms")
+    for i in range(meta.num_row_groups):
+        st = meta.row_group(i).column(col).statistics
+        if st is None or not st.has_min_max or st.null_count:
+            return False
+        if (time_hi is None or st.min <= time_hi) and (time_lo is None or st.max >= time_lo):
+            return False
+    return True
+
+
+def read_segments(
+    objects: Objects,
+    refs: Sequence[SegmentRef],
+    after: EntryId | None,
+    upto: EntryId | None,
+) -> Iterator[pa.RecordBatch]:
+    """Rows of `refs` with `after` < ID <= `upto`, as segment-schema batches, in order."""
+    for ref in refs:
+        if (after is not None and ref.last <= after) or (upto is not None and ref.first > upto):
+            continue
+        for batch in read_segment(objects.get(ref.key), ref):
+            cut = (after is not None and ref.first <= after) or (upto is not None and ref.last > upto)
+            if cut:
+                batch = batch.filter(id_mask(batch, after, upto))
+            if batch.num_rows:
+                yield batch
+
+
+def xrange(redis: Any, stream: str, after: EntryId | None, upto: EntryId) -> list[tuple[EntryId, dict[bytes, bytes]]]:
+    """Entries of `stream` in (`after`, `upto`], paged by `XRANGE_COUNT` (never a group)."""
+    out: list[tuple[EntryId, dict[bytes, bytes]]] = []
+    low = f"({after}" if after is not None else "-"
+    while True:
+        page = redis.xrange(stream, low, str(upto), count=XRANGE_COUNT)
+        out += [(parse_id(i), f) for i, f in page]
+        if len(page) < XRANGE_COUNT:
+            return out
+        low = f"({out[-1][0]}"
+
+
+def read_range(
+    objects: Objects, redis: Any, keys: Keys, part: RangePart
+) -> Iterator[pa.RecordBatch]:
+    """Shard `part.shard`'s entries in (`part.after`, `part.upto`] as segment-schema batches in
+    entry-ID order: segments `part.refs`, then ``XRANGE`` after the checkpoint `part.cp`, with
+    the re-check of the module docstring."""
+    topic, shard = part.topic, part.shard
+    yield from read_segments(objects, part.refs, part.after, part.upto)
+    start = part.cp if part.after is None or (part.cp is not None and part.cp > part.after) else part.after
+    if start is not None and start >= part.upto:
+        return
+    entries = xrange(redis, keys.stream(topic, shard), start, part.upto)
+    now = checkpoints(redis, keys, topic, [shard]).get(shard)
+    if now is not None and (start is None or now > start):
+        fresh = [r for r in objects.segments(topic, shard) if (start is None or r.first > start) and r.last <= now]
+        yield from read_segments(objects, fresh, start, min(now, part.upto))
+        entries = [e for e in entries if e[0] > now]
+    if entries:
+        yield entries_batch(topic, shard, entries)

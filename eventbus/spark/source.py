@@ -1,0 +1,169 @@
+"""``spark.read.format("eventbus")``: a topic's archived segments (and Redis tail) as a DataFrame.
+
+One Spark task per segment (small segments of a shard packed up to ``packBytes``), rows in
+entry-ID order inside a task; with ``redis_url`` one more task per shard reads the entries after
+the offloader's checkpoint with ``XRANGE`` (`eventbus.spark.planning` explains the cut). Tasks
+yield Arrow record batches. `EventbusSource` is also the streaming source
+(`eventbus.spark.stream`) and the writer (`eventbus.spark.writer`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceWriter,
+    Filter,
+    InputPartition,
+)
+from pyspark.sql.types import StructType
+
+from eventbus.tier.errors import CorruptSegment
+from eventbus.spark.decode import Converter, read_segment
+from eventbus.spark.objects import Objects, as_objects
+from eventbus.spark.options import SourceOptions
+from eventbus.spark.planning import (
+    Cut,
+    Pruning,
+    RangePart,
+    SegmentsPart,
+    plan_read,
+    read_range,
+    stats_exclude,
+    surface_gaps,
+)
+from eventbus.spark.schema import CORRUPT, GAPS, arrow_schema, read_schema
+
+log = logging.getLogger("eventbus.spark")
+
+
+class EventbusSource(DataSource):
+    """The ``eventbus`` data source. Options: see docs/spark.md (`SourceOptions`)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "eventbus"
+
+    def _opts(self, need_store: bool = True) -> SourceOptions:
+        return SourceOptions.parse(self.options, need_store=need_store)
+
+    def schema(self) -> StructType:
+        opts = self._opts()
+        if opts.table == "gaps":
+            return GAPS
+        return read_schema(opts.models())
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        opts = self._opts()
+        if opts.table == "gaps":
+            return GapsReader(opts)
+        if str(self.options.get("pushdown", "true")).lower() == "false":
+            return BatchReader(opts, schema)
+        return PruningReader(opts, schema)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        from eventbus.spark.stream import StreamReader
+
+        return StreamReader(self._opts(), schema)
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        from eventbus.spark.writer import EventWriter
+
+        return EventWriter(self._opts(need_store=False), schema)
+
+
+class BatchReader(DataSourceReader):
+    """Plans on the driver (`partitions`), reads in tasks (`read`)."""
+
+    def __init__(self, opts: SourceOptions, schema: StructType) -> None:
+        self.opts = opts
+        self.schema = schema
+        self.pruning = Pruning()
+
+    def plan(self) -> Cut:
+        opts = self.opts
+        redis = opts.redis()
+        try:
+            return plan_read(
+                as_objects(opts.open_store()),
+                opts.topic,
+                self.pruning,
+                redis=redis,
+                keys=opts.keys(),
+                shards=opts.shards,
+                pack_bytes=opts.pack_bytes,
+            )
+        finally:
+            if redis is not None:
+                redis.close()
+
+    def partitions(self) -> Sequence[InputPartition]:
+        cut = self.plan()
+        surface_gaps(self.opts.topic, cut.gaps, self.opts.on_gap)
+        return cut.parts or [SegmentsPart((), self.pruning.lo, self.pruning.hi)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        opts = self.opts
+        objects = as_objects(opts.open_store())
+        conv = Converter(arrow_schema(self.schema), opts.models(), opts.mode, opts.validate)
+        if isinstance(partition, RangePart):
+            redis = opts.redis()
+            try:
+                for batch in read_range(objects, redis, opts.keys(), partition):
+                    yield conv.convert(batch)
+            finally:
+                redis.close()
+            return
+        assert isinstance(partition, SegmentsPart)
+        for ref in partition.refs:
+            if stats_exclude(objects, ref, partition.time_lo, partition.time_hi):
+                continue
+            try:
+                batches = list(read_segment(objects.get(ref.key), ref))
+            except CorruptSegment as exc:
+                if opts.mode == "FAILFAST":
+                    raise
+                log.error("%s (mode PERMISSIVE: one _corrupt row stands for it)", exc)
+                yield corrupt_row(conv.target, ref, str(exc))
+                continue
+            for batch in batches:
+                yield conv.convert(batch)
+
+
+class PruningReader(BatchReader):
+    """`BatchReader` with filter pushdown (``spark.sql.python.filterPushdown.enabled``, which
+    `eventbus.spark.register` turns on): pushed filters prune shards and segments, and are all
+    handed back to Spark to filter the rows."""
+
+    def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
+        self.pruning = Pruning.from_filters(filters)
+        yield from filters
+
+
+def corrupt_row(target: pa.Schema, ref: Any, reason: str) -> pa.RecordBatch:
+    """One row naming a corrupt segment: topic, shard and ``_corrupt`` set, the rest null."""
+    values = {"topic": ref.topic, "shard": ref.shard, CORRUPT: reason}
+    arrays = [pa.array([values.get(f.name)], f.type) for f in target]
+    return pa.RecordBatch.from_arrays(arrays, schema=target)
+
+
+class GapsReader(DataSourceReader):
+    """The side table of gap records (``option("table", "gaps")``), one task."""
+
+    def __init__(self, opts: SourceOptions) -> None:
+        self.opts = opts
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        objects: Objects = as_objects(self.opts.open_store())
+        for shard in objects.shards(self.opts.topic):
+            for g in objects.gaps(self.opts.topic, shard):
+                yield tuple(
+                    g.get(name) if name != "shard" else int(g.get("shard", shard))
+                    for name in GAPS.fieldNames()
+                )

@@ -1,0 +1,55 @@
+"""The Spark tests' fixtures: one local SparkSession for the session (about 15 s to start), with
+the venv's python for workers, loopback only, the UI off and small shuffles."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# the moto S3 server and the per-test s3:// store of the tier tests
+from tests.integration.tier.conftest import s3_endpoint, s3_env  # noqa: F401
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    pytest.importorskip("pyspark")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    # Spark's Python workers import the test models (tests/spark/spark_support.py)
+    paths = [str(ROOT), str(HERE), os.environ.get("PYTHONPATH", "")]
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    from pyspark.sql import SparkSession
+
+    from eventbus.spark import register
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("eventbus-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.python.worker.reuse", "true")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    register(session)
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def topic(request: pytest.FixtureRequest) -> str:
+    """A topic name unique to the test."""
+    import uuid
+
+    return f"t-{uuid.uuid4().hex[:8]}"

@@ -1,0 +1,119 @@
+"""Helpers of the Spark tests: event models (importable by Spark's Python workers, which get
+this folder on PYTHONPATH), publishing, offloading, and a store that counts its reads."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import anyio
+from pydantic import BaseModel
+
+from eventbus import EventBus, Settings
+from eventbus.spark.objects import Objects
+from eventbus.tier import TierSettings, offload_until_caught_up, open_store
+
+
+class Tick(BaseModel):
+    """The `seq`-th event of resource `resource`."""
+
+    resource: str
+    seq: int
+    price: float = 1.5
+    tags: list[str] = []
+
+
+class Tock(BaseModel):
+    resource: str
+    n: int
+
+
+class Nested(BaseModel):
+    name: str
+    tick: Tick
+
+
+def make_bus(redis_url: str, shards: int = 4, **settings: Any) -> EventBus:
+    return EventBus(Settings(redis_url=redis_url, shards=shards, **settings))
+
+
+def fast_tier(**overrides: Any) -> TierSettings:
+    values: dict[str, Any] = {
+        "segment_max_entries": 100,
+        "segment_max_age_s": 0.0,
+        "hot_window_s": 0.0,
+        "trim_exact": True,
+        "poll_interval_s": 0.02,
+    }
+    values.update(overrides)
+    return TierSettings(**values)
+
+
+def ticks(count: int, resources: int = 7, start: int = 0) -> list[tuple[str, Tick]]:
+    return [
+        (f"res-{i % resources}", Tick(resource=f"res-{i % resources}", seq=i))
+        for i in range(start, start + count)
+    ]
+
+
+def publish(redis_url: str, topic: str, events: list[tuple[str, BaseModel]], shards: int = 4) -> list[str]:
+    """Publish `events` in order; returns their entry IDs."""
+
+    async def go() -> list[str]:
+        bus = make_bus(redis_url, shards)
+        try:
+            async with bus:
+                return await bus.publish_many(topic, events)
+        finally:
+            await bus.aclose()
+
+    return anyio.run(go)
+
+
+def offload(redis_url: str, store_url: str, topic: str, shards: int = 4, **tier: Any) -> None:
+    """Archive everything now in Redis (and trim it: no hot window)."""
+
+    async def go() -> None:
+        bus = make_bus(redis_url, shards)
+        try:
+            await offload_until_caught_up(
+                bus.redis, open_store(store_url), topics=[topic], settings=bus.settings,
+                tier=fast_tier(**tier), timeout_s=60,
+            )
+        finally:
+            await bus.aclose()
+
+    anyio.run(go)
+
+
+class CountingObjects(Objects):
+    """Appends the key of every object read (``get``/``open``) to ``<store>/../reads.log``:
+    Spark tasks run in other processes, so the count goes through a file."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(open_store(url))
+        self.log = Path(url).parent / "reads.log"
+
+    def _note(self, key: str) -> None:
+        with self.log.open("a") as f:
+            f.write(key + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def get(self, key: str) -> bytes:
+        self._note(key)
+        return super().get(key)
+
+    def open(self, key: str) -> Any:
+        self._note(key)
+        return super().open(key)
+
+
+def counting_store(url: str) -> CountingObjects:
+    return CountingObjects(url)
+
+
+def reads(store_url: str) -> list[str]:
+    log = Path(store_url).parent / "reads.log"
+    return log.read_text().split() if log.exists() else []
