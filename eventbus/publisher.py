@@ -18,16 +18,27 @@ confirm in time, every publish of that pipeline raises `PublishError` (the event
 primary, but a failover could lose them).
 
 Connection errors are retried with exponential backoff until `publish_timeout_s`; after that the
-call raises `PublishError`. An XADD whose reply was lost may have been applied, so a retry can
-store an event twice: both copies carry the same event ID, for consumers to de-duplicate.
+call raises `PublishError`. `publish_timeout_s` is a deadline on the caller: `publish()` returns or
+raises within it even when Redis stops answering mid-call (a stopped process, a partition without
+RST), and each pipeline is abandoned at that deadline too (its connection closed), so neither the
+flusher nor `publish_many` waits on a silent server for longer. An XADD whose reply was lost may
+have been applied, so a retry can store an event twice: both copies carry the same event ID, for
+consumers to de-duplicate.
+
+What every consumer would refuse is refused here, before anything is sent: reserved event types
+(``__eventbus.``, `ReservedEventType`), headers that are not str -> str and resource IDs that are
+not valid UTF-8 (`InvalidEvent`), entries over `max_payload_bytes` (`PayloadTooLarge`) and
+envelopes that decompress to more than `Settings.max_decompressed_bytes`
+(`DecompressedTooLarge`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -127,19 +138,38 @@ class Publisher:
     ) -> str:
         """Append one event; returns its entry ID (``<ms>-<seq>``) once Redis has accepted it.
 
-        Raises `ShardCountMismatch`, `PayloadTooLarge`, `ConfigError`, or `PublishError` when
-        Redis did not confirm the XADD within `publish_timeout_s` (it may still have stored it).
+        Raises `ShardCountMismatch`, `PayloadTooLarge`, `ConfigError` (`ReservedEventType`,
+        `InvalidEvent`), or `PublishError` when Redis did not confirm the XADD within
+        `publish_timeout_s` seconds of the call (it may still have stored it).
         """
-        if not self._registry.checked(topic.name):
-            await self._check_topic(topic)
-        stream, fields = self.prepare(topic, event, resource_id, headers)
-        return await self._submit(stream, fields, topic.maxlen)
+        with self._deadline(topic):
+            if not self._registry.checked(topic.name):
+                await self._check_topic(topic)
+            stream, fields = self.prepare(topic, event, resource_id, headers)
+            return await self._submit(stream, fields, topic.maxlen)
+        raise AssertionError("unreachable: _deadline raises when it cancels")  # pragma: no cover
 
     async def publish_envelope(self, topic: TopicConfig, envelope: Envelope) -> str:
-        """Append a ready envelope (no model needed); returns its entry ID."""
-        await self._check_topic(topic)
-        stream, fields = self.prepare_envelope(topic, envelope)
-        return await self._submit(stream, fields, topic.maxlen)
+        """Append a ready envelope (no model needed); returns its entry ID. Same errors and
+        deadline as `publish`."""
+        with self._deadline(topic):
+            await self._check_topic(topic)
+            stream, fields = self.prepare_envelope(topic, envelope)
+            return await self._submit(stream, fields, topic.maxlen)
+        raise AssertionError("unreachable: _deadline raises when it cancels")  # pragma: no cover
+
+    @contextlib.contextmanager
+    def _deadline(self, topic: TopicConfig) -> Iterator[None]:
+        """Cancel the body after `publish_timeout_s` seconds and raise `PublishError` then."""
+        timeout = self._settings.publish_timeout_s
+        with anyio.move_on_after(timeout) as scope:
+            yield
+        if scope.cancelled_caught:
+            raise PublishError(
+                f"publish to topic {topic.name!r} not confirmed within {timeout:g} s "
+                "(EVENTBUS_PUBLISH_TIMEOUT_S): Redis did not answer in time; the event may or "
+                "may not be stored (its event ID tells duplicates apart)"
+            )
 
     async def _check_topic(self, topic: TopicConfig) -> None:
         """`TopicRegistry.ensure` under the publish retry policy: connection errors (a Redis
@@ -194,7 +224,8 @@ class Publisher:
         one pipeline is raised after the others were sent: the events of the pipelines that
         succeeded stay published (their IDs are in the error's ``entry_ids``, None where failed).
         """
-        await self._check_topic(topic)
+        with self._deadline(topic):
+            await self._check_topic(topic)
         loop = asyncio.get_running_loop()
         items = [
             _Pending(*self.prepare(topic, ev, rid, headers), topic.maxlen, loop.create_future())
@@ -215,10 +246,15 @@ class Publisher:
 
     async def _send(self, batch: list[_Pending]) -> None:
         """Send `batch`, retrying connection errors until `publish_timeout_s`; settles every
-        future in it (result or `PublishError`) and never raises."""
-        deadline = time.monotonic() + self._settings.publish_timeout_s
+        future in it (result or `PublishError`) and never raises. The whole attempt, retries
+        and a silent server included, ends at that deadline."""
+        timeout = self._settings.publish_timeout_s
+        deadline = time.monotonic() + timeout
         delay = 0.05
-        with anyio.CancelScope(shield=True):  # a cancelled caller must not strand the others
+        # shielded: a cancelled caller must not strand the others; bounded: a server that
+        # stopped answering must not hold the batch (and a pipeline slot) for ever
+        scope = anyio.CancelScope(shield=True, deadline=anyio.current_time() + timeout)
+        with scope:
             while True:
                 try:
                     if self._packed:
@@ -249,6 +285,14 @@ class Publisher:
                         if not item.future.done():
                             item.future.set_exception(err)
                     return
+        if scope.cancelled_caught:
+            err = PublishError(
+                f"{len(batch)} XADD not confirmed within {timeout:g} s "
+                "(EVENTBUS_PUBLISH_TIMEOUT_S): Redis did not answer in time"
+            )
+            for item in batch:
+                if not item.future.done():
+                    item.future.set_exception(err)
 
     def _replicas_short(self, confirmed: Any) -> PublishError | None:
         """The error for a WAIT reply of `confirmed` replicas, or None if enough confirmed."""
