@@ -39,7 +39,8 @@ from redis.exceptions import ResponseError
 
 from eventbus import retry
 from eventbus.config import Settings
-from eventbus.keys import Keys
+from eventbus.errors import ConfigError
+from eventbus.keys import Keys, check_name
 from eventbus.locks import Grant, LockClient, new_member_id
 from eventbus.retry import REDIS_ERRORS
 from eventbus.scripts import Scripts
@@ -76,6 +77,8 @@ class OffloadStats:
     adopted: int = 0
     gaps: int = 0
     lost: int = 0
+    skipped_topics: int = 0
+    """Registered topics never archived: their name or shard count is invalid (logged once)."""
     seconds: float = 0.0
 
     @property
@@ -115,6 +118,20 @@ class _Shard:
 
 def _size(fields: dict[bytes, bytes]) -> int:
     return sum(map(len, fields)) + sum(map(len, fields.values()))
+
+
+def _unarchivable(topic: str, shards: bytes) -> str | None:
+    """Why a registered topic cannot be archived, or None. Such topics come from foreign or
+    older clients that wrote the registry without validating; one must not stop the others."""
+    try:
+        check_name("topic", topic)
+    except ConfigError as exc:
+        return str(exc)
+    if topic in (".", ".."):  # the topic is a folder of the store: no store accepts these
+        return f"topic name {topic!r} cannot be a folder of the object store"
+    if not shards.isdigit() or int(shards) < 1:
+        return f"its shard count {shards!r} is not a positive integer"
+    return None
 
 
 class _TopicOffloader:
@@ -443,6 +460,7 @@ class Offloader:
         self.stats = OffloadStats()
         self._topic_names = list(topics) if topics is not None else None
         self._topics: dict[str, _TopicOffloader] = {}
+        self._skipped: set[str] = set()
         self._hook = hook
 
     async def hook(self, point: str, shard: int, key: str) -> None:
@@ -450,12 +468,22 @@ class Offloader:
             await self._hook(point, shard, key)
 
     async def _refresh_topics(self) -> list[_TopicOffloader]:
+        """The topics to work on: those registered (among `topics`, if given), except those
+        that cannot be archived (logged at ERROR and counted once, then left alone: their
+        entries stay in Redis)."""
         raw = await self.redis.hgetall(self.keys.topics())
-        stored = {k.decode(): int(v) for k, v in raw.items()}
+        stored = {k.decode(errors="replace"): v for k, v in raw.items()}
         names = self._topic_names if self._topic_names is not None else sorted(stored)
         for name in names:
-            if name not in self._topics and name in stored:
-                self._topics[name] = _TopicOffloader(self, name, stored[name])
+            if name in self._topics or name in self._skipped or name not in stored:
+                continue
+            problem = _unarchivable(name, stored[name])
+            if problem is None:
+                self._topics[name] = _TopicOffloader(self, name, int(stored[name]))
+                continue
+            log.error("offloader %s skips topic %r: %s", self.consumer_id, name, problem)
+            self._skipped.add(name)
+            self.stats.skipped_topics += 1
         return [self._topics[n] for n in names if n in self._topics]
 
     async def _now_ms(self) -> int:
