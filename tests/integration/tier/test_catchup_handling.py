@@ -10,6 +10,7 @@ entries, and validators raising anything. Public API only: the internals are bei
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from typing import Any
 
 import anyio
 import pytest
+import redis.asyncio
 from pydantic import BaseModel, model_validator
 from tier_support import fast_tier, wait_until
 
@@ -210,70 +212,76 @@ async def test_park_holds_the_resource_back_during_catch_up(
 # -- 2. fencing -------------------------------------------------------------------------------
 
 
-async def take_over(bus: EventBus, shard: int) -> int:
-    """Another member takes `shard`'s lock as from a dead owner (the catch-up's liveness is
-    removed, as if it had lapsed); returns the new fencing token."""
-    intruder = LockClient(
-        bus.redis, bus.keys, TOPIC, GROUP, "intruder", shards=1, liveness_ttl_s=60
-    )
-    members = bus.keys.members(TOPIC, GROUP)
-    token = 0
+@dataclass
+class Takeover:
+    """Another member of the group takes a shard's lock from a thread of its own, as soon as the
+    current owner's liveness has lapsed; `done` is set once it holds the lock (or gave up)."""
 
-    async def taken() -> bool:
-        nonlocal token
-        others = [m for m in await bus.redis.zrange(members, 0, -1) if m != b"intruder"]
-        if others:
-            await bus.redis.zrem(members, *others)
-        grant = (await intruder.acquire([shard])).grants.get(shard)
-        token = grant.token if grant else 0
-        return grant is not None
+    redis_url: str
+    bus: EventBus
+    shard: int = 0
+    token: int | None = None
+    done: threading.Event = field(default_factory=threading.Event)
 
-    await wait_until(taken, within_s=10)
-    return token
+    def start(self) -> None:
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            anyio.run(self._take)
+        finally:
+            self.done.set()
+
+    async def _take(self) -> None:
+        client = redis.asyncio.Redis.from_url(self.redis_url)
+        lock = LockClient(
+            client, self.bus.keys, TOPIC, GROUP, "intruder", shards=1, liveness_ttl_s=60
+        )
+        try:
+
+            async def taken() -> bool:
+                grant = (await lock.acquire([self.shard])).grants.get(self.shard)
+                self.token = grant.token if grant else None
+                return grant is not None
+
+            await wait_until(taken, within_s=20)
+        finally:
+            await client.aclose()
 
 
 async def test_catch_up_starts_no_handler_with_a_superseded_token(
     redis_db: str, tmp_path: Any
 ) -> None:
-    """While the catch-up's handler runs, another member takes the shard's lock: the catch-up
-    must start no further handler with its old token, and ack (or move the group) nothing."""
+    """The catch-up's process pauses in a handler (it blocks the event loop, so no heartbeat
+    runs either) past its liveness TTL, and another member takes the shard's lock meanwhile.
+    Woken up, the catch-up must start no further handler with its superseded token, and ack (or
+    move the group past) nothing."""
     store = open_store(str(tmp_path / "segments"))
-    settings = settings_for(redis_db, liveness_ttl_s=5)
-    bus = EventBus(settings)
+    bus = EventBus(settings_for(redis_db, liveness_ttl_s=2))
+    takeover = Takeover(redis_db, bus)
     calls: list[tuple[int, int, bool]] = []  # seq, token, started after the takeover
-    blocked, released = anyio.Event(), anyio.Event()
-    taken_over = False
 
     @bus.subscriber(TOPIC, group=GROUP)
     async def handle(event: Tick, ctx: Context) -> None:
-        calls.append((event.seq, ctx.fencing_token, taken_over))
-        if event.seq == 1:
-            blocked.set()
-            await released.wait()
+        calls.append((event.seq, ctx.fencing_token, takeover.done.is_set()))
+        if event.seq == 1:  # a process pause: the whole event loop stops until the takeover
+            takeover.start()
+            takeover.done.wait(timeout=30)
 
     async with bus:
         await create_group(bus)
         for seq in range(1, 4):  # three resources: nothing but the lock holds 2 and 3 back
             await bus.publish(TOPIC, Tick(resource=f"r{seq}", seq=seq), resource_id=f"r{seq}")
         await archive_backlog(bus, store)
-
-        async def standalone() -> None:
-            with contextlib.suppress(LockUnavailable):  # the shard now belongs to the intruder
-                await catch_up(bus, store, TOPIC, GROUP, lock_timeout_s=1)
-
-        with anyio.fail_after(30):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(standalone)
-                await blocked.wait()
-                new_token = await take_over(bus, 0)
-                taken_over = True
-                released.set()
+        with anyio.fail_after(60), contextlib.suppress(LockUnavailable):  # the intruder's now
+            await catch_up(bus, store, TOPIC, GROUP, lock_timeout_s=1)
         stream = bus.keys.stream(TOPIC, 0)
         (group,) = await bus.redis.xinfo_groups(stream)
         pending = await bus.redis.xpending(stream, GROUP)
-    assert calls[0][:2] == (1, new_token - 1)
-    stale = [(seq, token) for seq, token, after in calls if after and token < new_token]
-    assert stale == [], f"handlers started with a superseded token (current {new_token})"
+    assert takeover.token is not None, "the other member never got the lock"
+    assert calls[0][:2] == (1, takeover.token - 1)
+    stale = [(seq, token) for seq, token, after in calls if after and token < takeover.token]
+    assert stale == [], f"handlers started with a superseded token (current {takeover.token})"
     assert group["last-delivered-id"] == b"0-0", "the fenced catch-up moved the group"
     assert pending["pending"] == 0, "the fenced catch-up left entries pending"
 
@@ -308,6 +316,40 @@ async def test_dedup_window_skips_an_event_id_met_again_in_catch_up(
         assert rec.by_resource() == {"x": [1, 2]}, "the duplicate event ID was handled again"
     else:
         assert rec.by_resource() == {"x": [1, 2, 3]}, "the duplicate event ID was handled again"
+
+
+async def test_dedup_window_skips_in_catch_up_an_event_id_handled_live(
+    redis_db: str, tmp_path: Any
+) -> None:
+    """An event handled by the live consumer, then met again (a copy) in an archived backlog:
+    the window spans both paths, so the catch-up skips it."""
+    store = open_store(str(tmp_path / "segments"))
+    rec = Recorder()
+    settings = settings_for(redis_db)
+    live = tick_bus(settings, rec, dedup_window_s=60)
+    stream = live.keys.stream(TOPIC, 0)
+    async with live:
+        await create_group(live)
+        (first,) = await publish(live, "x", range(1, 2))
+
+        async def acked() -> bool:  # handled, remembered, acked
+            return (await live.redis.xpending(stream, GROUP))["pending"] == 0 and any(
+                g["last-delivered-id"] == first.encode()
+                for g in await live.redis.xinfo_groups(stream)
+            )
+
+        async with running(live):
+            await wait_until(lambda: rec.saw("x", 1))
+            await wait_until(acked)
+    bus = tick_bus(settings, rec, dedup_window_s=60)
+    async with bus:
+        ((_, fields),) = await bus.redis.xrange(stream)
+        await bus.redis.xadd(stream, fields)  # the same event (same event ID) again
+        await publish(bus, "x", range(2, 3))
+        await archive_backlog(bus, store)
+        with anyio.fail_after(30):
+            await catch_up(bus, store, TOPIC, GROUP)
+    assert rec.by_resource() == {"x": [1, 2]}, "an event ID handled live was handled again"
 
 
 # -- 4. the subscriber's retry delays ---------------------------------------------------------
