@@ -8,6 +8,19 @@ A stream entry has three fields (docs/protocol.md gives the bytes):
   ``0x01``: body is a MessagePack map; ``0x02``: body is a zstd frame holding that map.
   Map keys: ``v`` envelope version (1), ``id`` event ID (16 bytes), ``ts`` event time (Unix ms),
   ``h`` headers (map str -> str), ``p`` payload (the event's JSON-mode fields as MessagePack).
+
+Decoding is bounded twice, because a small entry can expand a lot: by bytes (the decompressed
+body is at most `max_bytes`) and by structure. MessagePack spends one byte on an empty array
+or map, which Python turns into a ~60-byte object: a 2 KB zstd frame of 64 MB of empty arrays
+would become gigabytes of lists. So a body may hold at most one container (array, map or
+extension) per `CONTAINER_BYTES` of its decompressed size (at least `MIN_CONTAINERS`, at most
+`max_containers`, by default ``max_bytes // DECOMPRESSION_FACTOR``), and no string, array or
+map header may claim more elements than the body has bytes. Past the budget, decoding stops
+with `DecodeError`, having allocated at most about 150 bytes per container allowed.
+
+`decode_entry` is synchronous and releases no lock: an event loop should run it in a worker
+thread (``anyio.to_thread.run_sync``) for entries whose data field is over
+`THREAD_DECODE_BYTES`, since a large compressed body can take tens of milliseconds to decode.
 """
 
 from __future__ import annotations
@@ -22,6 +35,7 @@ import msgpack
 import zstandard
 from pydantic import BaseModel
 
+from eventbus.config import DECOMPRESSION_FACTOR
 from eventbus.errors import DecodeError
 
 FORMAT_MSGPACK = 0x01
@@ -33,6 +47,17 @@ F_TYPE = b"type"
 F_DATA = b"data"
 
 _ZSTD_LEVEL = 3
+
+CONTAINER_BYTES = 8
+"""A body may hold one container (array, map, extension) per this many decompressed bytes."""
+MIN_CONTAINERS = 4096
+"""Containers always allowed, whatever the body's size: no body under 4 KiB is refused for its
+structure (a container takes at least one byte)."""
+THREAD_DECODE_BYTES = 64 * 1024
+"""Callers on an event loop should decode entries whose ``data`` field is larger than this
+(bytes) in a worker thread: below it, `decode_entry` takes well under a millisecond."""
+DEFAULT_MAX_BYTES = 64 << 20
+"""`decode_entry`'s default decompression cap (64 MiB = 64 x the default max_payload_bytes)."""
 
 
 def event_type_of(model: type[BaseModel]) -> str:
@@ -112,12 +137,26 @@ def encoded_size(fields: dict[bytes, bytes]) -> int:
     return sum(map(len, fields)) + sum(map(len, fields.values()))
 
 
-def decode_entry(fields: dict[bytes, bytes], *, max_bytes: int = 64 << 20) -> Envelope:
+def decode_entry(
+    fields: dict[bytes, bytes],
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    max_containers: int | None = None,
+) -> Envelope:
     """Decode the field map of one stream entry.
 
-    Raises `DecodeError` (never anything else) when a field is missing, the format byte is
-    unknown, the zstd frame or MessagePack body is corrupt, decompresses to more than `max_bytes`,
-    or the envelope lacks a key.
+    :param max_bytes: largest decompressed body accepted, in bytes (consumers pass
+        `Settings.max_decompressed_bytes`).
+    :param max_containers: most arrays, maps and extensions in a body, whatever its size;
+        default ``max_bytes // DECOMPRESSION_FACTOR`` (= `max_payload_bytes` for consumers).
+        The budget of a body is ``len(body) // CONTAINER_BYTES`` (at least `MIN_CONTAINERS`),
+        capped by this.
+    :raises DecodeError: (never anything else) when a field is missing, the format byte is
+        unknown, the zstd frame or MessagePack body is corrupt, decompresses to more than
+        `max_bytes`, holds more containers than its budget, or the envelope lacks a key.
+
+    Synchronous and CPU-bound: call it in a worker thread for entries over
+    `THREAD_DECODE_BYTES` (see the module docstring).
     """
     try:
         rid = fields[F_RESOURCE].decode("utf-8")
@@ -129,22 +168,10 @@ def decode_entry(fields: dict[bytes, bytes], *, max_bytes: int = 64 << 20) -> En
         raise DecodeError(f"entry field is not UTF-8: {exc}") from None
     if not data:
         raise DecodeError("entry has an empty data field")
-    fmt, body = data[0], data[1:]
-    try:
-        if fmt == FORMAT_MSGPACK_ZSTD:
-            # `max_output_size` only bounds frames that do not declare their size; a frame that
-            # declares one is decompressed into a buffer of that size, so check it first.
-            declared = zstandard.frame_content_size(body)
-            if declared > max_bytes:
-                raise DecodeError(f"envelope decompresses to {declared} bytes, over {max_bytes}")
-            body = zstandard.ZstdDecompressor().decompress(body, max_output_size=max_bytes)
-        elif fmt != FORMAT_MSGPACK:
-            raise DecodeError(f"unknown envelope format byte 0x{fmt:02x}")
-        env = msgpack.unpackb(body, raw=False, strict_map_key=True)
-    except DecodeError:
-        raise
-    except Exception as exc:  # zstd and msgpack raise several unrelated exception types
-        raise DecodeError(f"corrupt envelope: {type(exc).__name__}: {exc}") from None
+    body = decompressed_body(data, max_bytes=max_bytes)
+    if max_containers is None:
+        max_containers = max(MIN_CONTAINERS, max_bytes // DECOMPRESSION_FACTOR)
+    env = unpack_body(body, max_containers=max_containers)
     if not isinstance(env, dict):
         raise DecodeError("envelope is not a map")
     try:
@@ -158,3 +185,83 @@ def decode_entry(fields: dict[bytes, bytes], *, max_bytes: int = 64 << 20) -> En
     if not isinstance(ts, int) or not isinstance(headers, dict):
         raise DecodeError("envelope time or headers have the wrong type")
     return Envelope(rid, etype, event_id, ts, headers, payload)
+
+
+def decompressed_size(data: bytes) -> int:
+    """Size in bytes of the MessagePack body of an entry's ``data`` field once decompressed
+    (-1 when a zstd frame does not declare it). Cheap: reads the frame header only."""
+    if not data:
+        return 0
+    if data[0] == FORMAT_MSGPACK_ZSTD:
+        try:
+            return int(zstandard.frame_content_size(data[1:]))
+        except zstandard.ZstdError:
+            return -1
+    return len(data) - 1
+
+
+def decompressed_body(data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
+    """The MessagePack body of an entry's ``data`` field (format byte read, zstd undone).
+    Raises `DecodeError` for an unknown format, a corrupt frame or more than `max_bytes`."""
+    fmt, body = data[0], data[1:]
+    if fmt == FORMAT_MSGPACK:
+        return body
+    if fmt != FORMAT_MSGPACK_ZSTD:
+        raise DecodeError(f"unknown envelope format byte 0x{fmt:02x}")
+    try:
+        # `max_output_size` only bounds frames that do not declare their size; a frame that
+        # declares one is decompressed into a buffer of that size, so check it first.
+        declared = zstandard.frame_content_size(body)
+        if declared > max_bytes:
+            raise DecodeError(f"envelope decompresses to {declared} bytes, over {max_bytes}")
+        return zstandard.ZstdDecompressor().decompress(body, max_output_size=max_bytes)
+    except DecodeError:
+        raise
+    except Exception as exc:  # zstd raises several exception types
+        raise DecodeError(f"corrupt envelope: {type(exc).__name__}: {exc}") from None
+
+
+class _OverBudget(Exception):
+    pass
+
+
+def unpack_body(body: bytes, *, max_containers: int) -> Any:
+    """Unpack a MessagePack body under the structural budget (module docstring). Raises
+    `DecodeError` when it is corrupt or holds more containers than allowed."""
+    budget = min(max(MIN_CONTAINERS, len(body) // CONTAINER_BYTES), max(1, max_containers))
+    left = budget
+
+    def count(obj: Any) -> Any:
+        nonlocal left
+        left -= 1
+        if left < 0:
+            raise _OverBudget
+        return obj
+
+    def ext(code: int, data: bytes) -> Any:
+        return count(msgpack.ExtType(code, data))
+
+    # every element takes at least one byte (a pair two), so no header may claim more
+    longest = len(body)
+    try:
+        return msgpack.unpackb(
+            body,
+            raw=False,
+            strict_map_key=True,
+            list_hook=count,
+            object_hook=count,
+            ext_hook=ext,
+            max_str_len=len(body),
+            max_bin_len=len(body),
+            max_array_len=longest,
+            max_map_len=longest // 2,
+            max_ext_len=len(body),
+        )
+    except _OverBudget:
+        raise DecodeError(
+            f"envelope holds more than {budget} arrays/maps in {len(body)} bytes (at most one "
+            f"per {CONTAINER_BYTES} bytes, {max_containers} in all): refused as a "
+            "decompression bomb"
+        ) from None
+    except Exception as exc:  # msgpack raises several unrelated exception types
+        raise DecodeError(f"corrupt envelope: {type(exc).__name__}: {exc}") from None
