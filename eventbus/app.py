@@ -17,10 +17,10 @@ import anyio.from_thread
 from pydantic import BaseModel
 from redis.exceptions import RedisError
 
-from eventbus.codec import event_type_of
+from eventbus.codec import RESERVED_TYPE_PREFIX, event_type_of
 from eventbus.config import Settings
 from eventbus.consumer import Consumer, Handler, Subscription
-from eventbus.errors import ConfigError, RedisUnavailable
+from eventbus.errors import ConfigError, RedisUnavailable, ReservedEventType
 from eventbus.keys import Keys, check_name
 from eventbus.publisher import Publisher
 from eventbus.scripts import Scripts
@@ -173,7 +173,8 @@ class EventBus:
         resource (its later events are dead-lettered in order until an operator requeues or
         drops it: `eventbus.dlq`, ``eventbus dlq``). With `dedup_window_s`, an event ID handled
         successfully is remembered that long (seconds) and skipped if delivered again.
-        Raises `ConfigError` for a bad name, option, or handler signature.
+        Raises `ConfigError` for a bad name, option, or handler signature, and
+        `ReservedEventType` for a model whose event type starts with ``__eventbus.``.
         """
         check_name("group", group)
         if group.startswith("_"):
@@ -193,6 +194,9 @@ class EventBus:
 
         def register(handler: H) -> H:
             models, takes_ctx = _handler_models(handler)
+            for name in models:
+                if name.startswith(RESERVED_TYPE_PREFIX):
+                    raise ReservedEventType(name, f"subscriber of topic {topic!r}, group {group!r}")
             config = self.topic(topic)
             if any(s.topic.name == topic and s.group == group for s in self.subscriptions):
                 raise ConfigError(f"group {group!r} already has a handler for topic {topic!r}")

@@ -42,6 +42,10 @@ FORMAT_MSGPACK = 0x01
 FORMAT_MSGPACK_ZSTD = 0x02
 ENVELOPE_VERSION = 1
 
+RESERVED_TYPE_PREFIX = "__eventbus."
+"""Event types starting with this belong to eventbus's control entries (`eventbus.dlq`): refused
+at publish and at subscriber registration, never handed to handlers."""
+
 F_RESOURCE = b"rid"
 F_TYPE = b"type"
 F_DATA = b"data"

@@ -30,13 +30,20 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from eventbus.codec import F_RESOURCE, F_TYPE, Envelope, encode_entry, new_event_id
+from eventbus.codec import (
+    F_RESOURCE,
+    F_TYPE,
+    RESERVED_TYPE_PREFIX,
+    Envelope,
+    encode_entry,
+    new_event_id,
+)
 from eventbus.errors import EventBusError
 from eventbus.keys import Keys
 from eventbus.sharding import shard_of
 from eventbus.topics import TopicConfig
 
-CONTROL_PREFIX = "__eventbus."
+CONTROL_PREFIX = RESERVED_TYPE_PREFIX
 UNPARK = "__eventbus.unpark"
 DROP = "__eventbus.drop"
 
@@ -200,6 +207,8 @@ class DeadLetters:
         return await self._control(DROP, resource_id)
 
     async def _control(self, kind: str, resource_id: str) -> str:
+        # The operator's own path: written with XADD here, not through `Publisher`, which
+        # refuses every reserved (``__eventbus.``) type from applications.
         if resource_id not in await self.parked():
             raise EventBusError(f"resource {resource_id!r} is not parked in group {self.group!r}")
         stream = self.keys.stream(self.topic.name, shard_of(resource_id, self.topic.shards))

@@ -51,9 +51,27 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from eventbus.codec import Envelope, encode_entry, encoded_size, envelope_of
+from eventbus.codec import (
+    F_DATA,
+    MIN_CONTAINERS,
+    RESERVED_TYPE_PREFIX,
+    Envelope,
+    decode_entry,
+    decompressed_size,
+    encode_entry,
+    encoded_size,
+    envelope_of,
+)
 from eventbus.config import Settings
-from eventbus.errors import ConfigError, PayloadTooLarge, PublishError
+from eventbus.errors import (
+    ConfigError,
+    DecodeError,
+    DecompressedTooLarge,
+    InvalidEvent,
+    PayloadTooLarge,
+    PublishError,
+    ReservedEventType,
+)
 from eventbus.keys import Keys
 from eventbus.sharding import shard_of
 from eventbus.topics import TopicConfig, TopicRegistry
@@ -119,15 +137,42 @@ class Publisher:
     def prepare_envelope(
         self, topic: TopicConfig, envelope: Envelope
     ) -> tuple[str, dict[bytes, bytes]]:
-        """Encode a ready envelope (e.g. a raw payload from the CLI); see `prepare`."""
-        rid = envelope.resource_id
+        """Encode a ready envelope (e.g. a raw payload from the CLI); see `prepare`.
+
+        Refuses what every consumer would refuse: raises `ReservedEventType`, `InvalidEvent`
+        (headers not str -> str, text that is not valid UTF-8, a body over the decoders'
+        structural budget), `PayloadTooLarge`, `DecompressedTooLarge`.
+        """
+        rid, etype = envelope.resource_id, envelope.event_type
         if not isinstance(rid, str) or not rid:
             raise ConfigError(f"resource_id must be a non-empty string, got {rid!r}")
+        if not isinstance(etype, str) or not etype:
+            raise InvalidEvent(topic.name, "event type", f"must be a non-empty string: {etype!r}")
+        if etype.startswith(RESERVED_TYPE_PREFIX):
+            raise ReservedEventType(etype, f"publish to topic {topic.name!r}")
+        _check_text(topic, "resource_id", rid)
+        _check_text(topic, "event type", etype)
+        _check_headers(topic, envelope.headers)
         fields = encode_entry(envelope, compress_threshold=self._settings.compress_threshold_bytes)
         size = encoded_size(fields)
         if size > self._settings.max_payload_bytes:
             raise PayloadTooLarge(topic.name, size, self._settings.max_payload_bytes)
+        self._check_decodable(topic, fields)
         return self._stream(topic, envelope.resource_id), fields
+
+    def _check_decodable(self, topic: TopicConfig, fields: dict[bytes, bytes]) -> None:
+        """Refuse an entry consumers could not decode: over `max_decompressed_bytes` once
+        decompressed, or (bodies over `MIN_CONTAINERS` bytes only: smaller ones always fit)
+        over the structural budget. The latter decodes the entry once, like a consumer."""
+        limit = self._settings.max_decompressed_bytes
+        body_size = decompressed_size(fields[F_DATA])
+        if body_size > limit:
+            raise DecompressedTooLarge(topic.name, body_size, limit)
+        if body_size < 0 or body_size > MIN_CONTAINERS:
+            try:
+                decode_entry(fields, max_bytes=limit)
+            except DecodeError as exc:
+                raise InvalidEvent(topic.name, "payload", f"would not decode: {exc}") from None
 
     async def publish(
         self,
@@ -406,6 +451,28 @@ class Publisher:
             batch, self._buffer = self._buffer, []
             if batch:  # queued before the bus stopped: sent rather than dropped
                 await self._send(batch)
+
+
+def _check_text(topic: TopicConfig, what: str, text: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidEvent(
+            topic.name, what, f"{text!r} is not valid UTF-8 text ({exc.reason})"
+        ) from None
+
+
+def _check_headers(topic: TopicConfig, headers: Any) -> None:
+    if not isinstance(headers, dict):
+        raise InvalidEvent(topic.name, "headers", f"must be a dict of str -> str, not {headers!r}")
+    for key, value in headers.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise InvalidEvent(
+                topic.name,
+                "headers",
+                f"must map str to str: {key!r}: {value!r} (convert it with str())",
+            )
+        _check_text(topic, f"header {key!r}", key + value)
 
 
 def _settle(item: _Pending, result: Any) -> None:
