@@ -1,7 +1,7 @@
 """Object access of the Spark source: the few calls it makes on a segment store, in one class.
 
 `Objects` wraps an obstore store (the tier's `open_store`: local folder, S3, memory). Every read
-the source makes goes through `get` or `open` here, so a subclass returned by the
+the source makes goes through `get` or `get_range` here, so a subclass returned by the
 ``store_factory`` option can add credentials, caching or instrumentation (the tests count reads
 with one).
 """
@@ -9,13 +9,12 @@ with one).
 from __future__ import annotations
 
 import json
-from typing import Any, BinaryIO
+from typing import Any
 
 import obstore
 from obstore.exceptions import BaseError
 
 from eventbus.tier.errors import StoreError
-from eventbus.tier.ids import EntryId
 from eventbus.tier.layout import GAP_FOLDER, SegmentRef, parse_gap_key, shard_prefix
 from eventbus.tier.store import Store, describe, get_bytes_sync, list_segments_sync, list_shards_sync
 
@@ -33,13 +32,12 @@ class Objects:
         """The whole object. Raises `FileNotFoundError`, `StoreError`."""
         return get_bytes_sync(self.store, key)
 
-    def open(self, key: str) -> BinaryIO:
-        """A seekable reader of the object (range requests: a Parquet footer read costs one or
-        two small GETs, not the whole object). Raises `StoreError`."""
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        """Bytes `start`..`end` (exclusive) of the object. Raises `StoreError`."""
         try:
-            return obstore.open_reader(self.store, key)  # type: ignore[return-value]
+            return bytes(obstore.get_range(self.store, key, start=start, end=end))
         except (BaseError, OSError) as exc:
-            raise StoreError(f"open {key!r} in {describe(self.store)} failed: {exc}") from exc
+            raise StoreError(f"get {key!r} range from {describe(self.store)} failed: {exc}") from exc
 
     def shards(self, topic: str) -> list[int]:
         """Shard folders present for `topic`, ascending."""
@@ -69,8 +67,3 @@ class Objects:
 def as_objects(store: Any) -> Objects:
     """`store` itself when it is an `Objects`, else an `Objects` around an obstore store."""
     return store if isinstance(store, Objects) else Objects(store)
-
-
-def ref_after(ref: SegmentRef | None, point: EntryId | None) -> bool:
-    """Whether segment `ref` lies entirely after `point` (None: the beginning)."""
-    return ref is not None and (point is None or ref.first > point)

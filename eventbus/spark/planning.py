@@ -20,6 +20,7 @@ trims only below its checkpoint), so nothing is missed and nothing is read twice
 
 from __future__ import annotations
 
+import io
 import logging
 import warnings
 from collections.abc import Iterator, Sequence
@@ -285,13 +286,26 @@ def _pack(refs: list[SegmentRef], pack_bytes: int) -> Iterator[list[SegmentRef]]
         yield group
 
 
+def parquet_footer(objects: Objects, ref: SegmentRef, guess: int = 65536) -> Any:
+    """The Parquet metadata of segment `ref`, from ranged reads of its end only (usually one
+    GET of the last `guess` bytes). Raises `StoreError`, or pyarrow's errors when damaged."""
+    size = ref.size
+    tail = objects.get_range(ref.key, max(0, size - guess), size)
+    n = int.from_bytes(tail[-8:-4], "little")
+    if tail[-4:] != b"PAR1" or n + 8 > size:
+        raise ValueError("not a Parquet file end")
+    if n + 8 > len(tail):
+        tail = objects.get_range(ref.key, size - n - 8, size)
+    return pq.read_metadata(io.BytesIO(b"PAR1" + tail[-(n + 8):]))
+
+
 def stats_exclude(objects: Objects, ref: SegmentRef, time_lo: int | None, time_hi: int | None) -> bool:
     """Whether the segment's Parquet statistics of ``event_time_ms`` show no row in
     [`time_lo`, `time_hi`] (reads only the footer). False when unsure."""
     if time_lo is None and time_hi is None:
         return False
     try:
-        meta = pq.ParquetFile(objects.open(ref.key)).metadata
+        meta = parquet_footer(objects, ref)
     except Exception:  # unreadable footer: let the full read report it
         return False
     col = meta.schema.names.index("event_time_ms")

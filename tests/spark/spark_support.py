@@ -4,6 +4,7 @@ this folder on PYTHONPATH), publishing, offloading, and a store that counts its 
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +89,7 @@ def offload(redis_url: str, store_url: str, topic: str, shards: int = 4, **tier:
 
 
 class CountingObjects(Objects):
-    """Appends the key of every object read (``get``/``open``) to ``<store>/../reads.log``:
+    """Appends the key of every object read (``get``/``get_range``) to ``<store>/../reads.log``:
     Spark tasks run in other processes, so the count goes through a file."""
 
     def __init__(self, url: str) -> None:
@@ -105,9 +106,9 @@ class CountingObjects(Objects):
         self._note(key)
         return super().get(key)
 
-    def open(self, key: str) -> Any:
+    def get_range(self, key: str, start: int, end: int) -> bytes:
         self._note(key)
-        return super().open(key)
+        return super().get_range(key, start, end)
 
 
 def counting_store(url: str) -> CountingObjects:
@@ -117,3 +118,20 @@ def counting_store(url: str) -> CountingObjects:
 def reads(store_url: str) -> list[str]:
     log = Path(store_url).parent / "reads.log"
     return log.read_text().split() if log.exists() else []
+
+
+MOTO_ENDPOINT = Path(tempfile.gettempdir()) / f"eventbus-spark-tests-moto-{os.getuid()}"
+
+
+def moto_store(url: str) -> Any:
+    """An S3 store of the tests' moto server, whose endpoint the S3 test writes to a file
+    (Spark's workers do not see environment variables set after the session started)."""
+    from obstore.store import S3Store
+
+    config = {
+        "endpoint": MOTO_ENDPOINT.read_text().strip(),
+        "region": "us-east-1",
+        "access_key_id": "test",
+        "secret_access_key": "test",
+    }
+    return S3Store.from_url(url, config=config, client_options={"allow_http": True})

@@ -32,3 +32,116 @@ def test_raw_read_schema_and_rows(spark: Any, redis_db: str, tmp_path: Path, top
     assert sorted(r.entry_id for r in rows) == sorted(ids)
     assert {r.event_type for r in rows} == {"Tick"}
     assert all(r._corrupt is None and r.published_at is not None for r in rows)
+
+
+def test_typed_columns_and_corrupt(spark: Any, redis_db: str, tmp_path: Path, topic: str) -> None:
+    import redis
+
+    from eventbus.keys import Keys
+
+    store = str(tmp_path / "seg")
+    publish(redis_db, topic, ticks(40, resources=1))
+    stream = Keys().stream(topic, 0)
+    # shard of res-0 with 4 shards
+    from eventbus.sharding import shard_of
+
+    stream = Keys().stream(topic, shard_of("res-0", 4))
+    with redis.Redis.from_url(redis_db) as r:
+        r.xadd(stream, {"rid": "res-0", "type": "Tick", "data": b"\x01\xc1garbage"})
+        from eventbus.codec import encode_entry, envelope_of
+        from spark_support import Tock
+
+        bad = encode_entry(envelope_of("res-0", Tock(resource="res-0", n=1)))
+        bad[b"type"] = b"Tick"  # a Tick without seq: does not validate
+        r.xadd(stream, bad)
+    offload(redis_db, store, topic)
+    df = read(spark, store, topic, model="spark_support:Tick")
+    names = df.schema.fieldNames()
+    assert names[-5:] == ["resource", "seq", "price", "tags", "_corrupt"]
+    assert df.schema["seq"].dataType.simpleString() == "bigint"
+    assert df.schema["tags"].dataType.simpleString() == "array<string>"
+    rows = df.orderBy("entry_ms", "entry_seq").collect()
+    assert [r.seq for r in rows[:40]] == list(range(40))
+    assert all(r._corrupt is None and r.price == 1.5 for r in rows[:40])
+    assert rows[40].seq is None and rows[40]._corrupt.startswith("DecodeError")
+    assert rows[41].seq is None and "seq" in rows[41]._corrupt
+    with pytest.raises(Exception, match="DecodeError"):
+        read(spark, store, topic, model="spark_support:Tick", mode="FAILFAST").collect()
+
+
+def test_models_by_event_type(spark: Any, redis_db: str, tmp_path: Path, topic: str) -> None:
+    import json
+
+    from spark_support import Tock
+
+    store = str(tmp_path / "seg")
+    publish(redis_db, topic, [*ticks(5), ("x", Tock(resource="x", n=7))])
+    offload(redis_db, store, topic)
+    models = json.dumps({"Tock": "spark_support:Tock"})
+    rows = read(spark, store, topic, model=models).collect()
+    tock = [r for r in rows if r.event_type == "Tock"]
+    assert len(rows) == 6 and tock[0].n == 7 and tock[0].resource == "x"
+    assert all(r.n is None and r._corrupt is None for r in rows if r.event_type == "Tick")
+
+
+def test_nested_model(spark: Any, redis_db: str, tmp_path: Path, topic: str) -> None:
+    from spark_support import Nested
+
+    store = str(tmp_path / "seg")
+    publish(redis_db, topic, [("a", Nested(name="a", tick=Tick(resource="a", seq=3, tags=["x"])))])
+    offload(redis_db, store, topic)
+    (row,) = read(spark, store, topic, model="spark_support:Nested").collect()
+    assert row.name == "a" and row.tick.seq == 3 and row.tick.tags == ["x"]
+
+
+def test_partitions_one_per_segment_in_entry_order(
+    spark: Any, redis_db: str, tmp_path: Path, topic: str
+) -> None:
+    from eventbus.tier import open_store
+    from eventbus.tier.store import list_segments_sync
+
+    store = str(tmp_path / "seg")
+    publish(redis_db, topic, ticks(1000, resources=11))
+    offload(redis_db, store, topic, segment_max_entries=50)
+    segs = sum(len(list_segments_sync(open_store(store), topic, s)) for s in range(4))
+    assert segs >= 20
+    df = read(spark, store, topic, packBytes="0")
+    assert df.rdd.getNumPartitions() == segs
+    packed = read(spark, store, topic, packBytes=str(1 << 30))
+    assert packed.rdd.getNumPartitions() == 4  # one per shard
+    for frame in (df, packed):
+        rows = frame.collect()  # partitions in order, rows in entry order within each
+        by_shard: dict[int, list[Any]] = {}
+        for r in rows:
+            by_shard.setdefault(r.shard, []).append((r.entry_ms, r.entry_seq))
+        for ids in by_shard.values():
+            assert ids == sorted(ids) and len(set(ids)) == len(ids)
+        assert len(rows) == 1000
+
+
+def test_redis_tail_one_consistent_cut(spark: Any, redis_db: str, tmp_path: Path, topic: str) -> None:
+    store = str(tmp_path / "seg")
+    first = publish(redis_db, topic, ticks(300))
+    offload(redis_db, store, topic)
+    tail = publish(redis_db, topic, ticks(120, start=300))
+    df = read(spark, store, topic, redis_url=redis_db)
+    rows = df.collect()
+    assert sorted((r.shard, r.entry_id) for r in rows) == sorted(
+        {(r.shard, r.entry_id) for r in rows}
+    )
+    assert sorted(r.entry_id for r in rows) == sorted(first + tail)
+    # without redis_url: the archive only
+    assert read(spark, store, topic).count() == 300
+
+
+def test_missing_options_and_bad_store(spark: Any, tmp_path: Path) -> None:
+    with pytest.raises(Exception, match="option topic is required"):
+        spark.read.format("eventbus").option("store", str(tmp_path)).load()
+    with pytest.raises(Exception, match="option store is required"):
+        spark.read.format("eventbus").option("topic", "t").load()
+    with pytest.raises(Exception, match="cannot import model"):
+        read(spark, str(tmp_path), "t", model="nope.nowhere:X")
+    with pytest.raises(Exception, match="cannot open object store"):
+        read(spark, "bogus://x/y", "t").collect()
+    with pytest.raises(Exception, match="option mode must be"):
+        read(spark, str(tmp_path), "t", mode="LAX")
