@@ -271,7 +271,7 @@ async def _stats(settings: Settings) -> None:
             for st, info, infos in zip(streams, replies[0::2], replies[1::2], strict=True):
                 for command, reply in (("XINFO STREAM", info), ("XINFO GROUPS", infos)):
                     if isinstance(reply, Exception) and not _no_stream(reply):
-                        raise RedisCommandRefused(command, st, str(reply))
+                        raise RedisCommandRefused(command, st, f"{type(reply).__name__}: {reply}")
                 if not isinstance(info, dict) or not isinstance(infos, list):
                     continue  # the shard stream does not exist yet
                 entries += info["length"]
@@ -417,11 +417,17 @@ def dlq_list(
             cell(d.event_type or ""),
             cell(d.reason),
             str(d.attempts),
-            cell(f"{d.error_type}: {d.error}"[:80]),
+            cell(_error_text(d)[:80]),
         )
     Console().print(table)
     if parked:
         Console().print(f"parked resources: {', '.join(cell(p) for p in sorted(parked))}")
+
+
+def _error_text(d: DeadLetter) -> str:
+    if d.problems:
+        return "malformed: " + "; ".join(d.problems)
+    return f"{d.error_type}: {d.error}"
 
 
 @dlq_app.command("show")

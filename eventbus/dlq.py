@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from eventbus.codec import (
+    F_DATA,
     F_RESOURCE,
     F_TYPE,
     RESERVED_TYPE_PREFIX,
@@ -38,7 +39,7 @@ from eventbus.codec import (
     encode_entry,
     new_event_id,
 )
-from eventbus.errors import EventBusError
+from eventbus.errors import EventBusError, MalformedDeadLetter
 from eventbus.keys import Keys
 from eventbus.sharding import shard_of
 from eventbus.topics import TopicConfig
@@ -63,25 +64,45 @@ class DeadLetter:
     attempts: int
     failed_at_ms: int
     fields: dict[bytes, bytes]
+    problems: tuple[str, ...] = ()
+    """What is wrong with the entry when it was not written by eventbus (a number field that is
+    not one, no original entry); empty for a well-formed dead letter."""
 
     @classmethod
     def parse(cls, dlq_id: bytes | str, f: dict[bytes, bytes]) -> DeadLetter:
+        """Decode a dead-letter entry. Never raises: a field of the wrong form takes a default
+        (-1 or 0) and is named in `problems`, so that one bad entry does not hide the others."""
+        problems: list[str] = []
+
         def text(key: bytes) -> str | None:
             v = f.get(key)
             return v.decode("utf-8", "replace") if v is not None else None
 
+        def number(key: bytes, default: int) -> int:
+            v = f.get(key)
+            if v is None:
+                return default
+            try:
+                return int(v)
+            except ValueError:
+                problems.append(f"{key.decode()} is not an integer: {v[:40]!r}")
+                return default
+
+        if b"orig_" + F_DATA not in f:
+            problems.append("no original entry (orig_data)")
         return cls(
             dlq_id=dlq_id.decode() if isinstance(dlq_id, bytes) else dlq_id,
-            shard=int(f.get(b"shard", b"-1")),
+            shard=number(b"shard", -1),
             entry_id=text(b"entry_id") or "",
             resource_id=text(b"orig_" + F_RESOURCE),
             event_type=text(b"orig_" + F_TYPE),
             reason=text(b"reason") or "failed",
             error_type=text(b"error_type") or "",
             error=text(b"error") or "",
-            attempts=int(f.get(b"attempts", b"0")),
-            failed_at_ms=int(f.get(b"failed_at_ms", b"0")),
+            attempts=number(b"attempts", 0),
+            failed_at_ms=number(b"failed_at_ms", 0),
             fields=f,
+            problems=tuple(problems),
         )
 
     def original(self) -> dict[bytes, bytes]:
@@ -162,11 +183,14 @@ class DeadLetters:
         them from the dead-letter stream. Returns the new entry IDs.
 
         Raises `EventBusError` (and requeues nothing) if an ID is unknown or belongs to a parked
-        resource: use `requeue_resource` for those, so that their order holds.
+        resource: use `requeue_resource` for those, so that their order holds;
+        `MalformedDeadLetter` if one holds no original entry.
         """
         letters = await self._fetch(dlq_ids)
         parked = await self.parked()
         for d in letters:
+            if F_DATA not in d.original():
+                raise MalformedDeadLetter(d.dlq_id, "; ".join(d.problems))
             if d.resource_id in parked:
                 raise EventBusError(
                     f"{d.dlq_id}: resource {d.resource_id!r} is parked; requeue the resource"

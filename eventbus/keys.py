@@ -9,7 +9,9 @@ Two families, chosen for Redis Cluster (https://redis.io/docs/latest/operate/oss
   shard streams of a topic spread over the nodes.
 
 Topic and group names are restricted to ``[A-Za-z0-9_.-]`` (1-100 characters) so that keys never
-contain the ``:`` separator, braces or spaces. ``docs/protocol.md`` lists the layout.
+contain the ``:`` separator, braces or spaces; ``.`` and ``..`` are refused (a topic is also a
+folder of the durable tier) and so is a leading ``-`` (it reads as an option on a command line).
+``docs/protocol.md`` lists the layout.
 """
 
 from __future__ import annotations
@@ -17,15 +19,21 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from eventbus.errors import ConfigError
+from eventbus.errors import InvalidName
 
 _NAME = re.compile(r"[A-Za-z0-9_.\-]{1,100}")
 
 
 def check_name(kind: str, name: str) -> str:
-    """Return `name` if it is a valid topic, group or consumer name; raise `ConfigError` if not."""
+    """Return `name` if it is a valid topic, group or consumer name; raise `InvalidName` (a
+    `ConfigError`) if not: 1-100 characters of ``[A-Za-z0-9_.-]``, not ``.`` or ``..``, not
+    starting with ``-``."""
     if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise ConfigError(f"invalid {kind} name {name!r}: use 1-100 characters of [A-Za-z0-9_.-]")
+        raise InvalidName(kind, name, "not 1-100 characters of [A-Za-z0-9_.-]")
+    if name in (".", ".."):
+        raise InvalidName(kind, name, "'.' and '..' name folders of the durable tier")
+    if name.startswith("-"):
+        raise InvalidName(kind, name, "a leading '-' reads as a command-line option")
     return name
 
 

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ValidationError
 
 from eventbus.codec import F_DATA, F_RESOURCE, F_TYPE, Envelope, decode_entry, event_type_of
 from eventbus.errors import DecodeError
+from eventbus.keys import check_name
 from eventbus.tier.ids import EntryId
 from eventbus.tier.layout import SegmentRef
 from eventbus.tier.segment import decode_segment
@@ -116,7 +117,9 @@ def plan(
     shards: Sequence[int] | None = None,
 ) -> dict[int, list[SegmentRef]]:
     """The segments a replay of `topic` will read, per shard, in entry-ID order (listed once;
-    use it to size a progress bar: `SegmentRef.size` is in bytes). Raises `StoreError`."""
+    use it to size a progress bar: `SegmentRef.size` is in bytes). Raises `InvalidName` for a
+    topic name that cannot exist (``..``), `StoreError`."""
+    check_name("topic", topic)
     flt = flt or ReplayFilter()
     chosen = list(shards) if shards is not None else list_shards_sync(store, topic)
     return {

@@ -59,7 +59,8 @@ def test_keys_of_different_topics_and_groups_do_not_collide() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["", "a:b", "a b", "{x}", "x}", "é", "a/b", "x" * 101, "tab\t", None, 5]
+    "name",
+    ["", "a:b", "a b", "{x}", "x}", "é", "a/b", "x" * 101, "tab\t", None, 5, ".", "..", "-x", "--"],
 )
 def test_invalid_names_are_rejected(name: object) -> None:
     with pytest.raises(ConfigError):
@@ -68,7 +69,7 @@ def test_invalid_names_are_rejected(name: object) -> None:
         TopicConfig(name, 4, 100)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("name", ["orders", "a", "A-b_c.9", "x" * 100])
+@pytest.mark.parametrize("name", ["orders", "a", "A-b_c.9", "x" * 100, "...", ".a", "a-", "_x"])
 def test_valid_names_pass(name: str) -> None:
     assert check_name("group", name) == name
 
