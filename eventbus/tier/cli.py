@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import anyio
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.logging import RichHandler
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -63,7 +65,7 @@ def _tier(store_url: str | None, **overrides: Any) -> TierSettings:
     return TierSettings(**values)
 
 
-def _open(tier: TierSettings) -> Store:
+def _open(tier: TierSettings, *, create: bool = True) -> Store:
     try:
         from eventbus.tier.store import open_store
     except ImportError as exc:
@@ -71,7 +73,37 @@ def _open(tier: TierSettings) -> Store:
             f"[red]error:[/red] {exc}: install the tier extra (pip install eventbus[tier])"
         )
         raise typer.Exit(1) from None
-    return open_store(tier.store_url, endpoint=tier.s3_endpoint, region=tier.s3_region)
+    return open_store(
+        tier.store_url, endpoint=tier.s3_endpoint, region=tier.s3_region, create=create
+    )
+
+
+def _error(exc: BaseException) -> typer.Exit:
+    """One line on stderr (terminal-safe, passwords redacted), exit code 1."""
+    from eventbus.cli import terminal_safe
+
+    console.print(f"[red]error:[/red] {escape(terminal_safe(exc))}", soft_wrap=True)
+    return typer.Exit(1)
+
+
+def _checkpoint_counts(settings: Settings, topic: str, shards: list[int]) -> dict[int, int]:
+    """Per shard, the entries the offloader checkpoint accounts for (``<shard>:count``).
+    Raises `redis.exceptions.RedisError` / `OSError` when Redis cannot be asked."""
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    from eventbus.keys import Keys
+
+    key = Keys(settings.key_prefix, settings.hashtag).checkpoints(topic)
+    with redis.Redis.from_url(
+        settings.redis_url,
+        socket_connect_timeout=settings.redis_connect_timeout_s,
+        socket_timeout=settings.redis_read_timeout_s,
+        retry=Retry(NoBackoff(), 0),
+    ) as client:
+        values = client.hmget(key, [f"{s}:count" for s in shards])
+    return {s: int(v) for s, v in zip(shards, values, strict=True) if v is not None}
 
 
 def offload(
@@ -215,18 +247,40 @@ def replay(
         typer.Option("--output", "-o", help="Write here instead of stdout (.parquet: Parquet)."),
     ] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar on stderr.")] = True,
+    allow_gaps: Annotated[
+        bool,
+        typer.Option(
+            "--allow-gaps",
+            help="Warn instead of failing when segments are missing from a shard's range.",
+        ),
+    ] = False,
+    redis_url: RedisUrl = None,
 ) -> None:
     """Print a topic's archived events as JSON lines, or export them to Parquet.
 
     Events come in entry-ID order (merged across shards unless --per-shard), with a progress bar
-    on stderr.
+    on stderr. A missing store or a topic with no segments is an error. Without an ID or time
+    range, the entries read are checked against the offloader checkpoints in Redis (when
+    reachable): a shard with fewer entries than its checkpoint accounts for (a deleted segment)
+    fails the command after the replay (exit 1), or only warns with --allow-gaps.
     """
+    from eventbus.keys import check_name
+
     try:
+        check_name("topic", topic)
+        settings = Settings(redis_url=redis_url) if redis_url else Settings()  # type: ignore[call-arg,unused-ignore]
         tier = _tier(store)
-        source = _open(tier)
+        source = _open(tier, create=False)
         from eventbus.tier.ids import parse_id
         from eventbus.tier.replay import ReplayFilter, iter_topic, plan
-        from eventbus.tier.store import describe
+        from eventbus.tier.store import describe, list_shards_sync
+
+        present = list_shards_sync(source, topic)
+        if not present:
+            raise EventBusError(
+                f"no archived segments of topic {topic!r} in {describe(source)}: check the "
+                "topic name and --store"
+            )
 
         flt = ReplayFilter(
             start_id=parse_id(from_id) if from_id else None,
@@ -237,6 +291,9 @@ def replay(
             event_types=frozenset(event_type) if event_type else None,
         )
         segments = plan(source, topic, flt, shard)
+        whole = flt.start_id is None and flt.end_id is None and flt.since_ms is None
+        whole = whole and flt.until_ms is None
+        counts: dict[int, int] = {}
         total = sum(ref.size for refs in segments.values() for ref in refs)
         bar = Progress(
             TextColumn("[bold]replay {task.fields[topic]}"),
@@ -257,6 +314,7 @@ def replay(
                 merge=not per_shard,
                 segments=segments,
                 on_segment=lambda ref: bar.update(task, advance=ref.size),
+                counts=counts,
             )
             count = 0
             if output is not None and output.suffix == ".parquet":
@@ -269,9 +327,40 @@ def replay(
                             bar.update(task, events=count)
             bar.update(task, events=count)
         console.print(f"replayed {count} events of {topic} from {describe(source)}")
-    except EventBusError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(1) from None
+        if whole:
+            _check_gaps(settings, source, topic, sorted(segments), counts, allow_gaps)
+    except (EventBusError, ValidationError) as exc:
+        raise _error(exc) from None
+
+
+def _check_gaps(
+    settings: Settings,
+    source: Store,
+    topic: str,
+    shards: list[int],
+    counts: dict[int, int],
+    allow_gaps: bool,
+) -> None:
+    """Compare what replay read with the offloader checkpoints (see `replay`)."""
+    from redis.exceptions import RedisError
+
+    from eventbus.config import redact_url
+    from eventbus.tier.replay import check_complete
+
+    try:
+        accounted = _checkpoint_counts(settings, topic, shards)
+    except (RedisError, OSError) as exc:
+        console.print(
+            f"[yellow]warning:[/yellow] not checked for missing segments: Redis at "
+            f"{escape(redact_url(settings.redis_url))} did not answer ({type(exc).__name__})",
+            soft_wrap=True,
+        )
+        return
+    gaps = check_complete(source, topic, counts, accounted)
+    if gaps and not allow_gaps:
+        raise gaps[0]
+    for gap in gaps:
+        console.print(f"[yellow]warning:[/yellow] {escape(str(gap))}", soft_wrap=True)
 
 
 class _stdout:

@@ -17,10 +17,12 @@ runs them with ``anyio.to_thread``.
 from __future__ import annotations
 
 import heapq
+import json
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -29,12 +31,20 @@ from pydantic import BaseModel, ValidationError
 from eventbus.codec import F_DATA, F_RESOURCE, F_TYPE, Envelope, decode_entry, event_type_of
 from eventbus.errors import DecodeError
 from eventbus.keys import check_name
+from eventbus.tier.errors import TierError
 from eventbus.tier.ids import EntryId
-from eventbus.tier.layout import SegmentRef
+from eventbus.tier.layout import GAP_FOLDER, SegmentRef
 from eventbus.tier.segment import decode_segment
-from eventbus.tier.store import Store, get_bytes_sync, list_segments_sync, list_shards_sync
+from eventbus.tier.store import (
+    Store,
+    get_bytes_sync,
+    list_keys_sync,
+    list_segments_sync,
+    list_shards_sync,
+)
 
 _MAX_ID = EntryId((1 << 64) - 1, (1 << 64) - 1)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +145,13 @@ def read_segment(
     Raises `CorruptSegment` (naming the key) when the object is damaged, `FileNotFoundError`
     when it vanished, `StoreError` on other store failures.
     """
+    return _read_segment(store, ref, flt)[0]
+
+
+def _read_segment(
+    store: Store, ref: SegmentRef, flt: ReplayFilter | None = None
+) -> tuple[list[ArchivedEntry], int]:
+    """`read_segment`, and the number of entries the segment holds (before filtering)."""
     data = get_bytes_sync(store, ref.key)
     table, info = decode_segment(data, ref.key, expect=(ref.topic, ref.shard, ref.first, ref.last))
     flt = flt or ReplayFilter()
@@ -178,16 +195,16 @@ def read_segment(
                 ref.key,
             )
         )
-    return out
+    return out, info.entries
 
 
 def _prefetched(
     pool: ThreadPoolExecutor,
     refs: Iterable[SegmentRef],
-    load: Callable[[SegmentRef], list[ArchivedEntry]],
+    load: Callable[[SegmentRef], T],
     depth: int,
-) -> Iterator[list[ArchivedEntry]]:
-    pending: deque[Future[list[ArchivedEntry]]] = deque()
+) -> Iterator[T]:
+    pending: deque[Future[T]] = deque()
     it = iter(refs)
     try:
         for ref in it:
@@ -211,10 +228,12 @@ def iter_shard(
     on_segment: Callable[[SegmentRef], None] | None = None,
     prefetch: int = 1,
     pool: ThreadPoolExecutor | None = None,
+    counts: dict[int, int] | None = None,
 ) -> Iterator[ArchivedEntry]:
     """One shard's matching entries in entry-ID order. `refs` (from `plan`) skips the listing;
-    `on_segment` is called after each segment is consumed (progress). Raises `CorruptSegment`,
-    `StoreError`."""
+    `on_segment` is called after each segment is consumed (progress); `counts[shard]` is
+    increased by the entries each segment read holds, matching or not (for
+    `check_complete`). Raises `CorruptSegment`, `StoreError`."""
     flt = flt or ReplayFilter()
     if refs is None:
         refs = [r for r in list_segments_sync(store, topic, shard) if flt.overlaps(r)]
@@ -222,11 +241,13 @@ def iter_shard(
     executor = pool or ThreadPoolExecutor(max(1, prefetch), thread_name_prefix="eventbus-replay")
     try:
         last: EntryId | None = None
-        for ref, entries in zip(
+        for ref, (entries, held) in zip(
             refs,
-            _prefetched(executor, refs, lambda r: read_segment(store, r, flt), prefetch),
+            _prefetched(executor, refs, lambda r: _read_segment(store, r, flt), prefetch),
             strict=True,
         ):
+            if counts is not None:
+                counts[shard] = counts.get(shard, 0) + held
             for entry in entries:
                 if last is not None and entry.entry_id <= last:  # overlapping segments
                     continue
@@ -248,15 +269,18 @@ def iter_topic(
     merge: bool = True,
     segments: Mapping[int, Sequence[SegmentRef]] | None = None,
     on_segment: Callable[[SegmentRef], None] | None = None,
+    counts: dict[int, int] | None = None,
 ) -> Iterator[ArchivedEntry]:
     """Every matching entry of `topic`: merged across shards by entry ID (`merge`, ties by
-    shard index) or shard after shard. `segments` is a `plan` to reuse. Raises
-    `CorruptSegment`, `StoreError`."""
+    shard index) or shard after shard. `segments` is a `plan` to reuse; `counts` is filled as
+    in `iter_shard`. Raises `CorruptSegment`, `StoreError`."""
     flt = flt or ReplayFilter()
     planned = segments if segments is not None else plan(store, topic, flt, shards)
     with ThreadPoolExecutor(4, thread_name_prefix="eventbus-replay") as pool:
         per_shard = [
-            iter_shard(store, topic, s, flt, refs=refs, on_segment=on_segment, pool=pool)
+            iter_shard(
+                store, topic, s, flt, refs=refs, on_segment=on_segment, pool=pool, counts=counts
+            )
             for s, refs in sorted(planned.items())
         ]
         if merge:
@@ -264,6 +288,59 @@ def iter_topic(
         else:
             for it in per_shard:
                 yield from it
+
+
+class ArchiveGap(TierError):
+    """A shard's segments hold fewer entries than its offloader checkpoint accounts for: a
+    segment was deleted (or never readable) in the shard's range, so a replay has a hole.
+    Carries `topic`, `shard` and the counts."""
+
+    def __init__(self, topic: str, shard: int, accounted: int, archived: int, lost: int) -> None:
+        missing = accounted - archived - lost
+        super().__init__(
+            f"topic {topic!r} shard {shard}: the offloader checkpoint accounts for {accounted} "
+            f"entries but the segments hold {archived} (and gap records {lost}): {missing} "
+            "entries are missing from the archive (a deleted segment?); restore it, or replay "
+            "with --allow-gaps to accept the hole"
+        )
+        self.topic, self.shard = topic, shard
+        self.accounted, self.archived, self.lost = accounted, archived, lost
+
+
+def recorded_lost(store: Store, topic: str, shard: int) -> int | None:
+    """Entries recorded as lost in `shard`'s gap records (None if a record has no count)."""
+    total = 0
+    for key, _size in list_keys_sync(store, f"{topic}/{shard}/{GAP_FOLDER}/"):
+        if not key.endswith(".json"):
+            continue
+        lost = json.loads(get_bytes_sync(store, key)).get("lost_entries")
+        if not isinstance(lost, int):
+            return None
+        total += lost
+    return total
+
+
+def check_complete(
+    store: Store, topic: str, archived: Mapping[int, int], accounted: Mapping[int, int]
+) -> list[ArchiveGap]:
+    """Compare, per shard, the entries read from its segments (`archived`, from a replay that
+    read every segment: `iter_topic(counts=...)` with no ID or time range) plus those recorded
+    lost in gap records with what its checkpoint accounts for (`accounted`, the checkpoint
+    hash's ``<shard>:count``). Returns one `ArchiveGap` per shard that falls short.
+
+    The segment keys name ranges, not counts, so a missing segment in the middle of a shard
+    can only be seen against the checkpoint. Entries the offloader archived after the replay
+    listed the store only make the archive look longer, never shorter."""
+    gaps = []
+    for shard, count in sorted(accounted.items()):
+        held = archived.get(shard, 0)
+        if held >= count:
+            continue
+        lost = recorded_lost(store, topic, shard)
+        if lost is None or held + lost >= count:
+            continue
+        gaps.append(ArchiveGap(topic, shard, count, held, lost))
+    return gaps
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,27 +33,46 @@ Store = LocalStore | MemoryStore | S3Store | Any
 """Any obstore store (the union names the three the tier is tested with)."""
 
 
+class StoreNotFound(StoreError):
+    """A store opened for reading does not exist (a mistyped folder). `url` is what was given."""
+
+    def __init__(self, url: str, path: Path) -> None:
+        super().__init__(
+            f"no segment store at {url!r} ({path} is not a folder): check --store / "
+            "EVENTBUS_TIER_STORE_URL"
+        )
+        self.url, self.path = url, path
+
+
+def _local(url: str, path: Path, create: bool) -> LocalStore:
+    path = path.resolve()
+    if not create and not path.is_dir():
+        raise StoreNotFound(url, path)
+    return LocalStore(path, mkdir=create)
+
+
 def open_store(
     url: str,
     *,
     endpoint: str | None = None,
     region: str | None = None,
     allow_http: bool | None = None,
+    create: bool = True,
 ) -> Store:
     """Open the store at `url` (see the module docstring for the schemes).
 
     For S3, `endpoint` and `region` override ``AWS_ENDPOINT_URL`` / ``AWS_DEFAULT_REGION``;
     `allow_http` defaults to True when the endpoint is ``http://`` (MinIO, moto, localstack).
+    With ``create=False`` (readers: replay) a local folder must exist: `StoreNotFound` if not.
     Raises `StoreError` when obstore rejects the URL or configuration.
     """
     try:
         if url.startswith("memory://"):
             return MemoryStore()
         if url.startswith("file://"):
-            path = Path(url.removeprefix("file://") or "/")
-            return LocalStore(path.resolve(), mkdir=True)
+            return _local(url, Path(url.removeprefix("file://") or "/"), create)
         if "://" not in url:
-            return LocalStore(Path(url).resolve(), mkdir=True)
+            return _local(url, Path(url), create)
         if url.startswith(("s3://", "s3a://")):
             config: dict[str, Any] = {}
             if endpoint:
@@ -185,6 +204,7 @@ def list_keys_sync(store: Store, prefix: str) -> list[tuple[str, int]]:
 __all__ = [
     "SEGMENT_SUFFIX",
     "Store",
+    "StoreNotFound",
     "describe",
     "get_bytes",
     "get_bytes_sync",

@@ -1,0 +1,85 @@
+"""Issue 10 item 12: ``eventbus replay`` never reports an empty or holed archive as success.
+
+A mistyped ``--store`` path is an error (and nothing is created there); a topic with no segments
+is an error; a segment deleted from the middle of a shard's range is detected against the
+offloader checkpoint and fails the command, or only warns with ``--allow-gaps``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import anyio
+import pytest
+from tier_support import make_bus, publish_ticks
+from typer.testing import CliRunner
+
+from eventbus.cli import app
+from eventbus.tier.replay import ArchiveGap, check_complete
+from eventbus.tier.store import StoreNotFound, open_store
+
+pytestmark = pytest.mark.integration
+RUNNER = CliRunner(env={"COLUMNS": "200"})
+
+
+def test_a_missing_store_path_is_an_error_and_creates_nothing(tmp_path: Path) -> None:
+    missing = tmp_path / "typo" / "segments"
+    result = RUNNER.invoke(app, ["replay", "orders", "--store", str(missing), "--no-progress"])
+    assert result.exit_code == 1, result.output
+    assert "no segment store" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "typo").exists()
+    with pytest.raises(StoreNotFound):
+        open_store(f"file://{missing}", create=False)
+
+
+def test_a_topic_without_segments_is_an_error(tmp_path: Path) -> None:
+    result = RUNNER.invoke(app, ["replay", "orders", "--store", str(tmp_path), "--no-progress"])
+    assert result.exit_code == 1, result.output
+    assert "no archived segments of topic 'orders'" in result.output
+
+
+def test_a_deleted_middle_segment_fails_replay_unless_gaps_are_allowed(
+    redis_db: str, tmp_path: Path
+) -> None:
+    async def publish() -> None:
+        bus = make_bus(redis_db, shards=1)
+        async with bus:
+            await publish_ticks(bus, "holes", 60, resources=3)
+        await bus.aclose()
+
+    anyio.run(publish)
+    store = tmp_path / "segs"
+    env = {"EVENTBUS_TIER_HOT_WINDOW_S": "0", "EVENTBUS_TIER_TRIM_EXACT": "true"}
+    args = ["--store", str(store), "--redis-url", redis_db]
+    off = RUNNER.invoke(app, ["offload", "--once", *args, "--segment-max-entries", "20"], env=env)
+    assert off.exit_code == 0, off.output
+    segments = sorted((store / "holes" / "0").glob("*.parquet"))
+    assert len(segments) == 3
+
+    whole = RUNNER.invoke(app, ["replay", "holes", *args, "--no-progress"])
+    assert whole.exit_code == 0, whole.output
+    assert "missing" not in whole.output
+
+    segments[1].unlink()  # the middle one: the first and last key ranges look fine
+    holed = RUNNER.invoke(app, ["replay", "holes", *args, "--no-progress"])
+    assert holed.exit_code == 1, holed.output
+    assert "20 entries are missing from the archive" in holed.output
+    assert "Traceback" not in holed.output
+
+    allowed = RUNNER.invoke(app, ["replay", "holes", *args, "--no-progress", "--allow-gaps"])
+    assert allowed.exit_code == 0, allowed.output
+    assert "warning" in allowed.output and "missing from the archive" in allowed.output
+    events = [json.loads(x) for x in allowed.stdout.splitlines() if x.startswith("{")]
+    assert len(events) == 40
+
+
+def test_check_complete_counts_gap_records_as_accounted(tmp_path: Path) -> None:
+    store = open_store(str(tmp_path))
+    gaps = check_complete(store, "t", {0: 10, 1: 5}, {0: 10, 1: 8, 2: 1})
+    assert [(g.shard, g.accounted, g.archived) for g in gaps] == [(1, 8, 5), (2, 1, 0)]
+    assert all(isinstance(g, ArchiveGap) for g in gaps)
+    gap_dir = tmp_path / "t" / "1" / "gaps"
+    gap_dir.mkdir(parents=True)
+    (gap_dir / f"{'0' * 40}-{'0' * 40}.json").write_text(json.dumps({"lost_entries": 3}))
+    assert [g.shard for g in check_complete(store, "t", {0: 10, 1: 5}, {1: 8, 2: 1})] == [2]
