@@ -25,16 +25,18 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from eventbus.codec import F_DATA, F_RESOURCE, F_TYPE, FORMAT_MSGPACK, decode_entry
 from eventbus.errors import DecodeError
+from eventbus.spark.schema import BASE_NAMES, CORRUPT
 from eventbus.tier.errors import CorruptSegment
 from eventbus.tier.ids import EntryId
 from eventbus.tier.layout import SegmentRef
 from eventbus.tier.segment import SCHEMA, read_info
-from eventbus.spark.schema import BASE_NAMES, CORRUPT
 
 BATCH_ROWS = 32768
 
 
-def read_segment(data: bytes, ref: SegmentRef, batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+def read_segment(
+    data: bytes, ref: SegmentRef, batch_rows: int = BATCH_ROWS
+) -> Iterator[pa.RecordBatch]:
     """Verify segment `data` (key `ref.key`) and yield its rows as segment-schema batches.
 
     The checks of `eventbus.tier.segment.decode_segment`, vectorised: Parquet structure and page
@@ -53,8 +55,11 @@ def read_segment(data: bytes, ref: SegmentRef, batch_rows: int = BATCH_ROWS) -> 
             ref.first,
             ref.last,
         ):
-            raise CorruptSegment(key, f"metadata says {info.topic}/{info.shard} "
-                                 f"{info.first}..{info.last}, not what the key says")
+            raise CorruptSegment(
+                key,
+                f"metadata says {info.topic}/{info.shard} "
+                f"{info.first}..{info.last}, not what the key says",
+            )
         table = pf.read()
     except CorruptSegment:
         raise
@@ -139,7 +144,9 @@ def id_mask(batch: pa.RecordBatch, after: EntryId | None, upto: EntryId | None) 
         )
         mask = m
     if upto is not None:
-        m = pc.or_(pc.less(ms, upto.ms), pc.and_(pc.equal(ms, upto.ms), pc.less_equal(seq, upto.seq)))
+        m = pc.or_(
+            pc.less(ms, upto.ms), pc.and_(pc.equal(ms, upto.ms), pc.less_equal(seq, upto.seq))
+        )
         mask = m if mask is None else pc.and_(mask, m)
     return mask
 
@@ -165,9 +172,7 @@ class Converter:
         self.models = dict(models or {})
         self.failfast = mode == "FAILFAST"
         self.validate = validate
-        self.typed_names = [
-            n for n in target.names if n not in BASE_NAMES and n != CORRUPT
-        ]
+        self.typed_names = [n for n in target.names if n not in BASE_NAMES and n != CORRUPT]
         self.typed_type = pa.struct([target.field(n) for n in self.typed_names])
         self.adapters = {k: TypeAdapter(list[m]) for k, m in self.models.items()}
 

@@ -16,7 +16,13 @@ from obstore.exceptions import BaseError
 
 from eventbus.tier.errors import StoreError
 from eventbus.tier.layout import GAP_FOLDER, SegmentRef, parse_gap_key, shard_prefix
-from eventbus.tier.store import Store, describe, get_bytes_sync, list_segments_sync, list_shards_sync
+from eventbus.tier.store import (
+    Store,
+    describe,
+    get_bytes_sync,
+    list_segments_sync,
+    list_shards_sync,
+)
 
 
 class Objects:
@@ -37,7 +43,9 @@ class Objects:
         try:
             return bytes(obstore.get_range(self.store, key, start=start, end=end))
         except (BaseError, OSError) as exc:
-            raise StoreError(f"get {key!r} range from {describe(self.store)} failed: {exc}") from exc
+            raise StoreError(
+                f"get {key!r} range from {describe(self.store)} failed: {exc}"
+            ) from exc
 
     def shards(self, topic: str) -> list[int]:
         """Shard folders present for `topic`, ascending."""

@@ -44,11 +44,11 @@ from pyspark.sql.datasource import (
 from eventbus.errors import ConfigError
 from eventbus.keys import Keys
 from eventbus.sharding import shard_of
-from eventbus.tier.errors import TierError
-from eventbus.tier.ids import EntryId, parse_id
-from eventbus.tier.layout import SegmentRef
 from eventbus.spark.decode import entries_batch, id_mask, read_segment
 from eventbus.spark.objects import Objects
+from eventbus.tier.errors import TierError
+from eventbus.tier.ids import ZERO, EntryId, parse_id
+from eventbus.tier.layout import SegmentRef
 
 log = logging.getLogger("eventbus.spark")
 
@@ -63,7 +63,7 @@ class Pruning:
 
     shards: frozenset[int] | None = None
     resource_ids: frozenset[str] | None = None
-    lo: EntryId = EntryId(0, 0)
+    lo: EntryId = ZERO
     hi: EntryId = MAX_ID
     time_lo: int | None = None
     time_hi: int | None = None
@@ -104,9 +104,11 @@ class Pruning:
             lo, hi = _bounds(f, ms)
             return _replace(
                 self,
-                time_lo=max(x for x in (self.time_lo, lo) if x is not None) if lo is not None
+                time_lo=max(x for x in (self.time_lo, lo) if x is not None)
+                if lo is not None
                 else self.time_lo,
-                time_hi=min(x for x in (self.time_hi, hi) if x is not None) if hi is not None
+                time_hi=min(x for x in (self.time_hi, hi) if x is not None)
+                if hi is not None
                 else self.time_hi,
             )
         return self
@@ -296,10 +298,12 @@ def parquet_footer(objects: Objects, ref: SegmentRef, guess: int = 65536) -> Any
         raise ValueError("not a Parquet file end")
     if n + 8 > len(tail):
         tail = objects.get_range(ref.key, size - n - 8, size)
-    return pq.read_metadata(io.BytesIO(b"PAR1" + tail[-(n + 8):]))
+    return pq.read_metadata(io.BytesIO(b"PAR1" + tail[-(n + 8) :]))
 
 
-def stats_exclude(objects: Objects, ref: SegmentRef, time_lo: int | None, time_hi: int | None) -> bool:
+def stats_exclude(
+    objects: Objects, ref: SegmentRef, time_lo: int | None, time_hi: int | None
+) -> bool:
     """Whether the segment's Parquet statistics of ``event_time_ms`` show no row in
     [`time_lo`, `time_hi`] (reads only the footer). False when unsure."""
     if time_lo is None and time_hi is None:
@@ -329,14 +333,18 @@ def read_segments(
         if (after is not None and ref.last <= after) or (upto is not None and ref.first > upto):
             continue
         for batch in read_segment(objects.get(ref.key), ref):
-            cut = (after is not None and ref.first <= after) or (upto is not None and ref.last > upto)
+            cut = (after is not None and ref.first <= after) or (
+                upto is not None and ref.last > upto
+            )
             if cut:
                 batch = batch.filter(id_mask(batch, after, upto))
             if batch.num_rows:
                 yield batch
 
 
-def xrange(redis: Any, stream: str, after: EntryId | None, upto: EntryId) -> list[tuple[EntryId, dict[bytes, bytes]]]:
+def xrange(
+    redis: Any, stream: str, after: EntryId | None, upto: EntryId
+) -> list[tuple[EntryId, dict[bytes, bytes]]]:
     """Entries of `stream` in (`after`, `upto`], paged by `XRANGE_COUNT` (never a group)."""
     out: list[tuple[EntryId, dict[bytes, bytes]]] = []
     low = f"({after}" if after is not None else "-"
@@ -356,13 +364,21 @@ def read_range(
     the re-check of the module docstring."""
     topic, shard = part.topic, part.shard
     yield from read_segments(objects, part.refs, part.after, part.upto)
-    start = part.cp if part.after is None or (part.cp is not None and part.cp > part.after) else part.after
+    start = (
+        part.cp
+        if part.after is None or (part.cp is not None and part.cp > part.after)
+        else part.after
+    )
     if start is not None and start >= part.upto:
         return
     entries = xrange(redis, keys.stream(topic, shard), start, part.upto)
     now = checkpoints(redis, keys, topic, [shard]).get(shard)
     if now is not None and (start is None or now > start):
-        fresh = [r for r in objects.segments(topic, shard) if (start is None or r.first > start) and r.last <= now]
+        fresh = [
+            r
+            for r in objects.segments(topic, shard)
+            if (start is None or r.first > start) and r.last <= now
+        ]
         yield from read_segments(objects, fresh, start, min(now, part.upto))
         entries = [e for e in entries if e[0] > now]
     if entries:

@@ -24,7 +24,6 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from eventbus.tier.errors import CorruptSegment
 from eventbus.spark.decode import Converter, read_segment
 from eventbus.spark.objects import Objects, as_objects
 from eventbus.spark.options import SourceOptions
@@ -39,6 +38,7 @@ from eventbus.spark.planning import (
     surface_gaps,
 )
 from eventbus.spark.schema import CORRUPT, GAPS, arrow_schema, read_schema
+from eventbus.tier.errors import CorruptSegment
 
 log = logging.getLogger("eventbus.spark")
 

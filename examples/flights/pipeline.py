@@ -62,6 +62,9 @@ from rich.table import Table
 
 from eventbus.app import EventBus
 from eventbus.config import Settings
+from eventbus.errors import EventBusError
+from eventbus.testing.server import RedisServer
+from examples.flights import spark_step
 from examples.flights.flightdata import (
     CarrierStats,
     FlightRow,
@@ -78,8 +81,6 @@ from examples.flights.workers import (
     WorkerConfig,
     settings_for,
 )
-from eventbus.errors import EventBusError
-from eventbus.testing.server import RedisServer
 
 console = Console(stderr=True)
 
@@ -99,6 +100,8 @@ class DemoOptions:
     progress: bool = True
     kill_after: int | None = None  # SIGKILL one order-check worker after this many events
     segments: str | None = ""  # segment store URL or folder; "" = a temporary folder; None = off
+    spark: bool = True  # the Spark step (examples.flights.spark_step)
+    spark_publish: bool = False  # publish with the Spark writer instead of bus.publish
 
 
 @dataclass(slots=True)
@@ -575,6 +578,24 @@ def print_summary(summary: dict[str, Any]) -> None:
                 mark(tier["replay_aggregates_match"]),
             ),
         ]
+    if "spark_rows" in summary:
+        rows += [
+            (
+                "Spark rows / events/s",
+                f"{summary['spark_rows']:,} / {summary['spark_events_per_s']:,.0f}",
+                "",
+            ),
+            (
+                "Spark aggregates match the CSV",
+                str(summary["spark_aggregates_match"]),
+                mark(summary["spark_aggregates_match"]),
+            ),
+            (
+                "Spark: each plane's seq increasing",
+                str(summary["spark_order_ok"]),
+                mark(summary["spark_order_ok"]),
+            ),
+        ]
     for row in rows:
         table.add_row(*row)
     Console().print(table)
@@ -655,7 +676,10 @@ async def _run_steps(options: DemoOptions, redis_url: str, private: bool) -> dic
                                 chaos.start_soon(kill_one_consumer, run, display)
                             async with anyio.create_task_group() as tg:
                                 tg.start_soon(display.refresh, bus)
-                                await publish_flights(bus, run)
+                                if options.spark_publish:
+                                    await spark_step.publish_step(run)
+                                else:
+                                    await publish_flights(bus, run)
                                 tg.cancel_scope.cancel()
                             if not await wait_handled(bus, run, display):
                                 console.print(
@@ -667,12 +691,21 @@ async def _run_steps(options: DemoOptions, redis_url: str, private: bool) -> dic
                     with anyio.CancelScope(shield=True):
                         await stop_workers(bus, run)
                 summary = await summarize(bus, run)
-                if options.segments is not None:
-                    summary["tier"] = await _archive_step(bus, run)
-                    summary["checks"]["archive_exactly_once"] = summary["tier"]["exactly_once"]
-                    summary["checks"]["replay_aggregates_match"] = summary["tier"][
-                        "replay_aggregates_match"
-                    ]
+                with contextlib.ExitStack() as stack:  # the segments outlive both steps
+                    url = options.segments or stack.enter_context(
+                        tempfile.TemporaryDirectory(prefix="eventbus-flights-segments-")
+                    )
+                    if options.segments is not None:
+                        summary["tier"] = await _archive_step(bus, run, url)
+                        summary["checks"]["archive_exactly_once"] = summary["tier"]["exactly_once"]
+                        summary["checks"]["replay_aggregates_match"] = summary["tier"][
+                            "replay_aggregates_match"
+                        ]
+                    if options.spark:
+                        console.print("Spark: reading the segments and the Redis tail ...")
+                        summary.update(await spark_step.check_step(run, url))
+                        for key in ("spark_aggregates_match", "spark_order_ok"):
+                            summary["checks"][key] = summary[key]
             finally:
                 if not (options.keep or private):
                     with anyio.CancelScope(shield=True):
@@ -683,15 +716,11 @@ async def _run_steps(options: DemoOptions, redis_url: str, private: bool) -> dic
     return summary
 
 
-async def _archive_step(bus: EventBus, run: Run) -> dict[str, Any]:
+async def _archive_step(bus: EventBus, run: Run, url: str) -> dict[str, Any]:
     from examples.flights.archive import archive_and_replay
 
     console.print("archiving the topic to segments, then replaying them ...")
-    with contextlib.ExitStack() as stack:
-        url = run.options.segments or stack.enter_context(
-            tempfile.TemporaryDirectory(prefix="eventbus-flights-segments-")
-        )
-        return await archive_and_replay(bus, run.topic, run.published, run.reference, url)
+    return await archive_and_replay(bus, run.topic, run.published, run.reference, url)
 
 
 def _known_error(exc: BaseException) -> Exception | None:
@@ -756,6 +785,12 @@ def main(
     archive: Annotated[
         bool, typer.Option(help="Run the durable-tier step (offload, verify, replay).")
     ] = True,
+    spark: Annotated[
+        bool, typer.Option(help="Run the Spark step (read segments + Redis tail, check).")
+    ] = True,
+    spark_publish: Annotated[
+        bool, typer.Option(help="Publish the flights with the Spark writer, not bus.publish.")
+    ] = False,
     kill_after: Annotated[
         int | None,
         typer.Option(
@@ -783,6 +818,8 @@ def main(
         progress,
         kill_after,
         (segments or "") if archive else None,
+        spark=spark,
+        spark_publish=spark_publish,
     )
     if kill_after is not None and consumers < 2:
         raise typer.BadParameter(

@@ -58,3 +58,9 @@ def test_flights_demo_small_run(tmp_path: Path) -> None:
     assert (
         summary["checks"]["archive_exactly_once"] and summary["checks"]["replay_aggregates_match"]
     )
+    # the Spark step: segments + Redis tail read as one DataFrame, checked against the CSV
+    assert summary["spark_rows"] == LIMIT
+    assert summary["spark_events_per_s"] > 0
+    assert summary["spark_aggregates_match"] is True
+    assert summary["spark_order_ok"] is True
+    assert summary["checks"]["spark_aggregates_match"] and summary["checks"]["spark_order_ok"]

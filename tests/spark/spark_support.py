@@ -58,7 +58,9 @@ def ticks(count: int, resources: int = 7, start: int = 0) -> list[tuple[str, Tic
     ]
 
 
-def publish(redis_url: str, topic: str, events: list[tuple[str, BaseModel]], shards: int = 4) -> list[str]:
+def publish(
+    redis_url: str, topic: str, events: list[tuple[str, BaseModel]], shards: int = 4
+) -> list[str]:
     """Publish `events` in order; returns their entry IDs."""
 
     async def go() -> list[str]:
@@ -79,8 +81,12 @@ def offload(redis_url: str, store_url: str, topic: str, shards: int = 4, **tier:
         bus = make_bus(redis_url, shards)
         try:
             await offload_until_caught_up(
-                bus.redis, open_store(store_url), topics=[topic], settings=bus.settings,
-                tier=fast_tier(**tier), timeout_s=60,
+                bus.redis,
+                open_store(store_url),
+                topics=[topic],
+                settings=bus.settings,
+                tier=fast_tier(**tier),
+                timeout_s=60,
             )
         finally:
             await bus.aclose()

@@ -24,8 +24,18 @@ def test_raw_read_schema_and_rows(spark: Any, redis_db: str, tmp_path: Path, top
     offload(redis_db, store, topic)
     df = read(spark, store, topic)
     assert [f.name for f in df.schema.fields] == [
-        "topic", "shard", "entry_id", "entry_ms", "entry_seq", "resource_id", "event_type",
-        "event_id", "published_at", "headers", "payload", "_corrupt",
+        "topic",
+        "shard",
+        "entry_id",
+        "entry_ms",
+        "entry_seq",
+        "resource_id",
+        "event_type",
+        "event_id",
+        "published_at",
+        "headers",
+        "payload",
+        "_corrupt",
     ]
     rows = df.collect()
     assert len(rows) == 250
@@ -48,8 +58,9 @@ def test_typed_columns_and_corrupt(spark: Any, redis_db: str, tmp_path: Path, to
     stream = Keys().stream(topic, shard_of("res-0", 4))
     with redis.Redis.from_url(redis_db) as r:
         r.xadd(stream, {"rid": "res-0", "type": "Tick", "data": b"\x01\xc1garbage"})
-        from eventbus.codec import encode_entry, envelope_of
         from spark_support import Tock
+
+        from eventbus.codec import encode_entry, envelope_of
 
         bad = encode_entry(envelope_of("res-0", Tock(resource="res-0", n=1)))
         bad[b"type"] = b"Tick"  # a Tick without seq: does not validate
@@ -119,7 +130,9 @@ def test_partitions_one_per_segment_in_entry_order(
         assert len(rows) == 1000
 
 
-def test_redis_tail_one_consistent_cut(spark: Any, redis_db: str, tmp_path: Path, topic: str) -> None:
+def test_redis_tail_one_consistent_cut(
+    spark: Any, redis_db: str, tmp_path: Path, topic: str
+) -> None:
     store = str(tmp_path / "seg")
     first = publish(redis_db, topic, ticks(300))
     offload(redis_db, store, topic)

@@ -14,7 +14,14 @@ from spark_support import fast_tier, make_bus, offload, publish, ticks
 
 from eventbus.keys import Keys
 from eventbus.spark.objects import Objects
-from eventbus.spark.planning import Pruning, RangePart, SegmentsPart, plan_read, read_range, read_segments
+from eventbus.spark.planning import (
+    Pruning,
+    RangePart,
+    SegmentsPart,
+    plan_read,
+    read_range,
+    read_segments,
+)
 from eventbus.tier import Offloader, open_store
 
 pytestmark = pytest.mark.integration
@@ -34,7 +41,9 @@ def _read_cut(store: str, redis_url: str, topic: str, between: Any = None) -> li
                 assert isinstance(part, SegmentsPart)
                 batches = read_segments(objects, part.refs, None, None)
             for b in batches:
-                out += zip(b.column("shard").to_pylist(), b.column("entry_id").to_pylist(), strict=True)
+                out += zip(
+                    b.column("shard").to_pylist(), b.column("entry_id").to_pylist(), strict=True
+                )
     return out
 
 
@@ -61,7 +70,9 @@ def test_offloader_between_planning_and_reading(redis_db: str, tmp_path: Path, t
     assert sorted(got) == _keyed(redis_db, topic, ids, first + second)  # once each, no more
 
 
-def test_spark_reads_while_offloader_runs(spark: Any, redis_db: str, tmp_path: Path, topic: str) -> None:
+def test_spark_reads_while_offloader_runs(
+    spark: Any, redis_db: str, tmp_path: Path, topic: str
+) -> None:
     store = str(tmp_path / "seg")
     events = ticks(3000, resources=17)
     ids = publish(redis_db, topic, events)
@@ -72,7 +83,10 @@ def test_spark_reads_while_offloader_runs(spark: Any, redis_db: str, tmp_path: P
     async def offloader() -> None:
         bus = make_bus(redis_db)
         off = Offloader(
-            bus.redis, open_store(store), settings=bus.settings, topics=[topic],
+            bus.redis,
+            open_store(store),
+            settings=bus.settings,
+            topics=[topic],
             tier=fast_tier(segment_max_entries=20, read_count=20),
         )
         try:
@@ -93,8 +107,12 @@ def test_spark_reads_while_offloader_runs(spark: Any, redis_db: str, tmp_path: P
     try:
         for _ in range(8):
             df = (
-                spark.read.format("eventbus").option("store", store).option("topic", topic)
-                .option("redis_url", redis_db).option("packBytes", "0").load()
+                spark.read.format("eventbus")
+                .option("store", store)
+                .option("topic", topic)
+                .option("redis_url", redis_db)
+                .option("packBytes", "0")
+                .load()
             )
             before = archived()
             reading.set()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import json
 from pathlib import Path
 from typing import Any
 
@@ -114,7 +113,9 @@ def test_corrupt_segment_permissive_and_failfast(
         counted(spark, store, topic, mode="FAILFAST").count()
 
 
-def test_gaps_surfaced(spark: Any, archived: tuple[str, list[str]], topic: str, caplog: Any) -> None:
+def test_gaps_surfaced(
+    spark: Any, archived: tuple[str, list[str]], topic: str, caplog: Any
+) -> None:
     import anyio
 
     from eventbus.spark.objects import Objects
@@ -130,8 +131,12 @@ def test_gaps_surfaced(spark: Any, archived: tuple[str, list[str]], topic: str, 
     with pytest.warns(RuntimeWarning, match="17 entries known lost"):
         surface_gaps(topic, cut.gaps, "warn")
     side = (
-        spark.read.format("eventbus").option("store", store).option("topic", topic)
-        .option("table", "gaps").load().collect()
+        spark.read.format("eventbus")
+        .option("store", store)
+        .option("topic", topic)
+        .option("table", "gaps")
+        .load()
+        .collect()
     )
     assert len(side) == 1 and side[0].lost_entries == 17 and side[0].shard == 2
     assert side[0].key == gap.key and side[0].after == "5-0"
@@ -140,7 +145,9 @@ def test_gaps_surfaced(spark: Any, archived: tuple[str, list[str]], topic: str, 
     assert counted(spark, store, topic).count() == 800  # default: warn, and read on
 
 
-def test_s3_through_moto(spark: Any, s3_env: str, redis_db: str, topic: str, s3_endpoint: str) -> None:
+def test_s3_through_moto(
+    spark: Any, s3_env: str, redis_db: str, topic: str, s3_endpoint: str
+) -> None:
     # Spark's Python workers were started before this test set the AWS variables: pass them in
     # the store URL's configuration instead, through a store factory
     from spark_support import MOTO_ENDPOINT
@@ -150,9 +157,13 @@ def test_s3_through_moto(spark: Any, s3_env: str, redis_db: str, topic: str, s3_
     offload(redis_db, s3_env, topic)
     tail = publish(redis_db, topic, ticks(30, start=200))
     df = (
-        spark.read.format("eventbus").option("store", s3_env).option("topic", topic)
-        .option("store_factory", "spark_support:moto_store").option("redis_url", redis_db)
-        .option("model", "spark_support:Tick").load()
+        spark.read.format("eventbus")
+        .option("store", s3_env)
+        .option("topic", topic)
+        .option("store_factory", "spark_support:moto_store")
+        .option("redis_url", redis_db)
+        .option("model", "spark_support:Tick")
+        .load()
     )
     rows = df.collect()
     assert len(rows) == 230 and sorted(r.seq for r in rows) == list(range(230))

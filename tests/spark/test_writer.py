@@ -28,9 +28,15 @@ def test_rows_published_in_order_with_model(spark: Any, redis_db: str, topic: st
     df = spark.createDataFrame(rows, "resource string, seq long, price double")
     df = df.repartition(3, "resource").sortWithinPartitions("seq")
     (
-        df.write.format("eventbus").option("topic", topic).option("redis_url", redis_db)
-        .option("resource_id_col", "resource").option("model", "spark_support:Tick")
-        .option("event_id_col", "seq").option("shards", "4").mode("append").save()
+        df.write.format("eventbus")
+        .option("topic", topic)
+        .option("redis_url", redis_db)
+        .option("resource_id_col", "resource")
+        .option("model", "spark_support:Tick")
+        .option("event_id_col", "seq")
+        .option("shards", "4")
+        .mode("append")
+        .save()
     )
     entries = _entries(redis_db, topic)
     assert len(entries) == 3000
@@ -49,9 +55,14 @@ def test_rewrite_gives_same_event_ids(spark: Any, redis_db: str, topic: str) -> 
     df = spark.createDataFrame([("a", 1), ("b", 2)], "rid string, k long")
     for _ in range(2):  # a retried job publishes again, with the same IDs
         (
-            df.write.format("eventbus").option("topic", topic).option("redis_url", redis_db)
-            .option("resource_id_col", "rid").option("event_type", "Raw")
-            .option("event_id_col", "k").mode("append").save()
+            df.write.format("eventbus")
+            .option("topic", topic)
+            .option("redis_url", redis_db)
+            .option("resource_id_col", "rid")
+            .option("event_type", "Raw")
+            .option("event_id_col", "k")
+            .mode("append")
+            .save()
         )
     envs = [e for _, _, e in _entries(redis_db, topic, 16)]
     assert len(envs) == 4 and len({e.event_id for e in envs}) == 2
