@@ -19,7 +19,7 @@ from redis.exceptions import RedisError
 
 from eventbus.codec import RESERVED_TYPE_PREFIX, event_type_of
 from eventbus.config import Settings
-from eventbus.consumer import Consumer, Handler, Subscription
+from eventbus.consumer import Consumer, Handler, HandlerCall, RetryPolicy, Subscription
 from eventbus.errors import ConfigError, RedisUnavailable, ReservedEventType
 from eventbus.keys import Keys, check_name
 from eventbus.publisher import Publisher
@@ -48,12 +48,15 @@ def connect(settings: Settings) -> Any:
 
         return RedisCluster.from_url(settings.redis_url, **options)
     import redis.asyncio
+
+    # No transparent retries: redis-py would re-send a command whose reply was lost, and a
+    # re-sent XREADGROUP ">" reads past the entries the lost reply delivered into our PEL (they
+    # are then handled out of order, after a later recovery), a re-sent XADD stores an event
+    # twice. Each caller retries what is safe to retry (eventbus.retry) or recovers first.
     from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
 
-    from eventbus.retry import backoff
-
-    retry = Retry(backoff(0.05, 1.0), retries=settings.redis_retries)
-    return redis.asyncio.Redis.from_url(settings.redis_url, retry=retry, **options)
+    return redis.asyncio.Redis.from_url(settings.redis_url, retry=Retry(NoBackoff(), 0), **options)
 
 
 def _handler_models(handler: Callable[..., Any]) -> tuple[dict[str, type[BaseModel]], bool]:
@@ -200,19 +203,21 @@ class EventBus:
             config = self.topic(topic)
             if any(s.topic.name == topic and s.group == group for s in self.subscriptions):
                 raise ConfigError(f"group {group!r} already has a handler for topic {topic!r}")
+            retry = RetryPolicy(
+                max_attempts=max_attempts or self.settings.max_attempts,
+                base_s=retry_base_s or self.settings.retry_base_s,
+                max_s=retry_max_s or self.settings.retry_max_s,
+            )
             self.subscriptions.append(
                 Subscription(
-                    config,
-                    group,
-                    handler,
-                    models,
-                    ack,
-                    max_attempts,
-                    takes_ctx,
-                    on_failure,
-                    retry_base_s,
-                    retry_max_s,
-                    dedup_window_s,
+                    topic=config,
+                    group=group,
+                    call=HandlerCall(handler, takes_context=takes_ctx),
+                    models=models,
+                    retry=retry,
+                    ack=ack,
+                    on_failure=on_failure,
+                    dedup_window_s=dedup_window_s,
                 )
             )
             return handler
@@ -357,9 +362,7 @@ class EventBus:
                 from eventbus.tier.catchup import shard_hook
 
                 for c in self.consumers:
-                    c.catch_up = shard_hook(
-                        self.redis, self.archive, c.sub, self.settings, c.consumer_id
-                    )
+                    c.catch_up = shard_hook(self.redis, self.archive, c.handling, self.settings)
             async with anyio.create_task_group() as outer:
                 if handle_signals:
                     outer.start_soon(_stop_on_signal, stop)

@@ -140,13 +140,6 @@ class Settings(BaseSettings):
         "(XREADGROUP BLOCK block_max_ms, WAIT publish_replicas_timeout_ms); their sum is the "
         "socket read timeout (redis_read_timeout_s).",
     )
-    redis_retries: int = Field(
-        1,
-        ge=0,
-        description="Times a command is retried at once (new connection, 50 ms backoff "
-        "doubling to 1 s) after a connection error or read timeout, single node only; so a "
-        "silent server fails a call after about (1 + redis_retries) x redis_read_timeout_s.",
-    )
     cluster: bool = Field(False, description="Connect with the Redis Cluster protocol.")
     key_prefix: str = Field("eventbus", pattern=r"^[A-Za-z0-9_.\-]{1,100}$")
     hashtag: str = Field("eventbus", pattern=r"^[A-Za-z0-9_.\-]{1,100}$")

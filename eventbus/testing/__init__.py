@@ -67,8 +67,8 @@ class TestBus:
     async def _behind(self) -> list[str]:
         behind = []
         for consumer in self.bus.consumers:
-            if consumer._in_flight:
-                behind.append(f"{consumer.group}: {consumer._in_flight} in flight")
+            if consumer.in_flight:
+                behind.append(f"{consumer.group}: {consumer.in_flight} in flight")
         for sub in self.bus.subscriptions:
             for shard in range(sub.topic.shards):
                 stream = self.bus.keys.stream(sub.topic.name, shard)

@@ -25,31 +25,29 @@ path this is at-least-once: an entry handled right before a crash is handled aga
 
 from __future__ import annotations
 
-import inspect
 import logging
-import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import anyio
 import anyio.to_thread
 from redis.exceptions import ResponseError
 
+from eventbus import retry
 from eventbus.codec import F_DATA, F_RESOURCE, F_TYPE
 from eventbus.config import Settings
-from eventbus.consumer import Context, Subscription, new_consumer_id
-from eventbus.dlq import dead_letter_fields
-from eventbus.errors import ConfigError, DecodeError
+from eventbus.consumer.delivery import Delivery, Outcome
+from eventbus.consumer.handling import Handling
+from eventbus.errors import ConfigError
 from eventbus.keys import Keys
-from eventbus.scripts import Scripts
+from eventbus.locks import LockClient, new_member_id
 from eventbus.tier.errors import LockUnavailable, TierError
 from eventbus.tier.ids import EntryId, parse_id
 from eventbus.tier.layout import SegmentRef
 from eventbus.tier.metrics import TIER_METRICS
-from eventbus.tier.replay import ArchivedEntry, ReplayFilter, decode_event, read_segment
+from eventbus.tier.replay import ArchivedEntry, ReplayFilter, read_segment
 from eventbus.tier.store import Store, list_segments
 
 log = logging.getLogger("eventbus.tier")
@@ -58,6 +56,10 @@ READ_AHEAD = 8  # segments fetched concurrently by catch-up
 
 RawHandler = Callable[[ArchivedEntry, int], Awaitable[None]]
 """``await handle(entry, fencing_token)``: process one entry; raising stops the catch-up."""
+
+_Handle = Callable[[ArchivedEntry, "_ShardCatchUp"], Awaitable[None]]
+"""How a shard's catch-up handles one entry: a raw handler, or the subscription's handling path
+(`_Typed`), which needs the shard's fence."""
 
 
 @dataclass
@@ -97,8 +99,12 @@ def _entry(topic: str, shard: int, entry_id: EntryId, fields: dict[bytes, bytes]
 
 
 class _ShardCatchUp:
+    """The catch-up of one shard under the group's lock (token `token`); it is the `Fence` of
+    the entries it handles: its lease runs `lease_s` from the send time of the last lock
+    confirmation, as the live consumer's does."""
+
     def __init__(
-        self, owner: CatchUp, shard: int, token: int, handle: RawHandler, stats: CatchUpStats
+        self, owner: CatchUp, shard: int, token: int, handle: _Handle, stats: CatchUpStats
     ) -> None:
         self.o = owner
         self.shard = shard
@@ -106,11 +112,28 @@ class _ShardCatchUp:
         self.handle = handle
         self.stats = stats
         self.stream = owner.keys.stream(owner.topic, shard)
+        self._lease_until = 0.0
 
     async def confirm(self) -> None:
         """Re-take (refresh) the lock; raise `_Fenced` unless the token is unchanged."""
-        if await self.o.lock([self.shard]) != {self.shard: self.token}:
+        grants = await self.o.locks.acquire([self.shard])
+        grant = grants.grants.get(self.shard)
+        if grant is None or grant.token != self.token:
+            self._lease_until = 0.0
             raise _Fenced
+        self._lease_until = grants.sent_at + self.o.settings.lease_s
+
+    def holds(self, d: Delivery) -> bool:
+        return time.monotonic() < self._lease_until
+
+    async def wait(self, d: Delivery) -> bool:
+        if self.holds(d):
+            return True
+        try:
+            await self.confirm()
+        except _Fenced:
+            return False
+        return True
 
     async def head(self) -> EntryId:
         """The first entry ID in Redis (the next ID to be generated when the stream is empty)."""
@@ -221,7 +244,7 @@ class _ShardCatchUp:
                 if rows:
                     entries.append(_entry(self.o.topic, self.shard, i, rows[0][1]))
         for entry in entries:
-            await self.handle(entry, self.token)
+            await self.handle(entry, self)
             await self.confirm()
             await redis.xack(self.stream, group, str(entry.entry_id))
             self.stats.pending_acked += 1
@@ -246,7 +269,7 @@ class _ShardCatchUp:
             chunk = refs[i : i + READ_AHEAD]
             for ref, entries in zip(chunk, await self.read_many(chunk, flt), strict=True):
                 for entry in entries:
-                    await self.handle(entry, self.token)
+                    await self.handle(entry, self)
                 handled += len(entries)
                 if entries:
                     await self.confirm()
@@ -294,29 +317,26 @@ class CatchUp:
         self.shards = shards
         self.settings = settings or Settings()  # type: ignore[call-arg,unused-ignore]  # fields from env
         self.keys = Keys(self.settings.key_prefix, self.settings.hashtag)
-        self.scripts = Scripts.register(redis)
-        self.consumer_id = consumer_id or f"catchup-{new_consumer_id()}"
+        self.consumer_id = consumer_id or f"catchup-{new_member_id()}"
+        self.locks = LockClient(
+            redis,
+            self.keys,
+            topic,
+            group,
+            self.consumer_id,
+            shards=shards,
+            liveness_ttl_s=self.settings.liveness_ttl_s,
+        )
         self.consumed: dict[int, SegmentRef] = {}  # last segment handled, per shard
-        self._members = self.keys.members(topic, group)
-        self._locks = self.keys.locks(topic, group)
 
     async def lock(self, shards: Sequence[int]) -> dict[int, int]:
         """Take (or keep) the locks of `shards` that are free; returns shard -> token held."""
-        reply = await self.scripts.lock_shards(
-            keys=[self._members, self._locks],
-            args=[self.consumer_id, int(self.settings.liveness_ttl_s * 1000), self.shards, *shards],
-        )
-        wanted = set(shards)
-        return {int(s): int(tok) for s, tok, _ in reply[1:] if int(s) in wanted}
-
-    async def unlock(self, shards: Sequence[int], leave: bool = False) -> None:
-        await self.scripts.unlock_shards(
-            keys=[self._members, self._locks], args=[self.consumer_id, int(leave), *shards]
-        )
+        grants = (await self.locks.acquire(shards)).grants
+        return {s: g.token for s, g in grants.items() if s in set(shards)}
 
     async def _pass(
         self,
-        handle: RawHandler,
+        handle: _Handle,
         chosen: list[int],
         first_pass: bool,
         stats: CatchUpStats,
@@ -336,7 +356,7 @@ class CatchUp:
                     log.warning("catch-up %s lost the lock of shard %d", self.consumer_id, s)
                     continue
                 finally:
-                    await self.unlock([s])
+                    await self.locks.release([s])
                 todo.remove(s)
             if todo and not held:
                 if time.monotonic() > deadline:
@@ -350,7 +370,7 @@ class CatchUp:
 
     async def run(
         self,
-        handle: RawHandler,
+        handle: RawHandler | _Typed,
         *,
         shards: Sequence[int] | None = None,
         lock_timeout_s: float = 30.0,
@@ -373,9 +393,10 @@ class CatchUp:
         stats = CatchUpStats()
         started = time.monotonic()
         chosen = list(range(self.shards)) if shards is None else list(shards)
+        each = handle if isinstance(handle, _Typed) else _raw(handle)
         try:
             sweeps = 1
-            while await self._pass(handle, chosen, sweeps == 1, stats, started + lock_timeout_s):
+            while await self._pass(each, chosen, sweeps == 1, stats, started + lock_timeout_s):
                 sweeps += 1  # some shard was behind: sweep again until none is
                 if sweeps > max_sweeps:
                     raise TierError(
@@ -385,7 +406,7 @@ class CatchUp:
                     )
         finally:
             with anyio.CancelScope(shield=True):
-                await self.unlock([], leave=True)
+                await self.locks.release([], leave=True)
         stats.seconds = time.monotonic() - started
         return stats
 
@@ -418,10 +439,12 @@ async def catch_up(
     lock_timeout_s: float = 30.0,
 ) -> CatchUpStats:
     """Catch up the group's subscriber registered on `bus` (an `EventBus`) with
-    ``@bus.subscriber(topic, group=group)``: its handler gets typed events and a `Context`, as on
-    the live path, with the same retries; entries that do not decode or keep failing go to the
-    group's dead-letter stream. Run it before starting the group's consumers (it needs their
-    shard locks). Raises `ConfigError` if no such subscriber is registered, `LockUnavailable`.
+    ``@bus.subscriber(topic, group=group)`` through the live consumer's handling path
+    (`eventbus.consumer.handling`): typed events and a `Context`, the subscriber's retry policy,
+    de-duplication, dead letters, parking and the operator's control entries, and no handler
+    started without a confirmed lock. Run it before starting the group's consumers (it needs
+    their shard locks). Raises `ConfigError` if no such subscriber is registered,
+    `LockUnavailable`.
     """
     sub = next((s for s in bus.subscriptions if s.topic.name == topic and s.group == group), None)
     if sub is None:
@@ -429,18 +452,22 @@ async def catch_up(
     settings: Settings = bus.settings
     shards = int((await bus.registry.stored()).get(topic, sub.topic.shards))
     runner = CatchUp(bus.redis, store, topic, group, shards=shards, settings=settings)
-    typed = _TypedHandler(runner, sub, settings)
-    return await runner.run(typed, shards=only, lock_timeout_s=lock_timeout_s)
+    redis_retry = retry.forever(settings.retry_base_s, settings.retry_max_s)
+    handling = Handling(bus.redis, runner.keys, settings, sub, runner.consumer_id, redis_retry)
+    return await runner.run(_Typed(handling), shards=only, lock_timeout_s=lock_timeout_s)
 
 
 def shard_hook(
-    redis: Any, store: Store, sub: Subscription, settings: Settings, consumer_id: str
+    redis: Any, store: Store, handling: Handling, settings: Settings
 ) -> Callable[[int, int], Awaitable[bool]]:
     """The live consumer's catch-up hook (`Consumer.catch_up`): ``await hook(shard, token)``
     catches one shard the consumer has just locked up to Redis's first entry, under that same
-    lock (re-taken with the consumer's ID, so the token must stay `token`), with the
-    subscriber's handler, before the consumer reads the shard. Returns whether the shard was
-    behind. A lost lock ends it quietly (the new owner catches up)."""
+    lock (re-taken with the consumer's ID, so the token must stay `token`), through the
+    consumer's own `handling` (same parked set, counters and policy), before the consumer reads
+    the shard. Returns whether the shard was behind. A lost lock ends it quietly (the new owner
+    catches up)."""
+    sub = handling.sub
+    consumer_id = handling.consumer_id
     runner = CatchUp(
         redis,
         store,
@@ -450,7 +477,7 @@ def shard_hook(
         settings=settings,
         consumer_id=consumer_id,
     )
-    typed = _TypedHandler(runner, sub, settings)
+    typed = _Typed(handling)
 
     async def hook(shard: int, token: int) -> bool:
         stats = CatchUpStats()
@@ -488,75 +515,38 @@ def shard_hook(
     return hook
 
 
-class _TypedHandler:
-    """Decode, validate, call the subscriber's handler with retries; dead-letter on failure."""
+def _raw(handle: RawHandler) -> _Handle:
+    async def each(entry: ArchivedEntry, sc: _ShardCatchUp) -> None:
+        await handle(entry, sc.token)
 
-    def __init__(self, runner: CatchUp, sub: Subscription, settings: Settings) -> None:
-        self.runner = runner
-        self.sub = sub
-        self.settings = settings
-        self.max_attempts = sub.max_attempts or settings.max_attempts
+    return each
 
-    async def __call__(self, entry: ArchivedEntry, token: int) -> None:
-        try:
-            replayed = decode_event(entry, self.sub.models)
-        except DecodeError as exc:
-            await self.dead_letter(entry, exc, 0)
-            return
-        env = replayed.envelope
-        for attempt in range(1, self.max_attempts + 1):
-            ctx = Context(
-                topic=entry.topic,
-                group=self.sub.group,
-                shard=entry.shard,
-                entry_id=str(entry.entry_id),
-                resource_id=env.resource_id,
-                event_id_bytes=env.event_id,
-                event_type=env.event_type,
-                published_at_ms=env.time_ms,
-                headers=env.headers,
-                attempt=attempt,
-                fencing_token=token,
-                consumer_id=self.runner.consumer_id,
-            )
-            args = (replayed.event, ctx) if self.sub.takes_context else (replayed.event,)
-            try:
-                if inspect.iscoroutinefunction(self.sub.handler):
-                    await self.sub.handler(*args)
-                else:
-                    await anyio.to_thread.run_sync(partial(self.sub.handler, *args))
-                return
-            except Exception as exc:
-                if attempt == self.max_attempts:
-                    await self.dead_letter(entry, exc, attempt)
-                    return
-                delay = min(
-                    self.settings.retry_max_s, self.settings.retry_base_s * 2 ** (attempt - 1)
-                )
-                await anyio.sleep(delay * random.uniform(0.5, 1.0))
 
-    async def dead_letter(self, entry: ArchivedEntry, exc: BaseException, attempts: int) -> None:
-        log.error(
-            "catch-up: %s entry %s of shard %d dead-lettered: %r",
-            entry.topic,
-            entry.entry_id,
+class _Typed:
+    """Catch-up through a subscription's `Handling`: each entry is stepped until it is finished
+    (handled, skipped, dead-lettered, control executed), waiting out retry delays in place; a
+    lost lock (`Outcome.LET_GO`) stops the shard with `_Fenced`."""
+
+    def __init__(self, handling: Handling) -> None:
+        self.handling = handling
+        self._parked_for: _ShardCatchUp | None = None
+
+    async def __call__(self, entry: ArchivedEntry, sc: _ShardCatchUp) -> None:
+        if self._parked_for is not sc and self.handling.sub.on_failure == "park":
+            # as a new lock owner does: the shard's resources may have been parked before
+            await self.handling.failures.load_parked()
+            self._parked_for = sc
+        d = Delivery(
             entry.shard,
-            exc,
+            sc.token,
+            str(entry.entry_id).encode(),
+            entry.fields(),
+            segment=entry.segment or None,
         )
-        fields = dead_letter_fields(
-            topic=entry.topic,
-            group=self.sub.group,
-            shard=entry.shard,
-            entry_id=str(entry.entry_id),
-            reason="undecodable" if isinstance(exc, DecodeError) else "failed",
-            exc=exc,
-            attempts=attempts,
-            original=entry.fields(),
-        )
-        fields[b"segment"] = entry.segment.encode()
-        await self.runner.redis.xadd(
-            self.runner.keys.dead_letter(entry.topic, self.sub.group),
-            fields,
-            maxlen=self.sub.topic.maxlen,
-            approximate=True,
-        )
+        while True:
+            step = await self.handling.step(d, sc)
+            if step is Outcome.ACK:
+                return
+            if step is Outcome.LET_GO:
+                raise _Fenced
+            await anyio.sleep(step)

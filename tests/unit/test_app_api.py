@@ -34,7 +34,7 @@ def test_async_handler_with_context(bus: EventBus) -> None:
 
     (sub,) = bus.subscriptions
     assert sub.models == {"A": A}
-    assert sub.takes_context and sub.handler is handle
+    assert sub.call.takes_context and sub.call.is_async and sub.handler is handle
     assert (sub.topic.name, sub.topic.shards) == ("orders", 8)
     assert (sub.group, sub.ack) == ("billing", "after")
 
@@ -45,8 +45,8 @@ def test_sync_handler_without_context_and_union_of_models(bus: EventBus) -> None
 
     (sub,) = bus.subscriptions
     assert sub.models == {"A": A, "B": B}
-    assert not sub.takes_context
-    assert (sub.ack, sub.max_attempts) == ("before", 2)
+    assert not sub.call.takes_context and not sub.call.is_async
+    assert (sub.ack, sub.retry.max_attempts) == ("before", 2)
 
 
 def test_typing_union_is_accepted(bus: EventBus) -> None:

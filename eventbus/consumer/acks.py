@@ -1,0 +1,144 @@
+"""Acknowledgement: batched ``XACK`` per shard stream, and the count of entries in flight.
+
+An entry is in flight from the moment it is read (or claimed) until it is *finished*: acked, or
+let go unacked because its shard was lost. Acks are sent in one pipeline per wake-up, only with
+a valid lease and only for shards still held under the generation the entry was read in: an ack
+of an older generation is dropped (its entry stays pending for the current owner, maybe us).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+from redis.backoff import AbstractBackoff
+
+from eventbus.consumer.lease import Lease
+from eventbus.consumer.shards import HeldShard, Item, ShardTable
+from eventbus.retry import REDIS_ERRORS
+
+log = logging.getLogger("eventbus.consumer")
+
+
+@dataclass(slots=True)
+class _Batch:
+    held: HeldShard
+    generation: int
+    ids: list[bytes] = field(default_factory=list)
+
+
+class Acks:
+    """Acks of one consumer; `noack` (at-most-once reads) finishes entries without XACK."""
+
+    def __init__(
+        self,
+        redis: Any,
+        group: str,
+        table: ShardTable,
+        lease: Lease,
+        *,
+        max_in_flight: int,
+        noack: bool,
+        backoff: AbstractBackoff,
+    ) -> None:
+        self.redis = redis
+        self.group = group
+        self.table = table
+        self.lease = lease
+        self.max_in_flight = max_in_flight
+        self.noack = noack
+        self.backoff = backoff
+        self.in_flight = 0
+        self._batches: dict[int, _Batch] = {}
+        self._wake = anyio.Event()
+        self._capacity = anyio.Event()
+        self._idle = anyio.Event()
+
+    # -- in flight --------------------------------------------------------------------------------
+    def started(self, held: HeldShard) -> None:
+        held.in_flight += 1
+        self.in_flight += 1
+
+    def finish(self, item: Item) -> None:
+        self._finish(item.held)
+
+    def _finish(self, held: HeldShard) -> None:
+        held.in_flight -= 1
+        self.in_flight -= 1
+        if self.in_flight == self.max_in_flight - 1:  # crossed back under the cap
+            self.wake_capacity()
+        if self.in_flight == 0:
+            self._idle.set()
+            self._idle = anyio.Event()
+
+    def wake_capacity(self) -> None:
+        self._capacity.set()
+        self._capacity = anyio.Event()
+
+    async def wait_capacity(self) -> None:
+        await self._capacity.wait()
+
+    async def wait_idle(self) -> None:
+        await self._idle.wait()
+
+    # -- acking ---------------------------------------------------------------------------------
+    def ack(self, item: Item) -> None:
+        """Queue `item`'s XACK (or finish it at once with NOACK reads or a lost shard)."""
+        if self.noack or not self.table.current(item.shard, item.generation):
+            self.finish(item)
+            return
+        batch = self._batches.get(item.shard)
+        if batch is None or batch.generation != item.generation:
+            if batch is not None:  # an older generation's acks: that shard was lost, drop them
+                self._settle(batch)
+            batch = self._batches[item.shard] = _Batch(item.held, item.generation)
+        batch.ids.append(item.entry_id)
+        self._wake.set()
+
+    async def loop(self) -> None:
+        """Send queued acks, one pipeline per wake-up; put them back and back off on errors."""
+        failures = 0
+        while True:
+            await self._wake.wait()
+            self._wake = anyio.Event()
+            batches, self._batches = self._batches, {}
+            while not self.lease.ok() and self.table.held:
+                await self.lease.changed()
+            current = [
+                b for b in batches.values() if self.table.current(b.held.shard, b.generation)
+            ]
+            try:
+                if current:
+                    pipe = self.redis.pipeline(transaction=False)
+                    for b in current:
+                        pipe.xack(b.held.stream, self.group, *b.ids)
+                    await pipe.execute()
+            except REDIS_ERRORS as exc:
+                failures += 1
+                delay = self.backoff.compute(failures)
+                log.warning("XACK failed (%s); retry in %.2f s", exc, delay)
+                self._put_back(batches)
+                self._wake.set()
+                await anyio.sleep(delay)
+                continue
+            failures = 0
+            for b in batches.values():
+                self._settle(b)
+
+    def _put_back(self, batches: dict[int, _Batch]) -> None:
+        """Re-queue failed batches ahead of newer acks of the same generation."""
+        for s, b in batches.items():
+            newer = self._batches.get(s)
+            if newer is None:
+                self._batches[s] = b
+            elif newer.generation == b.generation:
+                b.ids.extend(newer.ids)
+                self._batches[s] = b
+            else:  # newer acks belong to a later generation: this batch is stale
+                self._settle(b)
+
+    def _settle(self, batch: _Batch) -> None:
+        for _ in batch.ids:
+            self._finish(batch.held)

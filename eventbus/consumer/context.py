@@ -1,0 +1,111 @@
+"""What a subscription is, and what a handler is told: `Subscription`, `RetryPolicy`,
+`HandlerCall`, `Context`. Built once, at registration (`EventBus.subscriber`)."""
+
+from __future__ import annotations
+
+import inspect
+import random
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Literal, cast
+
+import anyio.to_thread
+from pydantic import BaseModel
+
+from eventbus.topics import TopicConfig
+
+Handler = Callable[..., Awaitable[None] | None]
+
+
+@dataclass(slots=True)  # not frozen: a frozen init costs a setattr call per field, per event
+class Context:
+    """What a handler knows about the entry it is processing.
+
+    `fencing_token` grows on every change of the shard lock's owner: pass it to downstream stores
+    that can reject writes carrying an older token (Kleppmann, "How to do distributed locking").
+    `entry_id` is the Redis stream entry ID (``"<ms>-<seq>"``); `published_at_ms` the
+    publisher's wall clock (Unix ms) when the event was created; `attempt` counts from 1.
+    """
+
+    topic: str
+    group: str
+    shard: int
+    entry_id: str
+    resource_id: str
+    event_id_bytes: bytes
+    event_type: str
+    published_at_ms: int
+    headers: dict[str, str]
+    attempt: int
+    fencing_token: int
+    consumer_id: str
+
+    @property
+    def event_id(self) -> uuid.UUID:
+        """The event's ID (UUID), set by the publisher: the key for idempotent handling."""
+        return uuid.UUID(bytes=self.event_id_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How a failing handler is retried: `max_attempts` attempts in all, attempt n+1 waiting
+    ``base_s * 2**(n-1)`` seconds (at most `max_s`), times a random factor in 0.5..1 ("equal
+    jitter", as redis-py's `EqualJitterBackoff`), while the resource's later events wait."""
+
+    max_attempts: int
+    base_s: float
+    max_s: float
+
+    def delay_s(self, attempt: int) -> float:
+        """Seconds to wait after failed attempt number `attempt` (from 1)."""
+        return min(self.max_s, self.base_s * 2.0 ** (attempt - 1)) * random.uniform(0.5, 1.0)
+
+
+class HandlerCall:
+    """The user's handler, called the same way by the live consumer and by catch-up. Whether it
+    is a coroutine function (awaited on the event loop) or a plain function (run in a worker
+    thread) and whether it takes a `Context` are decided once, here."""
+
+    __slots__ = ("func", "is_async", "name", "takes_context")
+
+    def __init__(self, func: Handler, *, takes_context: bool) -> None:
+        self.func = func
+        self.takes_context = takes_context
+        self.is_async = inspect.iscoroutinefunction(func)
+        self.name: str = getattr(func, "__qualname__", repr(func))
+
+    async def __call__(self, event: Any, ctx: Context) -> None:
+        args = (event, ctx) if self.takes_context else (event,)
+        if self.is_async:
+            await cast("Awaitable[None]", self.func(*args))
+        else:
+            await anyio.to_thread.run_sync(partial(self.func, *args))
+
+
+@dataclass(slots=True, kw_only=True)
+class Subscription:
+    """A handler registered for (topic, group), with its options resolved against the settings.
+
+    `models` maps event type name -> pydantic model; `ack` is ``"after"`` (at-least-once) or
+    ``"before"`` (NOACK reads, at-most-once); `dedup_window_s` (seconds, None: off) skips an
+    event ID already handled that recently.
+    """
+
+    topic: TopicConfig
+    group: str
+    call: HandlerCall
+    models: dict[str, type[BaseModel]]
+    retry: RetryPolicy
+    ack: Literal["after", "before"] = "after"
+    on_failure: Literal["continue", "park"] = "continue"
+    dedup_window_s: float | None = None
+
+    @property
+    def name(self) -> str:
+        return self.call.name
+
+    @property
+    def handler(self) -> Handler:
+        return self.call.func

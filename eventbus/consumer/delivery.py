@@ -1,0 +1,59 @@
+"""An entry on its way through the handling path, and the vocabulary of that path: `Delivery`,
+`Fence` (the caller's right to handle it), `Outcome`/`Step` (where it stands after a step)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class Outcome(enum.Enum):
+    """Where an entry stands after a step (a float instead means: retry after that many s)."""
+
+    ACK = "ack"
+    """Finished: handled, skipped as a duplicate, dead-lettered, or a control entry executed."""
+    LET_GO = "let-go"
+    """Not finished and not ours any more (shard lost, or stopping): it stays pending for the
+    shard's next owner, unacked."""
+
+
+Step = Outcome | float
+
+
+class NotStarted(enum.Enum):
+    NOT_STARTED = "not-started"
+
+
+NOT_STARTED = NotStarted.NOT_STARTED
+"""`Handling.attempt`'s answer when the fence no longer held: the handler was not called."""
+
+
+@dataclass(slots=True, eq=False)
+class Delivery:
+    """An entry being handled: its shard and the fencing token under which it was read.
+
+    `generation` identifies the lock acquisition in this process (0 for catch-up); `attempt`
+    counts handler attempts made so far; `segment` names the object an archived entry came from.
+    """
+
+    shard: int
+    token: int
+    entry_id: bytes
+    fields: dict[bytes, bytes]
+    generation: int = 0
+    attempt: int = 0
+    segment: str | None = None
+
+
+class Fence(Protocol):
+    """The caller's right to handle an entry of a shard."""
+
+    def holds(self, d: Delivery) -> bool:
+        """Synchronously: the lease is valid and `d`'s shard is still held by `d`'s lock
+        acquisition (and the caller is not stopping)."""
+        ...
+
+    async def wait(self, d: Delivery) -> bool:
+        """Wait until the lease is valid; False once `d`'s shard is lost (or stopping)."""
+        ...

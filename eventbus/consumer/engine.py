@@ -1,0 +1,422 @@
+"""One consumer of one (topic, group): lock -> recover -> read -> process in order -> ack -> unlock.
+
+The life of a round (`Consumer._round`):
+
+1. **Acquire**: ``lock_shards.lua`` refreshes this consumer's liveness and takes shard locks up to
+   the fair share ``ceil(shards / live consumers)`` (`eventbus.locks`).
+2. **Apply** the grants to the held-shard table (`shards`): shards lost to others are forgotten,
+   shards newly held get a new generation.
+3. **Catch up** newly held shards from the durable tier when the group fell behind Redis's first
+   entry (only with an archive: `eventbus.tier.catchup`).
+4. **Recover** the pending entries of newly held shards first (`reading`).
+5. **Surplus**: shards above the fair share stop being read and are released once drained.
+6. **Read** new entries of the held shards with ``XREADGROUP`` (only with a valid lease, blocking
+   no longer than it lasts) into per-resource queues (`queues`), run by a pool of workers
+   through the handling path (`handling`), acked in batches (`acks`).
+7. **Release** shards idle for `idle_release_ms`.
+
+Fencing: the consumer trusts its locks only while its lease (`lease`) is valid. Without one it
+starts no handler and sends no XACK or XREADGROUP. docs/semantics.md states the guarantee.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import anyio.abc
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from eventbus import retry
+from eventbus.config import Settings
+from eventbus.consumer.acks import Acks
+from eventbus.consumer.context import Subscription
+from eventbus.consumer.delivery import Delivery, Outcome
+from eventbus.consumer.handling import Handling
+from eventbus.consumer.lease import Lease, heartbeat_loop
+from eventbus.consumer.queues import ResourceQueues
+from eventbus.consumer.reading import Reader
+from eventbus.consumer.shards import HeldShard, Item, ShardTable
+from eventbus.keys import Keys
+from eventbus.locks import LockClient, new_member_id
+from eventbus.metrics import METRICS
+from eventbus.scripts import Scripts
+from eventbus.topics import TopicRegistry
+
+log = logging.getLogger("eventbus.consumer")
+
+_TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError)  # the reply may be lost
+
+CATCH_UP_CHECK_S = 10.0  # a shard is checked for a gap behind the archive at most this often
+
+CatchUpHook = Callable[[int, int], Awaitable[object]]
+"""``await hook(shard, fencing_token)``: bring the group up to Redis's first entry of a shard this
+consumer has just locked, from the durable tier's segments (`eventbus.tier.catchup.shard_hook`)."""
+
+
+class Consumer:
+    """Runs one `Subscription` until stopped. Created by `EventBus.run`; one per subscription.
+    It is the `Fence` of the entries it handles (`holds`, `wait`)."""
+
+    def __init__(
+        self,
+        redis: Any,
+        scripts: Scripts,
+        keys: Keys,
+        settings: Settings,
+        registry: TopicRegistry,
+        sub: Subscription,
+        consumer_id: str | None = None,
+    ) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.sub = sub
+        self.topic = sub.topic
+        self.group = sub.group
+        self.consumer_id = consumer_id or new_member_id()
+        self.noack = sub.ack == "before"
+        self.catch_up: CatchUpHook | None = None  # set by EventBus.run when it has an archive
+        redis_retry = retry.forever(settings.retry_base_s, settings.retry_max_s)
+        self._backoff = retry.backoff(settings.retry_base_s, settings.retry_max_s)
+        n = self.topic.shards
+        self.locks = LockClient(
+            redis,
+            keys,
+            self.topic.name,
+            self.group,
+            self.consumer_id,
+            shards=n,
+            liveness_ttl_s=settings.liveness_ttl_s,
+            scripts=scripts,
+        )
+        self.lease = Lease(settings.lease_s)
+        self.table = ShardTable([keys.stream(self.topic.name, s) for s in range(n)])
+        self.reader = Reader(
+            redis,
+            settings,
+            self.topic.name,
+            self.group,
+            self.consumer_id,
+            self.table.streams,
+            noack=self.noack,
+        )
+        self.acks = Acks(
+            redis,
+            self.group,
+            self.table,
+            self.lease,
+            max_in_flight=settings.max_in_flight,
+            noack=self.noack,
+            backoff=self._backoff,
+        )
+        self.queues = ResourceQueues(self.acks.started)
+        self.handling = Handling(redis, keys, settings, sub, self.consumer_id, redis_retry)
+        self._rotation = random.randrange(n)
+        self._caught_up_at: dict[int, float] = {}
+        self._stopping = False
+        self._stopped = anyio.Event()
+        self._joined = anyio.Event()  # set by the first lock round: then heartbeats start
+        self._handled_reported = 0
+        self._m_handled = METRICS.handled.labels(self.topic.name, self.group)
+        self._m_lease = METRICS.lease_lost.labels(self.topic.name, self.group)
+
+    @property
+    def handled(self) -> int:
+        """Entries whose handler succeeded."""
+        return self.handling.handled
+
+    @property
+    def dead_lettered(self) -> int:
+        """Entries written to the dead-letter stream."""
+        return self.handling.dead_lettered
+
+    @property
+    def in_flight(self) -> int:
+        """Entries read (or claimed) and not yet finished: acked, or let go unacked."""
+        return self.acks.in_flight
+
+    @property
+    def duplicates_skipped(self) -> int:
+        """Entries skipped as already handled (`dedup_window_s`)."""
+        return self.handling.duplicates_skipped
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    async def run(self, stop: anyio.Event) -> None:
+        """Consume until `stop` is set, then shut down gracefully.
+
+        Graceful shutdown: stop reading, let running handlers finish, flush their acks, release
+        every lock and leave the group's live members, so another consumer takes the shards over
+        at its next round rather than after the liveness TTL. Events queued but not started stay
+        pending and are recovered, in order, by the next owner. Waits at most
+        `shutdown_grace_s` seconds for in-flight entries.
+
+        Raises `ShardCountMismatch` at start if the topic's stored shard count differs.
+        """
+        await self.registry.ensure(self.topic)
+        await self.reader.ensure_groups()
+        log.info(
+            "consumer %s starts on topic %s group %s (%d shards)",
+            self.consumer_id,
+            self.topic.name,
+            self.group,
+            self.topic.shards,
+        )
+        ttl = self.settings.liveness_ttl_s
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(
+                    heartbeat_loop, self.locks, self.lease, ttl, self._joined, self._expired
+                )
+                tg.start_soon(self.acks.loop)
+                for _ in range(self.settings.concurrency):
+                    tg.start_soon(self.queues.worker, self._process, tg, self._stopped)
+                tg.start_soon(self._stop_starting, stop)
+                await self._read_loop(stop)
+                with anyio.move_on_after(self.settings.shutdown_grace_s) as grace:
+                    while self.acks.in_flight:
+                        await self.acks.wait_idle()
+                if grace.cancelled_caught:
+                    log.error(
+                        "consumer %s: %d entries still unacked after %.0f s of shutdown (Redis "
+                        "unreachable?); they stay pending and will be delivered again",
+                        self.consumer_id,
+                        self.acks.in_flight,
+                        self.settings.shutdown_grace_s,
+                    )
+                tg.cancel_scope.cancel()
+        finally:
+            self._report_handled()
+            with anyio.CancelScope(shield=True):
+                await self._leave()
+
+    async def _stop_starting(self, stop: anyio.Event) -> None:
+        """Once `stop` is set, start no more handlers, at once: the read loop may still be in a
+        blocking read for a while, and queued entries must not keep running meanwhile, or a
+        large backlog would delay the hand-over."""
+        await stop.wait()
+        self._stopping = True
+        self._stopped.set()
+        self._wake_all()
+
+    async def _leave(self) -> None:
+        held = sorted(self.table.held)
+        try:
+            await self.locks.release(held, leave=True)
+            log.info("consumer %s left; released shards %s", self.consumer_id, held)
+        except _TRANSIENT as exc:
+            log.error(
+                "consumer %s could not release its locks (%s); they free up after the liveness "
+                "TTL of %.1f s",
+                self.consumer_id,
+                exc,
+                self.settings.liveness_ttl_s,
+            )
+        self.table.held.clear()
+
+    # -- the fence ------------------------------------------------------------------------------
+    def holds(self, d: Delivery) -> bool:
+        return self.lease.ok() and self._current(d)
+
+    async def wait(self, d: Delivery) -> bool:
+        while not self.lease.ok():
+            if not self._current(d):
+                return False
+            await self.lease.changed()
+        return self._current(d)
+
+    def _current(self, d: Delivery) -> bool:
+        return not self._stopping and self.table.current(d.shard, d.generation)
+
+    def _expired(self) -> None:
+        self._drop_all("liveness had expired before this heartbeat")
+
+    def _drop_all(self, reason: str, *, lease: bool = True) -> None:
+        """Forget every held shard: queued items and unsent acks of them are dropped and their
+        entries stay pending, to be recovered by whoever holds the lock next (maybe us)."""
+        if self.table.held:
+            log.warning(
+                "consumer %s drops shards %s: %s", self.consumer_id, sorted(self.table.held), reason
+            )
+            if lease:
+                self._m_lease.inc()
+        self.table.held.clear()
+        self._wake_all()
+
+    def _wake_all(self) -> None:
+        self.lease.wake()
+        self.acks.wake_capacity()
+
+    # -- processing -----------------------------------------------------------------------------
+    async def _process(self, item: Item) -> float | None:
+        """One handling step for the head of a resource's queue (see `ResourceQueues.worker`)."""
+        try:
+            step = await self.handling.step(item, self)
+        except Exception as exc:  # a bug of ours: keep the entry, keep consuming
+            log.exception("consumer %s: internal error on an entry", self.consumer_id)
+            step = await self.handling.failures.dead_letter(item, exc, reason="failed", fence=self)
+        if step is Outcome.ACK:
+            self.acks.ack(item)
+        elif step is Outcome.LET_GO:
+            self.acks.finish(item)
+        else:
+            return step
+        return None
+
+    # -- reading --------------------------------------------------------------------------------
+    async def _read_loop(self, stop: anyio.Event) -> None:
+        block = self.settings.block_min_ms
+        failures = 0
+        while not stop.is_set():
+            while self.acks.in_flight >= self.settings.max_in_flight and not stop.is_set():
+                await self.acks.wait_capacity()
+            if stop.is_set():
+                break
+            try:
+                got = await self._round(block)
+                failures = 0
+            except _TRANSIENT as exc:
+                # A reply lost with the connection may have delivered entries into our PEL:
+                # forget the shards, so the next round re-claims their PEL in order first.
+                self._drop_all(f"connection error during a round: {exc}", lease=False)
+                failures += 1
+                await self._back_off(stop, failures, "Redis unavailable", exc, logging.WARNING)
+                continue
+            except ResponseError as exc:
+                failures += 1
+                if "NOGROUP" in str(exc):
+                    log.warning(
+                        "consumer %s: group missing (%s); creating it", self.consumer_id, exc
+                    )
+                    with contextlib.suppress(*retry.REDIS_ERRORS):
+                        await self.reader.ensure_groups()
+                    continue
+                await self._back_off(stop, failures, "Redis refused a command", exc, logging.ERROR)
+                continue
+            block = (
+                self.settings.block_min_ms if got else min(block * 2, self.settings.block_max_ms)
+            )
+
+    async def _back_off(
+        self, stop: anyio.Event, failures: int, what: str, exc: Exception, level: int
+    ) -> None:
+        """Log a failed round and wait the backoff for `failures`, or until `stop` is set."""
+        delay = self._backoff.compute(failures)
+        log.log(level, "consumer %s: %s (%s); retry in %.2f s", self.consumer_id, what, exc, delay)
+        with anyio.move_on_after(delay):
+            await stop.wait()
+
+    async def _round(self, block_ms: int) -> bool:
+        """One acquire/apply/catch-up/recover/surplus/read/release round. Returns whether any
+        entry was read."""
+        n = self.topic.shards
+        grants = await self.locks.acquire([(self._rotation + i) % n for i in range(n)])
+        self._rotation = (self._rotation + 1) % n
+        self.lease.renew(grants.sent_at)
+        self._joined.set()
+        lost, new = self.table.apply(grants.grants)
+        for s in lost:
+            log.warning("consumer %s lost shard %d to another consumer", self.consumer_id, s)
+        if new and self.sub.on_failure == "park":
+            await self.handling.failures.load_parked()  # parked by a previous owner?
+        # Whatever state the lock was in, a new owner claims the shard's pending entries first:
+        # a free lock is not a clean shard, since a consumer that left gracefully leaves the
+        # entries it had read but not started pending. (NOACK reads leave no pending entries.)
+        recover = [] if self.noack else new
+        if recover and self.catch_up is not None:
+            recover = await self._catch_up(recover)
+        if recover:
+            await self._recover(recover)
+        self.table.mark_surplus(grants.share)
+        got = await self._read(block_ms)
+        if got is None:  # no lease: re-lock in the next round
+            return False
+        idle = self.table.to_release(got, time.monotonic(), self.settings.idle_release_ms / 1000)
+        if idle:
+            await self._release(idle)
+        self._report_handled()
+        return bool(got)
+
+    async def _recover(self, shards: list[int]) -> None:
+        """Recover the PEL of newly held `shards`. If it fails, they are forgotten, so that they
+        are not read past their pending entries and the next round recovers them again."""
+        held = [self.table.held[s] for s in shards if s in self.table.held]
+        try:
+            await self.reader.recover(held, self.queues.dispatch, self._still_held)
+        except BaseException:
+            self.table.forget(shards)
+            raise
+
+    def _still_held(self, h: HeldShard) -> bool:
+        return self.table.held.get(h.shard) is h
+
+    async def _read(self, block_ms: int) -> set[int] | None:
+        """Read the readable shards into the queues; the shards that had entries, or None when
+        the read was skipped for want of a lease.
+
+        XREADGROUP is not fenced by Redis: a read sent after the lease ran out (a process paused
+        past its TTL) would pull entries of shards now owned by others into our PEL, and their
+        owner would read past them. So read only with a lease, blocking no longer than it lasts;
+        without one, skip the read and re-lock in the next round."""
+        readable = self.table.readable()
+        if not readable:  # nothing to read (all draining, or none held): wait a poll
+            await anyio.sleep(block_ms / 1000)
+            return set()
+        lease_ms = self.lease.remaining_ms() - 5
+        if lease_ms < 1:
+            return None
+        got = set()
+        for stream, entries in await self.reader.read(readable, min(block_ms, lease_ms)):
+            held = self.table.of_stream(stream)
+            if entries and held is not None:
+                got.add(held.shard)
+                self.queues.dispatch(held, entries)
+        return got
+
+    async def _release(self, shards: list[int]) -> None:
+        await self.locks.release(shards)
+        self.table.forget(shards)
+
+    async def _catch_up(self, shards: list[int]) -> list[int]:
+        """Before reading newly locked shards, let the catch-up hook handle what the group missed
+        while those entries were trimmed from Redis (at most every `CATCH_UP_CHECK_S` per shard).
+        A shard whose catch-up fails (archive unreachable) is released unread rather than read
+        past the gap; returns the shards still held."""
+        assert self.catch_up is not None
+        kept = []
+        for s in shards:
+            held = self.table.held.get(s)
+            if held is None:
+                continue
+            if time.monotonic() - self._caught_up_at.get(s, -CATCH_UP_CHECK_S) < CATCH_UP_CHECK_S:
+                kept.append(s)
+                continue
+            try:
+                await self.catch_up(s, held.token)
+            except _TRANSIENT:
+                raise
+            except Exception as exc:
+                log.error(
+                    "consumer %s: catch-up of shard %d failed (%r); shard released unread",
+                    self.consumer_id,
+                    s,
+                    exc,
+                )
+                await self._release([s])
+                continue
+            self._caught_up_at[s] = time.monotonic()
+            kept.append(s)
+        return kept
+
+    def _report_handled(self) -> None:
+        """Add the handler successes since the last call to the Prometheus counter (once a
+        round rather than once an event: a labelled increment costs a few microseconds)."""
+        handled = self.handling.handled
+        self._m_handled.inc(handled - self._handled_reported)
+        self._handled_reported = handled

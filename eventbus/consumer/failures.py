@@ -1,0 +1,220 @@
+"""The failure policy of one subscription: dead letters, parked resources, control entries.
+
+An entry that cannot be handled (undecodable, or failed `max_attempts` times) is written to the
+group's dead-letter stream (`eventbus.dlq` documents the record) and only then acked. With
+``on_failure="park"`` its resource is parked: the resource's later entries are dead-lettered as
+``parked``, in order, until an operator's control entry (``eventbus dlq requeue|drop``, written to
+the resource's own shard stream) replays or drops them and unparks it. The parked set is a hash
+in Redis; this process keeps a copy for the shards it holds (`load_parked` on every new lock).
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from redis.asyncio.retry import Retry
+
+from eventbus import retry as retrying
+from eventbus.codec import F_DATA, F_RESOURCE, F_TYPE, decode_entry
+from eventbus.consumer.context import Subscription
+from eventbus.consumer.delivery import NOT_STARTED, Delivery, Fence, Outcome
+from eventbus.dlq import DROP, DeadLetter, dead_letter_fields
+from eventbus.errors import DecodeError
+from eventbus.keys import Keys
+from eventbus.metrics import METRICS
+
+if TYPE_CHECKING:
+    from eventbus.consumer.handling import Handling
+
+log = logging.getLogger("eventbus.consumer")
+
+_LETTERS_PAGE = 500
+
+
+class _ShardLost(Exception):
+    """The entry's shard was lost while waiting to write: nothing was written."""
+
+
+class Failures:
+    """Dead-letter writes and the parked set of (topic, group); see the module docstring."""
+
+    def __init__(self, redis: Any, keys: Keys, sub: Subscription, retry: Retry) -> None:
+        self.redis = redis
+        self.sub = sub
+        self.retry = retry
+        self.dead_lettered = 0
+        self._dlq = keys.dead_letter(sub.topic.name, sub.group)
+        self._parked_key = keys.parked(sub.topic.name, sub.group)
+        self._parked: dict[str, str] = {}  # resource -> its first parked letter's ID
+        self._changes = 0  # local parks and unparks, to detect a reload racing them
+        self._m_dead = METRICS.dead_lettered.labels(sub.topic.name, sub.group)
+
+    # -- dead letters ---------------------------------------------------------------------------
+    async def dead_letter(
+        self, d: Delivery, exc: BaseException | None, *, reason: str, fence: Fence
+    ) -> Outcome:
+        """Write `d` to the dead-letter stream; ACK once written, LET_GO if the shard was lost
+        first (then it stays pending, unwritten, for the next owner)."""
+        dlq_id = await self._write(d, exc, reason=reason, fence=fence)
+        return Outcome.LET_GO if dlq_id is None else Outcome.ACK
+
+    async def dead_letter_and_park(
+        self, d: Delivery, exc: BaseException, resource_id: str, fence: Fence
+    ) -> Outcome:
+        """Dead-letter `d` as failed and park its resource before `d` is acked."""
+        dlq_id = await self._write(d, exc, reason="failed", fence=fence)
+        if dlq_id is None:
+            return Outcome.LET_GO
+        await retrying.call(
+            self.retry, "park", lambda: self.redis.hsetnx(self._parked_key, resource_id, dlq_id)
+        )
+        self._parked.setdefault(resource_id, dlq_id.decode())
+        self._changes += 1
+        return Outcome.ACK
+
+    async def _write(
+        self, d: Delivery, exc: BaseException | None, *, reason: str, fence: Fence
+    ) -> bytes | None:
+        """XADD `d` and why to the dead-letter stream, retrying Redis errors while the shard is
+        held; its dead-letter entry ID, or None if the shard was lost meanwhile."""
+        original = {n: d.fields[n] for n in (F_RESOURCE, F_TYPE, F_DATA) if n in d.fields}
+        fields = dead_letter_fields(
+            topic=self.sub.topic.name,
+            group=self.sub.group,
+            shard=d.shard,
+            entry_id=d.entry_id,
+            reason=reason,
+            exc=exc,
+            attempts=d.attempt,
+            original=original,
+        )
+        if d.segment is not None:
+            fields[b"segment"] = d.segment.encode()
+
+        async def write() -> bytes:
+            if not await fence.wait(d):
+                raise _ShardLost
+            dlq_id: bytes = await self.redis.xadd(
+                self._dlq, fields, maxlen=self.sub.topic.maxlen, approximate=True
+            )
+            return dlq_id
+
+        try:
+            dlq_id = await retrying.call(self.retry, f"dead-letter write to {self._dlq}", write)
+        except _ShardLost:
+            return None
+        self.dead_lettered += 1
+        self._m_dead.inc()
+        return dlq_id
+
+    # -- parked resources -----------------------------------------------------------------------
+    def is_parked(self, resource_id: str) -> bool:
+        return resource_id in self._parked
+
+    async def load_parked(self) -> None:
+        """Reload the parked set from Redis (a new shard's resources may have been parked by its
+        previous owner). A park or unpark made while the reply was on its way wins."""
+        while True:
+            changes = self._changes
+            raw = await self.redis.hgetall(self._parked_key)
+            if changes == self._changes:
+                self._parked = {k.decode(): v.decode() for k, v in raw.items()}
+                return
+
+    async def control(self, d: Delivery, fence: Fence, handling: Handling) -> Outcome:
+        """Execute a control entry: replay (``unpark``) or drop (``drop``) a parked resource's
+        letters, in order, then unpark it. Runs in the resource's queue, so the resource's later
+        events wait until it is done. Control entries for other groups are acked and ignored."""
+        try:
+            env = decode_entry(d.fields)
+        except DecodeError as exc:
+            return await self.dead_letter(d, exc, reason="undecodable", fence=fence)
+        payload = env.payload if isinstance(env.payload, dict) else {}
+        rid = env.resource_id
+        first = await retrying.call(
+            self.retry, "parked lookup", lambda: self.redis.hget(self._parked_key, rid)
+        )
+        if payload.get("group") != self.sub.group or first is None:
+            return Outcome.ACK
+        letters = await self._letters(rid, first.decode())
+        if env.event_type == DROP:
+            if letters:
+                ids = [x.dlq_id for x in letters]
+                await retrying.call(self.retry, "drop", lambda: self.redis.xdel(self._dlq, *ids))
+            log.warning("resource %r unparked; %d parked events dropped", rid, len(letters))
+        else:
+            for letter in letters:
+                if await self._replay(d, letter, fence, handling):
+                    continue
+                if not await fence.wait(d):
+                    return Outcome.LET_GO  # the control entry stays pending: the next owner resumes
+                await self._set_parked(rid, letter.dlq_id)  # parked again, from this letter on
+                return Outcome.ACK
+            log.info("resource %r unparked after replaying %d events", rid, len(letters))
+        if not await fence.wait(d):
+            return Outcome.LET_GO
+        await retrying.call(self.retry, "unpark", lambda: self.redis.hdel(self._parked_key, rid))
+        self._parked.pop(rid, None)
+        self._changes += 1
+        return Outcome.ACK
+
+    async def _set_parked(self, rid: str, dlq_id: str) -> None:
+        await retrying.call(
+            self.retry, "re-park", lambda: self.redis.hset(self._parked_key, rid, dlq_id)
+        )
+        self._parked[rid] = dlq_id
+        self._changes += 1
+
+    async def _letters(self, rid: str, first_id: str) -> list[DeadLetter]:
+        """The resource's parked letters (failed or parked, not undecodable), in order."""
+        letters: list[DeadLetter] = []
+        start = first_id
+        while True:
+            rows = await retrying.call(
+                self.retry,
+                "dead-letter scan",
+                partial(self.redis.xrange, self._dlq, min=start, count=_LETTERS_PAGE),
+            )
+            for dlq_id, fields in rows:
+                letter = DeadLetter.parse(dlq_id, fields)
+                if letter.resource_id == rid and letter.reason in ("failed", "parked"):
+                    letters.append(letter)
+            if len(rows) < _LETTERS_PAGE:
+                return letters
+            start = "(" + rows[-1][0].decode()
+
+    async def _replay(
+        self, control: Delivery, letter: DeadLetter, fence: Fence, handling: Handling
+    ) -> bool:
+        """Run the handler on a parked letter (with retries in place) and delete the letter on
+        success. False when it still fails (or the shard was lost): the resource stays parked."""
+        try:
+            env, event = handling.decode(letter.original())
+        except DecodeError as exc:
+            log.error("parked letter %s is undecodable (%s); left in place", letter.dlq_id, exc)
+            return False
+        policy = self.sub.retry
+        attempt = 1
+        while attempt <= policy.max_attempts:
+            if not await fence.wait(control):
+                return False
+            error = await handling.attempt(
+                control, env, event, fence, entry_id=letter.entry_id.encode(), attempt=attempt
+            )
+            if error is NOT_STARTED:
+                continue  # nothing ran: wait for the lease again, same attempt
+            if error is None:
+                await retrying.call(
+                    self.retry,
+                    "delete replayed letter",
+                    lambda: self.redis.xdel(self._dlq, letter.dlq_id),
+                )
+                return True
+            if attempt < policy.max_attempts:
+                await anyio.sleep(policy.delay_s(attempt))
+            attempt += 1
+        log.error("parked letter %s still fails after %d attempts", letter.dlq_id, attempt - 1)
+        return False

@@ -1,0 +1,188 @@
+"""The one handling path of an entry, shared by the live consumer and by catch-up.
+
+`Handling.step` takes the entry at the head of its resource's queue one step further: control
+entry (operator's unpark/drop), parked resource, decode and validate, de-duplication, one
+handler attempt, then the failure policy (retry after a delay, or dead-letter and maybe park).
+It returns an `Outcome` (ack it, or let it go unacked) or the delay in seconds before the next
+attempt. Who calls it decides how to wait (the live consumer sets a timer so the resource does
+not hold a worker; catch-up waits in place) and how to ack.
+
+Fencing: the caller passes a `Fence`. No handler starts unless `Fence.holds` says, right before
+the call with no await in between, that the lease is valid and the entry's shard is still held by
+the same lock acquisition (a process paused while decoding must not start a handler with a
+superseded token when it wakes: found by the chaos harness).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any
+
+from pydantic import ValidationError
+from redis.asyncio.retry import Retry
+
+from eventbus import retry as retrying
+from eventbus.codec import F_RESOURCE, Envelope, decode_entry
+from eventbus.config import Settings
+from eventbus.consumer.context import Context, Subscription
+from eventbus.consumer.delivery import NOT_STARTED, Delivery, Fence, NotStarted, Outcome, Step
+from eventbus.consumer.failures import Failures
+from eventbus.dlq import is_control
+from eventbus.errors import DecodeError, UnknownEventType
+from eventbus.keys import Keys
+from eventbus.metrics import METRICS
+
+log = logging.getLogger("eventbus.consumer")
+
+
+class Handling:
+    """Decode, handle and apply the failure policy for the entries of one `Subscription`.
+
+    `consumer_id` is the member ID shown to handlers in `Context.consumer_id`; `retry` the
+    Redis retry used for the policy's own Redis calls (dead letters, parking, de-duplication).
+    """
+
+    def __init__(
+        self,
+        redis: Any,
+        keys: Keys,
+        settings: Settings,
+        sub: Subscription,
+        consumer_id: str,
+        retry: Retry,
+    ) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.sub = sub
+        self.consumer_id = consumer_id
+        self.retry = retry
+        self.failures = Failures(redis, keys, sub, retry)
+        self.max_decoded_bytes = settings.max_payload_bytes * 64
+        self.dedup_s = math.ceil(sub.dedup_window_s) if sub.dedup_window_s else 0
+        self.handled = 0  # entries whose handler succeeded
+        self.duplicates_skipped = 0  # entries skipped as already handled (dedup window)
+        labels = (sub.topic.name, sub.group)
+        self._m_failures = METRICS.failures.labels(*labels)
+        self._m_latency = METRICS.latency.labels(*labels)
+
+    @property
+    def dead_lettered(self) -> int:
+        return self.failures.dead_lettered
+
+    async def step(self, d: Delivery, fence: Fence) -> Step:
+        """One step for `d`, the head of its resource's queue; see the module docstring."""
+        if not await fence.wait(d):
+            return Outcome.LET_GO
+        if is_control(d.fields):
+            return await self.failures.control(d, fence, self)
+        rid = d.fields.get(F_RESOURCE)
+        if rid is not None and self.failures.is_parked(rid.decode("utf-8", "replace")):
+            return await self.failures.dead_letter(d, None, reason="parked", fence=fence)
+        try:
+            env, event = self.decode(d.fields)
+        except DecodeError as exc:
+            log.warning("entry %s of shard %d is undecodable: %s", d.entry_id, d.shard, exc)
+            return await self.failures.dead_letter(d, exc, reason="undecodable", fence=fence)
+        if self.dedup_s and await self._seen(env.event_id):
+            self.duplicates_skipped += 1
+            return Outcome.ACK
+        d.attempt += 1
+        error = await self.attempt(d, env, event, fence, entry_id=d.entry_id, attempt=d.attempt)
+        if error is NOT_STARTED:  # the lease ran out while decoding: wait for it again
+            d.attempt -= 1
+            return 0.0
+        if error is None:
+            if self.dedup_s:
+                await self._mark_seen(env.event_id)
+            return Outcome.ACK
+        policy = self.sub.retry
+        if d.attempt < policy.max_attempts:
+            delay = policy.delay_s(d.attempt)
+            log.warning(
+                "handler %s failed on shard %d entry %s (attempt %d/%d): %r; retry in %.2f s",
+                self.sub.name,
+                d.shard,
+                d.entry_id.decode(),
+                d.attempt,
+                policy.max_attempts,
+                error,
+                delay,
+            )
+            return delay
+        parking = self.sub.on_failure == "park"
+        log.error(
+            "handler %s failed %d times on shard %d entry %s: %r; dead-lettering%s",
+            self.sub.name,
+            d.attempt,
+            d.shard,
+            d.entry_id.decode(),
+            error,
+            " and parking the resource" if parking else "",
+        )
+        if parking:
+            return await self.failures.dead_letter_and_park(d, error, env.resource_id, fence)
+        return await self.failures.dead_letter(d, error, reason="failed", fence=fence)
+
+    def decode(self, fields: dict[bytes, bytes]) -> tuple[Envelope, Any]:
+        """The entry's envelope and its payload validated as the subscription's model for its
+        type. Raises `DecodeError` (`UnknownEventType` for a type no model names) for bad bytes,
+        a missing field, or a payload the model refuses, whatever its validators raise."""
+        env = decode_entry(fields, max_bytes=self.max_decoded_bytes)
+        model = self.sub.models.get(env.event_type)
+        if model is None:
+            raise UnknownEventType(
+                f"event type {env.event_type!r} is not handled by {self.sub.name} "
+                f"(expects {sorted(self.sub.models)})"
+            )
+        try:
+            return env, model.model_validate(env.payload)
+        except ValidationError as exc:
+            raise DecodeError(f"payload does not validate as {model.__name__}: {exc}") from None
+        except Exception as exc:  # a validator of the model raised something else
+            raise DecodeError(
+                f"payload does not validate as {model.__name__}: {type(exc).__name__}: {exc}"
+            ) from None
+
+    async def attempt(
+        self, d: Delivery, env: Envelope, event: Any, fence: Fence, *, entry_id: bytes, attempt: int
+    ) -> Exception | NotStarted | None:
+        """Run the handler once on `event` (entry `entry_id`, attempt number `attempt`) under
+        `d`'s shard and token. Returns its exception, None on success, or `NOT_STARTED` when the
+        fence no longer holds (then nothing ran)."""
+        ctx = Context(
+            topic=self.sub.topic.name,
+            group=self.sub.group,
+            shard=d.shard,
+            entry_id=entry_id.decode(),
+            resource_id=env.resource_id,
+            event_id_bytes=env.event_id,
+            event_type=env.event_type,
+            published_at_ms=env.time_ms,
+            headers=env.headers,
+            attempt=attempt,
+            fencing_token=d.token,
+            consumer_id=self.consumer_id,
+        )
+        if not fence.holds(d):  # no await between this check and the call
+            return NOT_STARTED
+        try:
+            await self.sub.call(event, ctx)
+        except Exception as exc:
+            self._m_failures.inc()
+            return exc
+        self.handled += 1
+        self._m_latency.observe(max(0.0, time.time() - env.time_ms / 1000))
+        return None
+
+    # -- de-duplication (optional) ----------------------------------------------------------------
+    async def _seen(self, event_id: bytes) -> bool:
+        key = self.keys.dedup(self.sub.topic.name, self.sub.group, event_id)
+        return bool(await retrying.call(self.retry, "dedup check", lambda: self.redis.exists(key)))
+
+    async def _mark_seen(self, event_id: bytes) -> None:
+        key = self.keys.dedup(self.sub.topic.name, self.sub.group, event_id)
+        await retrying.call(
+            self.retry, "dedup mark", lambda: self.redis.set(key, b"1", ex=self.dedup_s)
+        )

@@ -1,0 +1,75 @@
+"""The consumer's lease: how long it may trust its locks, kept alive by heartbeats.
+
+The lease runs `lease_s` (0.8 x the liveness TTL) from the *send* time of the last confirmed
+liveness refresh (a lock round or a heartbeat); Redis counts the TTL from a later instant, so the
+lease ends before the locks can be taken. Without a lease the consumer starts no handler, sends
+no XACK and no XREADGROUP (docs/semantics.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import anyio
+
+from eventbus.locks import LockClient
+from eventbus.retry import REDIS_ERRORS
+
+log = logging.getLogger("eventbus.consumer")
+
+
+class Lease:
+    """`until` is a `time.monotonic()` instant; `changed` wakes whoever waits for the lease or
+    for a change of the held shards."""
+
+    def __init__(self, lease_s: float) -> None:
+        self.lease_s = lease_s
+        self.until = 0.0
+        self._changed = anyio.Event()
+
+    def ok(self) -> bool:
+        return time.monotonic() < self.until
+
+    def remaining_ms(self) -> int:
+        return int((self.until - time.monotonic()) * 1000)
+
+    def renew(self, sent_at: float) -> None:
+        """Extend the lease from `sent_at` (monotonic seconds), the send time of a confirmed
+        liveness refresh."""
+        self.until = max(self.until, sent_at + self.lease_s)
+        self.wake()
+
+    def wake(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    async def changed(self) -> None:
+        await self._changed.wait()
+
+
+async def heartbeat_loop(
+    locks: LockClient,
+    lease: Lease,
+    ttl_s: float,
+    joined: anyio.Event,
+    on_expired: Callable[[], None],
+) -> None:
+    """Refresh liveness every `ttl_s` / 3 seconds (every `ttl_s` / 10 after a failure) and renew
+    the lease; call `on_expired` when the liveness had expired before a refresh (the locks may be
+    someone else's now). Starts once `joined` is set: a heartbeat before the first lock round
+    would find no entry and take a joining consumer for one whose liveness expired."""
+    await joined.wait()
+    while True:
+        sent_at = time.monotonic()
+        try:
+            was_live = await locks.heartbeat()
+        except REDIS_ERRORS as exc:
+            log.warning("consumer %s heartbeat failed: %s", locks.member_id, exc)
+            await anyio.sleep(ttl_s / 10)
+            continue
+        if not was_live:
+            on_expired()
+        lease.renew(sent_at)
+        await anyio.sleep(ttl_s / 3)

@@ -1,0 +1,100 @@
+"""The held-shard table of one consumer: which shard locks it holds, under which acquisition.
+
+Pure bookkeeping, no I/O. Each acquisition of a lock gets a `generation` unique in this process:
+entries and acks of an older generation are dropped (their entries stay pending for the owner).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from eventbus.consumer.delivery import Delivery
+from eventbus.locks import Grant
+
+
+@dataclass(slots=True, eq=False)
+class HeldShard:
+    """Local state of a held shard lock: `token` is its fencing token, `in_flight` the entries
+    read and not yet finished, `draining` set above the fair share (no more reads; released
+    once drained), `idle_since` the monotonic time (s) of the first empty read in a row."""
+
+    shard: int
+    stream: str
+    token: int
+    generation: int
+    in_flight: int = 0
+    draining: bool = False
+    idle_since: float | None = None
+
+
+@dataclass(slots=True, eq=False)
+class Item(Delivery):
+    """An entry read by the live consumer, tied to the `HeldShard` it was read under."""
+
+    held: HeldShard = field(kw_only=True)
+
+
+class ShardTable:
+    """The shards held, keyed by shard index; `streams[i]` is shard i's stream key."""
+
+    def __init__(self, streams: list[str]) -> None:
+        self.streams = streams
+        self.held: dict[int, HeldShard] = {}
+        self._by_stream = {s.encode(): i for i, s in enumerate(streams)}
+        self._generations = itertools.count(1)
+
+    def apply(self, grants: dict[int, Grant]) -> tuple[list[int], list[int]]:
+        """Take in a lock round's grants. Returns (shards lost to others, shards newly held:
+        taken in this round, or re-taken under a new token). A new shard's pending entries must
+        be recovered before it is read."""
+        lost = [s for s in self.held if s not in grants]
+        for s in lost:
+            del self.held[s]
+        new = []
+        for s, grant in grants.items():
+            local = self.held.get(s)
+            if local is None or grant.is_new or local.token != grant.token:
+                self.held[s] = HeldShard(s, self.streams[s], grant.token, next(self._generations))
+                new.append(s)
+        return lost, new
+
+    def current(self, shard: int, generation: int) -> bool:
+        """Whether `shard` is still held under acquisition `generation`."""
+        held = self.held.get(shard)
+        return held is not None and held.generation == generation
+
+    def of_stream(self, stream: bytes) -> HeldShard | None:
+        return self.held.get(self._by_stream[stream])
+
+    def readable(self) -> list[HeldShard]:
+        return [h for h in self.held.values() if not h.draining]
+
+    def mark_surplus(self, share: int) -> None:
+        """Above the fair share `share`, mark the least busy shards draining."""
+        active = self.readable()
+        surplus = len(active) - share
+        if surplus > 0:
+            for h in sorted(active, key=lambda h: h.in_flight)[:surplus]:
+                h.draining = True
+
+    def to_release(self, read: set[int], now: float, idle_s: float) -> list[int]:
+        """Shards to release after a read that got entries from `read`: those idle (nothing read,
+        nothing in flight) for `idle_s` seconds since `now`, and drained surplus at once.
+        Releasing after one empty read made locks change owner about once per 1.5 events at
+        2,000 events/s (a lock, an unlock, a token and an XAUTOCLAIM each time)."""
+        out = []
+        for h in self.held.values():
+            if h.shard in read or h.in_flight:
+                h.idle_since = None
+                continue
+            if h.idle_since is None:
+                h.idle_since = now
+            if h.draining or now - h.idle_since >= idle_s:
+                out.append(h.shard)
+        return out
+
+    def forget(self, shards: Iterable[int]) -> None:
+        for s in shards:
+            self.held.pop(s, None)
