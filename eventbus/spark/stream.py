@@ -1,0 +1,236 @@
+"""``spark.readStream.format("eventbus")``: a topic as a stream, archive first, then Redis.
+
+**Offsets** are JSON objects ``{"<shard>": "<ms>-<seq>"}``: per shard, the last entry ID read
+(``"0-0"``: nothing yet). A micro-batch (start, end] reads, per shard, the segments up to the
+offloader's checkpoint, then ``XRANGE`` after it, with the re-check of `eventbus.spark.planning.
+read_range`: a query that fell behind Redis's trim point continues from the archive with no gap.
+Entries are immutable, so re-running a batch after a restart gives the same rows: Spark's
+checkpoint makes delivery into exactly-once sinks exactly-once.
+
+Options: ``startingOffsets`` = ``earliest`` (default) | ``latest`` | a JSON offset (shards left
+out start at the beginning) | a time (Unix ms, or ISO-8601; UTC when no offset is given: the
+first entries added at or after it); ``maxEntriesPerTrigger`` caps a micro-batch (split evenly
+over the shards that have entries, at least one entry per such shard).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+from pyspark.sql.types import StructType
+
+from eventbus.errors import ConfigError
+from eventbus.spark.decode import Converter
+from eventbus.spark.objects import Objects, as_objects
+from eventbus.spark.options import SourceOptions
+from eventbus.spark.planning import (
+    RangePart,
+    checkpoints,
+    last_ids,
+    parquet_footer,
+    read_range,
+    shard_count,
+)
+from eventbus.spark.schema import arrow_schema
+from eventbus.tier.ids import ZERO, EntryId, parse_id
+from eventbus.tier.layout import SegmentRef
+
+Offset = dict[str, str]
+
+
+def parse_start(text: str) -> str | dict[str, str] | int:
+    """``earliest``/``latest``, a JSON offset, or a time as Unix ms. Raises `ConfigError`."""
+    value = text.strip()
+    if value.lower() in ("earliest", "latest"):
+        return value.lower()
+    if value.startswith("{"):
+        try:
+            raw = json.loads(value)
+            return {str(int(k)): str(parse_id(str(v))) for k, v in raw.items()}
+        except (ValueError, ConfigError) as exc:
+            raise ConfigError(f"option startingOffsets: bad JSON offset {value!r}: {exc}") from None
+    if value.isdigit():
+        return int(value)
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        raise ConfigError(
+            "option startingOffsets must be earliest, latest, a JSON offset "
+            f'({{"0": "1700000000000-0"}}), Unix ms or an ISO-8601 time; got {value!r}'
+        ) from None
+    return int(when.replace(tzinfo=when.tzinfo or UTC).timestamp() * 1000)
+
+
+class StreamReader(DataSourceStreamReader):
+    """Plans micro-batches on the driver, reads them in tasks (one per shard with new entries)."""
+
+    def __init__(self, opts: SourceOptions, schema: StructType) -> None:
+        self.opts = opts
+        self.schema = schema
+        self.start = parse_start(opts.starting_offsets)
+
+    # -- driver side --------------------------------------------------------------------------
+    def _shards(self, objects: Objects, redis: Any) -> list[int]:
+        count = shard_count(redis, self.opts.keys(), self.opts.topic, self.opts.shards)
+        return sorted(set(objects.shards(self.opts.topic)) | set(range(count or 0)))
+
+    def _heads(self) -> tuple[Objects, Any, dict[int, EntryId], dict[int, EntryId]]:
+        """(objects, redis, checkpoints, heads): per shard the last entry now readable."""
+        objects = as_objects(self.opts.open_store())
+        redis = self.opts.redis()
+        shards = self._shards(objects, redis)
+        keys = self.opts.keys()
+        cps = checkpoints(redis, keys, self.opts.topic, shards) if redis is not None else {}
+        heads: dict[int, EntryId] = {}
+        for s in shards:
+            refs = objects.segments(self.opts.topic, s)
+            candidates = [refs[-1].last] if refs and redis is None else []
+            if s in cps:
+                candidates.append(cps[s])
+            heads[s] = max(candidates, default=ZERO)
+        if redis is not None:
+            for s, last in last_ids(redis, keys, self.opts.topic, shards).items():
+                heads[s] = max(heads.get(s, ZERO), last)
+        return objects, redis, cps, heads
+
+    def initialOffset(self) -> Offset:
+        objects, redis, _, heads = self._heads()
+        if redis is not None:
+            redis.close()
+        if self.start == "latest":
+            return {str(s): str(h) for s, h in heads.items()}
+        if isinstance(self.start, int):
+            at = EntryId(self.start, 0)
+            return {str(s): str(at.prev()) if self.start > 0 else "0-0" for s in heads}
+        given = self.start if isinstance(self.start, dict) else {}
+        return {str(s): given.get(str(s), "0-0") for s in heads}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        n = self.opts.max_entries_per_trigger
+        return ReadMaxRows(n) if n else ReadAllAvailable()
+
+    def latestOffset(self, start: Offset, limit: ReadLimit) -> Offset:
+        objects, redis, cps, heads = self._heads()
+        try:
+            end = {str(s): str(h) for s, h in heads.items()}
+            for s, was in start.items():  # never move backwards (e.g. a shard's stream deleted)
+                if parse_id(end.get(s, "0-0")) < parse_id(was):
+                    end[s] = was
+            if not isinstance(limit, ReadMaxRows):
+                return end
+            behind = [int(s) for s in end if parse_id(end[s]) > parse_id(start.get(s, "0-0"))]
+            quota = max(1, limit.max_rows // max(1, len(behind)))
+            for s in behind:
+                after = parse_id(start.get(str(s), "0-0"))
+                cut = self._nth(objects, redis, s, after, heads[s], cps.get(s), quota)
+                end[str(s)] = str(cut)
+            return end
+        finally:
+            if redis is not None:
+                redis.close()
+
+    def _nth(
+        self,
+        objects: Objects,
+        redis: Any,
+        shard: int,
+        after: EntryId,
+        head: EntryId,
+        cp: EntryId | None,
+        n: int,
+    ) -> EntryId:
+        """The `n`-th entry ID of `shard` after `after` (or `head` if there are fewer)."""
+        topic = self.opts.topic
+        left = n
+        last = after
+        for ref in objects.segments(topic, shard):
+            if ref.last <= after or (redis is not None and (cp is None or ref.last > cp)):
+                continue
+            if ref.first > after:
+                meta = parquet_footer(objects, ref).metadata or {}
+                count = int(meta.get(b"eventbus.entries", b"0"))
+                if count <= left:
+                    left -= count
+                    last = ref.last
+                    if left == 0:
+                        return last
+                    continue
+            ids = _segment_ids(objects, ref, after)
+            if len(ids) >= left:
+                return ids[left - 1]
+            left -= len(ids)
+            last = ref.last
+        if redis is None:
+            return min(last, head) if left < n else head
+        start = max(after, cp) if cp is not None else after
+        page = redis.xrange(
+            self.opts.keys().stream(topic, shard),
+            f"({start}" if start > ZERO else "-",
+            str(head),
+            count=left,
+        )
+        return parse_id(page[-1][0]) if page else max(last, start)
+
+    def partitions(self, start: Offset, end: Offset) -> Sequence[InputPartition]:
+        objects = as_objects(self.opts.open_store())
+        redis = self.opts.redis()
+        try:
+            shards = sorted(int(s) for s in end)
+            cps = (
+                checkpoints(redis, self.opts.keys(), self.opts.topic, shards)
+                if redis is not None
+                else {}
+            )
+            parts: list[InputPartition] = []
+            for s in shards:
+                after = parse_id(start.get(str(s), "0-0"))
+                upto = parse_id(end[str(s)])
+                if upto <= after:
+                    continue
+                cp = cps.get(s) if redis is not None else upto
+                refs = tuple(
+                    r
+                    for r in objects.segments(self.opts.topic, s)
+                    if r.last > after and r.first <= upto and (cp is not None and r.last <= cp)
+                )
+                parts.append(
+                    RangePart(self.opts.topic, s, None if after == ZERO else after, upto, cp, refs)
+                )
+            return parts
+        finally:
+            if redis is not None:
+                redis.close()
+
+    def commit(self, end: Offset) -> None:
+        """Nothing to do: offsets live in Spark's checkpoint, entries stay where they are."""
+
+    # -- task side ----------------------------------------------------------------------------
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, RangePart)
+        opts = self.opts
+        objects = as_objects(opts.open_store())
+        conv = Converter(arrow_schema(self.schema), opts.models(), opts.mode, opts.validate)
+        redis = opts.redis()
+        try:
+            for batch in read_range(objects, redis, opts.keys(), partition):
+                yield conv.convert(batch)
+        finally:
+            if redis is not None:
+                redis.close()
+
+
+def _segment_ids(objects: Objects, ref: SegmentRef, after: EntryId) -> list[EntryId]:
+    """The entry IDs of segment `ref` after `after`, in order (reads its two ID columns)."""
+    table = pq.read_table(io.BytesIO(objects.get(ref.key)), columns=["entry_ms", "entry_seq"])
+    pairs = zip(
+        table.column("entry_ms").to_pylist(), table.column("entry_seq").to_pylist(), strict=True
+    )
+    return [e for e in (EntryId(ms, seq) for ms, seq in pairs) if e > after]

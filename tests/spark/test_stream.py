@@ -1,0 +1,132 @@
+"""The streaming source: archive then Redis, maxEntriesPerTrigger, restart from a checkpoint
+with no entry skipped or repeated across the segment/Redis boundary, startingOffsets."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from spark_support import offload, publish, ticks
+
+from eventbus.errors import ConfigError
+from eventbus.sharding import shard_of
+from eventbus.spark.stream import parse_start
+
+pytestmark = pytest.mark.integration
+
+
+def _stream(spark: Any, store: str, topic: str, redis_url: str, **options: Any) -> Any:
+    r = (
+        spark.readStream.format("eventbus")
+        .option("store", store)
+        .option("topic", topic)
+        .option("redis_url", redis_url)
+        .option("model", "spark_support:Tick")
+    )
+    for k, v in options.items():
+        r = r.option(k, v)
+    return r.load()
+
+
+def _run(df: Any, out: Path, checkpoint: Path) -> list[Any]:
+    """Run the query over everything available now, into a Parquet sink; its progress list."""
+    q = (
+        df.select("shard", "entry_id", "resource", "seq")
+        .writeStream.format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(processingTime="0 seconds")
+        .start()
+    )
+    try:
+        q.processAllAvailable()
+        return list(q.recentProgress)
+    finally:
+        q.stop()
+
+
+def _keyed(events: list[Any], ids: list[str]) -> list[tuple[int, str]]:
+    return sorted((shard_of(rid, 4), i) for (rid, _), i in zip(events, ids, strict=True))
+
+
+def test_restart_from_checkpoint_no_skip_no_repeat(
+    spark: Any, redis_db: str, tmp_path: Path, topic: str
+) -> None:
+    store, out, cp = str(tmp_path / "seg"), tmp_path / "out", tmp_path / "cp"
+    a = ticks(300)
+    ids = publish(redis_db, topic, a)
+    offload(redis_db, store, topic)  # archived and trimmed from Redis
+    b = ticks(200, start=300)
+    ids += publish(redis_db, topic, b)  # in Redis only
+    progress = _run(_stream(spark, store, topic, redis_db, maxEntriesPerTrigger="120"), out, cp)
+    sizes = [p["numInputRows"] for p in progress if p["numInputRows"]]
+    assert len(sizes) >= 4 and max(sizes) <= 120  # the cap holds (30 per shard)
+    offload(redis_db, store, topic)  # the tail moves to segments while the query is stopped
+    c = ticks(150, start=500)
+    ids += publish(redis_db, topic, c)
+    _run(_stream(spark, store, topic, redis_db), out, cp)  # restart from the checkpoint
+    rows = pq.read_table(out).to_pylist()
+    got = sorted((r["shard"], r["entry_id"]) for r in rows)
+    assert got == _keyed(a + b + c, ids)  # each entry exactly once
+    per_resource: dict[str, list[int]] = {}
+    for r in rows:
+        per_resource.setdefault(r["resource"], []).append(r["seq"])
+    assert all(sorted(v) == sorted(set(v)) for v in per_resource.values())
+
+
+def test_starting_offsets_latest_and_json(
+    spark: Any, redis_db: str, tmp_path: Path, topic: str
+) -> None:
+    store = str(tmp_path / "seg")
+    old = publish(redis_db, topic, ticks(40))
+    offload(redis_db, store, topic)
+    df = _stream(spark, store, topic, redis_db, startingOffsets="latest")
+    q = (
+        df.select("entry_id", "seq")
+        .writeStream.format("memory")
+        .queryName(f"q_{topic[2:]}")
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .trigger(processingTime="0 seconds")
+        .start()
+    )
+    try:
+        q.processAllAvailable()  # the starting offset is fixed by the first batch
+        publish(redis_db, topic, ticks(10, start=40))
+        q.processAllAvailable()
+        seqs = sorted(r.seq for r in spark.sql(f"select seq from q_{topic[2:]}").collect())
+    finally:
+        q.stop()
+    assert seqs == list(range(40, 50))
+    # a JSON offset: shard 0 from its 3rd entry on, the other shards from the beginning
+    shard0 = sorted(
+        (tuple(map(int, i.split("-"))), i)
+        for (rid, _), i in zip(ticks(40), old, strict=True)
+        if shard_of(rid, 4) == 0
+    )
+    start = json.dumps({"0": shard0[1][1]})
+    q = (
+        _stream(spark, store, topic, redis_db, startingOffsets=start)
+        .select("shard")
+        .writeStream.format("memory")
+        .queryName(f"j_{topic[2:]}")
+        .trigger(processingTime="0 seconds")
+        .start()
+    )
+    try:
+        q.processAllAvailable()
+        n = spark.sql(f"select count(*) from j_{topic[2:]} where shard = 0").collect()[0][0]
+    finally:
+        q.stop()
+    assert n == len(shard0) - 2 + sum(1 for i in range(40, 50) if shard_of(f"res-{i % 7}", 4) == 0)
+
+
+def test_parse_start() -> None:
+    assert parse_start("earliest") == "earliest"
+    assert parse_start('{"1": "5-2"}') == {"1": "5-2"}
+    assert parse_start("1700000000000") == 1700000000000
+    assert parse_start("2023-11-14T22:13:20Z") == 1700000000000
+    with pytest.raises(ConfigError, match="startingOffsets"):
+        parse_start("yesterday")
