@@ -102,7 +102,7 @@ class StreamReader(DataSourceStreamReader):
         return objects, redis, cps, heads
 
     def initialOffset(self) -> Offset:
-        objects, redis, _, heads = self._heads()
+        _, redis, _, heads = self._heads()
         if redis is not None:
             redis.close()
         if self.start == "latest":

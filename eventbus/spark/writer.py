@@ -18,6 +18,7 @@ de-duplicates with ``dedup_window_s``. Without ``event_id_col`` the copies are d
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -28,7 +29,7 @@ from typing import Any
 import anyio
 from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
-from pyspark.sql.datasource import DataSourceWriter, WriterCommitMessage
+from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
 from eventbus.codec import Envelope, event_type_of
@@ -58,8 +59,9 @@ class Published(WriterCommitMessage):
     seconds: float
 
 
-class EventWriter(DataSourceWriter):
-    """Publishes each partition's rows in order (see the module docstring)."""
+class EventWriter(DataSourceArrowWriter):
+    """Publishes each partition's rows in order (see the module docstring); rows arrive as
+    Arrow record batches."""
 
     def __init__(self, opts: SourceOptions, schema: StructType) -> None:
         if not opts.redis_url:
@@ -86,10 +88,11 @@ class EventWriter(DataSourceWriter):
         rows = anyio.run(self._publish, iterator)
         return Published(rows, time.perf_counter() - started)
 
-    def _envelope(self, row: Any, model: type[BaseModel] | None) -> Envelope:
+    def _envelope(self, values: dict[str, Any], model: type[BaseModel] | None) -> Envelope:
         opts = self.opts
-        values = row.asDict(recursive=True)
         headers = values.pop(opts.headers_col, None) if opts.headers_col else None
+        if isinstance(headers, list):  # an Arrow map: (key, value) pairs
+            headers = dict(headers)
         rid = values.get(opts.resource_id_col)
         if not isinstance(rid, str) or not rid:
             rid = None if rid is None else str(rid)
@@ -130,11 +133,12 @@ class EventWriter(DataSourceWriter):
                 await bus.registry.ensure(topic)  # checked once, before any row is queued
                 publisher = bus.publisher
                 chunk: list[Envelope] = []
-                for row in iterator:
-                    chunk.append(self._envelope(row, model))
-                    if len(chunk) >= CHUNK:
-                        count += await _in_order(publisher, topic, chunk)
-                        chunk = []
+                for batch in iterator:
+                    for values in batch.to_pylist():
+                        chunk.append(self._envelope(values, model))
+                        if len(chunk) >= CHUNK:
+                            count += await _in_order(publisher, topic, chunk)
+                            chunk = []
                 if chunk:
                     count += await _in_order(publisher, topic, chunk)
         finally:
@@ -156,10 +160,15 @@ class EventWriter(DataSourceWriter):
 
 
 async def _in_order(publisher: Any, topic: Any, envelopes: list[Envelope]) -> int:
-    """Publish `envelopes` concurrently but queued in list order (tasks start in order, and each
-    queues its XADD before its first suspension), so the running bus's flusher sends them in
-    order, in pipelines of ``publish_batch_max``."""
-    async with anyio.create_task_group() as tg:
-        for env in envelopes:
-            tg.start_soon(publisher.publish_envelope, topic, env)
+    """Publish `envelopes` concurrently but queued in list order, so that the running bus's
+    flusher sends them in order, in pipelines of ``publish_batch_max``: `asyncio.gather` starts
+    one task per call in argument order, and each call queues its XADD before it first
+    suspends. (asyncio's gather, not an anyio task group: a third of the cost per event.)
+    Raises the first `PublishError`, after every call has settled."""
+    results = await asyncio.gather(
+        *[publisher.publish_envelope(topic, env) for env in envelopes], return_exceptions=True
+    )
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        raise errors[0]
     return len(envelopes)
