@@ -1,0 +1,196 @@
+"""Per-resource queues and their workers (`eventbus.consumer.queues`): no Redis; `process` is a
+test double that records what it was given and when."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+from eventbus.codec import F_RESOURCE
+from eventbus.consumer.queues import ResourceQueues
+from eventbus.consumer.shards import HeldShard, Item
+
+pytestmark = pytest.mark.anyio
+
+HELD = HeldShard(shard=0, stream="s:0", token=1, generation=1)
+
+
+def entries(*pairs: tuple[str, int]) -> list[tuple[bytes, dict[bytes, bytes] | None]]:
+    """Entries ``(entry ID, fields)`` for (resource, n) pairs; entry ID ``n-0``."""
+    return [(f"{n}-0".encode(), {F_RESOURCE: rid.encode()}) for rid, n in pairs]
+
+
+def label(item: Item) -> str:
+    return f"{item.fields[F_RESOURCE].decode()}{item.entry_id.decode().split('-')[0]}"
+
+
+@asynccontextmanager
+async def workers(
+    queues: ResourceQueues, process: Callable[[Item], Awaitable[float | None]], n: int
+) -> AsyncIterator[anyio.Event]:
+    """`n` workers on `queues`; yields the `stopped` event; cancels them on exit."""
+    stopped = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        for _ in range(n):
+            tg.start_soon(queues.worker, process, tg, stopped)
+        yield stopped
+        tg.cancel_scope.cancel()
+
+
+def test_dispatch_counts_each_entry_started_and_skips_deleted_ones() -> None:
+    started: list[HeldShard] = []
+    queues = ResourceQueues(started.append)
+    queues.dispatch(HELD, [*entries(("a", 1)), (b"2-0", None), *entries(("b", 3))])
+    assert started == [HELD, HELD]
+
+
+async def test_each_resource_runs_in_entry_order_across_workers() -> None:
+    done: list[str] = []
+    finished = anyio.Event()
+
+    async def process(item: Item) -> None:
+        await anyio.lowlevel.checkpoint()  # let other workers interleave
+        done.append(label(item))
+        if len(done) == 12:
+            finished.set()
+
+    queues = ResourceQueues(lambda h: None)
+    async with workers(queues, process, 3):
+        queues.dispatch(HELD, entries(*[(rid, n) for n in range(4) for rid in "abc"]))
+        with anyio.fail_after(5):
+            await finished.wait()
+    for rid in "abc":
+        assert [x for x in done if x[0] == rid] == [f"{rid}{n}" for n in range(4)]
+
+
+async def test_one_worker_per_resource_and_different_resources_concurrently() -> None:
+    """Three workers, one resource held by a blocked handler: its next entry waits, while the
+    other resource runs at the same time."""
+    running: dict[str, int] = {}
+    overlap: list[str] = []
+    both_running = anyio.Event()
+    release, all_done = anyio.Event(), anyio.Event()
+    done: list[str] = []
+
+    async def process(item: Item) -> None:
+        rid = item.fields[F_RESOURCE].decode()
+        running[rid] = running.get(rid, 0) + 1
+        if running[rid] > 1:
+            overlap.append(rid)
+        if sum(running.values()) == 2:
+            both_running.set()
+        await release.wait()
+        running[rid] -= 1
+        done.append(label(item))
+        if len(done) == 3:
+            all_done.set()
+
+    queues = ResourceQueues(lambda h: None)
+    async with workers(queues, process, 3):
+        queues.dispatch(HELD, entries(("a", 1), ("a", 2), ("b", 3)))
+        with anyio.fail_after(5):
+            await both_running.wait()  # a1 and b3 at once
+        for _ in range(20):  # give a third (free) worker every chance to start a2: it must not
+            await anyio.lowlevel.checkpoint()
+        assert running == {"a": 1, "b": 1}
+        release.set()
+        with anyio.fail_after(5):
+            await all_done.wait()
+    assert overlap == []
+    assert done.index("a1") < done.index("a2")
+
+
+async def test_same_resource_on_different_shards_are_different_queues() -> None:
+    other = HeldShard(shard=1, stream="s:1", token=1, generation=2)
+    both = anyio.Event()
+    release = anyio.Event()
+    active = 0
+
+    async def process(item: Item) -> None:
+        nonlocal active
+        active += 1
+        if active == 2:
+            both.set()
+        await release.wait()
+
+    queues = ResourceQueues(lambda h: None)
+    async with workers(queues, process, 2):
+        queues.dispatch(HELD, entries(("a", 1)))
+        queues.dispatch(other, entries(("a", 2)))
+        with anyio.fail_after(5):
+            await both.wait()
+        release.set()
+
+
+async def test_a_retry_does_not_hold_the_only_worker_and_comes_back_first_in_its_queue() -> None:
+    """One worker: a1 asks to be retried after a delay; b runs meanwhile; then a1 again, then
+    a2 (the retried entry stays at the head of its queue)."""
+    calls: list[str] = []
+    failures = {"a1": 1}
+    finished = anyio.Event()
+
+    async def process(item: Item) -> float | None:
+        name = label(item)
+        calls.append(name)
+        if failures.get(name):
+            failures[name] -= 1
+            return 0.05
+        if len(calls) == 4:
+            finished.set()
+        return None
+
+    queues = ResourceQueues(lambda h: None)
+    async with workers(queues, process, 1):
+        queues.dispatch(HELD, entries(("a", 1), ("a", 2), ("b", 3)))
+        with anyio.fail_after(5):
+            await finished.wait()
+    assert calls == ["a1", "b3", "a1", "a2"]
+
+
+async def test_stopping_fires_waiting_retry_timers_at_once() -> None:
+    calls: list[str] = []
+    first, retried = anyio.Event(), anyio.Event()
+
+    async def process(item: Item) -> float | None:
+        calls.append(label(item))
+        if len(calls) == 1:
+            first.set()
+            return math.inf  # would wait forever, but for `stopped`
+        retried.set()
+        return None
+
+    queues = ResourceQueues(lambda h: None)
+    async with workers(queues, process, 1) as stopped:
+        queues.dispatch(HELD, entries(("a", 1)))
+        with anyio.fail_after(5):
+            await first.wait()
+            stopped.set()
+            await retried.wait()
+    assert calls == ["a1", "a1"]
+
+
+async def test_a_resource_emptied_and_refilled_is_scheduled_again() -> None:
+    calls: list[str] = []
+    changed = anyio.Event()
+
+    async def process(item: Item) -> None:
+        nonlocal changed
+        calls.append(label(item))
+        changed.set()
+        changed = anyio.Event()
+
+    queues = ResourceQueues(lambda h: None)
+    async with workers(queues, process, 2):
+        queues.dispatch(HELD, entries(("a", 1)))
+        with anyio.fail_after(5):
+            while calls != ["a1"]:
+                await changed.wait()
+            await anyio.lowlevel.checkpoint()  # the worker returns the emptied queue
+            queues.dispatch(HELD, entries(("a", 2)))
+            while calls != ["a1", "a2"]:
+                await changed.wait()
