@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
+from eventbus.config import Settings
 from eventbus.keys import Keys
 from eventbus.scripts import Scripts
 
@@ -96,6 +97,25 @@ class LockClient:
         self._ttl_ms = int(liveness_ttl_s * 1000)
         self._scripts = scripts or Scripts.register(redis)
         self._keys = [keys.members(topic, group), keys.locks(topic, group)]
+
+    @classmethod
+    def for_settings(
+        cls,
+        redis: Any,
+        settings: Settings,
+        topic: str,
+        group: str,
+        member_id: str,
+        *,
+        shards: int,
+        scripts: Scripts | None = None,
+    ) -> LockClient:
+        """A client with the key prefix, hashtag and liveness TTL of `settings`."""
+        keys = Keys(settings.key_prefix, settings.hashtag)
+        ttl = settings.liveness_ttl_s
+        return cls(
+            redis, keys, topic, group, member_id, shards=shards, liveness_ttl_s=ttl, scripts=scripts
+        )
 
     async def acquire(self, candidates: Sequence[int]) -> LockRound:
         """Refresh liveness and take free or expired locks among `candidates` (in order of

@@ -318,14 +318,8 @@ class CatchUp:
         self.settings = settings or Settings()  # type: ignore[call-arg,unused-ignore]  # fields from env
         self.keys = Keys(self.settings.key_prefix, self.settings.hashtag)
         self.consumer_id = consumer_id or f"catchup-{new_member_id()}"
-        self.locks = LockClient(
-            redis,
-            self.keys,
-            topic,
-            group,
-            self.consumer_id,
-            shards=shards,
-            liveness_ttl_s=self.settings.liveness_ttl_s,
+        self.locks = LockClient.for_settings(
+            redis, self.settings, topic, group, self.consumer_id, shards=shards
         )
         self.consumed: dict[int, SegmentRef] = {}  # last segment handled, per shard
 

@@ -22,45 +22,36 @@ The life of a shard under one offloader (docs/tier.md states the protocol and it
    writes the same key, and create-only makes the first put win.
 6. **Trim** ``XTRIM MINID`` to the smaller of "just after the checkpoint" and "now minus
    ``hot_window_s``": only archived entries older than the hot window leave Redis.
+
+This module holds the `Offloader` (which topics, the run loop, the liveness heartbeat, "until
+caught up"); `eventbus.tier.topic_offload` takes a topic's locks and runs its rounds (step 1);
+`eventbus.tier.shard_offload` does steps 2 to 6 on one shard.
 """
 
 from __future__ import annotations
 
 import logging
-import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
-import anyio.to_thread
-from redis.exceptions import ResponseError
 
 from eventbus import retry
 from eventbus.config import Settings
 from eventbus.errors import ConfigError
 from eventbus.keys import Keys, check_name
-from eventbus.locks import Grant, LockClient, new_member_id
+from eventbus.locks import new_member_id
 from eventbus.retry import REDIS_ERRORS
 from eventbus.scripts import Scripts
-from eventbus.tier.checkpoint import Checkpoints, Fenced, Intent
-from eventbus.tier.errors import CorruptSegment, StoreError
-from eventbus.tier.gaps import find_gap, new_gap, record_gap
+from eventbus.tier.errors import CorruptSegment
 from eventbus.tier.ids import EntryId, parse_id
-from eventbus.tier.layout import SegmentRef, segment_key
-from eventbus.tier.metrics import TIER_METRICS
-from eventbus.tier.segment import RawEntry, decode_segment, encode_segment
-from eventbus.tier.settings import OFFLOADER_GROUP, TierSettings
-from eventbus.tier.store import Store, get_bytes, list_segments, put_create
+from eventbus.tier.settings import TierSettings
+from eventbus.tier.store import Store
+from eventbus.tier.topic_offload import TopicOffloader
 
 log = logging.getLogger("eventbus.tier")
-
-# A shard's step failing with these is logged and retried on the next round; the other shards
-# go on meanwhile.
-_TRANSIENT: tuple[type[Exception], ...] = (*REDIS_ERRORS, StoreError)
-_MAX_SEGMENTS_PER_ROUND = 8  # per shard, so one backlog does not starve the other shards
-SHARD_CONCURRENCY = 4  # shards of a topic worked on at once by one offloader
 
 Hook = Callable[[str, int, str], Awaitable[None]]
 """Test hook: ``await hook(point, shard, key)`` at "before_put", "after_put", "after_commit"."""
@@ -87,39 +78,6 @@ class OffloadStats:
         return self.raw_bytes / self.stored_bytes if self.stored_bytes else 0.0
 
 
-@dataclass
-class _Shard:
-    """The offload state of a held shard lock (`grant`); dropped with the lock."""
-
-    grant: Grant
-    stream: str
-    checkpoint: EntryId | None = None
-    count: int = 0  # entries accounted for (archived + recorded lost)
-    buffer: list[RawEntry] = field(default_factory=list)
-    buffer_bytes: int = 0
-    read_to: EntryId | None = None  # last entry read into the buffer (or the checkpoint)
-    recovered: bool = False
-    gaps_seen: set[str] = field(default_factory=set)
-
-    @property
-    def shard(self) -> int:
-        return self.grant.shard
-
-    @property
-    def token(self) -> int:
-        return self.grant.token
-
-    def reset_to(self, checkpoint: EntryId | None, count: int) -> None:
-        self.checkpoint, self.count = checkpoint, count
-        self.buffer = [e for e in self.buffer if checkpoint is None or e[0] > checkpoint]
-        self.buffer_bytes = sum(_size(f) for _, f in self.buffer)
-        self.read_to = self.buffer[-1][0] if self.buffer else checkpoint
-
-
-def _size(fields: dict[bytes, bytes]) -> int:
-    return sum(map(len, fields)) + sum(map(len, fields.values()))
-
-
 def _unarchivable(topic: str, shards: bytes) -> str | None:
     """Why a registered topic cannot be archived, or None. Such topics come from foreign or
     older clients that wrote the registry without validating; one must not stop the others."""
@@ -132,300 +90,6 @@ def _unarchivable(topic: str, shards: bytes) -> str | None:
     if not shards.isdigit() or int(shards) < 1:
         return f"its shard count {shards!r} is not a positive integer"
     return None
-
-
-class _TopicOffloader:
-    """The offloader's work on one topic."""
-
-    def __init__(self, owner: Offloader, topic: str, shards: int) -> None:
-        self.o = owner
-        self.topic = topic
-        self.shards = shards
-        self.checkpoints = Checkpoints(owner.redis, owner.keys, topic)
-        self.locks = LockClient(
-            owner.redis,
-            owner.keys,
-            topic,
-            OFFLOADER_GROUP,
-            owner.consumer_id,
-            shards=shards,
-            liveness_ttl_s=owner.settings.liveness_ttl_s,
-            scripts=owner.scripts,
-        )
-        self.held: dict[int, _Shard] = {}
-        self.rotation = random.randrange(shards)
-
-    # -- locks ----------------------------------------------------------------------------------
-    async def lock(self) -> None:
-        """Take this round's locks (starting the preference order one shard further each round,
-        so offloaders do not all want the same shards first) and release any surplus at once,
-        the shards with the smallest buffers first."""
-        order = [(self.rotation + i) % self.shards for i in range(self.shards)]
-        self.rotation = (self.rotation + 1) % self.shards
-        got = await self.locks.acquire(order)
-        for s in [s for s in self.held if s not in got.grants]:
-            log.warning("offloader %s lost %s shard %d", self.o.consumer_id, self.topic, s)
-            del self.held[s]
-        for s, grant in got.grants.items():
-            local = self.held.get(s)
-            if local is None or grant.is_new or local.token != grant.token:
-                self.held[s] = _Shard(grant, self.o.keys.stream(self.topic, s))
-        surplus = len(self.held) - got.share
-        if surplus > 0:
-            idle = sorted(self.held.values(), key=lambda sh: len(sh.buffer))[:surplus]
-            await self.release([sh.shard for sh in idle])
-
-    async def release(self, shards: list[int], leave: bool = False) -> None:
-        await self.locks.release(shards, leave=leave)
-        for s in shards:
-            self.held.pop(s, None)
-
-    # -- one round ------------------------------------------------------------------------------
-    async def round(self, now_ms: int, flush: bool) -> bool:
-        """Work on every held shard once, up to `SHARD_CONCURRENCY` shards at a time (Redis
-        reads of one overlap the encoding and put of another). Returns True if any shard wrote a
-        segment or has more to read right away. Errors other than transient ones and fencing
-        (e.g. `CorruptSegment`) are raised after the other shards finished their step."""
-        await self.lock()
-        busy: list[bool] = []
-        fatal: list[BaseException] = []
-        limiter = anyio.CapacityLimiter(SHARD_CONCURRENCY)
-
-        async def one(sh: _Shard) -> None:
-            async with limiter:
-                try:
-                    if not sh.recovered:
-                        await self.recover(sh)
-                    busy.append(await self.work(sh, now_ms, flush))
-                except Fenced:
-                    log.warning(
-                        "offloader %s was fenced off %s shard %d (lock taken over)",
-                        self.o.consumer_id,
-                        self.topic,
-                        sh.shard,
-                    )
-                    self.held.pop(sh.shard, None)
-                except _TRANSIENT as exc:
-                    log.warning(
-                        "offload of %s shard %d failed (%s); retrying", sh.stream, sh.shard, exc
-                    )
-                except Exception as exc:
-                    fatal.append(exc)
-
-        async with anyio.create_task_group() as tg:
-            for sh in list(self.held.values()):
-                tg.start_soon(one, sh)
-        if fatal:
-            raise fatal[0]
-        return any(busy)
-
-    # -- recovery -------------------------------------------------------------------------------
-    async def recover(self, sh: _Shard) -> None:
-        """Finish a pending intent, then adopt segments stored past the checkpoint."""
-        cp = await self.checkpoints.read(sh.shard)
-        sh.reset_to(cp.last, cp.count)
-        if cp.pending is not None:
-            await self.finish(sh, cp.pending)
-        after = None if sh.checkpoint is None else SegmentRef(sh.checkpoint, sh.checkpoint, "")
-        for ref in await list_segments(self.o.store, self.topic, sh.shard, after=after):
-            if sh.checkpoint is not None and ref.first <= sh.checkpoint:
-                continue
-            rows = await self.verify_existing(ref.key, sh.shard, ref.first, ref.last)
-            log.warning(
-                "offloader %s adopts %s, stored past the checkpoint of %s shard %d",
-                self.o.consumer_id,
-                ref.key,
-                self.topic,
-                sh.shard,
-            )
-            await self.commit(sh, ref.last, rows, adopted=True)
-        sh.recovered = True
-
-    async def verify_existing(self, key: str, shard: int, first: EntryId, last: EntryId) -> int:
-        """Read and verify an existing segment; returns its row count. Raises `CorruptSegment`
-        (an object under our key that is not a whole, valid segment is never adopted)."""
-        data = await get_bytes(self.o.store, key)
-        _, info = await anyio.to_thread.run_sync(
-            lambda: decode_segment(
-                data, key, expect=(self.topic, shard, first, last), columns=["entry_id"]
-            )
-        )
-        return info.entries
-
-    async def finish(self, sh: _Shard, intent: Intent) -> None:
-        """Complete a pending intent: same range, same key; adopt the object if it exists."""
-        rows = await self.xrange(sh.stream, str(intent.first), str(intent.last), None)
-        key = segment_key(self.topic, sh.shard, intent.first, intent.last)
-        log.warning(
-            "offloader %s finishes pending segment %s (%d of %d entries still in Redis)",
-            self.o.consumer_id,
-            key,
-            len(rows),
-            intent.entries,
-        )
-        stored: int | None = None
-        if rows:
-            stored = await self.put(sh, intent, rows, key)
-        else:
-            try:
-                stored = await self.verify_existing(key, sh.shard, intent.first, intent.last)
-                TIER_METRICS.adopted.labels(self.topic).inc()
-                self.o.stats.adopted += 1
-            except FileNotFoundError:
-                stored = None
-        if stored is None or stored < intent.entries:
-            lost = intent.entries - (stored or 0)
-            after = intent.first.prev() if intent.first > EntryId(0, 0) else intent.first
-            reason = "trimmed from Redis while its segment was being written"
-            await self.gap(sh, after, intent.last.next(), lost, reason)
-        await self.commit(sh, intent.last, stored or 0)
-
-    # -- steady state ---------------------------------------------------------------------------
-    async def work(self, sh: _Shard, now_ms: int, flush: bool) -> bool:
-        o = self.o
-        try:
-            info = await o.redis.xinfo_stream(sh.stream)
-        except ResponseError:  # no such key: nothing published on this shard yet
-            return False
-        found = find_gap(info, sh.read_to, sh.count, len(sh.buffer))
-        if found is not None:
-            after, before, lost, reason = found
-            await self.gap(sh, after, before, lost, reason)
-        written = 0
-        more = False
-        while written < _MAX_SEGMENTS_PER_ROUND:
-            more = await self.fill(sh)
-            if not sh.buffer:
-                break
-            age_ms = now_ms - sh.buffer[0][0].ms
-            full = (
-                len(sh.buffer) >= o.tier.segment_max_entries
-                or sh.buffer_bytes >= o.tier.segment_max_bytes
-            )
-            if not (full or flush or age_ms >= o.tier.segment_max_age_s * 1000):
-                break
-            await self.write(sh)
-            written += 1
-        await self.trim(sh, now_ms)
-        return written > 0 or more
-
-    async def fill(self, sh: _Shard) -> bool:
-        """Read entries after `read_to` until the buffer is full. Returns True when the buffer
-        filled up before the stream ran out (there is more to read)."""
-        tier = self.o.tier
-        while (
-            len(sh.buffer) < tier.segment_max_entries and sh.buffer_bytes < tier.segment_max_bytes
-        ):
-            want = min(tier.read_count, tier.segment_max_entries - len(sh.buffer))
-            start = "-" if sh.read_to is None else f"({sh.read_to}"
-            rows = await self.xrange(sh.stream, start, "+", want)
-            for entry_id, fields in rows:
-                sh.buffer.append((entry_id, fields))
-                sh.buffer_bytes += _size(fields)
-            if rows:
-                sh.read_to = rows[-1][0]
-            if len(rows) < want:
-                return False
-        return True
-
-    async def xrange(self, stream: str, start: str, end: str, count: int | None) -> list[RawEntry]:
-        """XRANGE `stream` `start` `end` (all of it, paged, when `count` is None)."""
-        if count is not None:
-            raw = await self.o.redis.xrange(stream, start, end, count=count)
-            return [(parse_id(i), f) for i, f in raw]
-        out: list[RawEntry] = []
-        while True:
-            raw = await self.o.redis.xrange(stream, start, end, count=self.o.tier.read_count)
-            out += [(parse_id(i), f) for i, f in raw]
-            if len(raw) < self.o.tier.read_count:
-                return out
-            start = f"({out[-1][0]}"
-
-    async def write(self, sh: _Shard) -> None:
-        """Archive a prefix of the buffer as one segment: intent, put, commit."""
-        tier = self.o.tier
-        n, size = 0, 0
-        for _, fields in sh.buffer[: tier.segment_max_entries]:
-            n += 1
-            size += _size(fields)
-            if size >= tier.segment_max_bytes:
-                break
-        batch = sh.buffer[:n]
-        intent = Intent(batch[0][0], batch[-1][0], n)
-        if not await self.checkpoints.begin(sh.shard, self.o.consumer_id, sh.token, intent):
-            # another intent pending, or our buffer is stale: resync
-            cp = await self.checkpoints.read(sh.shard)
-            sh.reset_to(cp.last, cp.count)
-            if cp.pending is not None:
-                await self.finish(sh, cp.pending)
-            return
-        key = segment_key(self.topic, sh.shard, intent.first, intent.last)
-        await self.put(sh, intent, batch, key)
-        await self.commit(sh, intent.last, n)
-
-    async def put(self, sh: _Shard, intent: Intent, rows: Sequence[RawEntry], key: str) -> int:
-        """Encode and put `rows` under `key` create-only; returns the rows the stored object
-        holds (ours, or those of an identical-range object already there)."""
-        o = self.o
-        data, info = await anyio.to_thread.run_sync(
-            lambda: encode_segment(
-                self.topic, sh.shard, intent.first, intent.last, rows, zstd_level=o.tier.zstd_level
-            )
-        )
-        await o.hook("before_put", sh.shard, key)
-        started = time.monotonic()
-        created = await put_create(o.store, key, data)
-        TIER_METRICS.put_seconds.labels(self.topic).observe(time.monotonic() - started)
-        await o.hook("after_put", sh.shard, key)
-        if not created:
-            stored = await self.verify_existing(key, sh.shard, intent.first, intent.last)
-            log.warning("segment %s already stored (retry or rival offloader): adopted", key)
-            TIER_METRICS.adopted.labels(self.topic).inc()
-            o.stats.adopted += 1
-            return stored
-        labels = TIER_METRICS
-        labels.segments.labels(self.topic).inc()
-        labels.entries.labels(self.topic).inc(info.entries)
-        labels.raw_bytes.labels(self.topic).inc(info.raw_bytes)
-        labels.stored_bytes.labels(self.topic).inc(len(data))
-        o.stats.segments += 1
-        o.stats.entries += info.entries
-        o.stats.raw_bytes += info.raw_bytes
-        o.stats.stored_bytes += len(data)
-        return info.entries
-
-    async def commit(self, sh: _Shard, last: EntryId, entries: int, adopted: bool = False) -> None:
-        await self.checkpoints.commit(sh.shard, self.o.consumer_id, sh.token, last, entries)
-        if adopted:
-            TIER_METRICS.adopted.labels(self.topic).inc()
-            self.o.stats.adopted += 1
-        cp = await self.checkpoints.read(sh.shard)
-        sh.reset_to(cp.last, cp.count)
-        await self.o.hook("after_commit", sh.shard, str(last))
-
-    async def gap(
-        self, sh: _Shard, after: EntryId, before: EntryId, lost: int | None, reason: str
-    ) -> None:
-        """Record the gap first, then account its entries: a crash in between re-detects it
-        (recording it again at worst), never leaves a counted but unrecorded loss."""
-        gap = new_gap(self.topic, sh.shard, after, before, lost, reason, self.o.consumer_id)
-        if gap.key in sh.gaps_seen:
-            return
-        if await record_gap(self.o.store, gap):
-            self.o.stats.gaps += 1
-            self.o.stats.lost += lost or 0
-        await self.checkpoints.account_lost(sh.shard, self.o.consumer_id, sh.token, lost or 0)
-        sh.count += lost or 0
-        sh.gaps_seen.add(gap.key)
-
-    async def trim(self, sh: _Shard, now_ms: int) -> None:
-        if sh.checkpoint is None:
-            return
-        hot_edge = EntryId(max(0, now_ms - int(self.o.tier.hot_window_s * 1000)), 0)
-        minid = min(sh.checkpoint.next(), hot_edge)
-        await self.o.redis.xtrim(
-            sh.stream, minid=str(minid), approximate=not self.o.tier.trim_exact
-        )
 
 
 class Offloader:
@@ -459,7 +123,7 @@ class Offloader:
         self._retry = retry.forever(self.settings.retry_base_s, self.tier.poll_interval_s)
         self.stats = OffloadStats()
         self._topic_names = list(topics) if topics is not None else None
-        self._topics: dict[str, _TopicOffloader] = {}
+        self._topics: dict[str, TopicOffloader] = {}
         self._skipped: set[str] = set()
         self._hook = hook
 
@@ -467,7 +131,7 @@ class Offloader:
         if self._hook is not None:
             await self._hook(point, shard, key)
 
-    async def _refresh_topics(self) -> list[_TopicOffloader]:
+    async def _refresh_topics(self) -> list[TopicOffloader]:
         """The topics to work on: those registered (among `topics`, if given), except those
         that cannot be archived (logged at ERROR and counted once, then left alone: their
         entries stay in Redis)."""
@@ -479,7 +143,7 @@ class Offloader:
                 continue
             problem = _unarchivable(name, stored[name])
             if problem is None:
-                self._topics[name] = _TopicOffloader(self, name, int(stored[name]))
+                self._topics[name] = TopicOffloader(self, name, int(stored[name]))
                 continue
             log.error("offloader %s skips topic %r: %s", self.consumer_id, name, problem)
             self._skipped.add(name)

@@ -1,0 +1,287 @@
+"""The offloader's steps on one held shard: recover, detect gaps, read, write, commit, trim.
+
+`HeldShard` is the offload state of a shard whose ``_offloader`` lock this offloader holds
+(dropped with the lock); `ShardOffload` runs the steps of docs/tier.md on it for one topic:
+`recover` (finish a pending intent, adopt segments stored past the checkpoint), then each round
+`work` (gap detection, `fill` by ``XRANGE``, `write` as intent → put create-only → commit, `trim`).
+The `eventbus.tier.offloader` module docstring describes the life of a shard.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import anyio
+import anyio.to_thread
+from redis.exceptions import ResponseError
+
+from eventbus.tier.checkpoint import Checkpoints, Intent
+from eventbus.tier.gaps import find_gap, new_gap, record_gap
+from eventbus.tier.ids import EntryId, parse_id
+from eventbus.tier.layout import SegmentRef, segment_key
+from eventbus.tier.metrics import TIER_METRICS
+from eventbus.tier.segment import RawEntry, decode_segment, encode_segment
+from eventbus.tier.store import get_bytes, list_segments, put_create
+
+if TYPE_CHECKING:
+    from eventbus.tier.offloader import Offloader
+
+log = logging.getLogger("eventbus.tier")
+
+_MAX_SEGMENTS_PER_ROUND = 8  # per shard, so one backlog does not starve the other shards
+
+
+def _size(fields: dict[bytes, bytes]) -> int:
+    return sum(map(len, fields)) + sum(map(len, fields.values()))
+
+
+@dataclass
+class HeldShard:
+    """The offload state of a held shard lock (`token` is its fencing token); dropped with it."""
+
+    shard: int
+    token: int
+    stream: str
+    checkpoint: EntryId | None = None
+    count: int = 0  # entries accounted for (archived + recorded lost)
+    buffer: list[RawEntry] = field(default_factory=list)
+    buffer_bytes: int = 0
+    read_to: EntryId | None = None  # last entry read into the buffer (or the checkpoint)
+    recovered: bool = False
+    gaps_seen: set[str] = field(default_factory=set)
+
+    def reset_to(self, checkpoint: EntryId | None, count: int) -> None:
+        self.checkpoint, self.count = checkpoint, count
+        self.buffer = [e for e in self.buffer if checkpoint is None or e[0] > checkpoint]
+        self.buffer_bytes = sum(_size(f) for _, f in self.buffer)
+        self.read_to = self.buffer[-1][0] if self.buffer else checkpoint
+
+
+class ShardOffload:
+    """The steps of offloading a held shard of `topic`, for `owner` (its Redis client, store,
+    tier settings, stats and test hook)."""
+
+    def __init__(self, owner: Offloader, topic: str) -> None:
+        self.o = owner
+        self.topic = topic
+        self.checkpoints = Checkpoints(owner.redis, owner.keys, topic)
+
+    # -- recovery -------------------------------------------------------------------------------
+    async def recover(self, sh: HeldShard) -> None:
+        """Finish a pending intent, then adopt segments stored past the checkpoint."""
+        cp = await self.checkpoints.read(sh.shard)
+        sh.reset_to(cp.last, cp.count)
+        if cp.pending is not None:
+            await self.finish(sh, cp.pending)
+        after = None if sh.checkpoint is None else SegmentRef(sh.checkpoint, sh.checkpoint, "")
+        for ref in await list_segments(self.o.store, self.topic, sh.shard, after=after):
+            if sh.checkpoint is not None and ref.first <= sh.checkpoint:
+                continue
+            rows = await self.verify_existing(ref.key, sh.shard, ref.first, ref.last)
+            log.warning(
+                "offloader %s adopts %s, stored past the checkpoint of %s shard %d",
+                self.o.consumer_id,
+                ref.key,
+                self.topic,
+                sh.shard,
+            )
+            await self.commit(sh, ref.last, rows, adopted=True)
+        sh.recovered = True
+
+    async def verify_existing(self, key: str, shard: int, first: EntryId, last: EntryId) -> int:
+        """Read and verify an existing segment; returns its row count. Raises `CorruptSegment`
+        (an object under our key that is not a whole, valid segment is never adopted)."""
+        data = await get_bytes(self.o.store, key)
+        _, info = await anyio.to_thread.run_sync(
+            lambda: decode_segment(
+                data, key, expect=(self.topic, shard, first, last), columns=["entry_id"]
+            )
+        )
+        return info.entries
+
+    async def finish(self, sh: HeldShard, intent: Intent) -> None:
+        """Complete a pending intent: same range, same key; adopt the object if it exists."""
+        rows = await self.xrange(sh.stream, str(intent.first), str(intent.last), None)
+        key = segment_key(self.topic, sh.shard, intent.first, intent.last)
+        log.warning(
+            "offloader %s finishes pending segment %s (%d of %d entries still in Redis)",
+            self.o.consumer_id,
+            key,
+            len(rows),
+            intent.entries,
+        )
+        stored: int | None = None
+        if rows:
+            stored = await self.put(sh, intent, rows, key)
+        else:
+            try:
+                stored = await self.verify_existing(key, sh.shard, intent.first, intent.last)
+                self._count_adopted()
+            except FileNotFoundError:
+                stored = None
+        if stored is None or stored < intent.entries:
+            lost = intent.entries - (stored or 0)
+            after = intent.first.prev() if intent.first > EntryId(0, 0) else intent.first
+            reason = "trimmed from Redis while its segment was being written"
+            await self.gap(sh, after, intent.last.next(), lost, reason)
+        await self.commit(sh, intent.last, stored or 0)
+
+    # -- steady state ---------------------------------------------------------------------------
+    async def work(self, sh: HeldShard, now_ms: int, flush: bool) -> bool:
+        """One round on `sh`: record a gap if one opened, read, write the segments that are
+        due (all buffered entries with `flush`), trim. Returns True if a segment was written or
+        there is more to read right away."""
+        tier = self.o.tier
+        try:
+            info = await self.o.redis.xinfo_stream(sh.stream)
+        except ResponseError:  # no such key: nothing published on this shard yet
+            return False
+        found = find_gap(info, sh.read_to, sh.count, len(sh.buffer))
+        if found is not None:
+            after, before, lost, reason = found
+            await self.gap(sh, after, before, lost, reason)
+        written = 0
+        more = False
+        while written < _MAX_SEGMENTS_PER_ROUND:
+            more = await self.fill(sh)
+            if not sh.buffer:
+                break
+            age_ms = now_ms - sh.buffer[0][0].ms
+            full = (
+                len(sh.buffer) >= tier.segment_max_entries
+                or sh.buffer_bytes >= tier.segment_max_bytes
+            )
+            if not (full or flush or age_ms >= tier.segment_max_age_s * 1000):
+                break
+            await self.write(sh)
+            written += 1
+        await self.trim(sh, now_ms)
+        return written > 0 or more
+
+    async def fill(self, sh: HeldShard) -> bool:
+        """Read entries after `read_to` until the buffer is full. Returns True when the buffer
+        filled up before the stream ran out (there is more to read)."""
+        tier = self.o.tier
+        while (
+            len(sh.buffer) < tier.segment_max_entries and sh.buffer_bytes < tier.segment_max_bytes
+        ):
+            want = min(tier.read_count, tier.segment_max_entries - len(sh.buffer))
+            start = "-" if sh.read_to is None else f"({sh.read_to}"
+            rows = await self.xrange(sh.stream, start, "+", want)
+            for entry_id, fields in rows:
+                sh.buffer.append((entry_id, fields))
+                sh.buffer_bytes += _size(fields)
+            if rows:
+                sh.read_to = rows[-1][0]
+            if len(rows) < want:
+                return False
+        return True
+
+    async def xrange(self, stream: str, start: str, end: str, count: int | None) -> list[RawEntry]:
+        """XRANGE `stream` `start` `end` (all of it, paged, when `count` is None)."""
+        if count is not None:
+            raw = await self.o.redis.xrange(stream, start, end, count=count)
+            return [(parse_id(i), f) for i, f in raw]
+        out: list[RawEntry] = []
+        while True:
+            raw = await self.o.redis.xrange(stream, start, end, count=self.o.tier.read_count)
+            out += [(parse_id(i), f) for i, f in raw]
+            if len(raw) < self.o.tier.read_count:
+                return out
+            start = f"({out[-1][0]}"
+
+    async def write(self, sh: HeldShard) -> None:
+        """Archive a prefix of the buffer as one segment: intent, put, commit."""
+        tier = self.o.tier
+        n, size = 0, 0
+        for _, fields in sh.buffer[: tier.segment_max_entries]:
+            n += 1
+            size += _size(fields)
+            if size >= tier.segment_max_bytes:
+                break
+        batch = sh.buffer[:n]
+        intent = Intent(batch[0][0], batch[-1][0], n)
+        if not await self.checkpoints.begin(sh.shard, self.o.consumer_id, sh.token, intent):
+            # another intent pending, or our buffer is stale: resync
+            cp = await self.checkpoints.read(sh.shard)
+            sh.reset_to(cp.last, cp.count)
+            if cp.pending is not None:
+                await self.finish(sh, cp.pending)
+            return
+        key = segment_key(self.topic, sh.shard, intent.first, intent.last)
+        await self.put(sh, intent, batch, key)
+        await self.commit(sh, intent.last, n)
+
+    async def put(self, sh: HeldShard, intent: Intent, rows: Sequence[RawEntry], key: str) -> int:
+        """Encode and put `rows` under `key` create-only; returns the rows the stored object
+        holds (ours, or those of an identical-range object already there)."""
+        o = self.o
+        data, info = await anyio.to_thread.run_sync(
+            lambda: encode_segment(
+                self.topic, sh.shard, intent.first, intent.last, rows, zstd_level=o.tier.zstd_level
+            )
+        )
+        await o.hook("before_put", sh.shard, key)
+        started = time.monotonic()
+        created = await put_create(o.store, key, data)
+        TIER_METRICS.put_seconds.labels(self.topic).observe(time.monotonic() - started)
+        await o.hook("after_put", sh.shard, key)
+        if not created:
+            stored = await self.verify_existing(key, sh.shard, intent.first, intent.last)
+            log.warning("segment %s already stored (retry or rival offloader): adopted", key)
+            self._count_adopted()
+            return stored
+        labels = TIER_METRICS
+        labels.segments.labels(self.topic).inc()
+        labels.entries.labels(self.topic).inc(info.entries)
+        labels.raw_bytes.labels(self.topic).inc(info.raw_bytes)
+        labels.stored_bytes.labels(self.topic).inc(len(data))
+        o.stats.segments += 1
+        o.stats.entries += info.entries
+        o.stats.raw_bytes += info.raw_bytes
+        o.stats.stored_bytes += len(data)
+        return info.entries
+
+    async def commit(
+        self, sh: HeldShard, last: EntryId, entries: int, adopted: bool = False
+    ) -> None:
+        await self.checkpoints.commit(sh.shard, self.o.consumer_id, sh.token, last, entries)
+        if adopted:
+            self._count_adopted()
+        cp = await self.checkpoints.read(sh.shard)
+        sh.reset_to(cp.last, cp.count)
+        await self.o.hook("after_commit", sh.shard, str(last))
+
+    def _count_adopted(self) -> None:
+        TIER_METRICS.adopted.labels(self.topic).inc()
+        self.o.stats.adopted += 1
+
+    async def gap(
+        self, sh: HeldShard, after: EntryId, before: EntryId, lost: int | None, reason: str
+    ) -> None:
+        """Record the gap first, then account its entries: a crash in between re-detects it
+        (recording it again at worst), never leaves a counted but unrecorded loss."""
+        gap = new_gap(self.topic, sh.shard, after, before, lost, reason, self.o.consumer_id)
+        if gap.key in sh.gaps_seen:
+            return
+        if await record_gap(self.o.store, gap):
+            self.o.stats.gaps += 1
+            self.o.stats.lost += lost or 0
+        await self.checkpoints.account_lost(sh.shard, self.o.consumer_id, sh.token, lost or 0)
+        sh.count += lost or 0
+        sh.gaps_seen.add(gap.key)
+
+    async def trim(self, sh: HeldShard, now_ms: int) -> None:
+        """``XTRIM MINID`` to the smaller of just after the checkpoint and now minus the hot
+        window (`now_ms`: Redis server time, Unix ms)."""
+        if sh.checkpoint is None:
+            return
+        hot_edge = EntryId(max(0, now_ms - int(self.o.tier.hot_window_s * 1000)), 0)
+        minid = min(sh.checkpoint.next(), hot_edge)
+        await self.o.redis.xtrim(
+            sh.stream, minid=str(minid), approximate=not self.o.tier.trim_exact
+        )
