@@ -18,7 +18,7 @@ import anyio
 from redis.asyncio.retry import Retry
 
 from eventbus import retry as retrying
-from eventbus.codec import F_DATA, F_RESOURCE, F_TYPE, decode_entry
+from eventbus.codec import F_DATA, F_RESOURCE, F_TYPE
 from eventbus.consumer.context import Subscription
 from eventbus.consumer.delivery import NOT_STARTED, Delivery, Fence, Outcome
 from eventbus.dlq import DROP, DeadLetter, dead_letter_fields
@@ -129,7 +129,7 @@ class Failures:
         letters, in order, then unpark it. Runs in the resource's queue, so the resource's later
         events wait until it is done. Control entries for other groups are acked and ignored."""
         try:
-            env = decode_entry(d.fields)
+            env = await handling.envelope(d.fields)
         except DecodeError as exc:
             return await self.dead_letter(d, exc, reason="undecodable", fence=fence)
         payload = env.payload if isinstance(env.payload, dict) else {}
@@ -192,7 +192,7 @@ class Failures:
         """Run the handler on a parked letter (with retries in place) and delete the letter on
         success. False when it still fails (or the shard was lost): the resource stays parked."""
         try:
-            env, event = handling.decode(letter.original())
+            env, event = await handling.decoded(letter.original())
         except DecodeError as exc:
             log.error("parked letter %s is undecodable (%s); left in place", letter.dlq_id, exc)
             return False

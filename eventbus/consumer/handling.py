@@ -20,11 +20,12 @@ import math
 import time
 from typing import Any
 
+import anyio.to_thread
 from pydantic import ValidationError
 from redis.asyncio.retry import Retry
 
 from eventbus import retry as retrying
-from eventbus.codec import F_RESOURCE, Envelope, decode_entry
+from eventbus.codec import F_DATA, F_RESOURCE, THREAD_DECODE_BYTES, Envelope, decode_entry
 from eventbus.config import Settings
 from eventbus.consumer.context import Context, Subscription
 from eventbus.consumer.delivery import NOT_STARTED, Delivery, Fence, NotStarted, Outcome, Step
@@ -59,7 +60,7 @@ class Handling:
         self.consumer_id = consumer_id
         self.retry = retry
         self.failures = Failures(redis, keys, sub, retry)
-        self.max_decoded_bytes = settings.max_payload_bytes * 64
+        self.max_decoded_bytes = settings.max_decompressed_bytes
         self.dedup_s = math.ceil(sub.dedup_window_s) if sub.dedup_window_s else 0
         self.handled = 0  # entries whose handler succeeded
         self.duplicates_skipped = 0  # entries skipped as already handled (dedup window)
@@ -81,7 +82,7 @@ class Handling:
         if rid is not None and self.failures.is_parked(rid.decode("utf-8", "replace")):
             return await self.failures.dead_letter(d, None, reason="parked", fence=fence)
         try:
-            env, event = self.decode(d.fields)
+            env, event = await self.decoded(d.fields)
         except DecodeError as exc:
             log.warning("entry %s of shard %d is undecodable: %s", d.entry_id, d.shard, exc)
             return await self.failures.dead_letter(d, exc, reason="undecodable", fence=fence)
@@ -125,11 +126,31 @@ class Handling:
             return await self.failures.dead_letter_and_park(d, error, env.resource_id, fence)
         return await self.failures.dead_letter(d, error, reason="failed", fence=fence)
 
+    async def decoded(self, fields: dict[bytes, bytes]) -> tuple[Envelope, Any]:
+        """`decode`, on the event loop for an entry whose data field is under
+        `THREAD_DECODE_BYTES`, else in a worker thread: decompressing, unpacking and validating a
+        large entry can take seconds, and the loop must go on refreshing the lease meanwhile.
+        Raises `DecodeError` like `decode`."""
+        if len(fields.get(F_DATA, b"")) < THREAD_DECODE_BYTES:
+            return self.decode(fields)
+        return await anyio.to_thread.run_sync(self.decode, fields)
+
+    async def envelope(self, fields: dict[bytes, bytes]) -> Envelope:
+        """The entry's envelope alone (control entries), bounded and off the loop like
+        `decoded`. Raises `DecodeError`."""
+        if len(fields.get(F_DATA, b"")) < THREAD_DECODE_BYTES:
+            return self._envelope(fields)
+        return await anyio.to_thread.run_sync(self._envelope, fields)
+
+    def _envelope(self, fields: dict[bytes, bytes]) -> Envelope:
+        return decode_entry(fields, max_bytes=self.max_decoded_bytes)
+
     def decode(self, fields: dict[bytes, bytes]) -> tuple[Envelope, Any]:
         """The entry's envelope and its payload validated as the subscription's model for its
         type. Raises `DecodeError` (`UnknownEventType` for a type no model names) for bad bytes,
-        a missing field, or a payload the model refuses, whatever its validators raise."""
-        env = decode_entry(fields, max_bytes=self.max_decoded_bytes)
+        a missing field, or a payload the model refuses, whatever its validators raise.
+        Synchronous: see `decoded`."""
+        env = self._envelope(fields)
         model = self.sub.models.get(env.event_type)
         if model is None:
             raise UnknownEventType(
