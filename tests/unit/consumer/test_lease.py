@@ -1,0 +1,127 @@
+"""The lease and its heartbeats (`eventbus.consumer.lease`), with a fake lock client: no Redis."""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from eventbus.consumer.lease import Lease, heartbeat_loop
+
+pytestmark = pytest.mark.anyio
+
+
+def test_a_new_lease_is_not_valid() -> None:
+    lease = Lease(1.0)
+    assert not lease.ok() and lease.remaining_ms() < 0
+
+
+def test_renew_counts_from_the_send_time_and_never_shortens() -> None:
+    lease = Lease(10.0)
+    now = time.monotonic()
+    lease.renew(now - 9.0)  # a reply to a request sent 9 s ago: 1 s left
+    assert lease.ok() and 0 < lease.remaining_ms() <= 1000
+    lease.renew(now)
+    assert 9_000 < lease.remaining_ms() <= 10_000
+    lease.renew(now - 5.0)  # a late reply to an older request does not shorten it
+    assert lease.remaining_ms() > 9_000
+    lease.renew(now - 20.0)
+    assert lease.ok()
+
+
+def test_renew_from_long_ago_leaves_no_lease() -> None:
+    lease = Lease(1.0)
+    lease.renew(time.monotonic() - 2.0)
+    assert not lease.ok()
+
+
+async def test_changed_wakes_every_waiter_on_renew_or_wake() -> None:
+    lease = Lease(1.0)
+    woke: list[int] = []
+
+    async def waiter(n: int) -> None:
+        await lease.changed()
+        woke.append(n)
+
+    async with anyio.create_task_group() as tg:
+        for n in range(3):
+            tg.start_soon(waiter, n)
+        await anyio.lowlevel.checkpoint()
+        lease.renew(time.monotonic())
+    assert sorted(woke) == [0, 1, 2]
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waiter, 3)
+        await anyio.lowlevel.checkpoint()
+        lease.wake()
+    assert woke[-1] == 3
+
+
+class FakeLocks:
+    """`heartbeat()` answers from `replies` (a bool: was the member live; an exception: raised);
+    `done` is set once they are used up."""
+
+    member_id = "c-1"
+
+    def __init__(self, *replies: bool | Exception) -> None:
+        self.replies = list(replies)
+        self.calls = 0
+        self.done = anyio.Event()
+
+    async def heartbeat(self) -> bool:
+        self.calls += 1
+        reply = self.replies.pop(0)
+        if not self.replies:
+            self.done.set()
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+
+async def run_heartbeats(locks: FakeLocks, lease: Lease, joined: anyio.Event) -> list[str]:
+    expired: list[str] = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(heartbeat_loop, locks, lease, 0.03, joined, lambda: expired.append("expired"))
+        joined.set()
+        with anyio.fail_after(5):
+            await locks.done.wait()
+        await anyio.lowlevel.checkpoint()
+        tg.cancel_scope.cancel()
+    return expired
+
+
+async def test_heartbeats_wait_for_the_first_lock_round() -> None:
+    locks = FakeLocks(True)
+    joined = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(heartbeat_loop, locks, Lease(1.0), 0.03, joined, lambda: None)
+        await anyio.sleep(0.05)  # longer than a heartbeat period
+        assert locks.calls == 0
+        joined.set()
+        with anyio.fail_after(5):
+            await locks.done.wait()
+        tg.cancel_scope.cancel()
+
+
+async def test_heartbeats_renew_the_lease_and_report_an_expired_liveness() -> None:
+    lease = Lease(10.0)
+    locks = FakeLocks(True, False, True)
+    expired = await run_heartbeats(locks, lease, anyio.Event())
+    assert expired == ["expired"]
+    assert lease.ok() and lease.remaining_ms() > 9_000
+
+
+async def test_a_failed_heartbeat_is_retried_and_does_not_renew() -> None:
+    lease = Lease(10.0)
+    locks = FakeLocks(RedisConnectionError("down"), OSError("reset"), True)
+    expired = await run_heartbeats(locks, lease, anyio.Event())
+    assert expired == [] and locks.calls == 3
+    assert lease.ok()  # renewed by the third, successful heartbeat only
+
+
+async def test_failures_alone_never_renew() -> None:
+    lease = Lease(10.0)
+    locks = FakeLocks(RedisConnectionError("down"), RedisConnectionError("down"))
+    await run_heartbeats(locks, lease, anyio.Event())
+    assert not lease.ok()
