@@ -1,21 +1,12 @@
 """Publishing: event -> envelope -> ``XADD <shard stream> MAXLEN ~ <cap> * rid .. type .. data ..``.
 
-Concurrent `publish()` calls are coalesced into pipelines: while one pipeline is on the wire,
-new calls queue up, and the next pipeline carries all of them (up to `publish_batch_max`). No
-caller has to batch by hand, and a lone call is sent at once. This needs the bus to be running
-(its flusher task lives in the bus's task group); outside a running bus each call is sent on its
-own. XADD with ``MAXLEN ~`` trims whole macro nodes only, so the cap is approximate
+Concurrent `publish()` calls are coalesced into pipelines and land in call order
+(`eventbus.sending`): while one pipeline is on the wire, new calls queue up, and the next
+pipeline carries all of them (up to `publish_batch_max`). No caller has to batch by hand, and a
+lone call is sent at once. This needs the bus to be running (the flusher task lives in the bus's
+task group); outside a running bus each call is sent on its own. XADD with ``MAXLEN ~`` trims
+whole macro nodes only, so the cap is approximate
 (https://redis.io/docs/latest/commands/xadd/#capped-streams).
-
-On a single node, a pipeline is packed with hiredis's C packer and written on one redis-py
-connection: redis-py's asyncio client packs commands in pure Python (its sync client uses
-hiredis), which measured 3.5x slower here (42k vs 148k XADD/s). Cluster and fakeredis clients
-use redis-py's own pipeline, which routes commands per node.
-
-With ``publish_replicas = N`` every pipeline ends with ``WAIT N timeout``
-(https://redis.io/docs/latest/commands/wait/) on the same connection; when fewer than N replicas
-confirm in time, every publish of that pipeline raises `PublishError` (the events are on the
-primary, but a failover could lose them).
 
 Connection errors are retried with exponential backoff until `publish_timeout_s`; after that the
 call raises `PublishError`. `publish_timeout_s` is a deadline on the caller: `publish()` returns or
@@ -38,15 +29,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
-from typing import Any, cast
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import anyio
-import hiredis
 from pydantic import BaseModel
-from redis.asyncio import Redis
-from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -73,21 +60,13 @@ from eventbus.errors import (
     ReservedEventType,
 )
 from eventbus.keys import Keys
+from eventbus.sending import Sender
 from eventbus.sharding import shard_of
 from eventbus.topics import TopicConfig, TopicRegistry
 
 log = logging.getLogger("eventbus.publisher")
 
 _TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError)
-_FAST_CONNECTIONS = (Connection, SSLConnection, UnixDomainSocketConnection)
-
-
-@dataclass(slots=True)
-class _Pending:
-    stream: str
-    fields: dict[bytes, bytes]
-    maxlen: int
-    future: asyncio.Future[str]
 
 
 class Publisher:
@@ -99,17 +78,12 @@ class Publisher:
         self._keys = keys
         self._registry = registry
         self._streams: dict[str, list[str]] = {}
-        self._buffer: list[_Pending] = []
-        self._wake: anyio.Event | None = None  # set while the flusher runs
         self._topic_locks: dict[str, anyio.Lock] = {}
         if settings.cluster and settings.publish_replicas:
             # redis-py sends WAIT to one default node, not to those that stored the XADDs, so
             # the count it returns would not mean what the setting promises.
             raise ConfigError("publish_replicas (WAIT) is not supported with cluster=True")
-        pool = getattr(redis, "connection_pool", None)
-        self._packed = type(redis) is Redis and issubclass(
-            getattr(pool, "connection_class", object), _FAST_CONNECTIONS
-        )
+        self.sender = Sender(redis, settings)
 
     def _stream(self, topic: TopicConfig, resource_id: str) -> str:
         streams = self._streams.get(topic.name)
@@ -187,20 +161,30 @@ class Publisher:
         `InvalidEvent`), or `PublishError` when Redis did not confirm the XADD within
         `publish_timeout_s` seconds of the call (it may still have stored it).
         """
-        with self._deadline(topic):
-            if not self._registry.checked(topic.name):
-                await self._check_topic(topic)
-            stream, fields = self.prepare(topic, event, resource_id, headers)
-            return await self._submit(stream, fields, topic.maxlen)
+        slot = self.sender.reserve()  # before the first await: the call's place in the order
+        try:
+            with self._deadline(topic):
+                if not self._registry.checked(topic.name):
+                    await self._check_topic(topic)
+                stream, fields = self.prepare(topic, event, resource_id, headers)
+                self.sender.ready(slot, stream, fields, topic.maxlen)
+                return await self.sender.submit(slot)
+        finally:
+            self.sender.withdraw(slot)  # a no-op once it was ready
         raise AssertionError("unreachable: _deadline raises when it cancels")  # pragma: no cover
 
     async def publish_envelope(self, topic: TopicConfig, envelope: Envelope) -> str:
         """Append a ready envelope (no model needed); returns its entry ID. Same errors and
         deadline as `publish`."""
-        with self._deadline(topic):
-            await self._check_topic(topic)
-            stream, fields = self.prepare_envelope(topic, envelope)
-            return await self._submit(stream, fields, topic.maxlen)
+        slot = self.sender.reserve()
+        try:
+            with self._deadline(topic):
+                await self._check_topic(topic)
+                stream, fields = self.prepare_envelope(topic, envelope)
+                self.sender.ready(slot, stream, fields, topic.maxlen)
+                return await self.sender.submit(slot)
+        finally:
+            self.sender.withdraw(slot)
         raise AssertionError("unreachable: _deadline raises when it cancels")  # pragma: no cover
 
     @contextlib.contextmanager
@@ -247,210 +231,48 @@ class Publisher:
                         f"shard count of topic {topic.name!r} could not be checked: {exc}"
                     ) from exc
 
-    async def _submit(self, stream: str, fields: dict[bytes, bytes], maxlen: int) -> str:
-        item = _Pending(stream, fields, maxlen, asyncio.get_running_loop().create_future())
-        if self._wake is None:
-            await self._send([item])
-        else:
-            self._buffer.append(item)
-            self._wake.set()
-        return await item.future
-
     async def publish_many(
         self,
         topic: TopicConfig,
         events: Iterable[tuple[str, BaseModel]],
         headers: dict[str, str] | None = None,
     ) -> list[str]:
-        """Append `(resource_id, event)` pairs in order, in pipelines of `publish_batch_max`.
+        """Append `(resource_id, event)` pairs in order, in pipelines of `publish_batch_max`,
+        in call order with concurrent `publish()` calls.
 
         Returns the entry IDs in input order. Every event is encoded (and size-checked) before the
         first is sent, so a bad event fails the call with nothing published. A `PublishError` of
         one pipeline is raised after the others were sent: the events of the pipelines that
         succeeded stay published (their IDs are in the error's ``entry_ids``, None where failed).
         """
-        with self._deadline(topic):
-            await self._check_topic(topic)
-        loop = asyncio.get_running_loop()
-        items = [
-            _Pending(*self.prepare(topic, ev, rid, headers), topic.maxlen, loop.create_future())
-            for rid, ev in events
-        ]
-        step = self._settings.publish_batch_max
-        for i in range(0, len(items), step):
-            await self._send(items[i : i + step])
-        errors = [item.future.exception() for item in items]
+        prepared = [self.prepare(topic, ev, rid, headers) for rid, ev in events]
+        slots = [self.sender.reserve() for _ in prepared]  # no await before: call order
+        try:
+            with self._deadline(topic):
+                await self._check_topic(topic)
+            for slot, (stream, fields) in zip(slots, prepared, strict=True):
+                self.sender.ready(slot, stream, fields, topic.maxlen)
+            if not self.sender.running:
+                await self.sender.flush()
+            if slots:
+                await asyncio.wait([s.future for s in slots])
+        finally:
+            for slot in slots:
+                self.sender.withdraw(slot)
+        errors = [s.future.exception() for s in slots]
         if any(errors):
             first = next(e for e in errors if e is not None)
-            exc = PublishError(f"{sum(map(bool, errors))} of {len(items)} events failed: {first}")
+            exc = PublishError(f"{sum(map(bool, errors))} of {len(slots)} events failed: {first}")
             exc.entry_ids = [
-                None if e else item.future.result() for item, e in zip(items, errors, strict=True)
+                None if e else s.future.result() for s, e in zip(slots, errors, strict=True)
             ]
             raise exc
-        return [item.future.result() for item in items]
-
-    async def _send(self, batch: list[_Pending]) -> None:
-        """Send `batch`, retrying connection errors until `publish_timeout_s`; settles every
-        future in it (result or `PublishError`) and never raises. The whole attempt, retries
-        and a silent server included, ends at that deadline."""
-        timeout = self._settings.publish_timeout_s
-        deadline = time.monotonic() + timeout
-        delay = 0.05
-        # shielded: a cancelled caller must not strand the others; bounded: a server that
-        # stopped answering must not hold the batch (and a pipeline slot) for ever
-        scope = anyio.CancelScope(shield=True, deadline=anyio.current_time() + timeout)
-        with scope:
-            while True:
-                try:
-                    if self._packed:
-                        await self._send_packed(batch)
-                    else:
-                        await self._send_pipeline(batch)
-                    return
-                except _TRANSIENT as exc:
-                    batch = [item for item in batch if not item.future.done()]
-                    if not batch:  # every caller of the batch was cancelled
-                        return
-                    if time.monotonic() + delay > deadline:
-                        err = PublishError(
-                            f"{len(batch)} XADD not confirmed within "
-                            f"{self._settings.publish_timeout_s} s: {exc}"
-                        )
-                        for item in batch:
-                            item.future.set_exception(err)
-                        return
-                    log.warning(
-                        "XADD of %d entries failed (%s); retry in %.2f s", len(batch), exc, delay
-                    )
-                    await anyio.sleep(delay)
-                    delay = min(delay * 2, 2.0)
-                except Exception as exc:  # never leave a caller waiting on an unsettled future
-                    err = PublishError(f"XADD pipeline failed: {type(exc).__name__}: {exc}")
-                    for item in batch:
-                        if not item.future.done():
-                            item.future.set_exception(err)
-                    return
-        if scope.cancelled_caught:
-            err = PublishError(
-                f"{len(batch)} XADD not confirmed within {timeout:g} s "
-                "(EVENTBUS_PUBLISH_TIMEOUT_S): Redis did not answer in time"
-            )
-            for item in batch:
-                if not item.future.done():
-                    item.future.set_exception(err)
-
-    def _replicas_short(self, confirmed: Any) -> PublishError | None:
-        """The error for a WAIT reply of `confirmed` replicas, or None if enough confirmed."""
-        want = self._settings.publish_replicas
-        if isinstance(confirmed, int) and confirmed >= want:
-            return None
-        return PublishError(
-            f"only {confirmed} of {want} replicas confirmed within "
-            f"{self._settings.publish_replicas_timeout_ms} ms (WAIT); the event is on the primary"
-        )
-
-    async def _send_pipeline(self, batch: list[_Pending]) -> None:
-        pipe = self._redis.pipeline(transaction=False)
-        for item in batch:
-            pipe.xadd(item.stream, item.fields, maxlen=item.maxlen, approximate=True)
-        if self._settings.publish_replicas:
-            pipe.execute_command(
-                "WAIT",
-                self._settings.publish_replicas,
-                self._settings.publish_replicas_timeout_ms,
-            )
-        results = await pipe.execute(raise_on_error=False)
-        short = None
-        if self._settings.publish_replicas:
-            confirmed = results.pop()
-            short = (
-                PublishError(f"WAIT failed: {confirmed}; the events are on the primary")
-                if isinstance(confirmed, Exception)
-                else self._replicas_short(confirmed)
-            )
-        for item, result in zip(batch, results, strict=True):
-            if isinstance(result, _TRANSIENT):
-                raise result
-            _settle(item, short or result)
-
-    async def _send_packed(self, batch: list[_Pending]) -> None:
-        # hiredis's stub types the argument as a 1-tuple; any tuple of str/bytes/int is packed
-        pack = cast("Callable[[tuple[Any, ...]], bytes]", hiredis.pack_command)
-        payload = b"".join(
-            [
-                pack(
-                    (
-                        b"XADD",
-                        item.stream,
-                        b"MAXLEN",
-                        b"~",
-                        item.maxlen,
-                        b"*",
-                        *[x for kv in item.fields.items() for x in kv],
-                    )
-                )
-                for item in batch
-            ]
-        )
-        replicas = self._settings.publish_replicas
-        if replicas:
-            payload += pack((b"WAIT", replicas, self._settings.publish_replicas_timeout_ms))
-        pool = self._redis.connection_pool
-        conn = await pool.get_connection()
-        try:
-            await conn.send_packed_command(payload)
-            results: list[Any] = []
-            for _ in batch:
-                try:
-                    results.append(await conn.read_response())
-                except ResponseError as exc:  # this XADD failed; the rest of the replies follow
-                    results.append(exc)
-            short = None
-            if replicas:
-                try:
-                    short = self._replicas_short(await conn.read_response())
-                except ResponseError as exc:  # e.g. WAIT sent to a replica after a failover
-                    short = PublishError(f"WAIT failed: {exc}; the events are on the primary")
-            for item, result in zip(batch, results, strict=True):
-                _settle(item, short or result)
-        except BaseException:
-            await conn.disconnect()  # replies may be half read: never reuse this connection
-            raise
-        finally:
-            await pool.release(conn)
+        return [s.future.result() for s in slots]
 
     async def run_flusher(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
-        """Coalesce queued publishes into pipelines until cancelled (run by the bus).
-
-        Up to `publish_pipelines` pipelines are in flight at once, each on its own connection,
-        so encoding the next batch overlaps the round trip of the last. Order is unaffected: a
-        caller's next publish starts only after its previous one returned.
-        """
-        self._wake = anyio.Event()
-        slots = anyio.Semaphore(self._settings.publish_pipelines)
-
-        async def send(batch: list[_Pending]) -> None:
-            try:
-                await self._send(batch)
-            finally:
-                slots.release()
-
-        task_status.started()
-        try:
-            async with anyio.create_task_group() as tg:
-                while True:
-                    if not self._buffer:
-                        self._wake = anyio.Event()
-                        await self._wake.wait()
-                    await slots.acquire()
-                    step = self._settings.publish_batch_max
-                    batch, self._buffer = self._buffer[:step], self._buffer[step:]
-                    tg.start_soon(send, batch)
-        finally:
-            self._wake = None
-            batch, self._buffer = self._buffer, []
-            if batch:  # queued before the bus stopped: sent rather than dropped
-                await self._send(batch)
+        """Send queued publishes in call order until cancelled (run by the bus); see
+        `eventbus.sending`."""
+        await self.sender.run(task_status=task_status)
 
 
 def _check_text(topic: TopicConfig, what: str, text: str) -> None:
@@ -473,14 +295,3 @@ def _check_headers(topic: TopicConfig, headers: Any) -> None:
                 f"must map str to str: {key!r}: {value!r} (convert it with str())",
             )
         _check_text(topic, f"header {key!r}", key + value)
-
-
-def _settle(item: _Pending, result: Any) -> None:
-    if item.future.done():  # the caller was cancelled
-        return
-    if isinstance(result, PublishError):
-        item.future.set_exception(result)
-    elif isinstance(result, Exception):
-        item.future.set_exception(PublishError(f"XADD {item.stream} failed: {result}"))
-    else:
-        item.future.set_result(result.decode() if isinstance(result, bytes) else result)
