@@ -1,9 +1,9 @@
-"""Arrow batches for Spark: verified segment reads, Redis entries, typed payload columns.
+"""Read-schema batches for Spark: fixed columns by vectorised casts, typed payload columns.
 
-Everything here works on Arrow record batches of the segment schema (`eventbus.tier.segment.
-SCHEMA`), whether the rows came from a segment or from ``XRANGE``, and turns them into batches of
-the read schema (`eventbus.spark.schema`) with vectorised casts; only payload decoding (with a
-model) touches rows one by one.
+`Converter` takes Arrow record batches of the segment schema (`eventbus.tier.segment.SCHEMA`),
+whether the rows came from a segment or from ``XRANGE`` (`eventbus.spark.reading`), and returns
+batches of the read schema (`eventbus.spark.schema`); only payload decoding (with a model)
+touches rows one by one.
 """
 
 from __future__ import annotations
@@ -11,144 +11,21 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import enum
-import io
 import json
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import msgpack
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from eventbus.codec import F_DATA, F_RESOURCE, F_TYPE, FORMAT_MSGPACK, decode_entry
 from eventbus.errors import DecodeError
 from eventbus.spark.schema import BASE_NAMES, CORRUPT
-from eventbus.tier.errors import CorruptSegment
-from eventbus.tier.ids import EntryId
-from eventbus.tier.layout import SegmentRef
-from eventbus.tier.segment import SCHEMA, read_info
 
 BATCH_ROWS = 32768
-
-
-def read_segment(
-    data: bytes, ref: SegmentRef, batch_rows: int = BATCH_ROWS
-) -> Iterator[pa.RecordBatch]:
-    """Verify segment `data` (key `ref.key`) and yield its rows as segment-schema batches.
-
-    The checks of `eventbus.tier.segment.decode_segment`, vectorised: Parquet structure and page
-    checksums, schema, metadata matching the key, row count, no nulls in required columns, entry
-    IDs strictly increasing within the key's range. Raises `CorruptSegment` naming the key.
-    """
-    key = ref.key
-    try:
-        pf = pq.ParquetFile(io.BytesIO(data), page_checksum_verification=True)
-        info = read_info(pf.schema_arrow, key)
-        if pa.schema(list(pf.schema_arrow)) != pa.schema(list(SCHEMA)):
-            raise CorruptSegment(key, f"unexpected schema {pf.schema_arrow}")
-        if (info.topic, info.shard, info.first, info.last) != (
-            ref.topic,
-            ref.shard,
-            ref.first,
-            ref.last,
-        ):
-            raise CorruptSegment(
-                key,
-                f"metadata says {info.topic}/{info.shard} "
-                f"{info.first}..{info.last}, not what the key says",
-            )
-        table = pf.read()
-    except CorruptSegment:
-        raise
-    except Exception as exc:  # pyarrow raises ArrowInvalid, OSError, ... on damaged files
-        raise CorruptSegment(key, f"{type(exc).__name__}: {exc}") from None
-    if table.num_rows != info.entries:
-        raise CorruptSegment(key, f"{table.num_rows} rows, metadata says {info.entries}")
-    for field in SCHEMA:
-        if not field.nullable and table.column(field.name).null_count:
-            raise CorruptSegment(key, f"column {field.name} has nulls")
-    _check_order(table, info.first, info.last, key)
-    yield from table.to_batches(max_chunksize=batch_rows)
-
-
-def _check_order(table: pa.Table, first: EntryId, last: EntryId, key: str) -> None:
-    if table.num_rows == 0:
-        return
-    ms = table.column("entry_ms").combine_chunks()
-    seq = table.column("entry_seq").combine_chunks()
-    lo = (ms[0].as_py(), seq[0].as_py())
-    hi = (ms[-1].as_py(), seq[-1].as_py())
-    ok = tuple(first) <= lo and hi <= tuple(last)
-    if ok and table.num_rows > 1:
-        a_ms, b_ms = ms.slice(0, len(ms) - 1), ms.slice(1)
-        a_seq, b_seq = seq.slice(0, len(seq) - 1), seq.slice(1)
-        increasing = pc.or_(
-            pc.greater(b_ms, a_ms), pc.and_(pc.equal(b_ms, a_ms), pc.greater(b_seq, a_seq))
-        )
-        ok = pc.all(increasing).as_py()
-    if not ok:
-        raise CorruptSegment(key, f"entries out of order or outside {first}..{last}")
-
-
-def _text(value: bytes | None) -> str | None:
-    if value is None:
-        return None
-    try:
-        return value.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-
-
-def entries_batch(
-    topic: str, shard: int, entries: Sequence[tuple[EntryId, Mapping[bytes, bytes]]]
-) -> pa.RecordBatch:
-    """Redis entries (ID, field map) as one segment-schema batch (as the offloader would store
-    them: envelope columns null when the envelope does not decode)."""
-    cols: dict[str, list[Any]] = {n: [] for n in SCHEMA.names}
-    for entry_id, fields in entries:
-        cols["entry_id"].append(str(entry_id))
-        cols["entry_ms"].append(entry_id.ms)
-        cols["entry_seq"].append(entry_id.seq)
-        cols["resource_id"].append(_text(fields.get(F_RESOURCE)))
-        cols["event_type"].append(_text(fields.get(F_TYPE)))
-        cols["data"].append(fields.get(F_DATA, b""))
-        try:
-            env = decode_entry(dict(fields))
-        except DecodeError:
-            cols["event_time_ms"].append(None)
-            cols["event_id"].append(None)
-            cols["headers"].append(None)
-        else:
-            h = env.event_id.hex()
-            cols["event_time_ms"].append(env.time_ms)
-            cols["event_id"].append(f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}")
-            cols["headers"].append(list(env.headers.items()))
-    n = len(entries)
-    cols["topic"] = [topic] * n
-    cols["shard"] = [shard] * n
-    arrays = [pa.array(cols[f.name], f.type if f.name != "topic" else pa.string()) for f in SCHEMA]
-    arrays[0] = arrays[0].dictionary_encode()
-    return pa.RecordBatch.from_arrays(arrays, schema=SCHEMA)
-
-
-def id_mask(batch: pa.RecordBatch, after: EntryId | None, upto: EntryId | None) -> Any:
-    """Boolean mask of rows with `after` < entry ID <= `upto` (either bound may be None)."""
-    ms, seq = batch.column("entry_ms"), batch.column("entry_seq")
-    mask = None
-    if after is not None:
-        m = pc.or_(
-            pc.greater(ms, after.ms), pc.and_(pc.equal(ms, after.ms), pc.greater(seq, after.seq))
-        )
-        mask = m
-    if upto is not None:
-        m = pc.or_(
-            pc.less(ms, upto.ms), pc.and_(pc.equal(ms, upto.ms), pc.less_equal(seq, upto.seq))
-        )
-        mask = m if mask is None else pc.and_(mask, m)
-    return mask
 
 
 class Converter:

@@ -11,16 +11,11 @@ first, then the segments are listed (only those with ``last <= C`` are used: the
 still in Redis), then the stream's last entry ``S``. Segments give entries up to ``C``,
 ``XRANGE (C, S]`` the rest: disjoint, and together every entry of the shard up to ``S``.
 
-**Reading (after, upto]** (`read_range`) stays exact while an offloader runs: the checkpoint
-``C1`` is read again *after* the ``XRANGE`` pages; entries the offloader archived and trimmed
-meanwhile (``C < id <= C1``) are taken from the segments it committed, the rest from the pages.
-An entry after ``C1`` cannot have been trimmed by the offloader before the pages were read (it
-trims only below its checkpoint), so nothing is missed and nothing is read twice.
+Reading the parts is `eventbus.spark.reading`'s job.
 """
 
 from __future__ import annotations
 
-import io
 import logging
 import warnings
 from collections.abc import Iterator, Sequence
@@ -28,8 +23,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 from pyspark.sql.datasource import (
     EqualTo,
     Filter,
@@ -44,7 +37,6 @@ from pyspark.sql.datasource import (
 from eventbus.errors import ConfigError
 from eventbus.keys import Keys
 from eventbus.sharding import shard_of
-from eventbus.spark.decode import entries_batch, id_mask, read_segment
 from eventbus.spark.objects import Objects
 from eventbus.tier.errors import TierError
 from eventbus.tier.ids import ZERO, EntryId, parse_id
@@ -53,7 +45,6 @@ from eventbus.tier.layout import SegmentRef
 log = logging.getLogger("eventbus.spark")
 
 MAX_ID = EntryId((1 << 64) - 1, (1 << 64) - 1)
-XRANGE_COUNT = 5000
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,100 +277,3 @@ def _pack(refs: list[SegmentRef], pack_bytes: int) -> Iterator[list[SegmentRef]]
         size += ref.size
     if group:
         yield group
-
-
-def parquet_footer(objects: Objects, ref: SegmentRef, guess: int = 65536) -> Any:
-    """The Parquet metadata of segment `ref`, from ranged reads of its end only (usually one
-    GET of the last `guess` bytes). Raises `StoreError`, or pyarrow's errors when damaged."""
-    size = ref.size
-    tail = objects.get_range(ref.key, max(0, size - guess), size)
-    n = int.from_bytes(tail[-8:-4], "little")
-    if tail[-4:] != b"PAR1" or n + 8 > size:
-        raise ValueError("not a Parquet file end")
-    if n + 8 > len(tail):
-        tail = objects.get_range(ref.key, size - n - 8, size)
-    return pq.read_metadata(io.BytesIO(b"PAR1" + tail[-(n + 8) :]))
-
-
-def stats_exclude(
-    objects: Objects, ref: SegmentRef, time_lo: int | None, time_hi: int | None
-) -> bool:
-    """Whether the segment's Parquet statistics of ``event_time_ms`` show no row in
-    [`time_lo`, `time_hi`] (reads only the footer). False when unsure."""
-    if time_lo is None and time_hi is None:
-        return False
-    try:
-        meta = parquet_footer(objects, ref)
-    except Exception:  # unreadable footer: let the full read report it
-        return False
-    col = meta.schema.names.index("event_time_ms")
-    for i in range(meta.num_row_groups):
-        st = meta.row_group(i).column(col).statistics
-        if st is None or not st.has_min_max or st.null_count:
-            return False
-        if (time_hi is None or st.min <= time_hi) and (time_lo is None or st.max >= time_lo):
-            return False
-    return True
-
-
-def read_segments(
-    objects: Objects,
-    refs: Sequence[SegmentRef],
-    after: EntryId | None,
-    upto: EntryId | None,
-) -> Iterator[pa.RecordBatch]:
-    """Rows of `refs` with `after` < ID <= `upto`, as segment-schema batches, in order."""
-    for ref in refs:
-        if (after is not None and ref.last <= after) or (upto is not None and ref.first > upto):
-            continue
-        for batch in read_segment(objects.get(ref.key), ref):
-            cut = (after is not None and ref.first <= after) or (
-                upto is not None and ref.last > upto
-            )
-            if cut:
-                batch = batch.filter(id_mask(batch, after, upto))
-            if batch.num_rows:
-                yield batch
-
-
-def xrange(
-    redis: Any, stream: str, after: EntryId | None, upto: EntryId
-) -> list[tuple[EntryId, dict[bytes, bytes]]]:
-    """Entries of `stream` in (`after`, `upto`], paged by `XRANGE_COUNT` (never a group)."""
-    out: list[tuple[EntryId, dict[bytes, bytes]]] = []
-    low = f"({after}" if after is not None else "-"
-    while True:
-        page = redis.xrange(stream, low, str(upto), count=XRANGE_COUNT)
-        out += [(parse_id(i), f) for i, f in page]
-        if len(page) < XRANGE_COUNT:
-            return out
-        low = f"({out[-1][0]}"
-
-
-def read_range(
-    objects: Objects, redis: Any, keys: Keys, part: RangePart
-) -> Iterator[pa.RecordBatch]:
-    """Shard `part.shard`'s entries in (`part.after`, `part.upto`] as segment-schema batches in
-    entry-ID order: segments `part.refs`, then ``XRANGE`` after the checkpoint `part.cp`, with
-    the re-check of the module docstring."""
-    topic, shard = part.topic, part.shard
-    yield from read_segments(objects, part.refs, part.after, part.upto)
-    start = (
-        part.cp
-        if part.after is None or (part.cp is not None and part.cp > part.after)
-        else part.after
-    )
-    if start is not None and start >= part.upto:
-        return
-    entries = xrange(redis, keys.stream(topic, shard), start, part.upto)
-    now = checkpoints(redis, keys, topic, [shard]).get(shard)
-    if now is not None and (start is None or now > start):
-        fresh = [
-            r
-            for r in objects.segments(topic, shard)
-            if (start is None or r.first > start) and r.last <= now
-        ]
-        yield from read_segments(objects, fresh, start, min(now, part.upto))
-        entries = [e for e in entries if e[0] > now]
-    if entries:
-        yield entries_batch(topic, shard, entries)

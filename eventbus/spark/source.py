@@ -24,7 +24,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from eventbus.spark.decode import Converter, read_segment
+from eventbus.spark.decode import Converter
 from eventbus.spark.objects import Objects, as_objects
 from eventbus.spark.options import SourceOptions
 from eventbus.spark.planning import (
@@ -33,10 +33,9 @@ from eventbus.spark.planning import (
     RangePart,
     SegmentsPart,
     plan_read,
-    read_range,
-    stats_exclude,
     surface_gaps,
 )
+from eventbus.spark.reading import read_range, read_segment, stats_exclude
 from eventbus.spark.schema import CORRUPT, GAPS, arrow_schema, read_schema
 from eventbus.tier.errors import CorruptSegment
 

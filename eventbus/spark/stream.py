@@ -31,14 +31,8 @@ from eventbus.errors import ConfigError
 from eventbus.spark.decode import Converter
 from eventbus.spark.objects import Objects, as_objects
 from eventbus.spark.options import SourceOptions
-from eventbus.spark.planning import (
-    RangePart,
-    checkpoints,
-    last_ids,
-    parquet_footer,
-    read_range,
-    shard_count,
-)
+from eventbus.spark.planning import RangePart, checkpoints, last_ids, shard_count
+from eventbus.spark.reading import parquet_footer, read_range
 from eventbus.spark.schema import arrow_schema
 from eventbus.tier.ids import ZERO, EntryId, parse_id
 from eventbus.tier.layout import SegmentRef

@@ -14,14 +14,8 @@ from spark_support import fast_tier, make_bus, offload, publish, ticks
 
 from eventbus.keys import Keys
 from eventbus.spark.objects import Objects
-from eventbus.spark.planning import (
-    Pruning,
-    RangePart,
-    SegmentsPart,
-    plan_read,
-    read_range,
-    read_segments,
-)
+from eventbus.spark.planning import Pruning, RangePart, SegmentsPart, plan_read
+from eventbus.spark.reading import read_range, read_segments
 from eventbus.tier import Offloader, open_store
 
 pytestmark = pytest.mark.integration

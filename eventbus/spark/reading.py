@@ -1,0 +1,245 @@
+"""Reading planned parts: verified segments, and one shard's range across segments and Redis.
+
+**Reading (after, upto]** (`read_range`) stays exact while an offloader runs: the checkpoint
+``C1`` is read again *after* the ``XRANGE`` pages; entries the offloader archived and trimmed
+meanwhile (``C < id <= C1``) are taken from the segments it committed, the rest from the pages.
+An entry after ``C1`` cannot have been trimmed by the offloader before the pages were read (it
+trims only below its checkpoint), so nothing is missed and nothing is read twice.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from eventbus.codec import F_DATA, F_RESOURCE, F_TYPE, decode_entry
+from eventbus.errors import DecodeError
+from eventbus.keys import Keys
+from eventbus.spark.objects import Objects
+from eventbus.spark.planning import RangePart, checkpoints
+from eventbus.tier.errors import CorruptSegment
+from eventbus.tier.ids import EntryId, parse_id
+from eventbus.tier.layout import SegmentRef
+from eventbus.tier.segment import SCHEMA, read_info
+
+XRANGE_COUNT = 5000
+BATCH_ROWS = 32768
+
+
+def read_segment(
+    data: bytes, ref: SegmentRef, batch_rows: int = BATCH_ROWS
+) -> Iterator[pa.RecordBatch]:
+    """Verify segment `data` (key `ref.key`) and yield its rows as segment-schema batches.
+
+    The checks of `eventbus.tier.segment.decode_segment`, vectorised: Parquet structure and page
+    checksums, schema, metadata matching the key, row count, no nulls in required columns, entry
+    IDs strictly increasing within the key's range. Raises `CorruptSegment` naming the key.
+    """
+    key = ref.key
+    try:
+        pf = pq.ParquetFile(io.BytesIO(data), page_checksum_verification=True)
+        info = read_info(pf.schema_arrow, key)
+        if pa.schema(list(pf.schema_arrow)) != pa.schema(list(SCHEMA)):
+            raise CorruptSegment(key, f"unexpected schema {pf.schema_arrow}")
+        if (info.topic, info.shard, info.first, info.last) != (
+            ref.topic,
+            ref.shard,
+            ref.first,
+            ref.last,
+        ):
+            raise CorruptSegment(
+                key,
+                f"metadata says {info.topic}/{info.shard} "
+                f"{info.first}..{info.last}, not what the key says",
+            )
+        table = pf.read()
+    except CorruptSegment:
+        raise
+    except Exception as exc:  # pyarrow raises ArrowInvalid, OSError, ... on damaged files
+        raise CorruptSegment(key, f"{type(exc).__name__}: {exc}") from None
+    if table.num_rows != info.entries:
+        raise CorruptSegment(key, f"{table.num_rows} rows, metadata says {info.entries}")
+    for field in SCHEMA:
+        if not field.nullable and table.column(field.name).null_count:
+            raise CorruptSegment(key, f"column {field.name} has nulls")
+    _check_order(table, info.first, info.last, key)
+    yield from table.to_batches(max_chunksize=batch_rows)
+
+
+def _check_order(table: pa.Table, first: EntryId, last: EntryId, key: str) -> None:
+    if table.num_rows == 0:
+        return
+    ms = table.column("entry_ms").combine_chunks()
+    seq = table.column("entry_seq").combine_chunks()
+    lo = (ms[0].as_py(), seq[0].as_py())
+    hi = (ms[-1].as_py(), seq[-1].as_py())
+    ok = tuple(first) <= lo and hi <= tuple(last)
+    if ok and table.num_rows > 1:
+        a_ms, b_ms = ms.slice(0, len(ms) - 1), ms.slice(1)
+        a_seq, b_seq = seq.slice(0, len(seq) - 1), seq.slice(1)
+        increasing = pc.or_(
+            pc.greater(b_ms, a_ms), pc.and_(pc.equal(b_ms, a_ms), pc.greater(b_seq, a_seq))
+        )
+        ok = pc.all(increasing).as_py()
+    if not ok:
+        raise CorruptSegment(key, f"entries out of order or outside {first}..{last}")
+
+
+def _text(value: bytes | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def entries_batch(
+    topic: str, shard: int, entries: Sequence[tuple[EntryId, Mapping[bytes, bytes]]]
+) -> pa.RecordBatch:
+    """Redis entries (ID, field map) as one segment-schema batch (as the offloader would store
+    them: envelope columns null when the envelope does not decode)."""
+    cols: dict[str, list[Any]] = {n: [] for n in SCHEMA.names}
+    for entry_id, fields in entries:
+        cols["entry_id"].append(str(entry_id))
+        cols["entry_ms"].append(entry_id.ms)
+        cols["entry_seq"].append(entry_id.seq)
+        cols["resource_id"].append(_text(fields.get(F_RESOURCE)))
+        cols["event_type"].append(_text(fields.get(F_TYPE)))
+        cols["data"].append(fields.get(F_DATA, b""))
+        try:
+            env = decode_entry(dict(fields))
+        except DecodeError:
+            cols["event_time_ms"].append(None)
+            cols["event_id"].append(None)
+            cols["headers"].append(None)
+        else:
+            h = env.event_id.hex()
+            cols["event_time_ms"].append(env.time_ms)
+            cols["event_id"].append(f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}")
+            cols["headers"].append(list(env.headers.items()))
+    n = len(entries)
+    cols["topic"] = [topic] * n
+    cols["shard"] = [shard] * n
+    arrays = [pa.array(cols[f.name], f.type if f.name != "topic" else pa.string()) for f in SCHEMA]
+    arrays[0] = arrays[0].dictionary_encode()
+    return pa.RecordBatch.from_arrays(arrays, schema=SCHEMA)
+
+
+def id_mask(batch: pa.RecordBatch, after: EntryId | None, upto: EntryId | None) -> Any:
+    """Boolean mask of rows with `after` < entry ID <= `upto` (either bound may be None)."""
+    ms, seq = batch.column("entry_ms"), batch.column("entry_seq")
+    mask = None
+    if after is not None:
+        m = pc.or_(
+            pc.greater(ms, after.ms), pc.and_(pc.equal(ms, after.ms), pc.greater(seq, after.seq))
+        )
+        mask = m
+    if upto is not None:
+        m = pc.or_(
+            pc.less(ms, upto.ms), pc.and_(pc.equal(ms, upto.ms), pc.less_equal(seq, upto.seq))
+        )
+        mask = m if mask is None else pc.and_(mask, m)
+    return mask
+
+
+def parquet_footer(objects: Objects, ref: SegmentRef, guess: int = 65536) -> Any:
+    """The Parquet metadata of segment `ref`, from ranged reads of its end only (usually one
+    GET of the last `guess` bytes). Raises `StoreError`, or pyarrow's errors when damaged."""
+    size = ref.size
+    tail = objects.get_range(ref.key, max(0, size - guess), size)
+    n = int.from_bytes(tail[-8:-4], "little")
+    if tail[-4:] != b"PAR1" or n + 8 > size:
+        raise ValueError("not a Parquet file end")
+    if n + 8 > len(tail):
+        tail = objects.get_range(ref.key, size - n - 8, size)
+    return pq.read_metadata(io.BytesIO(b"PAR1" + tail[-(n + 8) :]))
+
+
+def stats_exclude(
+    objects: Objects, ref: SegmentRef, time_lo: int | None, time_hi: int | None
+) -> bool:
+    """Whether the segment's Parquet statistics of ``event_time_ms`` show no row in
+    [`time_lo`, `time_hi`] (reads only the footer). False when unsure."""
+    if time_lo is None and time_hi is None:
+        return False
+    try:
+        meta = parquet_footer(objects, ref)
+    except Exception:  # unreadable footer: let the full read report it
+        return False
+    col = meta.schema.names.index("event_time_ms")
+    for i in range(meta.num_row_groups):
+        st = meta.row_group(i).column(col).statistics
+        if st is None or not st.has_min_max or st.null_count:
+            return False
+        if (time_hi is None or st.min <= time_hi) and (time_lo is None or st.max >= time_lo):
+            return False
+    return True
+
+
+def read_segments(
+    objects: Objects,
+    refs: Sequence[SegmentRef],
+    after: EntryId | None,
+    upto: EntryId | None,
+) -> Iterator[pa.RecordBatch]:
+    """Rows of `refs` with `after` < ID <= `upto`, as segment-schema batches, in order."""
+    for ref in refs:
+        if (after is not None and ref.last <= after) or (upto is not None and ref.first > upto):
+            continue
+        for batch in read_segment(objects.get(ref.key), ref):
+            cut = (after is not None and ref.first <= after) or (
+                upto is not None and ref.last > upto
+            )
+            if cut:
+                batch = batch.filter(id_mask(batch, after, upto))
+            if batch.num_rows:
+                yield batch
+
+
+def xrange(
+    redis: Any, stream: str, after: EntryId | None, upto: EntryId
+) -> list[tuple[EntryId, dict[bytes, bytes]]]:
+    """Entries of `stream` in (`after`, `upto`], paged by `XRANGE_COUNT` (never a group)."""
+    out: list[tuple[EntryId, dict[bytes, bytes]]] = []
+    low = f"({after}" if after is not None else "-"
+    while True:
+        page = redis.xrange(stream, low, str(upto), count=XRANGE_COUNT)
+        out += [(parse_id(i), f) for i, f in page]
+        if len(page) < XRANGE_COUNT:
+            return out
+        low = f"({out[-1][0]}"
+
+
+def read_range(
+    objects: Objects, redis: Any, keys: Keys, part: RangePart
+) -> Iterator[pa.RecordBatch]:
+    """Shard `part.shard`'s entries in (`part.after`, `part.upto`] as segment-schema batches in
+    entry-ID order: segments `part.refs`, then ``XRANGE`` after the checkpoint `part.cp`, with
+    the re-check of the module docstring."""
+    topic, shard = part.topic, part.shard
+    yield from read_segments(objects, part.refs, part.after, part.upto)
+    start = (
+        part.cp
+        if part.after is None or (part.cp is not None and part.cp > part.after)
+        else part.after
+    )
+    if start is not None and start >= part.upto:
+        return
+    entries = xrange(redis, keys.stream(topic, shard), start, part.upto)
+    now = checkpoints(redis, keys, topic, [shard]).get(shard)
+    if now is not None and (start is None or now > start):
+        fresh = [
+            r
+            for r in objects.segments(topic, shard)
+            if (start is None or r.first > start) and r.last <= now
+        ]
+        yield from read_segments(objects, fresh, start, min(now, part.upto))
+        entries = [e for e in entries if e[0] > now]
+    if entries:
+        yield entries_batch(topic, shard, entries)
