@@ -12,7 +12,8 @@ dead-lettering are the production code::
         assert ...   # what your handler did
 
 fakeredis is a Python reimplementation of Redis: it proves your handlers' logic, not Redis's
-behaviour under load or failure (run those tests against a real ``redis-server``).
+behaviour under load or failure. The same test runs against a real ``redis-server`` when given
+its URL: ``running(bus, redis="redis://localhost:6379/15")`` (a throw-away database).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 import anyio
 from pydantic import BaseModel
 
-from eventbus.app import EventBus
+from eventbus.app import EventBus, connect
 
 
 def memory_redis() -> Any:
@@ -35,21 +36,31 @@ def memory_redis() -> Any:
 
 
 class TestBus:
-    """A running bus on fakeredis; made by `running`."""
+    """A running bus; made by `running`. `done` is set once its subscribers have stopped."""
 
     __test__ = False  # not a pytest test class
 
-    def __init__(self, bus: EventBus) -> None:
+    def __init__(self, bus: EventBus, stop: anyio.Event) -> None:
         self.bus = bus
+        self.done = anyio.Event()
+        self._stop = stop
 
     @property
     def redis(self) -> Any:
         return self.bus.redis
 
-    async def publish(
-        self, topic: str, event: BaseModel, *, resource_id: str, **kw: Any
-    ) -> str:
-        """`EventBus.publish` on the in-memory Redis."""
+    @property
+    def consumer_ids(self) -> list[str]:
+        """The member IDs of the bus's consumers (`Context.consumer_id`), one per subscriber."""
+        return [c.consumer_id for c in self.bus.consumers]
+
+    def stop(self) -> None:
+        """Ask the subscribers to shut down gracefully (as on SIGTERM) before the end of the
+        `running` block; await `done` to wait for them."""
+        self._stop.set()
+
+    async def publish(self, topic: str, event: BaseModel, *, resource_id: str, **kw: Any) -> str:
+        """`EventBus.publish` on the bus's Redis."""
         return await self.bus.publish(topic, event, resource_id=resource_id, **kw)
 
     async def drain(self, within_s: float = 10.0) -> None:
@@ -75,30 +86,60 @@ class TestBus:
                 if not await self.redis.exists(stream):
                     continue
                 last = (await self.redis.xinfo_stream(stream))["last-generated-id"]
-                for group in await self.redis.xinfo_groups(stream):
-                    if group["name"].decode() != sub.group:
-                        continue
-                    if group["pending"] or group["last-delivered-id"] != last:
-                        behind.append(f"{stream} group {sub.group}")
+                groups = {g["name"].decode(): g for g in await self.redis.xinfo_groups(stream)}
+                group = groups.get(sub.group)
+                # no group yet: its consumer is starting, and the entries wait for it
+                if group is None or group["pending"] or group["last-delivered-id"] != last:
+                    behind.append(f"{stream} group {sub.group}")
         return behind
 
 
 @contextlib.asynccontextmanager
-async def running(bus: EventBus, *, redis: Any | None = None) -> AsyncIterator[TestBus]:
-    """Run `bus` and all its subscribers on an in-memory Redis (or `redis`) for a test.
+async def running(bus: EventBus, *, redis: Any | str | None = None) -> AsyncIterator[TestBus]:
+    """Run `bus` and all its subscribers for a test; the block starts once their consumers
+    exist. On exit the subscribers shut down gracefully, as in production, and the block waits
+    for them.
 
-    On exit the subscribers shut down gracefully, as in production.
+    :param redis: where to run: nothing for a fresh in-memory Redis (`memory_redis`; blocking
+        reads are then capped at 50 ms so that the subscribers stop quickly), a Redis URL (a
+        real server: it is connected like `EventBus` connects, and closed at the end), or a
+        client (e.g. ``bus.redis``: the bus's own connection, left open).
     """
     if bus.running:
         raise RuntimeError("the bus is already running")
-    bus._redis = redis if redis is not None else memory_redis()
+    if redis is None:
+        bus._redis = memory_redis()
+        bus.settings = bus.settings.model_copy(update={"block_max_ms": 50})
+    elif isinstance(redis, str):
+        bus.settings = bus.settings.model_copy(update={"redis_url": redis})
+        bus._redis = connect(bus.settings)
+    else:
+        bus._redis = redis
     bus._registry = bus._publisher = None
-    bus.settings = bus.settings.model_copy(update={"block_max_ms": 50})
+    bus.consumers = []  # those of an earlier run are not the ones to wait for
     stop = anyio.Event()
-    async with bus, anyio.create_task_group() as tg:
-        if bus.subscriptions:
-            tg.start_soon(lambda: bus.run(stop=stop))
+    tb = TestBus(bus, stop)
+
+    async def run() -> None:
         try:
-            yield TestBus(bus)
+            await bus.run(stop=stop)
         finally:
-            stop.set()
+            tb.done.set()
+
+    try:
+        async with bus, anyio.create_task_group() as tg:
+            if bus.subscriptions:
+                tg.start_soon(run)
+                # `EventBus.run` creates its consumers once connected (or fails: then the task
+                # group raises its error here)
+                while len(bus.consumers) < len(bus.subscriptions):  # noqa: ASYNC110
+                    await anyio.sleep(0.002)
+            else:
+                tb.done.set()
+            try:
+                yield tb
+            finally:
+                stop.set()
+    finally:
+        if isinstance(redis, str):
+            await bus.aclose()

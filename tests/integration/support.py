@@ -1,19 +1,21 @@
-"""Helpers of the integration tests: an event model, a handler that records, running buses,
-and waiting on conditions (never a fixed sleep)."""
+"""Helpers of the integration tests: an event model, a handler that records, running buses
+(`eventbus.testing.running` on each bus's own Redis), and waiting on conditions (never a fixed
+sleep). Also imported by the shared cases of `tests/cases`, which run on fakeredis too."""
 
 from __future__ import annotations
 
 import inspect
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 from pydantic import BaseModel
 
-from eventbus import Context, EventBus
+from eventbus import Context, EventBus, testing
+from eventbus.testing import TestBus
 
 
 class Tick(BaseModel):
@@ -71,43 +73,23 @@ async def wait_until(
             await anyio.sleep(interval)
 
 
-@dataclass
-class Running:
-    """A bus running in the background: `stop` it, or wait for `done`."""
-
-    bus: EventBus
-    stop_event: anyio.Event = field(default_factory=anyio.Event)
-    done: anyio.Event = field(default_factory=anyio.Event)
-
-    def stop(self) -> None:
-        self.stop_event.set()
-
-    @property
-    def consumer_ids(self) -> list[str]:
-        return [c.consumer_id for c in self.bus.consumers]
+Running = TestBus
+"""A bus running in the background (`eventbus.testing.TestBus`): `stop` it, wait for `done`."""
 
 
 @asynccontextmanager
 async def running(*buses: EventBus) -> AsyncIterator[list[Running]]:
-    """Run `buses` (`EventBus.run`) in a task group, from when their consumers exist; on exit
-    stop them gracefully, wait for them, and close their connections."""
-    runs = [Running(bus) for bus in buses]
-
-    async def run(item: Running) -> None:
-        try:
-            await item.bus.run(stop=item.stop_event)
-        finally:
-            item.done.set()
-
+    """Run `buses` on their own Redis (`eventbus.testing.running`), from when their consumers
+    exist; on exit stop them all at once, wait for them, and close their connections."""
     try:
-        async with anyio.create_task_group() as tg:
-            for item in runs:
-                tg.start_soon(run, item)
-            # `EventBus.run` creates its consumers (and their IDs) once connected
-            await wait_until(lambda: all(len(b.consumers) == len(b.subscriptions) for b in buses))
+        async with AsyncExitStack() as stack:
+            runs = [
+                await stack.enter_async_context(testing.running(bus, redis=bus.redis))
+                for bus in buses
+            ]
             yield runs
-            for item in runs:
-                item.stop()
+            for run in runs:  # all at once, not one after the other as the stack unwinds
+                run.stop()
     finally:
         for bus in buses:
             await bus.aclose()
