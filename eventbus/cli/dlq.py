@@ -1,0 +1,151 @@
+"""``eventbus dlq list|show|requeue|drop``: the dead letters and parked resources of a group
+(`eventbus.dlq.DeadLetters`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from eventbus.cli.connection import RedisUrl, open_bus, settings_from, stored_shards
+from eventbus.cli.output import cell, console, run_async, user_errors
+from eventbus.codec import decode_entry
+from eventbus.dlq import DeadLetter, DeadLetters
+from eventbus.errors import EventBusError
+
+dlq_app = typer.Typer(no_args_is_help=True, help="Dead letters of a consumer group.")
+
+DlqIds = Annotated[list[str] | None, typer.Argument(help="Dead-letter IDs.")]
+
+
+def _dlq_call(
+    redis_url: str | None, topic: str, group: str, action: Callable[[DeadLetters], Awaitable[Any]]
+) -> Any:
+    """`action` on the dead letters of `group` on `topic` (a registered topic)."""
+    with user_errors():
+        settings = settings_from(redis_url)
+
+    async def go() -> Any:
+        bus = await open_bus(settings)
+        try:
+            shards = await stored_shards(bus, topic)
+            return await action(
+                DeadLetters(bus.redis, bus.keys, bus.topic(topic, shards=shards), group)
+            )
+        finally:
+            await bus.aclose()
+
+    return run_async(go)
+
+
+@dlq_app.command("list")
+def dlq_list(
+    topic: str,
+    group: str,
+    count: Annotated[int, typer.Option(help="Most entries to show.")] = 50,
+    redis_url: RedisUrl = None,
+) -> None:
+    """Dead letters of GROUP on TOPIC, oldest first, and the parked resources."""
+
+    async def action(dl: DeadLetters) -> tuple[list[DeadLetter], dict[str, str]]:
+        return await dl.letters(count), await dl.parked()
+
+    letters, parked = _dlq_call(redis_url, topic, group, action)
+    table = Table("dlq id", "shard", "entry id", "resource", "type", "reason", "attempts", "error")
+    for d in letters:
+        table.add_row(
+            cell(d.dlq_id),
+            str(d.shard),
+            cell(d.entry_id),
+            cell(d.resource_id or ""),
+            cell(d.event_type or ""),
+            cell(d.reason),
+            str(d.attempts),
+            cell(_error_text(d)[:80]),
+        )
+    Console().print(table)
+    if parked:
+        Console().print(f"parked resources: {', '.join(cell(p) for p in sorted(parked))}")
+
+
+def _error_text(d: DeadLetter) -> str:
+    if d.problems:
+        return "malformed: " + "; ".join(d.problems)
+    return f"{d.error_type}: {d.error}"
+
+
+@dlq_app.command("show")
+def dlq_show(topic: str, group: str, dlq_id: str, redis_url: RedisUrl = None) -> None:
+    """One dead letter in full, with its decoded event, as JSON."""
+
+    async def action(dl: DeadLetters) -> DeadLetter | None:
+        return await dl.get(dlq_id)
+
+    d = _dlq_call(redis_url, topic, group, action)
+    if d is None:
+        console.print(f"[red]error:[/red] no dead letter {cell(dlq_id)}")
+        raise typer.Exit(1)
+    out: dict[str, Any] = {
+        f.name: getattr(d, f.name) for f in dataclasses.fields(d) if f.name != "fields"
+    }
+    try:
+        env = decode_entry(d.original())
+        out["event"] = {
+            "event_id": str(env.event_uuid),
+            "time_ms": env.time_ms,
+            "headers": env.headers,
+            "payload": env.payload,
+        }
+    except EventBusError as exc:
+        out["event"] = {"undecodable": str(exc)}
+    print(json.dumps(out, indent=2, default=str))  # ASCII: control characters are escaped
+
+
+def _by_ids_or_resource(
+    redis_url: str | None,
+    topic: str,
+    group: str,
+    dlq_ids: list[str] | None,
+    resource: str | None,
+    by_ids: Callable[[DeadLetters, list[str]], Awaitable[Any]],
+    by_resource: Callable[[DeadLetters, str], Awaitable[Any]],
+) -> None:
+    """Print what `by_resource` returns for `resource` if given, else `by_ids` for `dlq_ids`."""
+
+    async def action(dl: DeadLetters) -> Any:
+        if resource is not None:
+            return await by_resource(dl, resource)
+        return await by_ids(dl, dlq_ids or [])
+
+    print(_dlq_call(redis_url, topic, group, action))
+
+
+@dlq_app.command("requeue")
+def dlq_requeue(
+    topic: str,
+    group: str,
+    dlq_ids: DlqIds = None,
+    resource: Annotated[str | None, typer.Option(help="Requeue a parked resource.")] = None,
+    redis_url: RedisUrl = None,
+) -> None:
+    """Put dead letters back in their shard streams, or replay and unpark a parked resource."""
+    requeue, requeue_resource = DeadLetters.requeue, DeadLetters.requeue_resource
+    _by_ids_or_resource(redis_url, topic, group, dlq_ids, resource, requeue, requeue_resource)
+
+
+@dlq_app.command("drop")
+def dlq_drop(
+    topic: str,
+    group: str,
+    dlq_ids: DlqIds = None,
+    resource: Annotated[str | None, typer.Option(help="Drop a parked resource's events.")] = None,
+    redis_url: RedisUrl = None,
+) -> None:
+    """Delete dead letters for good, or discard a parked resource's events and unpark it."""
+    drop, drop_resource = DeadLetters.drop, DeadLetters.drop_resource
+    _by_ids_or_resource(redis_url, topic, group, dlq_ids, resource, drop, drop_resource)

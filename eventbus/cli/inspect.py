@@ -1,0 +1,111 @@
+"""``eventbus stats`` and ``eventbus tail``: read-only views of topics, groups and entries."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+from redis.exceptions import ResponseError
+from rich.console import Console
+from rich.table import Table
+
+from eventbus.cli.connection import RedisUrl, open_bus, settings_from, stored_shards
+from eventbus.cli.output import cell, run_async, user_errors
+from eventbus.codec import decode_entry
+from eventbus.config import Settings
+from eventbus.errors import EventBusError, RedisCommandRefused
+
+
+def stats(redis_url: RedisUrl = None) -> None:
+    """Topics, shard streams, consumer groups (lag, pending, live consumers, locked shards)."""
+    with user_errors():
+        settings = settings_from(redis_url)
+    run_async(_stats, settings)
+
+
+def _no_stream(reply: object) -> bool:
+    """Whether an XINFO reply is Redis's "no such key" (a shard stream not created yet)."""
+    return isinstance(reply, ResponseError) and "no such key" in str(reply).lower()
+
+
+async def _stats(settings: Settings) -> None:
+    bus = await open_bus(settings)
+    r, keys = bus.redis, bus.keys
+    try:
+        topics = await bus.registry.stored()
+        table = Table("topic", "shards", "entries", "group", "lag", "pending", "live", "locked")
+        for topic, shards in sorted(topics.items()):
+            streams = [keys.stream(topic, s) for s in range(shards)]
+            pipe = r.pipeline(transaction=False)
+            for st in streams:
+                pipe.xinfo_stream(st)
+                pipe.xinfo_groups(st)
+            replies = await pipe.execute(raise_on_error=False)
+            entries = 0
+            groups: dict[str, list[int]] = {}  # group -> [lag, pending, estimated]
+            for st, info, infos in zip(streams, replies[0::2], replies[1::2], strict=True):
+                for command, reply in (("XINFO STREAM", info), ("XINFO GROUPS", infos)):
+                    if isinstance(reply, Exception) and not _no_stream(reply):
+                        raise RedisCommandRefused(command, st, f"{type(reply).__name__}: {reply}")
+                if not isinstance(info, dict) or not isinstance(infos, list):
+                    continue  # the shard stream does not exist yet
+                entries += info["length"]
+                for g in infos:
+                    agg = groups.setdefault(g["name"].decode("utf-8", "replace"), [0, 0, 0])
+                    # Redis's lag is exact only while it knows the group's entries-read (after
+                    # an AOF reload it estimates): a group that has delivered the stream's last
+                    # ID has no lag, whatever the estimate says.
+                    if g["last-delivered-id"] != info["last-generated-id"]:
+                        agg[0] += g.get("lag") or 0
+                        agg[2] |= g.get("entries-read") is None
+                    agg[1] += g["pending"]
+            table.add_row(cell(topic), str(shards), str(entries), "", "", "", "", "")
+            secs, micros = await r.time()  # liveness deadlines are in Redis server time
+            now_ms = secs * 1000 + micros // 1000
+            for g, (lag, pending, estimated) in sorted(groups.items()):
+                live = await r.zcount(keys.members(topic, g), now_ms, "+inf")
+                locks = await r.hgetall(keys.locks(topic, g))
+                held = sum(1 for k in locks if k.isdigit())
+                shown = f"~{lag}" if estimated else str(lag)
+                table.add_row(
+                    "", "", "", cell(g), shown, str(pending), str(live), f"{held}/{shards}"
+                )
+        Console().print(table)
+    finally:
+        await bus.aclose()
+
+
+def tail(
+    topic: str,
+    count: Annotated[int, typer.Option(help="Entries to show per shard.")] = 5,
+    redis_url: RedisUrl = None,
+) -> None:
+    """Print the newest entries of each shard of TOPIC, decoded, as JSON lines."""
+    with user_errors():
+        settings = settings_from(redis_url)
+    run_async(_tail, settings, topic, count)
+
+
+async def _tail(settings: Settings, topic: str, count: int) -> None:
+    bus = await open_bus(settings)
+    try:
+        for shard in range(await stored_shards(bus, topic)):
+            rows = await bus.redis.xrevrange(bus.keys.stream(topic, shard), count=count)
+            for entry_id, fields in reversed(rows):
+                out: dict[str, Any] = {"shard": shard, "entry_id": entry_id.decode()}
+                try:
+                    env = decode_entry(fields, max_bytes=settings.max_decompressed_bytes)
+                    out |= {
+                        "resource_id": env.resource_id,
+                        "type": env.event_type,
+                        "event_id": str(env.event_uuid),
+                        "time_ms": env.time_ms,
+                        "headers": env.headers,
+                        "payload": env.payload,
+                    }
+                except EventBusError as exc:
+                    out["error"] = str(exc)
+                print(json.dumps(out, default=str))  # ASCII: control characters are escaped
+    finally:
+        await bus.aclose()

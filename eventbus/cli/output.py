@@ -1,0 +1,129 @@
+"""What the ``eventbus`` commands put on the terminal, made safe.
+
+User data (resource IDs, group names, error texts) has its control characters escaped
+(`terminal_safe`) and, in rich tables or markup, its markup escaped too (`cell`); every Redis URL
+this process has seen (`remember_url`) has its secrets scrubbed from output and logs. Errors a
+user can act on become one line on stderr and exit code 1, not a traceback (`user_errors`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, TypeVar
+
+import anyio
+import typer
+from pydantic import ValidationError
+from redis.exceptions import RedisError
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.markup import escape
+
+from eventbus.config import scrub
+from eventbus.errors import EventBusError
+
+T = TypeVar("T")
+# Errors a user can act on: printed as one line, exit code 1
+_USER_ERRORS = (EventBusError, RedisError, OSError, ValidationError)
+
+console = Console(stderr=True)
+
+# C0 and C1 controls (ESC, CR, BS, ...) except tab and newline, line separators, bidi overrides
+_CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+# URLs seen by this process (settings, --redis-url): their secrets are scrubbed from output
+_URLS: set[str] = set()
+
+
+def remember_url(url: str) -> None:
+    """Scrub the secrets of `url` (a Redis URL this process uses) from all output from now on."""
+    _URLS.add(url)
+
+
+def terminal_safe(text: object, *, newlines: bool = False) -> str:
+    """`text` as it may reach a terminal: control characters (escape sequences, carriage
+    returns, bidi overrides) shown as ``\\xNN`` escapes, newlines and tabs too unless
+    `newlines`, and every known Redis password replaced by ``***``."""
+    out = str(text)
+    for url in _URLS:
+        out = scrub(out, url)
+    if not newlines:
+        out = out.replace("\n", "\\n").replace("\t", "\\t")
+    return _CONTROL_CHARS.sub(lambda m: f"\\x{ord(m.group()):02x}", out)
+
+
+def cell(text: object) -> str:
+    """User data (a resource ID, a group name, an error) as a rich table cell or markup
+    fragment: `terminal_safe`, with rich markup escaped."""
+    return escape(terminal_safe(text))
+
+
+class _TerminalLogFilter(logging.Filter):
+    """Makes log records safe for a terminal: passwords scrubbed, control characters escaped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg = terminal_safe(record.getMessage(), newlines=True)
+        record.args = ()
+        return True
+
+
+def setup_logging(level: str) -> None:
+    """Log at `level` (a name: ``info``, ``debug``, ...) to stderr, terminal-safe."""
+    handler = RichHandler(console=console)
+    handler.addFilter(_TerminalLogFilter())
+    logging.basicConfig(level=level.upper(), format="%(message)s", handlers=[handler])
+
+
+def _message(exc: BaseException) -> str:
+    """One line describing `exc`, safe for a terminal."""
+    if isinstance(exc, ValidationError):
+        parts = []
+        for err in exc.errors():
+            where = ".".join(str(x) for x in err["loc"]) or "settings"
+            parts.append(f"{where}: {err['msg']}")
+        text = "invalid settings: " + "; ".join(parts)
+    elif isinstance(exc, EventBusError):
+        text = str(exc)
+    else:
+        text = f"{type(exc).__name__}: {exc}"
+    return terminal_safe(text)
+
+
+def _fail(exc: BaseException) -> typer.Exit:
+    console.print(f"[red]error:[/red] {escape(_message(exc))}", soft_wrap=True)
+    return typer.Exit(1)
+
+
+def _leaf(exc: BaseException) -> BaseException | None:
+    """The user error inside `exc` (itself, or the first one inside an exception group whose
+    other members are only cancellations), or None."""
+    if isinstance(exc, _USER_ERRORS):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        match, rest = exc.split(_USER_ERRORS)
+        if match is not None and rest is None:
+            return _leaf(match.exceptions[0])
+    return None
+
+
+@contextlib.contextmanager
+def user_errors() -> Iterator[None]:
+    """Errors a user can act on (bad settings or arguments, Redis unreachable or refusing,
+    a shard-count mismatch, ...) become one line on stderr and exit code 1, not a traceback."""
+    try:
+        yield
+    except (typer.Exit, typer.Abort, typer.BadParameter):
+        raise
+    except BaseException as exc:
+        leaf = _leaf(exc)
+        if leaf is None:
+            raise
+        raise _fail(leaf) from None
+
+
+def run_async(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """`anyio.run` under `user_errors`."""
+    with user_errors():
+        return anyio.run(fn, *args)
