@@ -1,0 +1,105 @@
+"""``eventbus offload``: run the offloader (`eventbus.tier.offloader.Offloader`) until stopped,
+or with ``--once`` until everything now in the streams is archived."""
+
+from __future__ import annotations
+
+import logging
+import signal
+from typing import Annotated
+
+import anyio
+import typer
+from rich.logging import RichHandler
+
+from eventbus.errors import EventBusError
+from eventbus.tier.cli.common import (
+    RedisUrl,
+    StoreUrl,
+    console,
+    open_tier_store,
+    settings_of,
+    tier_settings,
+)
+
+
+def offload(
+    topic: Annotated[
+        list[str] | None, typer.Option("--topic", help="Topic to archive (repeat); default all.")
+    ] = None,
+    store: StoreUrl = None,
+    once: Annotated[
+        bool, typer.Option("--once", help="Archive everything now present, then exit.")
+    ] = False,
+    segment_max_entries: Annotated[int | None, typer.Option(min=1)] = None,
+    segment_max_bytes: Annotated[int | None, typer.Option(min=1024)] = None,
+    segment_max_age_s: Annotated[float | None, typer.Option(min=0)] = None,
+    hot_window_s: Annotated[
+        float | None, typer.Option(min=0, help="Archived entries younger than this stay.")
+    ] = None,
+    redis_url: RedisUrl = None,
+    metrics_port: Annotated[
+        int | None, typer.Option(help="Serve Prometheus metrics on this port.")
+    ] = None,
+    log_level: Annotated[str, typer.Option()] = "info",
+) -> None:
+    """Archive shard streams to segments (until SIGTERM/SIGINT, or with --once until caught up)."""
+    from eventbus.app import connect
+
+    logging.basicConfig(
+        level=log_level.upper(), format="%(message)s", handlers=[RichHandler(console=console)]
+    )
+    settings = settings_of(redis_url)
+    try:
+        tier = tier_settings(
+            store,
+            segment_max_entries=segment_max_entries,
+            segment_max_bytes=segment_max_bytes,
+            segment_max_age_s=segment_max_age_s,
+            hot_window_s=hot_window_s,
+        )
+        target = open_tier_store(tier)
+    except EventBusError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+    if metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        start_http_server(metrics_port, addr="127.0.0.1")
+
+    from eventbus.tier.offloader import Offloader
+    from eventbus.tier.store import describe
+
+    async def main() -> None:
+        redis = connect(settings)
+        offloader = Offloader(redis, target, settings=settings, tier=tier, topics=topic)
+        try:
+            if once:
+                stats = await offloader.run_until_caught_up()
+            else:
+                stop = anyio.Event()
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(_stop_on_signal, stop)
+                    await offloader.run(stop)
+                    tg.cancel_scope.cancel()
+                stats = offloader.stats
+        finally:
+            await redis.aclose()
+        console.print(
+            f"offloaded to {describe(target)}: {stats.segments} segments, {stats.entries} "
+            f"entries, {stats.raw_bytes} raw bytes -> {stats.stored_bytes} stored bytes "
+            f"(ratio {stats.compression_ratio:.2f}), {stats.adopted} adopted, "
+            f"{stats.gaps} gaps ({stats.lost} entries lost)"
+        )
+
+    try:
+        anyio.run(main)
+    except EventBusError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+
+
+async def _stop_on_signal(stop: anyio.Event) -> None:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for _ in signals:
+            stop.set()
+            return

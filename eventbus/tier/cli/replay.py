@@ -1,0 +1,212 @@
+"""``eventbus replay``: a topic's archived events as JSON lines or a Parquet file, checked for
+missing segments against the offloader checkpoints."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from pydantic import ValidationError
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+
+from eventbus.config import Settings
+from eventbus.errors import EventBusError
+from eventbus.tier.cli.common import (
+    RedisUrl,
+    StoreUrl,
+    console,
+    error_exit,
+    open_tier_store,
+    settings_of,
+    tier_settings,
+)
+from eventbus.tier.cli.export import entry_json, stdout, write_parquet
+
+if TYPE_CHECKING:
+    from eventbus.tier.store import Store
+
+
+def parse_time_ms(value: str) -> int:
+    """Unix milliseconds from ``<ms>`` or an ISO-8601 time (UTC when it has no offset)."""
+    if value.isdigit():
+        return int(value)
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise typer.BadParameter(f"not Unix ms nor an ISO-8601 time: {value!r}") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1000)
+
+
+def replay(
+    topic: Annotated[str, typer.Argument(help="Topic to replay.")],
+    store: StoreUrl = None,
+    since: Annotated[
+        str | None, typer.Option(help="Entry time from (Unix ms or ISO-8601, inclusive).")
+    ] = None,
+    until: Annotated[
+        str | None, typer.Option(help="Entry time until (Unix ms or ISO-8601, exclusive).")
+    ] = None,
+    from_id: Annotated[str | None, typer.Option(help="First entry ID (inclusive).")] = None,
+    to_id: Annotated[str | None, typer.Option(help="Last entry ID (inclusive).")] = None,
+    resource_id: Annotated[
+        list[str] | None, typer.Option("--resource-id", help="Only this resource (repeat).")
+    ] = None,
+    event_type: Annotated[
+        list[str] | None, typer.Option("--type", help="Only this event type (repeat).")
+    ] = None,
+    shard: Annotated[list[int] | None, typer.Option(help="Only this shard (repeat).")] = None,
+    per_shard: Annotated[
+        bool, typer.Option("--per-shard", help="Shard after shard instead of merged by ID.")
+    ] = False,
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", "-o", help="Write here instead of stdout (.parquet: Parquet)."),
+    ] = None,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar on stderr.")] = True,
+    allow_gaps: Annotated[
+        bool,
+        typer.Option(
+            "--allow-gaps",
+            help="Warn instead of failing when segments are missing from a shard's range.",
+        ),
+    ] = False,
+    redis_url: RedisUrl = None,
+) -> None:
+    """Print a topic's archived events as JSON lines, or export them to Parquet.
+
+    Events come in entry-ID order (merged across shards unless --per-shard), with a progress bar
+    on stderr. A missing store or a topic with no segments is an error. Without an ID or time
+    range, the entries read are checked against the offloader checkpoints in Redis (when
+    reachable): a shard with fewer entries than its checkpoint accounts for (a deleted segment)
+    fails the command after the replay (exit 1), or only warns with --allow-gaps.
+    """
+    from eventbus.keys import check_name
+
+    try:
+        check_name("topic", topic)
+        settings = settings_of(redis_url)
+        tier = tier_settings(store)
+        source = open_tier_store(tier, create=False)
+        from eventbus.tier.ids import parse_id
+        from eventbus.tier.replay import ReplayFilter, iter_topic, plan
+        from eventbus.tier.store import describe, list_shards_sync
+
+        present = list_shards_sync(source, topic)
+        if not present:
+            raise EventBusError(
+                f"no archived segments of topic {topic!r} in {describe(source)}: check the "
+                "topic name and --store"
+            )
+
+        flt = ReplayFilter(
+            start_id=parse_id(from_id) if from_id else None,
+            end_id=parse_id(to_id) if to_id else None,
+            since_ms=parse_time_ms(since) if since else None,
+            until_ms=parse_time_ms(until) if until else None,
+            resource_ids=frozenset(resource_id) if resource_id else None,
+            event_types=frozenset(event_type) if event_type else None,
+        )
+        segments = plan(source, topic, flt, shard)
+        whole = flt.start_id is None and flt.end_id is None and flt.since_ms is None
+        whole = whole and flt.until_ms is None
+        counts: dict[int, int] = {}
+        total = sum(ref.size for refs in segments.values() for ref in refs)
+        bar = Progress(
+            TextColumn("[bold]replay {task.fields[topic]}"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TextColumn("{task.fields[events]} events"),
+            TimeRemainingColumn(),
+            console=console,
+            disable=not progress,
+        )
+        with bar:
+            task = bar.add_task("replay", total=total, topic=topic, events=0)
+            entries = iter_topic(
+                source,
+                topic,
+                flt,
+                merge=not per_shard,
+                segments=segments,
+                on_segment=lambda ref: bar.update(task, advance=ref.size),
+                counts=counts,
+            )
+            count = 0
+            if output is not None and output.suffix == ".parquet":
+                count = write_parquet(output, entries, lambda n: bar.update(task, events=n))
+            else:
+                with output.open("w") if output else stdout() as out:
+                    for count, entry in enumerate(entries, 1):
+                        out.write(json.dumps(entry_json(entry), default=str) + "\n")
+                        if count % 10_000 == 0:
+                            bar.update(task, events=count)
+            bar.update(task, events=count)
+        console.print(f"replayed {count} events of {topic} from {describe(source)}")
+        if whole:
+            _check_gaps(settings, source, topic, sorted(segments), counts, allow_gaps)
+    except (EventBusError, ValidationError) as exc:
+        raise error_exit(exc) from None
+
+
+def _check_gaps(
+    settings: Settings,
+    source: Store,
+    topic: str,
+    shards: list[int],
+    counts: dict[int, int],
+    allow_gaps: bool,
+) -> None:
+    """Compare what replay read with the offloader checkpoints (see `replay`)."""
+    from redis.exceptions import RedisError
+
+    from eventbus.config import redact_url
+    from eventbus.tier.replay import check_complete
+
+    try:
+        accounted = _checkpoint_counts(settings, topic, shards)
+    except (RedisError, OSError) as exc:
+        console.print(
+            f"[yellow]warning:[/yellow] not checked for missing segments: Redis at "
+            f"{escape(redact_url(settings.redis_url))} did not answer ({type(exc).__name__})",
+            soft_wrap=True,
+        )
+        return
+    gaps = check_complete(source, topic, counts, accounted)
+    if gaps and not allow_gaps:
+        raise gaps[0]
+    for gap in gaps:
+        console.print(f"[yellow]warning:[/yellow] {escape(str(gap))}", soft_wrap=True)
+
+
+def _checkpoint_counts(settings: Settings, topic: str, shards: list[int]) -> dict[int, int]:
+    """Per shard, the entries the offloader checkpoint accounts for (``<shard>:count``).
+    Raises `redis.exceptions.RedisError` / `OSError` when Redis cannot be asked."""
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    from eventbus.keys import Keys
+
+    key = Keys(settings.key_prefix, settings.hashtag).checkpoints(topic)
+    with redis.Redis.from_url(
+        settings.redis_url,
+        socket_connect_timeout=settings.redis_connect_timeout_s,
+        socket_timeout=settings.redis_read_timeout_s,
+        retry=Retry(NoBackoff(), 0),
+    ) as client:
+        values = client.hmget(key, [f"{s}:count" for s in shards])
+    return {s: int(v) for s, v in zip(shards, values, strict=True) if v is not None}
