@@ -12,112 +12,33 @@ are skipped by their key alone, without being fetched. Every segment read is ver
 (`decode_segment`): a corrupt or truncated one raises `CorruptSegment` naming its key, never
 yields wrong data. The iterators are synchronous (threads prefetch the next segments); async code
 runs them with ``anyio.to_thread``.
+
+`ArchivedEntry`, `ReplayFilter` and `read_segment` live in `eventbus.tier.archived`, the
+completeness check (`check_complete`, `ArchiveGap`) in `eventbus.tier.completeness`; both are
+re-exported here.
 """
 
 from __future__ import annotations
 
 import heapq
-import json
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
-import pyarrow as pa
-import pyarrow.compute as pc
 from pydantic import BaseModel, ValidationError
 
-from eventbus.codec import F_DATA, F_RESOURCE, F_TYPE, Envelope, decode_entry, event_type_of
+from eventbus.codec import Envelope, event_type_of
 from eventbus.errors import DecodeError
 from eventbus.keys import check_name
-from eventbus.tier.errors import TierError
+from eventbus.tier.archived import ArchivedEntry, ReplayFilter, read_segment, read_segment_counted
+from eventbus.tier.completeness import ArchiveGap, check_complete, recorded_lost
 from eventbus.tier.ids import EntryId
-from eventbus.tier.layout import GAP_FOLDER, SegmentRef
-from eventbus.tier.segment import decode_segment
-from eventbus.tier.store import (
-    Store,
-    get_bytes_sync,
-    list_keys_sync,
-    list_segments_sync,
-    list_shards_sync,
-)
+from eventbus.tier.layout import SegmentRef
+from eventbus.tier.store import Store, list_segments_sync, list_shards_sync
 
-_MAX_ID = EntryId((1 << 64) - 1, (1 << 64) - 1)
 T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class ArchivedEntry:
-    """One archived stream entry. `segment` is the key of the object it came from.
-
-    Times are Unix milliseconds: `entry_id.ms` is Redis's clock when the entry was added,
-    `event_time_ms` the publisher's. Envelope-derived fields are None when the entry's envelope
-    did not decode when it was archived.
-    """
-
-    topic: str
-    shard: int
-    entry_id: EntryId
-    resource_id: str | None
-    event_type: str | None
-    event_time_ms: int | None
-    event_id: str | None
-    headers: dict[str, str] | None
-    data: bytes
-    segment: str
-
-    def fields(self) -> dict[bytes, bytes]:
-        """The entry's field map as it was in the stream (``rid``, ``type``, ``data``)."""
-        out = {F_DATA: self.data}
-        if self.resource_id is not None:
-            out[F_RESOURCE] = self.resource_id.encode()
-        if self.event_type is not None:
-            out[F_TYPE] = self.event_type.encode()
-        return out
-
-    def envelope(self) -> Envelope:
-        """The decoded envelope. Raises `DecodeError` naming the segment and entry."""
-        try:
-            return decode_entry(self.fields())
-        except DecodeError as exc:
-            raise DecodeError(f"{self.segment} entry {self.entry_id}: {exc}") from None
-
-
-@dataclass(frozen=True, slots=True)
-class ReplayFilter:
-    """Which entries to replay; every condition set must hold.
-
-    `start_id` / `end_id`: entry-ID range, both inclusive. `since_ms` (inclusive) / `until_ms`
-    (exclusive): entry time range in Unix ms. `resource_ids`, `event_types`: allowed values.
-    """
-
-    start_id: EntryId | None = None
-    end_id: EntryId | None = None
-    since_ms: int | None = None
-    until_ms: int | None = None
-    resource_ids: frozenset[str] | None = None
-    event_types: frozenset[str] | None = None
-
-    @property
-    def lower(self) -> EntryId:
-        """The smallest entry ID that can match."""
-        low = self.start_id or EntryId(0, 0)
-        if self.since_ms is not None:
-            low = max(low, EntryId(self.since_ms, 0))
-        return low
-
-    @property
-    def upper(self) -> EntryId:
-        """The largest entry ID that can match."""
-        high = self.end_id or _MAX_ID
-        if self.until_ms is not None:
-            high = min(high, EntryId(self.until_ms, 0).prev() if self.until_ms > 0 else high)
-        return high
-
-    def overlaps(self, ref: SegmentRef) -> bool:
-        """Whether segment `ref` may hold matching entries (from its key's range alone)."""
-        return ref.last >= self.lower and ref.first <= self.upper
 
 
 def plan(
@@ -135,67 +56,6 @@ def plan(
     return {
         s: [ref for ref in list_segments_sync(store, topic, s) if flt.overlaps(ref)] for s in chosen
     }
-
-
-def read_segment(
-    store: Store, ref: SegmentRef, flt: ReplayFilter | None = None
-) -> list[ArchivedEntry]:
-    """The entries of one segment that match `flt`, as `ArchivedEntry`s in entry-ID order.
-
-    Raises `CorruptSegment` (naming the key) when the object is damaged, `FileNotFoundError`
-    when it vanished, `StoreError` on other store failures.
-    """
-    return _read_segment(store, ref, flt)[0]
-
-
-def _read_segment(
-    store: Store, ref: SegmentRef, flt: ReplayFilter | None = None
-) -> tuple[list[ArchivedEntry], int]:
-    """`read_segment`, and the number of entries the segment holds (before filtering)."""
-    data = get_bytes_sync(store, ref.key)
-    table, info = decode_segment(data, ref.key, expect=(ref.topic, ref.shard, ref.first, ref.last))
-    flt = flt or ReplayFilter()
-    mask = None
-    if flt.resource_ids is not None:
-        mask = pc.is_in(table["resource_id"], pa.array(sorted(flt.resource_ids), pa.string()))
-    if flt.event_types is not None:
-        m = pc.is_in(table["event_type"], pa.array(sorted(flt.event_types), pa.string()))
-        mask = m if mask is None else pc.and_(mask, m)
-    if mask is not None:
-        table = table.filter(mask)
-    cols = {name: table[name].to_pylist() for name in table.column_names}
-    low, high = flt.lower, flt.upper
-    check_range = ref.first < low or ref.last > high
-    out = []
-    for ms, seq, rid, etype, etime, eid, headers, payload in zip(
-        cols["entry_ms"],
-        cols["entry_seq"],
-        cols["resource_id"],
-        cols["event_type"],
-        cols["event_time_ms"],
-        cols["event_id"],
-        cols["headers"],
-        cols["data"],
-        strict=True,
-    ):
-        entry_id = EntryId(ms, seq)
-        if check_range and not low <= entry_id <= high:
-            continue
-        out.append(
-            ArchivedEntry(
-                info.topic,
-                info.shard,
-                entry_id,
-                rid,
-                etype,
-                etime,
-                eid,
-                None if headers is None else dict(headers),
-                payload,
-                ref.key,
-            )
-        )
-    return out, info.entries
 
 
 def _prefetched(
@@ -243,7 +103,7 @@ def iter_shard(
         last: EntryId | None = None
         for ref, (entries, held) in zip(
             refs,
-            _prefetched(executor, refs, lambda r: _read_segment(store, r, flt), prefetch),
+            _prefetched(executor, refs, lambda r: read_segment_counted(store, r, flt), prefetch),
             strict=True,
         ):
             if counts is not None:
@@ -288,59 +148,6 @@ def iter_topic(
         else:
             for it in per_shard:
                 yield from it
-
-
-class ArchiveGap(TierError):
-    """A shard's segments hold fewer entries than its offloader checkpoint accounts for: a
-    segment was deleted (or never readable) in the shard's range, so a replay has a hole.
-    Carries `topic`, `shard` and the counts."""
-
-    def __init__(self, topic: str, shard: int, accounted: int, archived: int, lost: int) -> None:
-        missing = accounted - archived - lost
-        super().__init__(
-            f"topic {topic!r} shard {shard}: the offloader checkpoint accounts for {accounted} "
-            f"entries but the segments hold {archived} (and gap records {lost}): {missing} "
-            "entries are missing from the archive (a deleted segment?); restore it, or replay "
-            "with --allow-gaps to accept the hole"
-        )
-        self.topic, self.shard = topic, shard
-        self.accounted, self.archived, self.lost = accounted, archived, lost
-
-
-def recorded_lost(store: Store, topic: str, shard: int) -> int | None:
-    """Entries recorded as lost in `shard`'s gap records (None if a record has no count)."""
-    total = 0
-    for key, _size in list_keys_sync(store, f"{topic}/{shard}/{GAP_FOLDER}/"):
-        if not key.endswith(".json"):
-            continue
-        lost = json.loads(get_bytes_sync(store, key)).get("lost_entries")
-        if not isinstance(lost, int):
-            return None
-        total += lost
-    return total
-
-
-def check_complete(
-    store: Store, topic: str, archived: Mapping[int, int], accounted: Mapping[int, int]
-) -> list[ArchiveGap]:
-    """Compare, per shard, the entries read from its segments (`archived`, from a replay that
-    read every segment: `iter_topic(counts=...)` with no ID or time range) plus those recorded
-    lost in gap records with what its checkpoint accounts for (`accounted`, the checkpoint
-    hash's ``<shard>:count``). Returns one `ArchiveGap` per shard that falls short.
-
-    The segment keys name ranges, not counts, so a missing segment in the middle of a shard
-    can only be seen against the checkpoint. Entries the offloader archived after the replay
-    listed the store only make the archive look longer, never shorter."""
-    gaps = []
-    for shard, count in sorted(accounted.items()):
-        held = archived.get(shard, 0)
-        if held >= count:
-            continue
-        lost = recorded_lost(store, topic, shard)
-        if lost is None or held + lost >= count:
-            continue
-        gaps.append(ArchiveGap(topic, shard, count, held, lost))
-    return gaps
 
 
 @dataclass(frozen=True, slots=True)
@@ -400,3 +207,20 @@ def iter_events(
     )
     for entry in iter_topic(store, topic, narrowed, shards=shards, merge=merge):
         yield decode_event(entry, by_type)
+
+
+__all__ = [
+    "ArchiveGap",
+    "ArchivedEntry",
+    "ReplayFilter",
+    "ReplayedEvent",
+    "check_complete",
+    "decode_event",
+    "iter_events",
+    "iter_shard",
+    "iter_topic",
+    "models_by_type",
+    "plan",
+    "read_segment",
+    "recorded_lost",
+]

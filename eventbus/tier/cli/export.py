@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from eventbus.errors import EventBusError
 
 if TYPE_CHECKING:  # the commands import pyarrow and obstore only when they run
-    from eventbus.tier.replay import ArchivedEntry
+    from eventbus.tier.archived import ArchivedEntry
 
 
 def entry_json(entry: ArchivedEntry) -> dict[str, Any]:

@@ -174,7 +174,7 @@ def _check_gaps(
     from redis.exceptions import RedisError
 
     from eventbus.config import redact_url
-    from eventbus.tier.replay import check_complete
+    from eventbus.tier.completeness import check_complete
 
     try:
         accounted = _checkpoint_counts(settings, topic, shards)
