@@ -10,7 +10,8 @@ field               meaning
 ``shard``           shard it was read from; ``entry_id``: its entry ID there
 ``reason``          ``failed`` (handler failed ``attempts`` times), ``undecodable`` (bad bytes,
                     missing field, unknown type, payload failing validation), ``parked`` (its
-                    resource was parked: not attempted)
+                    resource was parked: not attempted), ``forged`` (a control entry without
+                    a recorded request: not executed)
 ``error_type``      exception class name; ``error``: its message (first 4 KiB)
 ``attempts``        handler attempts made (0 when not attempted)
 ``failed_at_ms``    Unix time (ms) it was dead-lettered
@@ -22,10 +23,19 @@ drops the resource. Both go through the resource's own shard stream as a *contro
 (event type ``__eventbus.unpark`` or ``__eventbus.drop``, naming the group), so the consumer
 that owns the resource handles it in sequence with the resource's events: parked events are
 replayed (or discarded) before any event published after the request. Order is never broken.
+
+Control entries are authenticated: the operator first records the request under a random nonce
+in the group's control hash (`Keys.control`, which the publisher ACL of docs/security.md cannot
+write), and the control entry carries that nonce. A consumer executes a control entry only when
+its nonce names a recorded request of the same kind and resource, and deletes the request once
+done; anything else of a ``__eventbus.`` type is dead-lettered with reason ``forged``. (So is a
+control entry delivered again after it was executed, when its consumer died before the ack.)
 """
 
 from __future__ import annotations
 
+import json
+import secrets
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -140,16 +150,25 @@ def dead_letter_fields(
     return fields
 
 
-def control_entry(kind: str, resource_id: str, group: str) -> dict[bytes, bytes]:
-    """Fields of a control entry asking `group`'s consumer to unpark or drop `resource_id`."""
+def control_entry(
+    kind: str, resource_id: str, group: str, *, nonce: str | None = None
+) -> dict[bytes, bytes]:
+    """Fields of a control entry asking `group`'s consumer to unpark or drop `resource_id`;
+    `nonce` names the request recorded in the group's control hash (`control_request`)."""
+    payload = {"group": group} if nonce is None else {"group": group, "nonce": nonce}
     env = Envelope(
         resource_id=resource_id,
         event_type=kind,
         event_id=new_event_id(),
         time_ms=time.time_ns() // 1_000_000,
-        payload={"group": group},
+        payload=payload,
     )
     return encode_entry(env, compress_threshold=1 << 30)
+
+
+def control_request(kind: str, resource_id: str) -> bytes:
+    """The value recorded under a control entry's nonce in `Keys.control`: what it may do."""
+    return json.dumps({"kind": kind, "resource": resource_id}, sort_keys=True).encode()
 
 
 class DeadLetters:
@@ -232,11 +251,19 @@ class DeadLetters:
 
     async def _control(self, kind: str, resource_id: str) -> str:
         # The operator's own path: written with XADD here, not through `Publisher`, which
-        # refuses every reserved (``__eventbus.``) type from applications.
+        # refuses every reserved (``__eventbus.``) type from applications. The request is
+        # recorded first, under a fresh nonce, so that the consumer can tell it from a forgery.
         if resource_id not in await self.parked():
             raise EventBusError(f"resource {resource_id!r} is not parked in group {self.group!r}")
+        nonce = secrets.token_hex(16)
+        await self.redis.hsetnx(
+            self.keys.control(self.topic.name, self.group),
+            nonce,
+            control_request(kind, resource_id),
+        )
         stream = self.keys.stream(self.topic.name, shard_of(resource_id, self.topic.shards))
-        entry_id = await self.redis.xadd(stream, control_entry(kind, resource_id, self.group))
+        fields = control_entry(kind, resource_id, self.group, nonce=nonce)
+        entry_id = await self.redis.xadd(stream, fields)
         return str(entry_id.decode())
 
     async def _fetch(self, dlq_ids: list[str]) -> list[DeadLetter]:
@@ -263,6 +290,7 @@ __all__ = [
     "DeadLetter",
     "DeadLetters",
     "control_entry",
+    "control_request",
     "dead_letter_fields",
     "is_control",
 ]

@@ -155,3 +155,16 @@ class MalformedDeadLetter(EventBusError):
             f"dead letter {dlq_id} is malformed ({reason}); inspect it with XRANGE or drop it"
         )
         self.dlq_id, self.reason = dlq_id, reason
+
+
+class ForgedControlEntry(EventBusError):
+    """An entry claims to be an operator's control entry (``__eventbus.*`` type) but carries no
+    nonce of a request recorded by ``eventbus dlq`` for its group: dead-lettered as ``forged``,
+    never executed. `entry_id` names it."""
+
+    def __init__(self, entry_id: str, reason: str) -> None:
+        super().__init__(
+            f"control entry {entry_id} is not authenticated ({reason}): not executed; if the "
+            "operator did send it, run the eventbus dlq command again"
+        )
+        self.entry_id, self.reason = entry_id, reason

@@ -81,6 +81,12 @@ class Keys:
         event. A consumer reads it whenever it takes a shard lock."""
         return f"{self._coord}:parked:{topic}:{group}"
 
+    def control(self, topic: str, group: str) -> str:
+        """Hash of the operator's pending requests to a group: nonce (hex) -> the request (JSON:
+        kind, resource). Written only by ``eventbus dlq`` (publishers' ACL cannot); a consumer
+        executes a control entry only if its nonce is here, and deletes it once done."""
+        return f"{self._coord}:control:{topic}:{group}"
+
     def dedup(self, topic: str, group: str, event_id: bytes) -> str:
         """String marking an event ID as handled by a group (optional de-duplication window)."""
         return f"{self.prefix}:dedup:{topic}:{group}:{event_id.hex()}"

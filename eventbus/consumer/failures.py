@@ -21,8 +21,8 @@ from eventbus import retry as retrying
 from eventbus.codec import F_DATA, F_RESOURCE, F_TYPE
 from eventbus.consumer.context import Subscription
 from eventbus.consumer.delivery import NOT_STARTED, Delivery, Fence, Outcome
-from eventbus.dlq import DROP, DeadLetter, dead_letter_fields
-from eventbus.errors import DecodeError
+from eventbus.dlq import DROP, UNPARK, DeadLetter, control_request, dead_letter_fields
+from eventbus.errors import DecodeError, ForgedControlEntry
 from eventbus.keys import Keys
 from eventbus.metrics import METRICS
 
@@ -48,6 +48,7 @@ class Failures:
         self.dead_lettered = 0
         self._dlq = keys.dead_letter(sub.topic.name, sub.group)
         self._parked_key = keys.parked(sub.topic.name, sub.group)
+        self._control = keys.control(sub.topic.name, sub.group)
         self._parked: dict[str, str] = {}  # resource -> its first parked letter's ID
         self._changes = 0  # local parks and unparks, to detect a reload racing them
         self._m_dead = METRICS.dead_lettered.labels(sub.topic.name, sub.group)
@@ -127,17 +128,29 @@ class Failures:
     async def control(self, d: Delivery, fence: Fence, handling: Handling) -> Outcome:
         """Execute a control entry: replay (``unpark``) or drop (``drop``) a parked resource's
         letters, in order, then unpark it. Runs in the resource's queue, so the resource's later
-        events wait until it is done. Control entries for other groups are acked and ignored."""
+        events wait until it is done. Control entries naming another group are acked and ignored
+        (that group's consumers check them); one whose nonce names no request recorded by the
+        operator (`eventbus.dlq`) is dead-lettered as ``forged``, not executed."""
         try:
             env = await handling.envelope(d.fields)
         except DecodeError as exc:
             return await self.dead_letter(d, exc, reason="undecodable", fence=fence)
         payload = env.payload if isinstance(env.payload, dict) else {}
+        group = payload.get("group")
+        if isinstance(group, str) and group != self.sub.group:
+            return Outcome.ACK
         rid = env.resource_id
+        nonce = payload.get("nonce")
+        forgery = await self._forgery(d, nonce, env.event_type, rid)
+        if forgery is not None:
+            log.error("entry %s of shard %d: %s", d.entry_id, d.shard, forgery)
+            return await self.dead_letter(d, forgery, reason="forged", fence=fence)
+        assert isinstance(nonce, str)
         first = await retrying.call(
             self.retry, "parked lookup", lambda: self.redis.hget(self._parked_key, rid)
         )
-        if payload.get("group") != self.sub.group or first is None:
+        if first is None:  # unparked meanwhile (or a redelivery after the unpark)
+            await self._request_done(nonce)
             return Outcome.ACK
         letters = await self._letters(rid, first.decode())
         if env.event_type == DROP:
@@ -152,6 +165,7 @@ class Failures:
                 if not await fence.wait(d):
                     return Outcome.LET_GO  # the control entry stays pending: the next owner resumes
                 await self._set_parked(rid, letter.dlq_id)  # parked again, from this letter on
+                await self._request_done(nonce)
                 return Outcome.ACK
             log.info("resource %r unparked after replaying %d events", rid, len(letters))
         if not await fence.wait(d):
@@ -159,7 +173,33 @@ class Failures:
         await retrying.call(self.retry, "unpark", lambda: self.redis.hdel(self._parked_key, rid))
         self._parked.pop(rid, None)
         self._changes += 1
+        await self._request_done(nonce)
         return Outcome.ACK
+
+    async def _forgery(
+        self, d: Delivery, nonce: object, kind: str, rid: str
+    ) -> ForgedControlEntry | None:
+        """Why control entry `d` is not the operator's (None when its `nonce` names a recorded
+        request for `kind` on `rid`)."""
+        entry = d.entry_id.decode()
+        if kind not in (DROP, UNPARK):
+            return ForgedControlEntry(entry, f"unknown control type {kind!r}: no request recorded")
+        if not isinstance(nonce, str) or not nonce:
+            return ForgedControlEntry(entry, "it carries no nonce: no request recorded")
+        request = await retrying.call(
+            self.retry, "control request lookup", lambda: self.redis.hget(self._control, nonce)
+        )
+        if request is None:
+            return ForgedControlEntry(entry, "no request recorded under its nonce")
+        if request != control_request(kind, rid):
+            return ForgedControlEntry(entry, "no request recorded for this kind and resource")
+        return None
+
+    async def _request_done(self, nonce: str) -> None:
+        """Delete the operator's request: its control entry has been executed."""
+        await retrying.call(
+            self.retry, "control request delete", lambda: self.redis.hdel(self._control, nonce)
+        )
 
     async def _set_parked(self, rid: str, dlq_id: str) -> None:
         await retrying.call(

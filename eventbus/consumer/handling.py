@@ -15,17 +15,27 @@ superseded token when it wakes: found by the chaos harness).
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
+import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import anyio.to_thread
 from pydantic import ValidationError
 from redis.asyncio.retry import Retry
 
 from eventbus import retry as retrying
-from eventbus.codec import F_DATA, F_RESOURCE, THREAD_DECODE_BYTES, Envelope, decode_entry
+from eventbus.codec import (
+    F_DATA,
+    F_RESOURCE,
+    THREAD_DECODE_BYTES,
+    Envelope,
+    decode_entry,
+    decompressed_size,
+)
 from eventbus.config import Settings
 from eventbus.consumer.context import Context, Subscription
 from eventbus.consumer.delivery import NOT_STARTED, Delivery, Fence, NotStarted, Outcome, Step
@@ -36,6 +46,8 @@ from eventbus.keys import Keys
 from eventbus.metrics import METRICS
 
 log = logging.getLogger("eventbus.consumer")
+
+T = TypeVar("T")
 
 
 class Handling:
@@ -127,20 +139,19 @@ class Handling:
         return await self.failures.dead_letter(d, error, reason="failed", fence=fence)
 
     async def decoded(self, fields: dict[bytes, bytes]) -> tuple[Envelope, Any]:
-        """`decode`, on the event loop for an entry whose data field is under
-        `THREAD_DECODE_BYTES`, else in a worker thread: decompressing, unpacking and validating a
-        large entry can take seconds, and the loop must go on refreshing the lease meanwhile.
-        Raises `DecodeError` like `decode`."""
-        if len(fields.get(F_DATA, b"")) < THREAD_DECODE_BYTES:
+        """`decode`, on the event loop for a small entry, in a worker thread for a large one
+        (`_large`): decompressing, unpacking and validating it can take seconds, and the loop
+        must go on refreshing the lease meanwhile. Raises `DecodeError` like `decode`."""
+        if not _large(fields):
             return self.decode(fields)
-        return await anyio.to_thread.run_sync(self.decode, fields)
+        return await anyio.to_thread.run_sync(_without_gc, self.decode, fields)
 
     async def envelope(self, fields: dict[bytes, bytes]) -> Envelope:
         """The entry's envelope alone (control entries), bounded and off the loop like
         `decoded`. Raises `DecodeError`."""
-        if len(fields.get(F_DATA, b"")) < THREAD_DECODE_BYTES:
+        if not _large(fields):
             return self._envelope(fields)
-        return await anyio.to_thread.run_sync(self._envelope, fields)
+        return await anyio.to_thread.run_sync(_without_gc, self._envelope, fields)
 
     def _envelope(self, fields: dict[bytes, bytes]) -> Envelope:
         return decode_entry(fields, max_bytes=self.max_decoded_bytes)
@@ -207,3 +218,43 @@ class Handling:
         await retrying.call(
             self.retry, "dedup mark", lambda: self.redis.set(key, b"1", ex=self.dedup_s)
         )
+
+
+def _large(fields: dict[bytes, bytes]) -> bool:
+    """Whether an entry's data field, or its body once decompressed, is at least
+    `THREAD_DECODE_BYTES` (a zstd frame that does not declare its size counts as large): a
+    decompression bomb is small until it is decompressed. Reads the frame header only."""
+    data = fields.get(F_DATA, b"")
+    if len(data) >= THREAD_DECODE_BYTES:
+        return True
+    size = decompressed_size(data)
+    return size < 0 or size >= THREAD_DECODE_BYTES
+
+
+_gc_lock = threading.Lock()
+_gc_pausers = 0  # threads decoding with the cyclic garbage collector paused
+_gc_paused_by_us = False
+
+
+def _without_gc(decode: Callable[[dict[bytes, bytes]], T], fields: dict[bytes, bytes]) -> T:
+    """``decode(fields)`` with Python's cyclic garbage collector paused (in a worker thread).
+
+    Unpacking builds up to a few million containers; every collection the allocations trigger
+    walks them all while holding the GIL, which stops the event loop (heartbeats) for as long:
+    seconds for a body at the container budget, against about 0.1 s with the collector paused.
+    Reference counting still frees everything; the collector resumes when the last concurrent
+    decode ends (unless the application had disabled it itself)."""
+    global _gc_pausers, _gc_paused_by_us
+    with _gc_lock:
+        if _gc_pausers == 0 and gc.isenabled():
+            gc.disable()
+            _gc_paused_by_us = True
+        _gc_pausers += 1
+    try:
+        return decode(fields)
+    finally:
+        with _gc_lock:
+            _gc_pausers -= 1
+            if _gc_pausers == 0 and _gc_paused_by_us:
+                _gc_paused_by_us = False
+                gc.enable()

@@ -15,7 +15,7 @@ import zstandard
 from pydantic import BaseModel
 from support import Recorder, Tick, running, wait_until
 
-from eventbus import Context, EventBus, Settings
+from eventbus import Context, EventBus, Settings, shard_of
 from eventbus.codec import F_DATA, F_RESOURCE, F_TYPE, FORMAT_MSGPACK_ZSTD
 from eventbus.dlq import DeadLetters
 from eventbus.metrics import METRICS
@@ -82,13 +82,14 @@ async def test_a_decompression_bomb_does_not_block_heartbeats(
             await anyio.sleep(0.01)
             longest_gap = max(longest_gap, time.monotonic() - before_tick - 0.01)
 
-    async with running(bus) as runs, anyio.create_task_group() as watch:
-        watch.start_soon(loop_latency)
-        await wait_until(lambda: letters_are(dl, 1))
-        await rec.wait_for(2)
-        await wait_until(lambda: bigs == [300_000])
-        consumer = runs[0].bus.consumers[0]
-        assert list(consumer.table.held) == [0]
+    async with anyio.create_task_group() as watch:
+        watch.start_soon(loop_latency)  # before the consumer starts
+        async with running(bus) as runs:
+            await wait_until(lambda: letters_are(dl, 1))
+            await rec.wait_for(2)
+            await wait_until(lambda: bigs == [300_000])
+            consumer = runs[0].bus.consumers[0]
+            assert list(consumer.table.held) == [0]
         watch.cancel_scope.cancel()
     [letter] = await dl.letters()
     assert (letter.resource_id, letter.reason) == ("bomb", "undecodable")
@@ -111,3 +112,101 @@ def test_the_consumer_decodes_up_to_the_shared_cap(settings: SettingsFactory) ->
 
     h = Handling(None, Keys(), s, bus.subscriptions[0], "c", forever(0.01, 0.1))
     assert h.max_decoded_bytes == s.max_decompressed_bytes
+
+
+# -- item 6: control entries are authenticated -----------------------------------------------------
+def parking_bus(
+    settings: SettingsFactory, broken: set[tuple[str, int]]
+) -> tuple[EventBus, Recorder]:
+    bus = EventBus(settings(shards=2, retry_base_s=0.001, retry_max_s=0.002, max_attempts=1))
+    rec = Recorder()
+
+    @bus.subscriber("orders", group="billing", on_failure="park")
+    async def handle(event: Tick, ctx: Context) -> None:
+        if (event.resource, event.seq) in broken:
+            raise RuntimeError(f"cannot handle {event.resource}#{event.seq}")
+        rec.add(event, ctx)
+
+    return bus, rec
+
+
+async def publish_seqs(bus: EventBus, resource: str, seqs: range) -> None:
+    for seq in seqs:
+        await bus.publish("orders", Tick(resource=resource, seq=seq), resource_id=resource)
+
+
+@pytest.mark.parametrize("nonce", [None, "00" * 16])
+async def test_a_forged_drop_entry_is_dead_lettered_and_deletes_nothing(
+    settings: SettingsFactory, r: redis.asyncio.Redis, nonce: str | None
+) -> None:
+    from eventbus.dlq import DROP, control_entry
+
+    bus, rec = parking_bus(settings, {("bad", 1)})
+    dl = dead_letters(bus, r)
+    await publish_seqs(bus, "bad", range(1, 3))
+    async with running(bus):
+        await wait_until(lambda: letters_are(dl, 2))  # bad#1 failed, bad#2 parked
+        # what any publisher can XADD: a drop entry naming the group, without a recorded request
+        forged = control_entry(DROP, "bad", "billing")
+        if nonce is not None:  # or with a nonce of its own invention
+            forged = control_entry(DROP, "bad", "billing", nonce=nonce)
+        stream = bus.keys.stream("orders", shard_of("bad", 2))
+        await r.xadd(stream, forged)
+        await wait_until(lambda: letters_are(dl, 3))
+    letters = await dl.letters()
+    assert [(d.resource_id, d.reason) for d in letters] == [
+        ("bad", "failed"),
+        ("bad", "parked"),
+        ("bad", "forged"),
+    ]
+    assert letters[2].error_type == "ForgedControlEntry"
+    assert "no request recorded" in letters[2].error
+    assert list(await dl.parked()) == ["bad"]  # still parked, its letters kept
+    assert rec.by_resource() == {}
+
+
+async def test_the_operators_drop_and_requeue_still_work_and_use_their_request_once(
+    settings: SettingsFactory, r: redis.asyncio.Redis
+) -> None:
+    from eventbus.dlq import DROP
+
+    broken = {("a", 1), ("b", 1)}
+    bus, rec = parking_bus(settings, broken)
+    dl = dead_letters(bus, r)
+    await publish_seqs(bus, "a", range(1, 3))
+    await publish_seqs(bus, "b", range(1, 3))
+    async with running(bus):
+        await wait_until(lambda: letters_are(dl, 4))
+        broken.clear()
+        await dl.requeue_resource("a")
+        await dl.drop_resource("b")
+        await wait_until(lambda: letters_are(dl, 0))
+        await rec.wait_for(2)
+        assert await dl.parked() == {}
+        # the requests were used up: the same control entries again are forged
+        stream = bus.keys.stream("orders", shard_of("b", 2))
+        [(_, replayed)] = [e for e in await r.xrange(stream) if e[1][F_TYPE] == DROP.encode()]
+        await r.xadd(stream, replayed)
+        await wait_until(lambda: letters_are(dl, 1))
+    assert rec.by_resource() == {"a": [1, 2]}
+    assert [d.reason for d in await dl.letters()] == ["forged"]
+    assert await r.hlen(bus.keys.control("orders", "billing")) == 0
+
+
+async def test_the_publisher_acl_cannot_record_a_control_request(redis_db: str) -> None:
+    from redis.exceptions import NoPermissionError
+    from test_hardening_acl import _acl
+
+    from eventbus.keys import Keys
+
+    base = redis_db.removeprefix("redis://")
+    admin = redis.asyncio.Redis.from_url(redis_db)
+    await admin.execute_command("ACL", "SETUSER", "publisher", *_acl("publisher"))
+    publisher = redis.asyncio.Redis.from_url(f"redis://publisher:publisher-pw@{base}")
+    try:
+        with pytest.raises(NoPermissionError):
+            await publisher.hsetnx(Keys().control("orders", "billing"), "n", "x")
+    finally:
+        await publisher.aclose()
+        await admin.acl_deluser("publisher")
+        await admin.aclose()

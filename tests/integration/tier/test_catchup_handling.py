@@ -443,6 +443,46 @@ async def test_control_entries_met_in_catch_up_are_executed(
     assert rec.by_resource() == {"bad": expected}
 
 
+@pytest.mark.parametrize("mode", ["standalone", "live"])
+async def test_a_forged_control_entry_met_in_catch_up_is_dead_lettered(
+    redis_db: str, tmp_path: Any, mode: str
+) -> None:
+    """Issue 10 item 6: a drop entry XADDed by hand (no request recorded by the operator) and
+    archived is dead-lettered as forged by the catch-up; the parked letters stay."""
+    from eventbus.dlq import DROP, control_entry
+
+    store = open_store(str(tmp_path / "segments"))
+    rec = Recorder()
+    settings = settings_for(redis_db)
+    parker = tick_bus(settings, rec, broken={("bad", 1)}, on_failure="park", max_attempts=1)
+    async with parker:
+        await create_group(parker)
+        await publish(parker, "bad", range(1, 3))
+
+        async def all_dead_lettered() -> bool:
+            return len(await letters_of(parker)) == 2
+
+        async with running(parker):
+            await wait_until(all_dead_lettered)
+
+    bus = tick_bus(
+        settings, rec, archive=store if mode == "live" else None, on_failure="park", max_attempts=1
+    )
+    async with bus:
+        await bus.redis.xadd(bus.keys.stream(TOPIC, 0), control_entry(DROP, "bad", GROUP))
+        await archive_backlog(bus, store)
+
+        async def forged_dead_lettered() -> bool:
+            return len(await letters_of(bus)) == 3
+
+        await run_catch_up(mode, bus, store, forged_dead_lettered)
+        letters = await letters_of(bus)
+        parked = await dead_letters(bus).parked()
+    assert [d.reason for d in letters] == ["failed", "parked", "forged"]
+    assert list(parked) == ["bad"]
+    assert rec.calls == []
+
+
 # -- 6. validators raising anything -----------------------------------------------------------
 
 

@@ -16,7 +16,7 @@ from eventbus.config import Settings
 from eventbus.consumer.context import Context, HandlerCall, RetryPolicy, Subscription
 from eventbus.consumer.delivery import Delivery, Outcome
 from eventbus.consumer.handling import Handling
-from eventbus.dlq import DeadLetter, control_entry
+from eventbus.dlq import DeadLetter, control_entry, control_request
 from eventbus.errors import DecodeError, UnknownEventType
 from eventbus.keys import Keys
 from eventbus.topics import TopicConfig
@@ -240,7 +240,11 @@ async def test_an_unpark_control_entry_replays_the_parked_letters_in_order(
     seq2 = encode_entry(entry(payload={"resource": "r1", "seq": 2}))
     await h.handling.step(delivery(seq2, 2), Fence())
     h.calls.clear()
-    control = delivery(control_entry("__eventbus.unpark", "r1", "g"), 3)
+    # as `eventbus dlq requeue` does: record the request, then send its nonce
+    await fake_redis.hsetnx(
+        KEYS.control("orders", "g"), "n1", control_request("__eventbus.unpark", "r1")
+    )
+    control = delivery(control_entry("__eventbus.unpark", "r1", "g", nonce="n1"), 3)
     assert await h.handling.step(control, Fence()) is Outcome.ACK
     assert [e.seq for e, _ in h.calls] == [1, 2]
     assert [ctx.entry_id for _, ctx in h.calls] == ["1-0", "2-0"]  # the original entry IDs
