@@ -1,15 +1,14 @@
-"""`EventBus`: topics, subscriber registration, lifecycle, publishing and running consumers."""
+"""`EventBus`: topics, subscriber registration, lifecycle, publishing and running consumers.
+
+The Redis client comes from `eventbus.connection.connect`, the handler's event models from its
+signature (`eventbus.signature`); the consumers run under `eventbus.running`, and the blocking
+facade for synchronous code is `eventbus.sync.SyncBus`. `connect` and `SyncBus` are re-exported.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import inspect
-import logging
-import signal
-import types
-import typing
 from collections.abc import Awaitable, Callable, Iterable, Iterator
-from functools import partial
 from typing import Any, Literal, TypeVar
 
 import anyio
@@ -17,76 +16,20 @@ import anyio.from_thread
 from pydantic import BaseModel
 from redis.exceptions import RedisError
 
-from eventbus.codec import RESERVED_TYPE_PREFIX, event_type_of
+from eventbus.codec import RESERVED_TYPE_PREFIX
 from eventbus.config import Settings
+from eventbus.connection import connect
 from eventbus.consumer import Consumer, Handler, HandlerCall, RetryPolicy, Subscription
 from eventbus.errors import ConfigError, RedisUnavailable, ReservedEventType
 from eventbus.keys import Keys, check_name
 from eventbus.publisher import Publisher
-from eventbus.scripts import Scripts
+from eventbus.running import make_consumers, run_consumers
+from eventbus.signature import handler_models
+from eventbus.sync import SyncBus
 from eventbus.topics import TopicConfig, TopicRegistry
-
-log = logging.getLogger("eventbus")
 
 H = TypeVar("H", bound=Handler)
 Hook = Callable[[], Awaitable[None]]
-
-
-def connect(settings: Settings) -> Any:
-    """A redis-py asyncio client for `settings` (`RedisCluster` when ``cluster`` is set).
-
-    Binary-safe (``decode_responses=False``); connecting happens lazily on first use. Every
-    connection has deadlines (`Settings.redis_connect_timeout_s`, `Settings.redis_read_timeout_s`),
-    so a server that accepts and never answers fails a call instead of hanging it.
-    """
-    options: dict[str, Any] = {
-        "socket_connect_timeout": settings.redis_connect_timeout_s,
-        "socket_timeout": settings.redis_read_timeout_s,
-    }
-    if settings.cluster:
-        from redis.asyncio.cluster import RedisCluster
-
-        return RedisCluster.from_url(settings.redis_url, **options)
-    import redis.asyncio
-
-    # No transparent retries: redis-py would re-send a command whose reply was lost, and a
-    # re-sent XREADGROUP ">" reads past the entries the lost reply delivered into our PEL (they
-    # are then handled out of order, after a later recovery), a re-sent XADD stores an event
-    # twice. Each caller retries what is safe to retry (eventbus.retry) or recovers first.
-    from redis.asyncio.retry import Retry
-    from redis.backoff import NoBackoff
-
-    return redis.asyncio.Redis.from_url(settings.redis_url, retry=Retry(NoBackoff(), 0), **options)
-
-
-def _handler_models(handler: Callable[..., Any]) -> tuple[dict[str, type[BaseModel]], bool]:
-    """Event models accepted by `handler` (from its first parameter's annotation: a model or a
-    union of models) and whether it takes a second, `Context`, parameter."""
-    params = list(inspect.signature(handler).parameters.values())
-    if not params or len(params) > 2:
-        raise ConfigError(f"handler {handler!r} must take (event) or (event, ctx)")
-    try:
-        hints = typing.get_type_hints(handler)
-    except NameError as exc:  # a string annotation naming a class local to a function
-        raise ConfigError(
-            f"handler {handler!r}: cannot resolve its annotations ({exc}); define the event "
-            "models at module level"
-        ) from exc
-    ann = hints.get(params[0].name)
-    is_union = typing.get_origin(ann) in (typing.Union, types.UnionType)
-    models = typing.get_args(ann) if is_union else (ann,)
-    if not all(isinstance(m, type) and issubclass(m, BaseModel) for m in models):
-        raise ConfigError(
-            f"handler {handler!r}: annotate its first parameter with a pydantic model "
-            f"or a union of models, not {ann!r}"
-        )
-    by_type: dict[str, type[BaseModel]] = {}
-    for m in models:
-        name = event_type_of(m)
-        if name in by_type:
-            raise ConfigError(f"handler {handler!r}: two models share the event type {name!r}")
-        by_type[name] = m
-    return by_type, len(params) == 2
 
 
 class EventBus:
@@ -161,6 +104,7 @@ class EventBus:
         retry_base_s: float | None = None,
         retry_max_s: float | None = None,
         dedup_window_s: float | None = None,
+        handler_timeout_s: float | None = None,
     ) -> Callable[[H], H]:
         """Register the decorated function as the handler of `topic` for consumer group `group`.
 
@@ -176,6 +120,9 @@ class EventBus:
         resource (its later events are dead-lettered in order until an operator requeues or
         drops it: `eventbus.dlq`, ``eventbus dlq``). With `dedup_window_s`, an event ID handled
         successfully is remembered that long (seconds) and skipped if delivered again.
+        `handler_timeout_s` (seconds; default the settings' `handler_timeout_s`, 0: no limit)
+        bounds each attempt: an async handler is cancelled, a sync one abandoned (its thread
+        runs on, unwaited), and the attempt counts as failed (`HandlerTimeout`).
         Raises `ConfigError` for a bad name, option, or handler signature, and
         `ReservedEventType` for a model whose event type starts with ``__eventbus.``.
         """
@@ -194,9 +141,14 @@ class EventBus:
         ):
             if value is not None and not value > 0:
                 raise ConfigError(f"{name} must be positive, got {value!r}")
+        if handler_timeout_s is not None and not handler_timeout_s >= 0:
+            raise ConfigError(f"handler_timeout_s must be >= 0, got {handler_timeout_s!r}")
+        timeout_s = (
+            self.settings.handler_timeout_s if handler_timeout_s is None else handler_timeout_s
+        )
 
         def register(handler: H) -> H:
-            models, takes_ctx = _handler_models(handler)
+            models, takes_ctx = handler_models(handler)
             for name in models:
                 if name.startswith(RESERVED_TYPE_PREFIX):
                     raise ReservedEventType(name, f"subscriber of topic {topic!r}, group {group!r}")
@@ -218,6 +170,7 @@ class EventBus:
                     ack=ack,
                     on_failure=on_failure,
                     dedup_window_s=dedup_window_s,
+                    handler_timeout_s=timeout_s or None,
                 )
             )
             return handler
@@ -353,49 +306,8 @@ class EventBus:
             # rather than wrapped in the task groups' ExceptionGroup.
             for sub in self.subscriptions:
                 await self.registry.ensure(sub.topic)
-            scripts = Scripts.register(self.redis)
-            self.consumers = [
-                Consumer(self.redis, scripts, self.keys, self.settings, self.registry, sub)
-                for sub in self.subscriptions
-            ]
-            if self.archive is not None:
-                from eventbus.tier.catchup import shard_hook
-
-                for c in self.consumers:
-                    c.catch_up = shard_hook(self.redis, self.archive, c.handling, self.settings)
-            async with anyio.create_task_group() as outer:
-                if handle_signals:
-                    outer.start_soon(_stop_on_signal, stop)
-                async with anyio.create_task_group() as tg:
-                    for consumer in self.consumers:
-                        tg.start_soon(consumer.run, stop)
-                outer.cancel_scope.cancel()
+            self.consumers = make_consumers(self)
+            await run_consumers(self.consumers, stop, handle_signals=handle_signals)
 
 
-async def _stop_on_signal(stop: anyio.Event) -> None:
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async for signum in signals:
-            log.info("received %s: shutting down gracefully", signal.Signals(signum).name)
-            stop.set()
-            return
-
-
-class SyncBus:
-    """Blocking publishing API for synchronous code; made by `EventBus.sync()`."""
-
-    def __init__(self, bus: EventBus, portal: anyio.from_thread.BlockingPortal) -> None:
-        self._bus = bus
-        self._portal = portal
-
-    def publish(
-        self,
-        topic: str,
-        event: BaseModel,
-        *,
-        resource_id: str,
-        headers: dict[str, str] | None = None,
-    ) -> str:
-        """Like `EventBus.publish`, blocking the calling thread until Redis confirms."""
-        return self._portal.call(
-            partial(self._bus.publish, topic, event, resource_id=resource_id, headers=headers)
-        )
+__all__ = ["EventBus", "SyncBus", "connect"]

@@ -1,0 +1,56 @@
+"""Running a bus's consumers: one `Consumer` per subscription (with the durable tier's catch-up
+when the bus has an archive), all supervised in one task group until `stop` is set or, with
+`handle_signals`, SIGTERM/SIGINT arrives. `EventBus.run` is the entry point."""
+
+from __future__ import annotations
+
+import logging
+import signal
+from typing import TYPE_CHECKING
+
+import anyio
+
+from eventbus.consumer import Consumer
+from eventbus.scripts import Scripts
+
+if TYPE_CHECKING:
+    from eventbus.app import EventBus
+
+log = logging.getLogger("eventbus")
+
+
+def make_consumers(bus: EventBus) -> list[Consumer]:
+    """One `Consumer` per subscription of `bus`, sharing its Redis client and scripts."""
+    scripts = Scripts.register(bus.redis)
+    consumers = [
+        Consumer(bus.redis, scripts, bus.keys, bus.settings, bus.registry, sub)
+        for sub in bus.subscriptions
+    ]
+    if bus.archive is not None:
+        from eventbus.tier.catchup import shard_hook
+
+        for c in consumers:
+            c.catch_up = shard_hook(bus.redis, bus.archive, c.handling, bus.settings)
+    return consumers
+
+
+async def run_consumers(
+    consumers: list[Consumer], stop: anyio.Event, *, handle_signals: bool
+) -> None:
+    """Run `consumers` until `stop` is set (set by SIGTERM/SIGINT too, with `handle_signals`);
+    returns when every consumer has shut down."""
+    async with anyio.create_task_group() as outer:
+        if handle_signals:
+            outer.start_soon(_stop_on_signal, stop)
+        async with anyio.create_task_group() as tg:
+            for consumer in consumers:
+                tg.start_soon(consumer.run, stop)
+        outer.cancel_scope.cancel()
+
+
+async def _stop_on_signal(stop: anyio.Event) -> None:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            log.info("received %s: shutting down gracefully", signal.Signals(signum).name)
+            stop.set()
+            return
