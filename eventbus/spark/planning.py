@@ -6,9 +6,9 @@
 range; segments outside are never fetched. Every filter is still handed back to Spark, which
 applies it to the rows: pruning only skips what cannot match.
 
-**The cut** (`plan_read` with Redis): per shard, the offloader's checkpoint ``C`` is read
-first, then the segments are listed (only those with ``last <= C`` are used: the others are
-still in Redis), then the stream's last entry ``S``. Segments give entries up to ``C``,
+**The cut** (`plan_read` with Redis): per shard, the offloader's checkpoint is read first,
+then the segments are listed, then the stream's last entry ``S``; ``C`` is the checkpoint, or
+the last listed segment's end when later (`archived_upto`). Segments give entries up to ``C``,
 ``XRANGE (C, S]`` the rest: disjoint, and together every entry of the shard up to ``S``.
 
 Reading the parts is `eventbus.spark.reading`'s job.
@@ -221,16 +221,15 @@ def plan_read(
     per_shard = {s: objects.segments(topic, s) for s in chosen}
     lasts = last_ids(redis, keys, topic, chosen) if redis is not None else {}
     for s in chosen:
+        start = archived_upto(cps.get(s), per_shard[s]) if redis is not None else None
         refs = [r for r in per_shard[s] if pruning.overlaps(r)]
         if redis is not None:
-            cp = cps.get(s)
-            refs = [r for r in refs if cp is not None and r.last <= cp]
+            refs = [r for r in refs if start is not None and r.last <= start]
         parts += [
             SegmentsPart(tuple(group), pruning.lo, pruning.hi, pruning.time_lo, pruning.time_hi)
             for group in _pack(refs, pack_bytes)
         ]
         last = lasts.get(s)
-        start = cps.get(s)
         if last is not None and (start is None or last > start):
             upto = min(last, pruning.hi)
             floor = pruning.lo.prev() if pruning.lo > EntryId(0, 0) else None
@@ -240,6 +239,17 @@ def plan_read(
         if per_shard[s] or s in lasts or s in cps:
             gaps += [g for g in objects.gaps(topic, s) if _gap_overlaps(g, pruning)]
     return Cut(parts, gaps)
+
+
+def archived_upto(cp: EntryId | None, refs: Sequence[SegmentRef]) -> EntryId | None:
+    """Where a shard's archive ends: its checkpoint, or the last listed segment's end when that
+    is later (a segment stored but not yet committed, or a checkpoint Redis lost). Entries up to
+    it are read from segments, after it from Redis: both hold the entries of such a segment,
+    since the offloader trims only below its checkpoint."""
+    last = refs[-1].last if refs else None
+    if cp is None or (last is not None and last > cp):
+        return last
+    return cp
 
 
 def _gap_overlaps(gap: dict[str, Any], pruning: Pruning) -> bool:

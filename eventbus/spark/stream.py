@@ -31,7 +31,7 @@ from eventbus.errors import ConfigError
 from eventbus.spark.decode import Converter
 from eventbus.spark.objects import Objects, as_objects
 from eventbus.spark.options import SourceOptions
-from eventbus.spark.planning import RangePart, checkpoints, last_ids, shard_count
+from eventbus.spark.planning import RangePart, archived_upto, checkpoints, last_ids, shard_count
 from eventbus.spark.reading import parquet_footer, read_range
 from eventbus.spark.schema import arrow_schema
 from eventbus.tier.ids import ZERO, EntryId, parse_id
@@ -86,10 +86,13 @@ class StreamReader(DataSourceStreamReader):
         heads: dict[int, EntryId] = {}
         for s in shards:
             refs = objects.segments(self.opts.topic, s)
-            candidates = [refs[-1].last] if refs and redis is None else []
+            if redis is not None:
+                upto = archived_upto(cps.get(s), refs)
+                if upto is not None:
+                    cps[s] = upto  # where the archive ends, for `_nth`
+            heads[s] = max([refs[-1].last] if refs else [], default=ZERO)
             if s in cps:
-                candidates.append(cps[s])
-            heads[s] = max(candidates, default=ZERO)
+                heads[s] = max(heads[s], cps[s])
         if redis is not None:
             for s, last in last_ids(redis, keys, self.opts.topic, shards).items():
                 heads[s] = max(heads.get(s, ZERO), last)
@@ -189,10 +192,11 @@ class StreamReader(DataSourceStreamReader):
                 upto = parse_id(end[str(s)])
                 if upto <= after:
                     continue
-                cp = cps.get(s) if redis is not None else upto
+                listed = objects.segments(self.opts.topic, s)
+                cp = archived_upto(cps.get(s), listed) if redis is not None else upto
                 refs = tuple(
                     r
-                    for r in objects.segments(self.opts.topic, s)
+                    for r in listed
                     if r.last > after and r.first <= upto and (cp is not None and r.last <= cp)
                 )
                 parts.append(

@@ -13,7 +13,8 @@ the same event IDs; ``headers_col`` (a map column); ``shards``, ``key_prefix``, 
 
 **At-least-once.** A task that fails after some XADDs is retried by Spark and publishes its
 rows again: duplicates with the same event IDs (with ``event_id_col``), which a subscriber
-skips with ``@bus.subscriber(..., dedup_window_s=...)``. Without ``event_id_col`` the copies are different events.
+skips with ``@bus.subscriber(..., dedup_window_s=...)``. Without ``event_id_col`` the copies
+are different events.
 """
 
 from __future__ import annotations

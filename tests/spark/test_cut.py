@@ -122,3 +122,20 @@ def test_spark_reads_while_offloader_runs(
         done.set()
         thread.join()
     assert overlapped >= 1
+
+
+def test_segments_past_the_checkpoint_are_not_read_twice(
+    redis_db: str, tmp_path: Path, topic: str
+) -> None:
+    """A Redis that lost the checkpoint (or a segment stored but not yet committed): the archive
+    ends at the last segment, Redis gives what follows it."""
+    store = str(tmp_path / "seg")
+    a = ticks(300)
+    ids = publish(redis_db, topic, a)
+    offload(redis_db, store, topic, hot_window_s=3600)  # archived, nothing trimmed
+    with redis.Redis.from_url(redis_db) as r:
+        r.delete(Keys().checkpoints(topic))
+        assert sum(r.xlen(Keys().stream(topic, s)) for s in range(4)) == 300  # still in Redis
+    b = ticks(100, start=300)
+    ids += publish(redis_db, topic, b)
+    assert sorted(_read_cut(store, redis_db, topic)) == _keyed(redis_db, topic, ids, a + b)
