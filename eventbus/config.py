@@ -193,6 +193,13 @@ class Settings(BaseSettings):
     shutdown_grace_s: float = Field(
         30.0, gt=0, description="Longest wait for in-flight entries at graceful shutdown."
     )
+    handler_timeout_s: float | None = Field(
+        300.0,
+        ge=0,
+        description="Seconds one handler attempt may run: then it is cancelled (async handler) "
+        "or abandoned (sync handler: its thread runs on, unwaited) and counts as a failed "
+        "attempt (HandlerTimeout). 0 or None: no limit. Per subscriber: handler_timeout_s=.",
+    )
     start: Literal["beginning", "now"] = Field(
         "beginning", description="Where a new consumer group starts reading a topic."
     )

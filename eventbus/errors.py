@@ -168,3 +168,16 @@ class ForgedControlEntry(EventBusError):
             "operator did send it, run the eventbus dlq command again"
         )
         self.entry_id, self.reason = entry_id, reason
+
+
+class HandlerTimeout(EventBusError):
+    """A handler attempt ran past its `handler_timeout_s`: it was cancelled (async handler) or
+    abandoned (sync handler, whose thread cannot be stopped) and counts as a failed attempt."""
+
+    def __init__(self, handler: str, timeout_s: float, abandoned: bool) -> None:
+        what = "abandoned (its thread runs on)" if abandoned else "cancelled"
+        super().__init__(
+            f"handler {handler} did not finish within {timeout_s:g} s: {what}; make it faster "
+            "or raise handler_timeout_s"
+        )
+        self.handler, self.timeout_s, self.abandoned = handler, timeout_s, abandoned

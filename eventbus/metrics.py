@@ -14,6 +14,11 @@ _L = ("topic", "group")
 class _Metrics:
     handled = Counter("eventbus_handled_total", "Entries handled successfully", _L)
     failures = Counter("eventbus_handler_failures_total", "Failed handler attempts", _L)
+    handler_timeouts = Counter(
+        "eventbus_handler_timeouts_total",
+        "Handler attempts past handler_timeout_s: cancelled (async) or abandoned (sync)",
+        _L,
+    )
     dead_lettered = Counter(
         "eventbus_dead_lettered_total", "Entries written to the dead-letter stream", _L
     )

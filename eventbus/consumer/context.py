@@ -66,7 +66,8 @@ class RetryPolicy:
 class HandlerCall:
     """The user's handler, called the same way by the live consumer and by catch-up. Whether it
     is a coroutine function (awaited on the event loop) or a plain function (run in a worker
-    thread) and whether it takes a `Context` are decided once, here."""
+    thread) and whether it takes a `Context` are decided once, here. A sync handler whose
+    call is cancelled is abandoned: its thread runs to its end, unwaited."""
 
     __slots__ = ("func", "is_async", "name", "takes_context")
 
@@ -81,7 +82,9 @@ class HandlerCall:
         if self.is_async:
             await cast("Awaitable[None]", self.func(*args))
         else:
-            await anyio.to_thread.run_sync(partial(self.func, *args))
+            # abandoned, not waited for, when cancelled (a timeout, shutdown): a thread cannot
+            # be interrupted, and a hung one must not hold the consumer
+            await anyio.to_thread.run_sync(partial(self.func, *args), abandon_on_cancel=True)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -90,7 +93,8 @@ class Subscription:
 
     `models` maps event type name -> pydantic model; `ack` is ``"after"`` (at-least-once) or
     ``"before"`` (NOACK reads, at-most-once); `dedup_window_s` (seconds, None: off) skips an
-    event ID already handled that recently.
+    event ID already handled that recently; `handler_timeout_s` (seconds, None: no limit) bounds
+    each handler attempt.
     """
 
     topic: TopicConfig
@@ -101,6 +105,7 @@ class Subscription:
     ack: Literal["after", "before"] = "after"
     on_failure: Literal["continue", "park"] = "continue"
     dedup_window_s: float | None = None
+    handler_timeout_s: float | None = None
 
     @property
     def name(self) -> str:

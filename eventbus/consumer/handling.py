@@ -41,7 +41,7 @@ from eventbus.consumer.context import Context, Subscription
 from eventbus.consumer.delivery import NOT_STARTED, Delivery, Fence, NotStarted, Outcome, Step
 from eventbus.consumer.failures import Failures
 from eventbus.dlq import is_control
-from eventbus.errors import DecodeError, UnknownEventType
+from eventbus.errors import DecodeError, HandlerTimeout, UnknownEventType
 from eventbus.keys import Keys
 from eventbus.metrics import METRICS
 
@@ -78,6 +78,7 @@ class Handling:
         self.duplicates_skipped = 0  # entries skipped as already handled (dedup window)
         labels = (sub.topic.name, sub.group)
         self._m_failures = METRICS.failures.labels(*labels)
+        self._m_timeouts = METRICS.handler_timeouts.labels(*labels)
         self._m_latency = METRICS.latency.labels(*labels)
 
     @property
@@ -181,8 +182,9 @@ class Handling:
         self, d: Delivery, env: Envelope, event: Any, fence: Fence, *, entry_id: bytes, attempt: int
     ) -> Exception | NotStarted | None:
         """Run the handler once on `event` (entry `entry_id`, attempt number `attempt`) under
-        `d`'s shard and token. Returns its exception, None on success, or `NOT_STARTED` when the
-        fence no longer holds (then nothing ran)."""
+        `d`'s shard and token. Returns its exception (`HandlerTimeout` past the subscription's
+        `handler_timeout_s`), None on success, or `NOT_STARTED` when the fence no longer holds
+        (then nothing ran)."""
         ctx = Context(
             topic=self.sub.topic.name,
             group=self.sub.group,
@@ -199,11 +201,18 @@ class Handling:
         )
         if not fence.holds(d):  # no await between this check and the call
             return NOT_STARTED
+        timeout = self.sub.handler_timeout_s
         try:
-            await self.sub.call(event, ctx)
+            with anyio.move_on_after(timeout) as scope:
+                await self.sub.call(event, ctx)
         except Exception as exc:
             self._m_failures.inc()
             return exc
+        if scope.cancelled_caught:
+            assert timeout is not None
+            self._m_failures.inc()
+            self._m_timeouts.inc()
+            return HandlerTimeout(self.sub.name, timeout, abandoned=not self.sub.call.is_async)
         self.handled += 1
         self._m_latency.observe(max(0.0, time.time() - env.time_ms / 1000))
         return None

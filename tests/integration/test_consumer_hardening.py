@@ -210,3 +210,96 @@ async def test_the_publisher_acl_cannot_record_a_control_request(redis_db: str) 
         await publisher.aclose()
         await admin.acl_deluser("publisher")
         await admin.aclose()
+
+
+# -- item 8: handler timeout -----------------------------------------------------------------------
+async def test_a_hanging_async_handler_times_out_is_retried_then_dead_lettered(
+    settings: SettingsFactory, r: redis.asyncio.Redis
+) -> None:
+    bus = EventBus(settings(shards=1, concurrency=2, max_attempts=2))
+    rec = Recorder()
+    attempts: list[int] = []
+
+    @bus.subscriber("orders", group="billing", handler_timeout_s=0.2)
+    async def handle(event: Tick, ctx: Context) -> None:
+        if event.resource == "hang":
+            attempts.append(ctx.attempt)
+            await anyio.sleep_forever()
+        rec.add(event, ctx)
+
+    timeouts = METRICS.handler_timeouts.labels("orders", "billing")
+    before = timeouts._value.get()
+    await publish_seqs(bus, "hang", range(1, 3))
+    await publish_seqs(bus, "ok", range(1, 4))
+    dl = dead_letters(bus, r)
+    async with running(bus):
+        await rec.wait_for(3)  # other resources go on meanwhile
+        await wait_until(lambda: letters_are(dl, 2))
+    assert rec.by_resource() == {"ok": [1, 2, 3]}
+    assert attempts == [1, 2, 1, 2]  # both events of "hang": two attempts each
+    letters = await dl.letters()
+    assert [(d.reason, d.attempts, d.error_type) for d in letters] == [
+        ("failed", 2, "HandlerTimeout"),
+        ("failed", 2, "HandlerTimeout"),
+    ]
+    assert "0.2 s" in letters[0].error
+    assert timeouts._value.get() == before + 4
+
+
+async def test_a_hung_sync_handler_does_not_block_shutdown_past_the_grace(
+    settings: SettingsFactory,
+) -> None:
+    import threading
+
+    bus = EventBus(settings(shards=1, shutdown_grace_s=0.3, handler_timeout_s=0))
+    started, release = threading.Event(), threading.Event()
+
+    @bus.subscriber("orders", group="billing")
+    def handle(event: Tick) -> None:
+        started.set()
+        release.wait(60)  # hangs (no timeout: handler_timeout_s=0)
+
+    await publish_seqs(bus, "a", range(1, 2))
+    stop, done = anyio.Event(), anyio.Event()
+
+    async def run() -> None:
+        await bus.run(stop=stop)
+        done.set()
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run)
+            await wait_until(started.is_set)
+            stop.set()
+            with anyio.move_on_after(10):  # far past the grace: shutdown is stuck
+                await done.wait()
+            stopped_in_time = done.is_set()
+            release.set()  # let a stuck shutdown finish, so that the test ends either way
+    finally:
+        release.set()
+        await bus.aclose()
+    assert stopped_in_time
+
+
+async def test_a_sync_handler_attempt_past_the_timeout_is_abandoned_and_counted(
+    settings: SettingsFactory, r: redis.asyncio.Redis
+) -> None:
+    import threading
+
+    bus = EventBus(settings(shards=1, max_attempts=1, handler_timeout_s=0.2))
+    release = threading.Event()
+
+    @bus.subscriber("orders", group="billing")
+    def handle(event: Tick) -> None:
+        release.wait(60)
+
+    await publish_seqs(bus, "a", range(1, 2))
+    dl = dead_letters(bus, r)
+    try:
+        async with running(bus):
+            await wait_until(lambda: letters_are(dl, 1))
+    finally:
+        release.set()
+    [letter] = await dl.letters()
+    assert (letter.reason, letter.error_type) == ("failed", "HandlerTimeout")
+    assert "abandoned" in letter.error
