@@ -62,6 +62,7 @@ from ledger import (
     check,
     read_run,
 )
+from netfaults import NET_KINDS, NetFaults, net_checks, net_facts
 from pydantic import BaseModel
 
 from eventbus import Context, EventBus, PublishError, Settings
@@ -73,8 +74,8 @@ from eventbus.testing.server import RedisServer, redis_binary
 HERE = Path(__file__).resolve().parent
 TOPIC, GROUP, SHARDS = "chaos", "ledger", 16
 CONSUMER_FAULTS = ("kill", "pause", "term")
-FAULT_KINDS = (*CONSUMER_FAULTS, "redis-restart", "client-kill", "client-pause")
-MIXED_KINDS = ("kill", "pause", "redis-restart", "client-kill", "client-pause")
+FAULT_KINDS = (*CONSUMER_FAULTS, "redis-restart", "client-kill", "client-pause", *NET_KINDS)
+MIXED_KINDS = ("kill", "pause", "redis-restart", "client-kill", "client-pause", *NET_KINDS)
 
 
 class Step(BaseModel):
@@ -104,6 +105,7 @@ class Plan:
     faults: int = 0
     kinds: list[str] = field(default_factory=list)
     ttl_s: float = 2.0
+    publish_timeout_s: float = 10.0
     aof: bool = False
     poison: int = 0  # poison events
     slow_ms: float = 0.0
@@ -128,12 +130,14 @@ PRESETS: dict[str, dict[str, Any]] = {
     "redis-restart": {"faults": 4, "kinds": ["redis-restart"], "aof": True, "rate": 5_000},
     "client-kill": {"faults": 8, "kinds": ["client-kill"]},
     "client-pause": {"faults": 6, "kinds": ["client-pause"]},
+    "net-delay": {"consumers": 4, "faults": 4, "kinds": ["net-delay"]},
+    "partition": {"consumers": 4, "faults": 4, "kinds": ["partition"], "publish_timeout_s": 3.0},
     "poison": {"events": 100_000, "poison": 6},
     "slow": {"events": 40_000, "rate": 8_000, "slow_ms": 5.0, "slow_fraction": 1.0,
              "concurrency": 4, "max_in_flight": 100},
     "all": {"events": 1_000_000, "rate": 4_000, "consumers": 4, "faults": 25,
             "kinds": list(MIXED_KINDS), "aof": True, "poison": 8, "slow_ms": 2.0,
-            "slow_fraction": 0.02, "ttl_s": 3.0},
+            "slow_fraction": 0.02, "ttl_s": 3.0, "publish_timeout_s": 5.0},
 }
 
 
@@ -283,6 +287,11 @@ class Chaos:
         self._last_progress = 0.0
         self.baseline: float | None = None
         self._counts: dict[str, int] = defaultdict(int)
+        # one TCP proxy per client process when network faults are planned (netfaults.py)
+        self.net = NetFaults(self) if set(plan.kinds) & set(NET_KINDS) else None
+
+    def url(self, name: str) -> str:
+        return self.net.url(name) if self.net else self.server.url
 
     # -- processes ------------------------------------------------------------------------------
     def _spawn(self, role: str, cfg: dict[str, Any], log: Path) -> subprocess.Popen[bytes]:
@@ -303,7 +312,7 @@ class Chaos:
         cfg = {
             "ledger": str(self.dir / f"con-{index}.log"),
             "settings": {
-                "redis_url": self.server.url, "shards": SHARDS, "liveness_ttl_s": p.ttl_s,
+                "redis_url": self.url(f"con-{index}"), "shards": SHARDS, "liveness_ttl_s": p.ttl_s,
                 "block_max_ms": 100, "max_attempts": p.max_attempts,
                 "retry_base_s": p.retry_base_s, "retry_max_s": max(0.5, p.retry_base_s),
                 "concurrency": p.concurrency, "max_in_flight": p.max_in_flight,
@@ -346,11 +355,11 @@ class Chaos:
             n = count[r]
             poison.append((r, self.rng.randint(max(1, n // 3), max(1, 2 * n // 3))))
         slow = set(self.rng.sample(flat, round(p.slow_fraction * len(flat))))
-        settings = {"redis_url": self.server.url, "shards": SHARDS}
+        settings = {"shards": SHARDS, "publish_timeout_s": p.publish_timeout_s}
         return [
             {
                 "ledger": str(self.dir / f"pub-{i}.log"),
-                "settings": settings,
+                "settings": {"redis_url": self.url(f"pub-{i}"), **settings},
                 "resources": rs,
                 "counts": [count[r] for r in rs],
                 "poison": [x for x in poison if x[0] in rs],
@@ -502,15 +511,16 @@ class Chaos:
         )
 
     def inject(self, kind: str, tries: int = 0, progress: float | None = None) -> None:
-        if kind in CONSUMER_FAULTS:
-            victim = self._victim()
-            if victim is None:  # nobody could take over now: try again shortly
+        if kind in CONSUMER_FAULTS or kind in NET_KINDS:
+            victim = self._victim() if kind in CONSUMER_FAULTS else None
+            net = self.net.inject(kind) if kind in NET_KINDS and self.net else None
+            if victim is None and net is None:  # nobody could take over now: try again shortly
                 if tries < 60:
                     self._after(0.25, lambda: self.inject(kind, tries + 1, progress))
                 else:
                     self._faults_given_up += 1
                 return
-            fault = self._consumer_fault(kind, victim)
+            fault = net or self._consumer_fault(kind, victim)  # type: ignore[arg-type]
         else:
             fault = getattr(self, "_" + kind.replace("-", "_"))()
         fault["t_rel_s"] = round((fault["t_ns"] - self._t0_ns) / 1e9, 3)
@@ -646,6 +656,8 @@ class Chaos:
                     pub.kill()
                     pub.wait()
             self.r.close()
+            if self.net is not None:
+                self.net.close()
             if monitor is not None:
                 monitor.terminate()
                 monitor.wait()
@@ -821,14 +833,16 @@ def verdict(plan: Plan, res: dict[str, Any]) -> dict[str, bool]:
         "drained": res["drain"]["drained"],
         "no_unexpected_dead_letter": res["unexpected_dead_letter_count"] == 0,
         "faults_injected": len(res["faults"]) >= plan.faults,
+        "no_stale_token_start": res["stale_token_starts"] == 0,
     }
-    victims = [f for f in res["faults"] if f["kind"] in CONSUMER_FAULTS and f.get("traffic_after")]
+    victims = [f for f in res["faults"] if f.get("traffic_after")
+               and (f["kind"] in CONSUMER_FAULTS or f.get("expect_takeover"))]
     if victims:
         checks["takeover_measured"] = all(f.get("takeover_s") is not None for f in victims)
     # A SIGKILLed or SIGSTOPped consumer keeps its locks until its liveness expires, at least
     # TTL - TTL/3 after its last refresh: another consumer starting work on its shards sooner
     # would mean two owners at once.
-    early = [f for f in victims if f["kind"] in ("kill", "pause")
+    early = [f for f in victims if (f["kind"] in ("kill", "pause") or "blackhole_s" in f)
              and f.get("takeover_s") is not None and f["takeover_s"] < 0.5 * plan.ttl_s]
     if victims:
         checks["no_takeover_before_liveness_expiry"] = not early
@@ -837,6 +851,8 @@ def verdict(plan: Plan, res: dict[str, Any]) -> dict[str, bool]:
         checks["poison_after_max_attempts"] = res["dead_letter_attempts_ok"]
         checks["poison_not_overtaken"] = res["poison_overtaken_by_later_seq"] == 0
         checks["others_went_on"] = (res["min_others_handled_during_retries"] or 0) > 0
+    if set(plan.kinds) & set(NET_KINDS):
+        checks |= net_checks(plan, res)
     if plan.slow_ms:
         checks["concurrency_bounded"] = res["max_concurrent_handlers"] <= plan.concurrency
     return checks
@@ -864,6 +880,8 @@ def run_plan(plan: Plan, workdir: Path | None = None, keep: bool = False) -> dic
     res |= poison_facts(led, run["dead"], plan.max_attempts)
     res |= concurrency_facts(led)
     res |= backlog_facts(res)
+    if set(plan.kinds) & set(NET_KINDS):
+        res |= net_facts(led, chaos.faults, plan)
     if plan.baseline:
         res["redis_benchmark_xadd_per_s"] = chaos.baseline
     res["checks"] = verdict(plan, res)
@@ -888,7 +906,9 @@ def summary(res: dict[str, Any]) -> str:
         f"{ms(res['latency_ms_p50'])} ms p99 {ms(res['latency_ms_p99'])} ms",
         f"  lost {res['lost']}, order violations {res['order_violations']}, duplicates "
         f"{res['duplicates']} (redelivered {res['duplicates_redelivered']}, republished "
-        f"{res['duplicates_republished']}), dead-lettered {res['dead_lettered']}",
+        f"{res['duplicates_republished']}), dead-lettered {res['dead_lettered']}, failed "
+        f"publishes stored {res['handled_but_publish_failed']} (out of order "
+        f"{res['failed_publish_out_of_order']})",
         f"  faults {len(res['faults'])} {res['faults_by_kind']}, takeover median "
         f"{s(res['takeover_s_median'])} max {s(res['takeover_s_max'])}, stale-token starts "
         f"{res['stale_token_starts']}",
