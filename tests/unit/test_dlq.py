@@ -1,0 +1,78 @@
+"""The pure parts of `eventbus.dlq`: the dead-letter record written and parsed back, control
+entries. The operator API (`DeadLetters`) runs in the shared failure-policy cases."""
+
+from __future__ import annotations
+
+from eventbus.codec import F_DATA, F_RESOURCE, F_TYPE, decode_entry
+from eventbus.dlq import DROP, UNPARK, DeadLetter, control_entry, dead_letter_fields, is_control
+
+ORIGINAL = {F_RESOURCE: b"o-1", F_TYPE: b"OrderPlaced", F_DATA: b"\x01\x80"}
+
+
+def letter_fields(**overrides: object) -> dict[bytes, bytes]:
+    values: dict[str, object] = {
+        "topic": "orders",
+        "group": "billing",
+        "shard": 3,
+        "entry_id": b"5-1",
+        "reason": "failed",
+        "exc": ValueError("bad total"),
+        "attempts": 4,
+        "original": ORIGINAL,
+    }
+    values.update(overrides)
+    return dead_letter_fields(**values)  # type: ignore[arg-type]
+
+
+def test_a_dead_letter_parses_back_to_what_was_written() -> None:
+    letter = DeadLetter.parse(b"9-0", letter_fields())
+    assert (letter.dlq_id, letter.shard, letter.entry_id) == ("9-0", 3, "5-1")
+    assert (letter.resource_id, letter.event_type, letter.reason) == (
+        "o-1",
+        "OrderPlaced",
+        "failed",
+    )
+    assert (letter.error_type, letter.error, letter.attempts) == ("ValueError", "bad total", 4)
+    assert letter.failed_at_ms > 0 and letter.problems == ()
+    assert letter.original() == ORIGINAL
+
+
+def test_a_parked_letter_has_no_exception() -> None:
+    letter = DeadLetter.parse("1-0", letter_fields(reason="parked", exc=None, attempts=0))
+    assert (letter.reason, letter.error_type, letter.error) == ("parked", "", "resource is parked")
+
+
+def test_the_error_message_is_cut_to_4_kib() -> None:
+    fields = letter_fields(exc=RuntimeError("x" * 10_000))
+    assert len(fields[b"error"]) == 4096
+
+
+def test_an_entry_id_may_be_given_as_text() -> None:
+    assert letter_fields(entry_id="7-7")[b"entry_id"] == b"7-7"
+
+
+def test_parse_never_raises_and_names_what_is_wrong() -> None:
+    letter = DeadLetter.parse(b"1-0", {b"shard": b"three", b"attempts": b"x", b"reason": b"\xff"})
+    assert (letter.shard, letter.attempts, letter.resource_id) == (-1, 0, None)
+    assert letter.reason == "\ufffd"
+    assert len(letter.problems) == 3
+    assert any("shard is not an integer" in p for p in letter.problems)
+    assert any("orig_data" in p for p in letter.problems)
+    assert letter.original() == {}
+
+
+def test_a_letter_without_reason_counts_as_failed() -> None:
+    fields = letter_fields()
+    del fields[b"reason"]
+    assert DeadLetter.parse("1-0", fields).reason == "failed"
+
+
+def test_control_entries_are_recognised_and_carry_group_and_nonce() -> None:
+    for kind in (UNPARK, DROP):
+        fields = control_entry(kind, "o-1", "billing", nonce="n1")
+        assert is_control(fields)
+        env = decode_entry(fields)
+        assert (env.resource_id, env.event_type) == ("o-1", kind)
+        assert env.payload == {"group": "billing", "nonce": "n1"}
+    assert not is_control(ORIGINAL)
+    assert not is_control({b"junk": b"1"})
