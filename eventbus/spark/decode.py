@@ -92,34 +92,40 @@ class Converter:
 
     def _typed(self, batch: pa.RecordBatch) -> tuple[dict[str, Any], list[str | None] | None]:
         data = batch.column("data").to_pylist()
-        types = batch.column("event_type").to_pylist()
-        ids = batch.column("entry_id").to_pylist()
         n = len(data)
+        any_type = None in self.models
+        types = [None] * n if any_type else batch.column("event_type").to_pylist()
         corrupt: list[str | None] = [None] * n
-        rows: list[dict[str, Any] | None] = [None] * n
         groups: dict[str | None, list[int]] = {}
         payloads: list[Any] = [None] * n
         for i, (raw, etype) in enumerate(zip(data, types, strict=True)):
-            key: str | None = None if None in self.models else etype
-            if key not in self.models:
+            if not any_type and etype not in self.models:
                 continue
             try:
                 payloads[i] = _payload(raw)
             except DecodeError as exc:
                 corrupt[i] = f"DecodeError: {exc}"
                 continue
-            groups.setdefault(key, []).append(i)
-        for key, idx in groups.items():
-            self._decode_group(key, idx, payloads, rows, corrupt)
-        if self.failfast:
-            for i, why in enumerate(corrupt):
-                if why is not None:
-                    raise DecodeError(f"entry {ids[i]} of shard {batch.column('shard')[i]}: {why}")
-        struct = pa.array(rows, self.typed_type)
+            groups.setdefault(etype, []).append(i)
+        struct = None
+        if not self.validate:  # payload maps straight to Arrow, if they all convert
+            try:
+                struct = pa.array(payloads, self.typed_type)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+                struct = None
+        if struct is None:
+            rows: list[dict[str, Any] | None] = [None] * n
+            for key, idx in groups.items():
+                self._validate(key, idx, payloads, rows, corrupt)
+            struct = pa.array(rows, self.typed_type)
+        if self.failfast and any(c is not None for c in corrupt):
+            i = next(i for i, c in enumerate(corrupt) if c is not None)
+            entry = batch.column("entry_id")[i].as_py()
+            raise DecodeError(f"entry {entry} of shard {batch.column('shard')[i]}: {corrupt[i]}")
         cols = dict(zip(self.typed_names, struct.flatten(), strict=True))
         return cols, corrupt if any(c is not None for c in corrupt) else None
 
-    def _decode_group(
+    def _validate(
         self,
         key: str | None,
         idx: list[int],
@@ -127,21 +133,12 @@ class Converter:
         rows: list[dict[str, Any] | None],
         corrupt: list[str | None],
     ) -> None:
-        values = [payloads[i] for i in idx]
-        if not self.validate:
-            try:
-                pa.array(values, self.typed_type)
-            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError):
-                pass
-            else:
-                for i, v in zip(idx, values, strict=True):
-                    rows[i] = v
-                return
-        adapter = self.adapters[key]
+        """Validate the payloads at `idx` with the model of `key` into `rows` (one list
+        validation; one by one only when it fails, to tell the bad rows apart)."""
+        model = self.models[key]
         try:
-            models = adapter.validate_python(values)
+            models = self.adapters[key].validate_python([payloads[i] for i in idx])
         except ValidationError:
-            model = self.models[key]
             for i in idx:
                 try:
                     rows[i] = _row(model.model_validate(payloads[i]))
@@ -157,7 +154,7 @@ def _payload(raw: bytes) -> Any:
     (the common case), others through `decode_entry`. Raises `DecodeError`."""
     if raw and raw[0] == FORMAT_MSGPACK:
         try:
-            env = msgpack.unpackb(raw[1:], raw=False, strict_map_key=True)
+            env = msgpack.unpackb(memoryview(raw)[1:], raw=False, strict_map_key=True)
             return env["p"]
         except Exception as exc:
             raise DecodeError(f"corrupt envelope: {type(exc).__name__}: {exc}") from None

@@ -78,6 +78,11 @@ def test_typed_columns_and_corrupt(spark: Any, redis_db: str, tmp_path: Path, to
     assert rows[41].seq is None and "seq" in rows[41]._corrupt
     with pytest.raises(Exception, match="DecodeError"):
         read(spark, store, topic, model="spark_support:Tick", mode="FAILFAST").collect()
+    # validate=false: Arrow converts the payload maps (no pydantic: a missing field is null)
+    fast = read(spark, store, topic, model="spark_support:Tick", validate="false")
+    rows = fast.orderBy("entry_ms", "entry_seq").collect()
+    assert [r.seq for r in rows[:40]] == list(range(40)) and rows[5].tags == []
+    assert rows[40]._corrupt.startswith("DecodeError") and rows[41].seq is None
 
 
 def test_models_by_event_type(spark: Any, redis_db: str, tmp_path: Path, topic: str) -> None:
