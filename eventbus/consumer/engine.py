@@ -25,7 +25,6 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -37,6 +36,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from eventbus import retry
 from eventbus.config import Settings
 from eventbus.consumer.acks import Acks
+from eventbus.consumer.catching_up import CatchUpHook, CatchUpSchedule
 from eventbus.consumer.context import Subscription
 from eventbus.consumer.delivery import Delivery, Outcome
 from eventbus.consumer.handling import Handling
@@ -53,12 +53,6 @@ from eventbus.topics import TopicRegistry
 log = logging.getLogger("eventbus.consumer")
 
 _TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError)  # the reply may be lost
-
-CATCH_UP_CHECK_S = 10.0  # a shard is checked for a gap behind the archive at most this often
-
-CatchUpHook = Callable[[int, int], Awaitable[object]]
-"""``await hook(shard, fencing_token)``: bring the group up to Redis's first entry of a shard this
-consumer has just locked, from the durable tier's segments (`eventbus.tier.catchup.shard_hook`)."""
 
 
 class Consumer:
@@ -119,7 +113,7 @@ class Consumer:
         self.queues = ResourceQueues(self.acks.started)
         self.handling = Handling(redis, keys, settings, sub, self.consumer_id, redis_retry)
         self._rotation = random.randrange(n)
-        self._caught_up_at: dict[int, float] = {}
+        self.catching_up = CatchUpSchedule(self._backoff)
         self._stopping = False
         self._stopped = anyio.Event()
         self._joined = anyio.Event()  # set by the first lock round: then heartbeats start
@@ -384,35 +378,10 @@ class Consumer:
         self.table.forget(shards)
 
     async def _catch_up(self, shards: list[int]) -> list[int]:
-        """Before reading newly locked shards, let the catch-up hook handle what the group missed
-        while those entries were trimmed from Redis (at most every `CATCH_UP_CHECK_S` per shard).
-        A shard whose catch-up fails (archive unreachable) is released unread rather than read
-        past the gap; returns the shards still held."""
+        """Let the catch-up hook handle what the group missed in newly locked `shards` before
+        they are read (`CatchUpSchedule.run`); returns the shards still held."""
         assert self.catch_up is not None
-        kept = []
-        for s in shards:
-            held = self.table.held.get(s)
-            if held is None:
-                continue
-            if time.monotonic() - self._caught_up_at.get(s, -CATCH_UP_CHECK_S) < CATCH_UP_CHECK_S:
-                kept.append(s)
-                continue
-            try:
-                await self.catch_up(s, held.token)
-            except _TRANSIENT:
-                raise
-            except Exception as exc:
-                log.error(
-                    "consumer %s: catch-up of shard %d failed (%r); shard released unread",
-                    self.consumer_id,
-                    s,
-                    exc,
-                )
-                await self._release([s])
-                continue
-            self._caught_up_at[s] = time.monotonic()
-            kept.append(s)
-        return kept
+        return await self.catching_up.run(self.catch_up, shards, self.table, self._release)
 
     def _report_handled(self) -> None:
         """Add the handler successes since the last call to the Prometheus counter (once a

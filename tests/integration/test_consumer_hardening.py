@@ -303,3 +303,93 @@ async def test_a_sync_handler_attempt_past_the_timeout_is_abandoned_and_counted(
     [letter] = await dl.letters()
     assert (letter.reason, letter.error_type) == ("failed", "HandlerTimeout")
     assert "abandoned" in letter.error
+
+
+# -- item 14: catch-up from an unreachable archive backs off ---------------------------------------
+def unreachable_archive() -> object:
+    """An S3 store on a closed port: every request fails at once (no retries)."""
+    from datetime import timedelta
+
+    from obstore.store import S3Store
+
+    quick = timedelta(milliseconds=10)
+    return S3Store(
+        "segments",
+        endpoint="http://127.0.0.1:9",
+        allow_http=True,
+        skip_signature=True,
+        region="us-east-1",
+        retry_config={
+            "max_retries": 0,
+            "backoff": {"init_backoff": quick, "max_backoff": quick, "base": 2},
+            "retry_timeout": timedelta(seconds=1),
+        },
+    )
+
+
+async def test_catch_up_from_an_unreachable_archive_backs_off(
+    settings: SettingsFactory, r: redis.asyncio.Redis
+) -> None:
+    from eventbus.consumer import Consumer
+    from eventbus.scripts import Scripts
+    from eventbus.tier.catchup import shard_hook
+
+    # retry_base_s=30: after a failure the next attempt is at least 30 s away, far beyond the
+    # rounds driven below
+    s = settings(shards=1, retry_base_s=30, retry_max_s=60)
+    store = unreachable_archive()
+    bus = EventBus(s, archive=store)
+
+    @bus.subscriber("orders", group="billing")
+    async def handle(event: Tick) -> None: ...
+
+    stream = bus.keys.stream("orders", 0)
+    await publish_seqs(bus, "a", range(1, 4))
+    await r.xgroup_create(stream, "billing", id="0")
+    await r.xtrim(stream, maxlen=0)  # the group's next entries are only in the archive now
+    await bus.registry.ensure(bus.subscriptions[0].topic)
+    consumer = Consumer(
+        bus.redis, Scripts.register(bus.redis), bus.keys, s, bus.registry, bus.subscriptions[0]
+    )
+    hook = shard_hook(bus.redis, store, consumer.handling, s)
+    attempts = 0
+
+    async def counting(shard: int, token: int) -> object:
+        nonlocal attempts
+        attempts += 1
+        return await hook(shard, token)
+
+    consumer.catch_up = counting
+    await consumer.reader.ensure_groups()
+    try:
+        for _ in range(10):  # ten lock rounds, driven one by one
+            await consumer._round(1)
+            assert consumer.table.held == {}  # never read past the gap
+    finally:
+        await consumer._leave()
+        await bus.aclose()
+    assert attempts == 1
+
+
+def test_catch_up_backoff_grows_per_shard_and_resets_on_success() -> None:
+    from eventbus.consumer.catching_up import CatchUpSchedule
+    from eventbus.retry import backoff
+
+    now = [0.0]
+    schedule = CatchUpSchedule(backoff(1.0, 100.0), clock=lambda: now[0])
+    assert schedule.due(0) and schedule.due(1)
+    schedule.failed(0)
+    assert not schedule.due(0) and schedule.due(1)  # per shard
+    now[0] = 2.0  # compute(1) is within [1, 2] s
+    assert schedule.due(0)
+    schedule.failed(0)
+    now[0] = 3.9  # compute(2) is within [2, 4] s from 2.0
+    assert not schedule.due(0)
+    now[0] = 6.0
+    schedule.succeeded(0)
+    assert not schedule.due(0)  # checked: not again before CATCH_UP_CHECK_S
+    now[0] = 6.0 + schedule.check_s
+    assert schedule.due(0)
+    schedule.failed(0)  # the count restarted: compute(1) again, within [1, 2] s
+    now[0] += 2.0
+    assert schedule.due(0)
