@@ -210,6 +210,32 @@ def test_client_pause(tmp_path: Path) -> None:
     assert sorted(f["detail"] for f in faults) == ["CLIENT PAUSE 1000 ms", "CLIENT PAUSE 3000 ms"]
 
 
+def test_net_delay(tmp_path: Path) -> None:
+    res = chaos(tmp_path, "net-delay", "--events", "8000", "--rate", "2000", "--faults", "2",
+                "--consumers", "3")
+    assert_sound(res)
+    assert res["stale_token_starts"] == 0, res["stale_token_examples"]
+    spiked, plain = consumer_faults(res, "net-delay")
+    assert spiked["spike_s"] > TTL and "spike_s" not in plain
+    # its requests were late past its TTL: its liveness expired and another consumer took over
+    if spiked.get("traffic_after"):
+        assert spiked["takeover_s"] is not None and spiked["takeover_s"] < 3 * TTL + 3, spiked
+
+
+def test_partition(tmp_path: Path) -> None:
+    res = chaos(tmp_path, "partition", "--events", "8000", "--rate", "2000", "--faults", "3",
+                "--consumers", "3")
+    assert_sound(res)
+    assert res["stale_token_starts"] == 0, res["stale_token_examples"]
+    consumer, short, long = consumer_faults(res, "partition")
+    assert consumer["blackhole_s"] > TTL and consumer["takeover_s"] is not None, consumer
+    assert consumer["takeover_s"] > 0.5 * TTL  # not before the cut-off consumer's liveness ended
+    timeout = res["plan"]["publish_timeout_s"]
+    assert short["blackhole_s"] < timeout < long["blackhole_s"]
+    assert short["publish_failed"] == 0 and long["publish_failed"] > 0, res["faults"]
+    assert res["publish_failed"] == long["publish_failed"]  # failed, recorded, not lost
+
+
 def test_poison_events_are_dead_lettered_while_others_go_on(tmp_path: Path) -> None:
     res = chaos(tmp_path, "poison", "--events", "6000", "--rate", "2000", "--poison", "3")
     assert_sound(res)
@@ -231,9 +257,10 @@ def test_slow_handler_with_backpressure(tmp_path: Path) -> None:
 
 
 def test_all_faults_mixed(tmp_path: Path) -> None:
-    res = chaos(tmp_path, "all", "--events", "10000", "--rate", "2000", "--faults", "5",
+    res = chaos(tmp_path, "all", "--events", "10000", "--rate", "2000", "--faults", "7",
                 "--poison", "2", "--ttl", "2", plot=True)
     assert_sound(res)
-    assert len(res["faults"]) >= 5
-    assert len({f["kind"] for f in res["faults"]}) == 5
+    assert len(res["faults"]) >= 7
+    assert {f["kind"] for f in res["faults"]} == set(res["plan"]["kinds"])  # one of each kind
+    assert {"net-delay", "partition"} <= set(res["plan"]["kinds"])
     assert res["dead_lettered"] == 2
