@@ -51,7 +51,10 @@ class Converter:
         self.validate = validate
         self.typed_names = [n for n in target.names if n not in BASE_NAMES and n != CORRUPT]
         self.typed_type = pa.struct([target.field(n) for n in self.typed_names])
-        self.adapters = {k: TypeAdapter(list[m]) for k, m in self.models.items()}
+        self.adapters = {
+            k: TypeAdapter(list[m])  # type: ignore[valid-type]
+            for k, m in self.models.items()
+        }
 
     def convert(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """One read-schema batch for one segment-schema batch (same rows, same order)."""

@@ -71,7 +71,7 @@ class Pruning:
         col = getattr(f, "attribute", ("",))
         name = col[0] if len(col) == 1 else ""
         value = getattr(f, "value", None)
-        values = tuple(value) if isinstance(f, In) else (value,)
+        values: tuple[Any, ...] = tuple(f.value) if isinstance(f, In) else (value,)
         exact = isinstance(f, EqualTo | In)
         if name == "shard" and exact:
             return _replace(self, shards=_meet(self.shards, {int(v) for v in values}))

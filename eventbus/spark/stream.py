@@ -118,12 +118,12 @@ class StreamReader(DataSourceStreamReader):
         objects, redis, cps, heads = self._heads()
         try:
             end = {str(s): str(h) for s, h in heads.items()}
-            for s, was in start.items():  # never move backwards (e.g. a shard's stream deleted)
-                if parse_id(end.get(s, "0-0")) < parse_id(was):
-                    end[s] = was
+            for key, was in start.items():  # never move backwards (a shard's stream deleted)
+                if parse_id(end.get(key, "0-0")) < parse_id(was):
+                    end[key] = was
             if not isinstance(limit, ReadMaxRows):
                 return end
-            behind = [int(s) for s in end if parse_id(end[s]) > parse_id(start.get(s, "0-0"))]
+            behind = [int(k) for k in end if parse_id(end[k]) > parse_id(start.get(k, "0-0"))]
             quota = max(1, limit.max_rows // max(1, len(behind)))
             for s in behind:
                 after = parse_id(start.get(str(s), "0-0"))

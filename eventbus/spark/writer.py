@@ -94,7 +94,7 @@ class EventWriter(DataSourceArrowWriter):
         headers = values.pop(opts.headers_col, None) if opts.headers_col else None
         if isinstance(headers, list):  # an Arrow map: (key, value) pairs
             headers = dict(headers)
-        rid = values.get(opts.resource_id_col)
+        rid = values.get(opts.resource_id_col or "")
         if not isinstance(rid, str) or not rid:
             rid = None if rid is None else str(rid)
         if not rid:
