@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
-from pydantic import BaseModel
+from pydantic import TypeAdapter, ValidationError
 from pydantic_core import to_jsonable_python
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
@@ -89,28 +89,35 @@ class EventWriter(DataSourceArrowWriter):
         rows = anyio.run(self._publish, iterator)
         return Published(rows, time.perf_counter() - started)
 
-    def _envelope(self, values: dict[str, Any], model: type[BaseModel] | None) -> Envelope:
+    def _envelopes(
+        self, rows: list[dict[str, Any]], adapter: TypeAdapter[Any] | None, etype: str
+    ) -> list[Envelope]:
+        """Envelopes for `rows` (one Arrow batch). With a model the rows are validated and dumped
+        in one call each. Raises `ConfigError` for a row that does not validate or has no
+        resource ID (nothing of this batch is published then)."""
         opts = self.opts
-        headers = values.pop(opts.headers_col, None) if opts.headers_col else None
-        if isinstance(headers, list):  # an Arrow map: (key, value) pairs
-            headers = dict(headers)
-        rid = values.get(opts.resource_id_col or "")
-        if not isinstance(rid, str) or not rid:
-            rid = None if rid is None else str(rid)
-        if not rid:
-            raise ConfigError(f"row without a resource ID in column {opts.resource_id_col!r}")
-        if model is not None:
-            payload = model.model_validate(values).model_dump(mode="json")
-            etype = event_type_of(model)
+        hcol, rcol, kcol = opts.headers_col, opts.resource_id_col or "", opts.event_id_col
+        headers = [r.pop(hcol, None) for r in rows] if hcol else [None] * len(rows)
+        if adapter is not None:
+            try:
+                payloads = adapter.dump_python(adapter.validate_python(rows), mode="json")
+            except ValidationError as exc:
+                err = exc.errors()[0]
+                raise ConfigError(
+                    f"row {err['loc'][0]} of a partition does not validate as {etype}: "
+                    f"{'.'.join(map(str, err['loc'][1:]))}: {err['msg']}"
+                ) from None
         else:
-            payload = to_jsonable_python(values)
-            etype = opts.event_type or ""
-        eid = (
-            derived_event_id(opts.topic, values[opts.event_id_col])
-            if opts.event_id_col
-            else uuid.uuid4().bytes
-        )
-        return Envelope(rid, etype, eid, time.time_ns() // 1_000_000, dict(headers or {}), payload)
+            payloads = to_jsonable_python(rows)
+        now = time.time_ns() // 1_000_000
+        out = []
+        for values, payload, h in zip(rows, payloads, headers, strict=True):
+            rid = values.get(rcol)
+            if rid is None or rid == "":
+                raise ConfigError(f"row without a resource ID in column {rcol!r}: {values}")
+            eid = derived_event_id(opts.topic, values[kcol]) if kcol else uuid.uuid4().bytes
+            out.append(Envelope(str(rid), etype, eid, now, dict(h) if h else {}, payload))
+        return out
 
     async def _publish(self, iterator: Iterator[Any]) -> int:
         from eventbus.app import EventBus
@@ -125,6 +132,8 @@ class EventWriter(DataSourceArrowWriter):
         bus = EventBus(settings)
         models = opts.models()
         model = models[None] if models else None
+        adapter = TypeAdapter(list[model]) if model else None  # type: ignore[valid-type]
+        etype = event_type_of(model) if model else opts.event_type or ""
         count = 0
         try:
             async with bus:
@@ -132,16 +141,11 @@ class EventWriter(DataSourceArrowWriter):
                 shards = opts.shards or (int(stored) if stored else settings.shards)
                 topic = bus.topic(opts.topic, shards=shards)
                 await bus.registry.ensure(topic)  # checked once, before any row is queued
-                publisher = bus.publisher
-                chunk: list[Envelope] = []
                 for batch in iterator:
-                    for values in batch.to_pylist():
-                        chunk.append(self._envelope(values, model))
-                        if len(chunk) >= CHUNK:
-                            count += await _in_order(publisher, topic, chunk)
-                            chunk = []
-                if chunk:
-                    count += await _in_order(publisher, topic, chunk)
+                    for i in range(0, batch.num_rows, CHUNK):
+                        rows = batch.slice(i, CHUNK).to_pylist()
+                        envelopes = self._envelopes(rows, adapter, etype)
+                        count += await _in_order(bus.publisher, topic, envelopes)
         finally:
             await bus.aclose()
         return count

@@ -83,3 +83,18 @@ def test_writer_options_checked(spark: Any, redis_db: str, topic: str) -> None:
         ).save()
     with pytest.raises(Exception, match="model or option event_type"):
         w().option("redis_url", redis_db).option("resource_id_col", "rid").save()
+
+
+def test_row_that_does_not_validate_fails_the_write(spark: Any, redis_db: str, topic: str) -> None:
+    df = spark.createDataFrame([("a", "not a number")], "resource string, seq string")
+    with pytest.raises(Exception, match="does not validate as Tick: seq"):
+        (
+            df.write.format("eventbus")
+            .option("topic", topic)
+            .option("redis_url", redis_db)
+            .option("resource_id_col", "resource")
+            .option("model", "spark_support:Tick")
+            .mode("append")
+            .save()
+        )
+    assert _entries(redis_db, topic, 16) == []
