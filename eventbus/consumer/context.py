@@ -26,7 +26,9 @@ class Context:
     `fencing_token` grows on every change of the shard lock's owner: pass it to downstream stores
     that can reject writes carrying an older token (Kleppmann, "How to do distributed locking").
     `entry_id` is the Redis stream entry ID (``"<ms>-<seq>"``); `published_at_ms` the
-    publisher's wall clock (Unix ms) when the event was created; `attempt` counts from 1.
+    publisher's wall clock (Unix ms) when the event was created; `attempt` counts this process's
+    handler attempts from 1; `delivery_count` counts the group's deliveries of the entry (from
+    the pending entries list: 1 for a first delivery, more after a crash or a takeover).
     """
 
     topic: str
@@ -41,6 +43,13 @@ class Context:
     attempt: int
     fencing_token: int
     consumer_id: str
+    delivery_count: int = 1
+
+    @property
+    def redelivered(self) -> bool:
+        """Whether the group delivered this entry before (to this or another consumer, e.g.
+        one that crashed before acking it): the handler may have run on it already."""
+        return self.delivery_count > 1
 
     @property
     def event_id(self) -> uuid.UUID:

@@ -34,7 +34,8 @@ class Delivery:
     """An entry being handled: its shard and the fencing token under which it was read.
 
     `generation` identifies the lock acquisition in this process (0 for catch-up); `attempt`
-    counts handler attempts made so far; `segment` names the object an archived entry came from.
+    counts handler attempts made so far; `segment` names the object an archived entry came from;
+    `delivery_count` is how often the group delivered the entry (the PEL's count, 1 at first).
     """
 
     shard: int
@@ -44,6 +45,7 @@ class Delivery:
     generation: int = 0
     attempt: int = 0
     segment: str | None = None
+    delivery_count: int = 1
 
 
 class Fence(Protocol):

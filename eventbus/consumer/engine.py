@@ -366,11 +366,11 @@ class Consumer:
         if lease_ms < 1:
             return None
         got = set()
-        for stream, entries in await self.reader.read(readable, min(block_ms, lease_ms)):
-            held = self.table.of_stream(stream)
-            if entries and held is not None:
+        for read in await self.reader.read(readable, min(block_ms, lease_ms)):
+            held = self.table.of_stream(read.stream)
+            if held is not None:
                 got.add(held.shard)
-                self.queues.dispatch(held, entries)
+                self.queues.dispatch(held, read.entries, read.counts)
         return got
 
     async def _release(self, shards: list[int]) -> None:

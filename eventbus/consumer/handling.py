@@ -198,6 +198,7 @@ class Handling:
             attempt=attempt,
             fencing_token=d.token,
             consumer_id=self.consumer_id,
+            delivery_count=d.delivery_count,
         )
         if not fence.holds(d):  # no await between this check and the call
             return NOT_STARTED

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from types import MappingProxyType
 
 import anyio
 import anyio.abc
@@ -21,6 +22,7 @@ from eventbus.codec import F_RESOURCE
 from eventbus.consumer.shards import HeldShard, Item
 
 Key = tuple[int, bytes]
+_FIRST: Mapping[bytes, int] = MappingProxyType({})
 Process = Callable[[Item], Awaitable[float | None]]
 """``await process(item)``: one step for the head of a queue; the delay (s) before trying it
 again, or None once it is finished (acked or let go)."""
@@ -35,14 +37,20 @@ class ResourceQueues:
         self._ready, self._ready_out = anyio.create_memory_object_stream[Key](math.inf)
 
     def dispatch(
-        self, held: HeldShard, entries: list[tuple[bytes, dict[bytes, bytes] | None]]
+        self,
+        held: HeldShard,
+        entries: list[tuple[bytes, dict[bytes, bytes] | None]],
+        counts: Mapping[bytes, int] = _FIRST,
     ) -> None:
         """Queue entries read from `held`'s stream, in order, behind their resources' earlier
-        entries. An entry without fields (deleted between read and claim) is skipped."""
+        entries; `counts` gives the delivery count of those delivered before (default 1). An
+        entry without fields (deleted between read and claim) is skipped."""
         for entry_id, fields in entries:
             if fields is None:
                 continue
             item = Item(held.shard, held.token, entry_id, fields, held.generation, held=held)
+            if counts:
+                item.delivery_count = counts.get(entry_id, 1)
             self._started(held)
             key = (held.shard, fields.get(F_RESOURCE, b"\x00" + entry_id))
             queue = self._queues.get(key)

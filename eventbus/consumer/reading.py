@@ -8,12 +8,27 @@ holds across a crash, a pause, or a graceful leave (which leaves read-but-unstar
 Reads: one ``XREADGROUP ... BLOCK`` over the held shards on a single node. A Redis Cluster refuses
 a multi-slot XREADGROUP, so there each stream is read without BLOCK in one pipeline (grouped per
 node by redis-py), with an adaptive pause when all were empty.
+
+Fenced delivery: Redis does not fence XREADGROUP, so a stale consumer's read that lands late (a
+process paused between its lease check and the send, a request delayed in the network past the
+TTL) delivers entries into *its* pending entries list while this consumer holds the shard. Every
+read is therefore followed, in the same pipeline (so after the read on the server), by an
+``XPENDING`` summary of each shard read: entries pending for any other consumer are claimed
+(``XCLAIM ... 0``) and merged, by entry ID, with what was read, before anything is dispatched.
+A late read that lands after that summary took entries newer than those just read; the next
+read's summary claims them, and they are still older than that read's entries. So no later
+entry of a resource is dispatched before an earlier one, on a single node and on a Cluster (the
+summary follows the read on the stream's own node). See docs/protocol.md, "Fenced delivery".
+
+Redelivery: entries read with ``>`` are first deliveries (count 1); claimed entries carry the
+PEL's delivery count (``XPENDING`` times-delivered), so a handler can tell a redelivery.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -25,7 +40,25 @@ from eventbus.metrics import METRICS
 log = logging.getLogger("eventbus.consumer")
 
 Entries = list[tuple[bytes, dict[bytes, bytes] | None]]
-Dispatch = Callable[[HeldShard, Entries], None]
+Counts = Mapping[bytes, int]
+"""Delivery counts by entry ID, for entries delivered more than once."""
+Dispatch = Callable[[HeldShard, Entries, Counts], None]
+
+_STRAYS_PAGE = 1000
+
+
+@dataclass(slots=True)
+class Read:
+    """What one read got from one shard stream, in entry-ID order."""
+
+    stream: bytes
+    entries: Entries
+    counts: dict[bytes, int] = field(default_factory=dict)
+
+
+def id_key(entry_id: bytes) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition(b"-")
+    return int(ms), int(seq)
 
 
 class Reader:
@@ -73,7 +106,10 @@ class Reader:
             pipe.xautoclaim(h.stream, self.group, self.consumer_id, 0, "0-0", count=self.count)
         for h, page in zip(shards, await pipe.execute(), strict=True):
             cursor, entries, deleted = page
-            while held(h):
+            while True:
+                counts = await self._counts(h.stream, entries) if entries else {}
+                if not held(h):
+                    break
                 if entries:
                     log.info(
                         "consumer %s recovers %d pending entries of shard %d",
@@ -81,7 +117,7 @@ class Reader:
                         len(entries),
                         h.shard,
                     )
-                    dispatch(h, entries)
+                    dispatch(h, entries, counts)
                 if deleted:
                     self._m_lost.inc(len(deleted))
                     log.error(
@@ -97,10 +133,14 @@ class Reader:
                     h.stream, self.group, self.consumer_id, 0, cursor, count=self.count
                 )
 
-    async def read(self, shards: list[HeldShard], block_ms: int) -> list[tuple[bytes, Entries]]:
-        """New entries (``>``) of `shards`, blocking at most `block_ms` ms when there are none."""
+    async def read(self, shards: list[HeldShard], block_ms: int) -> list[Read]:
+        """New entries (``>``) of `shards`, blocking at most `block_ms` ms when there are none,
+        merged with the entries stale reads of other consumers left pending (see the module
+        docstring). `shards` must be held, and recovered, by this consumer."""
+        check = not self.noack  # NOACK reads leave no pending entries
         if not self.cluster:
-            replies = await self.redis.xreadgroup(
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.xreadgroup(
                 self.group,
                 self.consumer_id,
                 {h.stream: ">" for h in shards},
@@ -108,13 +148,65 @@ class Reader:
                 block=block_ms,
                 noack=self.noack,
             )
-            return replies or []
-        pipe = self.redis.pipeline()
-        for h in shards:
-            pipe.xreadgroup(
-                self.group, self.consumer_id, {h.stream: ">"}, count=self.count, noack=self.noack
+            for h in shards if check else []:
+                pipe.xpending(h.stream, self.group)
+            got, *summaries = await pipe.execute()
+            replies = got or []
+        else:
+            pipe = self.redis.pipeline()
+            for h in shards:
+                pipe.xreadgroup(
+                    self.group,
+                    self.consumer_id,
+                    {h.stream: ">"},
+                    count=self.count,
+                    noack=self.noack,
+                )
+                if check:
+                    pipe.xpending(h.stream, self.group)
+            results = await pipe.execute()
+            step = 2 if check else 1
+            replies = [r for res in results[::step] for r in (res or [])]
+            summaries = results[1::2] if check else []
+            if not any(entries for _, entries in replies):
+                await anyio.sleep(block_ms / 1000)
+        reads = {stream: Read(stream, entries) for stream, entries in replies if entries}
+        for h, summary in zip(shards, summaries, strict=False):
+            await self._claim_strays(h, summary, reads)
+        return list(reads.values())
+
+    async def _claim_strays(self, h: HeldShard, summary: Any, reads: dict[bytes, Read]) -> None:
+        """Claim the entries of `h`'s stream pending for other consumers and merge them into
+        `reads` by entry ID."""
+        me = self.consumer_id.encode()
+        others = [
+            c["name"] for c in summary.get("consumers") or [] if c["name"] != me and c["pending"]
+        ]
+        for name in others:
+            rows = await self.redis.xpending_range(
+                h.stream, self.group, "-", "+", _STRAYS_PAGE, consumername=name
             )
-        replies = [r for res in await pipe.execute() for r in (res or [])]
-        if not any(entries for _, entries in replies):
-            await anyio.sleep(block_ms / 1000)
-        return replies
+            if not rows:
+                continue
+            ids = [row["message_id"] for row in rows]
+            claimed = await self.redis.xclaim(h.stream, self.group, self.consumer_id, 0, ids)
+            if not claimed:
+                continue
+            log.warning(
+                "consumer %s claims %d entries of shard %d left pending for %s by a late read",
+                self.consumer_id,
+                len(claimed),
+                h.shard,
+                name.decode("utf-8", "replace"),
+            )
+            stream = h.stream.encode()
+            read = reads.setdefault(stream, Read(stream, []))
+            read.entries = sorted([*read.entries, *claimed], key=lambda e: id_key(e[0]))
+            read.counts.update((row["message_id"], int(row["times_delivered"]) + 1) for row in rows)
+
+    async def _counts(self, stream: str, entries: Entries) -> dict[bytes, int]:
+        """Delivery counts of claimed `entries` (first to last) from the PEL."""
+        rows = await self.redis.xpending_range(
+            stream, self.group, entries[0][0], entries[-1][0], len(entries), self.consumer_id
+        )
+        return {row["message_id"]: int(row["times_delivered"]) for row in rows}

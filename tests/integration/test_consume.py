@@ -161,6 +161,18 @@ class CountingRedis(redis.asyncio.Redis):
         self.calls[str(args[0]).upper()] += 1
         return await super().execute_command(*args, **options)
 
+    def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Any:
+        pipe = super().pipeline(transaction, shard_hint)
+        sent = pipe.execute
+
+        async def execute(raise_on_error: bool = True) -> Any:
+            for args, _ in pipe.command_stack:
+                self.calls[str(args[0]).upper()] += 1
+            return await sent(raise_on_error)
+
+        pipe.execute = execute  # type: ignore[method-assign]
+        return pipe
+
 
 async def test_idle_consumer_backs_off_instead_of_spinning(
     settings: SettingsFactory, redis_db: str

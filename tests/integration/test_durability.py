@@ -38,7 +38,7 @@ def primary_with_replica() -> Iterator[RedisServer]:
 @pytest.mark.parametrize("packed", [True, False], ids=["hiredis-packed", "redis-py-pipeline"])
 async def test_publish_waits_for_replicas(primary_with_replica: RedisServer, packed: bool) -> None:
     bus = EventBus(Settings(redis_url=primary_with_replica.url, publish_replicas=1))
-    bus.publisher._packed = packed and bus.publisher._packed
+    bus.publisher.sender._packed = packed and bus.publisher.sender._packed
     async with bus:
         entry_id = await bus.publish("notes", Note(text="kept"), resource_id="n1")
     await bus.aclose()
@@ -56,7 +56,7 @@ async def test_too_few_replicas_is_an_error_not_a_success(
             publish_replicas_timeout_ms=100,
         )
     )
-    bus.publisher._packed = packed and bus.publisher._packed
+    bus.publisher.sender._packed = packed and bus.publisher.sender._packed
     async with bus:
         with pytest.raises(PublishError, match="only 1 of 2 replicas"):
             await bus.publish("notes", Note(text="not replicated enough"), resource_id="n1")
@@ -69,7 +69,7 @@ async def test_publishing_to_a_replica_fails_cleanly_instead_of_hanging(
     replica_url = primary_with_replica.replica_url  # type: ignore[attr-defined]
     for packed in (True, False):
         bus = EventBus(Settings(redis_url=replica_url, publish_replicas=1, publish_timeout_s=1))
-        bus.publisher._packed = packed and bus.publisher._packed
+        bus.publisher.sender._packed = packed and bus.publisher.sender._packed
         async with bus:
             with anyio.fail_after(10), pytest.raises(PublishError):
                 await bus.publish("notes", Note(text="read-only"), resource_id="n1")

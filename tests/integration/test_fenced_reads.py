@@ -1,0 +1,75 @@
+"""Fenced delivery (issue 9 item 1) and redelivery counts (item 3) against a real redis-server.
+
+A stale consumer's ``XREADGROUP`` that lands late (a process paused between its lease check and
+the send, ``CLIENT PAUSE``, a request delayed in the network past the TTL) delivers entries into
+*its* pending entries list although another consumer holds the shard now. Reproduced
+deterministically: ``MULTI; XADD e2; XREADGROUP ... stale >; EXEC`` hands e2 to a consumer name
+that holds no lock before the shard's owner can read it. The owner must handle e2 before the
+resource's later e3, not leave it stranded and run e3 first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import anyio
+import pytest
+import redis.asyncio
+from support import Recorder, Tick, running, wait_until
+
+from eventbus import EventBus, Settings
+
+pytestmark = pytest.mark.anyio
+
+
+async def _stale_read(r: redis.asyncio.Redis, bus: EventBus, event: Tick) -> bytes:
+    """Publish `event` and, atomically with it, read it as consumer "stale" of group "g"."""
+    stream, fields = bus.publisher.prepare(bus.topic("t"), event, event.resource)
+    async with r.pipeline(transaction=True) as tx:
+        tx.xadd(stream, fields)
+        tx.xreadgroup("g", "stale", {stream: ">"}, count=10)
+        entry_id, reply = await tx.execute()
+    assert reply and reply[0][1][0][0] == entry_id  # the stale consumer got it
+    return bytes(entry_id)
+
+
+async def test_a_stale_consumers_late_read_is_claimed_and_handled_in_order(
+    settings: Callable[..., Settings], r: redis.asyncio.Redis
+) -> None:
+    rec = Recorder()
+    bus = EventBus(settings(shards=1))
+    bus.subscriber("t", group="g")(rec.add)
+    async with running(bus):
+        await bus.publish("t", Tick(resource="x", seq=1), resource_id="x")
+        await rec.wait_for(1)
+        await _stale_read(r, bus, Tick(resource="x", seq=2))
+        await bus.publish("t", Tick(resource="x", seq=3), resource_id="x")
+        await rec.wait_for(3)
+        stream = bus.keys.stream("t", 0)
+        await wait_until(lambda: _pel_empty(r, stream))
+    assert rec.by_resource() == {"x": [1, 2, 3]}
+    redelivered = rec.log[1].ctx
+    assert redelivered.delivery_count == 2 and redelivered.redelivered
+    assert rec.log[0].ctx.delivery_count == 1 and not rec.log[0].ctx.redelivered
+
+
+async def test_a_late_read_with_nothing_after_it_is_not_stranded(
+    settings: Callable[..., Settings], r: redis.asyncio.Redis
+) -> None:
+    """No later entry of the resource arrives: the stale read's entry is still handled (it is
+    claimed at the owner's next read, not left pending until the next takeover)."""
+    rec = Recorder()
+    bus = EventBus(settings(shards=1, block_max_ms=50))
+    bus.subscriber("t", group="g")(rec.add)
+    async with running(bus):
+        await bus.publish("t", Tick(resource="y", seq=1), resource_id="y")
+        await rec.wait_for(1)
+        await _stale_read(r, bus, Tick(resource="y", seq=2))
+        with anyio.fail_after(20):
+            await rec.wait_for(2)
+    assert rec.by_resource() == {"y": [1, 2]}
+
+
+async def _pel_empty(r: redis.asyncio.Redis, stream: str) -> bool:
+    summary = await r.xpending(stream, "g")
+    return not summary["pending"]
