@@ -12,6 +12,8 @@ import datetime as dt
 import decimal
 import enum
 import json
+import types
+import typing
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -51,6 +53,8 @@ class Converter:
         self.validate = validate
         self.typed_names = [n for n in target.names if n not in BASE_NAMES and n != CORRUPT]
         self.typed_type = pa.struct([target.field(n) for n in self.typed_names])
+        # models whose fields are all scalars Arrow takes as they are: `__dict__` is the row
+        self.flat = {k: _flat(m) for k, m in self.models.items()}
         self.adapters = {
             k: TypeAdapter(list[m])  # type: ignore[valid-type]
             for k, m in self.models.items()
@@ -140,7 +144,7 @@ class Converter:
         validation; one by one only when it fails, to tell the bad rows apart)."""
         model = self.models[key]
         try:
-            models = self.adapters[key].validate_python([payloads[i] for i in idx])
+            models: list[BaseModel] = self.adapters[key].validate_python([payloads[i] for i in idx])
         except ValidationError:
             for i in idx:
                 try:
@@ -148,8 +152,12 @@ class Converter:
                 except ValidationError as exc:
                     corrupt[i] = f"ValidationError: {model.__name__}: {_short(exc)}"
             return
-        for i, m in zip(idx, models, strict=True):
-            rows[i] = _row(m)
+        if self.flat[key]:
+            for i, m in zip(idx, models, strict=True):
+                rows[i] = m.__dict__
+        else:
+            for i, m in zip(idx, models, strict=True):
+                rows[i] = _row(m)
 
 
 def _payload(raw: bytes) -> Any:
@@ -162,6 +170,23 @@ def _payload(raw: bytes) -> Any:
         except Exception as exc:
             raise DecodeError(f"corrupt envelope: {type(exc).__name__}: {exc}") from None
     return decode_entry({F_RESOURCE: b"-", F_TYPE: b"-", F_DATA: raw}).payload
+
+
+_SCALARS = (str, int, float, bool, bytes, dt.datetime, dt.date)
+
+
+def _flat(model: type[BaseModel]) -> bool:
+    """Whether every field of `model` is a scalar (or an optional one) that Arrow converts as
+    validated: ``str``, ``int``, ``float``, ``bool``, ``bytes``, ``datetime``, ``date`` (not a
+    subclass such as an enum)."""
+    for field in model.model_fields.values():
+        ann = field.annotation
+        args = [a for a in typing.get_args(ann) if a is not type(None)]
+        if typing.get_origin(ann) in (typing.Union, types.UnionType) and len(args) == 1:
+            ann = args[0]
+        if ann not in _SCALARS:
+            return False
+    return True
 
 
 def _row(model: BaseModel) -> dict[str, Any]:
