@@ -6,6 +6,7 @@ naming the option, when the DataFrame is defined (``load()``), not when a task r
 
 from __future__ import annotations
 
+import ast
 import importlib
 import json
 from collections.abc import Mapping
@@ -46,7 +47,10 @@ def load_models(spec: str | None) -> dict[str | None, type[BaseModel]] | None:
         try:
             raw = json.loads(spec)
         except json.JSONDecodeError as exc:
-            raise ConfigError(f"option model is not valid JSON: {exc}") from None
+            try:  # .option("model", {...}) hands Spark str(dict): Python's quoting
+                raw = ast.literal_eval(spec)
+            except (ValueError, SyntaxError):
+                raise ConfigError(f"option model is not a JSON object: {exc}") from None
         pairs: dict[str | None, Any] = {
             str(k): load_object(str(v), "model") for k, v in raw.items()
         }
@@ -116,6 +120,8 @@ class SourceOptions:
     event_id_col: str | None = None
     event_type: str | None = None
     headers_col: str | None = None
+    s3_endpoint: str | None = None
+    s3_region: str | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str], *, need_store: bool = True) -> SourceOptions:
@@ -159,6 +165,8 @@ class SourceOptions:
             event_id_col=opts.get("event_id_col") or None,
             event_type=opts.get("event_type") or None,
             headers_col=opts.get("headers_col") or None,
+            s3_endpoint=opts.get("s3_endpoint") or None,
+            s3_region=opts.get("s3_region") or None,
         )
         parsed.keys()  # validates key_prefix / hashtag
         load_models(parsed.model)  # fails now, not in a task
@@ -172,11 +180,19 @@ class SourceOptions:
 
     def open_store(self) -> Store:
         """The segment store: ``store_factory(url)`` when given (an obstore store, e.g. with
-        custom credentials or instrumentation), else `eventbus.tier.open_store(url)`."""
+        custom credentials or instrumentation), else `eventbus.tier.open_store(url)` for reading
+        (a missing local folder is `StoreNotFound`), with the ``s3_endpoint`` / ``s3_region``
+        options, else ``EVENTBUS_TIER_S3_ENDPOINT`` / ``_REGION`` as the CLI reads them."""
         if self.store_factory:
             factory = load_object(self.store_factory, "store_factory")
             return factory(self.store)
-        return open_store(self.store)
+        endpoint, region = self.s3_endpoint, self.s3_region
+        if self.store.startswith(("s3://", "s3a://")) and not (endpoint and region):
+            from eventbus.tier.settings import TierSettings
+
+            tier = TierSettings()
+            endpoint, region = endpoint or tier.s3_endpoint, region or tier.s3_region
+        return open_store(self.store, endpoint=endpoint, region=region, create=False)
 
     def redis(self) -> Any:
         """A synchronous, binary-safe redis-py client of ``redis_url`` (None without it)."""

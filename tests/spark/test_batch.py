@@ -93,8 +93,10 @@ def test_models_by_event_type(spark: Any, redis_db: str, tmp_path: Path, topic: 
     store = str(tmp_path / "seg")
     publish(redis_db, topic, [*ticks(5), ("x", Tock(resource="x", n=7))])
     offload(redis_db, store, topic)
-    models = json.dumps({"Tock": "spark_support:Tock"})
-    rows = read(spark, store, topic, model=models).collect()
+    rows = read(spark, store, topic, model=json.dumps({"Tock": "spark_support:Tock"})).collect()
+    # a dict given as is: Spark passes str(dict) on
+    same = read(spark, store, topic, model={"Tock": "spark_support:Tock"}).collect()
+    assert sorted(map(tuple, same)) == sorted(map(tuple, rows))
     tock = [r for r in rows if r.event_type == "Tock"]
     assert len(rows) == 6 and tock[0].n == 7 and tock[0].resource == "x"
     assert all(r.n is None and r._corrupt is None for r in rows if r.event_type == "Tick")
@@ -161,5 +163,7 @@ def test_missing_options_and_bad_store(spark: Any, tmp_path: Path) -> None:
         read(spark, str(tmp_path), "t", model="nope.nowhere:X")
     with pytest.raises(Exception, match="cannot open object store"):
         read(spark, "bogus://x/y", "t").collect()
+    with pytest.raises(Exception, match="no segment store at"):
+        read(spark, str(tmp_path / "typo"), "t").collect()
     with pytest.raises(Exception, match="option mode must be"):
         read(spark, str(tmp_path), "t", mode="LAX")
