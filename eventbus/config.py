@@ -180,6 +180,12 @@ class Settings(BaseSettings):
     read_count: int = Field(200, ge=1, description="COUNT of one XREADGROUP.")
     block_min_ms: int = Field(10, ge=1, description="Shortest XREADGROUP BLOCK when idle.")
     block_max_ms: int = Field(1000, ge=1, description="Longest XREADGROUP BLOCK when idle.")
+    trim_check_s: float = Field(
+        5.0,
+        gt=0,
+        description="How often a consumer checks each held shard for entries trimmed (MAXLEN) "
+        "before its group read them (and at once when it takes a shard).",
+    )
     idle_release_ms: int = Field(
         500, ge=0, description="A held shard idle this long is released for others to take."
     )

@@ -61,6 +61,11 @@ class Keys:
         """The dead-letter stream of `group` on `topic`: ``<prefix>:dlq:<topic>:<group>``."""
         return f"{self.prefix}:dlq:{topic}:{group}"
 
+    def trimmed(self, topic: str, group: str) -> str:
+        """Stream of trim records of `group` on `topic`: unread entries found trimmed by
+        ``MAXLEN ~`` (`eventbus.consumer.trims`): ``<prefix>:trimmed:<topic>:<group>``."""
+        return f"{self.prefix}:trimmed:{topic}:{group}"
+
     # -- coordination keys (one hashtag, one slot) ------------------------------------------
     def topics(self) -> str:
         """Hash: topic name -> shard count, written once on a topic's first use."""

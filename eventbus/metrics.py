@@ -23,6 +23,9 @@ class _Metrics:
         "eventbus_dead_lettered_total", "Entries written to the dead-letter stream", _L
     )
     lost = Counter("eventbus_lost_total", "Pending entries trimmed before they were processed", _L)
+    trimmed_unread = Counter(
+        "eventbus_trimmed_unread_total", "Entries trimmed (MAXLEN) before the group read them", _L
+    )
     lease_lost = Counter(
         "eventbus_lease_lost_total", "Times a consumer dropped its shards (lease lapsed)", _L
     )

@@ -34,7 +34,9 @@ async def _stats(settings: Settings) -> None:
     r, keys = bus.redis, bus.keys
     try:
         topics = await bus.registry.stored()
-        table = Table("topic", "shards", "entries", "group", "lag", "pending", "live", "locked")
+        table = Table(
+            "topic", "shards", "entries", "group", "lag", "pending", "live", "locked", "trimmed"
+        )
         for topic, shards in sorted(topics.items()):
             streams = [keys.stream(topic, s) for s in range(shards)]
             pipe = r.pipeline(transaction=False)
@@ -60,7 +62,7 @@ async def _stats(settings: Settings) -> None:
                         agg[0] += g.get("lag") or 0
                         agg[2] |= g.get("entries-read") is None
                     agg[1] += g["pending"]
-            table.add_row(cell(topic), str(shards), str(entries), "", "", "", "", "")
+            table.add_row(cell(topic), str(shards), str(entries), "", "", "", "", "", "")
             secs, micros = await r.time()  # liveness deadlines are in Redis server time
             now_ms = secs * 1000 + micros // 1000
             for g, (lag, pending, estimated) in sorted(groups.items()):
@@ -68,8 +70,19 @@ async def _stats(settings: Settings) -> None:
                 locks = await r.hgetall(keys.locks(topic, g))
                 held = sum(1 for k in locks if k.isdigit())
                 shown = f"~{lag}" if estimated else str(lag)
+                trimmed = sum(
+                    int(f.get(b"count", 0)) for _, f in await r.xrange(keys.trimmed(topic, g))
+                )  # unread entries lost to MAXLEN (eventbus.consumer.trims)
                 table.add_row(
-                    "", "", "", cell(g), shown, str(pending), str(live), f"{held}/{shards}"
+                    "",
+                    "",
+                    "",
+                    cell(g),
+                    shown,
+                    str(pending),
+                    str(live),
+                    f"{held}/{shards}",
+                    str(trimmed),
                 )
         Console().print(table)
     finally:

@@ -44,6 +44,7 @@ from eventbus.consumer.lease import Lease, heartbeat_loop
 from eventbus.consumer.queues import ResourceQueues
 from eventbus.consumer.reading import Reader
 from eventbus.consumer.shards import HeldShard, Item, ShardTable
+from eventbus.consumer.trims import TrimWatch
 from eventbus.keys import Keys
 from eventbus.locks import LockClient, new_member_id
 from eventbus.metrics import METRICS
@@ -111,6 +112,9 @@ class Consumer:
             backoff=self._backoff,
         )
         self.queues = ResourceQueues(self.acks.started)
+        self.trims = TrimWatch(
+            redis, keys, self.topic.name, self.group, self.consumer_id, settings.trim_check_s
+        )
         self.handling = Handling(redis, keys, settings, sub, self.consumer_id, redis_retry)
         self._rotation = random.randrange(n)
         self.catching_up = CatchUpSchedule(self._backoff)
@@ -328,6 +332,7 @@ class Consumer:
         if recover:
             await self._recover(recover)
         self.table.mark_surplus(grants.share)
+        await self._check_trims()
         got = await self._read(block_ms)
         if got is None:  # no lease: re-lock in the next round
             return False
@@ -372,6 +377,17 @@ class Consumer:
                 got.add(held.shard)
                 self.queues.dispatch(held, read.entries, read.counts)
         return got
+
+    async def _check_trims(self) -> None:
+        """Check the held shards that are due for entries trimmed before the group read them
+        (`trims`), before reading past them; with an archive, a shard found trimmed ahead is
+        caught up from the segments first."""
+        due = self.trims.due(list(self.table.held.values()), time.monotonic())
+        if not due:
+            return
+        ahead = [t.shard for t in await self.trims.check(due) if t.ahead]
+        if ahead and self.catch_up is not None:
+            await self._catch_up([s for s in ahead if s in self.table.held])
 
     async def _release(self, shards: list[int]) -> None:
         await self.locks.release(shards)

@@ -1,0 +1,180 @@
+"""Entries trimmed before the group read them: detected, counted and recorded, never silent.
+
+``XADD ... MAXLEN ~`` (the memory cap) may trim entries a group has not read yet, and
+``XREADGROUP ... >`` then goes on from the stream's first entry without a word. Redis 7's
+counters expose it: a group's ``lag`` is ``entries-added - entries-read``, and ``entries-read``
+counts the entries delivered to the group, so trimmed unread entries stay in the lag for ever,
+while the stream holds fewer entries after the group's last-delivered ID than the lag says. Their
+difference is the number of entries the group lost to trimming. The consumer computes it for
+every shard it holds, when it takes the shard and every `TrimWatch.interval_s` seconds
+(``XINFO STREAM`` + ``XINFO GROUPS``, and ``XRANGE`` to count the entries after the last-delivered
+ID when that lies inside the stream), and reports any increase:
+
+* **ahead**: the last-delivered ID lies before the stream's first entry: the entries are gone
+  and the group has not read past them yet (with an archive, catch-up handles them from the
+  segments);
+* **read past**: the group already went on past them.
+
+Either is logged at ERROR, counted in ``eventbus_trimmed_unread_total`` and recorded in the
+group's trim records (`Keys.trimmed`, shown by ``eventbus stats``). When Redis does not know the
+group's ``entries-read`` (after ``XGROUP SETID`` or an AOF reload) it reports no lag and the
+check starts over; a backlog over `COUNT_LIMIT` entries inside the stream is not counted
+(too costly) until it shrinks or the head passes it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from eventbus.consumer.shards import HeldShard
+from eventbus.keys import Keys
+from eventbus.metrics import METRICS
+
+log = logging.getLogger("eventbus.consumer")
+
+RECORDS_MAXLEN = 10_000  # trim records kept per group (approximately)
+COUNT_LIMIT = 10_000  # most entries counted with XRANGE in one check
+
+
+@dataclass(slots=True)
+class _Baseline:
+    generation: int
+    lost: int | None  # entries the group had lost to trimming at the last check
+    checked_at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Trim:
+    """Unread entries of `shard` found trimmed: `count` of them, after entry ID `after` (the
+    group's last-delivered ID then) and before `before` (the stream's first entry, or "")."""
+
+    shard: int
+    count: int
+    after: str
+    before: str
+    ahead: bool
+
+
+class TrimWatch:
+    """The trim checks of one consumer; see the module docstring."""
+
+    def __init__(
+        self, redis: Any, keys: Keys, topic: str, group: str, consumer_id: str, interval_s: float
+    ) -> None:
+        self.redis = redis
+        self.group = group
+        self.consumer_id = consumer_id
+        self.interval_s = interval_s
+        self._records = keys.trimmed(topic, group)
+        self._base: dict[int, _Baseline] = {}
+        self._m_trimmed = METRICS.trimmed_unread.labels(topic, group)
+
+    def due(self, held: list[HeldShard], now: float) -> list[HeldShard]:
+        """Shards to check now: newly held ones, and those not checked for `interval_s`."""
+
+        def is_due(h: HeldShard) -> bool:
+            base = self._base.get(h.shard)
+            if base is None or base.generation != h.generation:
+                return True
+            return now - base.checked_at >= self.interval_s
+
+        return [h for h in held if is_due(h)]
+
+    async def check(self, shards: list[HeldShard]) -> list[Trim]:
+        """Check `shards`; record and return the trims found since their last check."""
+        pipe = self.redis.pipeline(transaction=False)
+        for h in shards:
+            pipe.xinfo_stream(h.stream)
+            pipe.xinfo_groups(h.stream)
+        replies = await pipe.execute(raise_on_error=False)
+        now = time.monotonic()
+        found = []
+        for h, info, groups in zip(shards, replies[0::2], replies[1::2], strict=True):
+            if isinstance(info, Exception) or isinstance(groups, Exception):
+                continue  # no stream yet (or refused: the round's own commands will say so)
+            group = next((g for g in groups if _text(g["name"]) == self.group), None)
+            if group is None:
+                continue
+            trim = await self._compare(h, info, group, now)
+            if trim is not None:
+                found.append(trim)
+        for trim in found:
+            await self._record(trim)
+        return found
+
+    async def _compare(self, h: HeldShard, info: Any, group: Any, now: float) -> Trim | None:
+        old = self._base.get(h.shard)
+        known = old.lost if old is not None and old.generation == h.generation else None
+        lost = await self._lost(h, info, group)
+        self._base[h.shard] = _Baseline(h.generation, lost, now)
+        if lost is None:
+            return None
+        delivered_id = _text(group["last-delivered-id"])
+        first = info.get("first-entry")
+        first_id = _text(first[0]) if first else ""
+        ahead = not first or _id(first_id) > _id(delivered_id)
+        # on a new shard only entries still ahead are ours to report (the rest were lost, and
+        # reported, before: the lag keeps them for ever)
+        new = lost - known if known is not None else (lost if ahead else 0)
+        if new <= 0:
+            return None
+        if ahead:
+            return Trim(h.shard, new, delivered_id, first_id, True)
+        return Trim(h.shard, new, "", delivered_id, False)
+
+    async def _lost(self, h: HeldShard, info: Any, group: Any) -> int | None:
+        """Entries the group lost to trimming so far: its lag minus the entries the stream holds
+        after its last-delivered ID; None when Redis does not know the lag, or it is too long
+        to count."""
+        lag = group.get("lag")
+        if lag is None:
+            return None
+        delivered_id = _text(group["last-delivered-id"])
+        first = info.get("first-entry")
+        if not first or _id(_text(first[0])) > _id(delivered_id):
+            after = int(info["length"])
+        elif int(lag) > COUNT_LIMIT:
+            return None
+        else:
+            rows = await self.redis.xrange(h.stream, min="(" + delivered_id, count=int(lag) + 1)
+            after = len(rows)
+        return max(0, int(lag) - after)
+
+    async def _record(self, trim: Trim) -> None:
+        self._m_trimmed.inc(trim.count)
+        log.error(
+            "consumer %s: %d entries of shard %d were trimmed before group %s read them "
+            "(%s; MAXLEN too small for the backlog? see docs/operations.md, stream caps)",
+            self.consumer_id,
+            trim.count,
+            trim.shard,
+            self.group,
+            f"after {trim.after or '?'} before {trim.before or 'the end'}"
+            if trim.ahead
+            else f"read past them, up to {trim.before}",
+        )
+        await self.redis.xadd(
+            self._records,
+            {
+                b"shard": str(trim.shard).encode(),
+                b"count": str(trim.count).encode(),
+                b"after": trim.after.encode(),
+                b"before": trim.before.encode(),
+                b"ahead": b"1" if trim.ahead else b"0",
+                b"consumer": self.consumer_id.encode(),
+            },
+            maxlen=RECORDS_MAXLEN,
+            approximate=True,
+        )
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _id(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)

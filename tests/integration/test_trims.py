@@ -1,0 +1,92 @@
+"""No silent trim (issue 9 item 4): entries that ``MAXLEN`` trimmed before the group read them are
+detected by the consumer, logged, counted and recorded, both when they are still ahead of the
+group and after it read past them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import anyio
+import pytest
+import redis.asyncio
+from support import Recorder, Tick, running, wait_until
+from typer.testing import CliRunner
+
+from eventbus import EventBus, Settings
+from eventbus.cli import app
+from eventbus.metrics import METRICS
+
+pytestmark = pytest.mark.anyio
+
+
+async def _records(r: redis.asyncio.Redis, bus: EventBus) -> list[dict[bytes, bytes]]:
+    return [f for _, f in await r.xrange(bus.keys.trimmed("t", "g"))]
+
+
+def _metric() -> float:
+    return METRICS.trimmed_unread.labels("t", "g")._value.get()
+
+
+async def _publish(bus: EventBus, rid: str, seqs: range) -> None:
+    for i in seqs:
+        await bus.publish("t", Tick(resource=rid, seq=i), resource_id=rid)
+
+
+async def test_entries_trimmed_while_no_consumer_ran_are_reported_before_reading_past_them(
+    settings: Callable[..., Settings], r: redis.asyncio.Redis
+) -> None:
+    before = _metric()
+    rec = Recorder()
+    bus = EventBus(settings(shards=1))
+    bus.subscriber("t", group="g")(rec.add)
+    async with running(bus):
+        await _publish(bus, "a", range(1))
+        await rec.wait_for(1)
+    async with bus:  # publish while the group's consumers are down, then trim exactly
+        await _publish(bus, "a", range(1, 21))
+    await r.xtrim(bus.keys.stream("t", 0), maxlen=5, approximate=False)
+    rec2 = Recorder()
+    bus2 = EventBus(settings(shards=1))
+    bus2.subscriber("t", group="g")(rec2.add)
+    async with running(bus2):
+        await rec2.wait_for(5)
+        await wait_until(lambda: _records(r, bus2))
+    [record] = await _records(r, bus2)
+    assert int(record[b"count"]) == 15 and record[b"ahead"] == b"1"
+    assert _metric() - before == 15
+    assert [h.seq for h in rec2.log] == list(range(16, 21))
+    runner = CliRunner(env={"COLUMNS": "200"})
+    args = ["stats", "--redis-url", bus2.settings.redis_url]
+    stats = await anyio.to_thread.run_sync(lambda: runner.invoke(app, args))
+    assert stats.exit_code == 0, stats.output
+    row = next(line for line in stats.output.splitlines() if "│ g " in line)
+    assert row.rstrip(" │").split()[-1] == "15"  # the trimmed column
+
+
+async def test_entries_trimmed_under_a_running_consumer_are_reported(
+    settings: Callable[..., Settings], r: redis.asyncio.Redis
+) -> None:
+    """The consumer falls behind (its handler blocks, its in-flight cap stops its reads), the
+    stream is trimmed past what it read: it reports what it lost before or after reading on."""
+    before = _metric()
+    gate = anyio.Event()
+    seen: list[int] = []
+
+    bus = EventBus(settings(shards=1, max_in_flight=2, read_count=1, trim_check_s=0.05))
+
+    @bus.subscriber("t", group="g")
+    async def handle(event: Tick) -> None:
+        seen.append(event.seq)
+        await gate.wait()
+
+    async with running(bus):
+        await _publish(bus, "b", range(30))
+        await wait_until(lambda: len(seen) == 1)
+        await r.xtrim(bus.keys.stream("t", 0), maxlen=5, approximate=False)
+        gate.set()
+        await wait_until(lambda: len(seen) >= 7)
+        await wait_until(lambda: _metric() - before > 0)
+    # read: 0 and 1 (the in-flight cap); trimmed unread: 2..24; handled after: 25..29
+    assert _metric() - before == 23
+    assert sum(int(f[b"count"]) for f in await _records(r, bus)) == 23
+    assert seen == [0, 1, *range(25, 30)]
