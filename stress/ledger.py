@@ -231,7 +231,8 @@ def check(
     lost_keys = sorted(k for k in acked if k not in first and k not in dead_keys)
     unknown = [k for k in first if k not in acked and k not in unacked_failed]
 
-    stale = stale_token_starts(led.handlings)
+    stale_count, stale_runs = stale_token_starts(led.handlings, examples=1 << 30)
+    woken = [x for x in stale_runs if _at_wake(x["run"], faults)]
     latencies = sorted((h.start_ns / 1e6 - h.published_ms) for h in first.values())
     t_end = max((h.end_ns for h in first.values()), default=t0_ns)
     t_pub = [p.acked_ns for p in led.published]
@@ -257,8 +258,10 @@ def check(
         "failed_publish_out_of_order": failed_late,
         "handled_unknown": len(unknown),
         "torn_ledger_lines": led.torn_lines,
-        "stale_token_starts": stale[0],
-        "stale_token_examples": stale[1],
+        "stale_token_starts": stale_count,
+        "stale_token_examples": stale_runs[:examples],
+        "stale_token_starts_at_sigcont": len(woken),
+        "stale_token_at_sigcont_examples": woken[:examples],
         "events_per_s": len(first) / max(1e-9, (t_end - t0_ns) / 1e9),
         "publish_per_s": len(t_pub) / max(1e-9, (max(t_pub, default=t0_ns) - t0_ns) / 1e9),
         "handling_s": (t_end - t0_ns) / 1e9,
@@ -301,6 +304,21 @@ def _lost_example(key: tuple[str, int], p: Published, led: Ledgers) -> dict[str,
     runs = [_describe(h) | {"ok": h.ok} for h in led.handlings if (h.resource, h.seq) == key]
     return {"resource": key[0], "seq": key[1], "entry_id": p.entry_id,
             "acked_ns": p.acked_ns, "handler_runs": runs}
+
+
+WAKE_SLACK_NS = 100_000_000
+
+
+def _at_wake(run: dict[str, Any], faults: list[dict[str, Any]]) -> bool:
+    """Whether handler run `run` started in its process's SIGSTOP (so, at the SIGCONT: the
+    process was stopped between the library's synchronous lease check and the handler's first
+    line, a window no check in the process can close) or within `WAKE_SLACK_NS` after it."""
+    return any(
+        f["kind"] == "pause"
+        and f.get("victim") == run["consumer"]
+        and f["t_ns"] <= run["start_ns"] <= f.get("end_ns", f["t_ns"]) + WAKE_SLACK_NS
+        for f in faults
+    )
 
 
 def stale_token_starts(

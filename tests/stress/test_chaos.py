@@ -124,6 +124,21 @@ def test_checker_counts_handlers_started_with_a_superseded_token() -> None:
     assert examples[0]["run"]["seq"] == 2 and examples[0]["after"]["token"] == 2
 
 
+def test_checker_tells_stale_starts_at_a_sigcont_apart() -> None:
+    led = ledger.Ledgers()
+    led.published = [ledger.Published("r", s, f"{s}-0", s, "-") for s in (1, 2)]
+    led.handlings = [
+        ledger.Handling(1, True, "r", 1, "1-0", 2, 0, 1, 90, 100, 0, "e"),  # the new owner
+        ledger.Handling(0, True, "r", 2, "2-0", 1, 0, 1, 5_000, 5_010, 0, "e"),  # woken, stale
+    ]
+    pause = {"kind": "pause", "victim": 0, "victim_shards": [0], "t_ns": 50, "end_ns": 4_990}
+    res = ledger.check(led, [], [pause], t0_ns=0)
+    assert (res["stale_token_starts"], res["stale_token_starts_at_sigcont"]) == (1, 1)
+    other = {**pause, "victim": 2}  # not the stopped process: unexplained
+    res = ledger.check(led, [], [other], t0_ns=0)
+    assert (res["stale_token_starts"], res["stale_token_starts_at_sigcont"]) == (1, 0)
+
+
 def test_torn_last_line_of_a_killed_consumer_is_skipped(tmp_path: Path) -> None:
     path = tmp_path / "con-3.log"
     w = ledger.LineWriter(path)
