@@ -130,3 +130,59 @@ def test_parse_start() -> None:
     assert parse_start("2023-11-14T22:13:20Z") == 1700000000000
     with pytest.raises(ConfigError, match="startingOffsets"):
         parse_start("yesterday")
+
+
+def test_query_behind_the_trim_point_continues_from_the_archive(
+    spark: Any, redis_db: str, tmp_path: Path, topic: str
+) -> None:
+    store = tmp_path / "seg"
+    store.mkdir()
+    events = ticks(200)
+    ids = publish(redis_db, topic, events)  # in Redis only
+    seen: list[tuple[int, str]] = []
+    batches: list[int] = []
+
+    def collect(df: Any, batch_id: int) -> None:
+        seen.extend((r.shard, r.entry_id) for r in df.select("shard", "entry_id").collect())
+        batches.append(batch_id)
+        if len(batches) == 1:  # the offloader archives and trims everything the query has not read
+            offload(redis_db, str(store), topic)
+
+    q = (
+        _stream(spark, str(store), topic, redis_db, maxEntriesPerTrigger="40")
+        .writeStream.foreachBatch(collect)
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .trigger(processingTime="0 seconds")
+        .start()
+    )
+    try:
+        q.processAllAvailable()
+    finally:
+        q.stop()
+    assert len(batches) >= 4
+    assert sorted(seen) == _keyed(events, ids)  # no gap, no repeat
+
+
+def test_starting_offsets_time(spark: Any, redis_db: str, tmp_path: Path, topic: str) -> None:
+    store = tmp_path / "seg"
+    store.mkdir()
+    events = ticks(60)
+    ids = publish(redis_db, topic, events[:30])
+    ids += publish(redis_db, topic, events[30:])
+    at = int(ids[30].split("-")[0])
+    want = sorted(k for k in _keyed(events, ids) if int(k[1].split("-")[0]) >= at)
+    name = f"t_{topic[2:]}"
+    q = (
+        _stream(spark, str(store), topic, redis_db, startingOffsets=str(at))
+        .select("shard", "entry_id")
+        .writeStream.format("memory")
+        .queryName(name)
+        .trigger(processingTime="0 seconds")
+        .start()
+    )
+    try:
+        q.processAllAvailable()
+        got = sorted((r.shard, r.entry_id) for r in spark.sql(f"select * from {name}").collect())
+    finally:
+        q.stop()
+    assert got == want and len(got) >= 30
