@@ -20,7 +20,7 @@ import logging
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pyspark.sql.datasource import (
@@ -45,6 +45,7 @@ from eventbus.tier.layout import SegmentRef
 log = logging.getLogger("eventbus.spark")
 
 MAX_ID = EntryId((1 << 64) - 1, (1 << 64) - 1)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,15 +92,20 @@ class Pruning:
                 hi=min(self.hi, EntryId(hi, MAX_ID.seq)) if hi is not None else self.hi,
             )
         if name == "published_at" and isinstance(value, datetime):
-            ms = int(value.replace(tzinfo=value.tzinfo or UTC).timestamp() * 1000)
-            lo, hi = _bounds(f, ms)
+            # conservative bounds in whole ms (the literal may have microseconds): a segment is
+            # skipped only if no row can match
+            at = value if value.tzinfo else value.replace(tzinfo=UTC)
+            us = (at - _EPOCH) // timedelta(microseconds=1)
+            floor_ms, ceil_ms = us // 1000, -(-us // 1000)
+            lo = floor_ms if isinstance(f, EqualTo | GreaterThan | GreaterThanOrEqual) else None
+            hi = ceil_ms if isinstance(f, EqualTo | LessThan | LessThanOrEqual) else None
             return _replace(
                 self,
-                time_lo=max(x for x in (self.time_lo, lo) if x is not None)
-                if lo is not None
+                time_lo=lo
+                if self.time_lo is None or (lo is not None and lo > self.time_lo)
                 else self.time_lo,
-                time_hi=min(x for x in (self.time_hi, hi) if x is not None)
-                if hi is not None
+                time_hi=hi
+                if self.time_hi is None or (hi is not None and hi < self.time_hi)
                 else self.time_hi,
             )
         return self
