@@ -9,11 +9,13 @@ of an older generation is dropped (its entry stays pending for the current owner
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 from redis.backoff import AbstractBackoff
+from redis.exceptions import ResponseError
 
 from eventbus.consumer.lease import Lease
 from eventbus.consumer.shards import HeldShard, Item, ShardTable
@@ -50,6 +52,7 @@ class Acks:
         self.max_in_flight = max_in_flight
         self.noack = noack
         self.backoff = backoff
+        self.on_refused: Callable[[str], None] = lambda command: None  # the refusal metric
         self.in_flight = 0
         self._batches: dict[int, _Batch] = {}
         self._wake = anyio.Event()
@@ -118,7 +121,16 @@ class Acks:
             except REDIS_ERRORS as exc:
                 failures += 1
                 delay = self.backoff.compute(failures)
-                log.warning("XACK failed (%s); retry in %.2f s", exc, delay)
+                if isinstance(exc, ResponseError):  # refused (NOPERM, OOM...): say it loudly
+                    self.on_refused("XACK")
+                    log.error(
+                        "Redis refused XACK (%s: %s); retry in %.2f s",
+                        type(exc).__name__,
+                        exc,
+                        delay,
+                    )
+                else:
+                    log.warning("XACK failed (%s); retry in %.2f s", exc, delay)
                 self._put_back(batches)
                 self._wake.set()
                 await anyio.sleep(delay)

@@ -1,6 +1,6 @@
 """One consumer of one (topic, group): lock -> recover -> read -> process in order -> ack -> unlock.
 
-The life of a round (`Consumer._round`):
+The life of a round (`Consumer.round`):
 
 1. **Acquire**: ``lock_shards.lua`` refreshes this consumer's liveness and takes shard locks up to
    the fair share ``ceil(shards / live consumers)`` (`eventbus.locks`).
@@ -21,7 +21,6 @@ starts no handler and sends no XACK or XREADGROUP. docs/semantics.md states the 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import random
 import time
@@ -29,9 +28,6 @@ from typing import Any
 
 import anyio
 import anyio.abc
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from eventbus import retry
 from eventbus.config import Settings
@@ -44,6 +40,7 @@ from eventbus.consumer.lease import Lease, heartbeat_loop
 from eventbus.consumer.queues import ResourceQueues
 from eventbus.consumer.reading import Reader
 from eventbus.consumer.shards import HeldShard, Item, ShardTable
+from eventbus.consumer.supervision import TRANSIENT, read_loop, refused
 from eventbus.consumer.trims import TrimWatch
 from eventbus.keys import Keys
 from eventbus.locks import LockClient, new_member_id
@@ -52,8 +49,6 @@ from eventbus.scripts import Scripts
 from eventbus.topics import TopicRegistry
 
 log = logging.getLogger("eventbus.consumer")
-
-_TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError)  # the reply may be lost
 
 
 class Consumer:
@@ -79,7 +74,7 @@ class Consumer:
         self.noack = sub.ack == "before"
         self.catch_up: CatchUpHook | None = None  # set by EventBus.run when it has an archive
         redis_retry = retry.forever(settings.retry_base_s, settings.retry_max_s)
-        self._backoff = retry.backoff(settings.retry_base_s, settings.retry_max_s)
+        self.backoff = retry.backoff(settings.retry_base_s, settings.retry_max_s)
         n = self.topic.shards
         self.locks = LockClient(
             redis,
@@ -109,15 +104,16 @@ class Consumer:
             self.lease,
             max_in_flight=settings.max_in_flight,
             noack=self.noack,
-            backoff=self._backoff,
+            backoff=self.backoff,
         )
+        self.acks.on_refused = self.refused_metric
         self.queues = ResourceQueues(self.acks.started)
         self.trims = TrimWatch(
             redis, keys, self.topic.name, self.group, self.consumer_id, settings.trim_check_s
         )
         self.handling = Handling(redis, keys, settings, sub, self.consumer_id, redis_retry)
         self._rotation = random.randrange(n)
-        self.catching_up = CatchUpSchedule(self._backoff)
+        self.catching_up = CatchUpSchedule(self.backoff)
         self._stopping = False
         self._stopped = anyio.Event()
         self._joined = anyio.Event()  # set by the first lock round: then heartbeats start
@@ -176,7 +172,7 @@ class Consumer:
                 for _ in range(self.settings.concurrency):
                     tg.start_soon(self.queues.worker, self._process, tg, self._stopped)
                 tg.start_soon(self._stop_starting, stop)
-                await self._read_loop(stop)
+                await read_loop(self, stop)
                 with anyio.move_on_after(self.settings.shutdown_grace_s) as grace:
                     while self.acks.in_flight:
                         await self.acks.wait_idle()
@@ -208,7 +204,7 @@ class Consumer:
         try:
             await self.locks.release(held, leave=True)
             log.info("consumer %s left; released shards %s", self.consumer_id, held)
-        except _TRANSIENT as exc:
+        except TRANSIENT as exc:
             log.error(
                 "consumer %s could not release its locks (%s); they free up after the liveness "
                 "TTL of %.1f s",
@@ -233,9 +229,9 @@ class Consumer:
         return not self._stopping and self.table.current(d.shard, d.generation)
 
     def _expired(self) -> None:
-        self._drop_all("liveness had expired before this heartbeat")
+        self.drop_all("liveness had expired before this heartbeat")
 
-    def _drop_all(self, reason: str, *, lease: bool = True) -> None:
+    def drop_all(self, reason: str, *, lease: bool = True) -> None:
         """Forget every held shard: queued items and unsent acks of them are dropped and their
         entries stay pending, to be recovered by whoever holds the lock next (maybe us)."""
         if self.table.held:
@@ -267,54 +263,13 @@ class Consumer:
             return step
         return None
 
-    # -- reading --------------------------------------------------------------------------------
-    async def _read_loop(self, stop: anyio.Event) -> None:
-        block = self.settings.block_min_ms
-        failures = 0
-        while not stop.is_set():
-            while self.acks.in_flight >= self.settings.max_in_flight and not stop.is_set():
-                await self.acks.wait_capacity()
-            if stop.is_set():
-                break
-            try:
-                got = await self._round(block)
-                failures = 0
-            except _TRANSIENT as exc:
-                # A reply lost with the connection may have delivered entries into our PEL:
-                # forget the shards, so the next round re-claims their PEL in order first.
-                self._drop_all(f"connection error during a round: {exc}", lease=False)
-                failures += 1
-                await self._back_off(stop, failures, "Redis unavailable", exc, logging.WARNING)
-                continue
-            except ResponseError as exc:
-                failures += 1
-                if "NOGROUP" in str(exc):
-                    log.warning(
-                        "consumer %s: group missing (%s); creating it", self.consumer_id, exc
-                    )
-                    with contextlib.suppress(*retry.REDIS_ERRORS):
-                        await self.reader.ensure_groups()
-                    continue
-                await self._back_off(stop, failures, "Redis refused a command", exc, logging.ERROR)
-                continue
-            block = (
-                self.settings.block_min_ms if got else min(block * 2, self.settings.block_max_ms)
-            )
-
-    async def _back_off(
-        self, stop: anyio.Event, failures: int, what: str, exc: Exception, level: int
-    ) -> None:
-        """Log a failed round and wait the backoff for `failures`, or until `stop` is set."""
-        delay = self._backoff.compute(failures)
-        log.log(level, "consumer %s: %s (%s); retry in %.2f s", self.consumer_id, what, exc, delay)
-        with anyio.move_on_after(delay):
-            await stop.wait()
-
-    async def _round(self, block_ms: int) -> bool:
+    # -- the round ------------------------------------------------------------------------------
+    async def round(self, block_ms: int) -> bool:
         """One acquire/apply/catch-up/recover/surplus/read/release round. Returns whether any
         entry was read."""
         n = self.topic.shards
-        grants = await self.locks.acquire([(self._rotation + i) % n for i in range(n)])
+        with refused("EVALSHA lock_shards", self.topic.name):
+            grants = await self.locks.acquire([(self._rotation + i) % n for i in range(n)])
         self._rotation = (self._rotation + 1) % n
         self.lease.renew(grants.sent_at)
         self._joined.set()
@@ -347,7 +302,8 @@ class Consumer:
         are not read past their pending entries and the next round recovers them again."""
         held = [self.table.held[s] for s in shards if s in self.table.held]
         try:
-            await self.reader.recover(held, self.queues.dispatch, self._still_held)
+            with refused("XAUTOCLAIM", ",".join(h.stream for h in held)):
+                await self.reader.recover(held, self.queues.dispatch, self._still_held)
         except BaseException:
             self.table.forget(shards)
             raise
@@ -371,7 +327,9 @@ class Consumer:
         if lease_ms < 1:
             return None
         got = set()
-        for read in await self.reader.read(readable, min(block_ms, lease_ms)):
+        with refused("XREADGROUP", ",".join(h.stream for h in readable)):
+            reads = await self.reader.read(readable, min(block_ms, lease_ms))
+        for read in reads:
             held = self.table.of_stream(read.stream)
             if held is not None:
                 got.add(held.shard)
@@ -390,7 +348,8 @@ class Consumer:
             await self._catch_up([s for s in ahead if s in self.table.held])
 
     async def _release(self, shards: list[int]) -> None:
-        await self.locks.release(shards)
+        with refused("EVALSHA unlock_shards", self.topic.name):
+            await self.locks.release(shards)
         self.table.forget(shards)
 
     async def _catch_up(self, shards: list[int]) -> list[int]:
@@ -398,6 +357,9 @@ class Consumer:
         they are read (`CatchUpSchedule.run`); returns the shards still held."""
         assert self.catch_up is not None
         return await self.catching_up.run(self.catch_up, shards, self.table, self._release)
+
+    def refused_metric(self, command: str) -> None:
+        METRICS.redis_refusals.labels(self.topic.name, self.group, command).inc()
 
     def _report_handled(self) -> None:
         """Add the handler successes since the last call to the Prometheus counter (once a

@@ -363,7 +363,7 @@ async def test_catch_up_from_an_unreachable_archive_backs_off(
     await consumer.reader.ensure_groups()
     try:
         for _ in range(10):  # ten lock rounds, driven one by one
-            await consumer._round(1)
+            await consumer.round(1)
             assert consumer.table.held == {}  # never read past the gap
     finally:
         await consumer._leave()

@@ -1,0 +1,90 @@
+"""The consumer's read loop and what it does when a round fails.
+
+* A **connection error** (or timeout): the reply of a read may have been lost with the connection
+  and delivered entries into our PEL, so every shard is forgotten (its PEL is claimed again, in
+  order, when re-locked) and the loop backs off (WARNING).
+* An **error reply** (NOPERM under an ACL, OOM, READONLY after a failover...) is not transient,
+  but an operator can fix it without restarting the consumer: the loop keeps backing off (up to
+  `retry_max_s`), logs the refused command and the server's reason at ERROR every time, and counts
+  it in ``eventbus_redis_refusals_total{command}`` (alert on any increase). A shard whose PEL
+  recovery was refused is not read past its pending entries (`Consumer._recover`).
+* ``NOGROUP`` (the group was deleted): it is created again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import anyio
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from eventbus.errors import RedisCommandRefused
+from eventbus.retry import REDIS_ERRORS
+
+if TYPE_CHECKING:
+    from eventbus.consumer.engine import Consumer
+
+log = logging.getLogger("eventbus.consumer")
+
+TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError)  # the reply may be lost
+
+
+@contextlib.contextmanager
+def refused(command: str, key: str) -> Iterator[None]:
+    """Turn an error reply to `command` into `RedisCommandRefused` naming it (NOGROUP stays
+    itself: the read loop creates the group again)."""
+    try:
+        yield
+    except ResponseError as exc:
+        if "NOGROUP" in str(exc):
+            raise
+        raise RedisCommandRefused(command, key, f"{type(exc).__name__}: {exc}") from exc
+
+
+async def read_loop(c: Consumer, stop: anyio.Event) -> None:
+    """Run `c`'s rounds until `stop` is set, waiting while `max_in_flight` entries are
+    unfinished, with an adaptive BLOCK (doubling from `block_min_ms` to `block_max_ms` while
+    nothing arrives)."""
+    settings = c.settings
+    block = settings.block_min_ms
+    failures = 0
+    while not stop.is_set():
+        while c.acks.in_flight >= settings.max_in_flight and not stop.is_set():
+            await c.acks.wait_capacity()
+        if stop.is_set():
+            break
+        try:
+            got = await c.round(block)
+            failures = 0
+        except TRANSIENT as exc:
+            c.drop_all(f"connection error during a round: {exc}", lease=False)
+            failures += 1
+            await _back_off(c, stop, failures, "Redis unavailable", exc, logging.WARNING)
+            continue
+        except RedisCommandRefused as exc:
+            failures += 1
+            c.refused_metric(exc.command)
+            await _back_off(c, stop, failures, f"{exc.command} refused", exc, logging.ERROR)
+            continue
+        except ResponseError as exc:  # NOGROUP
+            failures += 1
+            log.warning("consumer %s: group missing (%s); creating it", c.consumer_id, exc)
+            with contextlib.suppress(*REDIS_ERRORS):
+                await c.reader.ensure_groups()
+            continue
+        block = settings.block_min_ms if got else min(block * 2, settings.block_max_ms)
+
+
+async def _back_off(
+    c: Consumer, stop: anyio.Event, failures: int, what: str, exc: Exception, level: int
+) -> None:
+    """Log a failed round and wait the backoff for `failures`, or until `stop` is set."""
+    delay = c.backoff.compute(failures)
+    log.log(level, "consumer %s: %s (%s); retry in %.2f s", c.consumer_id, what, exc, delay)
+    with anyio.move_on_after(delay):
+        await stop.wait()
