@@ -20,6 +20,7 @@ from eventbus.codec import RESERVED_TYPE_PREFIX
 from eventbus.config import Settings
 from eventbus.connection import connect
 from eventbus.consumer import Consumer, Handler, HandlerCall, RetryPolicy, Subscription
+from eventbus.consumer.batching import BatchHandlerCall, batch_handler_models
 from eventbus.errors import ConfigError, RedisUnavailable, ReservedEventType
 from eventbus.keys import Keys, check_name
 from eventbus.publisher import Publisher
@@ -105,6 +106,8 @@ class EventBus:
         retry_max_s: float | None = None,
         dedup_window_s: float | None = None,
         handler_timeout_s: float | None = None,
+        batch: bool = False,
+        max_batch: int = 500,
     ) -> Callable[[H], H]:
         """Register the decorated function as the handler of `topic` for consumer group `group`.
 
@@ -123,6 +126,9 @@ class EventBus:
         `handler_timeout_s` (seconds; default the settings' `handler_timeout_s`, 0: no limit)
         bounds each attempt: an async handler is cancelled, a sync one abandoned (its thread
         runs on, unwaited), and the attempt counts as failed (`HandlerTimeout`).
+        With `batch`, the handler takes lists: ``async def h(events: list[Model], ctxs:
+        list[Context])``, called with up to `max_batch` consecutive entries of one shard
+        (`eventbus.consumer.batching`; docs/semantics.md gives the guarantees).
         Raises `ConfigError` for a bad name, option, or handler signature, and
         `ReservedEventType` for a model whose event type starts with ``__eventbus.``.
         """
@@ -143,12 +149,21 @@ class EventBus:
                 raise ConfigError(f"{name} must be positive, got {value!r}")
         if handler_timeout_s is not None and not handler_timeout_s >= 0:
             raise ConfigError(f"handler_timeout_s must be >= 0, got {handler_timeout_s!r}")
+        if batch and (dedup_window_s is not None or not max_batch >= 1):
+            raise ConfigError("batch=True needs max_batch >= 1 and takes no dedup_window_s")
         timeout_s = (
             self.settings.handler_timeout_s if handler_timeout_s is None else handler_timeout_s
         )
 
         def register(handler: H) -> H:
-            models, takes_ctx = handler_models(handler)
+            if batch:
+                models, takes_ctx = batch_handler_models(handler)
+                call: HandlerCall = BatchHandlerCall(
+                    handler, takes_context=takes_ctx, max_batch=max_batch
+                )
+            else:
+                models, takes_ctx = handler_models(handler)
+                call = HandlerCall(handler, takes_context=takes_ctx)
             for name in models:
                 if name.startswith(RESERVED_TYPE_PREFIX):
                     raise ReservedEventType(name, f"subscriber of topic {topic!r}, group {group!r}")
@@ -164,7 +179,7 @@ class EventBus:
                 Subscription(
                     topic=config,
                     group=group,
-                    call=HandlerCall(handler, takes_context=takes_ctx),
+                    call=call,
                     models=models,
                     retry=retry,
                     ack=ack,

@@ -32,6 +32,7 @@ import anyio.abc
 from eventbus import retry
 from eventbus.config import Settings
 from eventbus.consumer.acks import Acks
+from eventbus.consumer.batching import batch_queues, is_batch
 from eventbus.consumer.catching_up import CatchUpHook, CatchUpSchedule
 from eventbus.consumer.context import Subscription
 from eventbus.consumer.delivery import Delivery, Outcome
@@ -116,6 +117,11 @@ class Consumer:
         self.catching_up = CatchUpSchedule(self.backoff)
         self._stopping = False
         self._stopped = anyio.Event()
+        self._work: Any = self._process  # a worker's step: one entry, or a batch (batching)
+        if is_batch(sub.call):
+            self.queues, self._work = batch_queues(
+                self.handling, self, self._process, self.acks, self._stopped
+            )
         self._joined = anyio.Event()  # set by the first lock round: then heartbeats start
         self._handled_reported = 0
         self._m_handled = METRICS.handled.labels(self.topic.name, self.group)
@@ -170,7 +176,7 @@ class Consumer:
                 )
                 tg.start_soon(self.acks.loop)
                 for _ in range(self.settings.concurrency):
-                    tg.start_soon(self.queues.worker, self._process, tg, self._stopped)
+                    tg.start_soon(self.queues.worker, self._work, tg, self._stopped)
                 tg.start_soon(self._stop_starting, stop)
                 await read_loop(self, stop)
                 with anyio.move_on_after(self.settings.shutdown_grace_s) as grace:

@@ -1,0 +1,364 @@
+"""Batch handlers: ``@bus.subscriber(topic, group=..., batch=True, max_batch=N)``.
+
+The handler is ``async def h(events: list[Model], ctxs: list[Context])`` (``ctxs`` optional; a
+plain ``def`` runs in a worker thread). docs/semantics.md states the guarantees; in short:
+
+* **One queue per shard.** A batch holds consecutive entries of one shard, in stream order, read
+  under one lock acquisition: at most `max_batch`, and no more than are queued when a worker
+  takes them (no waiting to fill a batch). Batches of a shard run one after another, so
+  per-resource order holds inside a batch and across batches; shards run concurrently.
+* **Acked after the handler returns**, every entry of the batch (one XACK pipeline per wake-up,
+  as for single events).
+* **Failures.** A failing batch is retried in place by the subscription's retry policy
+  (`max_attempts` calls in all). Then it is split in two halves, the first settled before the
+  second, each called once and split again while it fails; a single failing entry goes through
+  the per-event policy (`Handling.step`: its own retries, then dead letter and ``continue`` or
+  ``park``). Entries of a resource parked meanwhile are dead-lettered as ``parked``, in order.
+* **Fencing**: the lease and the shard's lock acquisition are checked right before each call,
+  with no await in between, as for single events.
+* Entries that need the per-event path (control entries, parked resources, entries that do not
+  decode or validate, entries large enough to decode in a thread) break a batch: they are taken
+  one by one, in their place, by `Handling.step`. Catch-up from the durable tier and replays of
+  parked letters call the handler with batches of one.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+import types
+import typing
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, cast
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+from pydantic import BaseModel, TypeAdapter
+
+from eventbus.codec import F_RESOURCE, Envelope, event_type_of
+from eventbus.consumer.acks import Acks
+from eventbus.consumer.context import Context, Handler, HandlerCall
+from eventbus.consumer.delivery import NOT_STARTED, Fence, NotStarted
+from eventbus.consumer.handling import Handling, _large
+from eventbus.consumer.queues import Process, ResourceQueues
+from eventbus.consumer.shards import HeldShard, Item
+from eventbus.dlq import is_control
+from eventbus.errors import ConfigError, DecodeError, HandlerTimeout
+from eventbus.metrics import METRICS
+
+log = logging.getLogger("eventbus.consumer")
+
+_ONE_QUEUE = b""  # the resource part of a shard's one queue key
+
+
+class BatchHandlerCall(HandlerCall):
+    """A batch handler: `call_batch(events, ctxs)`; called with one event (catch-up, replays,
+    the last step of a split) it gets lists of one."""
+
+    __slots__ = ("max_batch",)
+
+    def __init__(self, func: Handler, *, takes_context: bool, max_batch: int) -> None:
+        super().__init__(func, takes_context=takes_context)
+        self.max_batch = max_batch
+
+    async def call_batch(self, events: list[Any], ctxs: list[Context]) -> None:
+        args = (events, ctxs) if self.takes_context else (events,)
+        if self.is_async:
+            await cast("Awaitable[None]", self.func(*args))
+        else:
+            await anyio.to_thread.run_sync(partial(self.func, *args), abandon_on_cancel=True)
+
+    async def __call__(self, event: Any, ctx: Context) -> None:
+        await self.call_batch([event], [ctx])
+
+
+def batch_handler_models(handler: Callable[..., Any]) -> tuple[dict[str, type[BaseModel]], bool]:
+    """Event models of a batch handler ``(events: list[Model], ctxs: list[Context])`` by event
+    type, and whether it takes the contexts. Raises `ConfigError` for another shape."""
+    params = list(inspect.signature(handler).parameters.values())
+    if not params or len(params) > 2:
+        raise ConfigError(f"batch handler {handler!r} must take (events) or (events, ctxs)")
+    try:
+        ann = typing.get_type_hints(handler).get(params[0].name)
+    except NameError as exc:
+        raise ConfigError(f"batch handler {handler!r}: cannot resolve its annotations") from exc
+    if typing.get_origin(ann) is not list:
+        raise ConfigError(f"batch handler {handler!r}: annotate events as list[Model], not {ann}")
+    (inner,) = typing.get_args(ann)
+    is_union = typing.get_origin(inner) in (typing.Union, types.UnionType)
+    models = typing.get_args(inner) if is_union else (inner,)
+    if not all(isinstance(m, type) and issubclass(m, BaseModel) for m in models):
+        raise ConfigError(f"batch handler {handler!r}: list[...] must hold pydantic models")
+    by_type = {event_type_of(m): m for m in models}
+    if len(by_type) != len(models):
+        raise ConfigError(f"batch handler {handler!r}: two models share an event type")
+    return by_type, len(params) == 2
+
+
+class BatchQueues(ResourceQueues):
+    """One queue per shard (not per resource); a worker takes up to `max_batch` entries of one
+    lock acquisition from its head and runs them as a batch."""
+
+    def __init__(self, started: Callable[[HeldShard], None], max_batch: int) -> None:
+        super().__init__(started)
+        self.max_batch = max_batch
+
+    def dispatch(
+        self,
+        held: HeldShard,
+        entries: list[tuple[bytes, dict[bytes, bytes] | None]],
+        counts: typing.Mapping[bytes, int] | None = None,
+    ) -> None:
+        key = (held.shard, _ONE_QUEUE)
+        queue = self._queues.get(key)
+        fresh = queue is None
+        if queue is None:
+            queue = self._queues[key] = deque()
+        for entry_id, fields in entries:
+            if fields is None:
+                continue
+            item = Item(held.shard, held.token, entry_id, fields, held.generation, held=held)
+            if counts:
+                item.delivery_count = counts.get(entry_id, 1)
+            self._started(held)
+            queue.append(item)
+        if fresh:
+            if queue:
+                self._ready.send_nowait(key)
+            else:
+                del self._queues[key]
+
+    async def worker(  # type: ignore[override]
+        self,
+        run: Callable[[list[Item]], Awaitable[None]],
+        timers: anyio.abc.TaskGroup,
+        stopped: anyio.Event,
+    ) -> None:
+        """Run shards' batches from the ready stream until cancelled (`run` finishes each)."""
+        while True:
+            key = await self._ready_out.receive()
+            queue = self._queues[key]
+            try:
+                while queue:
+                    generation = queue[0].generation
+                    batch: list[Item] = []
+                    for item in queue:
+                        if item.generation != generation or len(batch) == self.max_batch:
+                            break
+                        batch.append(item)
+                    await run(batch)
+                    for _ in batch:
+                        queue.popleft()
+            finally:
+                del self._queues[key]
+
+
+@dataclass(slots=True)
+class _Entry:
+    item: Item
+    env: Envelope
+    event: Any
+
+
+class BatchRunner:
+    """Handles the batches of one batch subscription (see the module docstring). `process`
+    is the consumer's per-event step (acks or lets go what it finishes), `stopped` is set on
+    shutdown (a retry's wait ends at once, then the fence lets the entries go)."""
+
+    def __init__(
+        self,
+        handling: Handling,
+        fence: Fence,
+        process: Process,
+        acks: Acks,
+        stopped: anyio.Event,
+    ) -> None:
+        self.handling = handling
+        self.sub = handling.sub
+        self.call = cast(BatchHandlerCall, handling.sub.call)
+        self.fence = fence
+        self.process = process
+        self.acks = acks
+        self.stopped = stopped
+        self._adapters = {m: TypeAdapter(list[m]) for m in set(self.sub.models.values())}  # type: ignore[valid-type]
+        labels = (self.sub.topic.name, self.sub.group)
+        self._m_failures = METRICS.failures.labels(*labels)
+        self._m_timeouts = METRICS.handler_timeouts.labels(*labels)
+        self._m_latency = METRICS.latency.labels(*labels)
+
+    async def run(self, items: list[Item]) -> None:
+        """Finish `items` (consecutive entries of one shard, one acquisition), in order."""
+        i = 0
+        while i < len(items):
+            if not await self.fence.wait(items[i]):
+                for item in items[i:]:
+                    self.acks.finish(item)
+                return
+            entries = self._decoded_run(items, i)
+            if not entries:
+                await self._single(items[i])
+                i += 1
+                continue
+            await self._settle(entries, self.sub.retry.max_attempts)
+            i += len(entries)
+
+    def _decoded_run(self, items: list[Item], start: int) -> list[_Entry]:
+        """The longest run of `items` from `start` that can be handled as a batch, decoded and
+        validated (the whole run at once when it holds one model)."""
+        envs: list[tuple[Item, Envelope, type[BaseModel]]] = []
+        for item in items[start:]:
+            fields = item.fields
+            if is_control(fields) or _large(fields):
+                break
+            rid = fields.get(F_RESOURCE)
+            if rid is not None and self.handling.failures.is_parked(rid.decode("utf-8", "replace")):
+                break
+            try:
+                env = self.handling._envelope(fields)
+            except DecodeError:
+                break
+            model = self.sub.models.get(env.event_type)
+            if model is None:
+                break
+            envs.append((item, env, model))
+        if not envs:
+            return []
+        models = {m for _, _, m in envs}
+        if len(models) == 1:
+            try:
+                events = self._adapters[envs[0][2]].validate_python([e.payload for _, e, _ in envs])
+                return [
+                    _Entry(item, env, ev) for (item, env, _), ev in zip(envs, events, strict=True)
+                ]
+            except Exception:  # find the first entry that does not validate, one by one
+                pass
+        out = []
+        for item, env, model in envs:
+            try:
+                out.append(_Entry(item, env, model.model_validate(env.payload)))
+            except Exception:
+                break
+        return out
+
+    async def _single(self, item: Item) -> None:
+        """The per-event path for `item`, its retries waited in place."""
+        while (delay := await self.process(item)) is not None:
+            with anyio.move_on_after(delay):
+                await self.stopped.wait()
+
+    async def _settle(self, entries: list[_Entry], attempts: int) -> None:
+        """Call the handler on `entries` up to `attempts` times; then split them."""
+        attempt = 0
+        while True:
+            head = entries[0].item
+            if not await self.fence.wait(head):
+                for e in entries:
+                    self.acks.finish(e.item)
+                return
+            attempt += 1
+            error = await self._call(entries, attempt)
+            if error is NOT_STARTED:
+                attempt -= 1
+                continue
+            if error is None:
+                for e in entries:
+                    self.acks.ack(e.item)
+                return
+            if attempt >= attempts:
+                break
+            delay = self.sub.retry.delay_s(attempt)
+            log.warning(
+                "batch handler %s failed on %d entries of shard %d from %s (attempt %d/%d): %r; "
+                "retry in %.2f s",
+                self.sub.name,
+                len(entries),
+                head.shard,
+                head.entry_id.decode(),
+                attempt,
+                attempts,
+                error,
+                delay,
+            )
+            with anyio.move_on_after(delay):
+                await self.stopped.wait()
+        if len(entries) == 1:
+            await self._single(entries[0].item)
+            return
+        mid = len(entries) // 2
+        await self._settle(entries[:mid], 1)
+        await self._resume(entries[mid:])
+
+    async def _resume(self, entries: list[_Entry]) -> None:
+        """Settle the rest of a split batch, after its first half: entries of resources parked
+        by that half go through the per-event path (dead-lettered as ``parked``)."""
+        run: list[_Entry] = []
+        for e in entries:
+            if self.handling.failures.is_parked(e.env.resource_id):
+                if run:
+                    await self._settle(run, 1)
+                    run = []
+                await self._single(e.item)
+            else:
+                run.append(e)
+        if run:
+            await self._settle(run, 1)
+
+    async def _call(self, entries: list[_Entry], attempt: int) -> Exception | NotStarted | None:
+        """One call of the batch handler; its exception, None, or `NOT_STARTED` (fence lost)."""
+        sub = self.sub
+        topic, group, consumer_id = sub.topic.name, sub.group, self.handling.consumer_id
+        ctxs = [
+            Context(
+                topic=topic,
+                group=group,
+                shard=e.item.shard,
+                entry_id=e.item.entry_id.decode(),
+                resource_id=e.env.resource_id,
+                event_id_bytes=e.env.event_id,
+                event_type=e.env.event_type,
+                published_at_ms=e.env.time_ms,
+                headers=e.env.headers,
+                attempt=attempt,
+                fencing_token=e.item.token,
+                consumer_id=consumer_id,
+                delivery_count=e.item.delivery_count,
+            )
+            for e in entries
+        ]
+        events = [e.event for e in entries]
+        if not self.fence.holds(entries[0].item):  # no await between this check and the call
+            return NOT_STARTED
+        timeout = sub.handler_timeout_s
+        try:
+            with anyio.move_on_after(timeout) as scope:
+                await self.call.call_batch(events, ctxs)
+        except Exception as exc:
+            self._m_failures.inc()
+            return exc
+        if scope.cancelled_caught:
+            assert timeout is not None
+            self._m_failures.inc()
+            self._m_timeouts.inc()
+            return HandlerTimeout(sub.name, timeout, abandoned=not self.call.is_async)
+        self.handling.handled += len(entries)
+        self._m_latency.observe(max(0.0, time.time() - entries[-1].env.time_ms / 1000))
+        return None
+
+
+def batch_queues(
+    handling: Handling, fence: Fence, process: Process, acks: Acks, stopped: anyio.Event
+) -> tuple[BatchQueues, Callable[[list[Item]], Awaitable[None]]]:
+    """The queues and the worker's step of a batch subscription (`Consumer` uses them in place
+    of `ResourceQueues` and its per-event step)."""
+    call = cast(BatchHandlerCall, handling.sub.call)
+    runner = BatchRunner(handling, fence, process, acks, stopped)
+    return BatchQueues(acks.started, call.max_batch), runner.run
+
+
+def is_batch(call: HandlerCall) -> bool:
+    return isinstance(call, BatchHandlerCall)
