@@ -24,6 +24,7 @@ from eventbus.consumer.batching import BatchHandlerCall, batch_handler_models
 from eventbus.errors import ConfigError, RedisUnavailable, ReservedEventType
 from eventbus.keys import Keys, check_name
 from eventbus.publisher import Publisher
+from eventbus.retention import Retention
 from eventbus.running import make_consumers, run_consumers
 from eventbus.signature import handler_models
 from eventbus.sync import SyncBus
@@ -71,17 +72,25 @@ class EventBus:
 
     # -- declaration ----------------------------------------------------------------------------
     def topic(
-        self, name: str, *, shards: int | None = None, maxlen: int | None = None
+        self,
+        name: str,
+        *,
+        shards: int | None = None,
+        maxlen: int | None = None,
+        retention: Retention | None = None,
     ) -> TopicConfig:
-        """Declare (or look up) a topic. Unset values come from the settings.
+        """Declare (or look up) a topic. Unset values come from the settings. `retention` is
+        ``"maxlen"`` or ``"acked"`` (`eventbus.retention`).
 
         Raises `ConfigError` when the topic was already declared with other values, or for an
         invalid name (checked by `TopicConfig` when the topic is first seen, not on every call).
         """
         existing = self._topics.get(name)
         if existing is not None:
-            if (shards is not None and shards != existing.shards) or (
-                maxlen is not None and maxlen != existing.maxlen
+            if (
+                (shards is not None and shards != existing.shards)
+                or (maxlen is not None and maxlen != existing.maxlen)
+                or (retention is not None and retention != existing.retention)
             ):
                 raise ConfigError(f"topic {name!r} is already declared as {existing}")
             return existing
@@ -90,6 +99,7 @@ class EventBus:
             name,
             self.settings.shards if shards is None else shards,
             self.settings.maxlen if maxlen is None else maxlen,
+            self.settings.retention if retention is None else retention,
         )
         self._topics[name] = config
         return config

@@ -180,6 +180,14 @@ class Settings(BaseSettings):
     read_count: int = Field(200, ge=1, description="COUNT of one XREADGROUP.")
     block_min_ms: int = Field(10, ge=1, description="Shortest XREADGROUP BLOCK when idle.")
     block_max_ms: int = Field(1000, ge=1, description="Longest XREADGROUP BLOCK when idle.")
+    retention: Literal["maxlen", "acked"] = Field(
+        "maxlen",
+        description="Default retention of a topic (eventbus.retention): 'maxlen' caps streams "
+        "only; 'acked' keeps entries until every group acked them (MAXLEN stays the hard cap).",
+    )
+    retention_trim_exact: bool = Field(
+        False, description="Trim exactly to the acked point (XTRIM MINID without ~): more CPU."
+    )
     trim_check_s: float = Field(
         5.0,
         gt=0,

@@ -71,6 +71,11 @@ class Keys:
         """Hash: topic name -> shard count, written once on a topic's first use."""
         return f"{self._coord}:topics"
 
+    def retention(self) -> str:
+        """Hash: topic name -> ``acked`` for topics whose entries Redis keeps until every group
+        acked them (`eventbus.retention`); read by the offloader."""
+        return f"{self._coord}:retention"
+
     def locks(self, topic: str, group: str) -> str:
         """Hash of a group's shard locks: ``<shard>`` -> owner consumer ID, ``<shard>:token`` ->
         fencing token (incremented on every change of owner)."""

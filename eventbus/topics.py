@@ -12,22 +12,30 @@ from typing import Any
 
 from eventbus.errors import ConfigError, ShardCountMismatch
 from eventbus.keys import Keys, check_name
+from eventbus.retention import RETENTIONS, Retention
 from eventbus.sharding import check_shards
 
 
 @dataclass(frozen=True, slots=True)
 class TopicConfig:
-    """Per-topic settings: shard count and approximate length cap of each shard stream."""
+    """Per-topic settings: shard count, approximate length cap of each shard stream, and
+    retention (`eventbus.retention`: ``"maxlen"`` or ``"acked"``)."""
 
     name: str
     shards: int
     maxlen: int
+    retention: Retention = "maxlen"
 
     def __post_init__(self) -> None:
         check_name("topic", self.name)
         check_shards(self.shards)
         if isinstance(self.maxlen, bool) or not isinstance(self.maxlen, int) or self.maxlen < 1:
             raise ConfigError(f"topic {self.name!r}: maxlen must be a positive integer")
+        if self.retention not in RETENTIONS:
+            raise ConfigError(
+                f"topic {self.name!r}: retention must be one of {RETENTIONS}, "
+                f"not {self.retention!r}"
+            )
 
 
 class TopicRegistry:
@@ -54,7 +62,14 @@ class TopicRegistry:
         stored = int(await self._redis.hget(key, topic.name))
         if stored != topic.shards:
             raise ShardCountMismatch(topic.name, stored, topic.shards)
+        if topic.retention == "acked":  # the offloader reads it: never trim past the groups
+            await self._redis.hset(self._keys.retention(), topic.name, topic.retention)
         self._checked.add(topic.name)
+
+    async def acked_retention(self) -> set[str]:
+        """The topics some publisher or consumer declared with ``retention="acked"``."""
+        raw = await self._redis.hgetall(self._keys.retention())
+        return {k.decode() for k, v in raw.items() if v == b"acked"}
 
     async def stored(self) -> dict[str, int]:
         """Every registered topic with its shard count."""

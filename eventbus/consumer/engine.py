@@ -46,7 +46,9 @@ from eventbus.consumer.trims import TrimWatch
 from eventbus.keys import Keys
 from eventbus.locks import LockClient, new_member_id
 from eventbus.metrics import METRICS
+from eventbus.retention import trim_to_acked
 from eventbus.scripts import Scripts
+from eventbus.tier.ids import parse_id
 from eventbus.topics import TopicRegistry
 
 log = logging.getLogger("eventbus.consumer")
@@ -67,6 +69,8 @@ class Consumer:
         consumer_id: str | None = None,
     ) -> None:
         self.settings = settings
+        self.redis = redis
+        self.keys = keys
         self.registry = registry
         self.sub = sub
         self.topic = sub.topic
@@ -352,6 +356,21 @@ class Consumer:
         ahead = [t.shard for t in await self.trims.check(due) if t.ahead]
         if ahead and self.catch_up is not None:
             await self._catch_up([s for s in ahead if s in self.table.held])
+        if self.topic.retention == "acked":
+            await self._trim_acked(due)
+
+    async def _trim_acked(self, shards: list[HeldShard]) -> None:
+        """Retention "acked": trim `shards` to what every group of the topic acked (and the
+        offloader archived, when the topic has a checkpoint): `eventbus.retention`."""
+        checkpoints = await self.redis.hgetall(self.keys.checkpoints(self.topic.name))
+        for h in shards:
+            raw = checkpoints.get(str(h.shard).encode())
+            await trim_to_acked(
+                self.redis,
+                h.stream,
+                checkpoint=parse_id(raw) if raw else None,
+                exact=self.settings.retention_trim_exact,
+            )
 
     async def _release(self, shards: list[int]) -> None:
         with refused("EVALSHA unlock_shards", self.topic.name):

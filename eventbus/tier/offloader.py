@@ -116,6 +116,7 @@ class Offloader:
         self.settings = settings or Settings()  # type: ignore[call-arg,unused-ignore]  # fields from env
         self.tier = tier or TierSettings()  # type: ignore[call-arg,unused-ignore]
         self.keys = Keys(self.settings.key_prefix, self.settings.hashtag)
+        self.acked_topics: set[str] = set()  # retention "acked": never trim past the groups
         self.scripts = Scripts.register(redis)
         self.consumer_id = consumer_id or f"offloader-{new_member_id()}"
         # Failed rounds (Redis unavailable) are retried after 0.1 s doubling up to one poll
@@ -137,6 +138,10 @@ class Offloader:
         entries stay in Redis)."""
         raw = await self.redis.hgetall(self.keys.topics())
         stored = {k.decode(errors="replace"): v for k, v in raw.items()}
+        retention = await self.redis.hgetall(self.keys.retention())
+        self.acked_topics = {
+            k.decode(errors="replace") for k, v in retention.items() if v == b"acked"
+        }
         names = self._topic_names if self._topic_names is not None else sorted(stored)
         for name in names:
             if name in self._topics or name in self._skipped or name not in stored:

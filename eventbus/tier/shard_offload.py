@@ -19,6 +19,7 @@ import anyio
 import anyio.to_thread
 from redis.exceptions import ResponseError
 
+from eventbus.retention import acked_point
 from eventbus.tier.checkpoint import Checkpoints, Intent
 from eventbus.tier.gaps import find_gap, new_gap, record_gap
 from eventbus.tier.ids import EntryId, parse_id
@@ -277,11 +278,16 @@ class ShardOffload:
 
     async def trim(self, sh: HeldShard, now_ms: int) -> None:
         """``XTRIM MINID`` to the smaller of just after the checkpoint and now minus the hot
-        window (`now_ms`: Redis server time, Unix ms)."""
+        window (`now_ms`: Redis server time, Unix ms), and, for a topic with retention "acked"
+        (`eventbus.retention`), not past what a consumer group still needs."""
         if sh.checkpoint is None:
             return
         hot_edge = EntryId(max(0, now_ms - int(self.o.tier.hot_window_s * 1000)), 0)
         minid = min(sh.checkpoint.next(), hot_edge)
+        if self.topic in self.o.acked_topics:  # retention "acked": keep what a group needs
+            needed = await acked_point(self.o.redis, sh.stream)
+            if needed is not None:
+                minid = min(minid, needed)
         await self.o.redis.xtrim(
             sh.stream, minid=str(minid), approximate=not self.o.tier.trim_exact
         )

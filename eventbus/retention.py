@@ -1,0 +1,65 @@
+"""Retention: how long Redis keeps a topic's entries.
+
+* ``"maxlen"`` (the default): each shard stream is capped with ``XADD ... MAXLEN ~ maxlen``.
+  Entries a consumer group has not read yet can be trimmed; consumers detect and report it
+  (`eventbus.consumer.trims`), and the durable tier archives before it trims.
+* ``"acked"``: Redis keeps every entry until every consumer group of the topic has acked it (and,
+  when the durable tier runs, the offloader has archived it). Consumers trim their shards with
+  ``XTRIM MINID ~`` to that point (`trim_to_acked`), every `trim_check_s`; the offloader never
+  trims past it. ``MAXLEN`` stays as the hard memory cap: entries it trims unread raise the trim
+  alarm (``eventbus_trimmed_unread_total``). The trade-off: a stopped or slow group holds its
+  backlog in Redis memory, up to the cap, instead of losing it.
+
+The point a group still needs is its oldest pending entry, or the entry after its last-delivered
+ID when nothing is pending (``XINFO GROUPS`` + ``XPENDING`` summary). A group created later than
+the trim starts after it; an operator who moves a group back (``XGROUP SETID``) finds only what
+was kept.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from eventbus.tier.ids import EntryId, parse_id
+
+Retention = Literal["maxlen", "acked"]
+RETENTIONS: tuple[Retention, ...] = ("maxlen", "acked")
+
+
+async def acked_point(redis: Any, stream: str) -> EntryId | None:
+    """The lowest entry ID some consumer group of `stream` still needs (entries below it are
+    acked by every group), or None when the stream has no group (or no stream)."""
+    try:
+        groups = await redis.xinfo_groups(stream)
+    except Exception as exc:  # no such key: nothing to keep or trim
+        if "no such key" in str(exc).lower():
+            return None
+        raise
+    if not groups:
+        return None
+    pipe = redis.pipeline(transaction=False)
+    for g in groups:
+        pipe.xpending(stream, g["name"])
+    points = []
+    for g, summary in zip(groups, await pipe.execute(), strict=True):
+        if summary["pending"]:
+            points.append(parse_id(summary["min"]))
+        else:
+            points.append(parse_id(g["last-delivered-id"]).next())
+    return min(points)
+
+
+async def trim_to_acked(
+    redis: Any, stream: str, *, checkpoint: EntryId | None, exact: bool = False
+) -> EntryId | None:
+    """``XTRIM <stream> MINID [~] <point>`` where `point` is `acked_point`, lowered to just
+    after `checkpoint` (the offloader's, when the durable tier archives the topic). Returns the
+    point trimmed to, or None when nothing may be trimmed. `exact` trims precisely (costs more
+    CPU in Redis; ``~`` removes whole macro nodes only)."""
+    point = await acked_point(redis, stream)
+    if point is None:
+        return None
+    if checkpoint is not None:
+        point = min(point, checkpoint.next())
+    await redis.xtrim(stream, minid=str(point), approximate=not exact)
+    return point

@@ -1,0 +1,92 @@
+"""Retention "acked" (issue 9 item 4): Redis keeps a topic's entries until every consumer group
+acked them; consumers trim to that point, and the offloader never trims past it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import redis.asyncio
+from support import Recorder, Tick, running, wait_until
+
+from eventbus import EventBus, Settings
+from eventbus.codec import decode_entry
+from eventbus.retention import acked_point
+from eventbus.tier import TierSettings, offload_until_caught_up, open_store
+from eventbus.tier.ids import parse_id
+
+pytestmark = pytest.mark.anyio
+
+RETAIN = {"retention": "acked", "retention_trim_exact": True, "trim_check_s": 0.05}
+
+
+async def test_entries_stay_until_every_group_acked_them(
+    settings: Callable[..., Settings], r: redis.asyncio.Redis
+) -> None:
+    fast, slow = Recorder(), Recorder()
+    a = EventBus(settings(shards=1, **RETAIN))
+    a.subscriber("t", group="fast")(fast.add)
+    b = EventBus(settings(shards=1, **RETAIN))
+    b.subscriber("t", group="slow")(slow.add)
+    stream = a.keys.stream("t", 0)
+    async with running(b):  # the slow group exists, reads 10 events, then stops
+        for i in range(10):
+            await b.publish("t", Tick(resource="x", seq=i), resource_id="x")
+        await slow.wait_for(10)
+    async with running(a):
+        for i in range(10, 40):
+            await a.publish("t", Tick(resource="x", seq=i), resource_id="x")
+        await fast.wait_for(40)
+        # the fast group acked all 40; the slow one needs 10.. : entries 0..9 go, 10..39 stay
+        await wait_until(lambda: _length_is(r, stream, 30))
+        [(first_id, first)] = await r.xrange(stream, count=1)
+        assert decode_entry(first).payload["seq"] == 10  # what the slow group needs next
+        assert await acked_point(r, stream) <= parse_id(first_id)
+    async with running(b):
+        await slow.wait_for(40)
+        await wait_until(lambda: _length_is(r, stream, 0))
+    assert [h.seq for h in slow.log] == list(range(40))
+
+
+async def test_maxlen_retention_keeps_its_default_behaviour(
+    settings: Callable[..., Settings], r: redis.asyncio.Redis
+) -> None:
+    rec = Recorder()
+    bus = EventBus(settings(shards=1, trim_check_s=0.05))
+    bus.subscriber("t", group="g")(rec.add)
+    async with running(bus):
+        for i in range(20):
+            await bus.publish("t", Tick(resource="x", seq=i), resource_id="x")
+        await rec.wait_for(20)
+    assert await r.xlen(bus.keys.stream("t", 0)) == 20  # acked entries are not trimmed
+    assert not await r.hexists(bus.keys.retention(), "t")
+
+
+async def _length_is(r: redis.asyncio.Redis, stream: str, n: int) -> bool:
+    return int(await r.xlen(stream)) == n
+
+
+async def test_the_offloader_does_not_trim_what_a_group_still_needs(
+    settings: Callable[..., Settings], r: redis.asyncio.Redis, tmp_path: Path
+) -> None:
+    """With the durable tier, retention "acked" also bounds the offloader's trim: it archives
+    everything, and trims only what every group acked."""
+    rec = Recorder()
+    bus = EventBus(settings(shards=1, **RETAIN))
+    bus.subscriber("t", group="g")(rec.add)
+    stream = bus.keys.stream("t", 0)
+    async with running(bus):
+        for i in range(10):
+            await bus.publish("t", Tick(resource="x", seq=i), resource_id="x")
+        await rec.wait_for(10)
+    async with bus:  # more events, unread by the group (its consumers are down)
+        for i in range(10, 30):
+            await bus.publish("t", Tick(resource="x", seq=i), resource_id="x")
+    store = open_store(f"file://{tmp_path}")
+    tier = TierSettings(hot_window_s=0, trim_exact=True, segment_max_entries=5)
+    stats = await offload_until_caught_up(r, store, settings=bus.settings, tier=tier, timeout_s=60)
+    assert stats.entries == 30  # everything archived...
+    [(_, first)] = await r.xrange(stream, count=1)
+    assert decode_entry(first).payload["seq"] == 10  # ...but 10.. stay for the group
+    assert await r.xlen(stream) == 20
