@@ -2,14 +2,16 @@
 # Run short chaos scenarios (the tests of tests/stress/test_chaos.py) N times each and print the
 # pass counts: flake hunting for CI (issue 9 item 7).
 #
-#   stress/repeat.sh SCENARIO|every N [--load] [--keep-dir DIR]
+#   stress/repeat.sh SCENARIO[,SCENARIO...]|every N [--load] [--snapshot] [--keep-dir DIR]
 #
 # SCENARIO is a scenario name (steady kill pause term redis-restart client-kill client-pause
 # net-delay partition poison slow all), or "every" for all of them (one scenario at a time, in
 # turn). --load runs a CPU-heavy process alongside (stress-ng --cpu 1 when installed, else a
-# Python busy loop), stopped when this script ends. The ledgers of failed runs are kept under
-# DIR (default /tmp/chaos-repeat-<date>), one folder per run: pytest's tmp_path with the
-# ledgers, the report JSON and pytest's output. Exit status: 0 when every run passed.
+# Python busy loop), stopped when this script ends. --snapshot runs the committed tree (git
+# archive HEAD, exported under DIR) instead of the working tree, which others may be editing.
+# The ledgers of failed runs are kept under DIR (default /tmp/chaos-repeat-<date>), one folder
+# per run: pytest's tmp_path with the ledgers, the report JSON and pytest's output. Exit
+# status: 0 when every run passed.
 set -u
 cd "$(dirname "$0")/.."
 
@@ -30,14 +32,15 @@ declare -A TEST=(
 ORDER=(steady kill pause term redis-restart client-kill client-pause net-delay partition poison
        slow all)
 
-usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [ $# -ge 2 ] || usage
 scenario=$1 n=$2
 shift 2
-load=0 keep="/tmp/chaos-repeat-$(date +%Y%m%d-%H%M%S)"
+load=0 snapshot=0 keep="/tmp/chaos-repeat-$(date +%Y%m%d-%H%M%S)"
 while [ $# -gt 0 ]; do
   case $1 in
     --load) load=1 ;;
+    --snapshot) snapshot=1 ;;
     --keep-dir) keep=$2; shift ;;
     *) usage ;;
   esac
@@ -45,14 +48,25 @@ while [ $# -gt 0 ]; do
 done
 if [ "$scenario" = every ]; then
   scenarios=("${ORDER[@]}")
-elif [ -n "${TEST[$scenario]:-}" ]; then
-  scenarios=("$scenario")
 else
-  usage
+  IFS=, read -r -a scenarios <<<"$scenario"
+  for s in "${scenarios[@]}"; do
+    [ -n "${TEST[$s]:-}" ] || usage
+  done
 fi
 [[ $n =~ ^[0-9]+$ ]] || usage
 
-PY=${PYTHON:-.venv/bin/python}
+PY=${PYTHON:-$PWD/.venv/bin/python}
+mkdir -p "$keep"
+keep=$(cd "$keep" && pwd)
+if [ $snapshot = 1 ]; then
+  rev=$(git rev-parse --short HEAD)
+  mkdir -p "$keep/src"
+  git archive HEAD | tar -x -C "$keep/src"
+  cd "$keep/src"
+  export PYTHONPATH=$PWD
+  echo "snapshot: $rev in $PWD"
+fi
 hog=
 cleanup() { [ -n "$hog" ] && kill "$hog" 2>/dev/null; wait 2>/dev/null; }
 trap cleanup EXIT
@@ -66,7 +80,6 @@ if [ $load = 1 ]; then
   hog=$!
   echo "load: pid $hog ($(ps -o args= -p $hog))"
 fi
-mkdir -p "$keep"
 
 declare -A PASS FAIL SECS
 status=0
