@@ -26,11 +26,20 @@ import anyio
 from pydantic import BaseModel
 
 from eventbus.app import EventBus, connect
+from eventbus.errors import ConfigError
 
 
 def memory_redis() -> Any:
-    """A fresh fakeredis asyncio client with Lua scripting (needs the `lupa` package)."""
-    import fakeredis
+    """A fresh fakeredis asyncio client with Lua scripting. Raises `ConfigError` saying what to
+    install when the ``testing`` extra (fakeredis with lupa) is missing."""
+    try:
+        import fakeredis
+        import lupa  # noqa: F401  # fakeredis runs the Lua scripts with it
+    except ImportError as exc:
+        raise ConfigError(
+            f"the in-memory bus needs fakeredis with Lua ({exc.name} is missing): "
+            "pip install 'eventbus[testing]'"
+        ) from None
 
     return fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(version=(7, 0)))
 
