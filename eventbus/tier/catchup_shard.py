@@ -1,0 +1,268 @@
+"""Catching one shard up under the group's lock: its pending entries, then what was trimmed after
+the group's last-delivered ID (`eventbus.tier.catchup` describes the steps and drives the sweeps).
+
+`ShardCatchUp` is also the `Fence` of the entries it hands to the handling path: its lease runs
+`lease_s` from the send time of the last lock confirmation, as the live consumer's does.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import anyio
+import anyio.to_thread
+from redis.exceptions import ResponseError
+
+from eventbus.codec import F_DATA, F_RESOURCE, F_TYPE
+from eventbus.consumer.delivery import Delivery
+from eventbus.tier.ids import EntryId, parse_id
+from eventbus.tier.layout import SegmentRef
+from eventbus.tier.metrics import TIER_METRICS
+from eventbus.tier.replay import ArchivedEntry, ReplayFilter, read_segment
+from eventbus.tier.store import list_segments
+
+if TYPE_CHECKING:
+    from eventbus.tier.catchup import CatchUp
+
+log = logging.getLogger("eventbus.tier")
+
+READ_AHEAD = 8  # segments fetched concurrently by catch-up
+
+Handle = Callable[[ArchivedEntry, "ShardCatchUp"], Awaitable[None]]
+"""How a shard's catch-up handles one entry: a raw handler, or the subscription's handling path
+(`catchup._Typed`), which needs the shard's fence."""
+
+
+@dataclass
+class CatchUpStats:
+    """What a catch-up did: entries handled from segments and from Redis (pending entries still
+    there), pending entries acked, entries known lost, shards done; seconds of wall time."""
+
+    from_segments: int = 0
+    from_redis: int = 0
+    pending_acked: int = 0
+    lost_ranges: int = 0
+    shards: int = 0
+    seconds: float = 0.0
+
+
+class Fenced(Exception):
+    pass
+
+
+def _entry(topic: str, shard: int, entry_id: EntryId, fields: dict[bytes, bytes]) -> ArchivedEntry:
+    def text(name: bytes) -> str | None:
+        value = fields.get(name)
+        return None if value is None else value.decode("utf-8", "replace")
+
+    return ArchivedEntry(
+        topic,
+        shard,
+        entry_id,
+        text(F_RESOURCE),
+        text(F_TYPE),
+        None,
+        None,
+        None,
+        fields.get(F_DATA, b""),
+        "",
+    )
+
+
+class ShardCatchUp:
+    """The catch-up of one shard under the group's lock (token `token`); it is the `Fence` of
+    the entries it handles: its lease runs `lease_s` from the send time of the last lock
+    confirmation, as the live consumer's does."""
+
+    def __init__(
+        self, owner: CatchUp, shard: int, token: int, handle: Handle, stats: CatchUpStats
+    ) -> None:
+        self.o = owner
+        self.shard = shard
+        self.token = token
+        self.handle = handle
+        self.stats = stats
+        self.stream = owner.keys.stream(owner.topic, shard)
+        self._lease_until = 0.0
+
+    async def confirm(self) -> None:
+        """Re-take (refresh) the lock; raise `Fenced` unless the token is unchanged."""
+        grants = await self.o.locks.acquire([self.shard])
+        grant = grants.grants.get(self.shard)
+        if grant is None or grant.token != self.token:
+            self._lease_until = 0.0
+            raise Fenced
+        self._lease_until = grants.sent_at + self.o.settings.lease_s
+
+    def holds(self, d: Delivery) -> bool:
+        return time.monotonic() < self._lease_until
+
+    async def wait(self, d: Delivery) -> bool:
+        if self.holds(d):
+            return True
+        try:
+            await self.confirm()
+        except Fenced:
+            return False
+        return True
+
+    async def head(self) -> EntryId:
+        """The first entry ID in Redis (the next ID to be generated when the stream is empty)."""
+        info = await self.o.redis.xinfo_stream(self.stream)
+        first = info.get("first-entry")
+        if first is not None:
+            return parse_id(first[0])
+        return parse_id(info.get("last-generated-id") or b"0-0").next()
+
+    async def last_delivered(self) -> EntryId | None:
+        try:
+            groups = await self.o.redis.xinfo_groups(self.stream)
+        except ResponseError:  # no such key
+            return None
+        for g in groups:
+            name = g["name"].decode() if isinstance(g["name"], bytes) else g["name"]
+            if name == self.o.group:
+                return parse_id(g["last-delivered-id"])
+        return None
+
+    async def segments_after(self, after: EntryId, *, resume: bool = False) -> list[SegmentRef]:
+        """Segments holding entries after `after`; with `resume`, listing only the keys after
+        the last segment this catch-up consumed on the shard (cheap on later sweeps)."""
+        since = self.o.consumed.get(self.shard) if resume else None
+        refs = await list_segments(self.o.store, self.o.topic, self.shard, after=since)
+        return [r for r in refs if r.last > after]
+
+    async def read(self, ref: SegmentRef, flt: ReplayFilter) -> list[ArchivedEntry]:
+        return await anyio.to_thread.run_sync(read_segment, self.o.store, ref, flt)
+
+    async def read_many(
+        self, refs: Sequence[SegmentRef], flt: ReplayFilter
+    ) -> list[list[ArchivedEntry]]:
+        """Read `refs` concurrently (per-segment latency dominates on S3); results in order.
+        Raises the first error (e.g. `CorruptSegment`) unwrapped."""
+        results: list[list[ArchivedEntry]] = [[] for _ in refs]
+        errors: list[BaseException] = []
+
+        async def one(i: int, ref: SegmentRef) -> None:
+            try:
+                results[i] = await self.read(ref, flt)
+            except Exception as exc:
+                errors.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            for i, ref in enumerate(refs):
+                tg.start_soon(one, i, ref)
+        if errors:
+            raise errors[0]
+        return results
+
+    async def run(self, first_pass: bool) -> bool:
+        """Catch the shard up; returns whether it was behind Redis's first entry."""
+        delivered = await self.last_delivered()
+        if delivered is None:
+            log.info(
+                "catch-up: group %s has no stream %s yet; nothing to do", self.o.group, self.stream
+            )
+            return False
+        if first_pass:
+            await self.pending()
+        return await self.after(delivered, chase=not first_pass)
+
+    async def pending(self) -> None:
+        """Handle and ack the group's pending entries, oldest first."""
+        redis, group = self.o.redis, self.o.group
+        ids: list[EntryId] = []
+        start = "-"
+        while True:
+            page = await redis.xpending_range(self.stream, group, start, "+", 1000)
+            ids += [parse_id(p["message_id"]) for p in page]
+            if len(page) < 1000:
+                break
+            start = f"({ids[-1]}"
+        if not ids:
+            return
+        head = await self.head()
+        trimmed = [i for i in ids if i < head]
+        entries: list[ArchivedEntry] = []
+        if trimmed:
+            wanted = set(trimmed)
+            flt = ReplayFilter(start_id=trimmed[0], end_id=trimmed[-1])
+            for ref in await self.segments_after(
+                trimmed[0].prev() if trimmed[0].ms else trimmed[0]
+            ):
+                if ref.first > trimmed[-1]:
+                    break
+                entries += [e for e in await self.read(ref, flt) if e.entry_id in wanted]
+            found = {e.entry_id for e in entries}
+            missing = [i for i in trimmed if i not in found]
+            if missing:
+                self.stats.lost_ranges += 1
+                log.error(
+                    "catch-up %s/%s shard %d: %d pending entries are neither in Redis nor in "
+                    "segments (lost before archiving): %s",
+                    self.o.topic,
+                    group,
+                    self.shard,
+                    len(missing),
+                    [str(m) for m in missing[:5]],
+                )
+                await self.confirm()
+                await redis.xack(self.stream, group, *map(str, missing))
+        n_segment = len(entries)
+        for i in ids:
+            if i >= head:
+                rows = await redis.xrange(self.stream, str(i), str(i), count=1)
+                if rows:
+                    entries.append(_entry(self.o.topic, self.shard, i, rows[0][1]))
+        for entry in entries:
+            await self.handle(entry, self)
+            await self.confirm()
+            await redis.xack(self.stream, group, str(entry.entry_id))
+            self.stats.pending_acked += 1
+        self.stats.from_segments += n_segment
+        self.stats.from_redis += len(entries) - n_segment
+        TIER_METRICS.caught_up.labels(self.o.topic).inc(n_segment)
+
+    async def after(self, delivered: EntryId, chase: bool) -> bool:
+        """If Redis lacks entries after `delivered` (or `chase` is set), handle every archived
+        entry after it, to the end of the archive. Returns whether Redis lacked entries after
+        `delivered` and segments held them; False when Redis held everything after it, or the
+        missing entries are in no segment (lost: logged and counted)."""
+        redis, group = self.o.redis, self.o.group
+        head = await self.head()
+        behind = head > delivered.next()
+        if not behind and not chase:
+            return False  # Redis holds every entry after the last-delivered ID
+        handled = 0
+        refs = await self.segments_after(delivered, resume=True)
+        flt = ReplayFilter(start_id=delivered.next())
+        for i in range(0, len(refs), READ_AHEAD):
+            chunk = refs[i : i + READ_AHEAD]
+            for ref, entries in zip(chunk, await self.read_many(chunk, flt), strict=True):
+                for entry in entries:
+                    await self.handle(entry, self)
+                handled += len(entries)
+                if entries:
+                    await self.confirm()
+                    delivered = entries[-1].entry_id
+                    await redis.xgroup_setid(self.stream, group, str(delivered))
+                    self.stats.from_segments += len(entries)
+                    TIER_METRICS.caught_up.labels(self.o.topic).inc(len(entries))
+                self.o.consumed[self.shard] = ref
+        if behind and handled == 0:
+            self.stats.lost_ranges += 1
+            log.error(
+                "catch-up %s/%s shard %d: entries after %s up to %s were trimmed from Redis "
+                "and are not in any segment: lost before archiving (see the gap records)",
+                self.o.topic,
+                group,
+                self.shard,
+                delivered,
+                head,
+            )
+            return False
+        return behind
