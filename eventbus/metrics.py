@@ -1,14 +1,25 @@
 """Prometheus metrics (prometheus-client). `eventbus run --metrics-port` serves them.
 
-All carry the labels ``topic`` and ``group``; latency is in seconds, from the publisher's wall
-clock (the envelope's event time) to the handler's success.
+Consumer metrics carry the labels ``topic`` and ``group``; latency is in seconds, from the
+publisher's wall clock (the envelope's event time) to the handler's success. Publisher metrics
+carry no label: they are counted once per pipeline, not once per event (a labelled increment per
+event would cost more than the rest of a publish's bookkeeping). ``eventbus run --processes N``
+runs prometheus-client's multiprocess mode, hence a ``multiprocess_mode`` on every gauge
+(docs/operations.md, Metrics).
 """
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+import time
+from collections.abc import Iterable, Mapping, Sized
+from typing import Any, cast
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from eventbus.locks import Grant, LockState
 
 _L = ("topic", "group")
+_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
 class _Metrics:
@@ -23,11 +34,6 @@ class _Metrics:
         "eventbus_dead_lettered_total", "Entries written to the dead-letter stream", _L
     )
     lost = Counter("eventbus_lost_total", "Pending entries trimmed before they were processed", _L)
-    redis_refusals = Counter(
-        "eventbus_redis_refusals_total",
-        "Redis error replies to a consumer's commands (NOPERM, OOM, ...): alert on any",
-        (*_L, "command"),
-    )
     trimmed_unread = Counter(
         "eventbus_trimmed_unread_total", "Entries trimmed (MAXLEN) before the group read them", _L
     )
@@ -35,11 +41,98 @@ class _Metrics:
         "eventbus_lease_lost_total", "Times a consumer dropped its shards (lease lapsed)", _L
     )
     latency = Histogram(
-        "eventbus_latency_seconds",
-        "Publish-to-handled latency (seconds)",
+        "eventbus_latency_seconds", "Publish-to-handled latency (seconds)", _L, buckets=_SECONDS
+    )
+    handler_duration = Histogram(
+        "eventbus_handler_duration_seconds",
+        "Duration of successful and failed handler attempts (seconds)",
+        (*_L, "handler"),
+        buckets=_SECONDS,
+    )
+    # -- shards and lag -------------------------------------------------------------------------
+    shards_held = Gauge(
+        "eventbus_shards_held",
+        "Shard locks held by the consumers of this process",
         _L,
-        buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+        multiprocess_mode="livesum",
+    )
+    locks_taken = Counter(
+        "eventbus_shard_locks_taken_total",
+        "Shard locks taken: how=free (nobody held it) or takeover (its owner's liveness expired)",
+        (*_L, "how"),
+    )
+    locks_lost = Counter(
+        "eventbus_shard_locks_lost_total", "Shard locks found taken by another consumer", _L
+    )
+    lag = Gauge(
+        "eventbus_consumer_lag",
+        "Entries of a shard not yet delivered to the group (XINFO GROUPS lag), as last seen by "
+        "the shard's holder at its trim check (every trim_check_s)",
+        (*_L, "shard"),
+        multiprocess_mode="livemostrecent",
+    )
+    # -- publishing (per pipeline) --------------------------------------------------------------
+    published = Counter("eventbus_published_total", "Events whose XADD Redis confirmed")
+    publish_errors = Counter(
+        "eventbus_publish_errors_total", "Events whose publish failed (PublishError)"
+    )
+    publish_seconds = Histogram(
+        "eventbus_publish_pipeline_seconds",
+        "Time from a pipeline's first send to its replies (seconds; retries included)",
+        buckets=_SECONDS,
+    )
+    publish_batch = Histogram(
+        "eventbus_publish_batch_size",
+        "Events per pipeline",
+        buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000),
+    )
+    # -- process health (eventbus.health) -------------------------------------------------------
+    ready = Gauge(
+        "eventbus_ready",
+        "1 when every consumer of the process holds a valid lease (connected, holding or able "
+        "to take shards)",
+        multiprocess_mode="liveall",
+    )
+    loop_tick = Gauge(
+        "eventbus_loop_tick_timestamp_seconds",
+        "Unix time of the event loop's last health tick (a stale value: the loop is blocked)",
+        multiprocess_mode="liveall",
     )
 
 
 METRICS = _Metrics()
+
+
+class ShardMetrics:
+    """The shard lock metrics of one consumer, updated once per lock round."""
+
+    __slots__ = ("_free", "_held", "_lost", "_takeover")
+
+    def __init__(self, topic: str, group: str) -> None:
+        self._held = METRICS.shards_held.labels(topic, group)
+        self._free = METRICS.locks_taken.labels(topic, group, "free")
+        self._takeover = METRICS.locks_taken.labels(topic, group, "takeover")
+        self._lost = METRICS.locks_lost.labels(topic, group)
+
+    def round(self, grants: Mapping[int, Grant], new: Iterable[int], lost: int, held: int) -> None:
+        """After a lock round: `new` shards newly held (by `grants`), `lost` lost, `held` held."""
+        for s in new:
+            grant = grants.get(s)
+            if grant is not None and grant.state is LockState.TAKEN_FROM_DEAD:
+                self._takeover.inc()
+            elif grant is not None and grant.state is LockState.TAKEN_FREE:
+                self._free.inc()
+        if lost:
+            self._lost.inc(lost)
+        self._held.set(held)
+
+
+def observe_publish(batch: Sized, failed: int, timeout_s: float) -> None:
+    """One pipeline (`eventbus.sending`) answered, `failed` of its events refused. Its first
+    slot's deadline is `timeout_s` after the pipeline's first send."""
+    size = len(batch)
+    METRICS.publish_batch.observe(size)
+    first = cast("Any", batch)[0]
+    METRICS.publish_seconds.observe(time.monotonic() - (first.deadline - timeout_s))
+    if size > failed:
+        METRICS.published.inc(size - failed)

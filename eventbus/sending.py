@@ -44,6 +44,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from eventbus import retry
 from eventbus.config import Settings
 from eventbus.errors import PublishError
+from eventbus.metrics import METRICS, observe_publish
 
 log = logging.getLogger("eventbus.publisher")
 
@@ -66,10 +67,11 @@ class Slot:
     def settle(self, result: Any) -> None:
         if self.future.done():  # the caller was cancelled (its deadline passed)
             return
-        if isinstance(result, PublishError):
+        if isinstance(result, Exception):
+            METRICS.publish_errors.inc()
+            if not isinstance(result, PublishError):
+                result = PublishError(f"XADD {self.stream} failed: {result}")
             self.future.set_exception(result)
-        elif isinstance(result, Exception):
-            self.future.set_exception(PublishError(f"XADD {self.stream} failed: {result}"))
         else:
             self.future.set_result(result.decode() if isinstance(result, bytes) else result)
 
@@ -292,11 +294,13 @@ class Sender:
     async def _read(self, conn: Any, batch: list[Slot]) -> None:
         """Read the replies of `batch` (sent on `conn`) and settle its slots."""
         results: list[Any] = []
+        refused = 0
         for _ in batch:
             try:
                 results.append(await conn.read_response())
             except ResponseError as exc:  # this XADD failed; the rest of the replies follow
                 results.append(exc)
+                refused += 1
         short = None
         if self._settings.publish_replicas:
             try:
@@ -305,6 +309,7 @@ class Sender:
                 short = PublishError(f"WAIT failed: {exc}; the events are on the primary")
         for slot, result in zip(batch, results, strict=True):
             slot.settle(short or result)
+        observe_publish(batch, len(batch) if short else refused, self._settings.publish_timeout_s)
 
     async def _send_packed_once(self, batch: list[Slot]) -> None:
         pool = self._redis.connection_pool
@@ -338,6 +343,8 @@ class Sender:
             if isinstance(result, _TRANSIENT):
                 raise result
             slot.settle(short or result)
+        failed = len(batch) if short else sum(isinstance(r, Exception) for r in results)
+        observe_publish(batch, failed, self._settings.publish_timeout_s)
 
     def _replicas_short(self, confirmed: Any) -> PublishError | None:
         """The error for a WAIT reply of `confirmed` replicas, or None if enough confirmed."""

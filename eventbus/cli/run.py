@@ -3,18 +3,30 @@ several."""
 
 from __future__ import annotations
 
+import contextlib
+import enum
 import importlib
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 from typing import Annotated, Any
 
 import typer
 
+from eventbus import logs
 from eventbus.app import EventBus
-from eventbus.cli.output import remember_url, run_async, setup_logging, user_errors
+from eventbus.cli.output import remember_url, run_async, user_errors
 from eventbus.errors import ConfigError
+from eventbus.health import ChildrenHealth, Health, run_with_health, serve
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+class LogFormatChoice(enum.StrEnum):
+    text = "text"
+    json = "json"
 
 
 def load_bus(target: str) -> EventBus:
@@ -43,40 +55,69 @@ def run(
     target: Annotated[str, typer.Argument(help="module:attribute of the EventBus, e.g. app:bus")],
     processes: Annotated[int, typer.Option(min=1, help="Consumer processes to start.")] = 1,
     metrics_port: Annotated[
-        int | None, typer.Option(help="Serve Prometheus metrics on this port (first process).")
+        int | None,
+        typer.Option(help="Serve /metrics, /healthz and /readyz on this port (all processes)."),
     ] = None,
-    log_level: Annotated[str, typer.Option()] = "info",
+    metrics_host: Annotated[
+        str, typer.Option(help="Address of the metrics port (0.0.0.0: every interface).")
+    ] = "127.0.0.1",
+    log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
+    log_format: Annotated[
+        LogFormatChoice,
+        typer.Option(help="text (rich on a terminal, one line per record otherwise) or json."),
+    ] = LogFormatChoice.text,
+    log_config: Annotated[
+        str | None,
+        typer.Option(help="logging dictConfig file (.json, .toml, .yaml); overrides the above."),
+    ] = None,
 ) -> None:
     """Run the subscribers of an EventBus until SIGTERM or SIGINT, then shut down gracefully."""
+    with user_errors():
+        logs.configure(level=log_level, fmt=log_format.value, config_file=log_config)
+    logging_args = logs.child_args(log_level, log_format.value, log_config)
     if processes > 1:
-        _run_processes(target, processes, metrics_port, log_level)
+        with user_errors():
+            _run_processes(target, processes, metrics_host, metrics_port, logging_args)
         return
-    setup_logging(log_level)
     with user_errors():
         bus = load_bus(target)
         remember_url(bus.settings.redis_url)
+        health = Health(bus)
         if metrics_port is not None:
-            from prometheus_client import start_http_server
-
-            start_http_server(metrics_port, addr="127.0.0.1")
-    run_async(lambda: bus.run(handle_signals=True))
+            serve(metrics_host, metrics_port, health)
+    run_async(run_with_health, bus, health)
 
 
-def _run_processes(target: str, n: int, metrics_port: int | None, log_level: str) -> None:
-    """Start `n` single-process runs and forward SIGTERM/SIGINT to them."""
-    procs = []
-    for i in range(n):
-        cmd = [sys.executable, "-m", "eventbus.cli", "run", target, "--log-level", log_level]
-        if metrics_port is not None and i == 0:
-            cmd += ["--metrics-port", str(metrics_port)]
-        procs.append(subprocess.Popen(cmd))
+def _run_processes(
+    target: str, n: int, host: str, port: int | None, logging_args: list[str]
+) -> None:
+    """Start `n` single-process runs, forward SIGTERM/SIGINT to them, and serve the metrics of
+    all of them (prometheus-client's multiprocess mode) with their health on `port`."""
+    from prometheus_client import CollectorRegistry, multiprocess
 
-    def forward(signum: int, _frame: Any) -> None:
+    with contextlib.ExitStack() as stack:
+        env = dict(os.environ)
+        if port is not None and not env.get(MULTIPROC_ENV):
+            env[MULTIPROC_ENV] = stack.enter_context(tempfile.TemporaryDirectory("-eventbus"))
+        procs: list[subprocess.Popen[bytes]] = []
+        if port is not None:  # first: a taken port fails before any child starts
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry, path=env[MULTIPROC_ENV])  # type: ignore[no-untyped-call]
+            server = serve(host, port, ChildrenHealth(procs, registry), registry)
+            stack.callback(server.shutdown)
+        cmd = [sys.executable, "-m", "eventbus.cli", "run", target, *logging_args]
+        procs += [subprocess.Popen(cmd, env=env) for _ in range(n)]
+
+        def forward(signum: int, _frame: Any) -> None:
+            for p in procs:
+                p.send_signal(signum)
+
+        signal.signal(signal.SIGTERM, forward)
+        signal.signal(signal.SIGINT, forward)
+        codes = []
         for p in procs:
-            p.send_signal(signum)
-
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
-    codes = [p.wait() for p in procs]
+            codes.append(p.wait())
+            if port is not None:
+                multiprocess.mark_process_dead(p.pid, env[MULTIPROC_ENV])  # type: ignore[no-untyped-call]
     if any(codes):  # a child killed by a signal has a negative code
         raise typer.Exit(1)

@@ -45,7 +45,7 @@ from eventbus.consumer.supervision import TRANSIENT, read_loop, refused
 from eventbus.consumer.trims import TrimWatch
 from eventbus.keys import Keys
 from eventbus.locks import LockClient, new_member_id
-from eventbus.metrics import METRICS
+from eventbus.metrics import METRICS, ShardMetrics
 from eventbus.retention import trim_to_acked
 from eventbus.scripts import Scripts
 from eventbus.tier.ids import parse_id
@@ -130,6 +130,7 @@ class Consumer:
         self._handled_reported = 0
         self._m_handled = METRICS.handled.labels(self.topic.name, self.group)
         self._m_lease = METRICS.lease_lost.labels(self.topic.name, self.group)
+        self._m_shards = ShardMetrics(self.topic.name, self.group)
 
     @property
     def handled(self) -> int:
@@ -284,6 +285,7 @@ class Consumer:
         self.lease.renew(grants.sent_at)
         self._joined.set()
         lost, new = self.table.apply(grants.grants)
+        self._m_shards.round(grants.grants, new, len(lost), len(self.table.held))
         for s in lost:
             log.warning("consumer %s lost shard %d to another consumer", self.consumer_id, s)
         if new and self.sub.on_failure == "park":

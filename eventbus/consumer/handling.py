@@ -80,6 +80,7 @@ class Handling:
         self._m_failures = METRICS.failures.labels(*labels)
         self._m_timeouts = METRICS.handler_timeouts.labels(*labels)
         self._m_latency = METRICS.latency.labels(*labels)
+        self._m_duration = METRICS.handler_duration.labels(*labels, sub.name)
 
     @property
     def dead_lettered(self) -> int:
@@ -203,12 +204,15 @@ class Handling:
         if not fence.holds(d):  # no await between this check and the call
             return NOT_STARTED
         timeout = self.sub.handler_timeout_s
+        started = time.perf_counter()
         try:
             with anyio.move_on_after(timeout) as scope:
                 await self.sub.call(event, ctx)
         except Exception as exc:
             self._m_failures.inc()
             return exc
+        finally:
+            self._m_duration.observe(time.perf_counter() - started)
         if scope.cancelled_caught:
             assert timeout is not None
             self._m_failures.inc()

@@ -16,10 +16,11 @@ ID when that lies inside the stream), and reports any increase:
 * **read past**: the group already went on past them.
 
 Either is logged at ERROR, counted in ``eventbus_trimmed_unread_total`` and recorded in the
-group's trim records (`Keys.trimmed`, shown by ``eventbus stats``). When Redis does not know the
-group's ``entries-read`` (after ``XGROUP SETID`` or an AOF reload) it reports no lag and the
-check starts over; a backlog over `COUNT_LIMIT` entries inside the stream is not counted
-(too costly) until it shrinks or the head passes it.
+group's trim records (`Keys.trimmed`, shown by ``eventbus stats``). The same
+``XINFO GROUPS`` sets the ``eventbus_consumer_lag`` gauge of each shard checked. When Redis
+does not know the group's ``entries-read`` (after ``XGROUP SETID`` or an AOF reload) it reports
+no lag and the check starts over; a backlog over `COUNT_LIMIT` entries inside the stream is not
+counted (too costly) until it shrinks or the head passes it.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ class TrimWatch:
         self.group = group
         self.consumer_id = consumer_id
         self.interval_s = interval_s
+        self._topic = topic
         self._records = keys.trimmed(topic, group)
         self._base: dict[int, _Baseline] = {}
         self._m_trimmed = METRICS.trimmed_unread.labels(topic, group)
@@ -98,6 +100,8 @@ class TrimWatch:
             group = next((g for g in groups if _text(g["name"]) == self.group), None)
             if group is None:
                 continue
+            if group.get("lag") is not None:  # the metric, while the check has XINFO at hand
+                METRICS.lag.labels(self._topic, self.group, h.shard).set(int(group["lag"]))
             trim = await self._compare(h, info, group, now)
             if trim is not None:
                 found.append(trim)

@@ -1,0 +1,169 @@
+"""Health for Kubernetes probes, and the HTTP server of ``eventbus run --metrics-port``.
+
+One port serves ``/metrics`` (Prometheus), ``/healthz`` (liveness) and ``/readyz`` (readiness),
+each answering 200 or 503 with a one-line reason:
+
+* **live**: the process's event loop is running: its health tick (every `TICK_S`) is younger than
+  `STALL_S`. A loop blocked by a CPU-bound handler or a deadlock stops ticking; the HTTP server
+  runs in a thread of its own, so it can say so.
+* **ready**: every consumer holds a valid lease, i.e. its last liveness refresh (a lock round or
+  a heartbeat) reached Redis within ``lease_s``: it is connected and holds shards or takes part in
+  sharing them. Not ready before the first lock round, nor while Redis is unreachable.
+
+With ``--processes N`` the parent serves the port: metrics of every process (prometheus-client's
+multiprocess mode, files in ``PROMETHEUS_MULTIPROC_DIR``), live when every child runs and ticks,
+ready when every child says it is (the gauges ``eventbus_loop_tick_timestamp_seconds`` and
+``eventbus_ready``, which each child sets at every tick).
+"""
+
+from __future__ import annotations
+
+import socketserver
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+import anyio
+from prometheus_client import CollectorRegistry, make_wsgi_app
+
+from eventbus.metrics import METRICS
+
+if TYPE_CHECKING:
+    from eventbus.app import EventBus
+
+TICK_S = 1.0
+"""Seconds between two health ticks of a running loop."""
+STALL_S = 10.0
+"""A loop whose last tick is older than this (seconds) is not live."""
+
+Check = tuple[bool, str]
+
+
+class Probe(Protocol):
+    def live(self) -> Check: ...
+    def ready(self) -> Check: ...
+
+
+class Health:
+    """The health of this process's running `bus` (`tick` must run on its event loop)."""
+
+    def __init__(self, bus: EventBus, *, stall_s: float = STALL_S) -> None:
+        self.bus = bus
+        self.stall_s = stall_s
+        self.last_tick = 0.0  # time.monotonic() of the last tick; 0: not started
+
+    async def tick(self, interval_s: float = TICK_S) -> None:
+        """Record a tick every `interval_s` seconds until cancelled (and set the gauges)."""
+        while True:
+            self.last_tick = time.monotonic()
+            METRICS.loop_tick.set(time.time())
+            METRICS.ready.set(1 if self.ready()[0] else 0)
+            await anyio.sleep(interval_s)
+
+    def live(self) -> Check:
+        if not self.last_tick:
+            return False, "event loop not started"
+        age = time.monotonic() - self.last_tick
+        if age > self.stall_s:
+            return False, f"event loop blocked: no tick for {age:.1f} s"
+        return True, "ok"
+
+    def ready(self) -> Check:
+        consumers = list(self.bus.consumers)
+        if not consumers:
+            return False, "no consumer running yet"
+        waiting = [f"{c.topic.name}/{c.group}" for c in consumers if not c.lease.ok()]
+        if waiting:
+            return False, "no valid lease (Redis unreachable, or starting): " + ", ".join(waiting)
+        return True, "ok"
+
+
+async def run_with_health(bus: EventBus, health: Health) -> None:
+    """`bus.run(handle_signals=True)` with `health.tick` running beside it."""
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(health.tick)
+        await bus.run(handle_signals=True)
+        tg.cancel_scope.cancel()
+
+
+class ChildrenHealth:
+    """The health of ``eventbus run --processes N``'s children, read by the parent from the
+    children's multiprocess metric files (`registry` holds a ``MultiProcessCollector``)."""
+
+    def __init__(
+        self, procs: Sequence[Any], registry: CollectorRegistry, *, stall_s: float = STALL_S
+    ) -> None:
+        self.procs = procs  # subprocess.Popen objects
+        self.registry = registry
+        self.stall_s = stall_s
+
+    def _gauge(self, name: str) -> dict[str, float]:
+        """pid -> value of the liveall gauge `name`."""
+        out: dict[str, float] = {}
+        for family in self.registry.collect():
+            for sample in family.samples:
+                if sample.name == name and "pid" in sample.labels:
+                    out[sample.labels["pid"]] = sample.value
+        return out
+
+    def _dead(self) -> list[str]:
+        return [str(p.pid) for p in self.procs if p.poll() is not None]
+
+    def live(self) -> Check:
+        if dead := self._dead():
+            return False, f"child processes exited: {', '.join(dead)}"
+        ticks = self._gauge("eventbus_loop_tick_timestamp_seconds")
+        now = time.time()
+        stale = [str(p.pid) for p in self.procs if now - ticks.get(str(p.pid), 0) > self.stall_s]
+        if stale:
+            return False, f"no recent tick from processes {', '.join(stale)}"
+        return True, "ok"
+
+    def ready(self) -> Check:
+        if dead := self._dead():
+            return False, f"child processes exited: {', '.join(dead)}"
+        ready = self._gauge("eventbus_ready")
+        waiting = [str(p.pid) for p in self.procs if ready.get(str(p.pid)) != 1]
+        if waiting:
+            return False, f"processes not ready: {', '.join(waiting)}"
+        return True, "ok"
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # probes every few seconds
+        pass
+
+
+class _Server(socketserver.ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+def wsgi_app(probe: Probe, registry: CollectorRegistry | None = None) -> Callable[..., Any]:
+    """``/healthz`` and ``/readyz`` from `probe`, everything else Prometheus's metrics app."""
+    metrics = make_wsgi_app(registry) if registry is not None else make_wsgi_app()
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path in ("/healthz", "/livez", "/readyz"):
+            ok, reason = probe.ready() if path == "/readyz" else probe.live()
+            status = "200 OK" if ok else "503 Service Unavailable"
+            start_response(status, [("Content-Type", "text/plain; charset=utf-8")])
+            return [reason.encode() + b"\n"]
+        return metrics(environ, start_response)  # type: ignore[no-any-return]
+
+    return app
+
+
+def serve(
+    host: str, port: int, probe: Probe, registry: CollectorRegistry | None = None
+) -> WSGIServer:
+    """Serve `wsgi_app` on `host`:`port` (0: a free port, see ``server.server_port``) from a
+    daemon thread; returns the server (``shutdown()`` stops it). Raises `OSError` when the
+    address is taken."""
+    server = make_server(
+        host, port, wsgi_app(probe, registry), server_class=_Server, handler_class=_QuietHandler
+    )
+    threading.Thread(target=server.serve_forever, name="eventbus-metrics", daemon=True).start()
+    return server

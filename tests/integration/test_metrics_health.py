@@ -1,0 +1,160 @@
+"""Metrics and health (issue 11 item 6): publish, handler, shard and lag metrics, /healthz and
+/readyz of one process, and ``eventbus run --processes 2 --metrics-port``: the metrics and the
+health of both children, served by the parent."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import anyio
+import pytest
+from support import Recorder, Tick, running, wait_until
+
+from eventbus import Context, EventBus
+from eventbus.config import Settings
+from eventbus.health import Health, serve
+
+pytestmark = [pytest.mark.anyio, pytest.mark.integration]
+
+
+def _get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError as exc:  # not listening yet
+        return 0, str(exc)
+
+
+async def aget(port: int, path: str) -> tuple[int, str]:
+    return await anyio.to_thread.run_sync(_get, port, path)
+
+
+def _value(text: str, sample: str) -> float:
+    """The value of the exposition line starting with `sample` (name and labels), or 0."""
+    for line in text.splitlines():
+        if line.startswith(sample + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+async def test_metrics_and_probes_of_one_process(settings: type[Settings]) -> None:
+    bus = EventBus(settings(trim_check_s=0.05))
+    rec = Recorder()
+
+    @bus.subscriber("metered", group="g")
+    async def handle(event: Tick, ctx: Context) -> None:
+        rec.add(event, ctx)
+
+    health = Health(bus)
+    server = serve("127.0.0.1", 0, health)
+    port = server.server_port
+    try:
+        assert (await aget(port, "/healthz"))[0] == 503  # no tick yet
+        assert (await aget(port, "/readyz"))[0] == 503
+        async with running(bus), anyio.create_task_group() as tg:
+            tg.start_soon(health.tick, 0.05)
+            await wait_until(lambda: health.ready()[0])
+            assert await aget(port, "/healthz") == (200, "ok\n")
+            assert await aget(port, "/readyz") == (200, "ok\n")
+            before = _value((await aget(port, "/metrics"))[1], "eventbus_published_total")
+            await bus.publish_many(
+                "metered", [(f"r{i}", Tick(resource="r", seq=i)) for i in range(5)]
+            )
+            await rec.wait_for(5)
+            await anyio.sleep(0.2)  # two trim checks (lag) and a lock round
+            text = (await aget(port, "/metrics"))[1]
+            tg.cancel_scope.cancel()
+    finally:
+        server.shutdown()
+    assert _value(text, "eventbus_published_total") - before == 5
+    assert _value(text, "eventbus_publish_batch_size_count") >= 1
+    assert _value(text, "eventbus_publish_pipeline_seconds_count") >= 1
+    labels = (
+        'group="g",handler="test_metrics_and_probes_of_one_process.<locals>.handle",topic="metered"'
+    )
+    assert _value(text, "eventbus_handler_duration_seconds_count{" + labels + "}") == 5
+    assert _value(text, 'eventbus_shards_held{group="g",topic="metered"}') == 4
+    taken = 'eventbus_shard_locks_taken_total{group="g",how="free",topic="metered"}'
+    assert _value(text, taken) >= 4
+    lags = [line for line in text.splitlines() if line.startswith("eventbus_consumer_lag{")]
+    assert lags and all(line.endswith(" 0.0") for line in lags), lags
+    assert "eventbus_ready 1.0" in text
+
+
+def test_liveness_fails_when_the_loop_stops_ticking(settings: type[Settings]) -> None:
+    health = Health(EventBus(settings()), stall_s=0.5)
+    assert health.live() == (False, "event loop not started")
+    health.last_tick = time.monotonic()
+    assert health.live() == (True, "ok")
+    health.last_tick = time.monotonic() - 2
+    ok, reason = health.live()
+    assert not ok and "event loop blocked" in reason
+    assert health.ready() == (False, "no consumer running yet")
+
+
+APP = """
+from pydantic import BaseModel
+from eventbus import EventBus
+
+class Tick(BaseModel):
+    resource: str
+    seq: int
+
+bus = EventBus.from_env()
+
+@bus.subscriber("multi", group="g")
+async def handle(event: Tick) -> None:
+    pass
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_processes_share_one_metrics_port(redis_db: str, tmp_path: Path) -> None:
+    (tmp_path / "multi_app.py").write_text(textwrap.dedent(APP))
+    port = _free_port()
+    env = {
+        **os.environ,
+        "REDIS_URL": redis_db,
+        "EVENTBUS_SHARDS": "4",
+        "EVENTBUS_BLOCK_MAX_MS": "100",
+    }
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    cmd = [sys.executable, "-m", "eventbus.cli", "run", "multi_app:bus", "--processes", "2"]
+    cmd += ["--metrics-port", str(port), "--log-format", "json"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while _get(port, "/readyz")[0] != 200:
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, _get(port, "/readyz")
+            time.sleep(0.1)
+        assert _get(port, "/healthz") == (200, "ok\n")
+        text = _get(port, "/metrics")[1]
+        ready = [line for line in text.splitlines() if line.startswith("eventbus_ready{")]
+        assert len(ready) == 2, text  # one per child process (pid label)
+        held = _value(text, 'eventbus_shards_held{group="g",topic="multi"}')
+        assert held >= 1  # summed over the live children
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    records = [json.loads(line) for line in err.splitlines() if line.strip()]
+    assert {r["logger"] for r in records} >= {"eventbus.consumer"}
+    assert len({r["pid"] for r in records}) == 2
