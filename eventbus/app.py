@@ -8,37 +8,38 @@ facade for synchronous code is `eventbus.sync.SyncBus`. `connect` and `SyncBus` 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+import threading
+from collections.abc import Callable, Iterable
 from typing import Any, Literal, TypeVar
 
 import anyio
-import anyio.from_thread
 from pydantic import BaseModel
-from redis.exceptions import RedisError
 
 from eventbus.codec import RESERVED_TYPE_PREFIX
 from eventbus.config import Settings
 from eventbus.connection import connect
 from eventbus.consumer import Consumer, Handler, HandlerCall, RetryPolicy, Subscription
 from eventbus.consumer.batching import BatchHandlerCall, batch_handler_models
-from eventbus.errors import ConfigError, RedisUnavailable, ReservedEventType
+from eventbus.errors import ConfigError, ReservedEventType
 from eventbus.keys import Keys, check_name
-from eventbus.publisher import Publisher
+from eventbus.lifecycle import Hook, Lifecycle
 from eventbus.retention import Retention
 from eventbus.running import make_consumers, run_consumers
+from eventbus.session import Session
 from eventbus.signature import handler_models
 from eventbus.sync import SyncBus
-from eventbus.topics import TopicConfig, TopicRegistry
+from eventbus.topics import TopicConfig
 
 H = TypeVar("H", bound=Handler)
-Hook = Callable[[], Awaitable[None]]
+_sync_lock = threading.Lock()
 
 
-class EventBus:
+class EventBus(Lifecycle):
     """The application object: declare topics, register subscribers, publish, run.
 
     ``async with bus:`` connects (checking that Redis answers) and starts the publisher's
-    pipeline flusher; `run()` also starts one `Consumer` per subscriber.
+    pipeline flusher; `run()` also starts one `Consumer` per subscriber. Leaving it resets the
+    bus (`eventbus.lifecycle`): it can be entered again, from this or another event loop.
     """
 
     def __init__(
@@ -55,15 +56,14 @@ class EventBus:
         self.settings = settings or Settings()
         self.archive = archive
         self.keys = Keys(self.settings.key_prefix, self.settings.hashtag)
-        self._redis = redis
+        self._given_redis = redis
+        self._session: Session | None = None
+        self._sync: SyncBus | None = None
         self._topics: dict[str, TopicConfig] = {}
         self.subscriptions: list[Subscription] = []
         self.consumers: list[Consumer] = []
         self._on_startup: list[Hook] = []
         self._on_shutdown: list[Hook] = []
-        self._stack: contextlib.AsyncExitStack | None = None
-        self._publisher: Publisher | None = None
-        self._registry: TopicRegistry | None = None
 
     @classmethod
     def from_env(cls, **overrides: Any) -> EventBus:
@@ -212,69 +212,6 @@ class EventBus:
         self._on_shutdown.append(hook)
         return hook
 
-    # -- lifecycle ------------------------------------------------------------------------------
-    @property
-    def redis(self) -> Any:
-        """The redis-py asyncio client (created on first use)."""
-        if self._redis is None:
-            self._redis = connect(self.settings)
-        return self._redis
-
-    @property
-    def registry(self) -> TopicRegistry:
-        if self._registry is None:
-            self._registry = TopicRegistry(self.redis, self.keys)
-        return self._registry
-
-    @property
-    def publisher(self) -> Publisher:
-        if self._publisher is None:
-            self._publisher = Publisher(self.redis, self.settings, self.keys, self.registry)
-        return self._publisher
-
-    @property
-    def running(self) -> bool:
-        return self._stack is not None
-
-    async def __aenter__(self) -> EventBus:
-        try:
-            await self.redis.ping()
-        except (RedisError, OSError) as exc:
-            raise RedisUnavailable.of(self.settings, exc) from exc
-        failure: Exception | None = None
-        async with contextlib.AsyncExitStack() as stack:
-            tg = await stack.enter_async_context(anyio.create_task_group())
-            stack.callback(tg.cancel_scope.cancel)
-            await tg.start(self.publisher.run_flusher)
-            try:
-                for hook in self._on_startup:
-                    await hook()
-            except Exception as exc:
-                # raised below, once the flusher's task group is closed: raised inside it, the
-                # hook's error would reach the caller wrapped in an ExceptionGroup
-                failure = exc
-            else:
-                self._stack = stack.pop_all()
-        if failure is not None:
-            raise failure
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        stack, self._stack = self._stack, None
-        try:
-            for hook in self._on_shutdown:
-                await hook()
-        finally:
-            if stack is not None:
-                await stack.aclose()
-
-    async def aclose(self) -> None:
-        """Close the Redis connection pool."""
-        if self._redis is not None:
-            await self._redis.aclose()
-            self._redis = None
-            self._registry = self._publisher = None
-
     # -- publishing -----------------------------------------------------------------------------
     async def publish(
         self,
@@ -301,18 +238,19 @@ class EventBus:
         """Publish ``(resource_id, event)`` pairs in pipelines; returns entry IDs in order."""
         return await self.publisher.publish_many(self.topic(topic), events, headers)
 
-    @contextlib.contextmanager
-    def sync(self) -> Iterator[SyncBus]:
-        """Run the bus on a private event loop thread, for synchronous code (Flask, Django).
+    def sync(self) -> SyncBus:
+        """The bus for synchronous code (Flask, Django, threads): one `SyncBus` per bus, shared
+        by every thread, running the bus on an event loop thread started on first use.
 
-        ``with bus.sync() as sb: sb.publish(...)``; `SyncBus.publish` is thread-safe and calls
-        from many threads are coalesced into pipelines like async ones.
+        ``sb = bus.sync()`` at import, then ``sb.publish(...)`` from any thread (the loop
+        starts lazily and is closed at interpreter exit or by ``sb.close()``), or
+        ``with bus.sync() as sb:`` (the loop stops when the last such block exits, unless it is
+        also used outside one). Safe across ``fork``: a child starts its own.
         """
-        with (
-            anyio.from_thread.start_blocking_portal() as portal,
-            portal.wrap_async_context_manager(self),
-        ):
-            yield SyncBus(self, portal)
+        with _sync_lock:
+            if self._sync is None:
+                self._sync = SyncBus(self)
+            return self._sync
 
     # -- consuming ------------------------------------------------------------------------------
     async def run(self, *, stop: anyio.Event | None = None, handle_signals: bool = False) -> None:

@@ -1,45 +1,211 @@
-"""`SyncBus`: the bus for synchronous code (Flask, Django), made by `EventBus.sync()`.
+"""`SyncBus`: the bus for synchronous code (Flask, Django, threads), from `EventBus.sync()`.
 
-The bus runs on a private event loop thread (an anyio blocking portal); each `SyncBus` method is
-the `EventBus` coroutine of the same name, blocking the calling thread until it is done there.
-Calls from many threads are coalesced into pipelines like async ones.
+One `SyncBus` per bus, shared by every thread of the process. It runs the bus (entered, with its
+pipeline flusher) on an event loop in a daemon thread, started on first use; each method is the
+`EventBus` coroutine of the same name, blocking the calling thread until it is done on that
+loop. Calls from many threads at once are coalesced into pipelines like async ones.
+
+When the loop stops:
+
+* used outside any ``with`` block (``sb = bus.sync()`` at import, ``sb.publish(...)`` in a
+  request), it runs until ``sb.close()`` or interpreter exit (an `atexit` hook closes it:
+  queued publishes are sent, the connection closed);
+* used only inside ``with bus.sync() as sb:`` blocks, it stops when the last block open in any
+  thread exits.
+
+Fork-safe: a forked child (gunicorn ``--preload``, multiprocessing's ``fork``) does not inherit
+the parent's loop thread; its first call starts its own, on a new connection.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, ParamSpec, TypeVar
+import atexit
+import contextlib
+import logging
+import os
+import threading
+import weakref
+from collections.abc import Awaitable, Callable, Iterable
+from functools import partial
+from types import TracebackType
+from typing import TYPE_CHECKING, TypeVar
 
-import anyio.from_thread
+import anyio
+from anyio.from_thread import BlockingPortal
+from pydantic import BaseModel
+
+from eventbus.errors import EventBusError
 
 if TYPE_CHECKING:
     from eventbus.app import EventBus
 
-P = ParamSpec("P")
+log = logging.getLogger("eventbus")
+
 T = TypeVar("T")
 
+_all: weakref.WeakSet[SyncBus] = weakref.WeakSet()
 
-def _blocking(
-    portal: anyio.from_thread.BlockingPortal, fn: Callable[P, Awaitable[T]]
-) -> Callable[P, T]:
-    """`fn` as a blocking call that runs on `portal`'s event loop (same signature and doc)."""
 
-    @functools.wraps(fn)
-    def call(*args: P.args, **kwargs: P.kwargs) -> T:
-        return portal.call(functools.partial(fn, *args, **kwargs))
+class _Loop:
+    """An event loop on a daemon thread with `bus` entered, and a portal to call into it.
+    Raises what entering the bus raised (`RedisUnavailable`, a startup hook's error)."""
 
-    return call
+    def __init__(self, bus: EventBus) -> None:
+        self.portal: BlockingPortal | None = None
+        self._error: BaseException | None = None
+        self._ready = threading.Event()
+        self.thread = threading.Thread(
+            target=anyio.run, args=(self._serve, bus), name="eventbus-sync", daemon=True
+        )
+        self.thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+
+    async def _serve(self, bus: EventBus) -> None:
+        try:
+            async with bus, BlockingPortal() as portal:
+                self.portal = portal
+                self._ready.set()
+                await portal.sleep_until_stopped()
+                # leaving the portal waits for the calls in progress; then the bus is left
+        except BaseException as exc:
+            if not self._ready.is_set():
+                self._error = exc
+            else:
+                log.exception("the sync bus's event loop ended with an error")
+        finally:
+            self._ready.set()
+
+    def stop(self, timeout_s: float) -> None:
+        """Stop taking calls, let those in progress end, leave the bus; wait `timeout_s`."""
+        portal = self.portal
+        if portal is not None:
+            with contextlib.suppress(RuntimeError):  # already stopped
+                portal.call(portal.stop)
+        self.thread.join(timeout_s)
 
 
 class SyncBus:
-    """Blocking publishing API for synchronous code; made by `EventBus.sync()`.
+    """Blocking facade of an `EventBus`, thread-safe; see the module docstring.
 
-    ``publish(topic, event, *, resource_id, headers=None)`` is `EventBus.publish`, blocking the
-    calling thread until Redis confirms; it is thread-safe.
+    ``publish(topic, event, *, resource_id, headers=None)`` and
+    ``publish_many(topic, events, *, headers=None)`` are `EventBus.publish` and
+    `EventBus.publish_many`, blocking the calling thread until Redis confirms.
     """
 
-    def __init__(self, bus: EventBus, portal: anyio.from_thread.BlockingPortal) -> None:
+    def __init__(self, bus: EventBus) -> None:
         self._bus = bus
-        self._portal = portal
-        self.publish = _blocking(portal, bus.publish)
+        self._reset()
+        _all.add(self)
+
+    def _reset(self) -> None:
+        self._lock = threading.Lock()
+        self._loop: _Loop | None = None
+        self._blocks = 0  # `with` blocks open, in all threads
+        self._pinned = False  # used outside a `with` block: runs until close()
+        self._local = threading.local()
+
+    # -- the API ----------------------------------------------------------------------------
+    def publish(
+        self,
+        topic: str,
+        event: BaseModel,
+        *,
+        resource_id: str,
+        headers: dict[str, str] | None = None,
+    ) -> str:
+        """`EventBus.publish`, blocking; returns the entry ID."""
+        return self.call(
+            partial(self._bus.publish, topic, event, resource_id=resource_id, headers=headers)
+        )
+
+    def publish_many(
+        self,
+        topic: str,
+        events: Iterable[tuple[str, BaseModel]],
+        *,
+        headers: dict[str, str] | None = None,
+    ) -> list[str]:
+        """`EventBus.publish_many`, blocking; returns the entry IDs in order."""
+        return self.call(partial(self._bus.publish_many, topic, list(events), headers=headers))
+
+    def call(self, fn: Callable[[], Awaitable[T]]) -> T:
+        """Run ``await fn()`` on the bus's event loop and return its result (any coroutine
+        that uses the bus: ``sb.call(lambda: bus.redis.xlen(key))``)."""
+        loop = self._started(pin=not getattr(self._local, "depth", 0))
+        assert loop.portal is not None
+        try:
+            return loop.portal.call(fn)
+        except RuntimeError as exc:
+            if self._loop is not loop:  # stopped under the call: close() meanwhile
+                raise EventBusError("the sync bus was closed during the call") from exc
+            raise
+
+    # -- life -------------------------------------------------------------------------------
+    def _started(self, *, pin: bool) -> _Loop:
+        with self._lock:
+            if pin:
+                self._pinned = True
+            if self._loop is None:
+                self._loop = _Loop(self._bus)
+            return self._loop
+
+    @property
+    def running(self) -> bool:
+        """Whether the event loop thread is running."""
+        return self._loop is not None
+
+    def close(self) -> None:
+        """Send queued publishes, leave the bus and stop the loop thread (a later call starts a
+        new one). Idempotent."""
+        with self._lock:
+            loop, self._loop, self._pinned = self._loop, None, False
+            if loop is not None:
+                loop.stop(
+                    self._bus.settings.shutdown_grace_s + self._bus.settings.publish_timeout_s
+                )
+
+    def __enter__(self) -> SyncBus:
+        self._local.depth = getattr(self._local, "depth", 0) + 1
+        with self._lock:
+            self._blocks += 1
+        try:
+            self._started(pin=False)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._local.depth -= 1
+        with self._lock:
+            self._blocks -= 1
+            if self._blocks or self._pinned or self._loop is None:
+                return
+            loop, self._loop = self._loop, None
+            # stopped under the lock: a block entered meanwhile waits, then starts a new loop
+            # (two loops must never hold the bus at once)
+            loop.stop(self._bus.settings.shutdown_grace_s + self._bus.settings.publish_timeout_s)
+
+
+def _after_fork_in_child() -> None:
+    # the parent's loop thread does not exist here, and its lock may have been held at the fork
+    for sb in list(_all):
+        sb._reset()
+
+
+def _close_all() -> None:
+    for sb in list(_all):
+        try:
+            sb.close()
+        except Exception:
+            log.exception("closing a sync bus at exit")
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+atexit.register(_close_all)
+
+__all__ = ["SyncBus"]

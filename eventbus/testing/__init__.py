@@ -25,7 +25,7 @@ from typing import Any
 import anyio
 from pydantic import BaseModel
 
-from eventbus.app import EventBus, connect
+from eventbus.app import EventBus
 from eventbus.errors import ConfigError
 
 
@@ -53,10 +53,10 @@ class TestBus:
         self.bus = bus
         self.done = anyio.Event()
         self._stop = stop
+        self.redis = bus._current().redis
 
-    @property
-    def redis(self) -> Any:
-        return self.bus.redis
+    redis: Any
+    """The Redis this run used (still usable after the block, e.g. the in-memory one)."""
 
     @property
     def consumer_ids(self) -> list[str]:
@@ -112,19 +112,20 @@ async def running(bus: EventBus, *, redis: Any | str | None = None) -> AsyncIter
     :param redis: where to run: nothing for a fresh in-memory Redis (`memory_redis`; blocking
         reads are then capped at 50 ms so that the subscribers stop quickly), a Redis URL (a
         real server: it is connected like `EventBus` connects, and closed at the end), or a
-        client (e.g. ``bus.redis``: the bus's own connection, left open).
+        client (e.g. ``bus.redis``: the bus's own connection, left open). Afterwards the bus is
+        as it was (its own connection and settings): it can be run again, or entered.
     """
     if bus.running:
         raise RuntimeError("the bus is already running")
+    saved = (bus._session, bus.settings)
     if redis is None:
-        bus._redis = memory_redis()
         bus.settings = bus.settings.model_copy(update={"block_max_ms": 50})
+        bus._open_session(memory_redis(), owned=False)  # nothing to close: kept for `tb.redis`
     elif isinstance(redis, str):
         bus.settings = bus.settings.model_copy(update={"redis_url": redis})
-        bus._redis = connect(bus.settings)
+        bus._open_session(None, owned=True)
     else:
-        bus._redis = redis
-    bus._registry = bus._publisher = None
+        bus._open_session(redis, owned=False)
     bus.consumers = []  # those of an earlier run are not the ones to wait for
     stop = anyio.Event()
     tb = TestBus(bus, stop)
@@ -150,5 +151,6 @@ async def running(bus: EventBus, *, redis: Any | str | None = None) -> AsyncIter
             finally:
                 stop.set()
     finally:
-        if isinstance(redis, str):
-            await bus.aclose()
+        # the bus as it was: its own connection and settings (the consumers of this run stay
+        # in `bus.consumers`, for inspection)
+        bus._session, bus.settings = saved[0], saved[1]
