@@ -29,7 +29,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Awaitable, Iterable, Iterator
+from functools import partial
 from typing import Any
 
 import anyio
@@ -38,6 +39,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from eventbus import hooks
 from eventbus.codec import (
     F_DATA,
     MIN_CONTAINERS,
@@ -148,19 +150,31 @@ class Publisher:
             except DecodeError as exc:
                 raise InvalidEvent(topic.name, "payload", f"would not decode: {exc}") from None
 
-    async def publish(
+    def publish(
         self,
         topic: TopicConfig,
         event: BaseModel,
         resource_id: str,
         headers: dict[str, str] | None = None,
-    ) -> str:
+    ) -> Awaitable[str]:
         """Append one event; returns its entry ID (``<ms>-<seq>``) once Redis has accepted it.
 
         Raises `ShardCountMismatch`, `PayloadTooLarge`, `ConfigError` (`ReservedEventType`,
         `InvalidEvent`), or `PublishError` when Redis did not confirm the XADD within
         `publish_timeout_s` seconds of the call (it may still have stored it).
         """
+        if hooks.tracing is not None:  # a plain function: no extra coroutine when off
+            send = partial(self._publish, topic, event, resource_id)
+            return hooks.tracing.publish(send, topic.name, headers, 1)
+        return self._publish(topic, event, resource_id, headers)
+
+    async def _publish(
+        self,
+        topic: TopicConfig,
+        event: BaseModel,
+        resource_id: str,
+        headers: dict[str, str] | None = None,
+    ) -> str:
         slot = self.sender.reserve()  # before the first await: the call's place in the order
         try:
             with self._deadline(topic):
@@ -231,12 +245,12 @@ class Publisher:
                         f"shard count of topic {topic.name!r} could not be checked: {exc}"
                     ) from exc
 
-    async def publish_many(
+    def publish_many(
         self,
         topic: TopicConfig,
         events: Iterable[tuple[str, BaseModel]],
         headers: dict[str, str] | None = None,
-    ) -> list[str]:
+    ) -> Awaitable[list[str]]:
         """Append `(resource_id, event)` pairs in order, in pipelines of `publish_batch_max`,
         in call order with concurrent `publish()` calls.
 
@@ -245,6 +259,18 @@ class Publisher:
         one pipeline is raised after the others were sent: the events of the pipelines that
         succeeded stay published (their IDs are in the error's ``entry_ids``, None where failed).
         """
+        if hooks.tracing is not None:
+            pairs = list(events)
+            send = partial(self._publish_many, topic, pairs)
+            return hooks.tracing.publish(send, topic.name, headers, len(pairs))
+        return self._publish_many(topic, events, headers)
+
+    async def _publish_many(
+        self,
+        topic: TopicConfig,
+        events: Iterable[tuple[str, BaseModel]],
+        headers: dict[str, str] | None = None,
+    ) -> list[str]:
         prepared = [self.prepare(topic, ev, rid, headers) for rid, ev in events]
         slots = [self.sender.reserve() for _ in prepared]  # no await before: call order
         try:

@@ -27,6 +27,7 @@ import anyio.to_thread
 from pydantic import ValidationError
 from redis.asyncio.retry import Retry
 
+from eventbus import hooks
 from eventbus import retry as retrying
 from eventbus.codec import (
     F_DATA,
@@ -207,7 +208,10 @@ class Handling:
         started = time.perf_counter()
         try:
             with anyio.move_on_after(timeout) as scope:
-                await self.sub.call(event, ctx)
+                if hooks.tracing is None:
+                    await self.sub.call(event, ctx)
+                else:
+                    await hooks.tracing.consume(self.sub.call, event, ctx)
         except Exception as exc:
             self._m_failures.inc()
             return exc
