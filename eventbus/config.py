@@ -10,7 +10,7 @@ import re
 from typing import Any, Literal
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from pydantic import AliasChoices, Field, field_validator, model_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from eventbus.sharding import MAX_SHARDS
@@ -112,6 +112,39 @@ def check_redis_url(url: str) -> str:
     return url
 
 
+def parse_sentinels(value: Any) -> list[tuple[str, int]]:
+    """Sentinel addresses from ``"host:port,host:port"`` or a list of ``"host:port"`` strings or
+    ``(host, port)`` pairs (IPv6 hosts in brackets: ``[::1]:26379``); raises `ValueError` naming
+    the bad item."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        items: list[Any] = [v.strip() for v in value.split(",") if v.strip()]
+    elif isinstance(value, list | tuple):
+        items = list(value)
+    else:
+        raise ValueError("sentinels must be 'host:port,host:port' or a list of addresses")
+    out: list[tuple[str, int]] = []
+    for item in items:
+        if isinstance(item, list | tuple) and len(item) == 2:
+            host, port_text = str(item[0]), str(item[1])
+        elif isinstance(item, str):
+            host, colon, port_text = item.rpartition(":")
+            if not colon:
+                raise ValueError(f"sentinel address {item!r} has no port (host:port)")
+        else:
+            raise ValueError(f"sentinel address {item!r} is not host:port")
+        host = host.strip()
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+        if not host or any(c in host for c in " /@[]"):
+            raise ValueError(f"sentinel address {item!r}: invalid host")
+        if not port_text.strip().isdigit() or not 0 < int(port_text) < 65536:
+            raise ValueError(f"sentinel address {item!r}: the port must be 1-65535")
+        out.append((host, int(port_text)))
+    return out
+
+
 class Settings(BaseSettings):
     """Deployment-wide settings. Every field can be set as ``EVENTBUS_<FIELD>``.
 
@@ -141,6 +174,23 @@ class Settings(BaseSettings):
         "socket read timeout (redis_read_timeout_s).",
     )
     cluster: bool = Field(False, description="Connect with the Redis Cluster protocol.")
+    sentinels: str = Field(
+        "",
+        description="Redis Sentinel addresses, host:port,host:port (in code also a list of "
+        "'host:port' or (host, port)); with sentinel_service, the primary is found through them "
+        "and redis_url gives only credentials, database and TLS. Empty: no Sentinel.",
+    )
+    sentinel_service: str = Field(
+        "",
+        pattern=r"^[^\s,]{0,200}$",
+        description="Master name the sentinels monitor (sentinel monitor <name> ...).",
+    )
+    sentinel_username: str | None = Field(
+        None, description="ACL user of the sentinels themselves (not of the primary)."
+    )
+    sentinel_password: SecretStr | None = Field(
+        None, description="Password of the sentinels themselves (their requirepass)."
+    )
     key_prefix: str = Field("eventbus", pattern=r"^[A-Za-z0-9_.\-]{1,100}$")
     hashtag: str = Field("eventbus", pattern=r"^[A-Za-z0-9_.\-]{1,100}$")
 
@@ -222,6 +272,34 @@ class Settings(BaseSettings):
     @classmethod
     def _valid_url(cls, value: str) -> str:
         return check_redis_url(value)
+
+    @field_validator("sentinels", mode="before")
+    @classmethod
+    def _valid_sentinels(cls, value: Any) -> str:
+        return ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in parse_sentinels(value))
+
+    @property
+    def sentinel_addresses(self) -> list[tuple[str, int]]:
+        """`sentinels` as (host, port) pairs; empty without Sentinel."""
+        return parse_sentinels(self.sentinels)
+
+    @model_validator(mode="after")
+    def _sentinel_complete(self) -> Settings:
+        if bool(self.sentinels) != bool(self.sentinel_service):
+            raise ValueError(
+                "sentinels (EVENTBUS_SENTINELS) and sentinel_service (EVENTBUS_SENTINEL_SERVICE) "
+                "go together: set both, or neither"
+            )
+        if self.sentinels and self.cluster:
+            raise ValueError(
+                "sentinels and cluster exclude each other: a Redis Cluster fails over by itself"
+            )
+        if self.sentinels and self.redis_url.startswith("unix:"):
+            raise ValueError(
+                "with sentinels, redis_url must be redis:// or rediss:// (it gives "
+                "the primary's credentials, database and TLS)"
+            )
+        return self
 
     def __repr_args__(self) -> Any:
         for name, value in super().__repr_args__():

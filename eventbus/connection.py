@@ -8,7 +8,9 @@ from eventbus.config import Settings
 
 
 def connect(settings: Settings) -> Any:
-    """A redis-py asyncio client for `settings` (`RedisCluster` when ``cluster`` is set).
+    """A redis-py asyncio client for `settings`: `RedisCluster` when ``cluster`` is set, the
+    Sentinel-managed primary (``Sentinel(...).master_for(service)``) when ``sentinels`` are,
+    otherwise a plain `Redis` of ``redis_url``.
 
     Binary-safe (``decode_responses=False``); connecting happens lazily on first use. Every
     connection has deadlines (`Settings.redis_connect_timeout_s`, `Settings.redis_read_timeout_s`),
@@ -31,4 +33,84 @@ def connect(settings: Settings) -> Any:
     from redis.asyncio.retry import Retry
     from redis.backoff import NoBackoff
 
+    if settings.sentinels:
+        return _sentinel_primary(settings, options, Retry(NoBackoff(), 0))
     return redis.asyncio.Redis.from_url(settings.redis_url, retry=Retry(NoBackoff(), 0), **options)
+
+
+def _sentinel_primary(settings: Settings, options: dict[str, Any], no_retry: Any) -> Any:
+    """The primary of `settings.sentinel_service`, found through `settings.sentinels`.
+
+    redis-py's `SentinelConnectionPool` asks the sentinels for the primary's address whenever a
+    connection (re)connects, refuses a primary a sentinel reports down, and turns a ``READONLY``
+    reply (the node was demoted) into a `ConnectionError` that drops the connection: callers see
+    a failover as connection errors, which they already handle, and their next connection goes
+    to the promoted replica. Credentials, database and TLS of the primary come from
+    ``redis_url`` (its host and port are not used); the sentinels get the same socket deadlines
+    and TLS, and their own ``sentinel_username`` / ``sentinel_password``.
+    """
+    from redis.asyncio.connection import parse_url
+    from redis.asyncio.sentinel import Sentinel
+
+    parsed = parse_url(settings.redis_url)
+    tls = settings.redis_url.startswith("rediss:")
+    primary: dict[str, Any] = {
+        k: v
+        for k, v in parsed.items()
+        if k not in ("host", "port", "path", "connection_class") and v is not None
+    }
+    primary |= options | {"retry": no_retry}
+    sentinel_options: dict[str, Any] = options | {"retry": no_retry}
+    primary["connection_class"] = _primary_connection_classes()[tls]
+    if tls:
+        sentinel_options |= {"ssl": True} | {
+            k: v for k, v in parsed.items() if k.startswith("ssl_")
+        }
+    if settings.sentinel_username:
+        sentinel_options["username"] = settings.sentinel_username
+    if settings.sentinel_password is not None:
+        sentinel_options["password"] = settings.sentinel_password.get_secret_value()
+    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        settings.sentinel_addresses, sentinel_kwargs=sentinel_options
+    )
+    return sentinel.master_for(settings.sentinel_service, **primary)
+
+
+_CLASSES: dict[bool, type] = {}
+
+
+def _primary_connection_classes() -> dict[bool, type]:
+    """Connection classes of the Sentinel-managed primary, without TLS (False) and with (True).
+
+    redis-py's `SentinelManagedConnection` asks the sentinels for the primary only in
+    ``connect()``. A connection that is reconnected by ``send_packed_command`` (which the
+    publisher's sender uses for its hiredis-packed pipelines) goes through
+    ``connect_check_health()`` instead and so redials the *old* address forever after a
+    failover (redis-py 6.4). These subclasses resolve the primary in ``connect_check_health``,
+    whichever way a connection is (re)connected, once per connect.
+    """
+    if _CLASSES:
+        return _CLASSES
+    from redis.asyncio.connection import SSLConnection
+    from redis.asyncio.sentinel import SentinelManagedConnection
+
+    class SentinelPrimaryConnection(SentinelManagedConnection):
+        async def connect_check_health(
+            self, check_health: bool = True, retry_socket_connect: bool = True
+        ) -> None:
+            if not self.is_connected:
+                self.host, self.port = await self.connection_pool.get_master_address()
+            await super().connect_check_health(check_health, retry_socket_connect)
+
+        async def _connect_retry(self) -> None:
+            if not self.is_connected:  # the address is resolved in connect_check_health
+                await self.connect_check_health(
+                    check_health=self.connection_pool.check_connection,
+                    retry_socket_connect=False,
+                )
+
+    class SentinelPrimarySSLConnection(SentinelPrimaryConnection, SSLConnection):
+        pass
+
+    _CLASSES.update({False: SentinelPrimaryConnection, True: SentinelPrimarySSLConnection})
+    return _CLASSES
