@@ -181,3 +181,36 @@ class HandlerTimeout(EventBusError):
             "or raise handler_timeout_s"
         )
         self.handler, self.timeout_s, self.abandoned = handler, timeout_s, abandoned
+
+
+class RequestTimeout(EventBusError):
+    """`EventBus.request` got no reply within its `timeout_s`. `groups` are the consumer groups
+    reading the request's shard stream when it gave up (empty: nobody subscribes to `topic`)."""
+
+    def __init__(
+        self,
+        topic: str,
+        resource_id: str,
+        timeout_s: float,
+        entry_id: str | None,
+        groups: list[str],
+    ) -> None:
+        sent = f"request {entry_id}" if entry_id else "the request (not confirmed by Redis)"
+        if not groups:
+            why = f"no consumer group reads topic {topic!r}: nobody subscribes to it"
+        else:
+            why = (
+                f"groups {', '.join(groups)} read topic {topic!r}, but none replied: is a "
+                "subscriber running, and does its handler return a pydantic model?"
+            )
+        super().__init__(
+            f"no reply within {timeout_s:g} s to {sent} on topic {topic!r} (resource "
+            f"{resource_id!r}): {why}"
+        )
+        self.topic, self.resource_id, self.timeout_s = topic, resource_id, timeout_s
+        self.entry_id, self.groups = entry_id, groups
+
+
+class InvalidReply(EventBusError):
+    """A handler answering a request (`EventBus.request`) returned something other than a
+    pydantic model, or the request named a reply stream that is not one of eventbus's."""

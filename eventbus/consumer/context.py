@@ -86,14 +86,14 @@ class HandlerCall:
         self.is_async = inspect.iscoroutinefunction(func)
         self.name: str = getattr(func, "__qualname__", repr(func))
 
-    async def __call__(self, event: Any, ctx: Context) -> None:
+    async def __call__(self, event: Any, ctx: Context) -> Any:
+        """The handler's return value: None, or a reply to a request (`eventbus.request`)."""
         args = (event, ctx) if self.takes_context else (event,)
         if self.is_async:
-            await cast("Awaitable[None]", self.func(*args))
-        else:
-            # abandoned, not waited for, when cancelled (a timeout, shutdown): a thread cannot
-            # be interrupted, and a hung one must not hold the consumer
-            await anyio.to_thread.run_sync(partial(self.func, *args), abandon_on_cancel=True)
+            return await cast("Awaitable[Any]", self.func(*args))
+        # abandoned, not waited for, when cancelled (a timeout, shutdown): a thread cannot
+        # be interrupted, and a hung one must not hold the consumer
+        return await anyio.to_thread.run_sync(partial(self.func, *args), abandon_on_cancel=True)
 
 
 @dataclass(slots=True, kw_only=True)

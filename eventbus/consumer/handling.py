@@ -45,6 +45,7 @@ from eventbus.dlq import is_control
 from eventbus.errors import DecodeError, HandlerTimeout, UnknownEventType
 from eventbus.keys import Keys
 from eventbus.metrics import METRICS
+from eventbus.request import send_reply
 
 log = logging.getLogger("eventbus.consumer")
 
@@ -186,7 +187,8 @@ class Handling:
         """Run the handler once on `event` (entry `entry_id`, attempt number `attempt`) under
         `d`'s shard and token. Returns its exception (`HandlerTimeout` past the subscription's
         `handler_timeout_s`), None on success, or `NOT_STARTED` when the fence no longer holds
-        (then nothing ran)."""
+        (then nothing ran). A non-None return value of the handler answers a request: it goes
+        to the reply stream the entry's headers name (`eventbus.request.send_reply`)."""
         ctx = Context(
             topic=self.sub.topic.name,
             group=self.sub.group,
@@ -209,9 +211,11 @@ class Handling:
         try:
             with anyio.move_on_after(timeout) as scope:
                 if hooks.tracing is None:
-                    await self.sub.call(event, ctx)
+                    result = await self.sub.call(event, ctx)
                 else:
-                    await hooks.tracing.consume(self.sub.call, event, ctx)
+                    result = await hooks.tracing.consume(self.sub.call, event, ctx)
+                if result is not None:  # the answer to a request (eventbus.request)
+                    await send_reply(self.redis, self.keys, env, result)
         except Exception as exc:
             self._m_failures.inc()
             return exc

@@ -1,0 +1,123 @@
+"""Request/reply (issue 11 item 10): a subscriber's return value answers ``bus.request``
+through the caller's reply stream; concurrent requests share it; timeouts say whether anybody
+subscribes; the reply stream is capped and expiring; a request cannot make a consumer write to
+another key."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+from pydantic import BaseModel
+from support import running
+
+from eventbus import Context, EventBus
+from eventbus.codec import envelope_of
+from eventbus.config import Settings
+from eventbus.errors import EventBusError, InvalidReply, RequestTimeout
+from eventbus.request import CORRELATION_ID, REPLY_TO, REPLY_TTL_S, requester, send_reply
+
+pytestmark = [pytest.mark.anyio, pytest.mark.integration]
+
+
+class Quote(BaseModel):
+    sku: str
+    quantity: int
+
+
+class Price(BaseModel):
+    sku: str
+    total_cents: int
+
+
+async def test_a_handler_return_value_answers_the_request(settings: type[Settings]) -> None:
+    server = EventBus(settings())
+    seen: list[Context] = []
+
+    @server.subscriber("quotes", group="pricing")
+    async def price(q: Quote, ctx: Context) -> Price:
+        seen.append(ctx)
+        return Price(sku=q.sku, total_cents=q.quantity * 250)
+
+    client = EventBus(settings())
+    async with running(server), client:
+        reply = await client.request(
+            "quotes",
+            Quote(sku="a", quantity=4),
+            resource_id="a",
+            timeout_s=20,
+            reply_model=Price,
+        )
+        assert reply == Price(sku="a", total_cents=1000)
+        raw = await client.request(
+            "quotes", Quote(sku="b", quantity=1), resource_id="b", timeout_s=20
+        )
+        assert raw == {"sku": "b", "total_cents": 250}
+        # concurrent requests of one bus share its reply stream, each gets its own answer
+        results: dict[int, Price] = {}
+
+        async def ask(i: int) -> None:
+            results[i] = await client.request(
+                "quotes",
+                Quote(sku=f"s{i}", quantity=i),
+                resource_id=f"s{i}",
+                timeout_s=20,
+                reply_model=Price,
+            )
+
+        async with anyio.create_task_group() as tg:
+            for i in range(20):
+                tg.start_soon(ask, i)
+        assert results == {i: Price(sku=f"s{i}", total_cents=i * 250) for i in range(20)}
+        stream = requester(client).stream
+        assert seen[0].headers[REPLY_TO] == stream
+        assert CORRELATION_ID in seen[0].headers
+        ttl = await client.redis.ttl(stream)
+        assert 0 < ttl <= REPLY_TTL_S
+    await client.aclose()
+
+
+async def test_timeout_says_nobody_subscribes(settings: type[Settings]) -> None:
+    client = EventBus(settings())
+    async with client:
+        with anyio.fail_after(10):
+            with pytest.raises(RequestTimeout, match="nobody subscribes") as info:
+                await client.request(
+                    "void", Quote(sku="x", quantity=1), resource_id="x", timeout_s=0.3
+                )
+    assert isinstance(info.value, EventBusError)
+    assert info.value.groups == [] and info.value.entry_id is not None
+    await client.aclose()
+
+
+async def test_timeout_names_the_groups_that_did_not_answer(settings: type[Settings]) -> None:
+    server = EventBus(settings())
+    handled = anyio.Event()
+
+    @server.subscriber("quotes", group="audit")
+    async def audit(q: Quote) -> None:  # handles requests, answers nothing
+        handled.set()
+
+    client = EventBus(settings())
+    async with running(server), client:
+        with pytest.raises(RequestTimeout, match="groups audit read topic 'quotes'"):
+            await client.request("quotes", Quote(sku="x", quantity=1), resource_id="x", timeout_s=1)
+        assert handled.is_set()
+    await client.aclose()
+
+
+async def test_reply_goes_only_to_eventbus_reply_streams(settings: type[Settings]) -> None:
+    bus = EventBus(settings())
+    async with bus:
+        env = envelope_of(
+            "r", Quote(sku="x", quantity=1), {REPLY_TO: "eventbus:{eventbus}:locks:t:g"}
+        )
+        with pytest.raises(InvalidReply, match="not an eventbus reply stream"):
+            await send_reply(bus.redis, bus.keys, env, Price(sku="x", total_cents=1))
+        good = requester(bus).stream
+        env = envelope_of("r", Quote(sku="x", quantity=1), {REPLY_TO: good, CORRELATION_ID: "c"})
+        with pytest.raises(InvalidReply, match="returned dict, not a pydantic model"):
+            await send_reply(bus.redis, bus.keys, env, {"total_cents": 1})
+        plain = envelope_of("r", Quote(sku="x", quantity=1))
+        await send_reply(bus.redis, bus.keys, plain, Price(sku="x", total_cents=1))  # no request
+        assert not await bus.redis.exists(good)
+    await bus.aclose()
