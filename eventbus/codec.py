@@ -5,7 +5,9 @@ A stream entry has three fields (docs/protocol.md gives the bytes):
 * ``rid``  - the resource ID, UTF-8 (plain, so tools can read it without decoding);
 * ``type`` - the event type name, UTF-8 (plain);
 * ``data`` - the envelope: one format byte, then the body.
-  ``0x01``: body is a MessagePack map; ``0x02``: body is a zstd frame holding that map.
+  ``0x01``: body is a MessagePack map; ``0x02``: body is a zstd frame holding that map;
+  ``0x03``: a dictionary ID (LEB128 varint), then a zstd frame of that map compressed with the
+  topic's dictionary of that ID (`eventbus.dictionaries`).
   Map keys: ``v`` envelope version (1), ``id`` event ID (16 bytes), ``ts`` event time (Unix ms),
   ``h`` headers (map str -> str), ``p`` payload (the event's JSON-mode fields as MessagePack).
 
@@ -26,6 +28,7 @@ thread (``anyio.to_thread.run_sync``) for entries whose data field is over
 from __future__ import annotations
 
 import os
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -36,6 +39,7 @@ import zstandard
 from pydantic import BaseModel
 
 from eventbus.config import DECOMPRESSION_FACTOR
+from eventbus.dictionaries import CACHE, FORMAT_MSGPACK_ZSTD_DICT, read_varint, varint
 from eventbus.errors import DecodeError
 
 FORMAT_MSGPACK = 0x01
@@ -97,8 +101,12 @@ def new_event_id() -> bytes:
     return bytes(b)
 
 
-def encode_entry(envelope: Envelope, *, compress_threshold: int = 1024) -> dict[bytes, bytes]:
-    """Encode `envelope` as the field map of one stream entry (see the module docstring)."""
+def encode_entry(
+    envelope: Envelope, *, compress_threshold: int = 1024, dictionary: int | None = None
+) -> dict[bytes, bytes]:
+    """Encode `envelope` as the field map of one stream entry (see the module docstring).
+    With `dictionary` (an ID in `eventbus.dictionaries.CACHE`), the body is compressed with
+    that dictionary whatever its size (format ``0x03``)."""
     body = msgpack.packb(
         {
             "v": ENVELOPE_VERSION,
@@ -109,7 +117,10 @@ def encode_entry(envelope: Envelope, *, compress_threshold: int = 1024) -> dict[
         },
         use_bin_type=True,
     )
-    if len(body) >= compress_threshold:
+    if dictionary is not None:
+        data = _DICT_PREFIX.get(dictionary) or _dict_prefix(dictionary)
+        data += _compressor(dictionary).compress(body)
+    elif len(body) >= compress_threshold:
         data = bytes([FORMAT_MSGPACK_ZSTD]) + zstandard.ZstdCompressor(level=_ZSTD_LEVEL).compress(
             body
         )
@@ -120,6 +131,40 @@ def encode_entry(envelope: Envelope, *, compress_threshold: int = 1024) -> dict[
         F_TYPE: envelope.event_type.encode("utf-8"),
         F_DATA: data,
     }
+
+
+_DICT_PREFIX: dict[int, bytes] = {}
+_COMPRESSORS: dict[tuple[int, int], zstandard.ZstdCompressor] = {}  # (id(dict), thread)
+
+
+def _dict_prefix(dict_id: int) -> bytes:
+    prefix = _DICT_PREFIX[dict_id] = bytes([FORMAT_MSGPACK_ZSTD_DICT]) + varint(dict_id)
+    return prefix
+
+
+def _compressor(dict_id: int) -> zstandard.ZstdCompressor:
+    """A compressor for dictionary `dict_id`, one per thread (they are not thread-safe)."""
+    d = CACHE.get(dict_id)
+    key = (id(d), threading.get_ident())
+    c = _COMPRESSORS.get(key)
+    if c is None:
+        c = _COMPRESSORS[key] = zstandard.ZstdCompressor(
+            level=_ZSTD_LEVEL, dict_data=d, write_dict_id=False
+        )
+    return c
+
+
+_DECOMPRESSORS: dict[tuple[int, int], zstandard.ZstdDecompressor] = {}
+
+
+def _decompressor(dict_id: int) -> zstandard.ZstdDecompressor:
+    """A decompressor for dictionary `dict_id`, one per thread. Raises `UnknownDictionary`."""
+    d = CACHE.get(dict_id)
+    key = (id(d), threading.get_ident())
+    z = _DECOMPRESSORS.get(key)
+    if z is None:
+        z = _DECOMPRESSORS[key] = zstandard.ZstdDecompressor(dict_data=d)
+    return z
 
 
 def envelope_of(
@@ -196,10 +241,11 @@ def decompressed_size(data: bytes) -> int:
     (-1 when a zstd frame does not declare it). Cheap: reads the frame header only."""
     if not data:
         return 0
-    if data[0] == FORMAT_MSGPACK_ZSTD:
+    if data[0] in (FORMAT_MSGPACK_ZSTD, FORMAT_MSGPACK_ZSTD_DICT):
         try:
-            return int(zstandard.frame_content_size(data[1:]))
-        except zstandard.ZstdError:
+            start = 1 if data[0] == FORMAT_MSGPACK_ZSTD else read_varint(data, 1)[1]
+            return int(zstandard.frame_content_size(data[start:]))
+        except (zstandard.ZstdError, DecodeError):
             return -1
     return len(data) - 1
 
@@ -210,7 +256,12 @@ def decompressed_body(data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> byt
     fmt, body = data[0], data[1:]
     if fmt == FORMAT_MSGPACK:
         return body
-    if fmt != FORMAT_MSGPACK_ZSTD:
+    decompressor = None
+    if fmt == FORMAT_MSGPACK_ZSTD_DICT:
+        dict_id, start = read_varint(data, 1)
+        body = data[start:]
+        decompressor = _decompressor(dict_id)
+    elif fmt != FORMAT_MSGPACK_ZSTD:
         raise DecodeError(f"unknown envelope format byte 0x{fmt:02x}")
     try:
         # `max_output_size` only bounds frames that do not declare their size; a frame that
@@ -218,7 +269,8 @@ def decompressed_body(data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> byt
         declared = zstandard.frame_content_size(body)
         if declared > max_bytes:
             raise DecodeError(f"envelope decompresses to {declared} bytes, over {max_bytes}")
-        return zstandard.ZstdDecompressor().decompress(body, max_output_size=max_bytes)
+        decompressor = decompressor or zstandard.ZstdDecompressor()
+        return decompressor.decompress(body, max_output_size=max_bytes)
     except DecodeError:
         raise
     except Exception as exc:  # zstd raises several exception types

@@ -29,8 +29,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Iterable, Iterator
-from functools import partial
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import anyio
@@ -39,7 +38,6 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from eventbus import hooks
 from eventbus.codec import (
     F_DATA,
     MIN_CONTAINERS,
@@ -52,6 +50,7 @@ from eventbus.codec import (
     envelope_of,
 )
 from eventbus.config import Settings
+from eventbus.dictionaries import Dictionaries
 from eventbus.errors import (
     ConfigError,
     DecodeError,
@@ -86,6 +85,7 @@ class Publisher:
             # the count it returns would not mean what the setting promises.
             raise ConfigError("publish_replicas (WAIT) is not supported with cluster=True")
         self.sender = Sender(redis, settings)
+        self.dictionaries = Dictionaries(redis, keys)  # the topics' current zstd dictionaries
 
     def _stream(self, topic: TopicConfig, resource_id: str) -> str:
         streams = self._streams.get(topic.name)
@@ -129,7 +129,11 @@ class Publisher:
         _check_text(topic, "resource_id", rid)
         _check_text(topic, "event type", etype)
         _check_headers(topic, envelope.headers)
-        fields = encode_entry(envelope, compress_threshold=self._settings.compress_threshold_bytes)
+        fields = encode_entry(
+            envelope,
+            compress_threshold=self._settings.compress_threshold_bytes,
+            dictionary=self.dictionaries.cached_current(topic.name),
+        )
         size = encoded_size(fields)
         if size > self._settings.max_payload_bytes:
             raise PayloadTooLarge(topic.name, size, self._settings.max_payload_bytes)
@@ -150,36 +154,26 @@ class Publisher:
             except DecodeError as exc:
                 raise InvalidEvent(topic.name, "payload", f"would not decode: {exc}") from None
 
-    def publish(
-        self,
-        topic: TopicConfig,
-        event: BaseModel,
-        resource_id: str,
-        headers: dict[str, str] | None = None,
-    ) -> Awaitable[str]:
-        """Append one event; returns its entry ID (``<ms>-<seq>``) once Redis has accepted it.
-
-        Raises `ShardCountMismatch`, `PayloadTooLarge`, `ConfigError` (`ReservedEventType`,
-        `InvalidEvent`), or `PublishError` when Redis did not confirm the XADD within
-        `publish_timeout_s` seconds of the call (it may still have stored it).
-        """
-        if hooks.tracing is not None:  # a plain function: no extra coroutine when off
-            send = partial(self._publish, topic, event, resource_id)
-            return hooks.tracing.publish(send, topic.name, headers, 1)
-        return self._publish(topic, event, resource_id, headers)
-
-    async def _publish(
+    async def publish(
         self,
         topic: TopicConfig,
         event: BaseModel,
         resource_id: str,
         headers: dict[str, str] | None = None,
     ) -> str:
+        """Append one event; returns its entry ID (``<ms>-<seq>``) once Redis has accepted it.
+
+        Raises `ShardCountMismatch`, `PayloadTooLarge`, `ConfigError` (`ReservedEventType`,
+        `InvalidEvent`), or `PublishError` when Redis did not confirm the XADD within
+        `publish_timeout_s` seconds of the call (it may still have stored it).
+        """
         slot = self.sender.reserve()  # before the first await: the call's place in the order
         try:
             with self._deadline(topic):
                 if not self._registry.checked(topic.name):
                     await self._check_topic(topic)
+                if self.dictionaries.due(topic.name):
+                    await self.dictionaries.current(topic.name)
                 stream, fields = self.prepare(topic, event, resource_id, headers)
                 self.sender.ready(slot, stream, fields, topic.maxlen)
                 return await self.sender.submit(slot)
@@ -194,6 +188,8 @@ class Publisher:
         try:
             with self._deadline(topic):
                 await self._check_topic(topic)
+                if self.dictionaries.due(topic.name):
+                    await self.dictionaries.current(topic.name)
                 stream, fields = self.prepare_envelope(topic, envelope)
                 self.sender.ready(slot, stream, fields, topic.maxlen)
                 return await self.sender.submit(slot)
@@ -245,12 +241,12 @@ class Publisher:
                         f"shard count of topic {topic.name!r} could not be checked: {exc}"
                     ) from exc
 
-    def publish_many(
+    async def publish_many(
         self,
         topic: TopicConfig,
         events: Iterable[tuple[str, BaseModel]],
         headers: dict[str, str] | None = None,
-    ) -> Awaitable[list[str]]:
+    ) -> list[str]:
         """Append `(resource_id, event)` pairs in order, in pipelines of `publish_batch_max`,
         in call order with concurrent `publish()` calls.
 
@@ -259,18 +255,6 @@ class Publisher:
         one pipeline is raised after the others were sent: the events of the pipelines that
         succeeded stay published (their IDs are in the error's ``entry_ids``, None where failed).
         """
-        if hooks.tracing is not None:
-            pairs = list(events)
-            send = partial(self._publish_many, topic, pairs)
-            return hooks.tracing.publish(send, topic.name, headers, len(pairs))
-        return self._publish_many(topic, events, headers)
-
-    async def _publish_many(
-        self,
-        topic: TopicConfig,
-        events: Iterable[tuple[str, BaseModel]],
-        headers: dict[str, str] | None = None,
-    ) -> list[str]:
         prepared = [self.prepare(topic, ev, rid, headers) for rid, ev in events]
         slots = [self.sender.reserve() for _ in prepared]  # no await before: call order
         try:

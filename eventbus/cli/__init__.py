@@ -1,8 +1,9 @@
 """The ``eventbus`` command (typer + rich).
 
 ``run`` runs a service's subscribers (`eventbus.cli.run`); ``stats`` and ``tail``
-(`eventbus.cli.inspect`), ``publish`` (`eventbus.cli.publish`) and ``dlq``
-(`eventbus.cli.dlq`) are operator tools; ``offload`` and ``replay`` drive the durable tier
+(`eventbus.cli.inspect`), ``publish`` (`eventbus.cli.publish`), ``dlq`` (`eventbus.cli.dlq`)
+and ``topic`` (`eventbus.cli.topic`: zstd dictionaries) are operator tools; ``offload`` and
+``replay`` drive the durable tier
 (`eventbus.tier.cli`, registered when the tier extra is installed). Every command reads the same
 settings as the library (``EVENTBUS_*``, ``REDIS_URL``), with ``--redis-url`` as an override
 (`eventbus.cli.connection`).
@@ -24,6 +25,7 @@ from eventbus.cli.inspect import stats, tail
 from eventbus.cli.output import cell, terminal_safe, user_errors
 from eventbus.cli.publish import publish
 from eventbus.cli.run import run
+from eventbus.cli.topic import topic_app
 
 app = typer.Typer(no_args_is_help=True, help="Event-driven microservices on Redis Streams.")
 app.command()(run)
@@ -31,6 +33,7 @@ app.command()(stats)
 app.command()(tail)
 app.command()(publish)
 app.add_typer(dlq_app, name="dlq")
+app.add_typer(topic_app, name="topic")
 
 
 def _register_optional() -> None:

@@ -12,8 +12,9 @@ from rich.table import Table
 
 from eventbus.cli.connection import RedisUrl, open_bus, settings_from, stored_shards
 from eventbus.cli.output import cell, run_async, user_errors
-from eventbus.codec import decode_entry
+from eventbus.codec import F_DATA, decode_entry
 from eventbus.config import Settings
+from eventbus.dictionaries import Dictionaries
 from eventbus.errors import EventBusError, RedisCommandRefused
 
 
@@ -35,7 +36,16 @@ async def _stats(settings: Settings) -> None:
     try:
         topics = await bus.registry.stored()
         table = Table(
-            "topic", "shards", "entries", "group", "lag", "pending", "live", "locked", "trimmed"
+            "topic",
+            "shards",
+            "entries",
+            "B/entry",
+            "group",
+            "lag",
+            "pending",
+            "live",
+            "locked",
+            "trimmed",
         )
         for topic, shards in sorted(topics.items()):
             streams = [keys.stream(topic, s) for s in range(shards)]
@@ -62,7 +72,8 @@ async def _stats(settings: Settings) -> None:
                         agg[0] += g.get("lag") or 0
                         agg[2] |= g.get("entries-read") is None
                     agg[1] += g["pending"]
-            table.add_row(cell(topic), str(shards), str(entries), "", "", "", "", "", "")
+            per_entry = await bytes_per_entry(r, streams, entries)
+            table.add_row(cell(topic), str(shards), str(entries), per_entry, *[""] * 6)
             secs, micros = await r.time()  # liveness deadlines are in Redis server time
             now_ms = secs * 1000 + micros // 1000
             for g, (lag, pending, estimated) in sorted(groups.items()):
@@ -74,6 +85,7 @@ async def _stats(settings: Settings) -> None:
                     int(f.get(b"count", 0)) for _, f in await r.xrange(keys.trimmed(topic, g))
                 )  # unread entries lost to MAXLEN (eventbus.consumer.trims)
                 table.add_row(
+                    "",
                     "",
                     "",
                     "",
@@ -89,6 +101,18 @@ async def _stats(settings: Settings) -> None:
         await bus.aclose()
 
 
+async def bytes_per_entry(r: Any, streams: list[str], entries: int) -> str:
+    """Redis memory per entry of a topic's shard streams (``MEMORY USAGE``, all samples), as
+    text; "-" for an empty topic."""
+    if not entries:
+        return "-"
+    pipe = r.pipeline(transaction=False)
+    for st in streams:
+        pipe.memory_usage(st, samples=0)
+    used = sum(n or 0 for n in await pipe.execute())
+    return f"{used / entries:.0f}"
+
+
 def tail(
     topic: str,
     count: Annotated[int, typer.Option(help="Entries to show per shard.")] = 5,
@@ -102,12 +126,14 @@ def tail(
 
 async def _tail(settings: Settings, topic: str, count: int) -> None:
     bus = await open_bus(settings)
+    dictionaries = Dictionaries(bus.redis, bus.keys)
     try:
         for shard in range(await stored_shards(bus, topic)):
             rows = await bus.redis.xrevrange(bus.keys.stream(topic, shard), count=count)
             for entry_id, fields in reversed(rows):
                 out: dict[str, Any] = {"shard": shard, "entry_id": entry_id.decode()}
                 try:
+                    await dictionaries.ensure(topic, fields.get(F_DATA, b""))
                     env = decode_entry(fields, max_bytes=settings.max_decompressed_bytes)
                     out |= {
                         "resource_id": env.resource_id,

@@ -27,7 +27,6 @@ import anyio.to_thread
 from pydantic import ValidationError
 from redis.asyncio.retry import Retry
 
-from eventbus import hooks
 from eventbus import retry as retrying
 from eventbus.codec import (
     F_DATA,
@@ -41,11 +40,11 @@ from eventbus.config import Settings
 from eventbus.consumer.context import Context, Subscription
 from eventbus.consumer.delivery import NOT_STARTED, Delivery, Fence, NotStarted, Outcome, Step
 from eventbus.consumer.failures import Failures
+from eventbus.dictionaries import FORMAT_MSGPACK_ZSTD_DICT, Dictionaries
 from eventbus.dlq import is_control
 from eventbus.errors import DecodeError, HandlerTimeout, UnknownEventType
 from eventbus.keys import Keys
 from eventbus.metrics import METRICS
-from eventbus.request import send_reply
 
 log = logging.getLogger("eventbus.consumer")
 
@@ -74,6 +73,7 @@ class Handling:
         self.consumer_id = consumer_id
         self.retry = retry
         self.failures = Failures(redis, keys, sub, retry)
+        self.dictionaries = Dictionaries(redis, keys)
         self.max_decoded_bytes = settings.max_decompressed_bytes
         self.dedup_s = math.ceil(sub.dedup_window_s) if sub.dedup_window_s else 0
         self.handled = 0  # entries whose handler succeeded
@@ -146,6 +146,9 @@ class Handling:
         """`decode`, on the event loop for a small entry, in a worker thread for a large one
         (`_large`): decompressing, unpacking and validating it can take seconds, and the loop
         must go on refreshing the lease meanwhile. Raises `DecodeError` like `decode`."""
+        data = fields.get(F_DATA)
+        if data and data[0] == FORMAT_MSGPACK_ZSTD_DICT:  # its dictionary, from Redis once
+            await self.dictionaries.ensure(self.sub.topic.name, data)
         if not _large(fields):
             return self.decode(fields)
         return await anyio.to_thread.run_sync(_without_gc, self.decode, fields)
@@ -187,8 +190,7 @@ class Handling:
         """Run the handler once on `event` (entry `entry_id`, attempt number `attempt`) under
         `d`'s shard and token. Returns its exception (`HandlerTimeout` past the subscription's
         `handler_timeout_s`), None on success, or `NOT_STARTED` when the fence no longer holds
-        (then nothing ran). A non-None return value of the handler answers a request: it goes
-        to the reply stream the entry's headers name (`eventbus.request.send_reply`)."""
+        (then nothing ran)."""
         ctx = Context(
             topic=self.sub.topic.name,
             group=self.sub.group,
@@ -210,12 +212,7 @@ class Handling:
         started = time.perf_counter()
         try:
             with anyio.move_on_after(timeout) as scope:
-                if hooks.tracing is None:
-                    result = await self.sub.call(event, ctx)
-                else:
-                    result = await hooks.tracing.consume(self.sub.call, event, ctx)
-                if result is not None:  # the answer to a request (eventbus.request)
-                    await send_reply(self.redis, self.keys, env, result)
+                await self.sub.call(event, ctx)
         except Exception as exc:
             self._m_failures.inc()
             return exc

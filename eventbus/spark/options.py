@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from eventbus.codec import event_type_of
 from eventbus.errors import ConfigError
 from eventbus.keys import Keys, check_name
+from eventbus.tier.dictionaries import read_from
 from eventbus.tier.store import Store, open_store
 
 MODES = ("PERMISSIVE", "FAILFAST")
@@ -192,7 +193,9 @@ class SourceOptions:
 
             tier = TierSettings()
             endpoint, region = endpoint or tier.s3_endpoint, region or tier.s3_region
-        return open_store(self.store, endpoint=endpoint, region=region, create=False)
+        store = open_store(self.store, endpoint=endpoint, region=region, create=False)
+        read_from(store, self.topic)  # the dictionaries of compressed entries, on a cache miss
+        return store
 
     def redis(self) -> Any:
         """A synchronous, binary-safe redis-py client of ``redis_url`` (None without it)."""

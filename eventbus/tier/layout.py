@@ -5,6 +5,8 @@ Inside a store (whose own prefix comes from its URL, e.g. ``s3://bucket/prefix``
     <topic>/<shard>/<first>-<last>.parquet        a segment: entries first..last (inclusive)
     <topic>/<shard>/gaps/<after>-<before>.json    a gap record: entries after..before (exclusive)
                                                   were lost before they could be archived
+    <topic>/_dictionaries/<id>.zdict              a zstd dictionary entries of the topic use
+                                                  (`eventbus.dictionaries`)
 
 ``<first>``, ``<last>``, ``<after>`` and ``<before>`` are entry IDs with both parts zero-padded to
 20 digits (`EntryId.padded`), so a plain text sort of a shard's keys is entry-ID order, and a
@@ -35,6 +37,12 @@ def shard_prefix(topic: str, shard: int) -> str:
 def segment_key(topic: str, shard: int, first: EntryId, last: EntryId) -> str:
     """Key of the segment holding entries `first`..`last` (inclusive) of a shard."""
     return f"{shard_prefix(topic, shard)}{first.padded}-{last.padded}{SEGMENT_SUFFIX}"
+
+
+def dictionary_key(topic: str, dict_id: int) -> str:
+    """Key of the copy of zstd dictionary `dict_id` that entries of `topic` use."""
+    check_name("topic", topic)
+    return f"{topic}/_dictionaries/{dict_id}.zdict"
 
 
 def gap_key(topic: str, shard: int, after: EntryId, before: EntryId) -> str:

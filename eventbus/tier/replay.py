@@ -34,6 +34,7 @@ from eventbus.errors import DecodeError
 from eventbus.keys import check_name
 from eventbus.tier.archived import ArchivedEntry, ReplayFilter, read_segment, read_segment_counted
 from eventbus.tier.completeness import ArchiveGap, check_complete, recorded_lost
+from eventbus.tier.dictionaries import read_from
 from eventbus.tier.ids import EntryId
 from eventbus.tier.layout import SegmentRef
 from eventbus.tier.store import Store, list_segments_sync, list_shards_sync
@@ -51,6 +52,7 @@ def plan(
     use it to size a progress bar: `SegmentRef.size` is in bytes). Raises `InvalidName` for a
     topic name that cannot exist (``..``), `StoreError`."""
     check_name("topic", topic)
+    read_from(store, topic)  # entries compressed with a dictionary: its archived copy
     flt = flt or ReplayFilter()
     chosen = list(shards) if shards is not None else list_shards_sync(store, topic)
     return {

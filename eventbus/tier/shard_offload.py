@@ -21,6 +21,7 @@ from redis.exceptions import ResponseError
 
 from eventbus.retention import acked_point
 from eventbus.tier.checkpoint import Checkpoints, Intent
+from eventbus.tier.dictionaries import archive_dictionaries
 from eventbus.tier.gaps import find_gap, new_gap, record_gap
 from eventbus.tier.ids import EntryId, parse_id
 from eventbus.tier.layout import SegmentRef, segment_key
@@ -221,6 +222,7 @@ class ShardOffload:
         """Encode and put `rows` under `key` create-only; returns the rows the stored object
         holds (ours, or those of an identical-range object already there)."""
         o = self.o
+        await archive_dictionaries(o.redis, o.keys, o.store, self.topic, rows)
         data, info = await anyio.to_thread.run_sync(
             lambda: encode_segment(
                 self.topic, sh.shard, intent.first, intent.last, rows, zstd_level=o.tier.zstd_level

@@ -1,0 +1,78 @@
+"""``eventbus topic``: per-topic settings stored in Redis. ``train-dict`` trains a zstd
+dictionary for a topic's entries (`eventbus.dictionaries`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from eventbus.app import EventBus
+from eventbus.cli.connection import RedisUrl, open_bus, settings_from, stored_shards
+from eventbus.cli.output import run_async, user_errors
+from eventbus.codec import F_DATA, decompressed_body
+from eventbus.config import Settings
+from eventbus.dictionaries import DEFAULT_SIZE, Dictionaries
+from eventbus.errors import ConfigError, DecodeError
+
+topic_app = typer.Typer(no_args_is_help=True, help="Per-topic settings stored in Redis.")
+
+
+@topic_app.command("train-dict")
+def train_dict(
+    topic: str,
+    files: Annotated[
+        list[Path] | None,
+        typer.Argument(help="Sample files (one MessagePack body each) instead of the topic."),
+    ] = None,
+    sample: Annotated[int, typer.Option(help="Newest entries to sample, over all shards.")] = 5000,
+    size: Annotated[int, typer.Option(help="Dictionary size in bytes.")] = DEFAULT_SIZE,
+    redis_url: RedisUrl = None,
+) -> None:
+    """Train a zstd dictionary for TOPIC from a sample of its entries (or FILES) and make it
+    the topic's current one: new entries use it, older ones stay readable."""
+    with user_errors():
+        settings = settings_from(redis_url)
+        samples = [f.read_bytes() for f in files or []]
+    run_async(_train, settings, topic, samples, sample, size)
+
+
+async def _train(
+    settings: Settings, topic: str, samples: list[bytes], sample: int, size: int
+) -> None:
+    bus = await open_bus(settings)
+    dictionaries = Dictionaries(bus.redis, bus.keys)
+    try:
+        if not samples:
+            samples = await sample_bodies(bus, dictionaries, topic, sample, settings)
+        if len(samples) < 10:
+            raise ConfigError(f"topic {topic!r}: {len(samples)} samples, at least 10 needed")
+        dict_id = await dictionaries.train(topic, samples, size)
+        _, versions = await dictionaries.versions(topic)
+        print(
+            f"topic {topic}: dictionary {dict_id} ({versions[dict_id]} bytes, from "
+            f"{len(samples)} samples) is current; stored versions {sorted(versions)}"
+        )
+    finally:
+        await bus.aclose()
+
+
+async def sample_bodies(
+    bus: EventBus, dictionaries: Dictionaries, topic: str, sample: int, settings: Settings
+) -> list[bytes]:
+    """MessagePack bodies of up to `sample` newest entries of `topic`, spread over its shards
+    (entries that do not decode are skipped)."""
+    shards = await stored_shards(bus, topic)
+    per_shard = max(1, sample // shards)
+    bodies = []
+    for shard in range(shards):
+        rows = await bus.redis.xrevrange(bus.keys.stream(topic, shard), count=per_shard)
+        for _, fields in rows:
+            data = fields.get(F_DATA, b"")
+            try:
+                await dictionaries.ensure(topic, data)
+                bodies.append(decompressed_body(data, max_bytes=settings.max_decompressed_bytes))
+            except (DecodeError, IndexError):
+                continue
+    return bodies

@@ -1,0 +1,67 @@
+"""The durable tier's copies of zstd dictionaries (`eventbus.dictionaries`).
+
+Segments keep each entry's ``data`` field as it was in Redis, so an entry compressed with a
+dictionary needs that dictionary to be read back, long after Redis may have lost it (or from a
+Spark executor that never talks to Redis). The offloader copies every dictionary a segment's
+entries use to ``<topic>/_dictionaries/<id>.zdict`` (`layout.dictionary_key`) before it puts the
+segment; readers of the archive register the store as a fallback of the process's cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from eventbus.dictionaries import CACHE, dictionary_id
+from eventbus.errors import DecodeError
+from eventbus.keys import Keys
+from eventbus.tier.layout import dictionary_key
+from eventbus.tier.store import Store, get_bytes_sync, put_create
+
+_archived: set[tuple[int, str, int]] = set()  # (id(store), topic, dictionary ID) copied here
+_readers: set[tuple[int, str]] = set()
+
+
+async def archive_dictionaries(
+    redis: Any,
+    keys: Keys,
+    store: Store,
+    topic: str,
+    rows: Iterable[tuple[Any, Mapping[bytes, bytes]]],
+) -> None:
+    """Copy the dictionaries `rows` (entry ID, fields) use to `store`, each once per process
+    (create-only: an existing copy is left as it is). One missing in Redis is skipped: its
+    entries are archived as they are and read back as undecodable."""
+    needed: set[int] = set()
+    for _, fields in rows:
+        try:
+            dict_id = dictionary_id(fields.get(b"data", b""))
+        except DecodeError:
+            continue
+        if dict_id is not None and (id(store), topic, dict_id) not in _archived:
+            needed.add(dict_id)
+    if not needed:
+        return
+    for dict_id in sorted(needed):
+        data = await redis.hget(keys.dictionaries(topic), str(dict_id))
+        if data is None:
+            continue
+        CACHE.add(dict_id, data)
+        await put_create(store, dictionary_key(topic, dict_id), data)
+        _archived.add((id(store), topic, dict_id))
+
+
+def read_from(store: Store, topic: str) -> None:
+    """Let this process's dictionary cache load `topic`'s dictionaries from `store` on a miss
+    (replay, Spark). Blocking reads: for threads and sync code, not an event loop."""
+    if (id(store), topic) in _readers:
+        return
+    _readers.add((id(store), topic))
+
+    def load(dict_id: int) -> bytes | None:
+        try:
+            return get_bytes_sync(store, dictionary_key(topic, dict_id))
+        except FileNotFoundError:
+            return None
+
+    CACHE.loaders.append(load)

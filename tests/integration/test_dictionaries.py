@@ -1,0 +1,159 @@
+"""Per-topic zstd dictionaries (`eventbus.dictionaries`) on a real redis-server: training from
+a topic's entries (library and CLI), rotation with old entries still readable, an unknown
+dictionary ID dead-lettered with its reason, and the durable tier's copies read back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import zstandard
+from obstore.store import MemoryStore
+from support import Recorder, Tick, running, total_pending, wait_until
+from typer.testing import CliRunner
+
+from eventbus import Context, EventBus, Settings, codec
+from eventbus.cli import app
+from eventbus.cli.topic import sample_bodies
+from eventbus.codec import F_DATA, F_RESOURCE, F_TYPE, decode_entry
+from eventbus.dictionaries import CACHE, Dictionaries, dictionary_id, varint
+from eventbus.dlq import DeadLetters
+from eventbus.tier.dictionaries import archive_dictionaries, read_from
+
+pytestmark = pytest.mark.anyio
+TOPIC = "orders"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache() -> None:
+    forget_dictionaries()  # IDs restart with each flushed database
+
+
+def forget_dictionaries() -> None:
+    """Drop this process's cached dictionaries, as a fresh process would start."""
+    CACHE._dicts.clear()
+    CACHE._missing.clear()
+    codec._COMPRESSORS.clear()
+    codec._DECOMPRESSORS.clear()
+
+
+async def publish(bus: EventBus, seqs: range) -> None:
+    for i in seqs:
+        rid = f"r{i % 7}"
+        await bus.publish(
+            TOPIC, Tick(resource=rid, seq=i, pad=f"pad {i % 13} " * 4), resource_id=rid
+        )
+
+
+async def stored_data(r: Any, bus: EventBus) -> list[bytes]:
+    out = []
+    for s in range(bus.topic(TOPIC).shards):
+        out += [f[F_DATA] for _, f in await r.xrange(bus.keys.stream(TOPIC, s))]
+    return out
+
+
+async def train(bus: EventBus) -> int:
+    d = Dictionaries(bus.redis, bus.keys)
+    bodies = await sample_bodies(bus, d, TOPIC, 1000, bus.settings)
+    dict_id = await d.train(TOPIC, bodies, size=2048)
+    bus.publisher.dictionaries._current.clear()  # publishers pick it up within REFRESH_S
+    return dict_id
+
+
+async def test_train_rotate_and_old_entries_stay_readable(r: Any, settings: Any) -> None:
+    bus = EventBus(settings())
+    rec = Recorder()
+
+    @bus.subscriber(TOPIC, group="g")
+    async def handle(event: Tick, ctx: Context) -> None:
+        rec.add(event, ctx)
+
+    async with bus:
+        await publish(bus, range(300))
+        first = await train(bus)
+        await publish(bus, range(300, 400))
+        second = await train(bus)
+        await publish(bus, range(400, 500))
+    assert second > first
+    ids = [dictionary_id(d) for d in await stored_data(r, bus)]
+    assert (ids.count(None), ids.count(first), ids.count(second)) == (300, 100, 100)
+    sizes = {i: [] for i in (None, first, second)}
+    for d in await stored_data(r, bus):
+        sizes[dictionary_id(d)].append(len(d))
+    assert max(sizes[second]) < min(sizes[None])  # the point of it
+    _, versions = await Dictionaries(r, bus.keys).versions(TOPIC)
+    assert sorted(versions) == [first, second]
+    forget_dictionaries()  # the consumer loads both from Redis
+    async with running(bus):
+        await rec.wait_for(500)
+        await wait_until(lambda: _drained(bus, r))
+    assert sorted(h.seq for h in rec.log) == list(range(500))
+
+
+async def _drained(bus: EventBus, r: Any) -> bool:
+    return await total_pending(bus, TOPIC, "g", r) == 0
+
+
+async def test_unknown_dictionary_is_dead_lettered_with_its_reason(r: Any, settings: Any) -> None:
+    bus = EventBus(settings())
+    rec = Recorder()
+
+    @bus.subscriber(TOPIC, group="g")
+    async def handle(event: Tick, ctx: Context) -> None:
+        rec.add(event, ctx)
+
+    frame = zstandard.ZstdCompressor().compress(b"\x80")
+    stream = bus.keys.stream(TOPIC, 0)
+    await bus.registry.ensure(bus.topic(TOPIC))
+    await r.xadd(stream, {F_RESOURCE: b"x", F_TYPE: b"Tick", F_DATA: b"\x03" + varint(999) + frame})
+    await bus.publish(TOPIC, Tick(resource="x", seq=1), resource_id="x")
+    dl = DeadLetters(r, bus.keys, bus.topic(TOPIC), "g")
+    async with running(bus):
+        await rec.wait_for(1)
+        await wait_until(lambda: _letters(dl, 1))
+    (letter,) = await dl.letters()
+    assert letter.reason == "undecodable"
+    assert "dictionary 999" in letter.error and "not in Redis" in letter.error
+
+
+async def _letters(dl: DeadLetters, n: int) -> bool:
+    return len(await dl.letters()) == n
+
+
+async def test_tier_copies_dictionaries_and_archive_readers_load_them(
+    r: Any, settings: Any
+) -> None:
+    bus = EventBus(settings())
+    async with bus:
+        await publish(bus, range(300))
+        dict_id = await train(bus)
+        await publish(bus, range(300, 310))
+    stream = bus.keys.stream(TOPIC, 0)
+    rows = await r.xrange(stream)
+    store = MemoryStore()
+    await archive_dictionaries(r, bus.keys, store, TOPIC, rows)
+    forget_dictionaries()
+    compressed = [f for _, f in rows if dictionary_id(f[F_DATA]) == dict_id]
+    assert compressed
+    with pytest.raises(Exception, match=f"dictionary {dict_id}"):
+        decode_entry(compressed[0])
+    read_from(store, TOPIC)  # what replay's plan and the Spark reader do
+    assert all(decode_entry(f).payload["seq"] >= 300 for f in compressed)
+    await bus.aclose()
+
+
+def test_cli_train_dict(redis_db: str) -> None:
+    async def seed() -> None:
+        bus = EventBus(Settings(redis_url=redis_db, shards=2))
+        async with bus:
+            await publish(bus, range(300))
+        await bus.aclose()
+
+    import anyio
+
+    anyio.run(seed)
+    out = CliRunner().invoke(
+        app, ["topic", "train-dict", TOPIC, "--size", "2048", "--redis-url", redis_db]
+    )
+    assert out.exit_code == 0, out.output
+    assert "is current" in out.output
