@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal, TypeVar
 
 import anyio
@@ -20,13 +20,15 @@ from eventbus.config import Settings
 from eventbus.connection import connect
 from eventbus.consumer import Consumer, Handler, HandlerCall, RetryPolicy, Subscription
 from eventbus.consumer.batching import BatchHandlerCall, batch_handler_models
+from eventbus.consumer.routing import ON_UNKNOWN, OnUnknown, Raw, Routes
 from eventbus.errors import ConfigError, ReservedEventType
 from eventbus.keys import Keys, check_name
 from eventbus.lifecycle import Hook, Lifecycle
+from eventbus.registration import add_handler, broadcast_group
 from eventbus.retention import Retention
 from eventbus.running import make_consumers, run_consumers
 from eventbus.session import Session
-from eventbus.signature import handler_models
+from eventbus.signature import handler_input
 from eventbus.sync import SyncBus
 from eventbus.topics import TopicConfig
 
@@ -109,23 +111,34 @@ class EventBus(Lifecycle):
         self,
         topic: str,
         *,
-        group: str,
-        ack: Literal["after", "before"] = "after",
+        group: str | None = None,
+        ack: Literal["after", "before"] | None = None,
         max_attempts: int | None = None,
-        on_failure: Literal["continue", "park"] = "continue",
+        on_failure: Literal["continue", "park"] | None = None,
         retry_base_s: float | None = None,
         retry_max_s: float | None = None,
         dedup_window_s: float | None = None,
         handler_timeout_s: float | None = None,
         batch: bool = False,
         max_batch: int = 500,
+        on_unknown: OnUnknown | None = None,
+        type_name: str | Sequence[str] | None = None,
+        broadcast: bool = False,
     ) -> Callable[[H], H]:
         """Register the decorated function as the handler of `topic` for consumer group `group`.
 
         The handler is ``async def h(event: Model, ctx: Context)`` (``ctx`` optional; a plain
-        ``def`` runs in a worker thread). ``Model`` is a pydantic model or a union of models:
-        entries of other event types are dead-lettered. ``ack="after"`` (default) acks after the
-        handler succeeded (at-least-once); ``ack="before"`` reads with NOACK (at-most-once).
+        ``def`` runs in a worker thread). ``Model`` is a pydantic model or a union of models,
+        or ``dict`` / ``bytes`` for the raw payload. Several handlers may subscribe to one
+        (topic, group): each event type goes to its handler, through one consumer and one queue
+        per resource (`eventbus.consumer.routing`); `type_name` names the type(s) a handler
+        takes instead of its model's (aliases). `on_unknown` decides, for the (topic, group),
+        what happens to a type no handler takes: ``"dead_letter"`` (default) or ``"skip"``.
+        The options that shape the consumer (all but `type_name`) are the (topic, group)'s:
+        a further handler leaves them unset or repeats them. ``ack="after"`` (default) acks
+        after the handler succeeded (at-least-once); ``ack="before"`` reads with NOACK
+        (at-most-once). `broadcast`: every running instance gets every event (no `group`;
+        `eventbus.consumer.broadcast` says what is and is not guaranteed).
 
         A failing handler is retried in place up to `max_attempts` times (default from the
         settings), waiting ``retry_base_s * 2**(n-1)`` (at most `retry_max_s`, times a random
@@ -143,13 +156,19 @@ class EventBus(Lifecycle):
         Raises `ConfigError` for a bad name, option, or handler signature, and
         `ReservedEventType` for a model whose event type starts with ``__eventbus.``.
         """
+        group = broadcast_group(group) if broadcast else group
+        if group is None:
+            raise ConfigError(f"subscriber of topic {topic!r}: give a group (or broadcast=True)")
         check_name("group", group)
-        if group.startswith("_"):
+        if group.startswith("_") and not broadcast:
             raise ConfigError(f"group {group!r}: names starting with '_' are reserved for eventbus")
-        if ack not in ("after", "before"):
+        if ack not in (None, "after", "before"):
             raise ConfigError(f"ack must be 'after' or 'before', got {ack!r}")
-        if on_failure not in ("continue", "park"):
+        if on_failure not in (None, "continue", "park"):
             raise ConfigError(f"on_failure must be 'continue' or 'park', got {on_failure!r}")
+        if on_unknown not in (None, *ON_UNKNOWN):
+            raise ConfigError(f"on_unknown must be one of {ON_UNKNOWN}, got {on_unknown!r}")
+        type_names = [type_name] if isinstance(type_name, str) else type_name
         for name, value in (
             ("max_attempts", max_attempts),
             ("retry_base_s", retry_base_s),
@@ -167,38 +186,48 @@ class EventBus(Lifecycle):
         )
 
         def register(handler: H) -> H:
+            raw: Raw | None = None
             if batch:
                 models, takes_ctx = batch_handler_models(handler)
                 call: HandlerCall = BatchHandlerCall(
                     handler, takes_context=takes_ctx, max_batch=max_batch
                 )
             else:
-                models, takes_ctx = handler_models(handler)
+                models, raw, takes_ctx = handler_input(handler)
                 call = HandlerCall(handler, takes_context=takes_ctx)
-            for name in models:
+            for name in [*models, *(type_names or ())]:
                 if name.startswith(RESERVED_TYPE_PREFIX):
                     raise ReservedEventType(name, f"subscriber of topic {topic!r}, group {group!r}")
             config = self.topic(topic)
-            if any(s.topic.name == topic and s.group == group for s in self.subscriptions):
-                raise ConfigError(f"group {group!r} already has a handler for topic {topic!r}")
             retry = RetryPolicy(
                 max_attempts=max_attempts or self.settings.max_attempts,
                 base_s=retry_base_s or self.settings.retry_base_s,
                 max_s=retry_max_s or self.settings.retry_max_s,
             )
-            self.subscriptions.append(
-                Subscription(
-                    topic=config,
-                    group=group,
-                    call=call,
-                    models=models,
-                    retry=retry,
-                    ack=ack,
-                    on_failure=on_failure,
-                    dedup_window_s=dedup_window_s,
-                    handler_timeout_s=timeout_s or None,
-                )
+            sub = Subscription(
+                topic=config,
+                group=group,
+                call=call,
+                models={},
+                retry=retry,
+                ack=ack or "after",
+                on_failure=on_failure or "continue",
+                dedup_window_s=dedup_window_s,
+                handler_timeout_s=timeout_s or None,
+                routes=Routes(on_unknown or "dead_letter"),
+                broadcast=broadcast,
             )
+            given = {
+                "ack": ack,
+                "max_attempts": max_attempts,
+                "on_failure": on_failure,
+                "retry_base_s": retry_base_s,
+                "retry_max_s": retry_max_s,
+                "dedup_window_s": dedup_window_s,
+                "handler_timeout_s": handler_timeout_s,
+                "on_unknown": on_unknown,
+            }
+            add_handler(self.subscriptions, sub, given, models, raw, type_names)
             return handler
 
         return register

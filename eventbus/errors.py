@@ -50,7 +50,11 @@ class DecodeError(EventBusError):
 
 
 class UnknownEventType(DecodeError):
-    """An entry's event type is not one the subscriber's handler accepts."""
+    """An entry's event type is not one the subscriber's handlers accept (`event_type`)."""
+
+    def __init__(self, message: str, *, event_type: str = "") -> None:
+        super().__init__(message)
+        self.event_type = event_type
 
 
 class PublishError(EventBusError):

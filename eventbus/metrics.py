@@ -30,6 +30,11 @@ class _Metrics:
         "Handler attempts past handler_timeout_s: cancelled (async) or abandoned (sync)",
         _L,
     )
+    skipped_unknown = Counter(
+        "eventbus_skipped_unknown_total",
+        "Entries of an event type no handler of the group takes, skipped (on_unknown='skip')",
+        _L,
+    )
     dead_lettered = Counter(
         "eventbus_dead_lettered_total", "Entries written to the dead-letter stream", _L
     )

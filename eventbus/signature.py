@@ -47,3 +47,25 @@ def handler_models(handler: Callable[..., Any]) -> tuple[dict[str, type[BaseMode
             raise ConfigError(f"handler {handler!r}: two models share the event type {name!r}")
         by_type[name] = m
     return by_type, len(params) == 2
+
+
+def handler_input(
+    handler: Callable[..., Any],
+) -> tuple[dict[str, type[BaseModel]], type[dict[str, Any]] | type[bytes] | None, bool]:
+    """Like `handler_models`, and also accepting a first parameter typed ``dict`` (the payload
+    as a plain dict) or ``bytes`` (the payload as MessagePack): returns (models by event type
+    name, `dict` or `bytes` or None, whether it takes a `Context`). Raises `ConfigError` like
+    `handler_models`."""
+    params = list(inspect.signature(handler).parameters.values())
+    if params and len(params) <= 2:
+        try:
+            ann = typing.get_type_hints(handler).get(params[0].name)
+        except NameError:
+            ann = None  # handler_models says why
+        base = typing.get_origin(ann) or ann
+        if base is dict:
+            return {}, dict, len(params) == 2
+        if base is bytes:
+            return {}, bytes, len(params) == 2
+    models, takes_ctx = handler_models(handler)
+    return models, None, takes_ctx

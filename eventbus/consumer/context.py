@@ -9,12 +9,15 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import anyio.to_thread
 from pydantic import BaseModel
 
 from eventbus.topics import TopicConfig
+
+if TYPE_CHECKING:
+    from eventbus.consumer.routing import Routes
 
 Handler = Callable[..., Awaitable[None] | None]
 
@@ -103,7 +106,10 @@ class Subscription:
     `models` maps event type name -> pydantic model; `ack` is ``"after"`` (at-least-once) or
     ``"before"`` (NOACK reads, at-most-once); `dedup_window_s` (seconds, None: off) skips an
     event ID already handled that recently; `handler_timeout_s` (seconds, None: no limit) bounds
-    each handler attempt.
+    each handler attempt. `routes` gives each event type its handler when several share the
+    (topic, group) (`eventbus.consumer.routing`; by default `call` takes `models`); `call` is
+    then their `Router`. `broadcast`: every instance gets every event
+    (`eventbus.consumer.broadcast`), `group` is only a name for logs and metrics.
     """
 
     topic: TopicConfig
@@ -115,6 +121,15 @@ class Subscription:
     on_failure: Literal["continue", "park"] = "continue"
     dedup_window_s: float | None = None
     handler_timeout_s: float | None = None
+    routes: Routes = None  # type: ignore[assignment]  # made from call and models if not given
+    broadcast: bool = False
+
+    def __post_init__(self) -> None:
+        if self.routes is None:
+            from eventbus.consumer.routing import Routes
+
+            self.routes = Routes()
+            self.routes.add(self.call, self.models, None, None)
 
     @property
     def name(self) -> str:

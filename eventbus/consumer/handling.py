@@ -24,7 +24,6 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import anyio.to_thread
-from pydantic import ValidationError
 from redis.asyncio.retry import Retry
 
 from eventbus import retry as retrying
@@ -82,6 +81,8 @@ class Handling:
         self._m_failures = METRICS.failures.labels(*labels)
         self._m_timeouts = METRICS.handler_timeouts.labels(*labels)
         self._m_latency = METRICS.latency.labels(*labels)
+        self._m_skipped = METRICS.skipped_unknown.labels(*labels)
+        self._skipped_types: set[str] = set()
         self._m_duration = METRICS.handler_duration.labels(*labels, sub.name)
 
     @property
@@ -99,6 +100,12 @@ class Handling:
             return await self.failures.dead_letter(d, None, reason="parked", fence=fence)
         try:
             env, event = await self.decoded(d.fields)
+        except UnknownEventType as exc:
+            if self.sub.routes.on_unknown == "skip":
+                self._skip(exc.event_type)
+                return Outcome.ACK
+            log.warning("entry %s of shard %d is undecodable: %s", d.entry_id, d.shard, exc)
+            return await self.failures.dead_letter(d, exc, reason="undecodable", fence=fence)
         except DecodeError as exc:
             log.warning("entry %s of shard %d is undecodable: %s", d.entry_id, d.shard, exc)
             return await self.failures.dead_letter(d, exc, reason="undecodable", fence=fence)
@@ -169,20 +176,29 @@ class Handling:
         a missing field, or a payload the model refuses, whatever its validators raise.
         Synchronous: see `decoded`."""
         env = self._envelope(fields)
-        model = self.sub.models.get(env.event_type)
-        if model is None:
+        route = self.sub.routes.get(env.event_type)
+        if route is None:
             raise UnknownEventType(
                 f"event type {env.event_type!r} is not handled by {self.sub.name} "
-                f"(expects {sorted(self.sub.models)})"
+                f"(expects {self.sub.routes.expects()})",
+                event_type=env.event_type,
             )
-        try:
-            return env, model.model_validate(env.payload)
-        except ValidationError as exc:
-            raise DecodeError(f"payload does not validate as {model.__name__}: {exc}") from None
-        except Exception as exc:  # a validator of the model raised something else
-            raise DecodeError(
-                f"payload does not validate as {model.__name__}: {type(exc).__name__}: {exc}"
-            ) from None
+        return env, route.convert(env.payload)
+
+    def _skip(self, event_type: str) -> None:
+        """An entry of a type no handler takes, with ``on_unknown="skip"``: counted, and a
+        WARNING the first time each type is skipped (not per entry: a producer's new type
+        would flood the log)."""
+        self._m_skipped.inc()
+        if event_type not in self._skipped_types:
+            self._skipped_types.add(event_type)
+            log.warning(
+                "group %s of topic %s skips events of type %r: no handler takes them "
+                "(on_unknown='skip'; counted in eventbus_skipped_unknown_total)",
+                self.sub.group,
+                self.sub.topic.name,
+                event_type,
+            )
 
     async def attempt(
         self, d: Delivery, env: Envelope, event: Any, fence: Fence, *, entry_id: bytes, attempt: int

@@ -61,13 +61,13 @@ def _three(event: A, ctx: Context, extra: int) -> None: ...
 def _unannotated(event, ctx): ...  # type: ignore[no-untyped-def]
 def _not_a_model(event: int) -> None: ...
 def _model_or_none(event: A | None) -> None: ...
-def _dict(event: dict) -> None: ...  # type: ignore[type-arg]
+def _list(event: list) -> None: ...  # type: ignore[type-arg]
 def _same_type_name(event: A | AlsoA) -> None: ...
 
 
 @pytest.mark.parametrize(
     "handler",
-    [_no_params, _three, _unannotated, _not_a_model, _model_or_none, _dict, _same_type_name],
+    [_no_params, _three, _unannotated, _not_a_model, _model_or_none, _list, _same_type_name],
 )
 def test_bad_handler_signatures_are_refused(bus: EventBus, handler: object) -> None:
     with pytest.raises(ConfigError):
@@ -75,16 +75,88 @@ def test_bad_handler_signatures_are_refused(bus: EventBus, handler: object) -> N
     assert bus.subscriptions == []
 
 
-def test_one_handler_per_topic_and_group(bus: EventBus) -> None:
+def test_several_handlers_per_topic_and_group_share_one_subscription(bus: EventBus) -> None:
     async def first(event: A) -> None: ...
-    async def second(event: B) -> None: ...
+    async def second(event: B, ctx: Context) -> None: ...
 
     bus.subscriber("orders", group="g")(first)
-    with pytest.raises(ConfigError, match="already has a handler"):
-        bus.subscriber("orders", group="g")(second)
+    bus.subscriber("orders", group="g", max_attempts=2)(second)  # sets it for the group
     bus.subscriber("orders", group="other")(second)
     bus.subscriber("payments", group="g")(second)
     assert len(bus.subscriptions) == 3
+    sub = bus.subscriptions[0]
+    assert sub.models == {"A": A, "B": B} and sub.retry.max_attempts == 2
+    assert sub.routes.get("A").call.func is first  # type: ignore[union-attr]
+    assert sub.routes.get("B").call.func is second  # type: ignore[union-attr]
+    assert sub.routes.get("C") is None
+
+
+def test_an_event_type_has_one_handler_per_group(bus: EventBus) -> None:
+    async def first(event: A) -> None: ...
+    async def again(event: AlsoA) -> None: ...  # same type name "A"
+
+    bus.subscriber("orders", group="g")(first)
+    with pytest.raises(ConfigError, match="already handled by"):
+        bus.subscriber("orders", group="g")(again)
+
+
+@pytest.mark.parametrize(
+    ("one", "two"),
+    [
+        ({"on_unknown": "skip"}, {"on_unknown": "dead_letter"}),
+        ({"ack": "before"}, {"ack": "after"}),
+        ({"max_attempts": 3}, {"max_attempts": 4}),
+        ({"on_failure": "park"}, {"on_failure": "continue"}),
+    ],
+)
+def test_conflicting_choices_on_one_group_are_refused(
+    bus: EventBus, one: dict[str, object], two: dict[str, object]
+) -> None:
+    async def first(event: A) -> None: ...
+    async def second(event: B) -> None: ...
+
+    bus.subscriber("orders", group="g", **one)(first)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="share one consumer"):
+        bus.subscriber("orders", group="g", **two)(second)  # type: ignore[arg-type]
+    bus.subscriber("orders", group="g", **one)(second)  # type: ignore[arg-type]  # repeated: fine
+
+
+def test_on_unknown_is_decided_at_registration(bus: EventBus) -> None:
+    async def first(event: A) -> None: ...
+
+    with pytest.raises(ConfigError, match="on_unknown"):
+        bus.subscriber("orders", group="g", on_unknown="ignore")  # type: ignore[arg-type]
+    bus.subscriber("orders", group="g", on_unknown="skip")(first)
+    assert bus.subscriptions[0].routes.on_unknown == "skip"
+
+
+def test_raw_handlers_and_type_names(bus: EventBus) -> None:
+    async def typed(event: A) -> None: ...
+    async def renamed(event: B) -> None: ...
+    async def as_dict(event: dict) -> None: ...  # type: ignore[type-arg]
+    async def as_bytes(event: bytes) -> None: ...
+    async def other_dict(event: dict) -> None: ...  # type: ignore[type-arg]
+
+    bus.subscriber("orders", group="g")(typed)
+    bus.subscriber("orders", group="g", type_name=["orders.b", "OldB"])(renamed)
+    bus.subscriber("orders", group="g", type_name="audit")(as_bytes)
+    bus.subscriber("orders", group="g")(as_dict)  # every other type
+    routes = bus.subscriptions[0].routes
+    assert routes.get("A").call.func is typed  # type: ignore[union-attr]
+    assert routes.get("orders.b").call.func is renamed  # type: ignore[union-attr]
+    assert routes.get("OldB").call.func is renamed  # type: ignore[union-attr]
+    assert routes.get("B").call.func is as_dict  # type: ignore[union-attr]  # not its name now
+    assert routes.get("audit").call.func is as_bytes  # type: ignore[union-attr]
+    assert routes.get("anything").call.func is as_dict  # type: ignore[union-attr]
+    assert routes.get("x").convert({"k": 1}) == {"k": 1}  # type: ignore[union-attr]
+    assert routes.get("audit").convert({"k": 1}) == b"\x81\xa1k\x01"  # type: ignore[union-attr]
+    with pytest.raises(ConfigError, match="every other"):
+        bus.subscriber("orders", group="g")(other_dict)
+    with pytest.raises(ConfigError, match="one model"):
+        bus.subscriber("orders", group="h", type_name="x")(_same_union)
+
+
+async def _same_union(event: A | B) -> None: ...
 
 
 @pytest.mark.parametrize("group", ["", "a:b", "with space", "{tag}"])
