@@ -39,6 +39,11 @@ class _Metrics:
         "eventbus_dead_lettered_total", "Entries written to the dead-letter stream", _L
     )
     lost = Counter("eventbus_lost_total", "Pending entries trimmed before they were processed", _L)
+    redis_refusals = Counter(
+        "eventbus_redis_refusals_total",
+        "Redis error replies to a consumer's commands (NOPERM, OOM, ...): alert on any",
+        (*_L, "command"),
+    )
     trimmed_unread = Counter(
         "eventbus_trimmed_unread_total", "Entries trimmed (MAXLEN) before the group read them", _L
     )
