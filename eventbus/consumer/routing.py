@@ -139,7 +139,7 @@ class Router(HandlerCall):
         self.is_async = all(c.is_async for c in routes.calls)
         self.name = " | ".join(c.name for c in routes.calls)
 
-    async def __call__(self, event: Any, ctx: Context) -> None:
+    async def __call__(self, event: Any, ctx: Context) -> Any:
         route = self.routes.get(ctx.event_type)
         assert route is not None  # decoding found it
-        await route.call(event, ctx)
+        return await route.call(event, ctx)  # a reply to a request, or None

@@ -121,3 +121,28 @@ async def test_reply_goes_only_to_eventbus_reply_streams(settings: type[Settings
         await send_reply(bus.redis, bus.keys, plain, Price(sku="x", total_cents=1))  # no request
         assert not await bus.redis.exists(good)
     await bus.aclose()
+
+
+class Ping(BaseModel):
+    n: int
+
+
+async def test_a_routed_handler_answers_too(settings: type[Settings]) -> None:
+    server = EventBus(settings())
+
+    @server.subscriber("quotes", group="pricing")
+    async def price(q: Quote) -> Price:
+        return Price(sku=q.sku, total_cents=q.quantity)
+
+    @server.subscriber("quotes", group="pricing")
+    async def ping(p: Ping) -> Ping:
+        return Ping(n=p.n + 1)
+
+    client = EventBus(settings())
+    async with running(server), client:
+        assert await client.request("quotes", Ping(n=1), resource_id="p", timeout_s=20) == {"n": 2}
+        reply = await client.request(
+            "quotes", Quote(sku="q", quantity=3), resource_id="q", timeout_s=20, reply_model=Price
+        )
+        assert reply.total_cents == 3
+    await client.aclose()
