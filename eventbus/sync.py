@@ -30,10 +30,10 @@ from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, TypeVar
 
-import anyio
 from anyio.from_thread import BlockingPortal
 from pydantic import BaseModel
 
+from eventbus import loops
 from eventbus.errors import EventBusError
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ class _Loop:
         self._error: BaseException | None = None
         self._ready = threading.Event()
         self.thread = threading.Thread(
-            target=anyio.run, args=(self._serve, bus), name="eventbus-sync", daemon=True
+            target=loops.run, args=(self._serve, bus), name="eventbus-sync", daemon=True
         )
         self.thread.start()
         self._ready.wait()

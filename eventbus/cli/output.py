@@ -14,7 +14,6 @@ import re
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
-import anyio
 import typer
 from pydantic import ValidationError
 from redis.exceptions import RedisError
@@ -22,6 +21,7 @@ from rich.console import Console
 from rich.logging import RichHandler
 from rich.markup import escape
 
+from eventbus import loops
 from eventbus.config import scrub
 from eventbus.errors import EventBusError
 
@@ -124,6 +124,6 @@ def user_errors() -> Iterator[None]:
 
 
 def run_async(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-    """`anyio.run` under `user_errors`."""
+    """`anyio.run` under `user_errors`, on uvloop when installed (`eventbus.loops`)."""
     with user_errors():
-        return anyio.run(fn, *args)
+        return loops.run(fn, *args)

@@ -1,0 +1,35 @@
+"""The event loop eventbus runs its own ``anyio.run`` calls on (``eventbus run``, the CLI
+commands, `SyncBus`'s loop thread): uvloop when it is installed (``pip install
+eventbus[uvloop]``), asyncio's own loop otherwise or with ``EVENTBUS_UVLOOP=0``.
+
+Applications that call ``anyio.run`` / ``asyncio.run`` themselves choose their loop: pass
+``backend_options=eventbus.loops.backend_options()`` to ``anyio.run`` for the same choice.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import anyio
+
+T = TypeVar("T")
+
+
+def uvloop_enabled() -> bool:
+    """Whether uvloop is installed and not turned off with ``EVENTBUS_UVLOOP=0``."""
+    if os.environ.get("EVENTBUS_UVLOOP", "1").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    return importlib.util.find_spec("uvloop") is not None
+
+
+def backend_options() -> dict[str, Any]:
+    """anyio's asyncio backend options: ``{"use_uvloop": True}`` when `uvloop_enabled`."""
+    return {"use_uvloop": True} if uvloop_enabled() else {}
+
+
+def run(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """``anyio.run(fn, *args)`` on asyncio, with uvloop when `uvloop_enabled`."""
+    return anyio.run(fn, *args, backend="asyncio", backend_options=backend_options())
