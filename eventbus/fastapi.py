@@ -1,0 +1,71 @@
+"""FastAPI (and Starlette) integration: the bus lives as long as the application, and route
+handlers receive it as a dependency (``pip install eventbus[fastapi]``)::
+
+    from eventbus.fastapi import BusDep, lifespan
+
+    app = FastAPI(lifespan=lifespan(bus))
+
+    @app.post("/orders", status_code=202)
+    async def place(order: OrderPlaced, bus: BusDep) -> dict[str, str]:
+        return {"entry_id": await bus.publish("orders", order, resource_id=order.order_id)}
+
+`lifespan` enters the bus (``async with bus:``: connected, publisher pipelines running) at
+start-up and leaves it at shutdown; with ``subscribers=True`` it also runs the bus's subscribers
+in the application's process until shutdown (graceful, as on SIGTERM). The bus is stored in
+``app.state.eventbus``; `get_bus` / `BusDep` read it from there, so tests can put another bus in
+its place. To compose with a lifespan of your own, enter ``lifespan(bus)(app)`` inside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import Annotated, Any
+
+import anyio
+from fastapi import Depends, Request
+
+from eventbus.app import EventBus
+
+STATE_KEY = "eventbus"
+
+
+def lifespan(
+    bus: EventBus, *, subscribers: bool = False
+) -> Callable[[Any], contextlib.AbstractAsyncContextManager[None]]:
+    """A FastAPI ``lifespan`` running `bus` (and, with `subscribers`, its subscribers) for the
+    application's lifetime; raises what ``async with bus:`` raises (`RedisUnavailable`) at
+    start-up."""
+
+    @contextlib.asynccontextmanager
+    async def run(app: Any) -> AsyncIterator[None]:
+        setattr(app.state, STATE_KEY, bus)
+        async with bus:
+            if not subscribers:
+                yield
+                return
+            stop = anyio.Event()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(lambda: bus.run(stop=stop))
+                try:
+                    yield
+                finally:
+                    stop.set()
+
+    return run
+
+
+def get_bus(request: Request) -> EventBus:
+    """The application's bus (set by `lifespan`); a FastAPI dependency."""
+    bus = getattr(request.app.state, STATE_KEY, None)
+    if not isinstance(bus, EventBus):
+        raise RuntimeError(
+            "no EventBus on this app: create it with FastAPI(lifespan=lifespan(bus))"
+        )
+    return bus
+
+
+BusDep = Annotated[EventBus, Depends(get_bus)]
+"""A route parameter typed ``bus: BusDep`` receives the application's bus."""
+
+__all__ = ["BusDep", "get_bus", "lifespan"]

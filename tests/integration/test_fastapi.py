@@ -1,0 +1,76 @@
+"""eventbus.fastapi (issue 11 item 8): the example app publishes through FastAPI's TestClient
+to a real redis-server; a lifespan with subscribers runs them in the app's process."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import pytest
+import redis
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from pydantic import BaseModel
+
+from eventbus import EventBus
+from eventbus.config import Settings
+from eventbus.fastapi import BusDep, lifespan
+
+pytestmark = pytest.mark.integration
+
+
+def test_example_app_publishes_and_rejects_bad_input(
+    redis_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("REDIS_URL", redis_db)
+    for name in ("examples.fastapi_app", "examples.orders_service"):
+        sys.modules.pop(name, None)  # the bus reads REDIS_URL at import
+    web = importlib.import_module("examples.fastapi_app")
+    for _ in range(2):  # the app (and its bus) started twice, as in two tests
+        with TestClient(web.app) as client:
+            ok = client.post("/orders", json={"order_id": "o-7", "customer": "c", "total_cents": 1})
+            assert ok.status_code == 202, ok.text
+            assert ok.json()["entry_id"]
+            bad = client.post("/orders", json={"order_id": "o-8"})
+            assert bad.status_code == 422
+    with redis.Redis.from_url(redis_db) as r:
+        streams = r.keys("eventbus:stream:orders:*")
+        assert sum(r.xlen(s) for s in streams) == 2
+
+
+class Echo(BaseModel):
+    text: str
+
+
+def test_lifespan_runs_subscribers_and_answers_requests(settings: type[Settings]) -> None:
+    bus = EventBus(settings())
+
+    @bus.subscriber("echo", group="echoer")
+    async def echo(e: Echo) -> Echo:
+        return Echo(text=e.text.upper())
+
+    app = FastAPI(lifespan=lifespan(bus, subscribers=True))
+
+    @app.get("/echo/{text}")
+    async def route(text: str, bus: BusDep) -> dict[str, str]:
+        reply = await bus.request("echo", Echo(text=text), resource_id=text, timeout_s=20)
+        return dict(reply)
+
+    with TestClient(app) as client:
+        assert client.get("/echo/hi").json() == {"text": "HI"}
+        assert app.state.eventbus is bus
+    assert not bus.running  # shut down with the app
+
+
+def test_get_bus_without_lifespan_is_a_clear_error() -> None:
+    app = FastAPI()
+
+    @app.get("/")
+    async def route(bus: BusDep) -> str:
+        return "unreachable"
+
+    with (
+        TestClient(app, raise_server_exceptions=True) as client,
+        pytest.raises(RuntimeError, match="lifespan=lifespan"),
+    ):
+        client.get("/")
