@@ -13,6 +13,7 @@ field               meaning
                     resource was parked: not attempted), ``forged`` (a control entry without
                     a recorded request: not executed)
 ``error_type``      exception class name; ``error``: its message (first 4 KiB)
+``traceback``       the exception's traceback as Python prints it (its last 4 KiB)
 ``attempts``        handler attempts made (0 when not attempted)
 ``failed_at_ms``    Unix time (ms) it was dead-lettered
 ==================  =========================================================================
@@ -37,6 +38,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
+import traceback
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +58,7 @@ from eventbus.topics import TopicConfig
 
 CONTROL_PREFIX = RESERVED_TYPE_PREFIX
 UNPARK = "__eventbus.unpark"
+TRACEBACK_BYTES = 4096
 DROP = "__eventbus.drop"
 
 
@@ -74,6 +77,7 @@ class DeadLetter:
     attempts: int
     failed_at_ms: int
     fields: dict[bytes, bytes]
+    traceback: str = ""
     problems: tuple[str, ...] = ()
     """What is wrong with the entry when it was not written by eventbus (a number field that is
     not one, no original entry); empty for a well-formed dead letter."""
@@ -112,6 +116,7 @@ class DeadLetter:
             attempts=number(b"attempts", 0),
             failed_at_ms=number(b"failed_at_ms", 0),
             fields=f,
+            traceback=text(b"traceback") or "",
             problems=tuple(problems),
         )
 
@@ -119,6 +124,15 @@ class DeadLetter:
         """The original entry's fields, as they were in the shard stream."""
         prefix = b"orig_"
         return {k[len(prefix) :]: v for k, v in self.fields.items() if k.startswith(prefix)}
+
+
+def traceback_tail(exc: BaseException, limit: int = TRACEBACK_BYTES) -> bytes:
+    """The last `limit` bytes of `exc`'s traceback as Python prints it (UTF-8; the innermost
+    frames, where it was raised, are at the end)."""
+    text = "".join(traceback.format_exception(exc)).encode("utf-8", "replace")
+    if len(text) <= limit:
+        return text
+    return text[-limit:].decode("utf-8", "ignore").encode()
 
 
 def dead_letter_fields(
@@ -133,7 +147,8 @@ def dead_letter_fields(
     original: dict[bytes, bytes],
 ) -> dict[bytes, bytes]:
     """The fields of a dead-letter entry (see the table above); `original` is the entry's own
-    field map, kept as ``orig_<name>``. The error message is cut to 4 KiB."""
+    field map, kept as ``orig_<name>``. The error message is cut to 4 KiB, the traceback to its
+    last 4 KiB (`traceback_tail`)."""
     fields = {
         b"topic": topic.encode(),
         b"group": group.encode(),
@@ -142,6 +157,7 @@ def dead_letter_fields(
         b"reason": reason.encode(),
         b"error_type": type(exc).__name__.encode() if exc else b"",
         b"error": str(exc).encode()[:4096] if exc else b"resource is parked",
+        b"traceback": traceback_tail(exc) if exc else b"",
         b"attempts": str(attempts).encode(),
         b"failed_at_ms": str(time.time_ns() // 1_000_000).encode(),
     }

@@ -81,7 +81,7 @@ def _error_text(d: DeadLetter) -> str:
 
 @dlq_app.command("show")
 def dlq_show(topic: str, group: str, dlq_id: str, redis_url: RedisUrl = None) -> None:
-    """One dead letter in full, with its decoded event, as JSON."""
+    """One dead letter in full, with its decoded event and the handler's traceback, as JSON."""
 
     async def action(dl: DeadLetters) -> DeadLetter | None:
         return await dl.get(dlq_id)
@@ -93,6 +93,7 @@ def dlq_show(topic: str, group: str, dlq_id: str, redis_url: RedisUrl = None) ->
     out: dict[str, Any] = {
         f.name: getattr(d, f.name) for f in dataclasses.fields(d) if f.name != "fields"
     }
+    out["traceback"] = d.traceback.splitlines()  # one JSON string per line: readable as printed
     try:
         env = decode_entry(d.original())
         out["event"] = {

@@ -59,6 +59,15 @@ class Failures:
     ) -> Outcome:
         """Write `d` to the dead-letter stream; ACK once written, LET_GO if the shard was lost
         first (then it stays pending, unwritten, for the next owner)."""
+        if reason == "undecodable":  # every one, wherever it was found (live, catch-up, control)
+            log.warning(
+                "entry %s of shard %d (topic %s, group %s) is undecodable, dead-lettered: %s",
+                d.entry_id.decode(),
+                d.shard,
+                self.sub.topic.name,
+                self.sub.group,
+                exc,
+            )
         dlq_id = await self._write(d, exc, reason=reason, fence=fence)
         return Outcome.LET_GO if dlq_id is None else Outcome.ACK
 

@@ -100,14 +100,10 @@ class Handling:
             return await self.failures.dead_letter(d, None, reason="parked", fence=fence)
         try:
             env, event = await self.decoded(d.fields)
-        except UnknownEventType as exc:
-            if self.sub.routes.on_unknown == "skip":
+        except DecodeError as exc:  # logged at WARNING by the dead-letter write
+            if isinstance(exc, UnknownEventType) and self.sub.routes.on_unknown == "skip":
                 self._skip(exc.event_type)
                 return Outcome.ACK
-            log.warning("entry %s of shard %d is undecodable: %s", d.entry_id, d.shard, exc)
-            return await self.failures.dead_letter(d, exc, reason="undecodable", fence=fence)
-        except DecodeError as exc:
-            log.warning("entry %s of shard %d is undecodable: %s", d.entry_id, d.shard, exc)
             return await self.failures.dead_letter(d, exc, reason="undecodable", fence=fence)
         if self.dedup_s and await self._seen(env.event_id):
             self.duplicates_skipped += 1
@@ -126,24 +122,26 @@ class Handling:
             delay = policy.delay_s(d.attempt)
             log.warning(
                 "handler %s failed on shard %d entry %s (attempt %d/%d): %r; retry in %.2f s",
-                self.sub.name,
+                self._name(env.event_type),
                 d.shard,
                 d.entry_id.decode(),
                 d.attempt,
                 policy.max_attempts,
                 error,
                 delay,
+                exc_info=error,
             )
             return delay
         parking = self.sub.on_failure == "park"
         log.error(
             "handler %s failed %d times on shard %d entry %s: %r; dead-lettering%s",
-            self.sub.name,
+            self._name(env.event_type),
             d.attempt,
             d.shard,
             d.entry_id.decode(),
             error,
             " and parking the resource" if parking else "",
+            exc_info=error,
         )
         if parking:
             return await self.failures.dead_letter_and_park(d, error, env.resource_id, fence)
@@ -184,6 +182,11 @@ class Handling:
                 event_type=env.event_type,
             )
         return env, route.convert(env.payload)
+
+    def _name(self, event_type: str) -> str:
+        """The name of the handler `event_type` is routed to (for logs)."""
+        route = self.sub.routes.get(event_type)
+        return route.call.name if route is not None else self.sub.name
 
     def _skip(self, event_type: str) -> None:
         """An entry of a type no handler takes, with ``on_unknown="skip"``: counted, and a

@@ -76,3 +76,36 @@ def test_control_entries_are_recognised_and_carry_group_and_nonce() -> None:
         assert env.payload == {"group": "billing", "nonce": "n1"}
     assert not is_control(ORIGINAL)
     assert not is_control({b"junk": b"1"})
+
+
+def _raise_chained(depth: int) -> None:
+    try:
+        if depth == 0:
+            raise KeyError("where it broke")
+        _raise_chained(depth - 1)
+    except KeyError as exc:
+        raise KeyError(f"level {depth}") from exc
+
+
+def test_the_traceback_is_kept_with_its_innermost_frames_within_4_kib() -> None:
+    try:
+        _raise_chained(60)  # a chain of tracebacks far over 4 KiB
+    except KeyError as exc:
+        fields = letter_fields(exc=exc)
+    tb = fields[b"traceback"]
+    assert 3000 < len(tb) <= 4096
+    assert tb.endswith(b"KeyError: 'level 60'\n")  # the tail: the last raise
+    assert b"_raise_chained" in tb
+    letter = DeadLetter.parse(b"9-0", fields)
+    assert letter.traceback == tb.decode()
+
+
+def test_a_short_traceback_is_whole_and_a_parked_letter_has_none() -> None:
+    try:
+        raise ValueError("bad total")
+    except ValueError as exc:
+        tb = letter_fields(exc=exc)[b"traceback"].decode()
+    assert tb.startswith("Traceback (most recent call last):")
+    assert "test_a_short_traceback_is_whole" in tb and tb.endswith("ValueError: bad total\n")
+    parked = DeadLetter.parse("1-0", letter_fields(reason="parked", exc=None, attempts=0))
+    assert parked.traceback == ""
