@@ -1,0 +1,105 @@
+"""Publish after commit (issue 11 item 9): SQLAlchemy on SQLite, events to a real redis-server.
+A committed transaction publishes its events in order, a rolled-back one nothing, a rolled-back
+savepoint only what was queued before it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from pydantic import BaseModel
+from sqlalchemy import String, create_engine, select
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+
+from eventbus import EventBus
+from eventbus.config import Settings
+from eventbus.outbox import AfterCommit
+
+pytestmark = pytest.mark.integration
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Order(Base):
+    __tablename__ = "orders"
+    id: Mapped[str] = mapped_column(String, primary_key=True)
+
+
+class OrderPlaced(BaseModel):
+    order_id: str
+    n: int = 0
+
+
+@pytest.fixture
+def setup(
+    settings: type[Settings], tmp_path: Path
+) -> Iterator[tuple[sessionmaker[Session], AfterCommit, redis.Redis, EventBus]]:
+    engine = create_engine(f"sqlite:///{tmp_path / 'app.db'}")
+    Base.metadata.create_all(engine)
+    factory = sessionmaker(engine)
+    bus = EventBus(settings(shards=1))
+    outbox = AfterCommit(bus)
+    outbox.listen(factory)
+    with redis.Redis.from_url(bus.settings.redis_url) as r:
+        yield factory, outbox, r, bus
+    bus.sync().close()
+    engine.dispose()
+
+
+def _published(r: redis.Redis, bus: EventBus) -> list[str]:
+    from eventbus.codec import decode_entry
+
+    entries = r.xrange(bus.keys.stream("orders", 0))
+    return [
+        f"{decode_entry(f).payload['order_id']}:{decode_entry(f).payload['n']}" for _, f in entries
+    ]
+
+
+def test_commit_publishes_in_order_and_rollback_publishes_nothing(setup: tuple) -> None:  # type: ignore[type-arg]
+    factory, outbox, r, bus = setup
+    with factory() as session, session.begin():
+        session.add(Order(id="o1"))
+        for n in range(3):
+            outbox.publish(session, "orders", OrderPlaced(order_id="o1", n=n), resource_id="o1")
+        assert not r.exists(bus.keys.stream("orders", 0))  # nothing before the commit
+        assert len(outbox.pending(session)) == 3
+    assert _published(r, bus) == ["o1:0", "o1:1", "o1:2"]
+
+    with pytest.raises(RuntimeError, match="boom"), factory() as session, session.begin():
+        session.add(Order(id="o2"))
+        outbox.publish(session, "orders", OrderPlaced(order_id="o2"), resource_id="o2")
+        raise RuntimeError("boom")
+    with factory() as session:
+        assert session.scalars(select(Order.id)).all() == ["o1"]
+        session.rollback()  # nothing queued left behind: a later commit publishes nothing of it
+        session.add(Order(id="o3"))
+        session.commit()
+    assert _published(r, bus) == ["o1:0", "o1:1", "o1:2"]
+
+
+def test_rolled_back_savepoint_drops_only_its_events(setup: tuple) -> None:  # type: ignore[type-arg]
+    factory, outbox, r, bus = setup
+    with factory() as session, session.begin():
+        outbox.publish(session, "orders", OrderPlaced(order_id="a"), resource_id="a")
+        savepoint = session.begin_nested()
+        session.add(Order(id="b"))
+        outbox.publish(session, "orders", OrderPlaced(order_id="b"), resource_id="b")
+        savepoint.rollback()
+        with session.begin_nested():
+            outbox.publish(session, "orders", OrderPlaced(order_id="c"), resource_id="c")
+    assert _published(r, bus) == ["a:0", "c:0"]
+
+
+def test_bad_events_are_refused_when_queued(setup: tuple) -> None:  # type: ignore[type-arg]
+    from eventbus.errors import ConfigError
+
+    factory, outbox, _r, _bus = setup
+    with factory() as session:
+        with pytest.raises(ConfigError, match="pydantic model"):
+            outbox.publish(session, "orders", {"order_id": "x"}, resource_id="x")  # type: ignore[arg-type]
+        with pytest.raises(ConfigError, match="resource_id"):
+            outbox.publish(session, "orders", OrderPlaced(order_id="x"), resource_id="")
