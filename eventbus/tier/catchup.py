@@ -40,7 +40,8 @@ from eventbus.consumer.handling import Handling
 from eventbus.errors import ConfigError
 from eventbus.keys import Keys
 from eventbus.locks import LockClient, new_member_id
-from eventbus.tier.catchup_shard import CatchUpStats, Fenced, Handle, ShardCatchUp
+from eventbus.tier.catchup_shard import CatchUpStats as CatchUpStats  # re-exported
+from eventbus.tier.catchup_shard import Fenced, Handle, ShardCatchUp
 from eventbus.tier.errors import LockUnavailable, TierError
 from eventbus.tier.ids import parse_id
 from eventbus.tier.layout import SegmentRef
