@@ -186,7 +186,10 @@ class SourceOptions:
         options, else ``EVENTBUS_TIER_S3_ENDPOINT`` / ``_REGION`` as the CLI reads them."""
         if self.store_factory:
             factory = load_object(self.store_factory, "store_factory")
-            return factory(self.store)
+            made = factory(self.store)
+            # an `Objects` wrapper keeps the obstore store in `.store`
+            read_from(getattr(made, "store", made), self.topic)
+            return made
         endpoint, region = self.s3_endpoint, self.s3_region
         if self.store.startswith(("s3://", "s3a://")) and not (endpoint and region):
             from eventbus.tier.settings import TierSettings
