@@ -93,9 +93,13 @@ class Sender:
         self._backoff = retry.backoff(0.05, 2.0)
 
     # -- the queue ------------------------------------------------------------------------------
-    def reserve(self) -> Slot:
-        """A new slot at the end of the queue: call it before the caller's first await."""
+    def reserve(self, timeout_s: float | None = None) -> Slot:
+        """A new slot at the end of the queue: call it before the caller's first await. With
+        `timeout_s` its deadline runs from now (`publish()`: a deadline on the caller), else from
+        when it is first sent (`publish_many`: one pipeline's worth of time per batch)."""
         slot = Slot(asyncio.get_running_loop().create_future())
+        if timeout_s is not None:
+            slot.deadline = time.monotonic() + timeout_s
         self._queue.append(slot)
         return slot
 
@@ -123,15 +127,25 @@ class Sender:
         """The ready prefix of the queue, up to `publish_batch_max` slots; cancelled callers'
         slots are dropped."""
         batch: list[Slot] = []
+        now = time.monotonic()
         while self._queue and len(batch) < self._settings.publish_batch_max:
             head = self._queue[0]
             if head.future.done():
                 self._queue.popleft()
             elif head.stream is None:
                 break
+            elif head.deadline <= now:  # waited its whole deadline in the queue
+                self._queue.popleft().settle(self._timed_out(TimeoutError("not sent in time")))
             else:
                 batch.append(self._queue.popleft())
         return batch
+
+    def _timed_out(self, error: BaseException) -> PublishError:
+        return PublishError(
+            f"XADD not confirmed within {self._settings.publish_timeout_s:g} s "
+            f"(EVENTBUS_PUBLISH_TIMEOUT_S): {type(error).__name__}: {error}; the event may or "
+            "may not be stored (its event ID tells duplicates apart)"
+        )
 
     def _put_back(self, batches: Iterable[list[Slot]], error: Exception) -> None:
         """Return unconfirmed slots to the front of the queue in their order; fail those whose
@@ -140,12 +154,7 @@ class Sender:
         back = []
         for slot in (s for batch in batches for s in batch if not s.future.done()):
             if now >= slot.deadline:
-                slot.settle(
-                    PublishError(
-                        f"XADD not confirmed within {self._settings.publish_timeout_s:g} s "
-                        f"(EVENTBUS_PUBLISH_TIMEOUT_S): {type(error).__name__}: {error}"
-                    )
-                )
+                slot.settle(self._timed_out(error))
             else:
                 back.append(slot)
         self._queue.extendleft(reversed(back))
