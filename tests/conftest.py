@@ -24,6 +24,8 @@ import redis.asyncio
 from eventbus.config import Settings
 from eventbus.testing.server import RedisCluster, RedisServer
 
+pytest_plugins = ["pytester"]  # tests of eventbus.testing.pytest_plugin
+
 
 @pytest.fixture(scope="session")
 def anyio_backend() -> str:

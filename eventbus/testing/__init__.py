@@ -13,7 +13,14 @@ dead-lettering are the production code::
 
 fakeredis is a Python reimplementation of Redis: it proves your handlers' logic, not Redis's
 behaviour under load or failure. The same test runs against a real ``redis-server`` when given
-its URL: ``running(bus, redis="redis://localhost:6379/15")`` (a throw-away database).
+its URL: ``running(bus, redis="redis://localhost:6379/15")`` (with ``key_prefix=`` a test's
+keys do not meet another's).
+
+With ``fail_fast=True`` a handler's exception is not retried nor dead-lettered: it is
+re-raised by `TestBus.drain` (and at the end of the block) as `HandlerFailed`, the handler's
+exception as its cause. `TestBus.handled` lists the handler calls, `TestBus.published` the
+events of a topic, `TestBus.dead_letters` a group's dead letters. The pytest plugin
+(`eventbus.testing.pytest_plugin`) gives each test such a bus.
 """
 
 from __future__ import annotations
@@ -26,7 +33,18 @@ import anyio
 from pydantic import BaseModel
 
 from eventbus.app import EventBus
+from eventbus.dlq import DeadLetter
 from eventbus.errors import ConfigError
+from eventbus.keys import Keys
+from eventbus.testing.recording import (
+    Handled,
+    HandlerFailed,
+    Published,
+    Watched,
+    dead_letters,
+    failure_of,
+    published,
+)
 
 
 def memory_redis() -> Any:
@@ -54,6 +72,37 @@ class TestBus:
         self.done = anyio.Event()
         self._stop = stop
         self.redis = bus._current().redis
+        self.keys = bus.keys
+        self.handled: list[Handled] = []
+        """Every handler call of this run, in call order (failed ones carry their `error`)."""
+        self._reported = 0  # handler failures before this index were raised already
+        self.fail_fast = False
+
+    def events(self, topic: str | None = None) -> list[Any]:
+        """The events handlers returned from without error (of `topic`, if given)."""
+        return [
+            h.event
+            for h in self.handled
+            if h.error is None and (topic is None or h.ctx.topic == topic)
+        ]
+
+    async def published(self, topic: str) -> list[Published]:
+        """Every entry of `topic` in Redis, in entry-ID order: what the test and the handlers
+        published (`Published.as_(Model)` validates one)."""
+        return await published(self.redis, self.keys, topic, self.bus.topic(topic).shards)
+
+    async def dead_letters(self, topic: str, group: str) -> list[DeadLetter]:
+        """The dead letters of `group` on `topic`, oldest first."""
+        return await dead_letters(self.redis, self.keys, topic, group)
+
+    def raise_failures(self) -> None:
+        """Raise `HandlerFailed` for the first handler failure not raised yet (fail-fast)."""
+        if not self.fail_fast:
+            return
+        failed = failure_of(self.handled, self._reported)
+        self._reported = len(self.handled)
+        if failed is not None:
+            raise failed
 
     redis: Any
     """The Redis this run used (still usable after the block, e.g. the in-memory one)."""
@@ -75,14 +124,17 @@ class TestBus:
     async def drain(self, within_s: float = 10.0) -> None:
         """Wait until every subscriber has handled (or dead-lettered) every published entry.
 
-        Raises `TimeoutError` after `within_s` seconds, naming the streams still behind.
+        Raises `TimeoutError` after `within_s` seconds, naming the streams still behind, and
+        in fail-fast mode `HandlerFailed` for a handler's exception (as soon as it happens).
         """
         try:
             with anyio.fail_after(within_s):
-                while await self._behind():  # noqa: ASYNC110 - state held in Redis is polled
+                while await self._behind():  # state held in Redis is polled
+                    self.raise_failures()
                     await anyio.sleep(0.002)
         except TimeoutError:
             raise TimeoutError(f"not drained after {within_s} s: {await self._behind()}") from None
+        self.raise_failures()
 
     async def _behind(self) -> list[str]:
         behind = []
@@ -104,7 +156,13 @@ class TestBus:
 
 
 @contextlib.asynccontextmanager
-async def running(bus: EventBus, *, redis: Any | str | None = None) -> AsyncIterator[TestBus]:
+async def running(
+    bus: EventBus,
+    *,
+    redis: Any | str | None = None,
+    fail_fast: bool = False,
+    key_prefix: str | None = None,
+) -> AsyncIterator[TestBus]:
     """Run `bus` and all its subscribers for a test; the block starts once their consumers
     exist. On exit the subscribers shut down gracefully, as in production, and the block waits
     for them.
@@ -114,10 +172,17 @@ async def running(bus: EventBus, *, redis: Any | str | None = None) -> AsyncIter
         real server: it is connected like `EventBus` connects, and closed at the end), or a
         client (e.g. ``bus.redis``: the bus's own connection, left open). Afterwards the bus is
         as it was (its own connection and settings): it can be run again, or entered.
+    :param fail_fast: a handler's exception is recorded and its entry acked (no retry, no
+        backoff, no dead letter), then raised by `TestBus.drain` and at the end of the block
+        as `HandlerFailed` (batch handlers keep their policy).
+    :param key_prefix: the keys' prefix for this run (e.g. one per test on a shared server).
     """
     if bus.running:
         raise RuntimeError("the bus is already running")
-    saved = (bus._session, bus.settings)
+    saved = (bus._session, bus.settings, bus.keys)
+    if key_prefix is not None:
+        bus.settings = bus.settings.model_copy(update={"key_prefix": key_prefix})
+        bus.keys = Keys(key_prefix, bus.settings.hashtag)
     if redis is None:
         bus.settings = bus.settings.model_copy(update={"block_max_ms": 50})
         bus._open_session(memory_redis(), owned=False)  # nothing to close: kept for `tb.redis`
@@ -129,6 +194,11 @@ async def running(bus: EventBus, *, redis: Any | str | None = None) -> AsyncIter
     bus.consumers = []  # those of an earlier run are not the ones to wait for
     stop = anyio.Event()
     tb = TestBus(bus, stop)
+    tb.fail_fast = fail_fast
+    calls = [s.call for s in bus.subscriptions]
+    for sub in bus.subscriptions:
+        if not hasattr(sub.call, "call_batch"):
+            sub.call = Watched(sub.call, tb.handled, fail_fast=fail_fast)
 
     async def run() -> None:
         try:
@@ -150,7 +220,20 @@ async def running(bus: EventBus, *, redis: Any | str | None = None) -> AsyncIter
                 yield tb
             finally:
                 stop.set()
+        tb.raise_failures()  # those drain() has not raised: none goes unnoticed
     finally:
-        # the bus as it was: its own connection and settings (the consumers of this run stay
-        # in `bus.consumers`, for inspection)
-        bus._session, bus.settings = saved[0], saved[1]
+        # the bus as it was: its own connection, settings and handlers (the consumers of this
+        # run stay in `bus.consumers`, for inspection)
+        bus._session, bus.settings, bus.keys = saved
+        for sub, call in zip(bus.subscriptions, calls, strict=True):
+            sub.call = call
+
+
+__all__ = [
+    "Handled",
+    "HandlerFailed",
+    "Published",
+    "TestBus",
+    "memory_redis",
+    "running",
+]

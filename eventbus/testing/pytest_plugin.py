@@ -1,0 +1,120 @@
+"""pytest plugin: a running bus per test, in memory or on a real Redis.
+
+Installed with eventbus (entry point ``pytest11``: ``eventbus``), it adds:
+
+* the fixture ``running_bus``: your `EventBus` (from the fixture ``eventbus_app``, which you
+  define) running with all its subscribers for the test (`eventbus.testing.running`), as a
+  `TestBus`: ``publish``, ``drain``, ``handled``, ``events``, ``published``, ``dead_letters``;
+* fail-fast by default: a handler's exception is re-raised by ``drain()`` (and at the end of the
+  test) as `HandlerFailed`, not retried nor dead-lettered. Mark a test
+  ``@pytest.mark.eventbus(fail_fast=False)`` to run the subscribers' own retry and
+  dead-letter policy;
+* where it runs: in memory (fakeredis with Lua) unless ``--eventbus-redis URL`` or the
+  environment variable ``EVENTBUS_TEST_REDIS_URL`` names a real server; there each test's keys
+  get their own prefix, deleted after the test (the database is not flushed).
+
+::
+
+    # conftest.py
+    import pytest
+    from myservice.app import bus
+
+    @pytest.fixture
+    def eventbus_app():
+        return bus
+
+    # test_billing.py
+    import pytest
+    pytestmark = pytest.mark.anyio
+
+    async def test_billing(running_bus):
+        await running_bus.publish("orders", OrderPlaced(...), resource_id="o-1")
+        await running_bus.drain()
+        assert running_bus.events("orders") == [OrderPlaced(...)]
+
+The async fixture runs under anyio's pytest plugin (``pytest.mark.anyio``).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from eventbus.app import EventBus
+    from eventbus.testing import TestBus
+
+ENV_URL = "EVENTBUS_TEST_REDIS_URL"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("eventbus")
+    group.addoption(
+        "--eventbus-redis",
+        metavar="URL",
+        default=None,
+        help=f"run the running_bus fixture on this Redis instead of in memory (or ${ENV_URL})",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "eventbus(fail_fast=True): options of the running_bus fixture (fail_fast=False: the "
+        "subscribers' retry and dead-letter policy instead of re-raising handler errors)",
+    )
+
+
+@pytest.fixture
+def eventbus_redis_url(request: pytest.FixtureRequest) -> str | None:
+    """The Redis the ``running_bus`` fixture runs on (None: in memory)."""
+    url: str | None = request.config.getoption("--eventbus-redis") or os.environ.get(ENV_URL)
+    return url or None
+
+
+@pytest.fixture
+def eventbus_app() -> EventBus:
+    """Your application's `EventBus`: define this fixture in your conftest.py."""
+    raise pytest.UsageError(
+        "the running_bus fixture needs your EventBus: define a fixture `eventbus_app` "
+        "returning it (e.g. in conftest.py)"
+    )
+
+
+@pytest.fixture
+async def running_bus(
+    eventbus_app: EventBus, eventbus_redis_url: str | None, request: pytest.FixtureRequest
+) -> AsyncIterator[TestBus]:
+    """`eventbus_app` running for this test; see the module docstring."""
+    from eventbus.testing import running
+
+    marker = request.node.get_closest_marker("eventbus")
+    options: dict[str, Any] = dict(marker.kwargs) if marker is not None else {}
+    fail_fast = bool(options.pop("fail_fast", True))
+    if options:
+        raise pytest.UsageError(f"unknown options of pytest.mark.eventbus: {sorted(options)}")
+    prefix = f"eventbus-test-{uuid.uuid4().hex[:12]}" if eventbus_redis_url else None
+    try:
+        async with running(
+            eventbus_app, redis=eventbus_redis_url, fail_fast=fail_fast, key_prefix=prefix
+        ) as tb:
+            yield tb
+    finally:
+        if eventbus_redis_url and prefix:
+            await _delete_keys(eventbus_redis_url, prefix)
+
+
+async def _delete_keys(url: str, prefix: str) -> None:
+    import redis.asyncio
+
+    client = redis.asyncio.Redis.from_url(url)
+    try:
+        keys = [k async for k in client.scan_iter(match=f"{prefix}:*", count=1000)]
+        for i in range(0, len(keys), 500):
+            await client.delete(*keys[i : i + 500])
+    finally:
+        await client.aclose()
