@@ -20,6 +20,7 @@ from eventbus.config import Settings
 from eventbus.connection import connect
 from eventbus.consumer import Consumer, Handler, HandlerCall, RetryPolicy, Subscription
 from eventbus.consumer.batching import BatchHandlerCall, batch_handler_models
+from eventbus.consumer.broadcast import BroadcastConsumer
 from eventbus.consumer.routing import ON_UNKNOWN, OnUnknown, Raw, Routes
 from eventbus.errors import ConfigError, ReservedEventType
 from eventbus.keys import Keys, check_name
@@ -64,7 +65,7 @@ class EventBus(Lifecycle):
         self._sync: SyncBus | None = None
         self._topics: dict[str, TopicConfig] = {}
         self.subscriptions: list[Subscription] = []
-        self.consumers: list[Consumer] = []
+        self.consumers: list[Consumer | BroadcastConsumer] = []
         self._on_startup: list[Hook] = []
         self._on_shutdown: list[Hook] = []
 

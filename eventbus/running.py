@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from eventbus.consumer import Consumer
+from eventbus.consumer.broadcast import BroadcastConsumer
 from eventbus.scripts import Scripts
 
 if TYPE_CHECKING:
@@ -19,23 +20,28 @@ if TYPE_CHECKING:
 log = logging.getLogger("eventbus")
 
 
-def make_consumers(bus: EventBus) -> list[Consumer]:
-    """One `Consumer` per subscription of `bus`, sharing its Redis client and scripts."""
+def make_consumers(bus: EventBus) -> list[Consumer | BroadcastConsumer]:
+    """One `Consumer` per subscription of `bus` (a `BroadcastConsumer` for a broadcast one),
+    sharing its Redis client and scripts."""
     scripts = Scripts.register(bus.redis)
-    consumers = [
-        Consumer(bus.redis, scripts, bus.keys, bus.settings, bus.registry, sub)
-        for sub in bus.subscriptions
-    ]
-    if bus.archive is not None:
-        from eventbus.tier.catchup import shard_hook
+    consumers: list[Consumer | BroadcastConsumer] = []
+    for sub in bus.subscriptions:
+        if sub.broadcast:
+            consumers.append(
+                BroadcastConsumer(bus.redis, bus.keys, bus.settings, bus.registry, sub)
+            )
+            continue
+        c = Consumer(bus.redis, scripts, bus.keys, bus.settings, bus.registry, sub)
+        if bus.archive is not None:
+            from eventbus.tier.catchup import shard_hook
 
-        for c in consumers:
             c.catch_up = shard_hook(bus.redis, bus.archive, c.handling, bus.settings)
+        consumers.append(c)
     return consumers
 
 
 async def run_consumers(
-    consumers: list[Consumer], stop: anyio.Event, *, handle_signals: bool
+    consumers: list[Consumer | BroadcastConsumer], stop: anyio.Event, *, handle_signals: bool
 ) -> None:
     """Run `consumers` until `stop` is set (set by SIGTERM/SIGINT too, with `handle_signals`);
     returns when every consumer has shut down."""

@@ -33,6 +33,7 @@ import anyio
 from pydantic import BaseModel
 
 from eventbus.app import EventBus
+from eventbus.consumer.broadcast import BroadcastConsumer
 from eventbus.dlq import DeadLetter
 from eventbus.errors import ConfigError
 from eventbus.keys import Keys
@@ -139,9 +140,13 @@ class TestBus:
     async def _behind(self) -> list[str]:
         behind = []
         for consumer in self.bus.consumers:
-            if consumer.in_flight:
+            if isinstance(consumer, BroadcastConsumer):
+                behind += await consumer.behind()
+            elif consumer.in_flight:
                 behind.append(f"{consumer.group}: {consumer.in_flight} in flight")
         for sub in self.bus.subscriptions:
+            if sub.broadcast:
+                continue
             for shard in range(sub.topic.shards):
                 stream = self.bus.keys.stream(sub.topic.name, shard)
                 if not await self.redis.exists(stream):
@@ -214,6 +219,9 @@ async def running(
                 # group raises its error here)
                 while len(bus.consumers) < len(bus.subscriptions):  # noqa: ASYNC110
                     await anyio.sleep(0.002)
+                for c in bus.consumers:  # events published from now on reach them
+                    if isinstance(c, BroadcastConsumer):
+                        await c.started.wait()
             else:
                 tb.done.set()
             try:

@@ -1,0 +1,105 @@
+"""Broadcast subscribers (issue 11 item 11), as test cases run on fakeredis and on a real
+redis-server (`cases.backends`): every running instance gets every event, in order per resource
+within the instance, beside a group subscriber whose events each go to one instance; nothing
+of a broadcast subscriber stays in Redis (no group, no lock); an instance gets only what is
+published while it runs; a failing handler is retried, then dropped (no dead-letter stream)."""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+
+import pytest
+from cases.backends import Backend
+from support import Tick, running, wait_until
+
+from eventbus import Context, EventBus
+
+
+def _instance(backend: Backend, seen: dict[str, list[tuple[str, int]]], name: str) -> EventBus:
+    bus = backend.bus(shards=4)
+
+    @bus.subscriber("config", broadcast=True)
+    async def reload(event: Tick, ctx: Context) -> None:
+        assert ctx.fencing_token == 0 and ctx.group == "_broadcast"
+        seen[name].append((event.resource, event.seq))
+
+    @bus.subscriber("config", group="audit")
+    async def audit(event: Tick) -> None:
+        seen["audit"].append((event.resource, event.seq))
+
+    return bus
+
+
+class BroadcastCases:
+    pytestmark = pytest.mark.anyio
+
+    async def test_every_instance_gets_every_event(self, backend: Backend) -> None:
+        seen: dict[str, list[tuple[str, int]]] = defaultdict(list)
+        a, b = _instance(backend, seen, "a"), _instance(backend, seen, "b")
+        events = [(f"r{i % 5}", Tick(resource=f"r{i % 5}", seq=i)) for i in range(40)]
+        async with running(a, b) as [run_a, run_b]:
+            await a.publish_many("config", events)
+            await run_a.drain()
+            await run_b.drain()
+            await wait_until(lambda: len(seen["audit"]) == 40)
+        expected = [(rid, e.seq) for rid, e in events]
+        for name in ("a", "b"):
+            assert sorted(seen[name]) == sorted(expected)  # each instance: all of them, once
+            for rid in {r for r, _ in expected}:  # in publish order per resource
+                mine = [s for r, s in seen[name] if r == rid]
+                assert mine == sorted(mine)
+        assert sorted(seen["audit"]) == sorted(expected)  # the group: each event once in all
+        # nothing of the broadcast subscriber in Redis: its group name is not a Redis group
+        for shard in range(4):
+            stream = a.keys.stream("config", shard)
+            groups = [g["name"] for g in await backend.redis.xinfo_groups(stream)]
+            assert groups in ([b"audit"], ["audit"])
+        assert not [k for k in await backend.redis.keys("*_broadcast*")]
+
+    async def test_an_instance_gets_only_what_is_published_while_it_runs(
+        self, backend: Backend
+    ) -> None:
+        seen: dict[str, list[tuple[str, int]]] = defaultdict(list)
+        bus = _instance(backend, seen, "late")
+        await bus.publish("config", Tick(resource="r", seq=0), resource_id="r")  # before it ran
+        async with running(bus) as [run]:
+            await bus.publish("config", Tick(resource="r", seq=1), resource_id="r")
+            await run.drain()
+        assert seen["late"] == [("r", 1)]
+        assert sorted(seen["audit"]) == [("r", 0), ("r", 1)]  # a group starts at the beginning
+
+    async def test_a_failing_handler_is_retried_then_dropped(
+        self, backend: Backend, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        bus = backend.bus(shards=1, max_attempts=3)
+        attempts: list[tuple[int, int]] = []
+
+        @bus.subscriber("config", broadcast=True)
+        async def reload(event: Tick, ctx: Context) -> None:
+            attempts.append((event.seq, ctx.attempt))
+            if event.seq == 0:
+                raise RuntimeError("cannot reload")
+
+        with caplog.at_level(logging.WARNING, logger="eventbus.consumer"):
+            async with running(bus) as [run]:
+                await bus.publish("config", Tick(resource="r", seq=0), resource_id="r")
+                await bus.publish("config", Tick(resource="r", seq=1), resource_id="r")
+                await run.drain()
+        assert attempts == [(0, 1), (0, 2), (0, 3), (1, 1)]  # its next event waited
+        dropped = [r for r in caplog.records if r.getMessage().endswith("; dropped")]
+        assert len(dropped) == 1 and dropped[0].levelno == logging.ERROR
+        assert dropped[0].exc_info is not None
+        assert bus.consumers[0].dropped == 1  # type: ignore[union-attr]
+        assert await backend.redis.keys("*dlq*") == []
+
+    async def test_broadcast_takes_no_group_name_of_its_own(self, backend: Backend) -> None:
+        bus = backend.bus()
+
+        async def h(event: Tick) -> None: ...
+
+        bus.subscriber("config", broadcast=True)(h)
+        bus.subscriber("config", group="cache", broadcast=True)(h)  # a separate broadcast one
+        assert [s.group for s in bus.subscriptions] == ["_broadcast", "_broadcast.cache"]
+        with pytest.raises(Exception, match="give a group"):
+            bus.subscriber("config")(h)
