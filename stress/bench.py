@@ -255,6 +255,16 @@ def report(res: dict[str, Any]) -> None:
     Console().print(t)
 
 
+def run_cluster_mode(args: argparse.Namespace) -> None:
+    """``--cluster``: single-node vs cluster latency and CPU per event, one run (issue 13)."""
+    import cluster_bench
+
+    result = asyncio.run(cluster_bench.cluster_vs_single(args, eventbus_latency))
+    Path(args.json).write_text(json.dumps(result, indent=2))
+    cluster_bench.report(result)
+    print(f"written {args.json}")
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "_consumer":
         consumer_main(sys.argv[2], int(sys.argv[3]), sys.argv[4])
@@ -264,8 +274,13 @@ if __name__ == "__main__":
     parser.add_argument("--rate", type=int, default=2000, help="events/s for the latency step")
     parser.add_argument("--seconds", type=float, default=10.0, help="length of the latency step")
     parser.add_argument("--json", default="stress/results/bench.json")
+    parser.add_argument("--cluster", action="store_true", help="only the latency step, on one "
+                        "Redis and on a 3-primary cluster (stress/cluster_bench.py)")
     args = parser.parse_args()
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    if args.cluster:
+        run_cluster_mode(args)
+        sys.exit(0)
     result = asyncio.run(main(args))
     Path(args.json).write_text(json.dumps(result, indent=2))
     report(result)

@@ -200,6 +200,7 @@ class Consumer:
             self._report_handled()
             with anyio.CancelScope(shield=True):
                 await self._leave()
+                await self.reader.aclose()
 
     async def _stop_starting(self, stop: anyio.Event) -> None:
         """Once `stop` is set, start no more handlers, at once: the read loop may still be in a

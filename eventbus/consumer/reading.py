@@ -6,8 +6,9 @@ owner; Redis docs, XAUTOCLAIM) and queues them before reading anything new, so p
 holds across a crash, a pause, or a graceful leave (which leaves read-but-unstarted entries).
 
 Reads: one ``XREADGROUP ... BLOCK`` over the held shards on a single node. A Redis Cluster refuses
-a multi-slot XREADGROUP, so there each stream is read without BLOCK in one pipeline (grouped per
-node by redis-py), with an adaptive pause when all were empty.
+a multi-slot XREADGROUP, so there every held stream is read with BLOCK at once, each on a
+connection of its own to its node, the first to return entries ending the others
+(`cluster_reads`): no polling.
 
 Fenced delivery: Redis does not fence XREADGROUP, so a stale consumer's read that lands late (a
 process paused between its lease check and the send, a request delayed in the network past the
@@ -31,9 +32,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import anyio
-
 from eventbus.config import Settings
+from eventbus.consumer.cluster_reads import BlockingReads
 from eventbus.consumer.shards import HeldShard
 from eventbus.metrics import METRICS
 
@@ -84,6 +84,11 @@ class Reader:
         self.cluster = settings.cluster
         self.start_id = "0" if settings.start == "beginning" else "$"
         self._m_lost = METRICS.lost.labels(topic, group)
+        self.blocking = BlockingReads(redis, group, consumer_id, self.count, noack)
+
+    async def aclose(self) -> None:
+        """Close the connections of blocking reads on a Cluster (`cluster_reads`)."""
+        await self.blocking.aclose()
 
     async def ensure_groups(self) -> None:
         """``XGROUP CREATE ... MKSTREAM`` on every shard stream (BUSYGROUP: it exists)."""
@@ -152,24 +157,9 @@ class Reader:
                 pipe.xpending(h.stream, self.group)
             got, *summaries = await pipe.execute()
             replies = got or []
-        else:
-            pipe = self.redis.pipeline()
-            for h in shards:
-                pipe.xreadgroup(
-                    self.group,
-                    self.consumer_id,
-                    {h.stream: ">"},
-                    count=self.count,
-                    noack=self.noack,
-                )
-                if check:
-                    pipe.xpending(h.stream, self.group)
-            results = await pipe.execute()
-            step = 2 if check else 1
-            replies = [r for res in results[::step] for r in (res or [])]
-            summaries = results[1::2] if check else []
-            if not any(entries for _, entries in replies):
-                await anyio.sleep(block_ms / 1000)
+        else:  # a Cluster: one blocking read per stream at once (`cluster_reads`)
+            streams = [h.stream for h in shards]
+            replies, summaries = await self.blocking.read(streams, block_ms)
         reads = {stream: Read(stream, entries) for stream, entries in replies if entries}
         for h, summary in zip(shards, summaries, strict=False):
             await self._claim_strays(h, summary, reads)
