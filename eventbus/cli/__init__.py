@@ -17,6 +17,7 @@ texts) has its control characters escaped and, in tables, its rich markup escape
 from __future__ import annotations
 
 import importlib
+from typing import Annotated
 
 import typer
 
@@ -28,6 +29,26 @@ from eventbus.cli.run import run
 from eventbus.cli.topic import topic_app
 
 app = typer.Typer(no_args_is_help=True, help="Event-driven microservices on Redis Streams.")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"eventbus {version('eventbus')}")
+        raise typer.Exit
+
+
+@app.callback()
+def _main(
+    show_version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
+    ] = False,
+) -> None:
+    """Event-driven microservices on Redis Streams."""
+
+
 app.command()(run)
 app.command()(stats)
 app.command()(tail)

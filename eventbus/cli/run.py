@@ -70,8 +70,20 @@ def run(
         str | None,
         typer.Option(help="logging dictConfig file (.json, .toml, .yaml); overrides the above."),
     ] = None,
+    reload: Annotated[
+        bool,
+        typer.Option(
+            "--reload", help="Development: restart when a .py file here changes (dev extra)."
+        ),
+    ] = False,
 ) -> None:
     """Run the subscribers of an EventBus until SIGTERM or SIGINT, then shut down gracefully."""
+    if reload:
+        from eventbus.cli.reload import run_reloading
+
+        with user_errors():
+            run_reloading(sys.argv[1:])
+        return
     with user_errors():
         logs.configure(level=log_level, fmt=log_format.value, config_file=log_config)
     logging_args = logs.child_args(log_level, log_format.value, log_config)
