@@ -126,9 +126,6 @@ def test_connect_takes_credentials_database_and_tls_from_the_url() -> None:
 # -- a real topology ------------------------------------------------------------------------------
 async def test_publish_and_consume_through_sentinel(sentinel: RedisSentinel) -> None:
     bus = EventBus(_settings(sentinel))
-    assert type(bus.redis) is redis.asyncio.Redis
-    assert issubclass(bus.redis.connection_pool.connection_class, SentinelManagedConnection)
-    assert bus.publisher.sender._packed  # hiredis-packed pipelines on the Sentinel connection
     rec = Recorder()
 
     @bus.subscriber("t", group="g")
@@ -136,6 +133,9 @@ async def test_publish_and_consume_through_sentinel(sentinel: RedisSentinel) -> 
         rec.add(event, ctx)
 
     async with running(bus):
+        assert type(bus.redis) is redis.asyncio.Redis
+        assert issubclass(bus.redis.connection_pool.connection_class, SentinelManagedConnection)
+        assert bus.publisher.sender._packed  # hiredis-packed pipelines on the Sentinel connection
         for seq in range(50):
             await bus.publish("t", Tick(resource=f"r{seq % 5}", seq=seq), resource_id=f"r{seq % 5}")
         await rec.wait_for(50)
