@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-CONFTEST = '''
+CONFTEST = """
 import pytest
 from pydantic import BaseModel
 from eventbus import Context, EventBus, Settings
@@ -35,9 +35,9 @@ async def bill(event: OrderPlaced, ctx: Context) -> None:
 @pytest.fixture
 def eventbus_app():
     return bus
-'''
+"""
 
-TESTS = '''
+TESTS = """
 import anyio
 import pytest
 from conftest import Invoiced, OrderPlaced
@@ -80,7 +80,7 @@ async def test_an_unnoticed_failure_fails_the_test(running_bus):
     await running_bus.publish("orders", o4, resource_id="o4")
     while not running_bus.handled:  # no drain(): the failure is raised at teardown
         await anyio.sleep(0.005)
-'''
+"""
 
 
 def _run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
@@ -116,10 +116,7 @@ def test_without_an_eventbus_app_fixture_it_says_what_to_define(
     pytester: pytest.Pytester,
 ) -> None:
     pytester.makepyfile(
-        "import pytest\n"
-        "pytestmark = pytest.mark.anyio\n"
-        "async def test_x(running_bus):\n"
-        "    pass\n"
+        "import pytest\npytestmark = pytest.mark.anyio\nasync def test_x(running_bus):\n    pass\n"
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.stdout.fnmatch_lines(["*define a fixture `eventbus_app`*"])
