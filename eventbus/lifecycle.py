@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Self
 
 import anyio
 from redis.exceptions import RedisError
@@ -91,7 +91,7 @@ class Lifecycle:
         s = self._session
         return s is not None and s.stack is not None and not s.forked
 
-    async def __aenter__(self) -> Any:
+    async def __aenter__(self) -> Self:
         if self.running and not self._session.other_loop():  # type: ignore[union-attr]
             raise EventBusError("this bus is already entered (`async with bus:` is not re-entrant)")
         session = self._current()
