@@ -28,8 +28,9 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, cast
 
 import anyio
@@ -42,6 +43,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from eventbus import retry
+from eventbus.cluster_wait import wait_targets
 from eventbus.config import Settings
 from eventbus.errors import PublishError
 from eventbus.metrics import METRICS, observe_publish
@@ -84,6 +86,8 @@ class Sender:
         self._settings = settings
         self._queue: deque[Slot] = deque()
         self._wake = anyio.Event()
+        self._sent = anyio.Event()  # a batch was written: the reader has replies to read
+        self._written = 0
         self.running = False
         pool = getattr(redis, "connection_pool", None)
         self._packed = type(redis) is Redis and issubclass(
@@ -182,8 +186,8 @@ class Sender:
             await self._send_alone(batch)
 
     async def _loop(self, inflight: deque[list[Slot]]) -> None:
-        """Keep up to `publish_pipelines` batches on the wire, reading their replies in order.
-        A batch is removed from `inflight` only once its replies are read."""
+        """Send the queue, retrying failed sessions: what was on the wire goes back to the front
+        of the queue. A batch leaves `inflight` only once its replies are read."""
         failures = 0
         conn = None
         try:
@@ -191,23 +195,10 @@ class Sender:
                 try:
                     if self._packed and conn is None:
                         conn = await self._redis.connection_pool.get_connection()
-                    while len(inflight) < self._depth and (batch := self._take()):
-                        self._start(batch)
-                        inflight.append(batch)
-                        if conn is not None:  # (re)connecting counts against the deadline too
-                            with anyio.fail_after(max(0.0, batch[0].deadline - time.monotonic())):
-                                await conn.send_packed_command(self._pack(batch))
-                    if not inflight:
-                        self._wake = anyio.Event()
-                        await self._wake.wait()
-                        continue
-                    with anyio.fail_after(max(0.0, inflight[0][0].deadline - time.monotonic())):
-                        if conn is not None:
-                            await self._read(conn, inflight[0])
-                        else:
-                            await self._pipeline(inflight[0])
-                    inflight.popleft()
-                    failures = 0
+                        # every write and read here is bounded by the slots' deadlines: no
+                        # socket timeout (redis-py would enter a timeout context per reply)
+                        socket_timeout, conn.socket_timeout = conn.socket_timeout, None
+                    await self._session(conn, inflight)
                 except _TRANSIENT as exc:
                     if conn is not None:
                         await conn.disconnect()  # replies may be half read: never reuse it
@@ -224,6 +215,8 @@ class Sender:
                     for slot in (s for batch in inflight for s in batch):
                         slot.settle(err)
                     inflight.clear()
+                else:
+                    failures = 0
         finally:
             if conn is not None:
                 with anyio.CancelScope(shield=True):
@@ -237,7 +230,67 @@ class Sender:
                                     inflight.popleft()
                         except Exception:
                             await conn.disconnect()
+                    conn.socket_timeout = socket_timeout
                     await self._redis.connection_pool.release(conn)
+
+    async def _session(self, conn: Any, inflight: deque[list[Slot]]) -> None:
+        """Write batches and read their replies on `conn` until an error, which is raised.
+
+        On a single node a writer and a reader share the connection: the writer sends each ready
+        batch as soon as fewer than `publish_pipelines` are unanswered, while the reader reads
+        replies in order, so encoding and sending overlap the round trips. Elsewhere one
+        pipeline at a time (redis-py's cluster pipeline)."""
+        if conn is None:
+            while True:
+                batch = await self._next_batch(inflight)
+                with anyio.fail_after(max(0.0, batch[0].deadline - time.monotonic())):
+                    await self._pipeline(batch)
+                inflight.popleft()
+        errors: list[Exception] = []
+        self._written = 0  # batches of `inflight` written and not read yet
+        async with anyio.create_task_group() as tg:
+
+            async def guarded(task: Callable[[], Awaitable[None]]) -> None:
+                try:
+                    await task()
+                except Exception as exc:  # ends the session: the other task stops too
+                    errors.append(exc)
+                    tg.cancel_scope.cancel()
+
+            tg.start_soon(guarded, partial(self._read_all, conn, inflight))
+            await guarded(partial(self._write_all, conn, inflight))
+        raise errors[0]
+
+    async def _next_batch(self, inflight: deque[list[Slot]]) -> list[Slot]:
+        """Wait for room on the wire and a ready batch; it is appended to `inflight`."""
+        while True:
+            if len(inflight) < self._depth and (batch := self._take()):
+                self._start(batch)
+                inflight.append(batch)
+                return batch
+            self._wake = anyio.Event()  # set by ready(), withdraw() and the reader
+            await self._wake.wait()
+
+    async def _write_all(self, conn: Any, inflight: deque[list[Slot]]) -> None:
+        while True:
+            batch = await self._next_batch(inflight)
+            with anyio.fail_after(max(0.0, batch[0].deadline - time.monotonic())):
+                await conn.send_packed_command(self._pack(batch))  # (re)connects if needed
+            self._written += 1
+            self._sent.set()
+
+    async def _read_all(self, conn: Any, inflight: deque[list[Slot]]) -> None:
+        while True:
+            # only what was written: a batch joins `inflight` before its write, which may be
+            # (re)connecting, and the handshake's replies are the connection's own to read
+            while not self._written:
+                self._sent = anyio.Event()
+                await self._sent.wait()
+            with anyio.fail_after(max(0.0, inflight[0][0].deadline - time.monotonic())):
+                await self._read(conn, inflight[0])
+            inflight.popleft()
+            self._written -= 1
+            self._wake.set()  # room for the writer
 
     def _start(self, batch: list[Slot]) -> None:
         deadline = time.monotonic() + self._settings.publish_timeout_s
@@ -337,13 +390,14 @@ class Sender:
         for s in batch:
             pipe.xadd(s.stream, s.fields, maxlen=s.maxlen, approximate=True)
         replicas = self._settings.publish_replicas
-        if replicas:
-            pipe.execute_command("WAIT", replicas, self._settings.publish_replicas_timeout_ms)
+        waits = wait_targets(self._redis, [s.stream for s in batch]) if replicas else []
+        timeout_ms = self._settings.publish_replicas_timeout_ms
+        for target in waits:  # on a Cluster, one per node that took XADDs (cluster_wait)
+            pipe.execute_command("WAIT", replicas, timeout_ms, **target)
         results = await pipe.execute(raise_on_error=False)
         short = None
-        if replicas:
-            confirmed = results.pop()
-            short = (
+        for confirmed in [results.pop() for _ in waits]:
+            short = short or (
                 PublishError(f"WAIT failed: {confirmed}; the events are on the primary")
                 if isinstance(confirmed, Exception)
                 else self._replicas_short(confirmed)
