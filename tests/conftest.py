@@ -9,6 +9,13 @@ Redis for integration tests, in order of preference:
 
 The server is started once per session; each test gets a flushed database. The 3-node Redis
 Cluster (`redis_cluster`) is started only by the tests that ask for it.
+
+Topologies (issue 13): the integration suite's core (the modules in `BOTH_TOPOLOGIES`) runs on a
+single node and on the 3-primary cluster: `redis_db`, `r` and `settings` follow the `topology`
+fixture ("single" or "cluster"); on the cluster ``EVENTBUS_CLUSTER=true`` is set for the test, so
+every `Settings()`, CLI call and child process of the test uses the Cluster client. A test whose
+behaviour cannot hold on a cluster says why with ``@pytest.mark.single_node("reason")`` (skipped
+there; docs/operations.md lists them). Other tests run on the single node only.
 """
 
 from __future__ import annotations
@@ -23,6 +30,53 @@ import redis.asyncio
 
 from eventbus.config import Settings
 from eventbus.testing.server import RedisCluster, RedisServer
+
+BOTH_TOPOLOGIES = {
+    "test_publish",
+    "test_publish_order",
+    "test_consume",
+    "test_consume_redis",
+    "test_takeover",
+    "test_failure_policy",
+    "test_shutdown",
+    "test_cli",
+    "test_fenced_reads",
+    "test_trims",
+    "test_lifecycle",
+    "test_tier_offload",
+    "test_tier_catchup",
+    "test_consumer_catchup",
+    "test_catchup_handling",
+    "test_tier_cli",
+}
+"""Integration modules run on both topologies (by module name)."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "single_node(reason): cannot hold on a Redis Cluster (skipped there, why)"
+    )
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "topology" in metafunc.fixturenames and metafunc.module.__name__.rpartition(".")[2] in (
+        BOTH_TOPOLOGIES
+    ):
+        metafunc.parametrize("topology", ["single", "cluster"], indirect=True)
+
+
+@pytest.fixture
+def topology(request: pytest.FixtureRequest) -> str:
+    """ "single" or "cluster" (see the module docstring); skips a ``single_node`` test on the
+    cluster with its reason."""
+    name = str(getattr(request, "param", "single"))
+    if name == "cluster":
+        marker = request.node.get_closest_marker("single_node")
+        if marker is not None:
+            pytest.skip(f"single node only: {marker.args[0] if marker.args else ''}")
+        request.getfixturevalue("monkeypatch").setenv("EVENTBUS_CLUSTER", "true")
+    return name
+
 
 pytest_plugins = ["pytester"]  # tests of eventbus.testing.pytest_plugin
 
@@ -65,29 +119,44 @@ def redis_url() -> Iterator[str]:
 
 
 @pytest.fixture
-def redis_db(redis_url: str) -> str:
-    """The session's Redis URL, its database flushed for this test."""
+def redis_db(topology: str, request: pytest.FixtureRequest) -> str:
+    """The session's Redis URL, its database flushed for this test (on the cluster: the
+    session's cluster, every primary flushed)."""
+    if topology == "cluster":
+        cluster: RedisCluster = request.getfixturevalue("redis_cluster")
+        for node in cluster.nodes:
+            with redis.Redis(port=node.port) as client:
+                client.flushall()
+        return cluster.url
+    redis_url: str = request.getfixturevalue("redis_url")
     with redis.Redis.from_url(redis_url) as client:
         client.flushdb()
     return redis_url
 
 
 @pytest.fixture
-async def r(redis_db: str) -> AsyncIterator[redis.asyncio.Redis]:
-    """A binary-safe asyncio client of the session's Redis, on a freshly flushed database."""
-    client = redis.asyncio.Redis.from_url(redis_db)
+async def r(redis_db: str, topology: str) -> AsyncIterator[Any]:
+    """A binary-safe asyncio client of the session's Redis, on a freshly flushed database (a
+    `redis.asyncio.RedisCluster` on the cluster)."""
+    if topology == "cluster":
+        from redis.asyncio.cluster import RedisCluster as ClusterClient
+
+        client: Any = ClusterClient.from_url(redis_db)
+    else:
+        client = redis.asyncio.Redis.from_url(redis_db)
     yield client
     await client.aclose()
 
 
 @pytest.fixture
-def settings(redis_db: str) -> Callable[..., Settings]:
+def settings(redis_db: str, topology: str) -> Callable[..., Settings]:
     """Factory of `Settings` for the session's Redis (database flushed), with small defaults
     that keep tests fast: 4 shards, short polls and retries. Keyword arguments override."""
 
     def make(**overrides: Any) -> Settings:
         values: dict[str, Any] = {
             "redis_url": redis_db,
+            "cluster": topology == "cluster",
             "shards": 4,
             "block_max_ms": 100,
             "retry_base_s": 0.01,

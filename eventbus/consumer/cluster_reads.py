@@ -88,7 +88,7 @@ class BlockingReads:
         """The non-blocking pass: one pipeline per node, the nodes at once."""
         by_node: dict[str, list[int]] = {}
         for i, stream in enumerate(streams):
-            by_node.setdefault(self.redis.get_node_from_key(stream).name, []).append(i)
+            by_node.setdefault((await self._node_of(stream)).name, []).append(i)
         replies: list[tuple[bytes, Any]] = []
         summaries: list[Any] = [{"consumers": []}] * len(streams)
         errors: list[BaseException] = []
@@ -201,8 +201,14 @@ class BlockingReads:
                 raise reply
         return parse_xread(first), None if self.noack else parse_xpending(second)
 
+    async def _node_of(self, stream: str) -> Any:
+        """The primary serving `stream`'s slot (the slot map is loaded first when empty)."""
+        if not self.redis.nodes_manager.slots_cache:
+            await self.redis.initialize()
+        return self.redis.get_node_from_key(stream)
+
     async def _connection(self, stream: str) -> _Conn:
-        node = self.redis.get_node_from_key(stream)
+        node = await self._node_of(stream)
         c = self._reads.get(stream)
         if c is not None and c.node != node.name:
             await self._drop(stream)

@@ -131,3 +131,26 @@ def resources_per_shard(shards: int, per_shard: int = 1, prefix: str = "res") ->
             found[s].append(rid)
         i += 1
     return [rid for s in range(shards) for rid in found[s]]
+
+
+def on_cluster() -> bool:
+    """Whether this test runs on the Redis Cluster topology (`tests/conftest.py`)."""
+    import os
+
+    return os.environ.get("EVENTBUS_CLUSTER", "").lower() in ("1", "true", "yes")
+
+
+def sync_client(url: str) -> Any:
+    """A binary-safe sync client of `url`, a `redis.RedisCluster` on the cluster topology."""
+    import redis
+
+    return redis.RedisCluster.from_url(url) if on_cluster() else redis.Redis.from_url(url)
+
+
+def async_client(url: str) -> Any:
+    """A binary-safe asyncio client of `url`, a `RedisCluster` on the cluster topology."""
+    import redis.asyncio
+
+    if on_cluster():
+        return redis.asyncio.RedisCluster.from_url(url)
+    return redis.asyncio.Redis.from_url(url)

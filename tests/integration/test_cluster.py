@@ -138,3 +138,49 @@ async def test_dead_letter_and_takeover_on_a_cluster(cluster_settings: Settings)
 
 async def _xlen_is(client: Any, key: str, n: int) -> bool:
     return await client.xlen(key) == n
+
+
+async def test_an_idle_consumer_blocks_instead_of_polling(cluster_settings: Settings) -> None:
+    """No polling on a cluster: an idle consumer's reads block (few XREADGROUP calls on the
+    nodes, none of them spinning), and an event published after an idle spell longer than
+    `block_max_ms` reaches the handler at once, not after the block time."""
+    import time
+
+    import redis as sync_redis
+
+    settings = cluster_settings.model_copy(update={"block_min_ms": 10, "block_max_ms": 1000})
+    bus, publisher = EventBus(settings), EventBus(settings)
+    seen: list[float] = []
+
+    @bus.subscriber(TOPIC, group=GROUP)
+    async def handle(event: Tick, ctx: Context) -> None:
+        seen.append(time.monotonic())
+
+    async with publisher, running(bus):
+        await publisher.publish(TOPIC, Tick(resource="a", seq=0), resource_id="a")
+        await wait_until(lambda: len(seen) == 1)
+        await anyio.sleep(1.5)  # the block time has grown to block_max_ms
+        nodes = [sync_redis.Redis(port=p) for p in _ports(settings)]
+        for n in nodes:
+            n.config_resetstat()
+        await anyio.sleep(1.0)  # a measurement window, not a synchronisation
+        reads = sum(
+            int(n.info("commandstats").get("cmdstat_xreadgroup", {}).get("calls", 0)) for n in nodes
+        )
+        for n in nodes:
+            n.close()
+        # a round per second: at most 2 reads (non-blocking, blocking) per shard per round
+        assert reads <= 2 * SHARDS * 3, reads
+        for i in range(2):
+            sent = time.monotonic()
+            await publisher.publish(TOPIC, Tick(resource="a", seq=i + 1), resource_id="a")
+            await wait_until(lambda i=i: len(seen) == i + 2)
+            assert seen[-1] - sent < 0.25, seen[-1] - sent  # a poller would sleep up to 1 s
+            await anyio.sleep(1.2)
+
+
+def _ports(settings: Settings) -> list[int]:
+    import redis as sync_redis
+
+    with sync_redis.RedisCluster.from_url(settings.redis_url) as c:
+        return [n.port for n in c.get_primaries()]

@@ -174,6 +174,10 @@ class CountingRedis(redis.asyncio.Redis):
         return pipe
 
 
+@pytest.mark.single_node(
+    "counts XREADGROUP through a client subclass; on a cluster reads go over the consumer's own "
+    "connections (cluster_reads): test_cluster.py checks idle reads there with INFO commandstats"
+)
 async def test_idle_consumer_backs_off_instead_of_spinning(
     settings: SettingsFactory, redis_db: str
 ) -> None:

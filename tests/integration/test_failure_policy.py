@@ -5,9 +5,8 @@ on redis-server: `tests/cases/failure_policy_cases.py`."""
 from __future__ import annotations
 
 import pytest
-import redis.asyncio
 from cases.failure_policy_cases import letters_are, publish
-from support import Tick, running, wait_until
+from support import Tick, async_client, running, wait_until
 from typer.testing import CliRunner
 
 from eventbus import EventBus, Settings
@@ -29,7 +28,7 @@ def test_dlq_cli_lists_and_requeues_a_parked_resource(redis_db: str) -> None:
 
         async with bus:
             await publish(bus, "bad", range(1, 3))
-        client = redis.asyncio.Redis.from_url(redis_db)
+        client = async_client(redis_db)
         dl = DeadLetters(client, bus.keys, bus.topic("orders"), "billing")
         async with running(bus):
             await wait_until(lambda: letters_are(dl, 2))

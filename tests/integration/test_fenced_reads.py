@@ -11,24 +11,31 @@ resource's later e3, not leave it stranded and run e3 first.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import anyio
 import pytest
 import redis.asyncio
-from support import Recorder, Tick, running, wait_until
+from support import Recorder, Tick, on_cluster, running, wait_until
 
 from eventbus import EventBus, Settings
 
 pytestmark = pytest.mark.anyio
 
 
-async def _stale_read(r: redis.asyncio.Redis, bus: EventBus, event: Tick) -> bytes:
+async def _stale_read(r: Any, bus: EventBus, event: Tick) -> bytes:
     """Publish `event` and, atomically with it, read it as consumer "stale" of group "g"."""
     stream, fields = bus.publisher.prepare(bus.topic("t"), event, event.resource)
-    async with r.pipeline(transaction=True) as tx:
+    if on_cluster():
+        await r.initialize()
+    node = r.get_node_from_key(stream) if on_cluster() else None
+    direct = redis.asyncio.Redis(host=node.host, port=node.port) if node else r
+    async with direct.pipeline(transaction=True) as tx:  # on a cluster: on the stream's node
         tx.xadd(stream, fields)
         tx.xreadgroup("g", "stale", {stream: ">"}, count=10)
         entry_id, reply = await tx.execute()
+    if node:
+        await direct.aclose()
     assert reply and reply[0][1][0][0] == entry_id  # the stale consumer got it
     return bytes(entry_id)
 

@@ -16,7 +16,7 @@ import anyio
 import pytest
 import redis
 import redis.asyncio
-from support import Tick, running, wait_until
+from support import Tick, on_cluster, running, sync_client, wait_until
 
 from eventbus import (
     ConfigError,
@@ -196,9 +196,9 @@ async def test_bad_resource_id_or_event_refused(
         await bus.aclose()
 
 
-def test_sync_facade_publishes_from_threads(redis_url: str, settings: SettingsFactory) -> None:
+def test_sync_facade_publishes_from_threads(redis_db: str, settings: SettingsFactory) -> None:
     bus = EventBus(settings(shards=4))
-    client = redis.Redis.from_url(redis_url)
+    client = sync_client(redis_db)
     per_thread = 25
 
     with bus.sync() as sb:
@@ -252,10 +252,20 @@ class CountingRedis(redis.asyncio.Redis):
         return await super().execute_command(*args, **options)
 
 
+class CountingCluster(redis.asyncio.RedisCluster):
+    """The same on the cluster topology."""
+
+    calls: Counter[str]
+
+    async def execute_command(self, *args: Any, **options: Any) -> Any:
+        self.calls[str(args[0]).upper()] += 1
+        return await super().execute_command(*args, **options)
+
+
 async def test_concurrent_first_publishes_share_one_topic_check(
     settings: SettingsFactory, redis_db: str
 ) -> None:
-    client = CountingRedis.from_url(redis_db)
+    client = (CountingCluster if on_cluster() else CountingRedis).from_url(redis_db)
     client.calls = Counter()
     bus = EventBus(settings(shards=4), redis=client)
     async with bus, anyio.create_task_group() as tg:

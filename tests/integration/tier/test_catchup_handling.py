@@ -19,8 +19,8 @@ from typing import Any
 
 import anyio
 import pytest
-import redis.asyncio
 from pydantic import BaseModel, model_validator
+from support import async_client
 from tier_support import fast_tier, wait_until
 
 from eventbus import Context, EventBus, Settings
@@ -233,7 +233,7 @@ class Takeover:
             self.done.set()
 
     async def _take(self) -> None:
-        client = redis.asyncio.Redis.from_url(self.redis_url)
+        client = async_client(self.redis_url)
         lock = LockClient(
             client, self.bus.keys, TOPIC, GROUP, "intruder", shards=1, liveness_ttl_s=60
         )

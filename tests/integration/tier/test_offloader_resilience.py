@@ -8,8 +8,8 @@ from pathlib import Path
 
 import anyio
 import pytest
-import redis.asyncio
 from redis.exceptions import ConnectionError as RedisConnectionError
+from support import async_client
 from tier_support import fast_tier, make_bus, publish_ticks, wait_until
 
 from eventbus.tier.offloader import Offloader, offload_until_caught_up
@@ -26,7 +26,7 @@ async def test_a_topic_that_cannot_be_archived_is_skipped_not_fatal(
     redis_db: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     bus = make_bus(redis_db, shards=2)
-    client = redis.asyncio.Redis.from_url(redis_db)
+    client = async_client(redis_db)
     store = open_store(str(tmp_path))
     async with bus:
         published = await publish_ticks(bus, "good", 60)

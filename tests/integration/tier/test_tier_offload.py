@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-import redis.asyncio
+from support import async_client
 from tier_support import (
     Tick,
     Tock,
@@ -175,7 +175,7 @@ async def test_offload_all_registered_topics(redis_db: str, tmp_path) -> None:
 
 async def test_entry_id_bounds_cover_64_bit_ids(redis_db: str, tmp_path) -> None:
     """Explicit huge entry IDs (beyond float precision) keep exact order in keys and Lua."""
-    client = redis.asyncio.Redis.from_url(redis_db)
+    client = async_client(redis_db)
     bus = make_bus(redis_db, shards=1)
     async with bus:
         await publish_ticks(bus, "big", 1)  # registers the topic
