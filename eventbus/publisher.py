@@ -82,10 +82,6 @@ class Publisher:
         self._registry = registry
         self._streams: dict[str, list[str]] = {}
         self._topic_locks: dict[str, anyio.Lock] = {}
-        if settings.cluster and settings.publish_replicas:
-            # redis-py sends WAIT to one default node, not to those that stored the XADDs, so
-            # the count it returns would not mean what the setting promises.
-            raise ConfigError("publish_replicas (WAIT) is not supported with cluster=True")
         self.sender = Sender(redis, settings)
         self.dictionaries = Dictionaries(redis, keys)  # the topics' current zstd dictionaries
 

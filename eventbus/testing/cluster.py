@@ -1,0 +1,188 @@
+"""A Redis Cluster with replicas on loopback, for failover and resharding tests.
+
+`ReplicatedCluster(3, 1)` starts 6 ``redis-server`` processes (3 primaries, one replica each,
+``redis-cli --cluster create ... --cluster-replicas 1``) with a short ``cluster-node-timeout``
+so that a killed primary's replica is promoted within a few seconds. `failover` kills a primary
+(or asks its replica for ``CLUSTER FAILOVER``) and waits until the replica serves its slots;
+`move_slot` migrates one slot between primaries the way ``redis-cli --cluster reshard`` does
+(``SETSLOT IMPORTING/MIGRATING``, ``MIGRATE`` key by key, ``SETSLOT NODE``).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from typing import Any
+
+from eventbus.errors import EventBusError
+from eventbus.testing.server import RedisServer, free_port, redis_binary
+
+
+def _client(port: int) -> Any:
+    import redis
+
+    return redis.Redis(port=port, socket_timeout=2, socket_connect_timeout=1)
+
+
+def _raw(reply: Any) -> bytes:
+    return reply if isinstance(reply, bytes) else str(reply).encode()
+
+
+class ReplicatedCluster:
+    """`primaries` primaries with `replicas` replicas each on loopback; a context manager."""
+
+    def __init__(self, primaries: int = 3, replicas: int = 1, node_timeout_ms: int = 1000) -> None:
+        self.primaries_wanted = primaries
+        self.replicas = replicas
+        extra = [
+            "--cluster-enabled", "yes",
+            "--cluster-config-file", "nodes.conf",
+            "--cluster-node-timeout", str(node_timeout_ms),
+            "--repl-diskless-sync", "yes",
+            "--repl-diskless-sync-delay", "0",
+        ]  # fmt: skip
+        # the cluster bus listens on port + 10000, so ports must stay below 55536
+        self.nodes = [
+            RedisServer(free_port(below=55536), extra=list(extra))
+            for _ in range(primaries * (1 + replicas))
+        ]
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.primary_ports()[0]}/0"
+
+    def node(self, port: int) -> RedisServer:
+        return next(n for n in self.nodes if n.port == port)
+
+    def _live(self) -> list[RedisServer]:
+        return [n for n in self.nodes if n.proc is not None]
+
+    def _role(self, port: int) -> str | None:
+        try:
+            with _client(port) as r:
+                return str(r.info("replication")["role"])
+        except Exception:
+            return None
+
+    def primary_ports(self) -> list[int]:
+        """Ports of the live primaries that serve slots (as the live nodes see it)."""
+        ports: set[int] = set()
+        for n in self._live():
+            try:
+                with _client(n.port) as r:
+                    rows = r.execute_command("CLUSTER", "SLOTS")
+            except Exception:
+                continue
+            ports |= {int(row[2][1]) for row in rows}
+        return sorted(p for p in ports if self._role(p) == "master")
+
+    def primary_of(self, key: str) -> int:
+        """Port of the primary serving `key`'s slot."""
+        port = self._live()[0].port
+        with _client(port) as r:
+            slot = int(r.execute_command("CLUSTER", "KEYSLOT", key))
+            for start, end, primary, *_ in r.execute_command("CLUSTER", "SLOTS"):
+                if int(start) <= slot <= int(end):
+                    return int(primary[1])
+        raise EventBusError(f"slot of {key} not served")
+
+    def replica_of(self, primary: int) -> int:
+        with _client(primary) as r:
+            info = r.info("replication")
+        return int(info["slave0"]["port"])
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def __enter__(self) -> ReplicatedCluster:
+        try:
+            for node in self.nodes:
+                node.start()
+            subprocess.run(
+                [
+                    redis_binary("redis-cli"), "--cluster", "create",
+                    *[f"127.0.0.1:{n.port}" for n in self.nodes],
+                    "--cluster-replicas", str(self.replicas), "--cluster-yes",
+                ],
+                check=True, capture_output=True, timeout=60,
+            )  # fmt: skip
+            self.wait_ok()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def wait_ok(self, timeout: float = 30.0) -> None:
+        """Wait until every live node reports ``cluster_state:ok``, `primaries_wanted` primaries
+        serve slots and every live replica's link to its primary is up."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._ok():
+                return
+            time.sleep(0.1)
+        raise EventBusError(f"Redis Cluster not ok within {timeout} s")
+
+    def _ok(self) -> bool:
+        try:
+            for n in self._live():
+                with _client(n.port) as r:
+                    if b"cluster_state:ok" not in _raw(r.execute_command("CLUSTER", "INFO")):
+                        return False
+                    rep = r.info("replication")
+                    if rep["role"] == "slave" and rep.get("master_link_status") != "up":
+                        return False
+            return len(self.primary_ports()) == self.primaries_wanted
+        except Exception:
+            return False
+
+    def failover(self, primary: int, kill: bool = True, timeout: float = 30.0) -> int:
+        """Fail `primary` over to its replica: SIGKILL it (`kill`) or ``CLUSTER FAILOVER`` on
+        the replica; wait until the replica serves the slots; return the replica's port. A
+        killed primary stays down (`restart` brings it back as a replica)."""
+        replica = self.replica_of(primary)
+        if kill:
+            self.node(primary).stop(kill=True)
+        else:
+            with _client(replica) as r:
+                r.execute_command("CLUSTER", "FAILOVER")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._role(replica) == "master" and self._states_ok():
+                return replica
+            time.sleep(0.1)
+        raise EventBusError(f"replica {replica} of {primary} not promoted within {timeout} s")
+
+    def _states_ok(self) -> bool:
+        try:
+            for n in self._live():
+                with _client(n.port) as r:
+                    if b"cluster_state:ok" not in _raw(r.execute_command("CLUSTER", "INFO")):
+                        return False
+            return True
+        except Exception:
+            return False
+
+    def move_slot(self, slot: int, source: int, target: int, batch: int = 100) -> int:
+        """Migrate `slot` from primary `source` to primary `target` (as ``redis-cli --cluster
+        reshard`` does); returns the keys moved."""
+        src, dst = _client(source), _client(target)
+        try:
+            src_id = src.execute_command("CLUSTER", "MYID")
+            dst_id = dst.execute_command("CLUSTER", "MYID")
+            dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+            src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+            moved = 0
+            while keys := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, batch):
+                src.execute_command("MIGRATE", "127.0.0.1", target, "", 0, 5000, "KEYS", *keys)
+                moved += len(keys)
+            for port in self.primary_ports():
+                with _client(port) as r:
+                    r.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+            return moved
+        finally:
+            src.close()
+            dst.close()
+
+    def __exit__(self, *exc: object) -> None:
+        for node in self.nodes:
+            node.stop(kill=True)
+            if node._tmp is not None:
+                node._tmp.cleanup()
