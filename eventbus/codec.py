@@ -299,6 +299,20 @@ def unpack_body(body: bytes, *, max_containers: int) -> Any:
 
     # every element takes at least one byte (a pair two), so no header may claim more
     longest = len(body)
+    if budget >= longest:  # a container takes a byte: this body cannot exceed the budget
+        try:
+            return msgpack.unpackb(
+                body,
+                raw=False,
+                strict_map_key=True,
+                max_str_len=longest,
+                max_bin_len=longest,
+                max_array_len=longest,
+                max_map_len=longest // 2,
+                max_ext_len=longest,
+            )
+        except Exception as exc:  # msgpack raises several unrelated exception types
+            raise DecodeError(f"corrupt envelope: {type(exc).__name__}: {exc}") from None
     try:
         return msgpack.unpackb(
             body,

@@ -1,0 +1,133 @@
+"""Before/after measurements of the per-event paths (issue 12 item 4), ratios from one run.
+
+    python stress/perf.py consume [--events N] [--runs 3] [--profile stress/results/consumer.svg]
+    python stress/perf.py publish [--events N] [--runs 3] [--profile stress/results/publisher.svg]
+    python stress/perf.py path [--events N] [--runs 5]
+
+``consume``: on a fresh private redis-server, the raw XREADGROUP+XACK+decode loop (bench step 3),
+then eventbus publishes the events and one consumer process (bench step 5, no-op handler typed
+with a pydantic model) drains them; prints both rates and their ratio. ``publish``: the raw
+pipelined XADD loop (bench step 2) and eventbus ``publish()`` from 1000 concurrent tasks (step 4).
+``path``: no Redis, the CPU cost per event of the consumer's handling path alone
+(`Handling.step` on entries decoded from bytes, with a fence that always holds: decode,
+validate, Context, timeout scope, metrics, the no-op handler), in µs per event.
+With ``--profile``, the measured eventbus side runs under ``py-spy record`` (SVG flame graph,
+or py-spy's raw collapsed stacks when the name ends in ``.txt``); its rate is then lower.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import bench
+
+from eventbus.testing.server import RedisServer
+
+PY_SPY = str(Path(sys.executable).with_name("py-spy"))
+
+
+def _spy(out: str) -> list[str]:
+    fmt = ["--format", "raw"] if out.endswith(".txt") else []
+    return [PY_SPY, "record", "-r", "250", "-o", out, *fmt, "--"]
+
+
+def consume(events: int, profile: str | None) -> dict[str, float]:
+    with RedisServer() as server:
+        asyncio.run(bench.raw_xadd(server.url, events))  # what the raw read loop drains
+        raw = asyncio.run(bench.raw_read_ack(server.url, events))
+    with RedisServer() as server:
+        asyncio.run(bench.eventbus_publish(server.url, events))
+        out = Path("/tmp") / f"perf-consume-{time.time_ns()}.json"
+        cmd = [sys.executable, bench.__file__, "_consumer", server.url, str(events + 1), str(out)]
+        subprocess.run(
+            [*(_spy(profile) if profile else []), *cmd], check=True, capture_output=bool(profile)
+        )
+        got = json.loads(out.read_text())
+        out.unlink()
+    return {
+        "raw_read_ack_per_s": raw,
+        "consume_per_s": got["events_per_s"],
+        "ratio": got["events_per_s"] / raw,
+    }
+
+
+def _publish_child(url: str, events: int, out: str) -> None:
+    Path(out).write_text(json.dumps(asyncio.run(bench.eventbus_publish(url, events))))
+
+
+def publish(events: int, profile: str | None) -> dict[str, float]:
+    with RedisServer() as server:
+        raw = asyncio.run(bench.raw_xadd(server.url, events))
+    with RedisServer() as server:
+        out = Path("/tmp") / f"perf-publish-{time.time_ns()}.json"
+        cmd = [sys.executable, __file__, "_publish", server.url, str(events), str(out)]
+        subprocess.run(
+            [*(_spy(profile) if profile else []), *cmd], check=True, capture_output=bool(profile)
+        )
+        rate = float(out.read_text())
+        out.unlink()
+    return {"raw_xadd_pipelined_per_s": raw, "publish_per_s": rate, "ratio": rate / raw}
+
+
+class _Open:
+    """A fence that always holds (the path measured without the lease)."""
+
+    def holds(self, d: object) -> bool:
+        return True
+
+    async def wait(self, d: object) -> bool:
+        return True
+
+
+def path(events: int, profile: str | None) -> dict[str, float]:
+    import anyio
+
+    from eventbus import Context, EventBus, Settings
+    from eventbus.codec import encode_entry, envelope_of
+    from eventbus.consumer.delivery import Delivery
+    from eventbus.running import make_consumers
+    from eventbus.testing import memory_redis
+
+    bus = EventBus(
+        Settings(redis_url="redis://in-memory", shards=bench.SHARDS), redis=memory_redis()
+    )
+
+    async def handle(event: bench.Tick, ctx: Context) -> None:
+        pass
+
+    handle.__annotations__ = {"event": bench.Tick, "ctx": Context, "return": None}
+    bus.subscriber(bench.TOPIC, group="bench")(handle)
+    handling = make_consumers(bus)[0].handling
+    fields = [encode_entry(envelope_of(f"r{i}", bench._event(i))) for i in range(1000)]
+    fence = _Open()
+
+    async def run() -> float:
+        start = time.perf_counter()
+        for i in range(events):
+            d = Delivery(0, 1, b"1-%d" % i, fields[i % 1000])
+            await handling.step(d, fence)
+        return (time.perf_counter() - start) / events * 1e6
+
+    return {"us_per_event": anyio.run(run)}
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "_publish":
+        _publish_child(sys.argv[2], int(sys.argv[3]), sys.argv[4])
+        sys.exit(0)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("what", choices=["consume", "publish", "path"])
+    parser.add_argument("--events", type=int, default=100_000)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--profile", default=None)
+    args = parser.parse_args()
+    fn = {"consume": consume, "publish": publish, "path": path}[args.what]
+    for run in range(args.runs):
+        res = fn(args.events, args.profile)
+        print(json.dumps({"run": run + 1, **{k: round(v, 3) for k, v in res.items()}}), flush=True)
