@@ -12,6 +12,7 @@ from rich.table import Table
 
 from eventbus.cli.connection import RedisUrl, open_bus, settings_from, stored_shards
 from eventbus.cli.output import cell, run_async, user_errors
+from eventbus.cli.placement import placement_table
 from eventbus.codec import F_DATA, decode_entry
 from eventbus.config import Settings
 from eventbus.dictionaries import Dictionaries
@@ -97,6 +98,8 @@ async def _stats(settings: Settings) -> None:
                     str(trimmed),
                 )
         Console().print(table)
+        if (placed := await placement_table(r, keys, topics)) is not None:  # on a Cluster
+            Console().print(placed)
     finally:
         await bus.aclose()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-import redis
+from support import on_cluster, sync_client
 from typer.testing import CliRunner
 
 from eventbus.cli import app
@@ -41,8 +41,10 @@ def test_publish_tail_and_stats(redis_db: str) -> None:
     assert {r["resource_id"]: r["payload"] for r in rows} == {f"o-{i}": {"n": i} for i in range(3)}
 
     # a group that has read and acked everything on its shards shows no lag and no pending
-    with redis.Redis.from_url(redis_db) as r:
-        for key in r.scan_iter("eventbus:stream:orders:*"):
+    with sync_client(redis_db) as r:
+        for key in [f"eventbus:stream:orders:{s}" for s in range(16)]:
+            if not r.exists(key):
+                continue
             r.xgroup_create(key, "billing", id="0")
             for _, entries in r.xreadgroup("billing", "c", {key: ">"}) or []:
                 r.xack(key, "billing", *[eid for eid, _ in entries])
@@ -51,6 +53,13 @@ def test_publish_tail_and_stats(redis_db: str) -> None:
     billing = next(line for line in stats.output.splitlines() if "billing" in line)
     cells = [c.strip() for c in billing.replace("│", "|").split("|") if c.strip()]
     assert cells[:3] == ["billing", "0", "0"]  # group, lag, pending
+    if on_cluster():  # per-node placement of the shard streams and the coordination node
+        assert "placement" in stats.output and "{eventbus}" in stats.output
+        with sync_client(redis_db) as r:
+            nodes = {r.get_node_from_key(f"eventbus:stream:orders:{s}").name for s in range(16)}
+        assert len(nodes) == 3 and all(n in stats.output for n in nodes)
+    else:
+        assert "placement" not in stats.output
 
 
 def test_publish_refuses_an_empty_resource_id(redis_db: str) -> None:
