@@ -7,6 +7,7 @@ Units are in the field names: ``_s`` seconds, ``_ms`` milliseconds, ``_bytes`` b
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -173,6 +174,15 @@ class Settings(BaseSettings):
         "(XREADGROUP BLOCK block_max_ms, WAIT publish_replicas_timeout_ms); their sum is the "
         "socket read timeout (redis_read_timeout_s).",
     )
+    tls_ca_file: Path | None = Field(
+        None,
+        description="PEM file of the CA(s) that signed the server's certificate (rediss:// "
+        "URLs; default: the system's CAs). Overrides the URL's ssl_ca_certs.",
+    )
+    tls_cert_file: Path | None = Field(
+        None, description="PEM client certificate, for servers with tls-auth-clients yes."
+    )
+    tls_key_file: Path | None = Field(None, description="PEM private key of tls_cert_file.")
     cluster: bool = Field(False, description="Connect with the Redis Cluster protocol.")
     sentinels: str = Field(
         "",
@@ -323,6 +333,31 @@ class Settings(BaseSettings):
         """Largest decompressed envelope, in bytes, that consumers decode and publishers send:
         ``DECOMPRESSION_FACTOR * max_payload_bytes``."""
         return self.max_payload_bytes * DECOMPRESSION_FACTOR
+
+    @model_validator(mode="after")
+    def _tls_complete(self) -> Settings:
+        tls = (self.tls_ca_file, self.tls_cert_file, self.tls_key_file)
+        if any(tls) and not self.redis_url.startswith("rediss:"):
+            raise ValueError("tls_* files need a rediss:// redis_url (TLS)")
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ValueError("tls_cert_file and tls_key_file go together: set both, or neither")
+        for path in tls:
+            if path is not None and not path.is_file():
+                raise ValueError(f"TLS file {str(path)!r} does not exist")
+        return self
+
+    @property
+    def tls_options(self) -> dict[str, str]:
+        """redis-py's ``ssl_*`` connection options from the ``tls_*`` files (empty if none)."""
+        out = {}
+        for option, path in (
+            ("ssl_ca_certs", self.tls_ca_file),
+            ("ssl_certfile", self.tls_cert_file),
+            ("ssl_keyfile", self.tls_key_file),
+        ):
+            if path is not None:
+                out[option] = str(path)
+        return out
 
     @model_validator(mode="after")
     def _blocks_ordered(self) -> Settings:

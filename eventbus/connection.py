@@ -12,13 +12,15 @@ def connect(settings: Settings) -> Any:
     Sentinel-managed primary (``Sentinel(...).master_for(service)``) when ``sentinels`` are,
     otherwise a plain `Redis` of ``redis_url``.
 
-    Binary-safe (``decode_responses=False``); connecting happens lazily on first use. Every
+    Binary-safe (``decode_responses=False``); connecting happens lazily on first use. With a
+    ``rediss://`` URL the ``tls_*`` settings give the CA and client certificate files. Every
     connection has deadlines (`Settings.redis_connect_timeout_s`, `Settings.redis_read_timeout_s`),
     so a server that accepts and never answers fails a call instead of hanging it.
     """
     options: dict[str, Any] = {
         "socket_connect_timeout": settings.redis_connect_timeout_s,
         "socket_timeout": settings.redis_read_timeout_s,
+        **settings.tls_options,  # CA and client certificate files (rediss:// only)
     }
     if settings.cluster:
         from redis.asyncio.cluster import RedisCluster
@@ -63,9 +65,11 @@ def _sentinel_primary(settings: Settings, options: dict[str, Any], no_retry: Any
     sentinel_options: dict[str, Any] = options | {"retry": no_retry}
     primary["connection_class"] = _primary_connection_classes()[tls]
     if tls:
-        sentinel_options |= {"ssl": True} | {
-            k: v for k, v in parsed.items() if k.startswith("ssl_")
-        }
+        sentinel_options |= (
+            {"ssl": True}
+            | {k: v for k, v in parsed.items() if k.startswith("ssl_")}
+            | settings.tls_options
+        )
     if settings.sentinel_username:
         sentinel_options["username"] = settings.sentinel_username
     if settings.sentinel_password is not None:
