@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import anyio.to_thread
 from redis.asyncio.retry import Retry
 
+from eventbus import hooks
 from eventbus import retry as retrying
 from eventbus.codec import (
     F_DATA,
@@ -44,6 +45,7 @@ from eventbus.dlq import is_control
 from eventbus.errors import DecodeError, HandlerTimeout, UnknownEventType
 from eventbus.keys import Keys
 from eventbus.metrics import METRICS
+from eventbus.request import send_reply
 
 log = logging.getLogger("eventbus.consumer")
 
@@ -209,7 +211,8 @@ class Handling:
         """Run the handler once on `event` (entry `entry_id`, attempt number `attempt`) under
         `d`'s shard and token. Returns its exception (`HandlerTimeout` past the subscription's
         `handler_timeout_s`), None on success, or `NOT_STARTED` when the fence no longer holds
-        (then nothing ran)."""
+        (then nothing ran). A non-None return value of the handler answers a request: it goes
+        to the reply stream the entry's headers name (`eventbus.request.send_reply`)."""
         ctx = Context(
             topic=self.sub.topic.name,
             group=self.sub.group,
@@ -225,18 +228,30 @@ class Handling:
             consumer_id=self.consumer_id,
             delivery_count=d.delivery_count,
         )
-        if not fence.holds(d):  # no await between this check and the call
-            return NOT_STARTED
         timeout = self.sub.handler_timeout_s
         started = time.perf_counter()
+        ran = False
         try:
             with anyio.move_on_after(timeout) as scope:
-                await self.sub.call(event, ctx)
+                # Checked last, inside the scope, with no await before the call: a process
+                # stopped after this check and before the handler's first line still runs it
+                # with a superseded token when it wakes (stress FINDINGS 7: the downstream
+                # store's check of the fencing token is what refuses its writes).
+                if not fence.holds(d):
+                    return NOT_STARTED
+                ran = True
+                if hooks.tracing is None:
+                    result = await self.sub.call(event, ctx)
+                else:
+                    result = await hooks.tracing.consume(self.sub.call, event, ctx)
+                if result is not None:  # the answer to a request (eventbus.request)
+                    await send_reply(self.redis, self.keys, env, result)
         except Exception as exc:
             self._m_failures.inc()
             return exc
         finally:
-            self._m_duration.observe(time.perf_counter() - started)
+            if ran:
+                self._m_duration.observe(time.perf_counter() - started)
         if scope.cancelled_caught:
             assert timeout is not None
             self._m_failures.inc()
