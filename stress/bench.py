@@ -1,6 +1,6 @@
 """Throughput and latency of eventbus against the raw Redis ceilings, measured in one run.
 
-    python stress/bench.py [--events 200000] [--json stress/results/bench.json]
+    python stress/bench.py [--events 200000] [--json stress/results/bench.json] [--peers]
 
 Steps, each on a fresh private ``redis-server`` (same binary, same machine, same run):
 
@@ -274,6 +274,11 @@ if __name__ == "__main__":
     parser.add_argument("--rate", type=int, default=2000, help="events/s for the latency step")
     parser.add_argument("--seconds", type=float, default=10.0, help="length of the latency step")
     parser.add_argument("--json", default="stress/results/bench.json")
+    parser.add_argument("--peers", action="store_true", help="also FastStream, batch handlers, "
+                        "1/2/4 consumer processes, flights bytes per entry (stress/peers.py)")
+    parser.add_argument("--single-events", type=int, default=20_000,
+                        help="events of the slow one-by-one peer steps")
+    parser.add_argument("--flights", type=int, default=50_000, help="flights entries measured")
     parser.add_argument("--cluster", action="store_true", help="only the latency step, on one "
                         "Redis and on a 3-primary cluster (stress/cluster_bench.py)")
     args = parser.parse_args()
@@ -282,6 +287,13 @@ if __name__ == "__main__":
         run_cluster_mode(args)
         sys.exit(0)
     result = asyncio.run(main(args))
+    if args.peers:
+        import peers
+
+        result["peers"] = asyncio.run(peers.run(args, result))
+        result |= peers.summary(result["peers"])
     Path(args.json).write_text(json.dumps(result, indent=2))
     report(result)
+    if args.peers:
+        peers.report(result)
     print(f"written {args.json}")
