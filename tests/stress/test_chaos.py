@@ -242,7 +242,7 @@ def test_partition(tmp_path: Path) -> None:
                 "--consumers", "3")
     assert_sound(res)
     assert res["stale_token_starts"] == 0, res["stale_token_examples"]
-    consumer, short, long = consumer_faults(res, "partition")
+    consumer, long, short = consumer_faults(res, "partition")
     assert consumer["blackhole_s"] > TTL and consumer["takeover_s"] is not None, consumer
     assert consumer["takeover_s"] > 0.5 * TTL  # not before the cut-off consumer's liveness ended
     timeout = res["plan"]["publish_timeout_s"]
