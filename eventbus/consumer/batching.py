@@ -33,14 +33,14 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, cast
+from typing import Any, TypeGuard, cast
 
 import anyio
 import anyio.abc
 import anyio.to_thread
 from pydantic import BaseModel, TypeAdapter
 
-from eventbus.codec import F_RESOURCE, Envelope, event_type_of
+from eventbus.codec import F_DATA, FORMAT_MSGPACK, THREAD_DECODE_BYTES, Envelope, event_type_of
 from eventbus.consumer.acks import Acks
 from eventbus.consumer.context import Context, Handler, HandlerCall
 from eventbus.consumer.delivery import NOT_STARTED, Fence, NotStarted
@@ -54,6 +54,7 @@ from eventbus.metrics import METRICS
 log = logging.getLogger("eventbus.consumer")
 
 _ONE_QUEUE = b""  # the resource part of a shard's one queue key
+_PLAIN = bytes([FORMAT_MSGPACK])
 
 
 class BatchHandlerCall(HandlerCall):
@@ -211,25 +212,26 @@ class BatchRunner:
         """The longest run of `items` from `start` that can be handled as a batch, decoded and
         validated (the whole run at once when it holds one model)."""
         envs: list[tuple[Item, Envelope, type[BaseModel]]] = []
+        envelope, is_parked = self.handling._envelope, self.handling.failures.is_parked
+        models = self.sub.models
         for item in items[start:]:
             fields = item.fields
-            if is_control(fields) or _large(fields):
-                break
-            rid = fields.get(F_RESOURCE)
-            if rid is not None and self.handling.failures.is_parked(rid.decode("utf-8", "replace")):
+            data = fields.get(F_DATA, b"")
+            if is_control(fields) or (
+                (len(data) >= THREAD_DECODE_BYTES or data[:1] != _PLAIN) and _large(fields)
+            ):
                 break
             try:
-                env = self.handling._envelope(fields)
+                env = envelope(fields)  # (an rid that is not UTF-8 fails here)
             except DecodeError:
                 break
-            model = self.sub.models.get(env.event_type)
-            if model is None:
+            model = models.get(env.event_type)
+            if model is None or is_parked(env.resource_id):
                 break
             envs.append((item, env, model))
         if not envs:
             return []
-        models = {m for _, _, m in envs}
-        if len(models) == 1:
+        if len({m for _, _, m in envs}) == 1:
             try:
                 events = self._adapters[envs[0][2]].validate_python([e.payload for _, e, _ in envs])
                 return [
@@ -360,5 +362,5 @@ def batch_queues(
     return BatchQueues(acks.started, call.max_batch), runner.run
 
 
-def is_batch(call: HandlerCall) -> bool:
+def is_batch(call: HandlerCall) -> TypeGuard[BatchHandlerCall]:
     return isinstance(call, BatchHandlerCall)

@@ -126,6 +126,7 @@ class Consumer:
             self.queues, self._work = batch_queues(
                 self.handling, self, self._process, self.acks, self._stopped
             )
+            self.reader.count = max(self.reader.count, sub.call.max_batch)  # full batches
         self._joined = anyio.Event()  # set by the first lock round: then heartbeats start
         self._handled_reported = 0
         self._m_handled = METRICS.handled.labels(self.topic.name, self.group)
