@@ -285,18 +285,6 @@ def unpack_body(body: bytes, *, max_containers: int) -> Any:
     """Unpack a MessagePack body under the structural budget (module docstring). Raises
     `DecodeError` when it is corrupt or holds more containers than allowed."""
     budget = min(max(MIN_CONTAINERS, len(body) // CONTAINER_BYTES), max(1, max_containers))
-    left = budget
-
-    def count(obj: Any) -> Any:
-        nonlocal left
-        left -= 1
-        if left < 0:
-            raise _OverBudget
-        return obj
-
-    def ext(code: int, data: bytes) -> Any:
-        return count(msgpack.ExtType(code, data))
-
     # every element takes at least one byte (a pair two), so no header may claim more
     longest = len(body)
     if budget >= longest:  # a container takes a byte: this body cannot exceed the budget
@@ -313,6 +301,18 @@ def unpack_body(body: bytes, *, max_containers: int) -> Any:
             )
         except Exception as exc:  # msgpack raises several unrelated exception types
             raise DecodeError(f"corrupt envelope: {type(exc).__name__}: {exc}") from None
+    left = budget
+
+    def count(obj: Any) -> Any:
+        nonlocal left
+        left -= 1
+        if left < 0:
+            raise _OverBudget
+        return obj
+
+    def ext(code: int, data: bytes) -> Any:
+        return count(msgpack.ExtType(code, data))
+
     try:
         return msgpack.unpackb(
             body,

@@ -331,6 +331,7 @@ class BatchRunner:
                 delivery_count=e.item.delivery_count,
             )
             for e in entries
+            if self.call.takes_context  # none built for a handler of events alone
         ]
         events = [e.event for e in entries]
         if not self.fence.holds(entries[0].item):  # no await between this check and the call

@@ -189,6 +189,21 @@ class BatchCases:
         assert log.calls == [[(a, 0), (a, 1)], [(a, 2), (a, 3)]]
         assert [d.reason for d in await dl.letters()] == ["undecodable"]
 
+    async def test_a_sync_handler_of_events_alone(self, backend: Backend) -> None:
+        r = backend.redis
+        bus = backend.bus(shards=2)
+        seen: list[list[int]] = []
+
+        @bus.subscriber(TOPIC, group=GROUP, batch=True)
+        def handle(events: list[Tick]) -> None:  # runs in a worker thread
+            seen.append([e.seq for e in events])
+
+        await publish(bus, "a", range(5))
+        async with running(bus):
+            await wait_until(lambda: sum(map(len, seen)) == 5)
+            await wait_until(lambda: drained(bus, r))
+        assert seen == [[0, 1, 2, 3, 4]]
+
     async def test_batch_handler_signature_and_options_are_checked(
         self, backend: Backend
     ) -> None:
