@@ -14,10 +14,8 @@ Concurrent calls for one resource therefore land as Kafka's producer lands them 
 On a Redis Cluster (and fakeredis) redis-py's pipeline routes commands per node; there one
 pipeline is in flight at a time, which keeps the same order.
 
-A pipeline is packed with hiredis's C packer: redis-py's asyncio client packs commands in pure
-Python, which measured 3.5x slower here (42k vs 148k XADD/s). With ``publish_replicas = N`` every
-pipeline ends with ``WAIT N timeout`` (https://redis.io/docs/latest/commands/wait/); when fewer
-than N replicas confirm, every publish of that pipeline raises `PublishError`.
+How a batch is packed, sent and answered (hiredis's packer, redis-py's pipeline, WAIT) is
+`eventbus.wire`.
 """
 
 from __future__ import annotations
@@ -31,26 +29,21 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, cast
+from typing import Any
 
 import anyio
 import anyio.abc
-import hiredis
 from redis.asyncio import Redis
 from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from eventbus import retry
-from eventbus.cluster_wait import wait_targets
 from eventbus.config import Settings
 from eventbus.errors import PublishError
-from eventbus.metrics import METRICS, observe_publish
+from eventbus.metrics import METRICS
+from eventbus.wire import TRANSIENT, Wire
 
 log = logging.getLogger("eventbus.publisher")
 
-_TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError, TimeoutError)
 _FAST_CONNECTIONS = (Connection, SSLConnection, UnixDomainSocketConnection)
 
 
@@ -95,6 +88,7 @@ class Sender:
         )
         self._depth = settings.publish_pipelines if self._packed else 1
         self._backoff = retry.backoff(0.05, 2.0)
+        self._wire = Wire(redis, settings)
 
     # -- the queue ------------------------------------------------------------------------------
     def reserve(self, timeout_s: float | None = None) -> Slot:
@@ -199,7 +193,7 @@ class Sender:
                         # socket timeout (redis-py would enter a timeout context per reply)
                         socket_timeout, conn.socket_timeout = conn.socket_timeout, None
                     await self._session(conn, inflight)
-                except _TRANSIENT as exc:
+                except TRANSIENT as exc:
                     if conn is not None:
                         await conn.disconnect()  # replies may be half read: never reuse it
                     self._put_back(inflight, exc)
@@ -226,7 +220,7 @@ class Sender:
                                 max(0.0, inflight[-1][0].deadline - time.monotonic())
                             ):
                                 while inflight:
-                                    await self._read(conn, inflight[0])
+                                    await self._wire.read(conn, inflight[0])
                                     inflight.popleft()
                         except Exception:
                             await conn.disconnect()
@@ -244,7 +238,7 @@ class Sender:
             while True:
                 batch = await self._next_batch(inflight)
                 with anyio.fail_after(max(0.0, batch[0].deadline - time.monotonic())):
-                    await self._pipeline(batch)
+                    await self._wire.pipeline(batch)
                 inflight.popleft()
         errors: list[Exception] = []
         self._written = 0  # batches of `inflight` written and not read yet
@@ -275,7 +269,7 @@ class Sender:
         while True:
             batch = await self._next_batch(inflight)
             with anyio.fail_after(max(0.0, batch[0].deadline - time.monotonic())):
-                await conn.send_packed_command(self._pack(batch))  # (re)connects if needed
+                await conn.send_packed_command(self._wire.pack(batch))  # (re)connects if needed
             self._written += 1
             self._sent.set()
 
@@ -287,7 +281,7 @@ class Sender:
                 self._sent = anyio.Event()
                 await self._sent.wait()
             with anyio.fail_after(max(0.0, inflight[0][0].deadline - time.monotonic())):
-                await self._read(conn, inflight[0])
+                await self._wire.read(conn, inflight[0])
             inflight.popleft()
             self._written -= 1
             self._wake.set()  # room for the writer
@@ -306,11 +300,11 @@ class Sender:
             try:
                 with anyio.fail_after(max(0.0, pending[0].deadline - time.monotonic())):
                     if self._packed:
-                        await self._send_packed_once(pending)
+                        await self._wire.send_packed_once(pending)
                     else:
-                        await self._pipeline(pending)
+                        await self._wire.pipeline(pending)
                 return
-            except _TRANSIENT as exc:
+            except TRANSIENT as exc:
                 failures += 1
                 delay = self._backoff.compute(failures)
                 if time.monotonic() + delay >= pending[0].deadline:
@@ -327,94 +321,3 @@ class Sender:
                 for slot in pending:
                     slot.settle(err)
                 return
-
-    # -- the wire -------------------------------------------------------------------------------
-    def _pack(self, batch: list[Slot]) -> bytes:
-        # hiredis's stub types the argument as a 1-tuple; any tuple of str/bytes/int is packed
-        pack = cast("Callable[[tuple[Any, ...]], bytes]", hiredis.pack_command)
-        payload = b"".join(
-            [
-                pack(
-                    (
-                        b"XADD",
-                        s.stream,
-                        b"MAXLEN",
-                        b"~",
-                        s.maxlen,
-                        b"*",
-                        *[x for kv in (s.fields or {}).items() for x in kv],
-                    )
-                )
-                for s in batch
-            ]
-        )
-        replicas = self._settings.publish_replicas
-        if replicas:
-            payload += pack((b"WAIT", replicas, self._settings.publish_replicas_timeout_ms))
-        return payload
-
-    async def _read(self, conn: Any, batch: list[Slot]) -> None:
-        """Read the replies of `batch` (sent on `conn`) and settle its slots."""
-        results: list[Any] = []
-        refused = 0
-        for _ in batch:
-            try:
-                results.append(await conn.read_response())
-            except ResponseError as exc:  # this XADD failed; the rest of the replies follow
-                results.append(exc)
-                refused += 1
-        short = None
-        if self._settings.publish_replicas:
-            try:
-                short = self._replicas_short(await conn.read_response())
-            except ResponseError as exc:  # e.g. WAIT sent to a replica after a failover
-                short = PublishError(f"WAIT failed: {exc}; the events are on the primary")
-        for slot, result in zip(batch, results, strict=True):
-            slot.settle(short or result)
-        observe_publish(batch, len(batch) if short else refused, self._settings.publish_timeout_s)
-
-    async def _send_packed_once(self, batch: list[Slot]) -> None:
-        pool = self._redis.connection_pool
-        conn = await pool.get_connection()
-        try:
-            await conn.send_packed_command(self._pack(batch))
-            await self._read(conn, batch)
-        except BaseException:
-            await conn.disconnect()
-            raise
-        finally:
-            await pool.release(conn)
-
-    async def _pipeline(self, batch: list[Slot]) -> None:
-        pipe = self._redis.pipeline(transaction=False)
-        for s in batch:
-            pipe.xadd(s.stream, s.fields, maxlen=s.maxlen, approximate=True)
-        replicas = self._settings.publish_replicas
-        waits = wait_targets(self._redis, [s.stream for s in batch]) if replicas else []
-        timeout_ms = self._settings.publish_replicas_timeout_ms
-        for target in waits:  # on a Cluster, one per node that took XADDs (cluster_wait)
-            pipe.execute_command("WAIT", replicas, timeout_ms, **target)
-        results = await pipe.execute(raise_on_error=False)
-        short = None
-        for confirmed in [results.pop() for _ in waits]:
-            short = short or (
-                PublishError(f"WAIT failed: {confirmed}; the events are on the primary")
-                if isinstance(confirmed, Exception)
-                else self._replicas_short(confirmed)
-            )
-        for slot, result in zip(batch, results, strict=True):
-            if isinstance(result, _TRANSIENT):
-                raise result
-            slot.settle(short or result)
-        failed = len(batch) if short else sum(isinstance(r, Exception) for r in results)
-        observe_publish(batch, failed, self._settings.publish_timeout_s)
-
-    def _replicas_short(self, confirmed: Any) -> PublishError | None:
-        """The error for a WAIT reply of `confirmed` replicas, or None if enough confirmed."""
-        want = self._settings.publish_replicas
-        if isinstance(confirmed, int) and confirmed >= want:
-            return None
-        return PublishError(
-            f"only {confirmed} of {want} replicas confirmed within "
-            f"{self._settings.publish_replicas_timeout_ms} ms (WAIT); the event is on the primary"
-        )
