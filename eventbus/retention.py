@@ -63,3 +63,15 @@ async def trim_to_acked(
         point = min(point, checkpoint.next())
     await redis.xtrim(stream, minid=str(point), approximate=not exact)
     return point
+
+
+async def trim_held_to_acked(
+    redis: Any, checkpoints_key: str, streams: dict[int, str], *, exact: bool = False
+) -> None:
+    """`trim_to_acked` for the shard `streams` (shard -> stream key) a consumer holds, each
+    bounded by its offloader checkpoint in `checkpoints_key` when the topic has one."""
+    checkpoints = await redis.hgetall(checkpoints_key)
+    for shard, stream in streams.items():
+        raw = checkpoints.get(str(shard).encode())
+        checkpoint = parse_id(raw) if raw else None
+        await trim_to_acked(redis, stream, checkpoint=checkpoint, exact=exact)

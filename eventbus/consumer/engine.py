@@ -46,9 +46,8 @@ from eventbus.consumer.trims import TrimWatch
 from eventbus.keys import Keys
 from eventbus.locks import LockClient, new_member_id
 from eventbus.metrics import METRICS, ShardMetrics
-from eventbus.retention import trim_to_acked
+from eventbus.retention import trim_held_to_acked
 from eventbus.scripts import Scripts
-from eventbus.tier.ids import parse_id
 from eventbus.topics import TopicRegistry
 
 log = logging.getLogger("eventbus.consumer")
@@ -81,14 +80,13 @@ class Consumer:
         redis_retry = retry.forever(settings.retry_base_s, settings.retry_max_s)
         self.backoff = retry.backoff(settings.retry_base_s, settings.retry_max_s)
         n = self.topic.shards
-        self.locks = LockClient(
+        self.locks = LockClient.for_settings(
             redis,
-            keys,
+            settings,
             self.topic.name,
             self.group,
             self.consumer_id,
             shards=n,
-            liveness_ttl_s=settings.liveness_ttl_s,
             scripts=scripts,
         )
         self.lease = Lease(settings.lease_s)
@@ -361,18 +359,10 @@ class Consumer:
         if ahead and self.catch_up is not None:
             await self._catch_up([s for s in ahead if s in self.table.held])
         if self.topic.retention == "acked":
-            await self._trim_acked(due)
-
-    async def _trim_acked(self, shards: list[HeldShard]) -> None:
-        """Retention "acked": trim `shards` to what every group of the topic acked (and the
-        offloader archived, when the topic has a checkpoint): `eventbus.retention`."""
-        checkpoints = await self.redis.hgetall(self.keys.checkpoints(self.topic.name))
-        for h in shards:
-            raw = checkpoints.get(str(h.shard).encode())
-            await trim_to_acked(
+            await trim_held_to_acked(
                 self.redis,
-                h.stream,
-                checkpoint=parse_id(raw) if raw else None,
+                self.keys.checkpoints(self.topic.name),
+                {h.shard: h.stream for h in due},
                 exact=self.settings.retention_trim_exact,
             )
 
