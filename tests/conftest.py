@@ -29,7 +29,8 @@ import redis
 import redis.asyncio
 
 from eventbus.config import Settings
-from eventbus.testing.server import RedisCluster, RedisServer
+from eventbus.testing.cluster import ReplicatedCluster
+from eventbus.testing.server import RedisServer
 
 BOTH_TOPOLOGIES = {
     "test_publish",
@@ -123,7 +124,7 @@ def redis_db(topology: str, request: pytest.FixtureRequest) -> str:
     """The session's Redis URL, its database flushed for this test (on the cluster: the
     session's cluster, every primary flushed)."""
     if topology == "cluster":
-        cluster: RedisCluster = request.getfixturevalue("redis_cluster")
+        cluster: ReplicatedCluster = request.getfixturevalue("redis_cluster")
         for node in cluster.nodes:
             with redis.Redis(port=node.port) as client:
                 client.flushall()
@@ -169,9 +170,10 @@ def settings(redis_db: str, topology: str) -> Callable[..., Settings]:
 
 
 @pytest.fixture(scope="session")
-def redis_cluster() -> Iterator[RedisCluster]:
-    """A 3-primary Redis Cluster on loopback (about 2 s to start), shared by the session."""
-    with RedisCluster(3) as cluster:
+def redis_cluster() -> Iterator[ReplicatedCluster]:
+    """A 3-primary Redis Cluster on loopback (about 2 s to start), shared by the session (ports
+    chosen with their cluster-bus port free: `eventbus.testing.cluster`)."""
+    with ReplicatedCluster(3, 0) as cluster:
         yield cluster
 
 

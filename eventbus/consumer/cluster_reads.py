@@ -40,6 +40,8 @@ import hiredis
 from redis._parsers import helpers
 from redis.backoff import NoBackoff
 from redis.exceptions import AskError, MovedError, ResponseError, TryAgainError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeout
 from redis.retry import Retry
 
 log = logging.getLogger("eventbus.consumer")
@@ -103,6 +105,7 @@ class BlockingReads:
                 self._control.pop(name, None)
                 await ctl.conn.disconnect()
                 errors.append(exc)
+                await self._lost(exc)
                 return
             for k, i in enumerate(indexes):
                 read = got[k * self._per_read : (k + 1) * self._per_read]
@@ -165,6 +168,7 @@ class BlockingReads:
                 return
             except Exception as exc:
                 errors.append(exc)
+                await self._lost(exc)
                 got = None
             else:
                 if not got:
@@ -246,6 +250,13 @@ class BlockingReads:
         log.info("blocking read of %s redirected (%s)", stream, exc)
         await self._drop(stream)
         if isinstance(exc, MovedError):
+            with contextlib.suppress(Exception):
+                await self.redis.nodes_manager.initialize()
+
+    async def _lost(self, exc: Exception) -> None:
+        """A node did not answer: reload the slot map (its replica may serve the slots now);
+        the caller's round fails and the consumer retries after its backoff."""
+        if isinstance(exc, (ConnectionError, TimeoutError, RedisConnectionError, RedisTimeout)):
             with contextlib.suppress(Exception):
                 await self.redis.nodes_manager.initialize()
 

@@ -18,6 +18,20 @@ from eventbus.errors import EventBusError
 from eventbus.testing.server import RedisServer, free_port, redis_binary
 
 
+def cluster_port() -> int:
+    """A loopback port free a moment ago whose cluster-bus port (port + 10000) is free too."""
+    import socket
+
+    while True:
+        port = free_port(below=55536)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+
+
 def _client(port: int) -> Any:
     import redis
 
@@ -33,6 +47,7 @@ class ReplicatedCluster:
 
     def __init__(self, primaries: int = 3, replicas: int = 1, node_timeout_ms: int = 1000) -> None:
         self.primaries_wanted = primaries
+        self._url = ""
         self.replicas = replicas
         extra = [
             "--cluster-enabled", "yes",
@@ -41,15 +56,15 @@ class ReplicatedCluster:
             "--repl-diskless-sync", "yes",
             "--repl-diskless-sync-delay", "0",
         ]  # fmt: skip
-        # the cluster bus listens on port + 10000, so ports must stay below 55536
         self.nodes = [
-            RedisServer(free_port(below=55536), extra=list(extra))
+            RedisServer(cluster_port(), extra=list(extra))
             for _ in range(primaries * (1 + replicas))
         ]
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.primary_ports()[0]}/0"
+        """URL of a primary as of the start (any node serves as a Cluster client's seed)."""
+        return self._url
 
     def node(self, port: int) -> RedisServer:
         return next(n for n in self.nodes if n.port == port)
@@ -105,6 +120,7 @@ class ReplicatedCluster:
                 check=True, capture_output=True, timeout=60,
             )  # fmt: skip
             self.wait_ok()
+            self._url = f"redis://127.0.0.1:{self.primary_ports()[0]}/0"
         except BaseException:
             self.__exit__()
             raise

@@ -13,7 +13,7 @@ from support import Recorder, Tick, running, wait_until
 
 from eventbus import Context, EventBus, Settings, ShardCountMismatch, shard_of
 from eventbus.app import connect
-from eventbus.testing.server import RedisCluster
+from eventbus.testing.cluster import ReplicatedCluster
 
 pytestmark = pytest.mark.anyio
 
@@ -21,7 +21,7 @@ TOPIC, GROUP, SHARDS = "flights", "ordered", 6
 
 
 @pytest.fixture
-async def cluster_settings(redis_cluster: RedisCluster) -> AsyncIterator[Settings]:
+async def cluster_settings(redis_cluster: ReplicatedCluster) -> AsyncIterator[Settings]:
     client = ClusterClient.from_url(redis_cluster.url)
     await client.flushall()
     await client.aclose()
