@@ -225,24 +225,31 @@ class BlockingReads:
 
     async def _unblock(self, done: str) -> None:
         """``CLIENT UNBLOCK ... TIMEOUT`` every read still blocked, other than `done`'s, one
-        pipeline per node."""
+        pipeline per node, written to every node before any reply is read."""
         by_node: dict[str, list[int]] = {}
         for stream, c in self._reads.items():
             if stream != done and c.blocked and c.client_id is not None:
                 by_node.setdefault(c.node, []).append(c.client_id)
+        sent: list[tuple[_Conn, int]] = []
         for node, ids in by_node.items():
-            ctl = None
+            ctl = self._control_conn(node)
             try:
-                ctl = self._control_conn(node)
                 payload = b"".join(_pack((b"CLIENT", b"UNBLOCK", i, b"TIMEOUT")) for i in ids)
                 await ctl.conn.send_packed_command(payload)
-                for _ in ids:
-                    await _reply(ctl.conn)
+                sent.append((ctl, len(ids)))
             except Exception as exc:  # the blocked reads then end at their timeout
-                log.debug("CLIENT UNBLOCK on %s failed: %s", node, exc)
-                if ctl is not None:
-                    await ctl.conn.disconnect()
-                self._control.pop(node, None)
+                await self._control_failed(ctl, exc)
+        for ctl, n in sent:
+            try:
+                for _ in range(n):
+                    await _reply(ctl.conn)
+            except Exception as exc:
+                await self._control_failed(ctl, exc)
+
+    async def _control_failed(self, ctl: _Conn, exc: Exception) -> None:
+        log.debug("CLIENT UNBLOCK on %s failed: %s", ctl.node, exc)
+        await ctl.conn.disconnect()
+        self._control.pop(ctl.node, None)
 
     async def _redirected(self, stream: str, exc: ResponseError) -> None:
         """The stream's slot moved (or is moving): forget its connection; on ``MOVED`` let
