@@ -37,7 +37,6 @@ from typing import Any, cast
 
 import anyio
 import hiredis
-from redis._parsers import helpers
 from redis.backoff import NoBackoff
 from redis.exceptions import AskError, MovedError, ResponseError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -46,8 +45,6 @@ from redis.retry import Retry
 
 log = logging.getLogger("eventbus.consumer")
 
-parse_xread = cast("Callable[..., Any]", helpers.parse_xread)
-parse_xpending = cast("Callable[..., Any]", helpers.parse_xpending)
 _pack = cast("Callable[[tuple[Any, ...]], bytes]", hiredis.pack_command)
 _REDIRECT = (AskError, TryAgainError)  # MovedError is an AskError
 
@@ -300,3 +297,32 @@ async def _reply(conn: Any) -> Any:
         return await conn.read_response()
     except ResponseError as exc:
         return exc
+
+
+def parse_xread(reply: Any) -> list[tuple[bytes, Any]]:
+    """A raw ``XREADGROUP`` reply as redis-py's client returns it: ``[(stream, [(id, fields),
+    ...]), ...]`` (fields None for an entry deleted while pending). Parsed here, not by redis-py's
+    private helpers, whose shape changes between versions; RESP2 (array) or RESP3 (map)."""
+    if not reply:
+        return []
+    pairs = reply.items() if isinstance(reply, dict) else reply
+    return [(stream, [(row[0], _fields(row[1])) for row in rows or []]) for stream, rows in pairs]
+
+
+def _fields(flat: Any) -> dict[bytes, bytes] | None:
+    if flat is None:
+        return None
+    if isinstance(flat, dict):
+        return dict(flat)
+    return dict(zip(flat[::2], flat[1::2], strict=True))
+
+
+def parse_xpending(reply: Any) -> dict[str, Any]:
+    """A raw ``XPENDING <stream> <group>`` summary: pending, min, max, consumers (name,
+    pending) as redis-py's client returns it."""
+    return {
+        "pending": reply[0],
+        "min": reply[1],
+        "max": reply[2],
+        "consumers": [{"name": n, "pending": int(p)} for n, p in reply[3] or []],
+    }
