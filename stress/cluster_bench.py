@@ -29,7 +29,8 @@ from typing import Any
 
 import redis
 
-from eventbus.testing.server import RedisCluster, RedisServer
+from eventbus.testing.cluster import ReplicatedCluster
+from eventbus.testing.server import RedisServer
 
 Latency = Callable[[str, int, float, Path], Awaitable[dict[str, Any]]]
 
@@ -81,7 +82,7 @@ async def cluster_vs_single(args: argparse.Namespace, latency: Latency) -> dict[
     res: dict[str, Any] = {"rate": args.rate, "seconds": args.seconds, "events": events}
     tmp = Path(args.json).parent
     for name in ("single", "cluster"):
-        topo: Any = RedisCluster(3) if name == "cluster" else RedisServer()
+        topo: Any = ReplicatedCluster(3, 0) if name == "cluster" else RedisServer()
         print(f"{name}: latency at {args.rate} events/s for {args.seconds} s ...", flush=True)
         os.environ["EVENTBUS_CLUSTER"] = "true" if name == "cluster" else "false"
         try:
