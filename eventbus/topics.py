@@ -66,11 +66,6 @@ class TopicRegistry:
             await self._redis.hset(self._keys.retention(), topic.name, topic.retention)
         self._checked.add(topic.name)
 
-    async def acked_retention(self) -> set[str]:
-        """The topics some publisher or consumer declared with ``retention="acked"``."""
-        raw = await self._redis.hgetall(self._keys.retention())
-        return {k.decode() for k, v in raw.items() if v == b"acked"}
-
     async def stored(self) -> dict[str, int]:
         """Every registered topic with its shard count."""
         raw = await self._redis.hgetall(self._keys.topics())

@@ -1,5 +1,5 @@
-"""``python -m examples.flights --limit 5000`` end to end: the real command in a subprocess, with its
-own private redis-server (no REDIS_URL), its consumer processes, and its JSON summary."""
+"""``python -m examples.flights --limit 5000`` end to end: the real command in a subprocess, with
+its own private redis-server (no REDIS_URL), its consumer processes, and its JSON summary."""
 
 from __future__ import annotations
 
