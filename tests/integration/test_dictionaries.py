@@ -18,7 +18,8 @@ from eventbus.cli.topic import sample_bodies
 from eventbus.codec import F_DATA, F_RESOURCE, F_TYPE, decode_entry
 from eventbus.dictionaries import CACHE, Dictionaries, dictionary_id, varint
 from eventbus.dlq import DeadLetters
-from eventbus.tier.dictionaries import archive_dictionaries, read_from
+from eventbus.tier.dictionaries import archive_dictionaries
+from eventbus.tier.replay import plan
 
 pytestmark = pytest.mark.anyio
 TOPIC = "orders"
@@ -137,7 +138,7 @@ async def test_tier_copies_dictionaries_and_archive_readers_load_them(
     assert compressed
     with pytest.raises(Exception, match=f"dictionary {dict_id}"):
         decode_entry(compressed[0])
-    read_from(store, TOPIC)  # what replay's plan and the Spark reader do
+    plan(store, TOPIC)  # replay's first step registers the store (the Spark reader does too)
     assert all(decode_entry(f).payload["seq"] >= 300 for f in compressed)
     await bus.aclose()
 
