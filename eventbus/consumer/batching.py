@@ -24,81 +24,37 @@ plain ``def`` runs in a worker thread). docs/semantics.md states the guarantees;
 
 from __future__ import annotations
 
-import inspect
 import logging
 import time
-import types
 import typing
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from functools import partial
-from typing import Any, TypeGuard, cast
+from typing import Any, cast
 
 import anyio
 import anyio.abc
 import anyio.to_thread
 from pydantic import BaseModel, TypeAdapter
 
-from eventbus.codec import F_DATA, FORMAT_MSGPACK, THREAD_DECODE_BYTES, Envelope, event_type_of
+from eventbus.codec import F_DATA, FORMAT_MSGPACK, THREAD_DECODE_BYTES, Envelope
 from eventbus.consumer.acks import Acks
-from eventbus.consumer.context import Context, Handler, HandlerCall
+from eventbus.consumer.batch_call import BatchHandlerCall as BatchHandlerCall  # re-exported
+from eventbus.consumer.batch_call import batch_handler_models as batch_handler_models
+from eventbus.consumer.batch_call import is_batch as is_batch
+from eventbus.consumer.context import Context
 from eventbus.consumer.delivery import NOT_STARTED, Fence, NotStarted
 from eventbus.consumer.handling import Handling, _large
 from eventbus.consumer.queues import Process, ResourceQueues
 from eventbus.consumer.shards import HeldShard, Item
 from eventbus.dlq import is_control
-from eventbus.errors import ConfigError, DecodeError, HandlerTimeout
+from eventbus.errors import DecodeError, HandlerTimeout
 from eventbus.metrics import METRICS
 
 log = logging.getLogger("eventbus.consumer")
 
 _ONE_QUEUE = b""  # the resource part of a shard's one queue key
 _PLAIN = bytes([FORMAT_MSGPACK])
-
-
-class BatchHandlerCall(HandlerCall):
-    """A batch handler: `call_batch(events, ctxs)`; called with one event (catch-up, replays,
-    the last step of a split) it gets lists of one."""
-
-    __slots__ = ("max_batch",)
-
-    def __init__(self, func: Handler, *, takes_context: bool, max_batch: int) -> None:
-        super().__init__(func, takes_context=takes_context)
-        self.max_batch = max_batch
-
-    async def call_batch(self, events: list[Any], ctxs: list[Context]) -> None:
-        args = (events, ctxs) if self.takes_context else (events,)
-        if self.is_async:
-            await cast("Awaitable[None]", self.func(*args))
-        else:
-            await anyio.to_thread.run_sync(partial(self.func, *args), abandon_on_cancel=True)
-
-    async def __call__(self, event: Any, ctx: Context) -> None:
-        await self.call_batch([event], [ctx])
-
-
-def batch_handler_models(handler: Callable[..., Any]) -> tuple[dict[str, type[BaseModel]], bool]:
-    """Event models of a batch handler ``(events: list[Model], ctxs: list[Context])`` by event
-    type, and whether it takes the contexts. Raises `ConfigError` for another shape."""
-    params = list(inspect.signature(handler).parameters.values())
-    if not params or len(params) > 2:
-        raise ConfigError(f"batch handler {handler!r} must take (events) or (events, ctxs)")
-    try:
-        ann = typing.get_type_hints(handler).get(params[0].name)
-    except NameError as exc:
-        raise ConfigError(f"batch handler {handler!r}: cannot resolve its annotations") from exc
-    if typing.get_origin(ann) is not list:
-        raise ConfigError(f"batch handler {handler!r}: annotate events as list[Model], not {ann}")
-    (inner,) = typing.get_args(ann)
-    is_union = typing.get_origin(inner) in (typing.Union, types.UnionType)
-    models = typing.get_args(inner) if is_union else (inner,)
-    if not all(isinstance(m, type) and issubclass(m, BaseModel) for m in models):
-        raise ConfigError(f"batch handler {handler!r}: list[...] must hold pydantic models")
-    by_type = {event_type_of(m): m for m in models}
-    if len(by_type) != len(models):
-        raise ConfigError(f"batch handler {handler!r}: two models share an event type")
-    return by_type, len(params) == 2
 
 
 class BatchQueues(ResourceQueues):
@@ -361,7 +317,3 @@ def batch_queues(
     call = cast(BatchHandlerCall, handling.sub.call)
     runner = BatchRunner(handling, fence, process, acks, stopped)
     return BatchQueues(acks.started, call.max_batch), runner.run
-
-
-def is_batch(call: HandlerCall) -> TypeGuard[BatchHandlerCall]:
-    return isinstance(call, BatchHandlerCall)
