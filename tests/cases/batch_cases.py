@@ -171,9 +171,7 @@ class BatchCases:
         ]
         assert list(await dl.parked()) == [a]
 
-    async def test_undecodable_entry_breaks_the_batch_in_its_place(
-        self, backend: Backend
-    ) -> None:
+    async def test_undecodable_entry_breaks_the_batch_in_its_place(self, backend: Backend) -> None:
         r = backend.redis
         (a,) = same_shard(1)
         log = BatchLog()
@@ -204,9 +202,7 @@ class BatchCases:
             await wait_until(lambda: drained(bus, r))
         assert seen == [[0, 1, 2, 3, 4]]
 
-    async def test_batch_handler_signature_and_options_are_checked(
-        self, backend: Backend
-    ) -> None:
+    async def test_batch_handler_signature_and_options_are_checked(self, backend: Backend) -> None:
         bus = backend.bus()
         with pytest.raises(ConfigError, match=r"list\[Model\]"):
 
