@@ -1,0 +1,55 @@
+"""Entries compressed with a topic's zstd dictionary, through the durable tier: the offloader
+copies the dictionary beside the segments, and a replay in a process that never saw it (cache
+emptied, Redis flushed) decodes every entry from the archive alone."""
+
+from __future__ import annotations
+
+import pytest
+from tier_support import Tick, fast_tier, make_bus, publish_ticks
+
+from eventbus import codec
+from eventbus.cli.topic import sample_bodies
+from eventbus.dictionaries import CACHE, Dictionaries, dictionary_id
+from eventbus.tier.layout import dictionary_key
+from eventbus.tier.offloader import offload_until_caught_up
+from eventbus.tier.replay import iter_events
+from eventbus.tier.store import get_bytes_sync, open_store
+
+pytestmark = [pytest.mark.anyio, pytest.mark.integration]
+
+
+def forget_dictionaries() -> None:
+    CACHE._dicts.clear()
+    CACHE._missing.clear()
+    codec._COMPRESSORS.clear()
+    codec._DECOMPRESSORS.clear()
+
+
+async def test_offloaded_dictionary_entries_replay_without_redis(redis_db: str, tmp_path) -> None:
+    forget_dictionaries()
+    bus = make_bus(redis_db, shards=2)
+    store = open_store(str(tmp_path))
+    async with bus:
+        await publish_ticks(bus, "ticks", 400)
+        dicts = Dictionaries(bus.redis, bus.keys)
+        dict_id = await dicts.train(
+            "ticks", await sample_bodies(bus, dicts, "ticks", 400, bus.settings), 2048
+        )
+        bus.publisher.dictionaries._current.clear()
+        for i in range(400, 500):
+            await bus.publish(
+                "ticks", Tick(resource=f"res-{i % 13}", seq=i), resource_id=f"res-{i % 13}"
+            )
+        streams = [bus.keys.stream("ticks", s) for s in range(2)]
+        stored = [f for st in streams for _, f in await bus.redis.xrange(st)]
+        assert sum(dictionary_id(f[b"data"]) == dict_id for f in stored) == 100
+        forget_dictionaries()  # the offloader loads it from Redis
+        await offload_until_caught_up(
+            bus.redis, store, settings=bus.settings, tier=fast_tier(), timeout_s=30
+        )
+        assert get_bytes_sync(store, dictionary_key("ticks", dict_id))
+        await bus.redis.flushdb()  # Redis forgets everything: the archive must be enough
+    await bus.aclose()
+    forget_dictionaries()
+    seqs = sorted(e.event.seq for e in iter_events(store, "ticks", [Tick]))
+    assert seqs == list(range(500))
