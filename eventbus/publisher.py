@@ -281,15 +281,21 @@ class Publisher:
         events: Iterable[tuple[str, BaseModel]],
         headers: dict[str, str] | None = None,
     ) -> list[str]:
-        prepared = [self.prepare(topic, ev, rid, headers) for rid, ev in events]
+        pairs = list(events)
+        used = self.dictionaries.cached_current(topic.name)
+        prepared = [self.prepare(topic, ev, rid, headers) for rid, ev in pairs]
         slots = [self.sender.reserve() for _ in prepared]  # no await before: call order
         try:
             with self._deadline(topic):
                 await self._check_topic(topic)
+                if self.dictionaries.due(topic.name):
+                    await self.dictionaries.current(topic.name)
+            if self.dictionaries.cached_current(topic.name) != used:  # encode with the new one
+                prepared = [self.prepare(topic, ev, rid, headers) for rid, ev in pairs]
             for slot, (stream, fields) in zip(slots, prepared, strict=True):
                 self.sender.ready(slot, stream, fields, topic.maxlen)
             if not self.sender.running:
-                await self.sender.flush()
+                await self.sender.send_now(slots)
             if slots:
                 await asyncio.wait([s.future for s in slots])
         finally:
