@@ -295,7 +295,7 @@ class Publisher:
             for slot, (stream, fields) in zip(slots, prepared, strict=True):
                 self.sender.ready(slot, stream, fields, topic.maxlen)
             if not self.sender.running:
-                await self.sender.flush()
+                await self.sender.send_now(slots)
             if slots:
                 await asyncio.wait([s.future for s in slots])
         finally:

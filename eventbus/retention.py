@@ -66,12 +66,22 @@ async def trim_to_acked(
 
 
 async def trim_held_to_acked(
-    redis: Any, checkpoints_key: str, streams: dict[int, str], *, exact: bool = False
+    redis: Any,
+    checkpoints_key: str,
+    streams: dict[int, str],
+    *,
+    archived: bool = False,
+    exact: bool = False,
 ) -> None:
     """`trim_to_acked` for the shard `streams` (shard -> stream key) a consumer holds, each
-    bounded by its offloader checkpoint in `checkpoints_key` when the topic has one."""
+    bounded by its offloader checkpoint in `checkpoints_key`. A topic the durable tier archives
+    (`archived`, or any checkpoint recorded) keeps every entry of a shard with no checkpoint
+    yet: the offloader has archived nothing of it."""
     checkpoints = await redis.hgetall(checkpoints_key)
+    archived = archived or bool(checkpoints)
     for shard, stream in streams.items():
         raw = checkpoints.get(str(shard).encode())
+        if raw is None and archived:
+            continue
         checkpoint = parse_id(raw) if raw else None
         await trim_to_acked(redis, stream, checkpoint=checkpoint, exact=exact)

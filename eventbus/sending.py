@@ -98,7 +98,8 @@ class Sender:
         slot = Slot(asyncio.get_running_loop().create_future())
         if timeout_s is not None:
             slot.deadline = time.monotonic() + timeout_s
-        self._queue.append(slot)
+        if self.running:  # without a flusher each call is sent on its own (`submit`)
+            self._queue.append(slot)
         return slot
 
     def ready(self, slot: Slot, stream: str, fields: dict[bytes, bytes], maxlen: int) -> None:
@@ -116,10 +117,18 @@ class Sender:
         """Wait for a ready slot's entry ID. Without a running flusher the slot is sent at once,
         on its own (then concurrent calls are not ordered among themselves)."""
         if not self.running:
+            await self.send_now([slot])
+        return await slot.future
+
+    async def send_now(self, slots: list[Slot]) -> None:
+        """Send ready `slots` now, in order, in batches of `publish_batch_max` (no flusher
+        running: bus not entered, or stopping)."""
+        for slot in slots:
             with contextlib.suppress(ValueError):
                 self._queue.remove(slot)
-            await self._send_alone([slot])
-        return await slot.future
+        step = self._settings.publish_batch_max
+        for i in range(0, len(slots), step):
+            await self._send_alone(slots[i : i + step])
 
     def _take(self) -> list[Slot]:
         """The ready prefix of the queue, up to `publish_batch_max` slots; cancelled callers'
@@ -175,9 +184,11 @@ class Sender:
                 await self.flush()
 
     async def flush(self) -> None:
-        """Send every ready slot now, one pipeline at a time (no flusher running)."""
-        while batch := self._take():
-            await self._send_alone(batch)
+        """Send every ready slot now, in order, one pipeline at a time (the flusher stopped).
+        A slot still being prepared does not hold back the ones behind it: its caller sends it
+        on its own once ready (`submit`)."""
+        ready = [s for s in self._queue if s.stream is not None and not s.future.done()]
+        await self.send_now(ready)
 
     async def _loop(self, inflight: deque[list[Slot]]) -> None:
         """Send the queue, retrying failed sessions: what was on the wire goes back to the front

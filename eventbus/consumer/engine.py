@@ -363,6 +363,7 @@ class Consumer:
                 self.redis,
                 self.keys.checkpoints(self.topic.name),
                 {h.shard: h.stream for h in due},
+                archived=self.catch_up is not None,  # the bus has an archive
                 exact=self.settings.retention_trim_exact,
             )
 

@@ -155,7 +155,10 @@ class Handling:
         must go on refreshing the lease meanwhile. Raises `DecodeError` like `decode`."""
         data = fields.get(F_DATA)
         if data and data[0] == FORMAT_MSGPACK_ZSTD_DICT:  # its dictionary, from Redis once
-            await self.dictionaries.ensure(self.sub.topic.name, data)
+            topic = self.sub.topic.name  # a connection error is retried, not a dead letter
+            await retrying.call(
+                self.retry, "dictionary load", lambda: self.dictionaries.ensure(topic, data)
+            )
         if not _large(fields):
             return self.decode(fields)
         return await anyio.to_thread.run_sync(_without_gc, self.decode, fields)

@@ -173,9 +173,7 @@ class Reader:
             c["name"] for c in summary.get("consumers") or [] if c["name"] != me and c["pending"]
         ]
         for name in others:
-            rows = await self.redis.xpending_range(
-                h.stream, self.group, "-", "+", _STRAYS_PAGE, consumername=name
-            )
+            rows = await self._pending_of(h.stream, name)
             if not rows:
                 continue
             ids = [row["message_id"] for row in rows]
@@ -193,6 +191,20 @@ class Reader:
             read = reads.setdefault(stream, Read(stream, []))
             read.entries = sorted([*read.entries, *claimed], key=lambda e: id_key(e[0]))
             read.counts.update((row["message_id"], int(row["times_delivered"]) + 1) for row in rows)
+
+    async def _pending_of(self, stream: str, consumer: bytes) -> list[Any]:
+        """Every entry of `stream` pending for `consumer`, page by page (all of them must be
+        merged before this read's entries are dispatched)."""
+        rows: list[Any] = []
+        start: bytes | str = "-"
+        while True:
+            page = await self.redis.xpending_range(
+                stream, self.group, start, "+", _STRAYS_PAGE, consumername=consumer
+            )
+            rows += page
+            if len(page) < _STRAYS_PAGE:
+                return rows
+            start = b"(" + page[-1]["message_id"]
 
     async def _counts(self, stream: str, entries: Entries) -> dict[bytes, int]:
         """Delivery counts of claimed `entries` (first to last) from the PEL."""

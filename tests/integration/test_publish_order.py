@@ -92,3 +92,21 @@ async def test_call_order_holds_across_retries_after_connection_errors(
     assert sum(map(len, seqs.values())) == calls
     assert _out_of_order(seqs) == 0
     assert killed > 0  # the fault really happened
+
+
+async def test_without_a_running_bus_concurrent_publish_and_publish_many_do_not_wait_on_each_other(
+    settings: Callable[..., Settings], r: redis.asyncio.Redis
+) -> None:
+    """Outside a running bus each call is sent on its own: a publish_many is not held back by a
+    publish() still checking the topic (a review found it waiting for ever)."""
+    bus = EventBus(settings(shards=2))
+    try:
+        with anyio.fail_after(20):
+            ids = await asyncio.gather(
+                bus.publish("solo", Tick(resource="a", seq=0), resource_id="a"),
+                bus.publish_many("solo", [("b", Tick(resource="b", seq=i)) for i in range(5)]),
+            )
+    finally:
+        await bus.aclose()
+    assert isinstance(ids[0], str) and len(ids[1]) == 5
+    assert sum([await r.xlen(bus.keys.stream("solo", s)) for s in range(2)]) == 6
