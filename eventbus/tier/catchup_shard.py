@@ -213,11 +213,25 @@ class ShardCatchUp:
                 await self.confirm()
                 await redis.xack(self.stream, group, *map(str, missing))
         n_segment = len(entries)
+        deleted = []  # pending but deleted (XDEL) after the stream's head: nothing to handle
         for i in ids:
             if i >= head:
                 rows = await redis.xrange(self.stream, str(i), str(i), count=1)
                 if rows:
                     entries.append(_entry(self.o.topic, self.shard, i, rows[0][1]))
+                else:
+                    deleted.append(i)
+        if deleted:  # acked, so that they do not stay pending (and hold acked retention) for ever
+            log.error(
+                "catch-up %s/%s shard %d: %d pending entries were deleted from the stream: %s",
+                self.o.topic,
+                group,
+                self.shard,
+                len(deleted),
+                [str(m) for m in deleted[:5]],
+            )
+            await self.confirm()
+            await redis.xack(self.stream, group, *map(str, deleted))
         for entry in entries:
             await self.handle(entry, self)
             await self.confirm()
