@@ -84,18 +84,22 @@ _TYPE_NAMES: dict[type[BaseModel], str] = {}
 
 @dataclass(slots=True)
 class Envelope:
-    """A decoded entry. `payload` is the plain MessagePack value (a dict for pydantic events)."""
+    """A decoded entry. `event_id_bytes` is the event ID's 16 bytes (`event_id` the same as a
+    UUID, as `Context.event_id` and `ArchivedEntry.event_id`); `published_at_ms` the publisher's
+    wall clock when the event was made (Unix ms); `payload` the plain MessagePack value (a dict
+    for pydantic events)."""
 
     resource_id: str
     event_type: str
-    event_id: bytes
-    time_ms: int
+    event_id_bytes: bytes
+    published_at_ms: int
     headers: dict[str, str] = field(default_factory=dict)
     payload: Any = None
 
     @property
-    def event_uuid(self) -> uuid.UUID:
-        return uuid.UUID(bytes=self.event_id)
+    def event_id(self) -> uuid.UUID:
+        """The event ID (UUID v4, set by the publisher): the key for idempotent handling."""
+        return uuid.UUID(bytes=self.event_id_bytes)
 
 
 def new_event_id() -> bytes:
@@ -118,8 +122,8 @@ def encode_entry(
     body = msgpack.packb(
         {
             "v": ENVELOPE_VERSION,
-            "id": envelope.event_id,
-            "ts": envelope.time_ms,
+            "id": envelope.event_id_bytes,
+            "ts": envelope.published_at_ms,
             "h": envelope.headers,
             "p": envelope.payload,
         },
@@ -182,8 +186,8 @@ def envelope_of(
     return Envelope(
         resource_id=resource_id,
         event_type=event_type_of(type(event)),
-        event_id=new_event_id(),
-        time_ms=time.time_ns() // 1_000_000,
+        event_id_bytes=new_event_id(),
+        published_at_ms=time.time_ns() // 1_000_000,
         headers=dict(headers) if headers else {},
         payload=event.model_dump(mode="json"),
     )

@@ -24,6 +24,7 @@ the field names and common values live in the dictionary, not in every entry.
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -146,7 +147,12 @@ class Dictionaries:
         topic's new current version, and return its ID. Raises `ConfigError` when zstd cannot
         train from the samples (too few, or too alike)."""
         bodies: list[Any] = list(samples)
-        dict_id = int(await self.redis.incr(self.keys.dictionary_seq()))
+        # IDs start at a random point of [2**15, 2**20) per deployment: zstd reserves 1..32767,
+        # and the process-wide cache is keyed by ID, so another deployment (or this one after a
+        # FLUSHALL) must not reuse an ID it may hold for another dictionary. 3 bytes per entry.
+        seq = self.keys.dictionary_seq()
+        await self.redis.set(seq, random.randrange(1 << 15, 1 << 20), nx=True)
+        dict_id = int(await self.redis.incr(seq))
         try:
             trained = zstandard.train_dictionary(size, bodies, dict_id=dict_id, level=3)
         except zstandard.ZstdError as exc:

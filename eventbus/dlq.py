@@ -175,8 +175,8 @@ def control_entry(
     env = Envelope(
         resource_id=resource_id,
         event_type=kind,
-        event_id=new_event_id(),
-        time_ms=time.time_ns() // 1_000_000,
+        event_id_bytes=new_event_id(),
+        published_at_ms=time.time_ns() // 1_000_000,
         payload=payload,
     )
     return encode_entry(env, compress_threshold=1 << 30)

@@ -97,8 +97,8 @@ def dlq_show(topic: str, group: str, dlq_id: str, redis_url: RedisUrl = None) ->
     try:
         env = decode_entry(d.original())
         out["event"] = {
-            "event_id": str(env.event_uuid),
-            "time_ms": env.time_ms,
+            "event_id": str(env.event_id),
+            "published_at_ms": env.published_at_ms,
             "headers": env.headers,
             "payload": env.payload,
         }

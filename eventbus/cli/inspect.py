@@ -141,8 +141,8 @@ async def _tail(settings: Settings, topic: str, count: int) -> None:
                     out |= {
                         "resource_id": env.resource_id,
                         "type": env.event_type,
-                        "event_id": str(env.event_uuid),
-                        "time_ms": env.time_ms,
+                        "event_id": str(env.event_id),
+                        "published_at_ms": env.published_at_ms,
                         "headers": env.headers,
                         "payload": env.payload,
                     }

@@ -277,9 +277,9 @@ class BatchRunner:
                 shard=e.item.shard,
                 entry_id=e.item.entry_id.decode(),
                 resource_id=e.env.resource_id,
-                event_id_bytes=e.env.event_id,
+                event_id_bytes=e.env.event_id_bytes,
                 event_type=e.env.event_type,
-                published_at_ms=e.env.time_ms,
+                published_at_ms=e.env.published_at_ms,
                 headers=e.env.headers,
                 attempt=attempt,
                 fencing_token=e.item.token,
@@ -305,7 +305,7 @@ class BatchRunner:
             self._m_timeouts.inc()
             return HandlerTimeout(sub.name, timeout, abandoned=not self.call.is_async)
         self.handling.handled += len(entries)
-        self._m_latency.observe(max(0.0, time.time() - entries[-1].env.time_ms / 1000))
+        self._m_latency.observe(max(0.0, time.time() - entries[-1].env.published_at_ms / 1000))
         return None
 
 

@@ -108,7 +108,7 @@ class Handling:
                 self._skip(exc.event_type)
                 return Outcome.ACK
             return await self.failures.dead_letter(d, exc, reason="undecodable", fence=fence)
-        if self.dedup_s and await self._seen(env.event_id):
+        if self.dedup_s and await self._seen(env.event_id_bytes):
             self.duplicates_skipped += 1
             return Outcome.ACK
         d.attempt += 1
@@ -118,7 +118,7 @@ class Handling:
             return 0.0
         if error is None:
             if self.dedup_s:
-                await self._mark_seen(env.event_id)
+                await self._mark_seen(env.event_id_bytes)
             return Outcome.ACK
         policy = self.sub.retry
         if d.attempt < policy.max_attempts:
@@ -223,9 +223,9 @@ class Handling:
             shard=d.shard,
             entry_id=entry_id.decode(),
             resource_id=env.resource_id,
-            event_id_bytes=env.event_id,
+            event_id_bytes=env.event_id_bytes,
             event_type=env.event_type,
-            published_at_ms=env.time_ms,
+            published_at_ms=env.published_at_ms,
             headers=env.headers,
             attempt=attempt,
             fencing_token=d.token,
@@ -265,7 +265,7 @@ class Handling:
             self._m_timeouts.inc()
             return HandlerTimeout(self.sub.name, timeout, abandoned=not self.sub.call.is_async)
         self.handled += 1
-        self._m_latency.observe(max(0.0, time.time() - env.time_ms / 1000))
+        self._m_latency.observe(max(0.0, time.time() - env.published_at_ms / 1000))
         return None
 
     # -- de-duplication (optional) ----------------------------------------------------------------

@@ -119,8 +119,8 @@ def entries_batch(
             cols["event_id"].append(None)
             cols["headers"].append(None)
         else:
-            h = env.event_id.hex()
-            cols["event_time_ms"].append(env.time_ms)
+            h = env.event_id_bytes.hex()
+            cols["event_time_ms"].append(env.published_at_ms)
             cols["event_id"].append(f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}")
             cols["headers"].append(list(env.headers.items()))
     n = len(entries)

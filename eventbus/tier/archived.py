@@ -7,6 +7,7 @@ Every segment read is verified (`decode_segment`): a corrupt or truncated one ra
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -27,8 +28,9 @@ class ArchivedEntry:
     """One archived stream entry. `segment` is the key of the object it came from.
 
     Times are Unix milliseconds: `entry_id.ms` is Redis's clock when the entry was added,
-    `event_time_ms` the publisher's. Envelope-derived fields are None when the entry's envelope
-    did not decode when it was archived.
+    `published_at_ms` the publisher's (the segment column ``event_time_ms``). `event_id` is the
+    event's UUID, as `Context.event_id`. Envelope-derived fields are None when the entry's
+    envelope did not decode when it was archived.
     """
 
     topic: str
@@ -36,8 +38,8 @@ class ArchivedEntry:
     entry_id: EntryId
     resource_id: str | None
     event_type: str | None
-    event_time_ms: int | None
-    event_id: str | None
+    published_at_ms: int | None
+    event_id: uuid.UUID | None
     headers: dict[str, str] | None
     data: bytes
     segment: str
@@ -147,7 +149,7 @@ def read_segment_counted(
                 rid,
                 etype,
                 etime,
-                eid,
+                None if eid is None else uuid.UUID(eid),
                 None if headers is None else dict(headers),
                 payload,
                 ref.key,

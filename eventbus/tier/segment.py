@@ -137,8 +137,8 @@ def encode_segment(
             header_offsets.append(len(header_keys))
             header_null.append(True)
         else:
-            cols["event_time_ms"].append(env.time_ms)
-            h = env.event_id.hex()
+            cols["event_time_ms"].append(env.published_at_ms)
+            h = env.event_id_bytes.hex()
             cols["event_id"].append(f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}")
             header_keys.extend(env.headers)
             header_values.extend(env.headers.values())

@@ -7,6 +7,7 @@ what the caller published.
 
 from __future__ import annotations
 
+import uuid
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -75,7 +76,7 @@ def verify_archive(
     report = ArchiveReport(topic)
     segments = plan(store, topic, None, list(shards) if shards is not None else None)
     seen: Counter[tuple[int, EntryId]] = Counter()  # entry IDs are unique per shard stream only
-    events: Counter[str] = Counter()
+    events: Counter[uuid.UUID] = Counter()
     for shard, refs in sorted(segments.items()):
         report.segments += len(refs)
         report.stored_bytes += sum(ref.size for ref in refs)

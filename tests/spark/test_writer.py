@@ -46,7 +46,7 @@ def test_rows_published_in_order_with_model(spark: Any, redis_db: str, topic: st
         per_resource.setdefault(env.resource_id, []).append(env.payload["seq"])
     for seqs in per_resource.values():
         assert seqs == sorted(seqs)  # row order kept for every resource
-    assert {env.payload["seq"]: env.event_id for _, _, env in entries} == {
+    assert {env.payload["seq"]: env.event_id_bytes for _, _, env in entries} == {
         i: derived_event_id(topic, i) for i in range(3000)
     }
 

@@ -41,8 +41,8 @@ def _envelope(payload: object, headers: dict[str, str] | None = None) -> Envelop
     return Envelope(
         resource_id="order-ü-1",
         event_type="OrderPlaced",
-        event_id=uuid.uuid4().bytes,
-        time_ms=1_700_000_000_123,
+        event_id_bytes=uuid.uuid4().bytes,
+        published_at_ms=1_700_000_000_123,
         headers=headers or {"traceparent": "00-abc-def-01"},
         payload=payload,
     )
@@ -99,8 +99,8 @@ def test_body_follows_the_documented_map() -> None:
 
     assert body == {
         "v": ENVELOPE_VERSION,
-        "id": env.event_id,
-        "ts": env.time_ms,
+        "id": env.event_id_bytes,
+        "ts": env.published_at_ms,
         "h": {"h": "v"},
         "p": {"a": [1, 2]},
     }
@@ -113,8 +113,8 @@ def test_envelope_of_model_carries_json_mode_payload_and_fresh_ids() -> None:
     assert a.event_type == "OrderPlaced"
     assert a.payload == {"order_id": "o1", "total_cents": 5, "note": ""}
     assert a.headers == {"k": "v"} and b.headers == {}
-    assert a.event_id != b.event_id and len(a.event_id) == 16
-    assert a.event_uuid.version == 4
+    assert a.event_id != b.event_id and len(a.event_id_bytes) == 16
+    assert a.event_id.version == 4
     decoded = decode_entry(encode_entry(a))
     assert OrderPlaced.model_validate(decoded.payload) == OrderPlaced(order_id="o1", total_cents=5)
 

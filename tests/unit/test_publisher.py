@@ -37,8 +37,8 @@ def envelope(**overrides: Any) -> Envelope:
     values: dict[str, Any] = {
         "resource_id": "o-1",
         "event_type": "OrderPlaced",
-        "event_id": new_event_id(),
-        "time_ms": 1,
+        "event_id_bytes": new_event_id(),
+        "published_at_ms": 1,
         "headers": {},
         "payload": {"order_id": "o-1"},
     }

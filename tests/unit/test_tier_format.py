@@ -94,7 +94,7 @@ def test_segment_round_trip_and_plain_pandas_read() -> None:
     assert df["resource_id"].iloc[3] == "r3" and df["event_type"].iloc[3] == "Tick"
     assert df["headers"].iloc[0] == [("trace", "t")]
     env = decode_entry({b"rid": b"r0", b"type": b"Tick", b"data": df["data"].iloc[0]})
-    assert env.payload == {"seq": 0} and df["event_id"].iloc[0] == str(env.event_uuid)
+    assert env.payload == {"seq": 0} and df["event_id"].iloc[0] == str(env.event_id)
     # an undecodable envelope is kept raw, with null envelope columns
     assert df["data"].iloc[-1] == b"\x09junk" and df["headers"].iloc[-1] is None
     assert pd.isna(df["event_time_ms"].iloc[-1])

@@ -22,8 +22,8 @@ def entry_json(entry: ArchivedEntry) -> dict[str, Any]:
         "entry_id": str(entry.entry_id),
         "resource_id": entry.resource_id,
         "event_type": entry.event_type,
-        "event_time_ms": entry.event_time_ms,
-        "event_id": entry.event_id,
+        "event_time_ms": entry.published_at_ms,
+        "event_id": None if entry.event_id is None else str(entry.event_id),
         "headers": entry.headers,
     }
     try:
@@ -69,8 +69,8 @@ def write_parquet(
                 "entry_seq": [e.entry_id.seq for e in rows],
                 "resource_id": [e.resource_id for e in rows],
                 "event_type": [e.event_type for e in rows],
-                "event_time_ms": [e.event_time_ms for e in rows],
-                "event_id": [e.event_id for e in rows],
+                "event_time_ms": [e.published_at_ms for e in rows],
+                "event_id": [None if e.event_id is None else str(e.event_id) for e in rows],
                 "headers": [None if e.headers is None else list(e.headers.items()) for e in rows],
                 "data": [e.data for e in rows],
             }

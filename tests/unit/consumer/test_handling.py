@@ -89,8 +89,8 @@ def entry(rid: str = "r1", event_type: str = "Tick", payload: Any = None, **kw: 
     return Envelope(
         resource_id=rid,
         event_type=event_type,
-        event_id=kw.get("event_id", new_event_id()),
-        time_ms=1_700_000_000_000,
+        event_id_bytes=kw.get("event_id", new_event_id()),
+        published_at_ms=1_700_000_000_000,
         headers=kw.get("headers", {}),
         payload={"resource": rid, "seq": 1} if payload is None else payload,
     )
@@ -113,7 +113,7 @@ async def test_a_handled_entry_is_acked_with_its_context(h: Harness) -> None:
     assert event == Tick(resource="r1", seq=1)
     assert (ctx.topic, ctx.group, ctx.shard, ctx.entry_id) == ("orders", "g", 1, "1-0")
     assert (ctx.resource_id, ctx.event_type, ctx.headers) == ("r1", "Tick", {"k": "v"})
-    assert (ctx.event_id_bytes, ctx.published_at_ms) == (env.event_id, env.time_ms)
+    assert (ctx.event_id_bytes, ctx.published_at_ms) == (env.event_id_bytes, env.published_at_ms)
     assert (ctx.attempt, ctx.fencing_token, ctx.consumer_id) == (1, 7, "c-1")
     assert (h.handling.handled, d.attempt) == (1, 1)
 
@@ -268,7 +268,7 @@ async def test_dedup_window_skips_an_event_id_already_handled(fake_redis: Any) -
     again = delivery(encode_entry(env), 2)  # the same event ID, published twice
     assert await h.handling.step(again, Fence()) is Outcome.ACK
     assert len(h.calls) == 1 and h.handling.duplicates_skipped == 1
-    ttl = await fake_redis.ttl(KEYS.dedup("orders", "g", env.event_id))
+    ttl = await fake_redis.ttl(KEYS.dedup("orders", "g", env.event_id_bytes))
     assert 0 < ttl <= 31  # the window, rounded up to whole seconds
 
 
