@@ -212,13 +212,13 @@ class BroadcastConsumer:
                 exc,
             )
             return
-        policy = self.sub.retry
         while True:
             d.attempt += 1
             error = await h.attempt(d, env, event, _Open(), entry_id=d.entry_id, attempt=d.attempt)
             if error is None or error is NOT_STARTED:
                 return
-            if d.attempt >= policy.max_attempts:
+            delay = h.retry_delay(d, env, error, "broadcast handler")
+            if delay is None:
                 self.dropped += 1
                 log.error(
                     "broadcast handler %s failed %d times on shard %d entry %s: %r; dropped",
@@ -230,17 +230,4 @@ class BroadcastConsumer:
                     exc_info=error,
                 )
                 return
-            delay = policy.delay_s(d.attempt)
-            log.warning(
-                "broadcast handler %s failed on shard %d entry %s (attempt %d/%d): %r; "
-                "retry in %.2f s",
-                h._name(env.event_type),
-                d.shard,
-                d.entry_id.decode(),
-                d.attempt,
-                policy.max_attempts,
-                error,
-                delay,
-                exc_info=error,
-            )
             await anyio.sleep(delay)

@@ -120,20 +120,8 @@ class Handling:
             if self.dedup_s:
                 await self._mark_seen(env.event_id_bytes)
             return Outcome.ACK
-        policy = self.sub.retry
-        if d.attempt < policy.max_attempts:
-            delay = policy.delay_s(d.attempt)
-            log.warning(
-                "handler %s failed on shard %d entry %s (attempt %d/%d): %r; retry in %.2f s",
-                self._name(env.event_type),
-                d.shard,
-                d.entry_id.decode(),
-                d.attempt,
-                policy.max_attempts,
-                error,
-                delay,
-                exc_info=error,
-            )
+        delay = self.retry_delay(d, env, error)
+        if delay is not None:
             return delay
         parking = self.sub.on_failure == "park"
         log.error(
@@ -149,6 +137,29 @@ class Handling:
         if parking:
             return await self.failures.dead_letter_and_park(d, error, env.resource_id, fence)
         return await self.failures.dead_letter(d, error, reason="failed", fence=fence)
+
+    def retry_delay(
+        self, d: Delivery, env: Envelope, error: Exception, what: str = "handler"
+    ) -> float | None:
+        """After failed attempt `d.attempt`: the delay (s) before the next one, logged at
+        WARNING with the traceback, or None when the subscription's attempts are spent."""
+        policy = self.sub.retry
+        if d.attempt >= policy.max_attempts:
+            return None
+        delay = policy.delay_s(d.attempt)
+        log.warning(
+            "%s %s failed on shard %d entry %s (attempt %d/%d): %r; retry in %.2f s",
+            what,
+            self._name(env.event_type),
+            d.shard,
+            d.entry_id.decode(),
+            d.attempt,
+            policy.max_attempts,
+            error,
+            delay,
+            exc_info=error,
+        )
+        return delay
 
     async def decoded(self, fields: dict[bytes, bytes]) -> tuple[Envelope, Any]:
         """`decode`, on the event loop for a small entry, in a worker thread for a large one
