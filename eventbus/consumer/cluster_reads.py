@@ -107,7 +107,9 @@ class BlockingReads:
             for k, i in enumerate(indexes):
                 read = got[k * self._per_read : (k + 1) * self._per_read]
                 bad = next((r for r in read if isinstance(r, Exception)), None)
-                if isinstance(bad, _REDIRECT):
+                if bad is not None and _delivered(read[0]):
+                    errors.append(_read_lost(streams[i], bad))
+                elif isinstance(bad, _REDIRECT):
                     await self._redirected(streams[i], bad)
                 elif bad is not None:
                     errors.append(bad)
@@ -120,7 +122,7 @@ class BlockingReads:
             for name, indexes in by_node.items():
                 tg.start_soon(node, name, indexes)
         if errors:
-            raise errors[0]
+            raise _failed(errors[0], replies)
         return replies, [] if self.noack else summaries
 
     @property
@@ -163,6 +165,12 @@ class BlockingReads:
             except _REDIRECT as exc:
                 await self._redirected(stream, exc)
                 return
+            except ResponseError as exc:
+                if not str(exc).startswith("UNBLOCKED"):
+                    raise
+                # the stream's key left this node while the read was blocked (a slot migrated)
+                await self._redirected(stream, exc)
+                return
             except Exception as exc:
                 errors.append(exc)
                 await self._lost(exc)
@@ -179,7 +187,7 @@ class BlockingReads:
             for i, stream in enumerate(streams):
                 tg.start_soon(one, i, stream)
         if errors:
-            raise errors[0]
+            raise _failed(errors[0], replies)
         if self.noack:
             return replies, []
         return replies, [s if s is not None else {"consumers": []} for s in summaries]
@@ -197,6 +205,8 @@ class BlockingReads:
             c.blocked = False
             await self._drop(stream)
             raise
+        if isinstance(second, Exception) and _delivered(first):
+            raise _read_lost(stream, second)
         for reply in (first, second):
             if isinstance(reply, Exception):
                 raise reply
@@ -297,6 +307,33 @@ async def _reply(conn: Any) -> Any:
         return await conn.read_response()
     except ResponseError as exc:
         return exc
+
+
+def _failed(error: BaseException, replies: list[tuple[bytes, Any]]) -> BaseException:
+    """The error a failed read round raises. When other streams' reads of the round delivered
+    entries, those are not dispatched: the round must fail like a lost reply (a connection
+    error), so the consumer claims its PELs again, in order, before reading on."""
+    if any(rows for _, rows in replies):
+        return RedisConnectionError(
+            f"a read failed ({type(error).__name__}: {error}) after others delivered entries: "
+            "their PELs are claimed again"
+        )
+    return error
+
+
+def _delivered(reply: Any) -> bool:
+    """Whether an XREADGROUP reply delivered entries (into this consumer's PEL)."""
+    return not isinstance(reply, Exception) and any(rows for _, rows in parse_xread(reply))
+
+
+def _read_lost(stream: str, exc: Exception) -> RedisConnectionError:
+    """The read of `stream` delivered entries but its XPENDING check failed (the slot moved in
+    between): the entries are not dispatched, so the round fails like a lost reply, and the
+    consumer forgets its shards and claims their PELs again, in order, before reading on (else
+    a later read would hand out the next entries while these wait in the PEL)."""
+    return RedisConnectionError(
+        f"{stream}: entries read, then {type(exc).__name__} ({exc}): its PEL is claimed again"
+    )
 
 
 def parse_xread(reply: Any) -> list[tuple[bytes, Any]]:
