@@ -17,15 +17,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from eventbus.codec import F_DATA, F_RESOURCE, F_TYPE, decode_entry
-from eventbus.errors import DecodeError
 from eventbus.keys import Keys
 from eventbus.spark.objects import Objects
 from eventbus.spark.planning import RangePart, checkpoints
 from eventbus.tier.errors import CorruptSegment
 from eventbus.tier.ids import EntryId, parse_id
 from eventbus.tier.layout import SegmentRef
-from eventbus.tier.segment import SCHEMA, read_info
+from eventbus.tier.segment import SCHEMA, entry_arrays, read_info
 
 XRANGE_COUNT = 5000
 BATCH_ROWS = 32768
@@ -90,45 +88,13 @@ def _check_order(table: pa.Table, first: EntryId, last: EntryId, key: str) -> No
         raise CorruptSegment(key, f"entries out of order or outside {first}..{last}")
 
 
-def _text(value: bytes | None) -> str | None:
-    if value is None:
-        return None
-    try:
-        return value.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-
-
 def entries_batch(
     topic: str, shard: int, entries: Sequence[tuple[EntryId, Mapping[bytes, bytes]]]
 ) -> pa.RecordBatch:
-    """Redis entries (ID, field map) as one segment-schema batch (as the offloader would store
-    them: envelope columns null when the envelope does not decode)."""
-    cols: dict[str, list[Any]] = {n: [] for n in SCHEMA.names}
-    for entry_id, fields in entries:
-        cols["entry_id"].append(str(entry_id))
-        cols["entry_ms"].append(entry_id.ms)
-        cols["entry_seq"].append(entry_id.seq)
-        cols["resource_id"].append(_text(fields.get(F_RESOURCE)))
-        cols["event_type"].append(_text(fields.get(F_TYPE)))
-        cols["data"].append(fields.get(F_DATA, b""))
-        try:
-            env = decode_entry(dict(fields))
-        except DecodeError:
-            cols["event_time_ms"].append(None)
-            cols["event_id"].append(None)
-            cols["headers"].append(None)
-        else:
-            h = env.event_id_bytes.hex()
-            cols["event_time_ms"].append(env.published_at_ms)
-            cols["event_id"].append(f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}")
-            cols["headers"].append(list(env.headers.items()))
-    n = len(entries)
-    cols["topic"] = [topic] * n
-    cols["shard"] = [shard] * n
-    arrays = [pa.array(cols[f.name], f.type if f.name != "topic" else pa.string()) for f in SCHEMA]
-    arrays[0] = arrays[0].dictionary_encode()
-    return pa.RecordBatch.from_arrays(arrays, schema=SCHEMA)
+    """Redis entries (ID, field map) as one segment-schema batch, built as the offloader builds
+    a segment (`eventbus.tier.segment.entry_arrays`)."""
+    rows = [(entry_id, dict(fields)) for entry_id, fields in entries]
+    return pa.RecordBatch.from_arrays(entry_arrays(topic, shard, rows), schema=SCHEMA)
 
 
 def id_mask(batch: pa.RecordBatch, after: EntryId | None, upto: EntryId | None) -> Any:

@@ -97,32 +97,16 @@ def _map_array(offsets: list[int], null: list[bool], keys: list[str], values: li
     )
 
 
-def encode_segment(
-    topic: str,
-    shard: int,
-    first: EntryId,
-    last: EntryId,
-    entries: Sequence[RawEntry],
-    *,
-    zstd_level: int = 3,
-) -> tuple[bytes, SegmentInfo]:
-    """Encode `entries` (in entry-ID order, all within `first`..`last`) as a segment file.
-
-    Returns the file's bytes and its `SegmentInfo`. CPU-bound: call it in a worker thread from
-    async code. Raises `ValueError` if the entries are out of order or outside the range.
-    """
+def entry_arrays(topic: str, shard: int, entries: Sequence[RawEntry]) -> list[Any]:
+    """`entries` (ID, field map) as the segment schema's columns, in `SCHEMA` order: envelope
+    columns null where the envelope does not decode. Used by the offloader (`encode_segment`)
+    and by readers of the Redis tail that must give the same rows (`eventbus.spark`)."""
     cols: dict[str, list[Any]] = {name: [] for name in COLUMNS}
-    raw_bytes = 0
-    prev: EntryId | None = None
     header_keys: list[str] = []
     header_values: list[str] = []
     header_offsets: list[int] = [0]
     header_null: list[bool] = []  # a null map: the envelope did not decode
     for entry_id, fields in entries:
-        if not first <= entry_id <= last or (prev is not None and entry_id <= prev):
-            raise ValueError(f"entry {entry_id} out of order or outside {first}..{last}")
-        prev = entry_id
-        raw_bytes += sum(map(len, fields)) + sum(map(len, fields.values()))
         cols["entry_id"].append(str(entry_id))
         cols["entry_ms"].append(entry_id.ms)
         cols["entry_seq"].append(entry_id.seq)
@@ -138,21 +122,45 @@ def encode_segment(
             header_null.append(True)
         else:
             cols["event_time_ms"].append(env.published_at_ms)
-            h = env.event_id_bytes.hex()
-            cols["event_id"].append(f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}")
+            cols["event_id"].append(str(env.event_id))
             header_keys.extend(env.headers)
             header_values.extend(env.headers.values())
             header_offsets.append(len(header_keys))
             header_null.append(False)
     n = len(entries)
-    info = SegmentInfo(topic, shard, first, last, n, raw_bytes)
-    arrays = [
+    return [
         pa.DictionaryArray.from_arrays(pa.array([0] * n, pa.int32()), pa.array([topic])),
         pa.array([shard] * n, pa.int32()),
         *(pa.array(cols[name], SCHEMA.field(name).type) for name in COLUMNS[2:9]),
         _map_array(header_offsets, header_null, header_keys, header_values),
         pa.array(cols["data"], pa.binary()),
     ]
+
+
+def encode_segment(
+    topic: str,
+    shard: int,
+    first: EntryId,
+    last: EntryId,
+    entries: Sequence[RawEntry],
+    *,
+    zstd_level: int = 3,
+) -> tuple[bytes, SegmentInfo]:
+    """Encode `entries` (in entry-ID order, all within `first`..`last`) as a segment file.
+
+    Returns the file's bytes and its `SegmentInfo`. CPU-bound: call it in a worker thread from
+    async code. Raises `ValueError` if the entries are out of order or outside the range.
+    """
+    prev: EntryId | None = None
+    raw_bytes = 0
+    for entry_id, fields in entries:
+        if not first <= entry_id <= last or (prev is not None and entry_id <= prev):
+            raise ValueError(f"entry {entry_id} out of order or outside {first}..{last}")
+        prev = entry_id
+        raw_bytes += sum(map(len, fields)) + sum(map(len, fields.values()))
+    n = len(entries)
+    info = SegmentInfo(topic, shard, first, last, n, raw_bytes)
+    arrays = entry_arrays(topic, shard, entries)
     metadata = {
         "eventbus.segment_version": FORMAT_VERSION,
         "eventbus.topic": topic,
