@@ -75,7 +75,7 @@ class RedisUnavailable(EventBusError):
     @classmethod
     def of(cls, settings: Settings, exc: BaseException) -> RedisUnavailable:
         """The error for `exc`, met talking to the Redis of `settings`."""
-        from eventbus.config import scrub
+        from eventbus.addresses import scrub
 
         url = settings.redacted_url
         if isinstance(exc, TimeoutError) or "Timeout" in type(exc).__name__:

@@ -22,7 +22,7 @@ from rich.logging import RichHandler
 from rich.markup import escape
 
 from eventbus import loops
-from eventbus.config import scrub
+from eventbus.addresses import scrub
 from eventbus.errors import EventBusError
 
 T = TypeVar("T")

@@ -7,7 +7,8 @@ import os
 import pytest
 from pydantic import ValidationError
 
-from eventbus.config import DECOMPRESSION_FACTOR, Settings, check_redis_url, redact_url, scrub
+from eventbus.addresses import check_redis_url, redact_url, scrub
+from eventbus.config import DECOMPRESSION_FACTOR, Settings
 
 
 @pytest.fixture(autouse=True)
