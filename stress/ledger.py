@@ -158,6 +158,12 @@ def read_run(workdir: Path) -> Ledgers:
     return led
 
 
+def replicas_short(error: str) -> bool:
+    """Whether a publish failed because WAIT found too few replicas (``publish_replicas``): the
+    event is stored on the primary, a replica was not in sync (a restart, a failover)."""
+    return "replicas confirmed within" in error or "WAIT failed" in error
+
+
 def percentile(sorted_values: list[float], q: float) -> float | None:
     if not sorted_values:
         return None
@@ -239,6 +245,9 @@ def check(
     out: dict[str, Any] = {
         "events": len(acked),
         "publish_failed": len(led.publish_failed),
+        "publish_failed_replicas_short": sum(
+            1 for *_, err in led.publish_failed if replicas_short(err)
+        ),
         "handled": len(first),
         "handler_runs": len(led.handlings),
         "lost": len(lost_keys),

@@ -1,6 +1,8 @@
 """Network faults of the chaos harness: every client process talks to Redis through its own
-`proxy.Link` (so a fault can target one consumer or one publisher), run by one `ProxyHub` in a
-daemon thread of the harness.
+links (`proxy.Link`s, one per Redis address of the deployment: the server; every data node and
+sentinel of a Sentinel deployment; every Cluster node; see links.py), so that a fault can target
+one consumer or one publisher; one `ProxyHub` in a daemon thread of the harness runs them all.
+A fault acts on all links of its client process at once.
 
 Fault kinds:
 
@@ -24,7 +26,9 @@ import time
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
-from proxy import Link, ProxyHub
+from ledger import replicas_short
+from links import ClientLinks
+from proxy import ProxyHub
 
 if TYPE_CHECKING:
     from chaos import Chaos, Plan
@@ -41,14 +45,17 @@ class NetFaults:
     def __init__(self, chaos: Chaos) -> None:
         self.chaos = chaos
         self.hub = ProxyHub()
-        self.links: dict[str, Link] = {}
+        self.links: dict[str, ClientLinks] = {}
         self._counts: dict[str, int] = defaultdict(int)
 
-    def url(self, name: str) -> str:
-        """A new proxy for the client process `name` (``con-<i>``, ``pub-<i>``): its Redis URL."""
-        link = self.hub.start(self.chaos.server.port, seed=self.chaos.plan.seed + len(self.links))
-        self.links[name] = link
-        return f"redis://127.0.0.1:{link.port}/0"
+    def settings(self, name: str) -> dict[str, Any]:
+        """New proxies for the client process `name` (``con-<i>``, ``pub-<i>``), one per Redis
+        address of the deployment (links.py): its connection settings."""
+        top = self.chaos.top
+        links = ClientLinks(self.hub, [n.port for n in top.nodes], top.sentinel_ports,
+                            top.cluster, seed=self.chaos.plan.seed + len(self.links))  # fmt: skip
+        self.links[name] = links
+        return top.client_settings(links)
 
     def close(self) -> None:
         self.hub.close()
@@ -149,7 +156,9 @@ def net_facts(led: Ledgers, faults: list[dict[str, Any]], plan: Plan) -> dict[st
     for f in faults:
         if "publisher" in f:
             f["publish_failed"] = 0
-    for _r, _s, at, _err in led.publish_failed:
+    for _r, _s, at, err in led.publish_failed:
+        if replicas_short(err):  # stored, a replica not in sync yet (Redis-side faults)
+            continue
         for lo, hi, long, f in windows:
             if lo <= at <= hi:
                 f["publish_failed"] += 1

@@ -15,6 +15,10 @@ COLORS = {
     "redis-restart": "tab:brown",
     "client-kill": "tab:orange",
     "client-pause": "tab:olive",
+    "net-delay": "tab:gray",
+    "partition": "tab:cyan",
+    "failover": "black",
+    "cluster-failover": "black",
 }
 
 
@@ -48,8 +52,10 @@ def plot(result: dict[str, Any], path: Path) -> None:
                 ax.axvspan(x, (f["end_ns"] - t0) / 1e9, color=color, alpha=0.12)
     top.legend(loc="upper right", fontsize=7, ncols=4)
     bottom.legend(loc="upper right", fontsize=7)
+    where = result.get("topology", {}).get("kind", "single")
     top.set_title(
-        f"{result['scenario']}: {result['events']:,} events, {len(result['faults'])} faults, "
+        f"{result['scenario']} ({where}): {result['events']:,} events, "
+        f"{len(result['faults'])} faults, "
         f"lost {result['lost']}, order violations {result['order_violations']}",
         fontsize=10,
     )

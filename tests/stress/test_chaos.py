@@ -40,10 +40,23 @@ def chaos(tmp_path: Path, scenario: str, *args: str, plot: bool = False) -> dict
     """Run one scenario; return its report. The exit code must agree with the report."""
     out, png = tmp_path / f"{scenario}.json", tmp_path / f"{scenario}.png"
     proc = subprocess.run(  # one publisher process: fewer interpreters to start on a small CI
-        [sys.executable, str(CHAOS), scenario, "--publishers", "1", *args, "--json", str(out),
-         *(["--plot", str(png)] if plot else ["--no-plot"]),
-         "--workdir", str(tmp_path / "ledgers")],
-        cwd=ROOT, capture_output=True, text=True, timeout=240,
+        [
+            sys.executable,
+            str(CHAOS),
+            scenario,
+            "--publishers",
+            "1",
+            *args,
+            "--json",
+            str(out),
+            *(["--plot", str(png)] if plot else ["--no-plot"]),
+            "--workdir",
+            str(tmp_path / "ledgers"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     assert out.exists(), f"no report:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     res: dict[str, Any] = json.loads(out.read_text())
@@ -164,8 +177,9 @@ def test_steady(tmp_path: Path) -> None:
 
 
 def test_kill_consumers(tmp_path: Path) -> None:
-    res = chaos(tmp_path, "kill", "--events", "8000", "--rate", "2000", "--faults", "2",
-                "--consumers", "3")
+    res = chaos(
+        tmp_path, "kill", "--events", "8000", "--rate", "2000", "--faults", "2", "--consumers", "3"
+    )
     assert_sound(res)
     for f in consumer_faults(res, "kill"):
         # the dead consumer's shards were taken over once its liveness expired, not never
@@ -175,8 +189,9 @@ def test_kill_consumers(tmp_path: Path) -> None:
 
 
 def test_pause_past_liveness_ttl(tmp_path: Path) -> None:
-    res = chaos(tmp_path, "pause", "--events", "8000", "--rate", "2000", "--faults", "1",
-                "--consumers", "3")
+    res = chaos(
+        tmp_path, "pause", "--events", "8000", "--rate", "2000", "--faults", "1", "--consumers", "3"
+    )
     assert_sound(res)
     (f,) = consumer_faults(res, "pause")
     assert f["end_ns"] - f["t_ns"] > TTL * 1e9  # stopped past its TTL, then woken
@@ -185,8 +200,9 @@ def test_pause_past_liveness_ttl(tmp_path: Path) -> None:
 
 
 def test_sigterm_hands_over_without_waiting_for_the_ttl(tmp_path: Path) -> None:
-    res = chaos(tmp_path, "term", "--events", "8000", "--rate", "2000", "--faults", "2",
-                "--consumers", "3")
+    res = chaos(
+        tmp_path, "term", "--events", "8000", "--rate", "2000", "--faults", "2", "--consumers", "3"
+    )
     assert_sound(res)
     faults = consumer_faults(res, "term")
     assert all(f.get("end_ns") for f in faults), "a consumer did not exit after SIGTERM"
@@ -197,16 +213,17 @@ def test_sigterm_hands_over_without_waiting_for_the_ttl(tmp_path: Path) -> None:
 
 
 def test_redis_restart_with_aof(tmp_path: Path) -> None:
-    res = chaos(tmp_path, "redis-restart", "--events", "8000", "--rate", "2000",
-                "--faults", "2")
+    res = chaos(tmp_path, "redis-restart", "--events", "8000", "--rate", "2000", "--faults", "2")
     assert_sound(res)
     faults = consumer_faults(res, "redis-restart")
     assert {f["detail"] for f in faults} == {"SIGTERM", "SIGKILL"}
     last = max(f["end_ns"] for f in faults)
     assert res["plan"]["aof"]
     # consumers came back after the last restart: events were handled after it
-    assert any(t > (last - res["t0_ns"]) / 1e9 and n > 0 for t, n in
-               zip(res["timeline"]["t_s"], res["timeline"]["handled_per_s"], strict=True))
+    assert any(
+        t > (last - res["t0_ns"]) / 1e9 and n > 0
+        for t, n in zip(res["timeline"]["t_s"], res["timeline"]["handled_per_s"], strict=True)
+    )
 
 
 def test_client_kill(tmp_path: Path) -> None:
@@ -217,8 +234,7 @@ def test_client_kill(tmp_path: Path) -> None:
 
 
 def test_client_pause(tmp_path: Path) -> None:
-    res = chaos(tmp_path, "client-pause", "--events", "8000", "--rate", "2000",
-                "--faults", "2")
+    res = chaos(tmp_path, "client-pause", "--events", "8000", "--rate", "2000", "--faults", "2")
     assert_sound(res)
     faults = consumer_faults(res, "client-pause")
     # one pause shorter and one longer than the liveness TTL
@@ -226,8 +242,18 @@ def test_client_pause(tmp_path: Path) -> None:
 
 
 def test_net_delay(tmp_path: Path) -> None:
-    res = chaos(tmp_path, "net-delay", "--events", "8000", "--rate", "2000", "--faults", "2",
-                "--consumers", "3")
+    res = chaos(
+        tmp_path,
+        "net-delay",
+        "--events",
+        "8000",
+        "--rate",
+        "2000",
+        "--faults",
+        "2",
+        "--consumers",
+        "3",
+    )
     assert_sound(res)
     assert res["stale_token_starts"] == 0, res["stale_token_examples"]
     spiked, plain = consumer_faults(res, "net-delay")
@@ -238,8 +264,18 @@ def test_net_delay(tmp_path: Path) -> None:
 
 
 def test_partition(tmp_path: Path) -> None:
-    res = chaos(tmp_path, "partition", "--events", "8000", "--rate", "2000", "--faults", "3",
-                "--consumers", "3")
+    res = chaos(
+        tmp_path,
+        "partition",
+        "--events",
+        "8000",
+        "--rate",
+        "2000",
+        "--faults",
+        "3",
+        "--consumers",
+        "3",
+    )
     assert_sound(res)
     assert res["stale_token_starts"] == 0, res["stale_token_examples"]
     consumer, long, short = consumer_faults(res, "partition")
@@ -271,11 +307,42 @@ def test_slow_handler_with_backpressure(tmp_path: Path) -> None:
     assert res["max_backlog"] > 0.2 * res["events"]
 
 
-def test_all_faults_mixed(tmp_path: Path) -> None:
-    res = chaos(tmp_path, "all", "--events", "10000", "--rate", "2000", "--faults", "7",
-                "--poison", "2", "--ttl", "2", plot=True)
+def assert_failovers(res: dict[str, Any], count: int) -> list[dict[str, Any]]:
+    """`count` planned failovers, each promoting another node, and no unplanned one."""
+    faults = [f for f in res["faults"] if f["kind"] in ("failover", "cluster-failover")]
+    assert len(faults) == count, res["faults"]
+    for f in faults:
+        assert f.get("error") is None, f
+        assert f["new_primary"] != f["old_primary"] and f["promoted_s"] > 0, f
+    assert len(res["promotions_logged"]) == count, res["promotions_logged"]
+    return faults
+
+
+def test_failover_of_the_sentinel_primary(tmp_path: Path) -> None:
+    """The primary SIGKILLed twice under load on a Sentinel deployment, publishes waiting for a
+    replica (``publish_replicas=1``): nothing acknowledged is lost, order holds, no handler
+    starts with a superseded token; the killed node comes back as a replica each time."""
+    res = chaos(tmp_path, "failover", "--events", "8000", "--rate", "2000", "--faults", "2")
     assert_sound(res)
-    assert len(res["faults"]) >= 7
+    assert res["topology"]["kind"] == "sentinel" and res["plan"]["publish_replicas"] == 1
+    assert res["stale_token_starts"] == 0, res["stale_token_examples"]
+    first, second = assert_failovers(res, 2)
+    assert second["old_primary"] == first["new_primary"]  # the promoted one was killed next
+    assert all(f["rejoined_s"] >= f["promoted_s"] for f in (first, second))
+
+
+def test_all_faults_mixed(tmp_path: Path) -> None:
+    """One fault of every kind of `stress all`, failover included (so on a Sentinel deployment,
+    the Redis-side faults on its current primary, publishes waiting for a replica)."""
+    res = chaos(
+        tmp_path, "all", "--events", "10000", "--rate", "2000", "--faults", "8", "--poison", "2",
+        "--ttl", "2", plot=True,
+    )  # fmt: skip
+    assert_sound(res)
+    assert len(res["faults"]) >= 8
     assert {f["kind"] for f in res["faults"]} == set(res["plan"]["kinds"])  # one of each kind
-    assert {"net-delay", "partition"} <= set(res["plan"]["kinds"])
+    assert {"net-delay", "partition", "failover"} <= set(res["plan"]["kinds"])
+    assert res["topology"]["kind"] == "sentinel" and res["plan"]["publish_replicas"] == 1
+    assert res["stale_token_starts"] == 0, res["stale_token_examples"]
+    assert_failovers(res, 1)
     assert res["dead_lettered"] == 2
