@@ -25,6 +25,7 @@ from eventbus.consumer.routing import ON_UNKNOWN, OnUnknown, Raw, Routes
 from eventbus.errors import ConfigError, ReservedEventType
 from eventbus.keys import Keys, check_name
 from eventbus.lifecycle import Hook, Lifecycle
+from eventbus.member import AsyncRedis
 from eventbus.registration import add_handler, broadcast_group
 from eventbus.retention import Retention
 from eventbus.running import make_consumers, run_consumers
@@ -50,7 +51,7 @@ class EventBus(Lifecycle):
         self,
         settings: Settings | None = None,
         *,
-        redis: Any | None = None,
+        redis: AsyncRedis | None = None,
         archive: Any | None = None,
     ) -> None:
         """`archive`: the durable tier's segment store (`eventbus.tier.open_store(url)`). With

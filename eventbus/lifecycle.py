@@ -27,6 +27,7 @@ from eventbus.config import Settings
 from eventbus.connection import connect
 from eventbus.errors import EventBusError, RedisUnavailable
 from eventbus.keys import Keys
+from eventbus.member import AsyncRedis
 from eventbus.publisher import Publisher
 from eventbus.session import Session
 from eventbus.topics import TopicRegistry
@@ -39,7 +40,7 @@ class Lifecycle:
 
     settings: Settings
     keys: Keys
-    _given_redis: Any | None
+    _given_redis: AsyncRedis | None
     _session: Session | None
     _on_startup: list[Hook]
     _on_shutdown: list[Hook]
@@ -63,7 +64,7 @@ class Lifecycle:
             self._session = None  # abandoned, not closed: its connections are not ours to use
         return self._open_session(self._given_redis, owned=self._given_redis is None)
 
-    def _open_session(self, redis: Any | None, *, owned: bool) -> Session:
+    def _open_session(self, redis: AsyncRedis | None, *, owned: bool) -> Session:
         client = connect(self.settings) if redis is None else redis
         self._session = Session(client, owned, TopicRegistry(client, self.keys))
         return self._session

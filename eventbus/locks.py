@@ -19,10 +19,8 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any
 
-from eventbus.config import Settings
-from eventbus.keys import Keys
+from eventbus.member import Member
 from eventbus.scripts import Scripts
 
 
@@ -72,50 +70,21 @@ class LockRound:
 
 
 class LockClient:
-    """Lock protocol client for member `member_id` of (`topic`, `group`).
+    """Lock protocol client for `member` (its topic, group and member ID; the liveness TTL of its
+    settings: how long, in seconds, after a refresh the member counts as live).
 
-    :param redis: a `redis.asyncio.Redis` or `RedisCluster` client (the scripts' keys share one
-        hashtag, so they run on one node of a Cluster)
     :param shards: the topic's shard count (for the fair share)
-    :param liveness_ttl_s: how long (seconds) after a refresh the member counts as live
+    :param scripts: the registered scripts to share (default: registered on `member.redis`); on
+        a Cluster the scripts' keys share one hashtag, so they run on one node
     """
 
-    def __init__(
-        self,
-        redis: Any,
-        keys: Keys,
-        topic: str,
-        group: str,
-        member_id: str,
-        *,
-        shards: int,
-        liveness_ttl_s: float,
-        scripts: Scripts | None = None,
-    ) -> None:
-        self.member_id = member_id
+    def __init__(self, member: Member, *, shards: int, scripts: Scripts | None = None) -> None:
+        self.member_id = member.consumer_id
         self.shards = shards
-        self._ttl_ms = int(liveness_ttl_s * 1000)
-        self._scripts = scripts or Scripts.register(redis)
-        self._keys = [keys.members(topic, group), keys.locks(topic, group)]
-
-    @classmethod
-    def for_settings(
-        cls,
-        redis: Any,
-        settings: Settings,
-        topic: str,
-        group: str,
-        member_id: str,
-        *,
-        shards: int,
-        scripts: Scripts | None = None,
-    ) -> LockClient:
-        """A client with the key prefix, hashtag and liveness TTL of `settings`."""
-        keys = Keys(settings.key_prefix, settings.hashtag)
-        ttl = settings.liveness_ttl_s
-        return cls(
-            redis, keys, topic, group, member_id, shards=shards, liveness_ttl_s=ttl, scripts=scripts
-        )
+        self._ttl_ms = int(member.settings.liveness_ttl_s * 1000)
+        self._scripts = scripts or Scripts.register(member.redis)
+        topic, group = member.topic, member.group
+        self._keys = [member.keys.members(topic, group), member.keys.locks(topic, group)]
 
     async def acquire(self, candidates: Sequence[int]) -> LockRound:
         """Refresh liveness and take free or expired locks among `candidates` (in order of

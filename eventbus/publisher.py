@@ -35,9 +35,7 @@ from typing import Any
 
 import anyio
 from pydantic import BaseModel
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from eventbus import hooks
 from eventbus.codec import (
@@ -63,19 +61,21 @@ from eventbus.errors import (
     ReservedEventType,
 )
 from eventbus.keys import Keys
+from eventbus.member import AsyncRedis
+from eventbus.retry import LOST_REPLY
 from eventbus.sending import Sender
 from eventbus.sharding import shard_of
 from eventbus.topics import TopicConfig, TopicRegistry
 
 log = logging.getLogger("eventbus.publisher")
 
-_TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError)
-
 
 class Publisher:
     """Encodes events and appends them to their shard streams. Created by `EventBus`."""
 
-    def __init__(self, redis: Any, settings: Settings, keys: Keys, registry: TopicRegistry) -> None:
+    def __init__(
+        self, redis: AsyncRedis, settings: Settings, keys: Keys, registry: TopicRegistry
+    ) -> None:
         self._redis = redis
         self._settings = settings
         self._keys = keys
@@ -236,7 +236,7 @@ class Publisher:
             while not self._registry.checked(topic.name):
                 try:
                     await self._registry.ensure(topic)
-                except _TRANSIENT as exc:
+                except LOST_REPLY as exc:
                     if time.monotonic() + delay > deadline:
                         raise PublishError(
                             f"shard count of topic {topic.name!r} not checked within "

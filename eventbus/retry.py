@@ -14,12 +14,24 @@ from typing import TypeVar
 
 from redis.asyncio.retry import Retry
 from redis.backoff import EqualJitterBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import ClusterError, RedisError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 T = TypeVar("T")
 
 REDIS_ERRORS: tuple[type[Exception], ...] = (RedisError, OSError)
 """What a Redis call can raise: connection errors and error replies (OOM, READONLY, LOADING...)."""
+
+LOST_REPLY: tuple[type[Exception], ...] = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    ClusterError,
+    OSError,  # builtin TimeoutError included
+)
+"""Errors after which a command's reply is unknown: it may or may not have run. `ClusterError`
+is redis-py's Cluster client giving up ("TTL exhausted") after too many redirections (MOVED,
+ASK, TRYAGAIN while slots migrate) or connection errors."""
 
 log = logging.getLogger("eventbus.retry")
 

@@ -12,6 +12,8 @@ import anyio
 
 from eventbus.consumer import Consumer
 from eventbus.consumer.broadcast import BroadcastConsumer
+from eventbus.locks import new_member_id
+from eventbus.member import Member
 from eventbus.scripts import Scripts
 
 if TYPE_CHECKING:
@@ -26,16 +28,17 @@ def make_consumers(bus: EventBus) -> list[Consumer | BroadcastConsumer]:
     scripts = Scripts.register(bus.redis)
     consumers: list[Consumer | BroadcastConsumer] = []
     for sub in bus.subscriptions:
+        member = Member(
+            bus.redis, bus.keys, bus.settings, sub.topic.name, sub.group, new_member_id()
+        )
         if sub.broadcast:
-            consumers.append(
-                BroadcastConsumer(bus.redis, bus.keys, bus.settings, bus.registry, sub)
-            )
+            consumers.append(BroadcastConsumer(member, bus.registry, sub))
             continue
-        c = Consumer(bus.redis, scripts, bus.keys, bus.settings, bus.registry, sub)
+        c = Consumer(member, bus.registry, sub, scripts)
         if bus.archive is not None:
             from eventbus.tier.catchup import shard_hook
 
-            c.catch_up = shard_hook(bus.redis, bus.archive, c.handling, bus.settings)
+            c.catch_up = shard_hook(bus.archive, c.handling)
         consumers.append(c)
     return consumers
 

@@ -40,7 +40,8 @@ from eventbus import retry
 from eventbus.config import Settings
 from eventbus.errors import PublishError
 from eventbus.metrics import METRICS
-from eventbus.wire import TRANSIENT, Wire
+from eventbus.retry import LOST_REPLY
+from eventbus.wire import Wire
 
 log = logging.getLogger("eventbus.publisher")
 
@@ -204,7 +205,7 @@ class Sender:
                         # socket timeout (redis-py would enter a timeout context per reply)
                         socket_timeout, conn.socket_timeout = conn.socket_timeout, None
                     await self._session(conn, inflight)
-                except TRANSIENT as exc:
+                except LOST_REPLY as exc:
                     if conn is not None:
                         await conn.disconnect()  # replies may be half read: never reuse it
                     self._put_back(inflight, exc)
@@ -315,7 +316,7 @@ class Sender:
                     else:
                         await self._wire.pipeline(pending)
                 return
-            except TRANSIENT as exc:
+            except LOST_REPLY as exc:
                 failures += 1
                 delay = self._backoff.compute(failures)
                 if time.monotonic() + delay >= pending[0].deadline:

@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from eventbus.member import AsyncRedis
 from eventbus.topics import TopicRegistry
 
 _forks = 0
@@ -51,7 +52,7 @@ class Session:
     `stack` is set while the bus is entered (its flusher's task group).
     """
 
-    redis: Any
+    redis: AsyncRedis
     owned: bool
     registry: TopicRegistry
     loop: asyncio.AbstractEventLoop | None = field(default_factory=current_loop)

@@ -15,19 +15,16 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 import hiredis
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from eventbus.cluster_wait import wait_targets
 from eventbus.config import Settings
 from eventbus.errors import PublishError
 from eventbus.metrics import observe_publish
+from eventbus.retry import LOST_REPLY
 
 if TYPE_CHECKING:
     from eventbus.sending import Slot
-
-TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError, TimeoutError)
 
 
 class Wire:
@@ -114,7 +111,7 @@ class Wire:
                 else self._replicas_short(confirmed)
             )
         for slot, result in zip(batch, results, strict=True):
-            if isinstance(result, TRANSIENT):
+            if isinstance(result, LOST_REPLY):
                 raise result
             slot.settle(short or result)
         failed = len(batch) if short else sum(isinstance(r, Exception) for r in results)

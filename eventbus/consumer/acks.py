@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import anyio
 from redis.backoff import AbstractBackoff
@@ -19,6 +18,7 @@ from redis.exceptions import ResponseError
 
 from eventbus.consumer.lease import Lease
 from eventbus.consumer.shards import HeldShard, Item, ShardTable
+from eventbus.member import Member
 from eventbus.retry import REDIS_ERRORS
 
 log = logging.getLogger("eventbus.consumer")
@@ -32,24 +32,22 @@ class _Batch:
 
 
 class Acks:
-    """Acks of one consumer; `noack` (at-most-once reads) finishes entries without XACK."""
+    """Acks of `member` for the shards of `table` while `lease` is valid, at most
+    `settings.max_in_flight` entries in flight; `noack` (at-most-once reads) finishes entries
+    without XACK; `backoff` spaces the retries of a failed XACK."""
 
     def __init__(
         self,
-        redis: Any,
-        group: str,
+        member: Member,
         table: ShardTable,
         lease: Lease,
         *,
-        max_in_flight: int,
         noack: bool,
         backoff: AbstractBackoff,
     ) -> None:
-        self.redis = redis
-        self.group = group
-        self.table = table
-        self.lease = lease
-        self.max_in_flight = max_in_flight
+        self.redis, self.group = member.redis, member.group
+        self.table, self.lease = table, lease
+        self.max_in_flight = member.settings.max_in_flight
         self.noack = noack
         self.backoff = backoff
         self.on_refused: Callable[[str], None] = lambda command: None  # the refusal metric

@@ -46,7 +46,7 @@ from eventbus.consumer.context import Context
 from eventbus.consumer.delivery import NOT_STARTED, Fence, NotStarted
 from eventbus.consumer.handling import Handling, _large
 from eventbus.consumer.queues import Process, ResourceQueues
-from eventbus.consumer.shards import HeldShard, Item
+from eventbus.consumer.shards import HeldShard, Item, read_items
 from eventbus.dlq import is_control
 from eventbus.errors import DecodeError, HandlerTimeout
 from eventbus.metrics import METRICS
@@ -76,12 +76,7 @@ class BatchQueues(ResourceQueues):
         fresh = queue is None
         if queue is None:
             queue = self._queues[key] = deque()
-        for entry_id, fields in entries:
-            if fields is None:
-                continue
-            item = Item(held.shard, held.token, entry_id, fields, held.generation, held=held)
-            if counts:
-                item.delivery_count = counts.get(entry_id, 1)
+        for item in read_items(held, entries, counts):
             self._started(held)
             queue.append(item)
         if fresh:

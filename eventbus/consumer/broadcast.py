@@ -27,25 +27,23 @@ from collections import defaultdict
 from typing import Any
 
 import anyio
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.typing import KeyT, StreamIdT
 
 from eventbus import retry
 from eventbus.codec import F_RESOURCE
-from eventbus.config import Settings
 from eventbus.consumer.context import Subscription
 from eventbus.consumer.delivery import NOT_STARTED, Delivery
 from eventbus.consumer.handling import Handling
 from eventbus.errors import DecodeError, UnknownEventType
-from eventbus.keys import Keys
-from eventbus.locks import new_member_id
+from eventbus.member import Member
+from eventbus.retry import LOST_REPLY
 from eventbus.topics import TopicRegistry
 
 log = logging.getLogger("eventbus.consumer")
 
 _BATCH = 500  # entries per stream per XREAD
-_TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError)
+_RETRIED: tuple[type[Exception], ...] = (*LOST_REPLY, ResponseError)  # reads start over
 
 
 class _Open:
@@ -71,32 +69,16 @@ class _Started:
 class BroadcastConsumer:
     """Runs one broadcast `Subscription` until stopped; see the module docstring."""
 
-    def __init__(
-        self,
-        redis: Any,
-        keys: Keys,
-        settings: Settings,
-        registry: TopicRegistry,
-        sub: Subscription,
-        consumer_id: str | None = None,
-    ) -> None:
-        self.redis = redis
-        self.settings = settings
-        self.registry = registry
-        self.sub = sub
-        self.topic = sub.topic
-        self.group = sub.group
-        self.consumer_id = consumer_id or new_member_id()
-        self.streams = [keys.stream(self.topic.name, s) for s in range(self.topic.shards)]
-        self.positions: dict[str, bytes] = {}  # stream -> last entry ID read
-        self.handling = Handling(
-            redis,
-            keys,
-            settings,
-            sub,
-            self.consumer_id,
-            retry.forever(settings.retry_base_s, settings.retry_max_s),
-        )
+    def __init__(self, member: Member, registry: TopicRegistry, sub: Subscription) -> None:
+        """`member` names this instance (its topic and group are `sub`'s); `registry` checks the
+        topic's shard count."""
+        settings = self.settings = member.settings
+        self.redis, self.consumer_id, self.group = member.redis, member.consumer_id, member.group
+        self.registry, self.sub, self.topic = registry, sub, sub.topic
+        self.streams = [member.keys.stream(sub.topic.name, s) for s in range(sub.topic.shards)]
+        self.positions: dict[KeyT, StreamIdT] = {}  # stream -> last entry ID read
+        redis_retry = retry.forever(settings.retry_base_s, settings.retry_max_s)
+        self.handling = Handling(member, sub, redis_retry)
         self._backoff = retry.backoff(settings.retry_base_s, settings.retry_max_s)
         self._limit = anyio.CapacityLimiter(settings.concurrency)
         self.in_flight = 0
@@ -142,7 +124,7 @@ class BroadcastConsumer:
                         dict(self.positions), count=_BATCH, block=self.settings.block_max_ms
                     )
                     failures = 0
-                except (*_TRANSIENT, ResponseError) as exc:
+                except _RETRIED as exc:
                     failures += 1
                     delay = self._backoff.compute(failures)
                     log.warning(
@@ -220,14 +202,6 @@ class BroadcastConsumer:
             delay = h.retry_delay(d, env, error, "broadcast handler")
             if delay is None:
                 self.dropped += 1
-                log.error(
-                    "broadcast handler %s failed %d times on shard %d entry %s: %r; dropped",
-                    h._name(env.event_type),
-                    d.attempt,
-                    d.shard,
-                    d.entry_id.decode(),
-                    error,
-                    exc_info=error,
-                )
+                h.gave_up(d, env, error, "dropped", what="broadcast handler")
                 return
             await anyio.sleep(delay)

@@ -16,17 +16,15 @@ import time
 from collections.abc import Awaitable, Callable
 
 from redis.backoff import AbstractBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from eventbus.consumer.shards import ShardTable
+from eventbus.retry import LOST_REPLY
 
 log = logging.getLogger("eventbus.consumer")
 
 CATCH_UP_CHECK_S = 10.0
 """A shard is checked for a gap behind the archive at most this often (seconds)."""
 
-_TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError)  # the consumer's round handles
 
 CatchUpHook = Callable[[int, int], Awaitable[object]]
 """``await hook(shard, fencing_token)``: bring the group up to Redis's first entry of a shard this
@@ -99,7 +97,7 @@ class CatchUpSchedule:
                 continue
             try:
                 await hook(s, held.token)
-            except _TRANSIENT:
+            except LOST_REPLY:  # the consumer's round handles them
                 raise
             except Exception as exc:
                 delay = self.failed(s)

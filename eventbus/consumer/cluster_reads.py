@@ -37,11 +37,14 @@ from typing import Any, cast
 
 import anyio
 import hiredis
+from redis.asyncio.cluster import RedisCluster
 from redis.backoff import NoBackoff
 from redis.exceptions import AskError, MovedError, ResponseError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeout
 from redis.retry import Retry
+
+from eventbus.member import Member
 
 log = logging.getLogger("eventbus.consumer")
 
@@ -60,10 +63,10 @@ class _Conn:
 class BlockingReads:
     """One blocking read per stream, concurrently, ended early by ``CLIENT UNBLOCK``."""
 
-    def __init__(self, redis: Any, group: str, consumer_id: str, count: int, noack: bool) -> None:
-        self.redis = redis
-        self.group = group
-        self.consumer_id = consumer_id
+    def __init__(self, member: Member, count: int, noack: bool) -> None:
+        # used only on a Cluster (`Settings.cluster`): the client is then a RedisCluster
+        self.redis = cast("RedisCluster", member.redis)
+        self.group, self.consumer_id = member.group, member.consumer_id
         self.count = count
         self.noack = noack
         self._reads: dict[str, _Conn] = {}

@@ -30,7 +30,6 @@ import anyio
 import anyio.abc
 
 from eventbus import retry
-from eventbus.config import Settings
 from eventbus.consumer.acks import Acks
 from eventbus.consumer.batching import batch_queues, is_batch
 from eventbus.consumer.catching_up import CatchUpHook, CatchUpSchedule
@@ -41,10 +40,10 @@ from eventbus.consumer.lease import Lease, heartbeat_loop
 from eventbus.consumer.queues import ResourceQueues
 from eventbus.consumer.reading import Reader
 from eventbus.consumer.shards import HeldShard, Item, ShardTable
-from eventbus.consumer.supervision import TRANSIENT, read_loop, refused
+from eventbus.consumer.supervision import read_loop, refused
 from eventbus.consumer.trims import TrimWatch
-from eventbus.keys import Keys
-from eventbus.locks import LockClient, new_member_id
+from eventbus.locks import LockClient
+from eventbus.member import Member
 from eventbus.metrics import METRICS, ShardMetrics
 from eventbus.retention import trim_held_to_acked
 from eventbus.scripts import Scripts
@@ -59,62 +58,31 @@ class Consumer:
 
     def __init__(
         self,
-        redis: Any,
-        scripts: Scripts,
-        keys: Keys,
-        settings: Settings,
+        member: Member,
         registry: TopicRegistry,
         sub: Subscription,
-        consumer_id: str | None = None,
+        scripts: Scripts | None = None,
     ) -> None:
-        self.settings = settings
-        self.redis = redis
-        self.keys = keys
-        self.registry = registry
-        self.sub = sub
-        self.topic = sub.topic
-        self.group = sub.group
-        self.consumer_id = consumer_id or new_member_id()
+        """`member` names this consumer (its topic and group are `sub`'s); `registry` checks the
+        topic's shard count; `scripts` are the lock scripts to share (default: registered)."""
+        settings = member.settings
+        self.member, self.settings, self.registry = member, settings, registry
+        self.redis, self.keys, self.consumer_id = member.redis, member.keys, member.consumer_id
+        self.sub, self.topic, self.group = sub, sub.topic, sub.group
         self.noack = sub.ack == "before"
         self.catch_up: CatchUpHook | None = None  # set by EventBus.run when it has an archive
-        redis_retry = retry.forever(settings.retry_base_s, settings.retry_max_s)
         self.backoff = retry.backoff(settings.retry_base_s, settings.retry_max_s)
         n = self.topic.shards
-        self.locks = LockClient.for_settings(
-            redis,
-            settings,
-            self.topic.name,
-            self.group,
-            self.consumer_id,
-            shards=n,
-            scripts=scripts,
-        )
+        self.locks = LockClient(member, shards=n, scripts=scripts)
         self.lease = Lease(settings.lease_s)
-        self.table = ShardTable([keys.stream(self.topic.name, s) for s in range(n)])
-        self.reader = Reader(
-            redis,
-            settings,
-            self.topic.name,
-            self.group,
-            self.consumer_id,
-            self.table.streams,
-            noack=self.noack,
-        )
-        self.acks = Acks(
-            redis,
-            self.group,
-            self.table,
-            self.lease,
-            max_in_flight=settings.max_in_flight,
-            noack=self.noack,
-            backoff=self.backoff,
-        )
+        self.table = ShardTable([self.keys.stream(self.topic.name, s) for s in range(n)])
+        self.reader = Reader(member, self.table.streams, noack=self.noack)
+        self.acks = Acks(member, self.table, self.lease, noack=self.noack, backoff=self.backoff)
         self.acks.on_refused = self.refused_metric
         self.queues = ResourceQueues(self.acks.started)
-        self.trims = TrimWatch(
-            redis, keys, self.topic.name, self.group, self.consumer_id, settings.trim_check_s
-        )
-        self.handling = Handling(redis, keys, settings, sub, self.consumer_id, redis_retry)
+        self.trims = TrimWatch(member)
+        redis_retry = retry.forever(settings.retry_base_s, settings.retry_max_s)
+        self.handling = Handling(member, sub, redis_retry)
         self._rotation = random.randrange(n)
         self.catching_up = CatchUpSchedule(self.backoff)
         self._stopping = False
@@ -215,7 +183,7 @@ class Consumer:
         try:
             await self.locks.release(held, leave=True)
             log.info("consumer %s left; released shards %s", self.consumer_id, held)
-        except TRANSIENT as exc:
+        except retry.LOST_REPLY as exc:
             log.error(
                 "consumer %s could not release its locks (%s); they free up after the liveness "
                 "TTL of %.1f s",

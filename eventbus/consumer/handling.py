@@ -37,14 +37,13 @@ from eventbus.codec import (
     decode_entry,
     decompressed_size,
 )
-from eventbus.config import Settings
 from eventbus.consumer.context import Context, Subscription
 from eventbus.consumer.delivery import NOT_STARTED, Delivery, Fence, NotStarted, Outcome, Step
 from eventbus.consumer.failures import Failures
 from eventbus.dictionaries import FORMAT_MSGPACK_ZSTD_DICT, Dictionaries
 from eventbus.dlq import is_control
 from eventbus.errors import DecodeError, HandlerTimeout, UnknownEventType
-from eventbus.keys import Keys
+from eventbus.member import Member
 from eventbus.metrics import METRICS
 from eventbus.request import send_reply
 
@@ -54,29 +53,19 @@ T = TypeVar("T")
 
 
 class Handling:
-    """Decode, handle and apply the failure policy for the entries of one `Subscription`.
-
-    `consumer_id` is the member ID shown to handlers in `Context.consumer_id`; `retry` the
-    Redis retry used for the policy's own Redis calls (dead letters, parking, de-duplication).
+    """Decode, handle and apply the failure policy for the entries of `sub`, on behalf of
+    `member` (its ID is shown to handlers in `Context.consumer_id`); `retry` is the Redis retry
+    used for the policy's own Redis calls (dead letters, parking, de-duplication).
     """
 
-    def __init__(
-        self,
-        redis: Any,
-        keys: Keys,
-        settings: Settings,
-        sub: Subscription,
-        consumer_id: str,
-        retry: Retry,
-    ) -> None:
-        self.redis = redis
-        self.keys = keys
+    def __init__(self, member: Member, sub: Subscription, retry: Retry) -> None:
+        self.member = member
+        self.redis, self.keys, self.consumer_id = member.redis, member.keys, member.consumer_id
         self.sub = sub
-        self.consumer_id = consumer_id
         self.retry = retry
-        self.failures = Failures(redis, keys, sub, retry)
-        self.dictionaries = Dictionaries(redis, keys)
-        self.max_decoded_bytes = settings.max_decompressed_bytes
+        self.failures = Failures(member.redis, member.keys, sub, retry)
+        self.dictionaries = Dictionaries(member.redis, member.keys)
+        self.max_decoded_bytes = member.settings.max_decompressed_bytes
         self.dedup_s = math.ceil(sub.dedup_window_s) if sub.dedup_window_s else 0
         self.handled = 0  # entries whose handler succeeded
         self.duplicates_skipped = 0  # entries skipped as already handled (dedup window)
@@ -124,15 +113,11 @@ class Handling:
         if delay is not None:
             return delay
         parking = self.sub.on_failure == "park"
-        log.error(
-            "handler %s failed %d times on shard %d entry %s: %r; dead-lettering%s",
-            self._name(env.event_type),
-            d.attempt,
-            d.shard,
-            d.entry_id.decode(),
+        self.gave_up(
+            d,
+            env,
             error,
-            " and parking the resource" if parking else "",
-            exc_info=error,
+            "dead-lettering and parking the resource" if parking else "dead-lettering",
         )
         if parking:
             return await self.failures.dead_letter_and_park(d, error, env.resource_id, fence)
@@ -160,6 +145,23 @@ class Handling:
             exc_info=error,
         )
         return delay
+
+    def gave_up(
+        self, d: Delivery, env: Envelope, error: Exception, then: str, what: str = "handler"
+    ) -> None:
+        """Log at ERROR, with the traceback, that the last attempt `d.attempt` failed with
+        `error` and what is done with the entry now (`then`)."""
+        log.error(
+            "%s %s failed %d times on shard %d entry %s: %r; %s",
+            what,
+            self._name(env.event_type),
+            d.attempt,
+            d.shard,
+            d.entry_id.decode(),
+            error,
+            then,
+            exc_info=error,
+        )
 
     async def decoded(self, fields: dict[bytes, bytes]) -> tuple[Envelope, Any]:
         """`decode`, on the event loop for a small entry, in a worker thread for a large one

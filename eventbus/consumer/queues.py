@@ -19,7 +19,7 @@ import anyio
 import anyio.abc
 
 from eventbus.codec import F_RESOURCE
-from eventbus.consumer.shards import HeldShard, Item
+from eventbus.consumer.shards import HeldShard, Item, read_items
 
 Key = tuple[int, bytes]
 _FIRST: Mapping[bytes, int] = MappingProxyType({})
@@ -45,14 +45,9 @@ class ResourceQueues:
         """Queue entries read from `held`'s stream, in order, behind their resources' earlier
         entries; `counts` gives the delivery count of those delivered before (default 1). An
         entry without fields (deleted between read and claim) is skipped."""
-        for entry_id, fields in entries:
-            if fields is None:
-                continue
-            item = Item(held.shard, held.token, entry_id, fields, held.generation, held=held)
-            if counts:
-                item.delivery_count = counts.get(entry_id, 1)
+        for item in read_items(held, entries, counts):
             self._started(held)
-            key = (held.shard, fields.get(F_RESOURCE, b"\x00" + entry_id))
+            key = (held.shard, item.fields.get(F_RESOURCE, b"\x00" + item.entry_id))
             queue = self._queues.get(key)
             if queue is None:
                 self._queues[key] = deque([item])

@@ -32,9 +32,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from eventbus.config import Settings
 from eventbus.consumer.cluster_reads import BlockingReads
 from eventbus.consumer.shards import HeldShard
+from eventbus.member import Member
 from eventbus.metrics import METRICS
 
 log = logging.getLogger("eventbus.consumer")
@@ -62,29 +62,18 @@ def id_key(entry_id: bytes) -> tuple[int, int]:
 
 
 class Reader:
-    """Reads for member `consumer_id` of `group` over the topic's shard `streams`."""
+    """Reads for `member` over its topic's shard `streams` (``NOACK`` reads with `noack`)."""
 
-    def __init__(
-        self,
-        redis: Any,
-        settings: Settings,
-        topic: str,
-        group: str,
-        consumer_id: str,
-        streams: list[str],
-        *,
-        noack: bool,
-    ) -> None:
-        self.redis = redis
-        self.group = group
-        self.consumer_id = consumer_id
+    def __init__(self, member: Member, streams: list[str], *, noack: bool) -> None:
+        self.redis, self.group, self.consumer_id = member.redis, member.group, member.consumer_id
         self.streams = streams
         self.noack = noack
+        settings = member.settings
         self.count = settings.read_count
         self.cluster = settings.cluster
         self.start_id = "0" if settings.start == "beginning" else "$"
-        self._m_lost = METRICS.lost.labels(topic, group)
-        self.blocking = BlockingReads(redis, group, consumer_id, self.count, noack)
+        self._m_lost = METRICS.lost.labels(member.topic, member.group)
+        self.blocking = BlockingReads(member, self.count, noack)
 
     async def aclose(self) -> None:
         """Close the connections of blocking reads on a Cluster (`cluster_reads`)."""

@@ -7,7 +7,7 @@ entries and acks of an older generation are dropped (their entries stay pending 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from eventbus.consumer.delivery import Delivery
@@ -34,6 +34,22 @@ class Item(Delivery):
     """An entry read by the live consumer, tied to the `HeldShard` it was read under."""
 
     held: HeldShard = field(kw_only=True)
+
+
+def read_items(
+    held: HeldShard,
+    entries: list[tuple[bytes, dict[bytes, bytes] | None]],
+    counts: Mapping[bytes, int] | None,
+) -> Iterator[Item]:
+    """`Item`s of the `entries` read from `held`'s stream, in order; `counts` gives the delivery
+    count of entries delivered before (default 1). An entry without fields (deleted between
+    read and claim) has nothing to handle and is skipped."""
+    for entry_id, fields in entries:
+        if fields is not None:
+            item = Item(held.shard, held.token, entry_id, fields, held.generation, held=held)
+            if counts:
+                item.delivery_count = counts.get(entry_id, 1)
+            yield item
 
 
 class ShardTable:

@@ -19,19 +19,15 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import anyio
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from eventbus.errors import RedisCommandRefused
-from eventbus.retry import REDIS_ERRORS
+from eventbus.retry import LOST_REPLY, REDIS_ERRORS
 
 if TYPE_CHECKING:
     from eventbus.consumer.engine import Consumer
 
 log = logging.getLogger("eventbus.consumer")
-
-TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError)  # the reply may be lost
 
 
 @contextlib.contextmanager
@@ -61,7 +57,7 @@ async def read_loop(c: Consumer, stop: anyio.Event) -> None:
         try:
             got = await c.round(block)
             failures = 0
-        except TRANSIENT as exc:
+        except LOST_REPLY as exc:  # the round may have half happened: start over from the PELs
             c.drop_all(f"connection error during a round: {exc}", lease=False)
             failures += 1
             await _back_off(c, stop, failures, "Redis unavailable", exc, logging.WARNING)

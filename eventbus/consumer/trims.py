@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from eventbus.consumer.shards import HeldShard
-from eventbus.keys import Keys
+from eventbus.member import Member
 from eventbus.metrics import METRICS
 
 log = logging.getLogger("eventbus.consumer")
@@ -62,17 +62,13 @@ class Trim:
 class TrimWatch:
     """The trim checks of one consumer; see the module docstring."""
 
-    def __init__(
-        self, redis: Any, keys: Keys, topic: str, group: str, consumer_id: str, interval_s: float
-    ) -> None:
-        self.redis = redis
-        self.group = group
-        self.consumer_id = consumer_id
-        self.interval_s = interval_s
-        self._topic = topic
-        self._records = keys.trimmed(topic, group)
+    def __init__(self, member: Member) -> None:
+        self.redis, self.group, self.consumer_id = member.redis, member.group, member.consumer_id
+        self.interval_s = member.settings.trim_check_s
+        self._topic = member.topic
+        self._records = member.keys.trimmed(member.topic, member.group)
         self._base: dict[int, _Baseline] = {}
-        self._m_trimmed = METRICS.trimmed_unread.labels(topic, group)
+        self._m_trimmed = METRICS.trimmed_unread.labels(member.topic, member.group)
 
     def due(self, held: list[HeldShard], now: float) -> list[HeldShard]:
         """Shards to check now: newly held ones, and those not checked for `interval_s`."""

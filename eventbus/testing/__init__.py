@@ -37,6 +37,7 @@ from eventbus.consumer.broadcast import BroadcastConsumer
 from eventbus.dlq import DeadLetter
 from eventbus.errors import ConfigError
 from eventbus.keys import Keys
+from eventbus.member import AsyncRedis
 from eventbus.testing.recording import (
     Handled,
     HandlerFailed,
@@ -105,7 +106,7 @@ class TestBus:
         if failed is not None:
             raise failed
 
-    redis: Any
+    redis: AsyncRedis
     """The Redis this run used (still usable after the block, e.g. the in-memory one)."""
 
     @property
@@ -164,7 +165,7 @@ class TestBus:
 async def running(
     bus: EventBus,
     *,
-    redis: Any | str | None = None,
+    redis: AsyncRedis | str | None = None,
     fail_fast: bool = False,
     key_prefix: str | None = None,
 ) -> AsyncIterator[TestBus]:

@@ -21,6 +21,7 @@ from eventbus.consumer.context import Context, HandlerCall
 from eventbus.dlq import DeadLetter
 from eventbus.errors import EventBusError
 from eventbus.keys import Keys
+from eventbus.member import AsyncRedis
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -99,7 +100,7 @@ def failure_of(log: list[Handled], reported: int) -> HandlerFailed | None:
     return None
 
 
-async def published(redis: Any, keys: Keys, topic: str, shards: int) -> list[Published]:
+async def published(redis: AsyncRedis, keys: Keys, topic: str, shards: int) -> list[Published]:
     """Every entry of `topic`'s shard streams, in entry-ID order (control entries included)."""
     out: list[tuple[tuple[int, int], Published]] = []
     for shard in range(shards):
@@ -118,7 +119,7 @@ async def published(redis: Any, keys: Keys, topic: str, shards: int) -> list[Pub
     return [p for _, p in sorted(out, key=lambda x: x[0])]
 
 
-async def dead_letters(redis: Any, keys: Keys, topic: str, group: str) -> list[DeadLetter]:
+async def dead_letters(redis: AsyncRedis, keys: Keys, topic: str, group: str) -> list[DeadLetter]:
     """The dead letters of `group` on `topic`, oldest first."""
     rows = await redis.xrange(keys.dead_letter(topic, group))
     return [DeadLetter.parse(i, f) for i, f in rows]

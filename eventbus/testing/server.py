@@ -138,60 +138,6 @@ class RedisServer:
             self._tmp.cleanup()
 
 
-class RedisCluster:
-    """A Redis Cluster of `primaries` nodes (no replicas) on loopback; a context manager."""
-
-    def __init__(self, primaries: int = 3) -> None:
-        # the cluster bus listens on port + 10000, so ports must stay below 55536
-        self.nodes = [
-            RedisServer(
-                free_port(below=55536),
-                extra=["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"],
-            )
-            for _ in range(primaries)
-        ]
-
-    @property
-    def url(self) -> str:
-        return self.nodes[0].url
-
-    def __enter__(self) -> RedisCluster:
-        for node in self.nodes:
-            node.start()
-        addrs = [f"127.0.0.1:{n.port}" for n in self.nodes]
-        subprocess.run(
-            [
-                redis_binary("redis-cli"),
-                "--cluster",
-                "create",
-                *addrs,
-                "--cluster-replicas",
-                "0",
-                "--cluster-yes",
-            ],
-            check=True,
-            capture_output=True,
-            timeout=60,
-        )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            out = subprocess.run(
-                [redis_binary("redis-cli"), "-p", str(self.nodes[0].port), "cluster", "info"],
-                capture_output=True,
-                text=True,
-            ).stdout
-            if "cluster_state:ok" in out:
-                return self
-            time.sleep(0.1)
-        raise EventBusError("Redis Cluster did not reach cluster_state:ok within 30 s")
-
-    def __exit__(self, *exc: object) -> None:
-        for node in self.nodes:
-            node.stop()
-            if node._tmp is not None:
-                node._tmp.cleanup()
-
-
 SENTINEL_SERVICE = "eventbus"
 """Master name the `RedisSentinel` topology's sentinels monitor."""
 

@@ -40,6 +40,7 @@ from eventbus.consumer.handling import Handling
 from eventbus.errors import ConfigError
 from eventbus.keys import Keys
 from eventbus.locks import LockClient, new_member_id
+from eventbus.member import AsyncRedis, Member
 from eventbus.tier.catchup_shard import CatchUpStats as CatchUpStats  # re-exported
 from eventbus.tier.catchup_shard import Fenced, Handle, ShardCatchUp
 from eventbus.tier.errors import LockUnavailable, TierError
@@ -55,33 +56,15 @@ RawHandler = Callable[[ArchivedEntry, int], Awaitable[None]]
 
 
 class CatchUp:
-    """Catch-up of one (topic, group) from `store`; see the module docstring.
+    """Catch-up of `member`'s group from `store` (a topic of `shards` shards); see the module
+    docstring. The member's ID names the catch-up in the group's locks."""
 
-    `consumer_id` names the catch-up in the group's locks (default: a fresh ID).
-    """
-
-    def __init__(
-        self,
-        redis: Any,
-        store: Store,
-        topic: str,
-        group: str,
-        *,
-        shards: int,
-        settings: Settings | None = None,
-        consumer_id: str | None = None,
-    ) -> None:
-        self.redis = redis
+    def __init__(self, member: Member, store: Store, *, shards: int) -> None:
+        self.redis, self.keys, self.settings = member.redis, member.keys, member.settings
+        self.topic, self.group, self.consumer_id = member.topic, member.group, member.consumer_id
         self.store = store
-        self.topic = topic
-        self.group = group
         self.shards = shards
-        self.settings = settings or Settings()  # type: ignore[call-arg,unused-ignore]  # fields from env
-        self.keys = Keys(self.settings.key_prefix, self.settings.hashtag)
-        self.consumer_id = consumer_id or f"catchup-{new_member_id()}"
-        self.locks = LockClient.for_settings(
-            redis, self.settings, topic, group, self.consumer_id, shards=shards
-        )
+        self.locks = LockClient(member, shards=shards)
         self.consumed: dict[int, SegmentRef] = {}  # last segment handled, per shard
 
     async def lock(self, shards: Sequence[int]) -> dict[int, int]:
@@ -167,7 +150,7 @@ class CatchUp:
 
 
 async def catch_up_group(
-    redis: Any,
+    redis: AsyncRedis,
     store: Store,
     topic: str,
     group: str,
@@ -180,7 +163,7 @@ async def catch_up_group(
 ) -> CatchUpStats:
     """Catch up consumer group `group` of `topic` (`shards` shards) from `store`, calling
     ``await handle(entry, fencing_token)`` on raw `ArchivedEntry`s. See `CatchUp.run`."""
-    runner = CatchUp(redis, store, topic, group, shards=shards, settings=settings)
+    runner = CatchUp(_member(redis, settings, topic, group), store, shards=shards)
     return await runner.run(handle, shards=only, lock_timeout_s=lock_timeout_s)
 
 
@@ -206,32 +189,29 @@ async def catch_up(
         raise ConfigError(f"no subscriber registered for topic {topic!r} group {group!r}")
     settings: Settings = bus.settings
     shards = int((await bus.registry.stored()).get(topic, sub.topic.shards))
-    runner = CatchUp(bus.redis, store, topic, group, shards=shards, settings=settings)
-    redis_retry = retry.forever(settings.retry_base_s, settings.retry_max_s)
-    handling = Handling(bus.redis, runner.keys, settings, sub, runner.consumer_id, redis_retry)
+    member = _member(bus.redis, settings, topic, group)
+    runner = CatchUp(member, store, shards=shards)
+    handling = Handling(member, sub, retry.forever(settings.retry_base_s, settings.retry_max_s))
     return await runner.run(_Typed(handling), shards=only, lock_timeout_s=lock_timeout_s)
 
 
-def shard_hook(
-    redis: Any, store: Store, handling: Handling, settings: Settings
-) -> Callable[[int, int], Awaitable[bool]]:
+def _member(redis: AsyncRedis, settings: Settings | None, topic: str, group: str) -> Member:
+    """A catch-up's own member of `group` (a fresh ``catchup-`` ID), settings from the
+    environment when none are given."""
+    settings = settings or Settings()  # type: ignore[call-arg,unused-ignore]  # fields from env
+    keys = Keys(settings.key_prefix, settings.hashtag)
+    return Member(redis, keys, settings, topic, group, f"catchup-{new_member_id()}")
+
+
+def shard_hook(store: Store, handling: Handling) -> Callable[[int, int], Awaitable[bool]]:
     """The live consumer's catch-up hook (`Consumer.catch_up`): ``await hook(shard, token)``
     catches one shard the consumer has just locked up to Redis's first entry, under that same
     lock (re-taken with the consumer's ID, so the token must stay `token`), through the
     consumer's own `handling` (same parked set, counters and policy), before the consumer reads
     the shard. Returns whether the shard was behind. A lost lock ends it quietly (the new owner
     catches up)."""
-    sub = handling.sub
-    consumer_id = handling.consumer_id
-    runner = CatchUp(
-        redis,
-        store,
-        sub.topic.name,
-        sub.group,
-        shards=sub.topic.shards,
-        settings=settings,
-        consumer_id=consumer_id,
-    )
+    sub, redis, consumer_id = handling.sub, handling.redis, handling.consumer_id
+    runner = CatchUp(handling.member, store, shards=sub.topic.shards)
     typed = _Typed(handling)
 
     async def hook(shard: int, token: int) -> bool:

@@ -89,6 +89,21 @@ class ShardCatchUp:
         self.stream = owner.keys.stream(owner.topic, shard)
         self._lease_until = 0.0
 
+    async def _ack_unhandled(self, ids: list[EntryId], why: str) -> None:
+        """Log at ERROR that pending entries `ids` cannot be handled (`why`), then ack them under
+        the lock: left pending they would be claimed for ever and hold acked retention back."""
+        log.error(
+            "catch-up %s/%s shard %d: %d pending entries %s: %s",
+            self.o.topic,
+            self.o.group,
+            self.shard,
+            len(ids),
+            why,
+            [str(i) for i in ids[:5]],
+        )
+        await self.confirm()
+        await self.o.redis.xack(self.stream, self.o.group, *map(str, ids))
+
     async def confirm(self) -> None:
         """Re-take (refresh) the lock; raise `Fenced` unless the token is unchanged."""
         grants = await self.o.locks.acquire([self.shard])
@@ -201,17 +216,9 @@ class ShardCatchUp:
             missing = [i for i in trimmed if i not in found]
             if missing:
                 self.stats.lost_ranges += 1
-                log.error(
-                    "catch-up %s/%s shard %d: %d pending entries are neither in Redis nor in "
-                    "segments (lost before archiving): %s",
-                    self.o.topic,
-                    group,
-                    self.shard,
-                    len(missing),
-                    [str(m) for m in missing[:5]],
+                await self._ack_unhandled(
+                    missing, "are neither in Redis nor in segments (lost before archiving)"
                 )
-                await self.confirm()
-                await redis.xack(self.stream, group, *map(str, missing))
         n_segment = len(entries)
         deleted = []  # pending but deleted (XDEL) after the stream's head: nothing to handle
         for i in ids:
@@ -222,16 +229,7 @@ class ShardCatchUp:
                 else:
                     deleted.append(i)
         if deleted:  # acked, so that they do not stay pending (and hold acked retention) for ever
-            log.error(
-                "catch-up %s/%s shard %d: %d pending entries were deleted from the stream: %s",
-                self.o.topic,
-                group,
-                self.shard,
-                len(deleted),
-                [str(m) for m in deleted[:5]],
-            )
-            await self.confirm()
-            await redis.xack(self.stream, group, *map(str, deleted))
+            await self._ack_unhandled(deleted, "were deleted from the stream")
         for entry in entries:
             await self.handle(entry, self)
             await self.confirm()

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from eventbus.locks import LockClient
+from eventbus.member import Member
 from eventbus.retry import REDIS_ERRORS
 from eventbus.tier.checkpoint import Fenced
 from eventbus.tier.errors import StoreError
@@ -40,15 +41,10 @@ class TopicOffloader:
         self.shards = shards
         self.steps = ShardOffload(owner, topic)
         self.checkpoints = self.steps.checkpoints
-        self.locks = LockClient.for_settings(
-            owner.redis,
-            owner.settings,
-            topic,
-            OFFLOADER_GROUP,
-            owner.consumer_id,
-            shards=shards,
-            scripts=owner.scripts,
+        member = Member(
+            owner.redis, owner.keys, owner.settings, topic, OFFLOADER_GROUP, owner.consumer_id
         )
+        self.locks = LockClient(member, shards=shards, scripts=owner.scripts)
         self.held: dict[int, HeldShard] = {}
         self.rotation = random.randrange(shards)
 

@@ -108,9 +108,11 @@ def test_the_consumer_decodes_up_to_the_shared_cap(settings: SettingsFactory) ->
 
     from eventbus.consumer.handling import Handling
     from eventbus.keys import Keys
+    from eventbus.member import Member
     from eventbus.retry import forever
 
-    h = Handling(None, Keys(), s, bus.subscriptions[0], "c", forever(0.01, 0.1))
+    member = Member(None, Keys(), s, "orders", "billing", "c")  # type: ignore[arg-type]  # no Redis call
+    h = Handling(member, bus.subscriptions[0], forever(0.01, 0.1))
     assert h.max_decoded_bytes == s.max_decompressed_bytes
 
 
@@ -331,7 +333,7 @@ async def test_catch_up_from_an_unreachable_archive_backs_off(
     settings: SettingsFactory, r: redis.asyncio.Redis
 ) -> None:
     from eventbus.consumer import Consumer
-    from eventbus.scripts import Scripts
+    from eventbus.member import Member
     from eventbus.tier.catchup import shard_hook
 
     # retry_base_s=30: after a failure the next attempt is at least 30 s away, far beyond the
@@ -348,10 +350,9 @@ async def test_catch_up_from_an_unreachable_archive_backs_off(
     await r.xgroup_create(stream, "billing", id="0")
     await r.xtrim(stream, maxlen=0)  # the group's next entries are only in the archive now
     await bus.registry.ensure(bus.subscriptions[0].topic)
-    consumer = Consumer(
-        bus.redis, Scripts.register(bus.redis), bus.keys, s, bus.registry, bus.subscriptions[0]
-    )
-    hook = shard_hook(bus.redis, store, consumer.handling, s)
+    member = Member(bus.redis, bus.keys, s, "orders", "billing", "c-1")
+    consumer = Consumer(member, bus.registry, bus.subscriptions[0])
+    hook = shard_hook(store, consumer.handling)
     attempts = 0
 
     async def counting(shard: int, token: int) -> object:

@@ -11,7 +11,7 @@ import redis.asyncio
 from redis.asyncio.cluster import RedisCluster as ClusterClient
 from unit.lock_script_cases import LockClientCases, LockScriptCases
 
-from eventbus.testing.server import RedisCluster
+from eventbus.testing.cluster import ReplicatedCluster
 
 
 class TestLockScriptsOnRedis(LockScriptCases):
@@ -22,7 +22,7 @@ class TestLockScriptsOnRedis(LockScriptCases):
 
 class TestLockScriptsOnCluster(LockScriptCases):
     @pytest.fixture
-    async def client(self, redis_cluster: RedisCluster) -> AsyncIterator[Any]:
+    async def client(self, redis_cluster: ReplicatedCluster) -> AsyncIterator[Any]:
         client = ClusterClient.from_url(redis_cluster.url)
         await client.flushall()
         yield client
@@ -37,7 +37,7 @@ class TestLockClientOnRedis(LockClientCases):
 
 class TestLockClientOnCluster(LockClientCases):
     @pytest.fixture
-    async def client(self, redis_cluster: RedisCluster) -> AsyncIterator[Any]:
+    async def client(self, redis_cluster: ReplicatedCluster) -> AsyncIterator[Any]:
         client = ClusterClient.from_url(redis_cluster.url)
         await client.flushall()
         yield client

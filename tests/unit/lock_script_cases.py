@@ -16,8 +16,10 @@ from typing import Any
 import anyio
 import pytest
 
+from eventbus.config import Settings
 from eventbus.keys import Keys
 from eventbus.locks import Grant, LockClient, LockState
+from eventbus.member import Member
 from eventbus.scripts import Scripts
 
 KEYS = Keys()
@@ -281,9 +283,9 @@ class LockClientCases:
 
     @staticmethod
     def member(client: Any, name: str, shards: int = 4, ttl_s: float = 60.0) -> LockClient:
-        return LockClient(
-            client, KEYS, "orders", "billing", name, shards=shards, liveness_ttl_s=ttl_s
-        )
+        # below Settings' floor (0.3 s) on purpose: a member that expires at once
+        settings = Settings.model_construct(liveness_ttl_s=ttl_s)
+        return LockClient(Member(client, KEYS, settings, "orders", "billing", name), shards=shards)
 
     @pytest.mark.anyio
     async def test_grants_are_typed_with_share_and_send_time(self, client: Any) -> None:

@@ -26,6 +26,7 @@ from tier_support import fast_tier, wait_until
 from eventbus import Context, EventBus, Settings
 from eventbus.dlq import DeadLetter, DeadLetters
 from eventbus.locks import LockClient
+from eventbus.member import Member
 from eventbus.tier import LockUnavailable, catch_up, offload_until_caught_up, open_store
 from eventbus.tier.store import Store
 
@@ -234,8 +235,9 @@ class Takeover:
 
     async def _take(self) -> None:
         client = async_client(self.redis_url)
+        settings = Settings(liveness_ttl_s=60)
         lock = LockClient(
-            client, self.bus.keys, TOPIC, GROUP, "intruder", shards=1, liveness_ttl_s=60
+            Member(client, self.bus.keys, settings, TOPIC, GROUP, "intruder"), shards=1
         )
         try:
 

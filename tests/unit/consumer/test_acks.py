@@ -14,10 +14,13 @@ import pytest
 from redis.backoff import ConstantBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from eventbus.config import Settings
 from eventbus.consumer.acks import Acks
 from eventbus.consumer.lease import Lease
 from eventbus.consumer.shards import HeldShard, Item, ShardTable
+from eventbus.keys import Keys
 from eventbus.locks import Grant, LockState
+from eventbus.member import Member
 
 pytestmark = pytest.mark.anyio
 
@@ -75,15 +78,8 @@ def setup(
     lease = Lease(lease_s=60.0)
     if lease_ok:
         lease.renew(time.monotonic())
-    acks = Acks(
-        redis,
-        "g",
-        table,
-        lease,
-        max_in_flight=max_in_flight,
-        noack=noack,
-        backoff=ConstantBackoff(0),
-    )
+    member = Member(redis, Keys(), Settings(max_in_flight=max_in_flight), "t", "g", "c")
+    acks = Acks(member, table, lease, noack=noack, backoff=ConstantBackoff(0))
     return acks, redis, table, lease
 
 

@@ -19,6 +19,7 @@ from eventbus.consumer.handling import Handling
 from eventbus.dlq import DeadLetter, control_entry, control_request
 from eventbus.errors import DecodeError, UnknownEventType
 from eventbus.keys import Keys
+from eventbus.member import Member
 from eventbus.topics import TopicConfig
 
 pytestmark = pytest.mark.anyio
@@ -77,9 +78,8 @@ class Harness:
             "retry": RetryPolicy(max_attempts=3, base_s=0.1, max_s=0.3),
         }
         options.update(sub)
-        self.handling = Handling(
-            redis, KEYS, Settings(), Subscription(**options), "c-1", retry.forever(0.001, 0.01)
-        )
+        member = Member(redis, KEYS, Settings(), TOPIC.name, "g", "c-1")
+        self.handling = Handling(member, Subscription(**options), retry.forever(0.001, 0.01))
 
     async def letters(self) -> list[DeadLetter]:
         return [DeadLetter.parse(i, f) for i, f in await self.redis.xrange(DLQ)]
