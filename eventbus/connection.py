@@ -25,7 +25,7 @@ def connect(settings: Settings) -> Any:
     if settings.cluster:
         from redis.asyncio.cluster import RedisCluster
 
-        return RedisCluster.from_url(settings.redis_url, **options)
+        return _guard_cluster(RedisCluster.from_url(settings.redis_url, **options))
     import redis.asyncio
 
     # No transparent retries: redis-py would re-send a command whose reply was lost, and a
@@ -118,3 +118,38 @@ def _primary_connection_classes() -> dict[bool, type]:
 
     _CLASSES.update({False: SentinelPrimaryConnection, True: SentinelPrimarySSLConnection})
     return _CLASSES
+
+
+def _guard_cluster(client: Any) -> Any:
+    """`client` (a `RedisCluster`) with connections that fail with `ConnectionError` when they
+    were closed under a caller.
+
+    When a Cluster's topology changes (failover, resharding), redis-py's `NodesManager`
+    disconnects every connection of a node it drops, including those a task is using at that
+    moment; that task's next write then finds no socket writer and raises `AttributeError`
+    (``'NoneType' object has no attribute 'writelines'``), which no retry and no caller treats as
+    a lost connection (the family of redis/redis-py#4287). Seen in the cluster failover test:
+    the consumer's ack loop died of it. The asyncio Cluster client takes no connection class,
+    so the class is set where its nodes are made: the options every new node gets, and the
+    startup nodes already made.
+    """
+    guarded = _closed_is_connection_error(client.connection_kwargs["connection_class"])
+    client.connection_kwargs["connection_class"] = guarded
+    for node in client.nodes_manager.startup_nodes.values():
+        node.connection_class = guarded
+    return client
+
+
+def _closed_is_connection_error(base: type) -> type:
+    """A subclass of the redis-py connection class `base` whose writes raise `ConnectionError`
+    instead of `AttributeError` after another task closed the connection (see `_guard_cluster`)."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    class Guarded(base):  # type: ignore[misc]
+        async def _send_packed_command(self, command: Any) -> None:
+            if self._writer is None:  # no await since the check: nobody can close it in between
+                raise RedisConnectionError("connection closed by another task while in use")
+            await super()._send_packed_command(command)
+
+    Guarded.__name__ = Guarded.__qualname__ = f"Guarded{base.__name__}"
+    return Guarded

@@ -184,3 +184,30 @@ def _ports(settings: Settings) -> list[int]:
 
     with sync_redis.RedisCluster.from_url(settings.redis_url) as c:
         return [n.port for n in c.get_primaries()]
+
+
+async def test_a_connection_closed_under_a_caller_fails_as_a_connection_error(
+    cluster_settings: Settings,
+) -> None:
+    """When a Cluster's topology changes, redis-py disconnects every connection of a node it
+    drops, also one a task is writing on: between `send_packed_command`'s connected check and
+    its write (`asyncio.wait_for` runs the write as a task of its own) the writer is gone. The
+    write must fail as a lost connection (which callers handle), not with AttributeError (which
+    killed a consumer's ack loop in the failover test)."""
+    import asyncio
+
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    client = connect(cluster_settings)
+    try:
+        await client.initialize()
+        conn = client.get_random_node().acquire_connection()
+        await conn.connect()
+        send = asyncio.create_task(conn.send_packed_command(conn.pack_command("PING"), False))
+        await asyncio.sleep(0)  # the send is now past its check, its write scheduled
+        await conn.disconnect(nowait=True)  # as the NodesManager does to a dropped node
+
+        with pytest.raises(RedisConnectionError):
+            await send
+    finally:
+        await client.aclose()
