@@ -36,9 +36,19 @@ ASK, TRYAGAIN while slots migrate) or connection errors."""
 log = logging.getLogger("eventbus.retry")
 
 
+class _Backoff(EqualJitterBackoff):
+    """redis-py's `EqualJitterBackoff` without its overflow: it computes ``base * 2**failures``,
+    which raises `OverflowError` once ``2**failures`` exceeds a float (failure 1024 of a retry
+    that never gives up, under a minute with a 50 ms cap). Past 64 failures the cap rules
+    anyway."""
+
+    def compute(self, failures: int) -> float:
+        return float(super().compute(min(failures, 64)))
+
+
 def backoff(base_s: float, cap_s: float) -> EqualJitterBackoff:
     """Equal-jitter exponential backoff; `base_s` and `cap_s` in seconds."""
-    return EqualJitterBackoff(cap=cap_s, base=base_s)
+    return _Backoff(cap=cap_s, base=base_s)
 
 
 def forever(base_s: float, cap_s: float) -> Retry:

@@ -103,3 +103,15 @@ def test_backoff_is_equal_jitter_capped(failures: int) -> None:
 
     assert all(t / 2 <= d <= t for d in delays)
     assert max(delays) - min(delays) > 0  # jittered
+
+
+@pytest.mark.parametrize("failures", [1023, 1024, 10_000, 10**9])
+def test_backoff_stays_at_the_cap_after_a_thousand_failures(failures: int) -> None:
+    """A retry that never gives up (`retry.forever`) counts failures without limit; redis-py's
+    formula ``base * 2**failures`` overflows a float at failure 1024 (OverflowError, found when
+    a consumer's Redis retries ran for a minute with a 50 ms cap)."""
+    b = retry.backoff(0.01, 0.05)
+
+    delays = [b.compute(failures) for _ in range(50)]
+
+    assert all(0.025 <= d <= 0.05 for d in delays)
