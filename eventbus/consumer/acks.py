@@ -45,7 +45,7 @@ class Acks:
         noack: bool,
         backoff: AbstractBackoff,
     ) -> None:
-        self.redis, self.group = member.redis, member.group
+        self.redis, self.group, self.consumer_id = member.redis, member.group, member.consumer_id
         self.table, self.lease = table, lease
         self.max_in_flight = member.settings.max_in_flight
         self.noack = noack
@@ -83,6 +83,21 @@ class Acks:
 
     async def wait_idle(self) -> None:
         await self._idle.wait()
+
+    async def drain(self, timeout_s: float) -> None:
+        """Wait, at most `timeout_s` seconds, until no entry is in flight (graceful shutdown:
+        running handlers finish and their acks are sent); log at ERROR what is left after it."""
+        with anyio.move_on_after(timeout_s) as grace:
+            while self.in_flight:
+                await self.wait_idle()
+        if grace.cancelled_caught:
+            log.error(
+                "consumer %s: %d entries still unacked after %.0f s of shutdown (Redis "
+                "unreachable?); they stay pending and will be delivered again",
+                self.consumer_id,
+                self.in_flight,
+                timeout_s,
+            )
 
     # -- acking ---------------------------------------------------------------------------------
     def ack(self, item: Item) -> None:

@@ -151,17 +151,7 @@ class Consumer:
                     tg.start_soon(self.queues.worker, self._work, tg, self._stopped)
                 tg.start_soon(self._stop_starting, stop)
                 await read_loop(self, stop)
-                with anyio.move_on_after(self.settings.shutdown_grace_s) as grace:
-                    while self.acks.in_flight:
-                        await self.acks.wait_idle()
-                if grace.cancelled_caught:
-                    log.error(
-                        "consumer %s: %d entries still unacked after %.0f s of shutdown (Redis "
-                        "unreachable?); they stay pending and will be delivered again",
-                        self.consumer_id,
-                        self.acks.in_flight,
-                        self.settings.shutdown_grace_s,
-                    )
+                await self.acks.drain(self.settings.shutdown_grace_s)
                 tg.cancel_scope.cancel()
         finally:
             self._report_handled()
