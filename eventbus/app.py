@@ -15,6 +15,7 @@ from typing import Any, Literal, TypeVar
 import anyio
 from pydantic import BaseModel
 
+from eventbus import request as requests
 from eventbus.codec import RESERVED_TYPE_PREFIX
 from eventbus.config import Settings
 from eventbus.connection import connect
@@ -35,7 +36,6 @@ from eventbus.sync import SyncBus
 from eventbus.topics import TopicConfig
 
 H = TypeVar("H", bound=Handler)
-M = TypeVar("M", bound=BaseModel)
 _sync_lock = threading.Lock()
 
 
@@ -270,37 +270,7 @@ class EventBus(Lifecycle):
         """Publish ``(resource_id, event)`` pairs in pipelines; returns entry IDs in order."""
         return await self.publisher.publish_many(self.topic(topic), events, headers)
 
-    async def request(
-        self,
-        topic: str,
-        event: BaseModel,
-        *,
-        resource_id: str,
-        timeout_s: float = 30.0,
-        reply_model: type[M] | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> Any:
-        """Publish `event` as a request and return the reply: the pydantic model a subscriber's
-        handler returned (`eventbus.request`), validated as `reply_model`, or its JSON-mode
-        fields (a dict) without one. The bus must be entered (``async with bus:``).
-
-        :param resource_id: the request's resource (its shard and order, as for `publish`)
-        :param timeout_s: seconds to wait for the reply, publishing included
-        :raises RequestTimeout: no reply within `timeout_s`; it names the groups that read the
-            topic (none: nobody subscribes to it)
-        :raises PublishError, PayloadTooLarge, ConfigError: as `publish`
-        """
-        from eventbus.request import request
-
-        return await request(
-            self,
-            topic,
-            event,
-            resource_id=resource_id,
-            timeout_s=timeout_s,
-            reply_model=reply_model,
-            headers=headers,
-        )
+    request = requests.request  # `eventbus.request.request`: typed by its overloads
 
     def sync(self) -> SyncBus:
         """The bus for synchronous code (Flask, Django, threads): one `SyncBus` per bus, shared

@@ -127,7 +127,7 @@ async def request(
     event: BaseModel,
     *,
     resource_id: str,
-    timeout_s: float,
+    timeout_s: float = 30.0,
     reply_model: type[M],
     headers: dict[str, str] | None = None,
 ) -> M: ...
@@ -138,7 +138,7 @@ async def request(
     event: BaseModel,
     *,
     resource_id: str,
-    timeout_s: float,
+    timeout_s: float = 30.0,
     reply_model: None = None,
     headers: dict[str, str] | None = None,
 ) -> Any: ...
@@ -148,11 +148,22 @@ async def request(
     event: BaseModel,
     *,
     resource_id: str,
-    timeout_s: float,
+    timeout_s: float = 30.0,
     reply_model: type[BaseModel] | None = None,
     headers: dict[str, str] | None = None,
 ) -> Any:
-    """See `EventBus.request`."""
+    """Publish `event` as a request and return the reply: the pydantic model a subscriber's
+    handler returned, validated as `reply_model`, or its JSON-mode
+    fields (a dict) without one. The bus must be entered (``async with bus:``).
+
+    :param resource_id: the request's resource (its shard and order, as for `publish`)
+    :param timeout_s: seconds to wait for the reply, publishing included
+    :raises RequestTimeout: no reply within `timeout_s`; it names the groups that read the
+        topic (none: nobody subscribes to it)
+    :raises PublishError, PayloadTooLarge, ConfigError: as `publish`
+
+    Bound as the method `EventBus.request` (``await bus.request(...)``).
+    """
     env = await requester(bus).request(bus, topic, event, resource_id, timeout_s, headers)
     if reply_model is None:
         return env.payload
