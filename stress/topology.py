@@ -23,7 +23,8 @@ from redis.cluster import RedisCluster
 
 from eventbus.keys import Keys
 from eventbus.testing.cluster import ReplicatedCluster
-from eventbus.testing.server import RedisSentinel, RedisServer
+from eventbus.testing.sentinel import RedisSentinel
+from eventbus.testing.server import RedisServer
 
 if TYPE_CHECKING:
     from links import ClientLinks

@@ -1,5 +1,5 @@
 """Redis Sentinel (issue 9 item 6) against a real topology on loopback: a primary, two replicas and
-three sentinels (`eventbus.testing.server.RedisSentinel`, ``redis-server --sentinel``).
+three sentinels (`eventbus.testing.sentinel.RedisSentinel`, ``redis-server --sentinel``).
 
 Publishing and consuming go through the Sentinel-managed client of `eventbus.connection.connect`;
 the primary is SIGKILLed under load, a replica is promoted, and publishers and consumers carry on
@@ -27,7 +27,7 @@ from support import Recorder, Tick, running, wait_until
 from eventbus import Context, EventBus, PublishError, Settings, shard_of
 from eventbus.connection import connect
 from eventbus.keys import Keys
-from eventbus.testing.server import RedisSentinel
+from eventbus.testing.sentinel import RedisSentinel
 
 pytestmark = pytest.mark.anyio
 
