@@ -245,7 +245,14 @@ def decode_entry(
         raise DecodeError("envelope event ID is not 16 bytes")
     if not isinstance(ts, int) or not isinstance(headers, dict):
         raise DecodeError("envelope time or headers have the wrong type")
-    return Envelope(rid, etype, event_id, ts, headers, payload)
+    return Envelope(
+        resource_id=rid,
+        event_type=etype,
+        event_id_bytes=event_id,
+        published_at_ms=ts,
+        headers=headers,
+        payload=payload,
+    )
 
 
 def decompressed_size(data: bytes) -> int:

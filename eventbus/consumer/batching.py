@@ -42,7 +42,6 @@ from eventbus.consumer.acks import Acks
 from eventbus.consumer.batch_call import BatchHandlerCall as BatchHandlerCall  # re-exported
 from eventbus.consumer.batch_call import batch_handler_models as batch_handler_models
 from eventbus.consumer.batch_call import is_batch as is_batch
-from eventbus.consumer.context import Context
 from eventbus.consumer.delivery import NOT_STARTED, Fence, NotStarted
 from eventbus.consumer.handling import Handling, _large
 from eventbus.consumer.queues import Process, ResourceQueues
@@ -264,23 +263,8 @@ class BatchRunner:
     async def _call(self, entries: list[_Entry], attempt: int) -> Exception | NotStarted | None:
         """One call of the batch handler; its exception, None, or `NOT_STARTED` (fence lost)."""
         sub = self.sub
-        topic, group, consumer_id = sub.topic.name, sub.group, self.handling.consumer_id
         ctxs = [
-            Context(
-                topic=topic,
-                group=group,
-                shard=e.item.shard,
-                entry_id=e.item.entry_id.decode(),
-                resource_id=e.env.resource_id,
-                event_id_bytes=e.env.event_id_bytes,
-                event_type=e.env.event_type,
-                published_at_ms=e.env.published_at_ms,
-                headers=e.env.headers,
-                attempt=attempt,
-                fencing_token=e.item.token,
-                consumer_id=consumer_id,
-                delivery_count=e.item.delivery_count,
-            )
+            self.handling.context(e.item, e.env, entry_id=e.item.entry_id, attempt=attempt)
             for e in entries
             if self.call.takes_context  # none built for a handler of events alone
         ]

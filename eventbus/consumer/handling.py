@@ -146,6 +146,25 @@ class Handling:
         )
         return delay
 
+    def context(self, d: Delivery, env: Envelope, *, entry_id: bytes, attempt: int) -> Context:
+        """The `Context` a handler gets for attempt `attempt` on `env`, entry `entry_id`, under
+        `d`'s shard and token."""
+        return Context(
+            topic=self.sub.topic.name,
+            group=self.sub.group,
+            shard=d.shard,
+            entry_id=entry_id.decode(),
+            resource_id=env.resource_id,
+            event_id_bytes=env.event_id_bytes,
+            event_type=env.event_type,
+            published_at_ms=env.published_at_ms,
+            headers=env.headers,
+            attempt=attempt,
+            fencing_token=d.token,
+            consumer_id=self.consumer_id,
+            delivery_count=d.delivery_count,
+        )
+
     def gave_up(
         self, d: Delivery, env: Envelope, error: Exception, then: str, what: str = "handler"
     ) -> None:
@@ -230,21 +249,7 @@ class Handling:
         `handler_timeout_s`), None on success, or `NOT_STARTED` when the fence no longer holds
         (then nothing ran). A non-None return value of the handler answers a request: it goes
         to the reply stream the entry's headers name (`eventbus.request.send_reply`)."""
-        ctx = Context(
-            topic=self.sub.topic.name,
-            group=self.sub.group,
-            shard=d.shard,
-            entry_id=entry_id.decode(),
-            resource_id=env.resource_id,
-            event_id_bytes=env.event_id_bytes,
-            event_type=env.event_type,
-            published_at_ms=env.published_at_ms,
-            headers=env.headers,
-            attempt=attempt,
-            fencing_token=d.token,
-            consumer_id=self.consumer_id,
-            delivery_count=d.delivery_count,
-        )
+        ctx = self.context(d, env, entry_id=entry_id, attempt=attempt)
         timeout = self.sub.handler_timeout_s
         started = time.perf_counter()
         ran = False

@@ -46,7 +46,14 @@ def read_items(
     read and claim) has nothing to handle and is skipped."""
     for entry_id, fields in entries:
         if fields is not None:
-            item = Item(held.shard, held.token, entry_id, fields, held.generation, held=held)
+            item = Item(
+                shard=held.shard,
+                token=held.token,
+                entry_id=entry_id,
+                fields=fields,
+                generation=held.generation,
+                held=held,
+            )
             if counts:
                 item.delivery_count = counts.get(entry_id, 1)
             yield item

@@ -116,7 +116,15 @@ class EventWriter(DataSourceArrowWriter):
             if rid is None or rid == "":
                 raise ConfigError(f"row without a resource ID in column {rcol!r}: {values}")
             eid = derived_event_id(opts.topic, values[kcol]) if kcol else uuid.uuid4().bytes
-            out.append(Envelope(str(rid), etype, eid, now, dict(h) if h else {}, payload))
+            env = Envelope(
+                resource_id=str(rid),
+                event_type=etype,
+                event_id_bytes=eid,
+                published_at_ms=now,
+                headers=dict(h) if h else {},
+                payload=payload,
+            )
+            out.append(env)
         return out
 
     async def _publish(self, iterator: Iterator[Any]) -> int:

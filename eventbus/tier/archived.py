@@ -143,16 +143,16 @@ def read_segment_counted(
             continue
         out.append(
             ArchivedEntry(
-                info.topic,
-                info.shard,
-                entry_id,
-                rid,
-                etype,
-                etime,
-                None if eid is None else uuid.UUID(eid),
-                None if headers is None else dict(headers),
-                payload,
-                ref.key,
+                topic=info.topic,
+                shard=info.shard,
+                entry_id=entry_id,
+                resource_id=rid,
+                event_type=etype,
+                published_at_ms=etime,
+                event_id=None if eid is None else uuid.UUID(eid),
+                headers=None if headers is None else dict(headers),
+                data=payload,
+                segment=ref.key,
             )
         )
     return out, info.entries

@@ -60,16 +60,16 @@ def _entry(topic: str, shard: int, entry_id: EntryId, fields: dict[bytes, bytes]
         return None if value is None else value.decode("utf-8", "replace")
 
     return ArchivedEntry(
-        topic,
-        shard,
-        entry_id,
-        text(F_RESOURCE),
-        text(F_TYPE),
-        None,
-        None,
-        None,
-        fields.get(F_DATA, b""),
-        "",
+        topic=topic,
+        shard=shard,
+        entry_id=entry_id,
+        resource_id=text(F_RESOURCE),
+        event_type=text(F_TYPE),
+        published_at_ms=None,  # in the envelope (F_DATA), decoded by the handling path
+        event_id=None,
+        headers=None,
+        data=fields.get(F_DATA, b""),
+        segment="",  # read from Redis, not from a segment
     )
 
 
