@@ -346,3 +346,38 @@ def test_all_faults_mixed(tmp_path: Path) -> None:
     assert res["stale_token_starts"] == 0, res["stale_token_examples"]
     assert_failovers(res, 1)
     assert res["dead_lettered"] == 2
+
+
+# -- on a Redis Cluster (issue 13 item 3) --------------------------------------------------------
+def test_cluster_faults_mixed(tmp_path: Path) -> None:
+    """The fault kinds of `stress all` on a 3-primary Redis Cluster: Redis-side faults on the
+    node of the coordination hashtag (or another primary), network faults through one link per
+    node and client process (MOVED and CLUSTER SLOTS rewritten to the client's own links)."""
+    res = chaos(
+        tmp_path, "all", "--cluster", "--events", "10000", "--rate", "2000", "--faults", "7",
+        "--poison", "2", "--ttl", "2",
+    )  # fmt: skip
+    assert_sound(res)
+    assert res["topology"]["kind"] == "cluster" and res["plan"]["publish_replicas"] == 0
+    kinds = {"kill", "pause", "redis-restart", "client-kill", "client-pause", "net-delay",
+             "partition"}  # fmt: skip
+    assert {f["kind"] for f in res["faults"]} == kinds == set(res["plan"]["kinds"])
+    assert res["stale_token_starts"] == 0, res["stale_token_examples"]
+    assert res["dead_lettered"] == 2
+    (kill,) = consumer_faults(res, "client-kill")
+    assert kill["killed"] >= 3  # every primary's clients
+
+
+def test_cluster_failover_of_primaries_incl_the_hashtags(tmp_path: Path) -> None:
+    """A Cluster with one replica per primary: the primary of the coordination hashtag, then
+    another primary SIGKILLed under load; their replicas take over, the killed nodes come back
+    as replicas. With ``publish_replicas=1`` nothing acknowledged is lost; order holds; no
+    handler starts with a superseded token."""
+    res = chaos(tmp_path, "cluster-failover", "--events", "12000", "--rate", "2000", "--faults",
+                "2")  # fmt: skip
+    assert_sound(res)
+    assert res["topology"]["kind"] == "cluster" and len(res["topology"]["nodes"]) == 6
+    assert res["plan"]["publish_replicas"] == 1
+    assert res["stale_token_starts"] == 0, res["stale_token_examples"]
+    first, second = assert_failovers(res, 2)
+    assert first["hashtag_node"] and not second["hashtag_node"]
