@@ -23,12 +23,13 @@ from eventbus.consumer import Consumer, Handler, HandlerCall, RetryPolicy, Subsc
 from eventbus.consumer.batching import BatchHandlerCall, batch_handler_models
 from eventbus.consumer.broadcast import BroadcastConsumer
 from eventbus.consumer.routing import ON_UNKNOWN, OnUnknown, Raw, Routes
-from eventbus.errors import ConfigError, ReservedEventType
+from eventbus.errors import ConfigError, RedisUnavailable, ReservedEventType
 from eventbus.keys import Keys, check_name
 from eventbus.lifecycle import Hook, Lifecycle
 from eventbus.member import AsyncRedis
 from eventbus.registration import add_handler, broadcast_group
 from eventbus.retention import Retention
+from eventbus.retry import LOST_REPLY
 from eventbus.running import make_consumers, run_consumers
 from eventbus.session import Session
 from eventbus.signature import handler_input
@@ -291,7 +292,8 @@ class EventBus(Lifecycle):
         """Run every registered subscriber until `stop` is set (or SIGTERM/SIGINT arrives, with
         `handle_signals`), then shut down gracefully (see `Consumer.run`).
 
-        Raises `ShardCountMismatch` before starting when a topic's stored shard count differs.
+        Raises `ShardCountMismatch` before starting when a topic's stored shard count differs,
+        `RedisUnavailable` when Redis cannot be reached at start (once consumers run, they retry).
         """
         if not self.subscriptions:
             raise ConfigError("no subscribers registered on this bus")
@@ -300,9 +302,13 @@ class EventBus(Lifecycle):
             if not self.running:
                 await stack.enter_async_context(self)
             # Checked here, before any task starts, so that a mismatch surfaces as itself
-            # rather than wrapped in the task groups' ExceptionGroup.
-            for sub in self.subscriptions:
-                await self.registry.ensure(sub.topic)
+            # rather than wrapped in the task groups' ExceptionGroup; Redis lost since the
+            # start's PING is what a start without Redis raises (`Lifecycle.__aenter__`).
+            try:
+                for sub in self.subscriptions:
+                    await self.registry.ensure(sub.topic)
+            except LOST_REPLY as exc:
+                raise RedisUnavailable.of(self.settings, exc) from exc
             self.consumers = make_consumers(self)
             await run_consumers(self.consumers, stop, handle_signals=handle_signals)
 

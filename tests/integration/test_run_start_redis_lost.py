@@ -1,16 +1,10 @@
-"""Reproduction of a library bug found by the long ``stress all`` chaos run (a consumer process
-replaced while the Sentinel primary restarted): Redis answered the bus's ``PING`` at start and
-went away before the next command, and ``EventBus.run()`` raised a raw
-``redis.exceptions.ConnectionError`` from the topic registration (``TopicRegistry.ensure``'s
-``HSETNX``) instead of ``RedisUnavailable``, the error a process gets when Redis cannot be
-reached at start (``Lifecycle.__aenter__`` translates only its ``PING``).
+"""`EventBus.run` raises `RedisUnavailable` when Redis goes away between the start's ``PING``
+and the topic registration (``TopicRegistry.ensure``'s ``HSETNX``), as when it cannot be reached
+at all; it raised the raw ``redis.exceptions.ConnectionError`` before. Found by the long
+``stress all`` chaos run (a consumer process replaced while the Sentinel primary restarted).
 
 Deterministic: a fake server on loopback answers the connection handshake and ``PING`` and
-closes the connection at the first other command. Marked ``xfail(strict=True)`` until fixed;
-proposed fix: translate ``RedisError``/``OSError`` raised by the registration in
-``EventBus.run`` (``eventbus/app.py``) with ``RedisUnavailable.of(settings, exc)``, as
-``Lifecycle.__aenter__`` does for the ``PING`` (or register topics inside ``__aenter__``'s
-guarded block).
+closes the connection at the first other command.
 """
 
 from __future__ import annotations
@@ -48,13 +42,6 @@ def _flat(exc: BaseException) -> list[BaseException]:
     return [exc]
 
 
-BUG = (
-    "library bug: EventBus.run raises a raw ConnectionError when Redis goes away between the "
-    "start's PING and the topic registration"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=BUG)
 async def test_redis_lost_right_after_the_start_ping_raises_redis_unavailable() -> None:
     seen: list[bytes] = []
 
