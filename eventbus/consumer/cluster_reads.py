@@ -169,11 +169,14 @@ class BlockingReads:
                 await self._redirected(stream, exc)
                 return
             except ResponseError as exc:
-                if not str(exc).startswith("UNBLOCKED"):
-                    raise
-                # the stream's key left this node while the read was blocked (a slot migrated)
-                await self._redirected(stream, exc)
-                return
+                if str(exc).startswith("UNBLOCKED"):
+                    # the stream's key left this node while the read was blocked (a slot migrated)
+                    await self._redirected(stream, exc)
+                    return
+                # refused (CLUSTERDOWN while a failed primary is replaced, NOPERM, ...): raised
+                # after the task group, ungrouped, so the read loop backs off as for any refusal
+                errors.append(exc)
+                got = None
             except Exception as exc:
                 errors.append(exc)
                 await self._lost(exc)
