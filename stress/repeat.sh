@@ -5,7 +5,8 @@
 #   stress/repeat.sh SCENARIO[,SCENARIO...]|every N [--load] [--snapshot] [--keep-dir DIR]
 #
 # SCENARIO is a scenario name (steady kill pause term redis-restart client-kill client-pause
-# net-delay partition poison slow all), or "every" for all of them (one scenario at a time, in
+# net-delay partition poison slow failover all cluster cluster-failover), or "every" for all
+# of them (one scenario at a time, in
 # turn). --load runs a CPU-heavy process alongside (stress-ng --cpu 1 when installed, else a
 # Python busy loop), stopped when this script ends. --snapshot runs the committed tree (git
 # archive HEAD, exported under DIR) instead of the working tree, which others may be editing.
@@ -27,10 +28,13 @@ declare -A TEST=(
   [partition]=test_partition
   [poison]=test_poison_events_are_dead_lettered_while_others_go_on
   [slow]=test_slow_handler_with_backpressure
+  [failover]=test_failover_of_the_sentinel_primary
   [all]=test_all_faults_mixed
+  [cluster]=test_cluster_faults_mixed
+  [cluster-failover]=test_cluster_failover_of_primaries_incl_the_hashtags
 )
 ORDER=(steady kill pause term redis-restart client-kill client-pause net-delay partition poison
-       slow all)
+       slow failover all cluster cluster-failover)
 
 usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [ $# -ge 2 ] || usage
