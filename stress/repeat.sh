@@ -36,7 +36,7 @@ declare -A TEST=(
 ORDER=(steady kill pause term redis-restart client-kill client-pause net-delay partition poison
        slow failover all cluster cluster-failover)
 
-usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [ $# -ge 2 ] || usage
 scenario=$1 n=$2
 shift 2
