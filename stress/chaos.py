@@ -157,8 +157,9 @@ class Chaos:
         self.rng = random.Random(plan.seed)
         self.keys = Keys()
         down_after = plan.down_after_ms or (
-            # CLIENT PAUSE stops the sentinels' pings too: longer than this, they fail over
-            int(1.5 * plan.ttl_s * 1000) + 2000 if "client-pause" in plan.kinds else 1000
+            # CLIENT PAUSE stops the sentinels' pings too: longer than this, they fail over;
+            # and 3 x their 1 s ping period (1000 ms failed a just-promoted primary over again)
+            int(1.5 * plan.ttl_s * 1000) + 2000 if "client-pause" in plan.kinds else 3000
         )
         self.top = make_topology(plan.kinds, plan.cluster, "always" if plan.aof else None,
                                  down_after, plan.node_timeout_ms)  # fmt: skip
@@ -667,8 +668,19 @@ def verdict(plan: Plan, res: dict[str, Any]) -> dict[str, bool]:
         checks["failovers_promoted"] = all(f.get("new_primary") for f in planned)
         # a running primary failed over (too slow to answer, paused): not what was planned
         checks["no_unplanned_failover"] = len(res["promotions_logged"]) == len(planned)
+    # A failover while a victim's shards were due to be taken over reshuffles every shard (all
+    # consumers drop theirs; a lock the promoted replica lacks looks free): its takeover is
+    # neither guaranteed nor timed by the victim's liveness. Reported, not checked.
+    failovers = [(f["t_ns"], f.get("end_ns", f["t_ns"])) for f in res["faults"]
+                 if f["kind"] in FAILOVERS]  # fmt: skip
+    for f in res["faults"]:
+        due = f.get("end_ns", f["t_ns"]) + int(3 * plan.ttl_s * 1e9)
+        if f.get("victim") is not None and any(lo <= due and hi >= f["t_ns"]
+                                               for lo, hi in failovers):  # fmt: skip
+            f["takeover_during_failover"] = True
     victims = [f for f in res["faults"] if f.get("traffic_after")
-               and (f["kind"] in CONSUMER_FAULTS or f.get("expect_takeover"))]
+               and (f["kind"] in CONSUMER_FAULTS or f.get("expect_takeover"))
+               and not f.get("takeover_during_failover")]  # fmt: skip
     if victims:
         checks["takeover_measured"] = all(f.get("takeover_s") is not None for f in victims)
     # A SIGKILLed or SIGSTOPped consumer keeps its locks until its liveness expires, at least

@@ -12,7 +12,8 @@ from ledger import DeadLetter, Handling, Ledgers
 
 def poison_facts(led: Ledgers, dead: list[DeadLetter], max_attempts: int) -> dict[str, Any]:
     """Did other resources go on while a poison event was retried, and did the poison resource's
-    later events wait until it was dead-lettered?"""
+    later events wait until it was dead-lettered? (Until it was dead-lettered the first time:
+    an ack lost in a failover delivers it again later, a duplicate, retried anew.)"""
     fails: dict[tuple[str, int], list[Handling]] = defaultdict(list)
     for h in led.handlings:
         if not h.ok:
@@ -20,7 +21,9 @@ def poison_facts(led: Ledgers, dead: list[DeadLetter], max_attempts: int) -> dic
     ends = sorted(h.end_ns for h in led.handlings if h.ok)
     others, overtaken = [], 0
     for (r, s), runs in fails.items():
-        lo, hi = min(h.start_ns for h in runs), max(h.end_ns for h in runs)
+        lo = min(h.start_ns for h in runs)
+        last = [h.end_ns for h in runs if h.attempt >= max_attempts]  # dead-lettered after it
+        hi = min(last) if last else max(h.end_ns for h in runs)
         others.append(bisect.bisect_left(ends, hi) - bisect.bisect_right(ends, lo))
         overtaken += sum(
             1 for h in led.handlings if h.ok and h.resource == r and h.seq > s and h.end_ns < hi

@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replicas", default="1,0", help="publish_replicas values to run")
     parser.add_argument("--runs", type=int, default=1, help="runs per publish_replicas value")
     parser.add_argument("--ttl", type=float, default=preset["ttl_s"], help="liveness TTL, s")
-    parser.add_argument("--down-after-ms", dest="down_after_ms", type=int, default=1000)
+    parser.add_argument("--down-after-ms", dest="down_after_ms", type=int, default=3000)
     parser.add_argument("--publish-timeout-s", dest="publish_timeout_s", type=float, default=10)
     parser.add_argument("--json", type=Path, default=HERE / "results" / "failover.json")
     parser.add_argument("--keep", action="store_true", help="keep the ledger folders")

@@ -322,7 +322,7 @@ def test_failover_of_the_sentinel_primary(tmp_path: Path) -> None:
     """The primary SIGKILLed twice under load on a Sentinel deployment, publishes waiting for a
     replica (``publish_replicas=1``): nothing acknowledged is lost, order holds, no handler
     starts with a superseded token; the killed node comes back as a replica each time."""
-    res = chaos(tmp_path, "failover", "--events", "8000", "--rate", "2000", "--faults", "2")
+    res = chaos(tmp_path, "failover", "--events", "12000", "--rate", "2000", "--faults", "2")
     assert_sound(res)
     assert res["topology"]["kind"] == "sentinel" and res["plan"]["publish_replicas"] == 1
     assert res["stale_token_starts"] == 0, res["stale_token_examples"]
