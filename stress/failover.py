@@ -26,7 +26,7 @@ from chaos import PRESETS, Plan, run_plan, summary
 
 HERE = Path(__file__).resolve().parent
 KEPT = (
-    "ok", "checks", "publish_replicas", "events", "publish_failed", "handled", "lost",
+    "ok", "checks", "events", "publish_failed", "handled", "lost",
     "lost_examples", "order_violations", "violation_examples", "duplicates",
     "duplicates_redelivered", "duplicates_republished", "stale_token_starts",
     "stale_token_examples", "handled_but_publish_failed", "failed_publish_out_of_order",
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"failover run {n + 1}/{args.runs}, publish_replicas={replicas}", flush=True)
             res = run_plan(plan, keep=args.keep)
             print(summary(res), flush=True)
-            runs.append({"publish_replicas": replicas} | {k: res.get(k) for k in KEPT})
+            runs.append({k: res.get(k) for k in KEPT} | {"publish_replicas": replicas})
     by = {str(r): _summary([x for x in runs if x["publish_replicas"] == r])
           for r in sorted({x["publish_replicas"] for x in runs})}  # fmt: skip
     ok = all(x["ok"] for x in runs)

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 COLUMNS = (
-    "scenario", "events", "events/s", "p50 ms", "p99 ms", "lost", "order viol.", "duplicates",
-    "dead-lettered", "takeover median / max s", "faults", "checks",
+    "scenario", "deployment", "events", "events/s", "p50 ms", "p99 ms", "lost", "order viol.",
+    "duplicates", "dead-lettered", "takeover median / max s", "faults", "checks",
 )
 
 
@@ -27,6 +27,7 @@ def row(res: dict[str, Any]) -> list[str]:
     )
     return [
         res["scenario"],
+        res.get("topology", {}).get("kind", "single"),
         f"{res['events']:,}",
         _num(res["events_per_s"]),
         _num(res["latency_ms_p50"], "{:.1f}"),
