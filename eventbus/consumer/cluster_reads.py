@@ -31,24 +31,28 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
 import anyio
-import hiredis
 from redis.asyncio.cluster import RedisCluster
-from redis.backoff import NoBackoff
 from redis.exceptions import AskError, MovedError, ResponseError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeout
-from redis.retry import Retry
 
+from eventbus.consumer.raw_replies import (
+    client_id,
+    delivered,
+    detached_connection,
+    next_reply,
+    pack,
+    parse_xpending,
+    parse_xread,
+)
 from eventbus.member import Member
 
 log = logging.getLogger("eventbus.consumer")
 
-_pack = cast("Callable[[tuple[Any, ...]], bytes]", hiredis.pack_command)
 _REDIRECT = (AskError, TryAgainError)  # MovedError is an AskError
 
 
@@ -100,7 +104,7 @@ class BlockingReads:
             payload = b"".join(self._commands(streams[i], None) for i in indexes)
             try:
                 await ctl.conn.send_packed_command(payload)
-                got = [await _reply(ctl.conn) for _ in range(len(indexes) * self._per_read)]
+                got = [await next_reply(ctl.conn) for _ in range(len(indexes) * self._per_read)]
             except Exception as exc:  # replies may be half read: never reuse the connection
                 self._control.pop(name, None)
                 await ctl.conn.disconnect()
@@ -110,7 +114,7 @@ class BlockingReads:
             for k, i in enumerate(indexes):
                 read = got[k * self._per_read : (k + 1) * self._per_read]
                 bad = next((r for r in read if isinstance(r, Exception)), None)
-                if bad is not None and _delivered(read[0]):
+                if bad is not None and delivered(read[0]):
                     errors.append(_read_lost(streams[i], bad))
                 elif isinstance(bad, _REDIRECT):
                     await self._redirected(streams[i], bad)
@@ -138,16 +142,16 @@ class BlockingReads:
         command += (b"COUNT", self.count)
         command += (b"BLOCK", block_ms) if block_ms is not None else ()
         command += (b"NOACK",) if self.noack else ()
-        payload = _pack((*command, b"STREAMS", stream, b">"))
+        payload = pack((*command, b"STREAMS", stream, b">"))
         if not self.noack:
-            payload += _pack((b"XPENDING", stream, self.group))
+            payload += pack((b"XPENDING", stream, self.group))
         return payload
 
     def _control_conn(self, node: str) -> _Conn:
         ctl = self._control.get(node)
         if ctl is None:
             ctl = self._control[node] = _Conn(
-                node, _new_connection(self.redis.get_node(node_name=node))
+                node, detached_connection(self.redis.get_node(node_name=node))
             )
         return ctl
 
@@ -204,14 +208,14 @@ class BlockingReads:
         c.blocked = True  # before sending: an unblock may then come too early, never too late
         try:
             await c.conn.send_packed_command(payload, check_health=False)
-            first = await _reply(c.conn)
+            first = await next_reply(c.conn)
             c.blocked = False
-            second = None if self.noack else await _reply(c.conn)
+            second = None if self.noack else await next_reply(c.conn)
         except BaseException:  # replies may be half read: never reuse the connection
             c.blocked = False
             await self._drop(stream)
             raise
-        if isinstance(second, Exception) and _delivered(first):
+        if isinstance(second, Exception) and delivered(first):
             raise _read_lost(stream, second)
         for reply in (first, second):
             if isinstance(reply, Exception):
@@ -231,9 +235,9 @@ class BlockingReads:
             await self._drop(stream)
             c = None
         if c is None:
-            c = self._reads[stream] = _Conn(node.name, _new_connection(node))
+            c = self._reads[stream] = _Conn(node.name, detached_connection(node))
         if c.client_id is None or not c.conn.is_connected:
-            c.client_id = await _client_id(c.conn)
+            c.client_id = await client_id(c.conn)
         return c
 
     async def _unblock(self, done: str) -> None:
@@ -247,7 +251,7 @@ class BlockingReads:
         for node, ids in by_node.items():
             ctl = self._control_conn(node)
             try:
-                payload = b"".join(_pack((b"CLIENT", b"UNBLOCK", i, b"TIMEOUT")) for i in ids)
+                payload = b"".join(pack((b"CLIENT", b"UNBLOCK", i, b"TIMEOUT")) for i in ids)
                 await ctl.conn.send_packed_command(payload)
                 sent.append((ctl, len(ids)))
             except Exception as exc:  # the blocked reads then end at their timeout
@@ -255,7 +259,7 @@ class BlockingReads:
         for ctl, n in sent:
             try:
                 for _ in range(n):
-                    await _reply(ctl.conn)
+                    await next_reply(ctl.conn)
             except Exception as exc:
                 await self._control_failed(ctl, exc)
 
@@ -295,26 +299,6 @@ class BlockingReads:
         self._control.clear()
 
 
-def _new_connection(node: Any) -> Any:
-    """A connection to `node` with the client's options, outside its pool, without retries (a
-    re-sent XREADGROUP ``>`` would read past what the lost reply delivered)."""
-    return node.connection_class(**{**node.connection_kwargs, "retry": Retry(NoBackoff(), 0)})
-
-
-async def _client_id(conn: Any) -> int:
-    await conn.send_packed_command(_pack((b"CLIENT", b"ID")))
-    return int(await conn.read_response())
-
-
-async def _reply(conn: Any) -> Any:
-    """The next reply on `conn`; an error reply is returned, not raised (the replies after it
-    must still be read)."""
-    try:
-        return await conn.read_response()
-    except ResponseError as exc:
-        return exc
-
-
 def _failed(error: BaseException, replies: list[tuple[bytes, Any]]) -> BaseException:
     """The error a failed read round raises. When other streams' reads of the round delivered
     entries, those are not dispatched: the round must fail like a lost reply (a connection
@@ -327,11 +311,6 @@ def _failed(error: BaseException, replies: list[tuple[bytes, Any]]) -> BaseExcep
     return error
 
 
-def _delivered(reply: Any) -> bool:
-    """Whether an XREADGROUP reply delivered entries (into this consumer's PEL)."""
-    return not isinstance(reply, Exception) and any(rows for _, rows in parse_xread(reply))
-
-
 def _read_lost(stream: str, exc: Exception) -> RedisConnectionError:
     """The read of `stream` delivered entries but its XPENDING check failed (the slot moved in
     between): the entries are not dispatched, so the round fails like a lost reply, and the
@@ -340,32 +319,3 @@ def _read_lost(stream: str, exc: Exception) -> RedisConnectionError:
     return RedisConnectionError(
         f"{stream}: entries read, then {type(exc).__name__} ({exc}): its PEL is claimed again"
     )
-
-
-def parse_xread(reply: Any) -> list[tuple[bytes, Any]]:
-    """A raw ``XREADGROUP`` reply as redis-py's client returns it: ``[(stream, [(id, fields),
-    ...]), ...]`` (fields None for an entry deleted while pending). Parsed here, not by redis-py's
-    private helpers, whose shape changes between versions; RESP2 (array) or RESP3 (map)."""
-    if not reply:
-        return []
-    pairs = reply.items() if isinstance(reply, dict) else reply
-    return [(stream, [(row[0], _fields(row[1])) for row in rows or []]) for stream, rows in pairs]
-
-
-def _fields(flat: Any) -> dict[bytes, bytes] | None:
-    if flat is None:
-        return None
-    if isinstance(flat, dict):
-        return dict(flat)
-    return dict(zip(flat[::2], flat[1::2], strict=True))
-
-
-def parse_xpending(reply: Any) -> dict[str, Any]:
-    """A raw ``XPENDING <stream> <group>`` summary: pending, min, max, consumers (name,
-    pending) as redis-py's client returns it."""
-    return {
-        "pending": reply[0],
-        "min": reply[1],
-        "max": reply[2],
-        "consumers": [{"name": n, "pending": int(p)} for n, p in reply[3] or []],
-    }

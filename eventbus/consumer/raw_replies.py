@@ -1,0 +1,70 @@
+"""Raw RESP on the connections of blocking reads on a Cluster (`cluster_reads`): commands are
+packed with hiredis and replies parsed here, in the shapes redis-py's client returns, because
+those reads bypass the client (one connection per stream, outside its pool)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, cast
+
+import hiredis
+from redis.backoff import NoBackoff
+from redis.exceptions import ResponseError
+from redis.retry import Retry
+
+pack = cast("Callable[[tuple[Any, ...]], bytes]", hiredis.pack_command)
+"""Pack one command (a tuple of bytes) as RESP."""
+
+
+def detached_connection(node: Any) -> Any:
+    """A connection to `node` with the client's options, outside its pool, without retries (a
+    re-sent XREADGROUP ``>`` would read past what the lost reply delivered)."""
+    return node.connection_class(**{**node.connection_kwargs, "retry": Retry(NoBackoff(), 0)})
+
+
+async def client_id(conn: Any) -> int:
+    await conn.send_packed_command(pack((b"CLIENT", b"ID")))
+    return int(await conn.read_response())
+
+
+async def next_reply(conn: Any) -> Any:
+    """The next reply on `conn`; an error reply is returned, not raised (the replies after it
+    must still be read)."""
+    try:
+        return await conn.read_response()
+    except ResponseError as exc:
+        return exc
+
+
+def delivered(reply: Any) -> bool:
+    """Whether an XREADGROUP reply delivered entries (into this consumer's PEL)."""
+    return not isinstance(reply, Exception) and any(rows for _, rows in parse_xread(reply))
+
+
+def parse_xread(reply: Any) -> list[tuple[bytes, Any]]:
+    """A raw ``XREADGROUP`` reply as redis-py's client returns it: ``[(stream, [(id, fields),
+    ...]), ...]`` (fields None for an entry deleted while pending). Parsed here, not by redis-py's
+    private helpers, whose shape changes between versions; RESP2 (array) or RESP3 (map)."""
+    if not reply:
+        return []
+    pairs = reply.items() if isinstance(reply, dict) else reply
+    return [(stream, [(row[0], fields_of(row[1])) for row in rows or []]) for stream, rows in pairs]
+
+
+def fields_of(flat: Any) -> dict[bytes, bytes] | None:
+    if flat is None:
+        return None
+    if isinstance(flat, dict):
+        return dict(flat)
+    return dict(zip(flat[::2], flat[1::2], strict=True))
+
+
+def parse_xpending(reply: Any) -> dict[str, Any]:
+    """A raw ``XPENDING <stream> <group>`` summary: pending, min, max, consumers (name,
+    pending) as redis-py's client returns it."""
+    return {
+        "pending": reply[0],
+        "min": reply[1],
+        "max": reply[2],
+        "consumers": [{"name": n, "pending": int(p)} for n, p in reply[3] or []],
+    }
