@@ -70,7 +70,8 @@ class PublishError(EventBusError):
 class RedisUnavailable(EventBusError):
     """Redis could not be reached, refused the credentials, or did not answer in time (wrong
     URL, server down, network, a server that accepts and never answers). The message names the
-    URL with its password redacted."""
+    URL with its password redacted, or, with Sentinel, the sentinels and the service (the URL's
+    host and port are not used then)."""
 
     @classmethod
     def of(cls, settings: Settings, exc: BaseException) -> RedisUnavailable:
@@ -78,6 +79,8 @@ class RedisUnavailable(EventBusError):
         from eventbus.addresses import scrub
 
         url = settings.redacted_url
+        if settings.sentinels:
+            url = f"service {settings.sentinel_service!r} of sentinels {settings.sentinels}"
         if isinstance(exc, TimeoutError) or "Timeout" in type(exc).__name__:
             what = (
                 f"Redis at {url} did not answer within {settings.redis_read_timeout_s:g} s "

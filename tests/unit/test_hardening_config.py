@@ -105,3 +105,20 @@ def test_deadlines_must_be_positive(bad: dict[str, float]) -> None:
 def test_one_decompression_cap_for_both_sides() -> None:
     s = Settings(max_payload_bytes=1000)
     assert s.max_decompressed_bytes == 1000 * DECOMPRESSION_FACTOR
+
+
+def test_redis_unavailable_with_sentinels_names_the_sentinels_not_the_url() -> None:
+    """With Sentinel, the URL's host and port are not used (eventbus asks the sentinels for the
+    primary): the error names what was tried."""
+    from eventbus.errors import RedisUnavailable
+
+    settings = Settings(
+        redis_url="redis://:s3cret@unused-host:6379/0",
+        sentinels="10.0.0.1:26379,10.0.0.2:26379",
+        sentinel_service="orders",
+    )
+
+    message = str(RedisUnavailable.of(settings, ConnectionError("No master found for 'orders'")))
+
+    assert "10.0.0.1:26379,10.0.0.2:26379" in message and "'orders'" in message
+    assert "unused-host" not in message and "s3cret" not in message

@@ -1,4 +1,4 @@
-"""Reproduction of a library bug found by the chaos harness on a Redis Cluster (`stress/chaos.py
+"""Regression test of a library bug found by the chaos harness on a Redis Cluster (`stress/chaos.py
 all --cluster`, short run, a restart of a primary long enough for the others to mark it failed):
 a ``-CLUSTERDOWN`` reply to the consumer's blocking read (``eventbus/consumer/cluster_reads.py``,
 ``BlockingReads._block``) is re-raised inside the read's task group, so it leaves the read loop as
