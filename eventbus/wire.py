@@ -110,10 +110,19 @@ class Wire:
                 if isinstance(confirmed, Exception)
                 else self._replicas_short(confirmed)
             )
+        # A lost reply (on a Cluster: one node's connection) leaves its stream's slots from there
+        # on unsettled, to be sent again in order; the other streams' slots are settled, not
+        # sent twice (they were re-sent with the whole batch before: duplicates).
+        lost: Exception | None = None
+        lost_streams: set[str | None] = set()
         for slot, result in zip(batch, results, strict=True):
-            if isinstance(result, LOST_REPLY):
-                raise result
+            if isinstance(result, LOST_REPLY) or slot.stream in lost_streams:
+                lost = lost or result
+                lost_streams.add(slot.stream)
+                continue
             slot.settle(short or result)
+        if lost is not None:
+            raise lost
         failed = len(batch) if short else sum(isinstance(r, Exception) for r in results)
         observe_publish(batch, failed, self._settings.publish_timeout_s)
 
