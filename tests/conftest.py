@@ -49,6 +49,12 @@ BOTH_TOPOLOGIES = {
     "test_consumer_catchup",
     "test_catchup_handling",
     "test_tier_cli",
+    "test_broadcast_redis",
+    "test_batch_redis",
+    "test_routing_redis",
+    "test_request_reply",
+    "test_retention",
+    "test_examples",
 }
 """Integration modules run on both topologies (by module name)."""
 

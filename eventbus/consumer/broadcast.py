@@ -115,30 +115,41 @@ class BroadcastConsumer:
             self.topic.name,
             self.topic.shards,
         )
-        failures = 0
+        # One XREAD of every shard stream on a single node; on a Cluster one per stream, each
+        # on its own connection: the keys of one XREAD must share a hash slot there.
+        reads = [[s] for s in self.streams] if self.settings.cluster else [self.streams]
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._cancel_reads_on, stop, tg.cancel_scope)
-            while not stop.is_set():
-                try:
-                    reply = await self.redis.xread(
-                        dict(self.positions), count=_BATCH, block=self.settings.block_max_ms
-                    )
-                    failures = 0
-                except _RETRIED as exc:
-                    failures += 1
-                    delay = self._backoff.compute(failures)
-                    log.warning(
-                        "broadcast consumer %s: %s; retry in %.2f s", self.consumer_id, exc, delay
-                    )
-                    with anyio.move_on_after(delay):
-                        await stop.wait()
-                    continue
-                with (
-                    anyio.CancelScope(shield=True),
-                    anyio.move_on_after(self.settings.shutdown_grace_s),
-                ):
-                    await self._handle(reply or [])
-            tg.cancel_scope.cancel()
+            for streams in reads:
+                tg.start_soon(self._read_loop, streams, stop)
+
+    async def _read_loop(self, streams: list[str], stop: anyio.Event) -> None:
+        """Read `streams` from their positions and handle each read before the next, until
+        `stop` is set (then the task group's cancellation ends a blocked read)."""
+        failures = 0
+        while not stop.is_set():
+            try:
+                positions: dict[KeyT, StreamIdT] = {s: self.positions[s] for s in streams}
+                reply = await self.redis.xread(
+                    positions,
+                    count=_BATCH,
+                    block=self.settings.block_max_ms,
+                )
+                failures = 0
+            except _RETRIED as exc:
+                failures += 1
+                delay = self._backoff.compute(failures)
+                log.warning(
+                    "broadcast consumer %s: %s; retry in %.2f s", self.consumer_id, exc, delay
+                )
+                with anyio.move_on_after(delay):
+                    await stop.wait()
+                continue
+            with (
+                anyio.CancelScope(shield=True),
+                anyio.move_on_after(self.settings.shutdown_grace_s),
+            ):
+                await self._handle(reply or [])
 
     async def _cancel_reads_on(self, stop: anyio.Event, scope: anyio.CancelScope) -> None:
         """A blocking XREAD does not wait for its block time once `stop` is set (the handling
