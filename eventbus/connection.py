@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from eventbus.config import Settings
+
+if TYPE_CHECKING:
+    from redis.asyncio.cluster import RedisCluster
 
 
 def connect(settings: Settings) -> Any:
@@ -23,9 +26,7 @@ def connect(settings: Settings) -> Any:
         **settings.tls_options,  # CA and client certificate files (rediss:// only)
     }
     if settings.cluster:
-        from redis.asyncio.cluster import RedisCluster
-
-        return _guard_cluster(RedisCluster.from_url(settings.redis_url, **options))
+        return _guard_cluster(_cluster_class().from_url(settings.redis_url, **options))
     import redis.asyncio
 
     # No transparent retries: redis-py would re-send a command whose reply was lost, and a
@@ -118,6 +119,38 @@ def _primary_connection_classes() -> dict[bool, type]:
 
     _CLASSES.update({False: SentinelPrimaryConnection, True: SentinelPrimarySSLConnection})
     return _CLASSES
+
+
+_CLUSTER: list[type[RedisCluster]] = []
+
+
+def _cluster_class() -> type[RedisCluster]:
+    """redis-py's `RedisCluster`, except that failing to learn the topology is a connection error.
+
+    When no startup or known node answers (all restarting, a partition) or the slots are not all
+    served (a failover in progress), redis-py raises `RedisClusterException`, which is not a
+    `RedisError`: every loop that retries Redis errors (heartbeats, reads, acks) would die of it
+    instead of retrying. Seen in the chaos harness (`all --cluster` under a CPU hog): a
+    consumer's heartbeat loop died of "Redis Cluster cannot be connected". It is raised as a
+    `ConnectionError` (the original chained), which callers already treat as a lost reply.
+    """
+    if not _CLUSTER:
+        from redis.asyncio.cluster import RedisCluster
+        from redis.exceptions import ConnectionError as RedisConnectionError
+        from redis.exceptions import RedisClusterException
+
+        # a class made on first use: the Cluster client is imported only when one is asked for
+
+        class Cluster(RedisCluster):
+            async def initialize(self) -> Cluster:
+                try:
+                    await super().initialize()
+                except RedisClusterException as exc:
+                    raise RedisConnectionError(f"Redis Cluster topology unknown: {exc}") from exc
+                return self
+
+        _CLUSTER.append(Cluster)
+    return _CLUSTER[0]
 
 
 def _guard_cluster(client: Any) -> Any:

@@ -211,3 +211,19 @@ async def test_a_connection_closed_under_a_caller_fails_as_a_connection_error(
             await send
     finally:
         await client.aclose()
+
+
+async def test_an_unreachable_cluster_is_a_connection_error() -> None:
+    """redis-py raises `RedisClusterException` (not a `RedisError`) when no node answers while it
+    learns the topology; the loops that retry Redis errors (heartbeats, reads) died of it. The
+    client `connect` makes raises `ConnectionError` instead."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from eventbus.testing.server import free_port
+
+    client = connect(Settings(redis_url=f"redis://127.0.0.1:{free_port()}/0", cluster=True))
+    try:
+        with pytest.raises(RedisConnectionError, match="topology unknown"):
+            await client.ping()
+    finally:
+        await client.aclose()
