@@ -29,7 +29,7 @@ async def test_orders_service_handlers_through_the_test_bus() -> None:
 
 
 def test_web_handler_publishes_and_rejects_bad_input(
-    redis_db: str, monkeypatch: pytest.MonkeyPatch
+    redis_db: str, topology: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("REDIS_URL", redis_db)
     for name in ("examples.web_handler", "examples.orders_service"):
@@ -43,7 +43,9 @@ def test_web_handler_publishes_and_rejects_bad_input(
 
     assert ok.status_code == 202 and bad.status_code == 422
     entry_id = ok.get_json()["entry_id"]
-    with redis.Redis.from_url(redis_db) as r:
+    # on the cluster, a client of every node: the shard streams spread over the primaries
+    client = redis.RedisCluster if topology == "cluster" else redis.Redis
+    with client.from_url(redis_db) as r:
         stored = [
             eid.decode()
             for key in r.scan_iter("eventbus:stream:orders:*")
