@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 from eventbus.config import Settings
@@ -121,9 +122,7 @@ def _primary_connection_classes() -> dict[bool, type]:
     return _CLASSES
 
 
-_CLUSTER: list[type[RedisCluster]] = []
-
-
+@functools.cache
 def _cluster_class() -> type[RedisCluster]:
     """redis-py's `RedisCluster`, except that failing to learn the topology is a connection error.
 
@@ -134,23 +133,20 @@ def _cluster_class() -> type[RedisCluster]:
     consumer's heartbeat loop died of "Redis Cluster cannot be connected". It is raised as a
     `ConnectionError` (the original chained), which callers already treat as a lost reply.
     """
-    if not _CLUSTER:
-        from redis.asyncio.cluster import RedisCluster
-        from redis.exceptions import ConnectionError as RedisConnectionError
-        from redis.exceptions import RedisClusterException
+    from redis.asyncio.cluster import RedisCluster
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import RedisClusterException
 
-        # a class made on first use: the Cluster client is imported only when one is asked for
+    # made once, on first use: the Cluster client is imported only when one is asked for
+    class Cluster(RedisCluster):
+        async def initialize(self) -> Cluster:
+            try:
+                await super().initialize()
+            except RedisClusterException as exc:
+                raise RedisConnectionError(f"Redis Cluster topology unknown: {exc}") from exc
+            return self
 
-        class Cluster(RedisCluster):
-            async def initialize(self) -> Cluster:
-                try:
-                    await super().initialize()
-                except RedisClusterException as exc:
-                    raise RedisConnectionError(f"Redis Cluster topology unknown: {exc}") from exc
-                return self
-
-        _CLUSTER.append(Cluster)
-    return _CLUSTER[0]
+    return Cluster
 
 
 def _guard_cluster(client: Any) -> Any:
