@@ -42,6 +42,27 @@ def _raw(reply: Any) -> bytes:
     return reply if isinstance(reply, bytes) else str(reply).encode()
 
 
+def _view(port: int) -> tuple[tuple[bytes, ...], ...]:
+    """Node `port`'s view of the cluster: (node ID, config epoch, slot ranges...) per primary,
+    sorted (``CLUSTER NODES`` fields 0, 6 and 8 on; replicas and flags left out)."""
+    with _client(port) as r:
+        lines = _raw(r.execute_command("CLUSTER", "NODES")).splitlines()
+    rows = (line.split() for line in lines)
+    return tuple(sorted((f[0], f[6], *f[8:]) for f in rows if b"master" in f[2]))
+
+
+def _owner(view: tuple[tuple[bytes, ...], ...], slot: int) -> bytes | None:
+    """The node ID owning `slot` in `view` (`_view`), or None."""
+    for node_id, _epoch, *ranges in view:
+        for r in ranges:
+            if r.startswith(b"["):  # "[slot->-node]" / "[slot-<-node]": migration in progress
+                continue
+            start, _, end = r.partition(b"-")
+            if int(start) <= slot <= int(end or start):
+                return node_id
+    return None
+
+
 class ReplicatedCluster:
     """`primaries` primaries with `replicas` replicas each on loopback; a context manager."""
 
@@ -178,7 +199,19 @@ class ReplicatedCluster:
 
     def move_slot(self, slot: int, source: int, target: int, batch: int = 100) -> int:
         """Migrate `slot` from primary `source` to primary `target` (as ``redis-cli --cluster
-        reshard`` does); returns the keys moved."""
+        reshard`` does); returns the keys moved. Raises `EventBusError` if the nodes do not all
+        see `target` owning the slot within 30 s.
+
+        ``SETSLOT NODE`` makes the importing target take the slot with an epoch bumped without
+        consensus, but only when the target does not already believe its epoch is the greatest
+        (Redis Cluster spec, "configEpoch conflicts"). A target that has not yet heard of a bump
+        elsewhere keeps its epoch, and gossip from the source sent just before the source's own
+        ``SETSLOT NODE`` (claiming the slot with a greater epoch) then takes the slot back: each
+        side names the other as owner, and every command on the slot ends in redirections for
+        good. So the move starts only once every node agrees on the epochs, and ``SETSLOT
+        NODE`` goes to the target first, then the source, then the rest (the order the
+        ``CLUSTER SETSLOT`` documentation asks for)."""
+        self._wait_agreed(lambda views: len(set(views)) == 1, "agree on epochs and slots")
         src, dst = _client(source), _client(target)
         try:
             src_id = src.execute_command("CLUSTER", "MYID")
@@ -189,13 +222,28 @@ class ReplicatedCluster:
             while keys := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, batch):
                 src.execute_command("MIGRATE", "127.0.0.1", target, "", 0, 5000, "KEYS", *keys)
                 moved += len(keys)
-            for port in self.primary_ports():
+            others = [p for p in self.primary_ports() if p not in (source, target)]
+            for port in (target, source, *others):
                 with _client(port) as r:
                     r.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
-            return moved
         finally:
             src.close()
             dst.close()
+        self._wait_agreed(
+            lambda views: all(_owner(v, slot) == _raw(dst_id) for v in views),
+            f"see slot {slot} on {target}",
+        )
+        return moved
+
+    def _wait_agreed(self, agreed: Any, what: str, timeout: float = 30.0) -> None:
+        """Wait until `agreed(views)` holds, a view being one live node's ``CLUSTER NODES``
+        reduced to (node ID, config epoch, slots) per node, sorted."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if agreed([_view(n.port) for n in self._live()]):
+                return
+            time.sleep(0.01)
+        raise EventBusError(f"cluster nodes did not {what} within {timeout} s")
 
     def __exit__(self, *exc: object) -> None:
         for node in self.nodes:

@@ -60,19 +60,21 @@ class Seen:
 
 async def _publish_all(bus: EventBus, per_resource: int, acked: set[tuple[str, int]], at) -> None:
     """Publish seq 0.. of every resource, each seq after the previous one is acknowledged
-    (retried on PublishError: WAIT short or a node down); `at(i)` runs before round i."""
-    for seq in range(per_resource):
-        await at(seq)
-        for r in range(RESOURCES):
-            rid = f"res-{r}"
-            while True:
-                try:
-                    await bus.publish(TOPIC, Tick(resource=rid, seq=seq), resource_id=rid)
-                    acked.add((rid, seq))
-                    break
-                except PublishError:
-                    await anyio.sleep(0.05)
-        await anyio.sleep(0.005)
+    (retried on PublishError: WAIT short or a node down); `at(i)` runs before round i.
+    Fails after 120 s rather than retrying for ever on a cluster that never heals."""
+    with anyio.fail_after(120):
+        for seq in range(per_resource):
+            await at(seq)
+            for r in range(RESOURCES):
+                rid = f"res-{r}"
+                while True:
+                    try:
+                        await bus.publish(TOPIC, Tick(resource=rid, seq=seq), resource_id=rid)
+                        acked.add((rid, seq))
+                        break
+                    except PublishError:
+                        await anyio.sleep(0.05)
+            await anyio.sleep(0.005)
 
 
 def _check(seen: Seen, acked: set[tuple[str, int]]) -> None:
