@@ -3,6 +3,7 @@ the venv's python for workers, loopback only, the UI off and small shuffles."""
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -46,6 +47,9 @@ def spark() -> Iterator[Any]:
     register(session)
     yield session
     session.stop()
+    # py4j logs "Closing down clientserver connection" (INFO) from __del__ at interpreter exit,
+    # after pytest has closed the stream its handler writes to: a "--- Logging error ---" trace
+    logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
 @pytest.fixture
