@@ -10,26 +10,53 @@ so that a killed primary's replica is promoted within a few seconds. `failover` 
 
 from __future__ import annotations
 
+import random
+import socket
 import subprocess
 import time
+from collections.abc import Collection
+from pathlib import Path
 from typing import Any
 
 from eventbus.errors import EventBusError
 from eventbus.testing.server import RedisServer, free_port, redis_binary
 
+_BUS_OFFSET = 10000  # a node's cluster bus listens on its port + 10000 (Redis's default)
 
-def cluster_port() -> int:
-    """A loopback port free a moment ago whose cluster-bus port (port + 10000) is free too."""
-    import socket
 
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux ``ip_local_port_range``)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default, and IANA's 49152 is above it
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def cluster_port(taken: Collection[int] = ()) -> int:
+    """A loopback port for a cluster node whose cluster-bus port (port + 10000) is free too.
+
+    Both lie below the kernel's ephemeral range, so no `free_port()` listener (a port the
+    kernel picks) can take them between this choice and the node's start, and neither is in
+    `taken` (the ports and bus ports of the cluster's other nodes, which are not bound yet).
+    Falls back to `free_port()` when the ephemeral range leaves no room below it."""
+    low = _ephemeral_low()
     while True:
-        port = free_port(below=55536)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 10000))
-            except OSError:
-                continue
-        return port
+        if low - _BUS_OFFSET > 2048:
+            port = random.randrange(1024, low - _BUS_OFFSET)
+        else:
+            port = free_port(below=65536 - _BUS_OFFSET)
+        bus = port + _BUS_OFFSET
+        if port not in taken and bus not in taken and _bindable(port) and _bindable(bus):
+            return port
 
 
 def _client(port: int) -> Any:
@@ -40,6 +67,15 @@ def _client(port: int) -> Any:
 
 def _raw(reply: Any) -> bytes:
     return reply if isinstance(reply, bytes) else str(reply).encode()
+
+
+def _wait(ready: Any, timeout: float, error: str, poll_s: float = 0.1) -> None:
+    """Poll `ready()` until it is true; raises `EventBusError(error)` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if time.monotonic() > deadline:
+            raise EventBusError(error)
+        time.sleep(poll_s)
 
 
 def _view(port: int) -> tuple[tuple[bytes, ...], ...]:
@@ -77,15 +113,18 @@ class ReplicatedCluster:
             "--repl-diskless-sync", "yes",
             "--repl-diskless-sync-delay", "0",
         ]  # fmt: skip
-        self.nodes = [
-            RedisServer(cluster_port(), extra=list(extra))
-            for _ in range(primaries * (1 + replicas))
-        ]
+        self.nodes: list[RedisServer] = []
+        for _ in range(primaries * (1 + replicas)):
+            self.nodes.append(RedisServer(cluster_port(self._ports()), extra=list(extra)))
 
     @property
     def url(self) -> str:
         """URL of a primary as of the start (any node serves as a Cluster client's seed)."""
         return self._url
+
+    def _ports(self, but: RedisServer | None = None) -> set[int]:
+        """The ports and cluster-bus ports of the nodes (all but `but`)."""
+        return {p for n in self.nodes if n is not but for p in (n.port, n.port + _BUS_OFFSET)}
 
     def node(self, port: int) -> RedisServer:
         return next(n for n in self.nodes if n.port == port)
@@ -131,7 +170,7 @@ class ReplicatedCluster:
     def __enter__(self) -> ReplicatedCluster:
         try:
             for node in self.nodes:
-                node.start()
+                self._start(node)
             subprocess.run(
                 [
                     redis_binary("redis-cli"), "--cluster", "create",
@@ -147,28 +186,39 @@ class ReplicatedCluster:
             raise
         return self
 
+    def _start(self, node: RedisServer, attempts: int = 5) -> None:
+        """Start `node`, on another port if something else took its port or bus port since
+        they were chosen (possible only before the cluster is created)."""
+        for attempt in range(attempts):
+            try:
+                node.start()
+                return
+            except EventBusError as exc:
+                if "Address already in use" not in str(exc) or attempt == attempts - 1:
+                    raise
+                (node.dir / "nodes.conf").unlink(missing_ok=True)  # written with the old port
+                node.port = cluster_port(self._ports(but=node))
+
     def wait_ok(self, timeout: float = 30.0) -> None:
         """Wait until every live node reports ``cluster_state:ok``, `primaries_wanted` primaries
         serve slots and every live replica's link to its primary is up."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self._ok():
-                return
-            time.sleep(0.1)
-        raise EventBusError(f"Redis Cluster not ok within {timeout} s")
+        _wait(self._ok, timeout, f"Redis Cluster not ok within {timeout} s")
 
     def _ok(self) -> bool:
+        return (
+            self._states_ok()
+            and all(self._linked(n.port) for n in self._live())
+            and len(self.primary_ports()) == self.primaries_wanted
+        )
+
+    def _linked(self, port: int) -> bool:
+        """Node `port` is a primary, or a replica whose link to its primary is up."""
         try:
-            for n in self._live():
-                with _client(n.port) as r:
-                    if b"cluster_state:ok" not in _raw(r.execute_command("CLUSTER", "INFO")):
-                        return False
-                    rep = r.info("replication")
-                    if rep["role"] == "slave" and rep.get("master_link_status") != "up":
-                        return False
-            return len(self.primary_ports()) == self.primaries_wanted
+            with _client(port) as r:
+                rep = r.info("replication")
         except Exception:
             return False
+        return bool(rep["role"] != "slave" or rep.get("master_link_status") == "up")
 
     def failover(self, primary: int, kill: bool = True, timeout: float = 30.0) -> int:
         """Fail `primary` over to its replica: SIGKILL it (`kill`) or ``CLUSTER FAILOVER`` on
@@ -180,14 +230,15 @@ class ReplicatedCluster:
         else:
             with _client(replica) as r:
                 r.execute_command("CLUSTER", "FAILOVER")
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self._role(replica) == "master" and self._states_ok():
-                return replica
-            time.sleep(0.1)
-        raise EventBusError(f"replica {replica} of {primary} not promoted within {timeout} s")
+        _wait(
+            lambda: self._role(replica) == "master" and self._states_ok(),
+            timeout,
+            f"replica {replica} of {primary} not promoted within {timeout} s",
+        )
+        return replica
 
     def _states_ok(self) -> bool:
+        """Every live node reports ``cluster_state:ok``."""
         try:
             for n in self._live():
                 with _client(n.port) as r:
@@ -236,14 +287,13 @@ class ReplicatedCluster:
         return moved
 
     def _wait_agreed(self, agreed: Any, what: str, timeout: float = 30.0) -> None:
-        """Wait until `agreed(views)` holds, a view being one live node's ``CLUSTER NODES``
-        reduced to (node ID, config epoch, slots) per node, sorted."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if agreed([_view(n.port) for n in self._live()]):
-                return
-            time.sleep(0.01)
-        raise EventBusError(f"cluster nodes did not {what} within {timeout} s")
+        """Wait until `agreed(views)` holds, a view being one live node's `_view`."""
+        _wait(
+            lambda: agreed([_view(n.port) for n in self._live()]),
+            timeout,
+            f"cluster nodes did not {what} within {timeout} s",
+            poll_s=0.01,
+        )
 
     def __exit__(self, *exc: object) -> None:
         for node in self.nodes:

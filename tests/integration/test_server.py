@@ -38,3 +38,30 @@ def test_missing_binary_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_free_port_is_bindable_and_below_the_limit() -> None:
     assert free_port(below=55536) < 55536
+
+
+def test_cluster_ports_avoid_each_other_and_the_ephemeral_range() -> None:
+    from eventbus.testing.cluster import ReplicatedCluster, _ephemeral_low
+
+    cluster = ReplicatedCluster(3, 1)  # ports chosen, nothing started
+    ports = [n.port for n in cluster.nodes]
+    everything = ports + [p + 10000 for p in ports]
+    assert len(set(everything)) == len(everything)  # no node's port is another's bus port
+    assert max(everything) < _ephemeral_low()  # the kernel never hands these out
+
+
+def test_a_cluster_node_whose_bus_port_was_taken_starts_on_another_port() -> None:
+    import socket
+
+    from eventbus.testing.cluster import ReplicatedCluster
+
+    cluster = ReplicatedCluster(3, 0)
+    first = cluster.nodes[0].port
+    with socket.socket() as squatter:  # something took node 0's bus port after the choice
+        squatter.bind(("127.0.0.1", first + 10000))
+        squatter.listen()
+        with cluster:
+            assert cluster.nodes[0].port != first
+            assert len(cluster.primary_ports()) == 3
+            with redis.Redis(port=cluster.nodes[0].port) as client:
+                assert b"cluster_state:ok" in client.execute_command("CLUSTER", "INFO")
