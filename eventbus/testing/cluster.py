@@ -10,52 +10,25 @@ so that a killed primary's replica is promoted within a few seconds. `failover` 
 
 from __future__ import annotations
 
-import random
-import socket
 import subprocess
 import time
 from collections.abc import Collection
-from pathlib import Path
 from typing import Any
 
 from eventbus.errors import EventBusError
-from eventbus.testing.server import RedisServer, free_port, redis_binary
+from eventbus.testing.server import RedisServer, bindable, ephemeral_low, free_port, redis_binary
 
 _BUS_OFFSET = 10000  # a node's cluster bus listens on its port + 10000 (Redis's default)
 
 
-def _ephemeral_low() -> int:
-    """The first port of the kernel's ephemeral range (Linux ``ip_local_port_range``)."""
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768  # Linux's default, and IANA's 49152 is above it
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def cluster_port(taken: Collection[int] = ()) -> int:
-    """A loopback port for a cluster node whose cluster-bus port (port + 10000) is free too.
-
-    Both lie below the kernel's ephemeral range, so no `free_port()` listener (a port the
-    kernel picks) can take them between this choice and the node's start, and neither is in
-    `taken` (the ports and bus ports of the cluster's other nodes, which are not bound yet).
-    Falls back to `free_port()` when the ephemeral range leaves no room below it."""
-    low = _ephemeral_low()
+    """A loopback port for a cluster node whose cluster-bus port (port + 10000) is free too,
+    both below the kernel's ephemeral range (see `free_port`) and neither in `taken` (the
+    ports and bus ports of the cluster's other nodes, which are not bound yet)."""
     while True:
-        if low - _BUS_OFFSET > 2048:
-            port = random.randrange(1024, low - _BUS_OFFSET)
-        else:
-            port = free_port(below=65536 - _BUS_OFFSET)
+        port = free_port(below=ephemeral_low() - _BUS_OFFSET)
         bus = port + _BUS_OFFSET
-        if port not in taken and bus not in taken and _bindable(port) and _bindable(bus):
+        if port not in taken and bus not in taken and bindable(bus):
             return port
 
 

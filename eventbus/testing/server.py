@@ -7,6 +7,7 @@ benchmarks. Needs the ``redis-server`` binary (Debian package ``redis-server``) 
 
 from __future__ import annotations
 
+import random
 import shutil
 import socket
 import subprocess
@@ -18,13 +19,44 @@ from types import TracebackType
 from eventbus.errors import EventBusError
 
 
-def free_port(below: int = 65536) -> int:
-    """A TCP port under `below` on 127.0.0.1 that was free a moment ago."""
+def ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux ``ip_local_port_range``): the
+    ports from there on are the ones `connect()` hands to client sockets."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+def bindable(port: int) -> bool:
+    """Whether 127.0.0.1:`port` can be bound right now."""
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(below: int | None = None) -> int:
+    """A TCP port on 127.0.0.1, free a moment ago, under `below` (default: the start of the
+    kernel's ephemeral range).
+
+    Below that range no client socket can take the port as its local port between this choice
+    and a server's start, or while a server is down for a restart on the same port: a
+    connected socket's port cannot be bound by a listener ("Address already in use"). Where
+    the range leaves under 1,000 ports below it, the kernel picks (`bind` to port 0)."""
+    top = min(below or 65536, ephemeral_low())
     while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port < below:
+        if top > 2024:
+            port = random.randrange(1024, top)
+        else:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = int(s.getsockname()[1])
+            if port >= (below or 65536):
+                continue
+        if bindable(port):
             return port
 
 

@@ -8,7 +8,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -24,6 +23,7 @@ from support import Recorder, Tick, running, wait_until
 from eventbus import Context, EventBus
 from eventbus.config import Settings
 from eventbus.health import Health, serve
+from eventbus.testing.server import free_port
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
@@ -131,15 +131,9 @@ async def handle(event: Tick) -> None:
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_processes_share_one_metrics_port(redis_db: str, tmp_path: Path) -> None:
     (tmp_path / "multi_app.py").write_text(textwrap.dedent(APP))
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "REDIS_URL": redis_db,
