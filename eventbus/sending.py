@@ -11,8 +11,8 @@ the first copy of every event lands in call order. (A batch whose reply was lost
 applied: its second copy, with the same event ID, lands later; `dedup_window_s` drops it.)
 Concurrent calls for one resource therefore land as Kafka's producer lands them in a partition.
 
-On a Redis Cluster (and fakeredis) redis-py's pipeline routes commands per node; there one
-pipeline is in flight at a time, which keeps the same order.
+On a Redis Cluster (and fakeredis) one batch is in flight at a time, sent as redis-py's pipeline,
+one per primary on a Cluster (`eventbus.wire`), which keeps the same order per stream.
 
 How a batch is packed, sent and answered (hiredis's packer, redis-py's pipeline, WAIT) is
 `eventbus.wire`.
