@@ -55,6 +55,7 @@ BOTH_TOPOLOGIES = {
     "test_request_reply",
     "test_retention",
     "test_examples",
+    "test_outbox",
 }
 """Integration modules run on both topologies (by module name)."""
 

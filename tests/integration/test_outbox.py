@@ -1,4 +1,5 @@
-"""Publish after commit (issue 11 item 9): SQLAlchemy on SQLite, events to a real redis-server.
+"""Publish after commit (issue 11 item 9): SQLAlchemy on SQLite, events to a real redis-server
+(one node and a Cluster).
 A committed transaction publishes its events in order, a rolled-back one nothing, a rolled-back
 savepoint only what was queued before it."""
 
@@ -6,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -37,20 +39,24 @@ class OrderPlaced(BaseModel):
 @pytest.fixture
 def setup(
     settings: type[Settings], tmp_path: Path
-) -> Iterator[tuple[sessionmaker[Session], AfterCommit, redis.Redis, EventBus]]:
+) -> Iterator[tuple[sessionmaker[Session], AfterCommit, Any, EventBus]]:
     engine = create_engine(f"sqlite:///{tmp_path / 'app.db'}")
     Base.metadata.create_all(engine)
     factory = sessionmaker(engine)
     bus = EventBus(settings(shards=1))
     outbox = AfterCommit(bus)
     outbox.listen(factory)
-    with redis.Redis.from_url(bus.settings.redis_url) as r:
+    url = bus.settings.redis_url
+    client: Any = redis.Redis.from_url(url)
+    if bus.settings.cluster:
+        client = redis.RedisCluster.from_url(url)  # type: ignore[no-untyped-call]
+    with client as r:
         yield factory, outbox, r, bus
     bus.sync().close()
     engine.dispose()
 
 
-def _published(r: redis.Redis, bus: EventBus) -> list[str]:
+def _published(r: Any, bus: EventBus) -> list[str]:
     from eventbus.codec import decode_entry
 
     entries = r.xrange(bus.keys.stream("orders", 0))
