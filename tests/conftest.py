@@ -56,6 +56,7 @@ BOTH_TOPOLOGIES = {
     "test_retention",
     "test_examples",
     "test_outbox",
+    "test_dictionaries",
 }
 """Integration modules run on both topologies (by module name)."""
 
