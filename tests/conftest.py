@@ -57,6 +57,7 @@ BOTH_TOPOLOGIES = {
     "test_examples",
     "test_outbox",
     "test_dictionaries",
+    "test_metrics_health",
 }
 """Integration modules run on both topologies (by module name)."""
 
