@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 from eventbus.errors import EventBusError
@@ -42,7 +42,7 @@ def _raw(reply: Any) -> bytes:
     return reply if isinstance(reply, bytes) else str(reply).encode()
 
 
-def _wait(ready: Any, timeout: float, error: str, poll_s: float = 0.1) -> None:
+def _wait(ready: Callable[[], bool], timeout: float, error: str, poll_s: float = 0.1) -> None:
     """Poll `ready()` until it is true; raises `EventBusError(error)` after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while not ready():
@@ -51,7 +51,11 @@ def _wait(ready: Any, timeout: float, error: str, poll_s: float = 0.1) -> None:
         time.sleep(poll_s)
 
 
-def _view(port: int) -> tuple[tuple[bytes, ...], ...]:
+_View = tuple[tuple[bytes, ...], ...]
+"""A node's view of the cluster (`_view`)."""
+
+
+def _view(port: int) -> _View:
     """Node `port`'s view of the cluster: (node ID, config epoch, slot ranges...) per primary,
     sorted (``CLUSTER NODES`` fields 0, 6 and 8 on; replicas and flags left out)."""
     with _client(port) as r:
@@ -60,7 +64,7 @@ def _view(port: int) -> tuple[tuple[bytes, ...], ...]:
     return tuple(sorted((f[0], f[6], *f[8:]) for f in rows if b"master" in f[2]))
 
 
-def _owner(view: tuple[tuple[bytes, ...], ...], slot: int) -> bytes | None:
+def _owner(view: _View, slot: int) -> bytes | None:
     """The node ID owning `slot` in `view` (`_view`), or None."""
     for node_id, _epoch, *ranges in view:
         for r in ranges:
@@ -259,7 +263,9 @@ class ReplicatedCluster:
         )
         return moved
 
-    def _wait_agreed(self, agreed: Any, what: str, timeout: float = 30.0) -> None:
+    def _wait_agreed(
+        self, agreed: Callable[[list[_View]], bool], what: str, timeout: float = 30.0
+    ) -> None:
         """Wait until `agreed(views)` holds, a view being one live node's `_view`."""
         _wait(
             lambda: agreed([_view(n.port) for n in self._live()]),
