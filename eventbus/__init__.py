@@ -1,6 +1,6 @@
 """eventbus: event-driven microservices on Redis Streams."""
 
-from eventbus.app import EventBus, SyncBus
+from eventbus.app import EventBus
 from eventbus.config import Settings
 from eventbus.consumer import Context
 from eventbus.errors import (
@@ -14,6 +14,7 @@ from eventbus.errors import (
     UnknownEventType,
 )
 from eventbus.sharding import shard_of
+from eventbus.sync import SyncBus
 
 __all__ = [
     "ConfigError",

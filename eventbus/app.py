@@ -2,7 +2,8 @@
 
 The Redis client comes from `eventbus.connection.connect`, the handler's event models from its
 signature (`eventbus.signature`); the consumers run under `eventbus.running`, and the blocking
-facade for synchronous code is `eventbus.sync.SyncBus`. `connect` and `SyncBus` are re-exported.
+facade for synchronous code is `eventbus.sync.SyncBus` (from `EventBus.sync`). `connect` is
+re-exported.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import anyio
 from pydantic import BaseModel
@@ -33,8 +34,10 @@ from eventbus.retry import LOST_REPLY
 from eventbus.running import make_consumers, run_consumers
 from eventbus.session import Session
 from eventbus.signature import handler_input
-from eventbus.sync import SyncBus
 from eventbus.topics import TopicConfig
+
+if TYPE_CHECKING:
+    from eventbus.sync import SyncBus
 
 H = TypeVar("H", bound=Handler)
 _sync_lock = threading.Lock()
@@ -271,7 +274,7 @@ class EventBus(Lifecycle):
         """Publish ``(resource_id, event)`` pairs in pipelines; returns entry IDs in order."""
         return await self.publisher.publish_many(self.topic(topic), events, headers)
 
-    request = requests.request  # `eventbus.request.request`: typed by its overloads
+    request = requests.request  # `eventbus.request.request`, typed by its `reply_model`
 
     def sync(self) -> SyncBus:
         """The bus for synchronous code (Flask, Django, threads): one `SyncBus` per bus, shared
@@ -282,6 +285,8 @@ class EventBus(Lifecycle):
         ``with bus.sync() as sb:`` (the loop stops when the last such block exits, unless it is
         also used outside one). Safe across ``fork``: a child starts its own.
         """
+        from eventbus.sync import SyncBus  # it imports this module
+
         with _sync_lock:
             if self._sync is None:
                 self._sync = SyncBus(self)
@@ -313,4 +318,4 @@ class EventBus(Lifecycle):
             await run_consumers(self.consumers, stop, handle_signals=handle_signals)
 
 
-__all__ = ["EventBus", "SyncBus", "connect"]
+__all__ = ["EventBus", "connect"]

@@ -29,128 +29,107 @@ class Settings(BaseSettings):
 
     # hide_input_in_errors: a rejected redis_url must not print its password
     model_config = SettingsConfigDict(
-        env_prefix="EVENTBUS_", extra="forbid", hide_input_in_errors=True
+        env_prefix="EVENTBUS_",
+        extra="forbid",
+        hide_input_in_errors=True,
+        use_attribute_docstrings=True,  # each field's docstring is its description
     )
 
     redis_url: str = Field(
         "redis://127.0.0.1:6379/0",
         validation_alias=AliasChoices("EVENTBUS_REDIS_URL", "REDIS_URL", "redis_url"),
-        description="redis:// or rediss:// URL of one node (of any node, for a Cluster); "
-        "reserved characters in the password percent-encoded. Printed only redacted.",
     )
-    redis_connect_timeout_s: float = Field(
-        5.0, gt=0, description="Seconds to wait for a TCP (and TLS) connection to Redis."
-    )
-    redis_timeout_margin_s: float = Field(
-        5.0,
-        gt=0,
-        description="Seconds a Redis reply may take beyond the longest server-side wait "
-        "(XREADGROUP BLOCK block_max_ms, WAIT publish_replicas_timeout_ms); their sum is the "
-        "socket read timeout (redis_read_timeout_s).",
-    )
-    tls_ca_file: Path | None = Field(
-        None,
-        description="PEM file of the CA(s) that signed the server's certificate (rediss:// "
-        "URLs; default: the system's CAs). Overrides the URL's ssl_ca_certs.",
-    )
-    tls_cert_file: Path | None = Field(
-        None, description="PEM client certificate, for servers with tls-auth-clients yes."
-    )
-    tls_key_file: Path | None = Field(None, description="PEM private key of tls_cert_file.")
-    cluster: bool = Field(False, description="Connect with the Redis Cluster protocol.")
-    sentinels: str = Field(
-        "",
-        description="Redis Sentinel addresses, host:port,host:port (in code also a list of "
-        "'host:port' or (host, port)); with sentinel_service, the primary is found through them "
-        "and redis_url gives only credentials, database and TLS. Empty: no Sentinel.",
-    )
-    sentinel_service: str = Field(
-        "",
-        pattern=r"^[^\s,]{0,200}$",
-        description="Master name the sentinels monitor (sentinel monitor <name> ...).",
-    )
-    sentinel_username: str | None = Field(
-        None, description="ACL user of the sentinels themselves (not of the primary)."
-    )
-    sentinel_password: SecretStr | None = Field(
-        None, description="Password of the sentinels themselves (their requirepass)."
-    )
+    """redis:// or rediss:// URL of one node (of any node, for a Cluster); reserved characters in
+    the password percent-encoded. Printed only redacted."""
+    redis_connect_timeout_s: float = Field(5.0, gt=0)
+    """Seconds to wait for a TCP (and TLS) connection to Redis."""
+    redis_timeout_margin_s: float = Field(5.0, gt=0)
+    """Seconds a Redis reply may take beyond the longest server-side wait (XREADGROUP BLOCK
+    block_max_ms, WAIT publish_replicas_timeout_ms); their sum is the socket read timeout
+    (redis_read_timeout_s)."""
+    tls_ca_file: Path | None = None
+    """PEM file of the CA(s) that signed the server's certificate (rediss:// URLs; default: the
+    system's CAs). Overrides the URL's ssl_ca_certs."""
+    tls_cert_file: Path | None = None
+    """PEM client certificate, for servers with tls-auth-clients yes."""
+    tls_key_file: Path | None = None
+    """PEM private key of tls_cert_file."""
+    cluster: bool = False
+    """Connect with the Redis Cluster protocol."""
+    sentinels: str = ""
+    """Redis Sentinel addresses, host:port,host:port (in code also a list of 'host:port' or (host,
+    port)); with sentinel_service, the primary is found through them and redis_url gives only
+    credentials, database and TLS. Empty: no Sentinel."""
+    sentinel_service: str = Field("", pattern=r"^[^\s,]{0,200}$")
+    """Master name the sentinels monitor (sentinel monitor <name> ...)."""
+    sentinel_username: str | None = None
+    """ACL user of the sentinels themselves (not of the primary)."""
+    sentinel_password: SecretStr | None = None
+    """Password of the sentinels themselves (their requirepass)."""
     key_prefix: str = Field("eventbus", pattern=r"^[A-Za-z0-9_.\-]{1,100}$")
+    """First part of every key name (`eventbus.keys`): deployments sharing a Redis differ here."""
     hashtag: str = Field("eventbus", pattern=r"^[A-Za-z0-9_.\-]{1,100}$")
+    """The ``{hashtag}`` of the lock keys: on a Cluster they all live in its slot."""
 
     # publishing
-    shards: int = Field(16, ge=1, le=MAX_SHARDS, description="Default shard count of a topic.")
-    maxlen: int = Field(
-        1_000_000, ge=1, description="Approximate cap of each shard stream (XADD MAXLEN ~)."
-    )
-    max_payload_bytes: int = Field(
-        1_048_576,
-        ge=64,
-        description="Largest encoded entry in bytes; an envelope may decompress to at most "
-        f"{DECOMPRESSION_FACTOR} times this (max_decompressed_bytes).",
-    )
-    compress_threshold_bytes: int = Field(
-        1024, ge=0, description="Envelopes at least this large are zstd-compressed."
-    )
-    publish_batch_max: int = Field(1000, ge=1, description="Most XADDs in one pipeline.")
-    publish_pipelines: int = Field(2, ge=1, description="Pipelines in flight at once.")
-    publish_replicas: int = Field(
-        0, ge=0, description="Replicas that must confirm each publish (WAIT); 0: none."
-    )
-    publish_replicas_timeout_ms: int = Field(
-        1000, ge=0, description="How long WAIT waits for those replicas."
-    )
-    publish_timeout_s: float = Field(
-        10.0,
-        gt=0,
-        description="Seconds a publish() may take, retries of connection errors included, "
-        "before it raises PublishError (a deadline on the caller).",
-    )
+    shards: int = Field(16, ge=1, le=MAX_SHARDS)
+    """Default shard count of a topic."""
+    maxlen: int = Field(1_000_000, ge=1)
+    """Approximate cap of each shard stream (XADD MAXLEN ~)."""
+    max_payload_bytes: int = Field(1_048_576, ge=64)
+    """Largest encoded entry in bytes; an envelope may decompress to at most
+    `DECOMPRESSION_FACTOR` (64) times this (max_decompressed_bytes)."""
+    compress_threshold_bytes: int = Field(1024, ge=0)
+    """Envelopes at least this large are zstd-compressed."""
+    publish_batch_max: int = Field(1000, ge=1)
+    """Most XADDs in one pipeline."""
+    publish_pipelines: int = Field(2, ge=1)
+    """Pipelines in flight at once."""
+    publish_replicas: int = Field(0, ge=0)
+    """Replicas that must confirm each publish (WAIT); 0: none."""
+    publish_replicas_timeout_ms: int = Field(1000, ge=0)
+    """How long WAIT waits for those replicas."""
+    publish_timeout_s: float = Field(10.0, gt=0)
+    """Seconds a publish() may take, retries of connection errors included, before it raises
+    PublishError (a deadline on the caller)."""
 
     # consuming
-    liveness_ttl_s: float = Field(
-        30.0, gt=0.3, description="A consumer not heard from for this long is dead."
-    )
-    read_count: int = Field(200, ge=1, description="COUNT of one XREADGROUP.")
-    block_min_ms: int = Field(10, ge=1, description="Shortest XREADGROUP BLOCK when idle.")
-    block_max_ms: int = Field(1000, ge=1, description="Longest XREADGROUP BLOCK when idle.")
-    retention: Literal["maxlen", "acked"] = Field(
-        "maxlen",
-        description="Default retention of a topic (eventbus.retention): 'maxlen' caps streams "
-        "only; 'acked' keeps entries until every group acked them (MAXLEN stays the hard cap).",
-    )
-    retention_trim_exact: bool = Field(
-        False, description="Trim exactly to the acked point (XTRIM MINID without ~): more CPU."
-    )
-    trim_check_s: float = Field(
-        5.0,
-        gt=0,
-        description="How often a consumer checks each held shard for entries trimmed (MAXLEN) "
-        "before its group read them (and at once when it takes a shard).",
-    )
-    idle_release_ms: int = Field(
-        500, ge=0, description="A held shard idle this long is released for others to take."
-    )
-    max_in_flight: int = Field(2000, ge=1, description="Entries read but not yet acked, at most.")
-    concurrency: int = Field(64, ge=1, description="Handlers running at once, at most.")
-    max_attempts: int = Field(5, ge=1, description="Handler attempts before dead-lettering.")
-    retry_base_s: float = Field(
-        0.1, gt=0, description="Retry n waits base * 2**(n-1), times a random 0.5..1 (jitter)."
-    )
-    retry_max_s: float = Field(10.0, gt=0, description="Longest retry delay.")
-    shutdown_grace_s: float = Field(
-        30.0, gt=0, description="Longest wait for in-flight entries at graceful shutdown."
-    )
-    handler_timeout_s: float | None = Field(
-        300.0,
-        ge=0,
-        description="Seconds one handler attempt may run: then it is cancelled (async handler) "
-        "or abandoned (sync handler: its thread runs on, unwaited) and counts as a failed "
-        "attempt (HandlerTimeout). 0 or None: no limit. Per subscriber: handler_timeout_s=.",
-    )
-    start: Literal["beginning", "now"] = Field(
-        "beginning", description="Where a new consumer group starts reading a topic."
-    )
+    liveness_ttl_s: float = Field(30.0, gt=0.3)
+    """A consumer not heard from for this long is dead."""
+    read_count: int = Field(200, ge=1)
+    """COUNT of one XREADGROUP."""
+    block_min_ms: int = Field(10, ge=1)
+    """Shortest XREADGROUP BLOCK when idle."""
+    block_max_ms: int = Field(1000, ge=1)
+    """Longest XREADGROUP BLOCK when idle."""
+    retention: Literal["maxlen", "acked"] = "maxlen"
+    """Default retention of a topic (eventbus.retention): 'maxlen' caps streams only; 'acked' keeps
+    entries until every group acked them (MAXLEN stays the hard cap)."""
+    retention_trim_exact: bool = False
+    """Trim exactly to the acked point (XTRIM MINID without ~): more CPU."""
+    trim_check_s: float = Field(5.0, gt=0)
+    """How often a consumer checks each held shard for entries trimmed (MAXLEN) before its group
+    read them (and at once when it takes a shard)."""
+    idle_release_ms: int = Field(500, ge=0)
+    """A held shard idle this long is released for others to take."""
+    max_in_flight: int = Field(2000, ge=1)
+    """Entries read but not yet acked, at most."""
+    concurrency: int = Field(64, ge=1)
+    """Handlers running at once, at most."""
+    max_attempts: int = Field(5, ge=1)
+    """Handler attempts before dead-lettering."""
+    retry_base_s: float = Field(0.1, gt=0)
+    """Retry n waits base * 2**(n-1), times a random 0.5..1 (jitter)."""
+    retry_max_s: float = Field(10.0, gt=0)
+    """Longest retry delay."""
+    shutdown_grace_s: float = Field(30.0, gt=0)
+    """Longest wait for in-flight entries at graceful shutdown."""
+    handler_timeout_s: float | None = Field(300.0, ge=0)
+    """Seconds one handler attempt may run: then it is cancelled (async handler) or abandoned (sync
+    handler: its thread runs on, unwaited) and counts as a failed attempt (HandlerTimeout). 0 or
+    None: no limit. Per subscriber: handler_timeout_s=."""
+    start: Literal["beginning", "now"] = "beginning"
+    """Where a new consumer group starts reading a topic."""
 
     @field_validator("redis_url")
     @classmethod

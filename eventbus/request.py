@@ -25,10 +25,11 @@ import asyncio
 import re
 import uuid
 import weakref
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 from pydantic import BaseModel
+from typing_extensions import TypeVar
 
 from eventbus.codec import Envelope, decode_entry, encode_entry, envelope_of
 from eventbus.errors import DecodeError, InvalidReply, RequestTimeout
@@ -37,7 +38,8 @@ from eventbus.keys import Keys
 if TYPE_CHECKING:
     from eventbus.app import EventBus
 
-M = TypeVar("M", bound=BaseModel)
+# without a reply_model the reply is its JSON-mode fields (a dict): M is left unsolved, so Any
+M = TypeVar("M", bound=BaseModel, default=Any)
 
 REPLY_TO = "eventbus-reply-to"
 CORRELATION_ID = "eventbus-correlation-id"
@@ -120,7 +122,6 @@ def requester(bus: EventBus) -> Requester:
     return found
 
 
-@overload
 async def request(
     bus: EventBus,
     topic: str,
@@ -128,30 +129,9 @@ async def request(
     *,
     resource_id: str,
     timeout_s: float = 30.0,
-    reply_model: type[M],
+    reply_model: type[M] | None = None,
     headers: dict[str, str] | None = None,
-) -> M: ...
-@overload
-async def request(
-    bus: EventBus,
-    topic: str,
-    event: BaseModel,
-    *,
-    resource_id: str,
-    timeout_s: float = 30.0,
-    reply_model: None = None,
-    headers: dict[str, str] | None = None,
-) -> Any: ...
-async def request(
-    bus: EventBus,
-    topic: str,
-    event: BaseModel,
-    *,
-    resource_id: str,
-    timeout_s: float = 30.0,
-    reply_model: type[BaseModel] | None = None,
-    headers: dict[str, str] | None = None,
-) -> Any:
+) -> M:
     """Publish `event` as a request and return the reply: the pydantic model a subscriber's
     handler returned, validated as `reply_model`, or its JSON-mode
     fields (a dict) without one. The bus must be entered (``async with bus:``).
@@ -166,7 +146,7 @@ async def request(
     """
     env = await requester(bus).request(bus, topic, event, resource_id, timeout_s, headers)
     if reply_model is None:
-        return env.payload
+        return cast("M", env.payload)  # M is Any here: no reply_model to solve it
     return reply_model.model_validate(env.payload)
 
 

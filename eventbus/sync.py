@@ -21,27 +21,26 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import logging
 import os
 import threading
 import weakref
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from functools import partial
 from types import TracebackType
-from typing import TYPE_CHECKING, TypeVar
+from typing import Concatenate, ParamSpec, TypeVar
 
 from anyio.from_thread import BlockingPortal
-from pydantic import BaseModel
 
 from eventbus import loops
+from eventbus.app import EventBus
 from eventbus.errors import EventBusError
-
-if TYPE_CHECKING:
-    from eventbus.app import EventBus
 
 log = logging.getLogger("eventbus")
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 _all: weakref.WeakSet[SyncBus] = weakref.WeakSet()
 
@@ -86,12 +85,27 @@ class _Loop:
         self.thread.join(timeout_s)
 
 
+def _blocking(
+    method: Callable[Concatenate[EventBus, P], Awaitable[T]],
+) -> Callable[Concatenate[SyncBus, P], T]:
+    """`method` of `EventBus` as a `SyncBus` method: same arguments, blocking until done."""
+
+    def blocking(self: SyncBus, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return self.call(partial(method, self._bus, *args, **kwargs))
+
+    # name, annotations and __wrapped__ (inspect.signature, help()) are the method's
+    functools.update_wrapper(blocking, method, assigned=("__name__", "__annotations__"))
+    blocking.__qualname__ = f"SyncBus.{method.__name__}"
+    blocking.__doc__ = f"`EventBus.{method.__name__}`, blocking the calling thread until done."
+    return blocking
+
+
 class SyncBus:
     """Blocking facade of an `EventBus`, thread-safe; see the module docstring.
 
-    ``publish(topic, event, *, resource_id, headers=None)`` and
-    ``publish_many(topic, events, *, headers=None)`` are `EventBus.publish` and
-    `EventBus.publish_many`, blocking the calling thread until Redis confirms.
+    `publish`, `publish_many` and `request` are the `EventBus` methods of the same name, with
+    the same arguments, blocking the calling thread until they are done (until Redis confirms,
+    for publishing).
     """
 
     def __init__(self, bus: EventBus) -> None:
@@ -107,28 +121,9 @@ class SyncBus:
         self._local = threading.local()
 
     # -- the API ----------------------------------------------------------------------------
-    def publish(
-        self,
-        topic: str,
-        event: BaseModel,
-        *,
-        resource_id: str,
-        headers: dict[str, str] | None = None,
-    ) -> str:
-        """`EventBus.publish`, blocking; returns the entry ID."""
-        return self.call(
-            partial(self._bus.publish, topic, event, resource_id=resource_id, headers=headers)
-        )
-
-    def publish_many(
-        self,
-        topic: str,
-        events: Iterable[tuple[str, BaseModel]],
-        *,
-        headers: dict[str, str] | None = None,
-    ) -> list[str]:
-        """`EventBus.publish_many`, blocking; returns the entry IDs in order."""
-        return self.call(partial(self._bus.publish_many, topic, list(events), headers=headers))
+    publish = _blocking(EventBus.publish)
+    publish_many = _blocking(EventBus.publish_many)
+    request = _blocking(EventBus.request)
 
     def call(self, fn: Callable[[], Awaitable[T]]) -> T:
         """Run ``await fn()`` on the bus's event loop and return its result (any coroutine

@@ -76,6 +76,36 @@ async def test_a_handler_return_value_answers_the_request(settings: type[Setting
     await client.aclose()
 
 
+async def test_the_sync_bus_requests_from_a_plain_thread(settings: type[Settings]) -> None:
+    """`SyncBus.request` (a Flask view's call) blocks its thread until the reply, typed by
+    `reply_model` as the async method is."""
+    server = EventBus(settings())
+
+    @server.subscriber("quotes", group="pricing")
+    async def price(q: Quote) -> Price:
+        return Price(sku=q.sku, total_cents=q.quantity * 250)
+
+    client = EventBus(settings())
+
+    def view() -> tuple[Price, object]:
+        with client.sync() as sb:
+            typed = sb.request(
+                "quotes",
+                Quote(sku="a", quantity=2),
+                resource_id="a",
+                timeout_s=20,
+                reply_model=Price,
+            )
+            raw = sb.request("quotes", Quote(sku="b", quantity=3), resource_id="b", timeout_s=20)
+        return typed, raw
+
+    async with running(server):
+        typed, raw = await anyio.to_thread.run_sync(view)
+    assert typed == Price(sku="a", total_cents=500)
+    assert raw == {"sku": "b", "total_cents": 750}
+    assert not client.sync().running  # the last block's exit stopped its loop
+
+
 async def test_timeout_says_nobody_subscribes(settings: type[Settings]) -> None:
     client = EventBus(settings())
     async with client:
