@@ -283,7 +283,7 @@ class BatchRunner:
             self._m_failures.inc()
             self._m_timeouts.inc()
             return HandlerTimeout(sub.name, timeout, abandoned=not self.call.is_async)
-        self.handling.handled += len(entries)
+        self.handling.tally.handled += len(entries)
         self._m_latency.observe(max(0.0, time.time() - entries[-1].env.published_at_ms / 1000))
         return None
 

@@ -79,20 +79,13 @@ class BroadcastConsumer:
         self.positions: dict[KeyT, StreamIdT] = {}  # stream -> last entry ID read
         redis_retry = retry.forever(settings.retry_base_s, settings.retry_max_s)
         self.handling = Handling(member, sub, redis_retry)
+        self.tally = self.handling.tally  # dead_lettered stays 0: no dead-letter stream here
         self._backoff = retry.backoff(settings.retry_base_s, settings.retry_max_s)
         self._limit = anyio.CapacityLimiter(settings.concurrency)
         self.in_flight = 0
         self.dropped = 0  # entries not handled: failed after retries, undecodable, unknown
         self.started = anyio.Event()  # set once the start positions are taken
         self.lease = _Started(self.started)
-
-    @property
-    def handled(self) -> int:
-        return self.handling.handled
-
-    @property
-    def dead_lettered(self) -> int:
-        return 0  # no dead-letter stream: see `dropped`
 
     async def behind(self) -> list[str]:
         """The streams this consumer has not read to their end, and entries in flight (for

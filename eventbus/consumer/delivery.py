@@ -1,5 +1,6 @@
 """An entry on its way through the handling path, and the vocabulary of that path: `Delivery`,
-`Fence` (the caller's right to handle it), `Outcome`/`Step` (where it stands after a step)."""
+`Fence` (the caller's right to handle it), `Outcome`/`Step` (where it stands after a step),
+`Tally` (what became of the entries)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,19 @@ class Delivery:
     attempt: int = 0
     segment: str | None = None
     delivery_count: int = 1
+
+
+@dataclass(slots=True)
+class Tally:
+    """What a consumer's handling path did since it started, in entries (events, for a batch
+    handler). Also in Prometheus (`eventbus.metrics`), process-wide; these are per consumer."""
+
+    handled: int = 0
+    """Handler calls that succeeded."""
+    dead_lettered: int = 0
+    """Written to the dead-letter stream (failed `max_attempts` times, or undecodable)."""
+    duplicates_skipped: int = 0
+    """Skipped as already handled by the group (`dedup_window_s`)."""
 
 
 class Fence(Protocol):

@@ -83,6 +83,7 @@ class Consumer:
         self.trims = TrimWatch(member)
         redis_retry = retry.forever(settings.retry_base_s, settings.retry_max_s)
         self.handling = Handling(member, sub, redis_retry)
+        self.tally = self.handling.tally  # handled, dead-lettered, duplicates skipped
         self._rotation = random.randrange(n)
         self.catching_up = CatchUpSchedule(self.backoff)
         self._stopping = False
@@ -100,24 +101,9 @@ class Consumer:
         self._m_shards = ShardMetrics(self.topic.name, self.group)
 
     @property
-    def handled(self) -> int:
-        """Entries whose handler succeeded."""
-        return self.handling.handled
-
-    @property
-    def dead_lettered(self) -> int:
-        """Entries written to the dead-letter stream."""
-        return self.handling.dead_lettered
-
-    @property
     def in_flight(self) -> int:
         """Entries read (or claimed) and not yet finished: acked, or let go unacked."""
         return self.acks.in_flight
-
-    @property
-    def duplicates_skipped(self) -> int:
-        """Entries skipped as already handled (`dedup_window_s`)."""
-        return self.handling.duplicates_skipped
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def run(self, stop: anyio.Event) -> None:
@@ -342,6 +328,6 @@ class Consumer:
     def _report_handled(self) -> None:
         """Add the handler successes since the last call to the Prometheus counter (once a
         round rather than once an event: a labelled increment costs a few microseconds)."""
-        handled = self.handling.handled
+        handled = self.tally.handled
         self._m_handled.inc(handled - self._handled_reported)
         self._handled_reported = handled

@@ -20,10 +20,10 @@ from redis.asyncio.retry import Retry
 from eventbus import retry as retrying
 from eventbus.codec import F_DATA, F_RESOURCE, F_TYPE
 from eventbus.consumer.context import Subscription
-from eventbus.consumer.delivery import NOT_STARTED, Delivery, Fence, Outcome
+from eventbus.consumer.delivery import NOT_STARTED, Delivery, Fence, Outcome, Tally
 from eventbus.dlq import DROP, UNPARK, DeadLetter, control_request, dead_letter_fields
 from eventbus.errors import DecodeError, ForgedControlEntry
-from eventbus.keys import Keys
+from eventbus.member import Member
 from eventbus.metrics import METRICS
 
 if TYPE_CHECKING:
@@ -41,11 +41,12 @@ class _ShardLost(Exception):
 class Failures:
     """Dead-letter writes and the parked set of (topic, group); see the module docstring."""
 
-    def __init__(self, redis: Any, keys: Keys, sub: Subscription, retry: Retry) -> None:
-        self.redis = redis
-        self.sub = sub
-        self.retry = retry
-        self.dead_lettered = 0
+    def __init__(self, member: Member, sub: Subscription, retry: Retry, tally: Tally) -> None:
+        self.sub, self.retry, self.tally = sub, retry, tally
+        # Any: redis-py types replies for its sync and async clients at once (``int |
+        # Awaitable[int]``), and as str although eventbus's clients answer bytes
+        self.redis: Any = member.redis
+        keys = member.keys
         self._dlq = keys.dead_letter(sub.topic.name, sub.group)
         self._parked_key = keys.parked(sub.topic.name, sub.group)
         self._control = keys.control(sub.topic.name, sub.group)
@@ -116,7 +117,7 @@ class Failures:
             dlq_id = await retrying.call(self.retry, f"dead-letter write to {self._dlq}", write)
         except _ShardLost:
             return None
-        self.dead_lettered += 1
+        self.tally.dead_lettered += 1
         self._m_dead.inc()
         return dlq_id
 

@@ -38,7 +38,15 @@ from eventbus.codec import (
     decompressed_size,
 )
 from eventbus.consumer.context import Context, Subscription
-from eventbus.consumer.delivery import NOT_STARTED, Delivery, Fence, NotStarted, Outcome, Step
+from eventbus.consumer.delivery import (
+    NOT_STARTED,
+    Delivery,
+    Fence,
+    NotStarted,
+    Outcome,
+    Step,
+    Tally,
+)
 from eventbus.consumer.failures import Failures
 from eventbus.dictionaries import FORMAT_MSGPACK_ZSTD_DICT, Dictionaries
 from eventbus.dlq import is_control
@@ -63,12 +71,11 @@ class Handling:
         self.redis, self.keys, self.consumer_id = member.redis, member.keys, member.consumer_id
         self.sub = sub
         self.retry = retry
-        self.failures = Failures(member.redis, member.keys, sub, retry)
+        self.tally = Tally()
+        self.failures = Failures(member, sub, retry, self.tally)
         self.dictionaries = Dictionaries(member.redis, member.keys)
         self.max_decoded_bytes = member.settings.max_decompressed_bytes
         self.dedup_s = math.ceil(sub.dedup_window_s) if sub.dedup_window_s else 0
-        self.handled = 0  # entries whose handler succeeded
-        self.duplicates_skipped = 0  # entries skipped as already handled (dedup window)
         labels = (sub.topic.name, sub.group)
         self._m_failures = METRICS.failures.labels(*labels)
         self._m_timeouts = METRICS.handler_timeouts.labels(*labels)
@@ -76,10 +83,6 @@ class Handling:
         self._m_skipped = METRICS.skipped_unknown.labels(*labels)
         self._skipped_types: set[str] = set()
         self._m_duration = METRICS.handler_duration.labels(*labels, sub.name)
-
-    @property
-    def dead_lettered(self) -> int:
-        return self.failures.dead_lettered
 
     async def step(self, d: Delivery, fence: Fence) -> Step:
         """One step for `d`, the head of its resource's queue; see the module docstring."""
@@ -98,7 +101,7 @@ class Handling:
                 return Outcome.ACK
             return await self.failures.dead_letter(d, exc, reason="undecodable", fence=fence)
         if self.dedup_s and await self._seen(env.event_id_bytes):
-            self.duplicates_skipped += 1
+            self.tally.duplicates_skipped += 1
             return Outcome.ACK
         d.attempt += 1
         error = await self.attempt(d, env, event, fence, entry_id=d.entry_id, attempt=d.attempt)
@@ -282,7 +285,7 @@ class Handling:
             self._m_failures.inc()
             self._m_timeouts.inc()
             return HandlerTimeout(self.sub.name, timeout, abandoned=not self.sub.call.is_async)
-        self.handled += 1
+        self.tally.handled += 1
         self._m_latency.observe(max(0.0, time.time() - env.published_at_ms / 1000))
         return None
 

@@ -111,7 +111,7 @@ class BatchCases:
             assert all(c.attempt == 1 and c.consumer_id == run.consumer_ids[0] for c in ctxs)
         for seqs in log.by_resource().values():
             assert seqs == sorted(seqs)  # per-resource order across batches
-        assert bus.consumers[0].handled == 40
+        assert bus.consumers[0].tally.handled == 40
 
     async def test_a_failing_batch_is_retried_whole_then_acked(self, backend: Backend) -> None:
         r = backend.redis

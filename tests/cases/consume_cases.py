@@ -96,7 +96,7 @@ class ConsumeCases:
             assert ctx.attempt == 1 and ctx.fencing_token >= 1
             assert ctx.consumer_id == run.consumer_ids[0]
         assert len({h.ctx.event_id for h in rec.log}) == 20
-        assert bus.consumers[0].handled == 20
+        assert bus.consumers[0].tally.handled == 20
 
     async def test_undecodable_entries_are_dead_lettered_and_the_shard_goes_on(
         self, backend: Backend
@@ -149,7 +149,7 @@ class ConsumeCases:
         assert letters[bad_msgpack][b"orig_data"] == b"\x01\xc1"
         assert letters[bad_msgpack][b"orig_rid"] == rid.encode()
         assert b"orig_data" not in letters[junk]
-        assert bus.consumers[0].dead_lettered == 5
+        assert bus.consumers[0].tally.dead_lettered == 5
 
     async def test_failing_handler_is_retried_in_place_then_dead_lettered(
         self, backend: Backend
@@ -192,7 +192,7 @@ class ConsumeCases:
         assert letter[b"error_type"] == b"RuntimeError"
         assert letter[b"error"] == b"boom 3/3"
         assert letter[b"attempts"] == b"3"
-        assert bus.consumers[0].handled == 7
+        assert bus.consumers[0].tally.handled == 7
 
     async def test_per_subscriber_max_attempts(self, backend: Backend) -> None:
         r = backend.redis

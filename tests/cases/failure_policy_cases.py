@@ -174,7 +174,7 @@ class FailurePolicyCases:
         async with running(bus) as runs:
             await rec.wait_for(2)
             await wait_until(lambda: drained(bus, r))
-            await wait_until(lambda: runs[0].bus.consumers[0].duplicates_skipped == 1)
+            await wait_until(lambda: runs[0].bus.consumers[0].tally.duplicates_skipped == 1)
         assert rec.by_resource() == {"x": [1, 2]}
 
     async def test_a_retrying_resource_does_not_hold_the_only_worker(

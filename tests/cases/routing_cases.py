@@ -94,7 +94,7 @@ class RoutingCases:
         for account in ("a", "b", "c"):
             mine = [(t, s) for a, t, s in seen if a == account]
             assert mine == [("Opened", 0), *[("Credited", i) for i in (1, 2, 3)], ("Closed", 4)]
-        assert bus.consumers[0].handled == 15 and bus.consumers[0].dead_lettered == 0
+        assert bus.consumers[0].tally.handled == 15 and bus.consumers[0].tally.dead_lettered == 0
 
     async def test_unknown_types_skipped_with_a_warning_and_a_metric(
         self, backend: Backend, caplog: pytest.LogCaptureFixture

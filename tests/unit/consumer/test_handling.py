@@ -115,7 +115,7 @@ async def test_a_handled_entry_is_acked_with_its_context(h: Harness) -> None:
     assert (ctx.resource_id, ctx.event_type, ctx.headers) == ("r1", "Tick", {"k": "v"})
     assert (ctx.event_id_bytes, ctx.published_at_ms) == (env.event_id_bytes, env.published_at_ms)
     assert (ctx.attempt, ctx.fencing_token, ctx.consumer_id) == (1, 7, "c-1")
-    assert (h.handling.handled, d.attempt) == (1, 1)
+    assert (h.handling.tally.handled, d.attempt) == (1, 1)
 
 
 async def test_no_fence_lets_the_entry_go_untouched(h: Harness) -> None:
@@ -129,7 +129,7 @@ async def test_fence_lost_between_decode_and_call_starts_nothing(h: Harness) -> 
     `step` turns into an immediate retry (0 s) without counting an attempt."""
     d = delivery(encode_entry(entry()))
     assert await h.handling.step(d, Fence(holding=False)) == 0.0
-    assert h.calls == [] and d.attempt == 0 and h.handling.handled == 0
+    assert h.calls == [] and d.attempt == 0 and h.handling.tally.handled == 0
     assert await h.handling.step(d, Fence()) is Outcome.ACK
     assert [ctx.attempt for _, ctx in h.calls] == [1]
 
@@ -183,7 +183,7 @@ async def test_undecodable_entries_are_dead_lettered_then_acked(
     [letter] = await h.letters()
     assert (letter.reason, letter.error_type, letter.attempts) == ("undecodable", error_type, 0)
     assert (letter.shard, letter.entry_id, letter.original()) == (1, "1-0", fields)
-    assert h.calls == [] and h.handling.dead_lettered == 1
+    assert h.calls == [] and h.handling.tally.dead_lettered == 1
 
 
 async def test_a_failing_handler_gets_a_retry_delay_from_its_policy(h: Harness) -> None:
@@ -258,7 +258,7 @@ async def test_a_dead_letter_is_not_written_when_the_shard_is_lost_first(h: Harn
     h.handling.sub.retry = RetryPolicy(1, 0.01, 0.01)
     d = delivery(encode_entry(entry()))
     assert await h.handling.step(d, Fence(waits=iter([True, False]))) is Outcome.LET_GO
-    assert await h.letters() == [] and h.handling.dead_lettered == 0
+    assert await h.letters() == [] and h.handling.tally.dead_lettered == 0
 
 
 async def test_dedup_window_skips_an_event_id_already_handled(fake_redis: Any) -> None:
@@ -267,7 +267,7 @@ async def test_dedup_window_skips_an_event_id_already_handled(fake_redis: Any) -
     assert await h.handling.step(delivery(encode_entry(env), 1), Fence()) is Outcome.ACK
     again = delivery(encode_entry(env), 2)  # the same event ID, published twice
     assert await h.handling.step(again, Fence()) is Outcome.ACK
-    assert len(h.calls) == 1 and h.handling.duplicates_skipped == 1
+    assert len(h.calls) == 1 and h.handling.tally.duplicates_skipped == 1
     ttl = await fake_redis.ttl(KEYS.dedup("orders", "g", env.event_id_bytes))
     assert 0 < ttl <= 31  # the window, rounded up to whole seconds
 
@@ -279,4 +279,4 @@ async def test_a_failed_attempt_is_not_marked_seen(fake_redis: Any) -> None:
     assert isinstance(await h.handling.step(d, Fence()), float)
     h.fail_with = None
     assert await h.handling.step(d, Fence()) is Outcome.ACK
-    assert len(h.calls) == 2 and h.handling.duplicates_skipped == 0
+    assert len(h.calls) == 2 and h.handling.tally.duplicates_skipped == 0
