@@ -9,7 +9,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from eventbus.addresses import check_redis_url, parse_sentinels, redact_url
@@ -41,9 +51,9 @@ class Settings(BaseSettings):
     )
     """redis:// or rediss:// URL of one node (of any node, for a Cluster); reserved characters in
     the password percent-encoded. Printed only redacted."""
-    redis_connect_timeout_s: float = Field(5.0, gt=0)
+    redis_connect_timeout_s: PositiveFloat = 5.0
     """Seconds to wait for a TCP (and TLS) connection to Redis."""
-    redis_timeout_margin_s: float = Field(5.0, gt=0)
+    redis_timeout_margin_s: PositiveFloat = 5.0
     """Seconds a Redis reply may take beyond the longest server-side wait (XREADGROUP BLOCK
     block_max_ms, WAIT publish_replicas_timeout_ms); their sum is the socket read timeout
     (redis_read_timeout_s)."""
@@ -74,57 +84,57 @@ class Settings(BaseSettings):
     # publishing
     shards: int = Field(16, ge=1, le=MAX_SHARDS)
     """Default shard count of a topic."""
-    maxlen: int = Field(1_000_000, ge=1)
+    maxlen: PositiveInt = 1_000_000
     """Approximate cap of each shard stream (XADD MAXLEN ~)."""
     max_payload_bytes: int = Field(1_048_576, ge=64)
     """Largest encoded entry in bytes; an envelope may decompress to at most
     `DECOMPRESSION_FACTOR` (64) times this (max_decompressed_bytes)."""
-    compress_threshold_bytes: int = Field(1024, ge=0)
+    compress_threshold_bytes: NonNegativeInt = 1024
     """Envelopes at least this large are zstd-compressed."""
-    publish_batch_max: int = Field(1000, ge=1)
+    publish_batch_max: PositiveInt = 1000
     """Most XADDs in one pipeline."""
-    publish_pipelines: int = Field(2, ge=1)
+    publish_pipelines: PositiveInt = 2
     """Pipelines in flight at once."""
-    publish_replicas: int = Field(0, ge=0)
+    publish_replicas: NonNegativeInt = 0
     """Replicas that must confirm each publish (WAIT); 0: none."""
-    publish_replicas_timeout_ms: int = Field(1000, ge=0)
+    publish_replicas_timeout_ms: NonNegativeInt = 1000
     """How long WAIT waits for those replicas."""
-    publish_timeout_s: float = Field(10.0, gt=0)
+    publish_timeout_s: PositiveFloat = 10.0
     """Seconds a publish() may take, retries of connection errors included, before it raises
     PublishError (a deadline on the caller)."""
 
     # consuming
     liveness_ttl_s: float = Field(30.0, gt=0.3)
     """A consumer not heard from for this long is dead."""
-    read_count: int = Field(200, ge=1)
+    read_count: PositiveInt = 200
     """COUNT of one XREADGROUP."""
-    block_min_ms: int = Field(10, ge=1)
+    block_min_ms: PositiveInt = 10
     """Shortest XREADGROUP BLOCK when idle."""
-    block_max_ms: int = Field(1000, ge=1)
+    block_max_ms: PositiveInt = 1000
     """Longest XREADGROUP BLOCK when idle."""
     retention: Literal["maxlen", "acked"] = "maxlen"
     """Default retention of a topic (eventbus.retention): 'maxlen' caps streams only; 'acked' keeps
     entries until every group acked them (MAXLEN stays the hard cap)."""
     retention_trim_exact: bool = False
     """Trim exactly to the acked point (XTRIM MINID without ~): more CPU."""
-    trim_check_s: float = Field(5.0, gt=0)
+    trim_check_s: PositiveFloat = 5.0
     """How often a consumer checks each held shard for entries trimmed (MAXLEN) before its group
     read them (and at once when it takes a shard)."""
-    idle_release_ms: int = Field(500, ge=0)
+    idle_release_ms: NonNegativeInt = 500
     """A held shard idle this long is released for others to take."""
-    max_in_flight: int = Field(2000, ge=1)
+    max_in_flight: PositiveInt = 2000
     """Entries read but not yet acked, at most."""
-    concurrency: int = Field(64, ge=1)
+    concurrency: PositiveInt = 64
     """Handlers running at once, at most."""
-    max_attempts: int = Field(5, ge=1)
+    max_attempts: PositiveInt = 5
     """Handler attempts before dead-lettering."""
-    retry_base_s: float = Field(0.1, gt=0)
+    retry_base_s: PositiveFloat = 0.1
     """Retry n waits base * 2**(n-1), times a random 0.5..1 (jitter)."""
-    retry_max_s: float = Field(10.0, gt=0)
+    retry_max_s: PositiveFloat = 10.0
     """Longest retry delay."""
-    shutdown_grace_s: float = Field(30.0, gt=0)
+    shutdown_grace_s: PositiveFloat = 30.0
     """Longest wait for in-flight entries at graceful shutdown."""
-    handler_timeout_s: float | None = Field(300.0, ge=0)
+    handler_timeout_s: NonNegativeFloat | None = 300.0
     """Seconds one handler attempt may run: then it is cancelled (async handler) or abandoned (sync
     handler: its thread runs on, unwaited) and counts as a failed attempt (HandlerTimeout). 0 or
     None: no limit. Per subscriber: handler_timeout_s=."""

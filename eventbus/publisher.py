@@ -269,19 +269,18 @@ class Publisher:
         one pipeline is raised after the others were sent: the events of the pipelines that
         succeeded stay published (their IDs are in the error's ``entry_ids``, None where failed).
         """
+        pairs = list(events)
         if hooks.tracing is not None:
-            pairs = list(events)
             send = partial(self._publish_many, topic, pairs)
             return hooks.tracing.publish(send, topic.name, headers, len(pairs))
-        return self._publish_many(topic, events, headers)
+        return self._publish_many(topic, pairs, headers)
 
     async def _publish_many(
         self,
         topic: TopicConfig,
-        events: Iterable[tuple[str, BaseModel]],
-        headers: dict[str, str] | None = None,
+        pairs: list[tuple[str, BaseModel]],
+        headers: dict[str, str] | None,
     ) -> list[str]:
-        pairs = list(events)
         used = self.dictionaries.cached_current(topic.name)
         prepared = [self.prepare(topic, ev, rid, headers) for rid, ev in pairs]
         slots = [self.sender.reserve() for _ in prepared]  # no await before: call order

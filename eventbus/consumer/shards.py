@@ -46,17 +46,15 @@ def read_items(
     read and claim) has nothing to handle and is skipped."""
     for entry_id, fields in entries:
         if fields is not None:
-            item = Item(
+            yield Item(
                 shard=held.shard,
                 token=held.token,
                 entry_id=entry_id,
+                delivery_count=counts.get(entry_id, 1) if counts else 1,
                 fields=fields,
                 generation=held.generation,
                 held=held,
             )
-            if counts:
-                item.delivery_count = counts.get(entry_id, 1)
-            yield item
 
 
 class ShardTable:
