@@ -22,34 +22,36 @@ _L = ("topic", "group")
 _SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
+def _counter(name: str, documentation: str, *labels: str) -> Counter:
+    """The counter ``eventbus_<name>``, labelled by ``topic``, ``group`` and `labels`."""
+    return Counter(f"eventbus_{name}", documentation, (*_L, *labels))
+
+
 class _Metrics:
-    handled = Counter("eventbus_handled_total", "Entries handled successfully", _L)
-    failures = Counter("eventbus_handler_failures_total", "Failed handler attempts", _L)
-    handler_timeouts = Counter(
-        "eventbus_handler_timeouts_total",
+    """The metric objects, created once at import (prometheus names are process-wide)."""
+
+    # -- handling -------------------------------------------------------------------------------
+    handled = _counter("handled_total", "Entries handled successfully")
+    failures = _counter("handler_failures_total", "Failed handler attempts")
+    handler_timeouts = _counter(
+        "handler_timeouts_total",
         "Handler attempts past handler_timeout_s: cancelled (async) or abandoned (sync)",
-        _L,
     )
-    skipped_unknown = Counter(
-        "eventbus_skipped_unknown_total",
+    skipped_unknown = _counter(
+        "skipped_unknown_total",
         "Entries of an event type no handler of the group takes, skipped (on_unknown='skip')",
-        _L,
     )
-    dead_lettered = Counter(
-        "eventbus_dead_lettered_total", "Entries written to the dead-letter stream", _L
-    )
-    lost = Counter("eventbus_lost_total", "Pending entries trimmed before they were processed", _L)
-    redis_refusals = Counter(
-        "eventbus_redis_refusals_total",
+    dead_lettered = _counter("dead_lettered_total", "Entries written to the dead-letter stream")
+    lost = _counter("lost_total", "Pending entries trimmed before they were processed")
+    redis_refusals = _counter(
+        "redis_refusals_total",
         "Redis error replies to a consumer's commands (NOPERM, OOM, ...): alert on any",
-        (*_L, "command"),
+        "command",
     )
-    trimmed_unread = Counter(
-        "eventbus_trimmed_unread_total", "Entries trimmed (MAXLEN) before the group read them", _L
+    trimmed_unread = _counter(
+        "trimmed_unread_total", "Entries trimmed (MAXLEN) before the group read them"
     )
-    lease_lost = Counter(
-        "eventbus_lease_lost_total", "Times a consumer dropped its shards (lease lapsed)", _L
-    )
+    lease_lost = _counter("lease_lost_total", "Times a consumer dropped its shards (lease lapsed)")
     latency = Histogram(
         "eventbus_latency_seconds", "Publish-to-handled latency (seconds)", _L, buckets=_SECONDS
     )
@@ -66,14 +68,12 @@ class _Metrics:
         _L,
         multiprocess_mode="livesum",
     )
-    locks_taken = Counter(
-        "eventbus_shard_locks_taken_total",
+    locks_taken = _counter(
+        "shard_locks_taken_total",
         "Shard locks taken: how=free (nobody held it) or takeover (its owner's liveness expired)",
-        (*_L, "how"),
+        "how",
     )
-    locks_lost = Counter(
-        "eventbus_shard_locks_lost_total", "Shard locks found taken by another consumer", _L
-    )
+    locks_lost = _counter("shard_locks_lost_total", "Shard locks found taken by another consumer")
     lag = Gauge(
         "eventbus_consumer_lag",
         "Entries of a shard not yet delivered to the group (XINFO GROUPS lag), as last seen by "
