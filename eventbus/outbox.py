@@ -27,8 +27,7 @@ a relay publish and delete them (at-least-once, with the event ID for de-duplica
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel
 from sqlalchemy import event as sa_event
@@ -41,9 +40,8 @@ _PENDING = "eventbus.outbox.pending"
 _MARKS = "eventbus.outbox.savepoints"
 
 
-@dataclass(frozen=True, slots=True)
-class Pending:
-    """One event waiting for its transaction to commit."""
+class Pending(NamedTuple):
+    """One event waiting for its transaction to commit: the arguments of its publish."""
 
     topic: str
     event: BaseModel
@@ -101,8 +99,8 @@ async def _publish_all(bus: EventBus, items: list[Pending]) -> list[str]:
     return list(
         await asyncio.gather(
             *(
-                bus.publish(p.topic, p.event, resource_id=p.resource_id, headers=p.headers)
-                for p in items
+                bus.publish(topic, event, resource_id=resource_id, headers=headers)
+                for topic, event, resource_id, headers in items
             )
         )
     )

@@ -107,46 +107,47 @@ def dlq_show(topic: str, group: str, dlq_id: str, redis_url: RedisUrl = None) ->
     print(json.dumps(out, indent=2, default=str))  # ASCII: control characters are escaped
 
 
-def _by_ids_or_resource(
-    redis_url: str | None,
-    topic: str,
-    group: str,
-    dlq_ids: list[str] | None,
-    resource: str | None,
+def _ids_or_resource_command(
+    name: str,
     by_ids: Callable[[DeadLetters, list[str]], Awaitable[Any]],
     by_resource: Callable[[DeadLetters, str], Awaitable[Any]],
+    *,
+    resource_help: str,
+    help: str,
 ) -> None:
-    """Print what `by_resource` returns for `resource` if given, else `by_ids` for `dlq_ids`."""
+    """Add ``eventbus dlq NAME TOPIC GROUP [DLQ_IDS]... [--resource R]``: it prints what
+    `by_resource` returns for R if given, else what `by_ids` returns for the IDs."""
 
-    async def action(dl: DeadLetters) -> Any:
-        if resource is not None:
-            return await by_resource(dl, resource)
-        return await by_ids(dl, dlq_ids or [])
+    def command(
+        topic: str,
+        group: str,
+        dlq_ids: DlqIds = None,
+        # typer.Option as the default, not in Annotated: annotations are strings here, and
+        # resource_help is this call's
+        resource: str | None = typer.Option(None, help=resource_help),
+        redis_url: RedisUrl = None,
+    ) -> None:
+        async def action(dl: DeadLetters) -> Any:
+            if resource is not None:
+                return await by_resource(dl, resource)
+            return await by_ids(dl, dlq_ids or [])
 
-    print(_dlq_call(redis_url, topic, group, action))
+        print(_dlq_call(redis_url, topic, group, action))
 
-
-@dlq_app.command("requeue")
-def dlq_requeue(
-    topic: str,
-    group: str,
-    dlq_ids: DlqIds = None,
-    resource: Annotated[str | None, typer.Option(help="Requeue a parked resource.")] = None,
-    redis_url: RedisUrl = None,
-) -> None:
-    """Put dead letters back in their shard streams, or replay and unpark a parked resource."""
-    requeue, requeue_resource = DeadLetters.requeue, DeadLetters.requeue_resource
-    _by_ids_or_resource(redis_url, topic, group, dlq_ids, resource, requeue, requeue_resource)
+    dlq_app.command(name, help=help)(command)
 
 
-@dlq_app.command("drop")
-def dlq_drop(
-    topic: str,
-    group: str,
-    dlq_ids: DlqIds = None,
-    resource: Annotated[str | None, typer.Option(help="Drop a parked resource's events.")] = None,
-    redis_url: RedisUrl = None,
-) -> None:
-    """Delete dead letters for good, or discard a parked resource's events and unpark it."""
-    drop, drop_resource = DeadLetters.drop, DeadLetters.drop_resource
-    _by_ids_or_resource(redis_url, topic, group, dlq_ids, resource, drop, drop_resource)
+_ids_or_resource_command(
+    "requeue",
+    DeadLetters.requeue,
+    DeadLetters.requeue_resource,
+    resource_help="Requeue a parked resource.",
+    help="Put dead letters back in their shard streams, or replay and unpark a parked resource.",
+)
+_ids_or_resource_command(
+    "drop",
+    DeadLetters.drop,
+    DeadLetters.drop_resource,
+    resource_help="Drop a parked resource's events.",
+    help="Delete dead letters for good, or discard a parked resource's events and unpark it.",
+)
