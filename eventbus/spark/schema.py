@@ -53,6 +53,7 @@ from pyspark.sql.types import (
 )
 
 from eventbus.errors import ConfigError
+from eventbus.tier.gaps import Gap
 
 CORRUPT = "_corrupt"
 
@@ -73,20 +74,6 @@ BASE = StructType(
 )
 BASE_NAMES = tuple(BASE.fieldNames())
 
-GAPS = StructType(
-    [
-        StructField("topic", StringType()),
-        StructField("shard", IntegerType()),
-        StructField("after", StringType()),
-        StructField("before", StringType()),
-        StructField("lost_entries", LongType()),
-        StructField("detected_at_ms", LongType()),
-        StructField("detected_by", StringType()),
-        StructField("reason", StringType()),
-        StructField("key", StringType()),
-    ]
-)
-"""The side table of gap records (``option("table", "gaps")``)."""
 
 _SCALARS: dict[type, DataType] = {
     bool: BooleanType(),  # before int: bool is an int
@@ -139,6 +126,17 @@ def model_struct(model: type[BaseModel]) -> StructType:
     return StructType(
         [StructField(name, spark_type(f.annotation)) for name, f in model.model_fields.items()]
     )
+
+
+GAPS = StructType(
+    [  # shard is an int, as in the entries' columns; the rest typed as the record's fields
+        StructField(name, IntegerType() if name == "shard" else spark_type(kind))
+        for name, kind in typing.get_type_hints(Gap).items()
+    ]
+    + [StructField("key", StringType())]  # the record's object key (`Gap.key`)
+)
+"""The side table of gap records (``option("table", "gaps")``): the fields of
+`eventbus.tier.gaps.Gap`, then ``key``."""
 
 
 def typed_fields(models: Mapping[str | None, type[BaseModel]]) -> list[StructField]:
