@@ -5,14 +5,22 @@ Each error names the key, topic or object it concerns, so that a log line is eno
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from eventbus.config import Settings
 
 
 class EventBusError(Exception):
-    """Base class of every error raised by eventbus."""
+    """Base class of every error raised by eventbus.
+
+    Every one pickles (a process pool or a task queue sends it back to its caller): it is
+    rebuilt from its message and attributes, not by calling its ``__init__`` again, whose
+    arguments differ from class to class.
+    """
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _unpickle, (type(self), self.args), self.__dict__
 
 
 class ConfigError(EventBusError):
@@ -35,12 +43,16 @@ class ShardCountMismatch(EventBusError):
 
 
 class PayloadTooLarge(EventBusError):
-    """An encoded event is larger than `max_payload_bytes`; it was not published."""
+    """An encoded event is larger than `max_payload_bytes`; it was not published. `size` and
+    `limit` are in bytes."""
+
+    _too_large = (
+        "encodes to {size} bytes, over the limit of {limit} bytes (EVENTBUS_MAX_PAYLOAD_BYTES)"
+    )
 
     def __init__(self, topic: str, size: int, limit: int) -> None:
         super().__init__(
-            f"event for topic {topic!r} encodes to {size} bytes, over the limit of {limit} bytes "
-            "(EVENTBUS_MAX_PAYLOAD_BYTES)"
+            f"event for topic {topic!r} {self._too_large.format(size=size, limit=limit)}"
         )
         self.topic, self.size, self.limit = topic, size, limit
 
@@ -132,13 +144,10 @@ class DecompressedTooLarge(PayloadTooLarge):
     """A compressed entry is small enough to send, but its envelope decompresses to more than
     consumers accept (`Settings.max_decompressed_bytes`); it was not published."""
 
-    def __init__(self, topic: str, size: int, limit: int) -> None:
-        EventBusError.__init__(
-            self,
-            f"event for topic {topic!r} decompresses to {size} bytes, over the {limit} bytes "
-            "consumers accept (64 x EVENTBUS_MAX_PAYLOAD_BYTES); make the event smaller",
-        )
-        self.topic, self.size, self.limit = topic, size, limit
+    _too_large = (
+        "decompresses to {size} bytes, over the {limit} bytes consumers accept "
+        "(64 x EVENTBUS_MAX_PAYLOAD_BYTES); make the event smaller"
+    )
 
 
 class RedisCommandRefused(EventBusError):
@@ -221,3 +230,9 @@ class RequestTimeout(EventBusError):
 class InvalidReply(EventBusError):
     """A handler answering a request (`EventBus.request`) returned something other than a
     pydantic model, or the request named a reply stream that is not one of eventbus's."""
+
+
+def _unpickle(cls: type[EventBusError], args: tuple[Any, ...]) -> EventBusError:
+    """An instance of `cls` with `args`, its ``__init__`` not called (`EventBusError.__reduce__`);
+    pickle then restores its attributes."""
+    return cls.__new__(cls, *args)
