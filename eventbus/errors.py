@@ -109,11 +109,10 @@ class InvalidName(ConfigError):
     """A topic, group or key-prefix name is not allowed (characters, length, ``.``/``..``, a
     leading ``-``). `kind` says which name, `name` is the value refused."""
 
+    rule = "1-100 characters of [A-Za-z0-9_.-], not '.' or '..', not starting with '-'"
+
     def __init__(self, kind: str, name: object, reason: str) -> None:
-        super().__init__(
-            f"invalid {kind} name {name!r}: {reason}; use 1-100 characters of [A-Za-z0-9_.-], "
-            "not '.' or '..', not starting with '-'"
-        )
+        super().__init__(f"invalid {kind} name {name!r}: {reason}; use {self.rule}")
         self.kind, self.name, self.reason = kind, name, reason
 
 
@@ -123,10 +122,8 @@ class ReservedEventType(ConfigError):
     handlers. `event_type` is the name refused."""
 
     def __init__(self, event_type: str, where: str) -> None:
-        super().__init__(
-            f"{where}: event type {event_type!r} is reserved (names starting with "
-            "'__eventbus.' belong to eventbus's control entries); rename the event type"
-        )
+        why = "names starting with '__eventbus.' belong to eventbus's control entries"
+        super().__init__(f"{where}: event type {event_type!r} is reserved ({why}); rename it")
         self.event_type, self.where = event_type, where
 
 
