@@ -6,11 +6,11 @@ The checkpoint hash `Keys.checkpoints(topic)` has, per shard:
 * ``<shard>:pending``  -> ``"<first> <last> <entries>"``: the segment being written (the *intent*);
 * ``<shard>:count``    -> entries accounted for: archived, plus recorded as lost in gap records.
 
-The writes are the scripts ``lua/checkpoint_begin.lua``, ``checkpoint_commit.lua`` and
-``checkpoint_account.lua``. Each takes the offloader lock hash as KEYS[1] and refuses unless the
+The writes are the operations ``begin``, ``commit`` and ``account`` of the script
+``lua/checkpoint.lua``. It takes the offloader lock hash as KEYS[1] and refuses unless the
 caller still owns the shard's lock with the fencing token it was given (then `Fenced` is raised):
 an offloader that lost its lock (paused, partitioned) can never move a checkpoint. The keys share
-the coordination hashtag, so the scripts are atomic on a Redis Cluster too.
+the coordination hashtag, so the script is atomic on a Redis Cluster too.
 """
 
 from __future__ import annotations
@@ -54,9 +54,7 @@ class Checkpoints:
         self.topic = topic
         self.key = keys.checkpoints(topic)
         self.locks = keys.locks(topic, OFFLOADER_GROUP)
-        self._begin = register(redis, "checkpoint_begin")
-        self._commit = register(redis, "checkpoint_commit")
-        self._account = register(redis, "checkpoint_account")
+        self._script = register(redis, "checkpoint")
 
     async def read(self, shard: int) -> ShardCheckpoint:
         """The current state of `shard`."""
@@ -75,9 +73,8 @@ class Checkpoints:
         """Record `intent` under the lock. Returns False, recording nothing, when another intent
         is pending or the range does not start after the checkpoint (read it and resync).
         Raises `Fenced`."""
-        reply = await self._begin(
-            keys=[self.locks, self.key],
-            args=[shard, me, token, str(intent.first), str(intent.last), intent.entries],
+        reply = await self._call(
+            shard, me, token, "begin", str(intent.first), str(intent.last), intent.entries
         )
         if isinstance(reply, list):  # [2, pending] or [3, checkpoint]
             return False
@@ -86,21 +83,19 @@ class Checkpoints:
     async def commit(self, shard: int, me: str, token: int, last: EntryId, entries: int) -> None:
         """Advance the checkpoint to `last`, adding `entries` to the count, and clear the intent
         (a checkpoint already at or past `last` stays). Raises `Fenced`."""
-        _fenced_unless(
-            await self._commit(
-                keys=[self.locks, self.key], args=[shard, me, token, str(last), entries]
-            )
-        )
+        _fenced_unless(await self._call(shard, me, token, "commit", str(last), entries))
 
     async def account_lost(self, shard: int, me: str, token: int, entries: int) -> None:
         """Add `entries` recorded as lost to the count. Raises `Fenced`."""
-        _fenced_unless(
-            await self._account(keys=[self.locks, self.key], args=[shard, me, token, entries])
-        )
+        _fenced_unless(await self._call(shard, me, token, "account", entries))
+
+    async def _call(self, shard: int, me: str, token: int, op: str, *args: str | int) -> Any:
+        """``lua/checkpoint.lua`` operation `op` on `shard`, as `me` holding `token`."""
+        return await self._script(keys=[self.locks, self.key], args=[shard, me, token, op, *args])
 
 
 def _fenced_unless(reply: Any) -> bool:
-    """The scripts reply 0 when the caller does not hold the lock with its token."""
+    """The script replies 0 when the caller does not hold the lock with its token."""
     if int(reply) == 0:
         raise Fenced
     return True

@@ -1,0 +1,72 @@
+"""The offloader's checkpoint writes (`eventbus.tier.checkpoint`, ``lua/checkpoint.lua``) on
+redis-server: each operation's effect and reply, and fencing: a caller without the shard's lock
+and token changes nothing."""
+
+from __future__ import annotations
+
+import pytest
+from redis.exceptions import ResponseError
+from support import async_client
+
+from eventbus.keys import Keys
+from eventbus.tier.checkpoint import Checkpoints, Fenced, Intent, ShardCheckpoint
+from eventbus.tier.ids import parse_id
+from eventbus.tier.settings import OFFLOADER_GROUP
+
+pytestmark = [pytest.mark.anyio, pytest.mark.integration]
+
+
+async def test_intent_commit_and_count_under_the_lock(redis_db: str) -> None:
+    keys = Keys()
+    async with async_client(redis_db) as redis:
+        cps = Checkpoints(redis, keys, "orders")
+        await redis.hset(keys.locks("orders", OFFLOADER_GROUP), mapping={"3": "a", "3:token": 7})
+        seg = Intent(parse_id("10-0"), parse_id("19-5"), 12)
+
+        assert await cps.begin(3, "a", 7, seg)
+        assert await cps.read(3) == ShardCheckpoint(None, seg, 0)
+        # a second intent waits for the pending one
+        assert not await cps.begin(3, "a", 7, Intent(parse_id("20-0"), parse_id("21-0"), 2))
+        await cps.commit(3, "a", 7, seg.last, 12)
+        assert await cps.read(3) == ShardCheckpoint(parse_id("19-5"), None, 12)
+        # a replayed commit, or one behind the checkpoint, neither moves it back nor counts
+        await cps.commit(3, "a", 7, parse_id("19-5"), 12)
+        await cps.commit(3, "a", 7, parse_id("9-0"), 5)
+        assert await cps.read(3) == ShardCheckpoint(parse_id("19-5"), None, 12)
+        # a stale buffer: a segment that does not start after the checkpoint is refused
+        assert not await cps.begin(3, "a", 7, Intent(parse_id("19-5"), parse_id("30-0"), 3))
+        # IDs compare as integer pairs: 100-0 is after 19-5 although "100" < "19" as text
+        assert await cps.begin(3, "a", 7, Intent(parse_id("100-0"), parse_id("100-2"), 3))
+        await cps.commit(3, "a", 7, parse_id("100-2"), 3)
+        await cps.account_lost(3, "a", 7, 40)
+        assert await cps.read(3) == ShardCheckpoint(parse_id("100-2"), None, 55)
+
+
+@pytest.mark.parametrize("who", [("b", 7), ("a", 6)], ids=["other owner", "stale token"])
+async def test_a_caller_without_the_lock_and_token_changes_nothing(
+    redis_db: str, who: tuple[str, int]
+) -> None:
+    keys = Keys()
+    me, token = who
+    async with async_client(redis_db) as redis:
+        cps = Checkpoints(redis, keys, "orders")
+        await redis.hset(keys.locks("orders", OFFLOADER_GROUP), mapping={"0": "a", "0:token": 7})
+        seg = Intent(parse_id("1-0"), parse_id("2-0"), 2)
+        assert await cps.begin(0, "a", 7, seg)
+        before = await redis.hgetall(keys.checkpoints("orders"))
+        with pytest.raises(Fenced):
+            await cps.begin(0, me, token, Intent(parse_id("3-0"), parse_id("4-0"), 2))
+        with pytest.raises(Fenced):
+            await cps.commit(0, me, token, seg.last, 2)
+        with pytest.raises(Fenced):
+            await cps.account_lost(0, me, token, 9)
+        assert await redis.hgetall(keys.checkpoints("orders")) == before
+
+
+async def test_an_unknown_operation_is_an_error_reply(redis_db: str) -> None:
+    keys = Keys()
+    async with async_client(redis_db) as redis:
+        cps = Checkpoints(redis, keys, "orders")
+        await redis.hset(keys.locks("orders", OFFLOADER_GROUP), mapping={"0": "a", "0:token": 7})
+        with pytest.raises(ResponseError, match="unknown operation rewind"):
+            await cps._call(0, "a", 7, "rewind")
