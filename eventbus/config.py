@@ -120,6 +120,11 @@ class Settings(BaseSettings):
     trim_check_s: PositiveFloat = 5.0
     """How often a consumer checks each held shard for entries trimmed (MAXLEN) before its group
     read them (and at once when it takes a shard)."""
+    lock_interval_ms: NonNegativeInt = 100
+    """Shortest time between two lock rounds (lock_shards.lua) of a consumer; the read rounds
+    between them read the shards it holds, under the lease its heartbeats keep. Bounds the
+    lock calls on the hashtag's node to 1000 / lock_interval_ms per consumer and second. 0: a
+    lock round before every read."""
     idle_release_ms: NonNegativeInt = 500
     """A held shard idle this long is released for others to take."""
     max_in_flight: PositiveInt = 2000

@@ -167,18 +167,36 @@ def _spawn_consumer(url: str, expect: int, out: Path) -> subprocess.Popen[bytes]
     )
 
 
+async def command_calls(url: str) -> dict[str, int]:
+    """Calls of each command so far on the server at `url` (INFO commandstats)."""
+    r = aioredis.Redis.from_url(url)
+    stats = await r.info("commandstats")
+    await r.aclose()
+    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
+
+
+def calls_between(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    """The consumer's Redis round trips that scale with its rounds: EVALSHA (a lock round per
+    read round, heartbeats, releases) and XREADGROUP."""
+    return {c: after.get(c, 0) - before.get(c, 0) for c in ("evalsha", "xreadgroup")}
+
+
 async def eventbus_consume(url: str, out: Path) -> dict[str, Any]:
     """Consume everything already published to TOPIC (by step 4) in one consumer process."""
     r = aioredis.Redis.from_url(url)
     total = sum([await r.xlen(f"eventbus:stream:{TOPIC}:{s}") for s in range(SHARDS)])
     await r.aclose()
+    before = await command_calls(url)
     proc = _spawn_consumer(url, total, out)
     await anyio.to_thread.run_sync(proc.wait)
-    return json.loads(out.read_text())
+    return json.loads(out.read_text()) | {
+        "redis_calls": calls_between(before, await command_calls(url))
+    }
 
 
 async def eventbus_latency(url: str, rate: int, seconds: float, out: Path) -> dict[str, Any]:
     events = int(rate * seconds)
+    before = await command_calls(url)
     proc = _spawn_consumer(url, events, out)
     bus = EventBus(Settings(redis_url=url, shards=SHARDS))
     async with bus:
@@ -196,7 +214,9 @@ async def eventbus_latency(url: str, rate: int, seconds: float, out: Path) -> di
                     await anyio.sleep(delay)
     await bus.aclose()
     await anyio.to_thread.run_sync(proc.wait)
-    return json.loads(out.read_text())
+    return json.loads(out.read_text()) | {
+        "redis_calls": calls_between(before, await command_calls(url))
+    }
 
 
 # -- report -------------------------------------------------------------------------------------
@@ -252,6 +272,12 @@ def report(res: dict[str, Any]) -> None:
     t.add_row("latency p50 / p99 at rate", f"{lat['latency_ms_p50']:.2f} / "
               f"{lat['latency_ms_p99']:.2f} ms", "", "p99 <= 10 ms")
     t.add_row("consumer peak RSS", f"{res['consume']['peak_rss_mb']:.0f} MB", "", "< 150 MB")
+    for step, label in (("consume", "draining"), ("latency", "at rate")):
+        calls = res[step].get("redis_calls")
+        if calls:
+            per_k = {c: n * 1000 / max(1, res[step]["handled"]) for c, n in calls.items()}
+            t.add_row(f"EVALSHA / XREADGROUP, {label}", f"{per_k['evalsha']:.1f} / "
+                      f"{per_k['xreadgroup']:.1f} per 1,000 events", "", "")
     Console().print(t)
 
 

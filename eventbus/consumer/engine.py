@@ -3,7 +3,9 @@
 The life of a round (`Consumer.round`):
 
 1. **Acquire**: ``lock_shards.lua`` refreshes this consumer's liveness and takes shard locks up to
-   the fair share ``ceil(shards / live consumers)`` (`eventbus.locks`).
+   the fair share ``ceil(shards / live consumers)`` (`eventbus.locks`). Steps 1-5 run at most
+   every `lock_interval_ms` (at once when no shard is held or the lease ran out); the rounds
+   between them read the shards held.
 2. **Apply** the grants to the held-shard table (`shards`): shards lost to others are forgotten,
    shards newly held get a new generation.
 3. **Catch up** newly held shards from the durable tier when the group fell behind Redis's first
@@ -85,6 +87,7 @@ class Consumer:
         self.handling = Handling(member, sub, redis_retry)
         self.tally = self.handling.tally  # handled, dead-lettered, duplicates skipped
         self._rotation = random.randrange(n)
+        self._next_lock = 0.0  # monotonic time of the next lock round (`_lock_due`)
         self.catching_up = CatchUpSchedule(self.backoff)
         self._stopping = False
         self._stopped = anyio.Event()
@@ -220,9 +223,32 @@ class Consumer:
 
     # -- the round ------------------------------------------------------------------------------
     async def round(self, block_ms: int) -> bool:
-        """One acquire/apply/catch-up/recover/surplus/read/release round. Returns whether any
-        entry was read."""
+        """One acquire/apply/catch-up/recover/surplus/read/release round (the first five at
+        most every `lock_interval_ms`). Returns whether any entry was read."""
+        if self._lock_due():
+            await self._lock_round()
+        await self._check_trims()
+        got = await self._read(block_ms)
+        if got is None:  # no lease: re-lock in the next round
+            return False
+        idle = self.table.to_release(got, time.monotonic(), self.settings.idle_release_ms / 1000)
+        if idle:
+            await self._release(idle)
+        self._report_handled()
+        return bool(got)
+
+    def _lock_due(self) -> bool:
+        """Whether this round starts with a lock round: `lock_interval_ms` after the last one,
+        or at once when no shard is held or the lease ran out. Between lock rounds the held
+        shards are read under the lease that heartbeats keep (`lease`); a consumer reading a
+        trickle of events would otherwise run ``lock_shards.lua`` on the hashtag's node for
+        every few events."""
+        return time.monotonic() >= self._next_lock or not self.table.held or not self.lease.ok()
+
+    async def _lock_round(self) -> None:
+        """Acquire, apply the grants, catch up and recover newly held shards, mark surplus."""
         n = self.topic.shards
+        self._next_lock = time.monotonic() + self.settings.lock_interval_ms / 1000
         with refused("EVALSHA lock_shards", self.topic.name):
             grants = await self.locks.acquire([(self._rotation + i) % n for i in range(n)])
         self._rotation = (self._rotation + 1) % n
@@ -243,15 +269,6 @@ class Consumer:
         if recover:
             await self._recover(recover)
         self.table.mark_surplus(grants.share)
-        await self._check_trims()
-        got = await self._read(block_ms)
-        if got is None:  # no lease: re-lock in the next round
-            return False
-        idle = self.table.to_release(got, time.monotonic(), self.settings.idle_release_ms / 1000)
-        if idle:
-            await self._release(idle)
-        self._report_handled()
-        return bool(got)
 
     async def _recover(self, shards: list[int]) -> None:
         """Recover the PEL of newly held `shards`. If it fails, they are forgotten, so that they

@@ -65,6 +65,8 @@ async def test_order_per_resource_with_three_consumers(
     members = buses[0].keys.members("flights", "ordered")
     async with publisher, running(*buses):
         await wait_until(lambda: _zcard_is(r, members, 3))
+        # and their lock rounds (every lock_interval_ms) have shared the shards out
+        await wait_until(lambda: _owners_are(r, buses[0].keys.locks("flights", "ordered"), 3))
         events = [
             (f"plane-{res}", Tick(resource=f"plane-{res}", seq=seq))
             for seq in range(per_resource)
@@ -89,12 +91,20 @@ async def _zcard_is(r: redis.asyncio.Redis, key: str, n: int) -> bool:
     return await r.zcard(key) == n
 
 
+async def _owners_are(r: redis.asyncio.Redis, locks: str, n: int) -> bool:
+    """Whether `n` consumers hold the shard locks of the lock hash `locks`."""
+    held = await r.hgetall(locks)
+    return len({owner for shard, owner in held.items() if b":" not in shard}) == n
+
+
 async def test_busy_consumer_yields_its_surplus_to_a_newcomer(
     settings: SettingsFactory, r: redis.asyncio.Redis
 ) -> None:
     """A consumer holding every shard of a busy topic releases those above its fair share once
     a second consumer joins; they end up with ceil(4 / 2) = 2 shards each, order intact."""
-    s = settings(shards=4, read_count=5, block_max_ms=50)
+    # a backlog larger than the first consumer may read ahead (max_in_flight), as in production:
+    # what it has read of a surplus shard it handles before releasing it
+    s = settings(shards=4, read_count=5, block_max_ms=50, max_in_flight=20)
     resources = resources_per_shard(4, per_shard=2)
     per_resource = 60
     first, second = EventBus(s), EventBus(s)
