@@ -207,3 +207,39 @@ async def test_idle_consumer_backs_off_instead_of_spinning(
     # at most one read per 400 ms (plus the one in progress), a lock and an unlock per read
     assert 1 <= during["XREADGROUP"] <= 4, during
     assert during["EVALSHA"] <= 2 * during["XREADGROUP"] + 4, during  # + heartbeats
+
+
+@pytest.mark.single_node(
+    "counts commands through a client subclass; on a cluster reads go over the consumer's own "
+    "connections (cluster_reads)"
+)
+async def test_a_busy_consumer_locks_at_most_every_lock_interval(
+    settings: SettingsFactory, redis_db: str
+) -> None:
+    """A consumer fed a trickle of events runs a read round per few events, but a lock round
+    (``lock_shards.lua`` on the hashtag's node) at most every `lock_interval_ms`: in between it
+    reads the shards it holds under its lease."""
+    client = CountingRedis.from_url(redis_db)
+    client.calls = Counter()
+    s = settings(shards=4, lock_interval_ms=200, idle_release_ms=60_000)
+    bus = EventBus(s, redis=client)
+    rec = Recorder()
+
+    @bus.subscriber("trickle", group="g")
+    async def handle(event: Tick, ctx: Context) -> None:
+        rec.add(event, ctx)
+
+    publisher = EventBus(s)
+    async with publisher, running(bus):
+        await wait_until(lambda: _owners_are(client, bus.keys.locks("trickle", "g"), 1))
+        before, start = client.calls.copy(), anyio.current_time()
+        for seq in range(300):
+            await publisher.publish(
+                "trickle", Tick(resource=f"r{seq % 7}", seq=seq), resource_id=f"r{seq % 7}"
+            )
+            await anyio.sleep(0.002)  # a trickle: the consumer finds a few entries per read
+        await rec.wait_for(300)
+        during, elapsed = client.calls - before, anyio.current_time() - start
+    # lock rounds: one per 200 ms, the one in progress, and a heartbeat or an unlock at most
+    assert during["EVALSHA"] <= elapsed / 0.2 + 3, (during, elapsed)
+    assert during["XREADGROUP"] > 2 * during["EVALSHA"], during  # rounds without a lock round
