@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import functools
 import logging
 import os
 import threading
 import weakref
 from collections.abc import Awaitable, Callable
-from functools import partial
+from functools import partial, update_wrapper
 from types import TracebackType
 from typing import Concatenate, ParamSpec, TypeVar
 
@@ -94,7 +93,7 @@ def _blocking(
         return self.call(partial(method, self._bus, *args, **kwargs))
 
     # name, annotations and __wrapped__ (inspect.signature, help()) are the method's
-    functools.update_wrapper(blocking, method, assigned=("__name__", "__annotations__"))
+    update_wrapper(blocking, method, assigned=("__name__", "__annotations__"))
     blocking.__qualname__ = f"SyncBus.{method.__name__}"
     blocking.__doc__ = f"`EventBus.{method.__name__}`, blocking the calling thread until done."
     return blocking
