@@ -232,11 +232,13 @@ class Publisher:
             return
         async with self._topic_locks.setdefault(topic.name, anyio.Lock()):
             deadline = time.monotonic() + self._settings.publish_timeout_s
-            delay = 0.05
+            failures = 0
             while not self._registry.checked(topic.name):
                 try:
                     await self._registry.ensure(topic)
                 except LOST_REPLY as exc:
+                    failures += 1
+                    delay = self.sender.backoff.compute(failures)  # the pipelines' backoff
                     if time.monotonic() + delay > deadline:
                         raise PublishError(
                             f"shard count of topic {topic.name!r} not checked within "
@@ -249,7 +251,6 @@ class Publisher:
                         delay,
                     )
                     await anyio.sleep(delay)
-                    delay = min(delay * 2, 2.0)
                 except ResponseError as exc:  # READONLY (a replica), OOM, ...: not retried
                     raise PublishError(
                         f"shard count of topic {topic.name!r} could not be checked: {exc}"

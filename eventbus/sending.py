@@ -88,7 +88,7 @@ class Sender:
             getattr(pool, "connection_class", object), _FAST_CONNECTIONS
         )
         self._depth = settings.publish_pipelines if self._packed else 1
-        self._backoff = retry.backoff(0.05, 2.0)
+        self.backoff = retry.backoff(0.05, 2.0)  # of pipelines (and the topic check)
         self._wire = Wire(redis, settings)
 
     # -- the queue ------------------------------------------------------------------------------
@@ -211,7 +211,7 @@ class Sender:
                     self._put_back(inflight, exc)
                     inflight.clear()
                     failures += 1
-                    delay = self._backoff.compute(failures)
+                    delay = self.backoff.compute(failures)
                     log.warning("XADD pipeline failed (%s); retry in %.2f s", exc, delay)
                     await anyio.sleep(delay)
                 except Exception as exc:  # never leave a caller waiting on an unsettled future
@@ -318,7 +318,7 @@ class Sender:
                 return
             except LOST_REPLY as exc:
                 failures += 1
-                delay = self._backoff.compute(failures)
+                delay = self.backoff.compute(failures)
                 if time.monotonic() + delay >= pending[0].deadline:
                     for slot in pending:
                         slot.deadline = 0.0

@@ -51,6 +51,9 @@ from eventbus.tier.store import Store
 
 log = logging.getLogger("eventbus.tier")
 
+_LOCK_POLL = retry.backoff(0.05, 1.0)
+"""Waits between attempts to lock shards that live consumers hold (seconds)."""
+
 RawHandler = Callable[[ArchivedEntry, int], Awaitable[None]]
 """``await handle(entry, fencing_token)``: process one entry; raising stops the catch-up."""
 
@@ -83,7 +86,7 @@ class CatchUp:
         """One sweep over `chosen` shards, each under its lock. Returns whether any was behind."""
         todo = list(chosen)
         behind = False
-        delay = 0.05
+        waits = 0
         while todo:
             held = await self.lock(todo)
             for s, token in held.items():
@@ -102,8 +105,8 @@ class CatchUp:
                         f"catch-up of {self.topic}/{self.group}: shards {todo} stayed locked "
                         f"by live consumers past the timeout"
                     )
-                await anyio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+                waits += 1
+                await anyio.sleep(_LOCK_POLL.compute(waits))
         return behind
 
     async def run(
