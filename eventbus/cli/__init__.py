@@ -1,8 +1,9 @@
 """The ``eventbus`` command (typer + rich).
 
 ``run`` runs a service's subscribers (`eventbus.cli.run`); ``stats`` and ``tail``
-(`eventbus.cli.inspect`), ``publish`` (`eventbus.cli.publish`), ``dlq`` (`eventbus.cli.dlq`)
-and ``topic`` (`eventbus.cli.topic`: zstd dictionaries) are operator tools; ``offload`` and
+(`eventbus.cli.inspect`), ``publish`` (`eventbus.cli.publish`), ``dlq`` (`eventbus.cli.dlq`),
+``topic`` (`eventbus.cli.topic`: zstd dictionaries) and ``settings`` (`eventbus.cli.settings`:
+the effective settings) are operator tools; ``offload`` and
 ``replay`` drive the durable tier
 (`eventbus.tier.cli`, registered when the tier extra is installed). Every command reads the same
 settings as the library (``EVENTBUS_*``, ``REDIS_URL``), with ``--redis-url`` as an override
@@ -26,6 +27,7 @@ from eventbus.cli.inspect import stats, tail
 from eventbus.cli.output import cell, terminal_safe, user_errors
 from eventbus.cli.publish import publish
 from eventbus.cli.run import run
+from eventbus.cli.settings import settings
 from eventbus.cli.topic import topic_app
 
 app = typer.Typer(no_args_is_help=True, help="Event-driven microservices on Redis Streams.")
@@ -53,6 +55,7 @@ app.command()(run)
 app.command()(stats)
 app.command()(tail)
 app.command()(publish)
+app.command()(settings)
 app.add_typer(dlq_app, name="dlq")
 app.add_typer(topic_app, name="topic")
 
