@@ -102,6 +102,11 @@ class RedisUnavailable(EventBusError):
         else:
             reason = scrub(f"{type(exc).__name__}: {exc}", settings.redis_url)
             what = f"cannot reach Redis at {url}: {reason}; check the URL, password and server"
+            if settings.cluster and "Cluster mode is not enabled" in reason:  # redis-py's words
+                what += (
+                    ", and that the user may run CLUSTER SLOTS and COMMAND (ACL +cluster|slots "
+                    "+command: docs/security.md)"
+                )
         return cls(what)
 
 

@@ -58,6 +58,7 @@ BOTH_TOPOLOGIES = {
     "test_outbox",
     "test_dictionaries",
     "test_metrics_health",
+    "test_hardening_acl",
 }
 """Integration modules run on both topologies (by module name)."""
 
