@@ -16,11 +16,16 @@ RUNNER = CliRunner()
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No EVENTBUS_* or REDIS_URL from outside; and the passwords these tests show the CLI
+    (which scrubs them from all later output, `remember_url`) are forgotten afterwards."""
     import os
+
+    import eventbus.cli.output
 
     for name in list(os.environ):
         if name.startswith("EVENTBUS_") or name == "REDIS_URL":
             monkeypatch.delenv(name)
+    monkeypatch.setattr(eventbus.cli.output, "_URLS", set())
 
 
 def _rows(output: str) -> dict[str, dict[str, object]]:
