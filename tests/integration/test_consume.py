@@ -91,10 +91,14 @@ async def _zcard_is(r: redis.asyncio.Redis, key: str, n: int) -> bool:
     return await r.zcard(key) == n
 
 
+async def _lock_owners(r: redis.asyncio.Redis, locks: str) -> Counter[str]:
+    """Consumer ID -> shard locks it holds, from the lock hash `locks` (``<shard>`` fields)."""
+    return Counter(v.decode() for k, v in (await r.hgetall(locks)).items() if b":" not in k)
+
+
 async def _owners_are(r: redis.asyncio.Redis, locks: str, n: int) -> bool:
     """Whether `n` consumers hold the shard locks of the lock hash `locks`."""
-    held = await r.hgetall(locks)
-    return len({owner for shard, owner in held.items() if b":" not in shard}) == n
+    return len(await _lock_owners(r, locks)) == n
 
 
 async def test_busy_consumer_yields_its_surplus_to_a_newcomer(
@@ -135,8 +139,7 @@ async def test_busy_consumer_yields_its_surplus_to_a_newcomer(
 
 
 async def _owner_counts_are(r: redis.asyncio.Redis, locks: str, want: dict[str, int]) -> bool:
-    owners = [v.decode() for k, v in (await r.hgetall(locks)).items() if b":" not in k]
-    return dict(Counter(owners)) == want
+    return dict(await _lock_owners(r, locks)) == want
 
 
 async def test_sixty_four_shards(settings: SettingsFactory, r: redis.asyncio.Redis) -> None:
