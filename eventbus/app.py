@@ -1,9 +1,9 @@
 """`EventBus`: topics, subscriber registration, lifecycle, publishing and running consumers.
 
-The Redis client comes from `eventbus.connection.connect`, the handler's event models from its
-signature (`eventbus.signature`); the consumers run under `eventbus.running`, and the blocking
-facade for synchronous code is `eventbus.sync.SyncBus` (from `EventBus.sync`). `connect` is
-re-exported.
+The Redis client comes from `eventbus.client.connection.connect`, the handler's event models from
+its signature (`eventbus.consumer.signature`); the consumers run under `eventbus.consumer.running`,
+and the blocking facade for synchronous code is `eventbus.sync.SyncBus` (from `EventBus.sync`).
+`connect` is re-exported.
 """
 
 from __future__ import annotations
@@ -17,24 +17,24 @@ import anyio
 from pydantic import BaseModel
 
 from eventbus import request as requests
-from eventbus.codec import RESERVED_TYPE_PREFIX
+from eventbus.client.connection import connect
+from eventbus.client.retry import LOST_REPLY
 from eventbus.config import Settings
-from eventbus.connection import connect
 from eventbus.consumer import Consumer, Handler, HandlerCall, RetryPolicy, Subscription
 from eventbus.consumer.batching import BatchHandlerCall, batch_handler_models
 from eventbus.consumer.broadcast import BroadcastConsumer
+from eventbus.consumer.registration import add_handler, broadcast_group
 from eventbus.consumer.routing import ON_UNKNOWN, OnUnknown, Raw, Routes
+from eventbus.consumer.running import make_consumers, run_consumers
+from eventbus.consumer.signature import handler_input
 from eventbus.errors import ConfigError, RedisUnavailable, ReservedEventType
-from eventbus.keys import Keys, check_name
 from eventbus.lifecycle import Hook, Lifecycle
-from eventbus.member import AsyncRedis
-from eventbus.registration import add_handler, broadcast_group
-from eventbus.retention import Retention
-from eventbus.retry import LOST_REPLY
-from eventbus.running import make_consumers, run_consumers
+from eventbus.locking.member import AsyncRedis
+from eventbus.protocol.codec import RESERVED_TYPE_PREFIX
+from eventbus.protocol.keys import Keys, check_name
+from eventbus.protocol.retention import Retention
+from eventbus.protocol.topics import TopicConfig
 from eventbus.session import Session
-from eventbus.signature import handler_input
-from eventbus.topics import TopicConfig
 
 if TYPE_CHECKING:
     from eventbus.sync import SyncBus
@@ -89,7 +89,7 @@ class EventBus(Lifecycle):
         retention: Retention | None = None,
     ) -> TopicConfig:
         """Declare (or look up) a topic. Unset values come from the settings. `retention` is
-        ``"maxlen"`` or ``"acked"`` (`eventbus.retention`).
+        ``"maxlen"`` or ``"acked"`` (`eventbus.protocol.retention`).
 
         Raises `ConfigError` when the topic was already declared with other values, or for an
         invalid name (checked by `TopicConfig` when the topic is first seen, not on every call).

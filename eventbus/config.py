@@ -22,8 +22,8 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from eventbus.addresses import check_redis_url, parse_sentinels, redact_url
-from eventbus.sharding import MAX_SHARDS
+from eventbus.client.addresses import check_redis_url, parse_sentinels, redact_url
+from eventbus.protocol.sharding import MAX_SHARDS
 
 DECOMPRESSION_FACTOR = 64
 """An envelope may decompress to at most this many times `max_payload_bytes`: consumers refuse
@@ -77,7 +77,8 @@ class Settings(BaseSettings):
     sentinel_password: SecretStr | None = None
     """Password of the sentinels themselves (their requirepass)."""
     key_prefix: str = Field("eventbus", pattern=r"^[A-Za-z0-9_.\-]{1,100}$")
-    """First part of every key name (`eventbus.keys`): deployments sharing a Redis differ here."""
+    """First part of every key name (`eventbus.protocol.keys`): deployments sharing a Redis differ
+    here."""
     hashtag: str = Field("eventbus", pattern=r"^[A-Za-z0-9_.\-]{1,100}$")
     """The ``{hashtag}`` of the lock keys: on a Cluster they all live in its slot."""
 
@@ -113,8 +114,8 @@ class Settings(BaseSettings):
     block_max_ms: PositiveInt = 1000
     """Longest XREADGROUP BLOCK when idle."""
     retention: Literal["maxlen", "acked"] = "maxlen"
-    """Default retention of a topic (eventbus.retention): 'maxlen' caps streams only; 'acked' keeps
-    entries until every group acked them (MAXLEN stays the hard cap)."""
+    """Default retention of a topic (eventbus.protocol.retention): 'maxlen' caps streams only;
+    'acked' keeps entries until every group acked them (MAXLEN stays the hard cap)."""
     retention_trim_exact: bool = False
     """Trim exactly to the acked point (XTRIM MINID without ~): more CPU."""
     trim_check_s: PositiveFloat = 5.0

@@ -42,7 +42,8 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from eventbus.codec import (
+from eventbus.errors import EventBusError, MalformedDeadLetter
+from eventbus.protocol.codec import (
     F_DATA,
     F_RESOURCE,
     F_TYPE,
@@ -51,10 +52,9 @@ from eventbus.codec import (
     encode_entry,
     new_event_id,
 )
-from eventbus.errors import EventBusError, MalformedDeadLetter
-from eventbus.keys import Keys
-from eventbus.sharding import shard_of
-from eventbus.topics import TopicConfig
+from eventbus.protocol.keys import Keys
+from eventbus.protocol.sharding import shard_of
+from eventbus.protocol.topics import TopicConfig
 
 CONTROL_PREFIX = RESERVED_TYPE_PREFIX
 UNPARK = "__eventbus.unpark"

@@ -23,14 +23,14 @@ from typing import Any, Self
 import anyio
 from redis.exceptions import RedisError
 
+from eventbus.client.connection import connect
 from eventbus.config import Settings
-from eventbus.connection import connect
 from eventbus.errors import EventBusError, RedisUnavailable
-from eventbus.keys import Keys
-from eventbus.member import AsyncRedis
-from eventbus.publisher import Publisher
+from eventbus.locking.member import AsyncRedis
+from eventbus.protocol.keys import Keys
+from eventbus.protocol.topics import TopicRegistry
+from eventbus.publishing.publisher import Publisher
 from eventbus.session import Session
-from eventbus.topics import TopicRegistry
 
 Hook = Callable[[], Awaitable[None]]
 

@@ -21,7 +21,7 @@ attribute                           producer (``send <topic>``)      consumer (`
 
 A handler that raises marks its span as an error (the exception is recorded). Without
 `instrument` nothing of this module runs and OpenTelemetry is not imported: the publish and
-handler paths test one attribute (`eventbus.hooks.tracing`).
+handler paths test one attribute (`eventbus.ops.hooks.tracing`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind
 
-from eventbus import hooks
+from eventbus.ops import hooks
 
 if TYPE_CHECKING:
     from eventbus.consumer.context import Context
@@ -43,7 +43,7 @@ SYSTEM = "redis"
 
 
 class OtelTracing:
-    """The `eventbus.hooks.Tracing` of OpenTelemetry, with one tracer."""
+    """The `eventbus.ops.hooks.Tracing` of OpenTelemetry, with one tracer."""
 
     def __init__(self, tracer: trace.Tracer) -> None:
         self.tracer = tracer

@@ -12,9 +12,10 @@ commits, so that a rolled-back transaction publishes nothing::
     # committed: the event is published now, before ``session.begin()``'s block returns
 
 It uses SQLAlchemy's session events: ``after_commit`` publishes what the transaction queued (in
-call order: concurrent publishes keep their call order, `eventbus.sending`); ``after_soft_rollback``
-drops it (for a savepoint, ``session.begin_nested()``, only what was queued since the savepoint
-began). A failed publish raises `PublishError` from ``commit()``, *after* the database committed.
+call order: concurrent publishes keep their call order, `eventbus.publishing.sending`);
+``after_soft_rollback`` drops it (for a savepoint, ``session.begin_nested()``, only what was queued
+since the savepoint began). A failed publish raises `PublishError` from ``commit()``, *after* the
+database committed.
 
 The trade-off (docs/semantics.md, "Publish after commit"): this is not a transactional outbox.
 If the process dies, or Redis stays unreachable past ``publish_timeout_s``, between the commit and

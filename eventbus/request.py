@@ -31,9 +31,9 @@ import anyio
 from pydantic import BaseModel
 from typing_extensions import TypeVar
 
-from eventbus.codec import Envelope, decode_entry, encode_entry, envelope_of
 from eventbus.errors import DecodeError, InvalidReply, RequestTimeout
-from eventbus.keys import Keys
+from eventbus.protocol.codec import Envelope, decode_entry, encode_entry, envelope_of
+from eventbus.protocol.keys import Keys
 
 if TYPE_CHECKING:
     from eventbus.app import EventBus
@@ -152,7 +152,7 @@ async def request(
 
 async def _groups(bus: EventBus, topic: str, resource_id: str) -> list[str]:
     """The consumer groups reading the shard stream of `resource_id` on `topic`."""
-    from eventbus.sharding import shard_of
+    from eventbus.protocol.sharding import shard_of
 
     stream = bus.keys.stream(topic, shard_of(resource_id, bus.topic(topic).shards))
     try:

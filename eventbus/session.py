@@ -17,8 +17,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from eventbus.member import AsyncRedis
-from eventbus.topics import TopicRegistry
+from eventbus.locking.member import AsyncRedis
+from eventbus.protocol.topics import TopicRegistry
 
 _forks = 0
 
@@ -58,7 +58,7 @@ class Session:
     loop: asyncio.AbstractEventLoop | None = field(default_factory=current_loop)
     forks: int = field(default_factory=fork_count)
     pid: int = field(default_factory=os.getpid)
-    publisher: Any = None  # eventbus.publisher.Publisher, made on first use
+    publisher: Any = None  # eventbus.publishing.publisher.Publisher, made on first use
     stack: contextlib.AsyncExitStack | None = None
 
     @property

@@ -32,8 +32,8 @@ from typing import Concatenate, ParamSpec, TypeVar
 
 from anyio.from_thread import BlockingPortal
 
-from eventbus import loops
 from eventbus.app import EventBus
+from eventbus.client import loops
 from eventbus.errors import EventBusError
 
 log = logging.getLogger("eventbus")

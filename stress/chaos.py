@@ -64,9 +64,9 @@ from redisfaults import REDIS_KINDS, RedisFaults, failover_facts, retryable
 from roles import GROUP, SHARDS, TOPIC
 from topology import make as make_topology
 
-from eventbus.codec import F_DATA, F_RESOURCE, F_TYPE, decode_entry
 from eventbus.errors import DecodeError
-from eventbus.keys import Keys
+from eventbus.protocol.codec import F_DATA, F_RESOURCE, F_TYPE, decode_entry
+from eventbus.protocol.keys import Keys
 from eventbus.testing.server import redis_binary
 
 HERE = Path(__file__).resolve().parent

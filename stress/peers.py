@@ -192,8 +192,8 @@ async def eventbus_consume(events: int, mode: str, processes: int, tmp: Path) ->
 # -- flights: bytes per entry -------------------------------------------------------------------
 async def flights_bytes(entries: int) -> dict[str, float]:
     sys.path.insert(0, ROOT)
-    from eventbus.codec import decode_entry
-    from eventbus.dictionaries import Dictionaries
+    from eventbus.protocol.codec import decode_entry
+    from eventbus.protocol.dictionaries import Dictionaries
     from examples.flights.flightdata import load_flights
 
     rows = load_flights(limit=entries)

@@ -89,9 +89,9 @@ def path(events: int, profile: str | None) -> dict[str, float]:
     import anyio
 
     from eventbus import Context, EventBus, Settings
-    from eventbus.codec import encode_entry, envelope_of
     from eventbus.consumer.delivery import Delivery
-    from eventbus.running import make_consumers
+    from eventbus.consumer.running import make_consumers
+    from eventbus.protocol.codec import encode_entry, envelope_of
     from eventbus.testing import memory_redis
 
     bus = EventBus(

@@ -111,8 +111,8 @@ def events(args: argparse.Namespace) -> tuple[list[tuple[str, BaseModel]], list[
 
 
 async def bench(args: argparse.Namespace, redis: str, store_location: str) -> dict[str, Any]:
+    from eventbus.protocol.ids import EntryId
     from eventbus.tier import TierSettings, iter_events, iter_topic, open_store, verify_archive
-    from eventbus.tier.ids import EntryId
     from eventbus.tier.offloader import offload_until_caught_up
     from eventbus.tier.segment import encode_segment
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import redis
 from redis.cluster import RedisCluster
 
-from eventbus.keys import Keys
+from eventbus.protocol.keys import Keys
 from eventbus.testing.cluster import ReplicatedCluster
 from eventbus.testing.sentinel import RedisSentinel
 from eventbus.testing.server import RedisServer

@@ -14,9 +14,9 @@ from rich.table import Table
 
 from eventbus.cli.connection import RedisUrl, open_bus, settings_from, stored_shards
 from eventbus.cli.output import cell, console, run_async, user_errors
-from eventbus.codec import decode_entry
 from eventbus.dlq import DeadLetter, DeadLetters
 from eventbus.errors import EventBusError
+from eventbus.protocol.codec import decode_entry
 
 dlq_app = typer.Typer(no_args_is_help=True, help="Dead letters of a consumer group.")
 

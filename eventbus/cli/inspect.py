@@ -13,10 +13,10 @@ from rich.table import Table
 from eventbus.cli.connection import RedisUrl, open_bus, settings_from, stored_shards
 from eventbus.cli.output import cell, run_async, user_errors
 from eventbus.cli.placement import placement_table
-from eventbus.codec import F_DATA, decode_entry
 from eventbus.config import Settings
-from eventbus.dictionaries import Dictionaries
 from eventbus.errors import EventBusError, RedisCommandRefused
+from eventbus.protocol.codec import F_DATA, decode_entry
+from eventbus.protocol.dictionaries import Dictionaries
 
 
 def stats(redis_url: RedisUrl = None) -> None:

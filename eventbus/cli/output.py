@@ -21,8 +21,8 @@ from rich.console import Console
 from rich.logging import RichHandler
 from rich.markup import escape
 
-from eventbus import loops
-from eventbus.addresses import scrub
+from eventbus.client import loops
+from eventbus.client.addresses import scrub
 from eventbus.errors import EventBusError
 
 T = TypeVar("T")
@@ -124,6 +124,6 @@ def user_errors() -> Iterator[None]:
 
 
 def run_async(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-    """`anyio.run` under `user_errors`, on uvloop when installed (`eventbus.loops`)."""
+    """`anyio.run` under `user_errors`, on uvloop when installed (`eventbus.client.loops`)."""
     with user_errors():
         return loops.run(fn, *args)

@@ -8,7 +8,7 @@ from typing import Any
 
 from rich.table import Table
 
-from eventbus.keys import Keys
+from eventbus.protocol.keys import Keys
 
 
 async def placement_table(redis: Any, keys: Keys, topics: dict[str, int]) -> Table | None:

@@ -10,8 +10,8 @@ import typer
 
 from eventbus.cli.connection import RedisUrl, open_bus, settings_from
 from eventbus.cli.output import run_async, user_errors
-from eventbus.codec import Envelope, new_event_id
 from eventbus.errors import ConfigError
+from eventbus.protocol.codec import Envelope, new_event_id
 
 
 def publish(

@@ -15,11 +15,11 @@ from typing import Annotated, Any
 
 import typer
 
-from eventbus import logs
 from eventbus.app import EventBus
 from eventbus.cli.output import remember_url, run_async, user_errors
 from eventbus.errors import ConfigError
-from eventbus.health import ChildrenHealth, Health, run_with_health, serve
+from eventbus.ops import logs
+from eventbus.ops.health import ChildrenHealth, Health, run_with_health, serve
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 

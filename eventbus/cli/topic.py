@@ -1,5 +1,5 @@
 """``eventbus topic``: per-topic settings stored in Redis. ``train-dict`` trains a zstd
-dictionary for a topic's entries (`eventbus.dictionaries`)."""
+dictionary for a topic's entries (`eventbus.protocol.dictionaries`)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import typer
 from eventbus.app import EventBus
 from eventbus.cli.connection import RedisUrl, open_bus, settings_from, stored_shards
 from eventbus.cli.output import run_async, user_errors
-from eventbus.codec import F_DATA, decompressed_body
 from eventbus.config import Settings
-from eventbus.dictionaries import DEFAULT_SIZE, Dictionaries
 from eventbus.errors import ConfigError, DecodeError
+from eventbus.protocol.codec import F_DATA, decompressed_body
+from eventbus.protocol.dictionaries import DEFAULT_SIZE, Dictionaries
 
 topic_app = typer.Typer(no_args_is_help=True, help="Per-topic settings stored in Redis.")
 

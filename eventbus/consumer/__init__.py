@@ -11,7 +11,7 @@ XACK), `engine` (the round that ties them together).
 from eventbus.consumer.catching_up import CatchUpHook
 from eventbus.consumer.context import Context, Handler, HandlerCall, RetryPolicy, Subscription
 from eventbus.consumer.engine import Consumer
-from eventbus.locks import new_member_id as new_consumer_id
+from eventbus.locking.locks import new_member_id as new_consumer_id
 
 __all__ = [
     "CatchUpHook",

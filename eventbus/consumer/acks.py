@@ -16,10 +16,10 @@ import anyio
 from redis.backoff import AbstractBackoff
 from redis.exceptions import ResponseError
 
-from eventbus.consumer.lease import Lease
+from eventbus.client.retry import REDIS_ERRORS
 from eventbus.consumer.shards import HeldShard, Item, ShardTable
-from eventbus.member import Member
-from eventbus.retry import REDIS_ERRORS
+from eventbus.locking.lease import Lease
+from eventbus.locking.member import Member
 
 log = logging.getLogger("eventbus.consumer")
 

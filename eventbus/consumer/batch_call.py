@@ -14,9 +14,9 @@ from typing import Any, TypeGuard, cast
 import anyio.to_thread
 from pydantic import BaseModel
 
-from eventbus.codec import event_type_of
 from eventbus.consumer.context import Context, Handler, HandlerCall
 from eventbus.errors import ConfigError
+from eventbus.protocol.codec import event_type_of
 
 
 class BatchHandlerCall(HandlerCall):

@@ -37,7 +37,6 @@ import anyio.abc
 import anyio.to_thread
 from pydantic import BaseModel, TypeAdapter
 
-from eventbus.codec import F_DATA, FORMAT_MSGPACK, THREAD_DECODE_BYTES, Envelope
 from eventbus.consumer.acks import Acks
 from eventbus.consumer.batch_call import BatchHandlerCall as BatchHandlerCall  # re-exported
 from eventbus.consumer.batch_call import batch_handler_models as batch_handler_models
@@ -48,7 +47,8 @@ from eventbus.consumer.queues import Process, ResourceQueues
 from eventbus.consumer.shards import HeldShard, Item, read_items
 from eventbus.dlq import is_control
 from eventbus.errors import DecodeError, HandlerTimeout
-from eventbus.metrics import METRICS
+from eventbus.ops.metrics import METRICS
+from eventbus.protocol.codec import F_DATA, FORMAT_MSGPACK, THREAD_DECODE_BYTES, Envelope
 
 log = logging.getLogger("eventbus.consumer")
 

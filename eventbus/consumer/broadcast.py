@@ -30,15 +30,15 @@ import anyio
 from redis.exceptions import ResponseError
 from redis.typing import KeyT, StreamIdT
 
-from eventbus import retry
-from eventbus.codec import F_RESOURCE
+from eventbus.client import retry
+from eventbus.client.retry import LOST_REPLY
 from eventbus.consumer.context import Subscription
 from eventbus.consumer.delivery import NOT_STARTED, Delivery
 from eventbus.consumer.handling import Handling
 from eventbus.errors import DecodeError, UnknownEventType
-from eventbus.member import Member
-from eventbus.retry import LOST_REPLY
-from eventbus.topics import TopicRegistry
+from eventbus.locking.member import Member
+from eventbus.protocol.codec import F_RESOURCE
+from eventbus.protocol.topics import TopicRegistry
 
 log = logging.getLogger("eventbus.consumer")
 
@@ -57,7 +57,7 @@ class _Open:
 
 
 class _Started:
-    """What stands for a lease in readiness checks (`eventbus.health`): ready once reading."""
+    """What stands for a lease in readiness checks (`eventbus.ops.health`): ready once reading."""
 
     def __init__(self, started: anyio.Event) -> None:
         self._started = started

@@ -17,8 +17,8 @@ from collections.abc import Awaitable, Callable
 
 from redis.backoff import AbstractBackoff
 
+from eventbus.client.retry import LOST_REPLY
 from eventbus.consumer.shards import ShardTable
-from eventbus.retry import LOST_REPLY
 
 log = logging.getLogger("eventbus.consumer")
 

@@ -1,9 +1,9 @@
 """Blocking reads on a Redis Cluster, where one ``XREADGROUP`` may not span slots.
 
-The shard streams of a topic carry no hashtag (`eventbus.keys`): each hashes to its own slot, so
-they spread over every primary. A Cluster refuses a multi-slot ``XREADGROUP``, so a consumer
-cannot block on all its shards with one command as it does on a single node. Instead, a read
-round (`Reader.read`, `BlockingReads.read`) first sends, per node, one pipeline of
+The shard streams of a topic carry no hashtag (`eventbus.protocol.keys`): each hashes to its own
+slot, so they spread over every primary. A Cluster refuses a multi-slot ``XREADGROUP``, so a
+consumer cannot block on all its shards with one command as it does on a single node. Instead, a
+read round (`Reader.read`, `BlockingReads.read`) first sends, per node, one pipeline of
 
     XREADGROUP GROUP <g> <me> COUNT <n> [NOACK] STREAMS <stream> >
     XPENDING <stream> <g>                       (fenced delivery; not with NOACK)
@@ -49,7 +49,7 @@ from eventbus.consumer.raw_replies import (
     parse_xpending,
     parse_xread,
 )
-from eventbus.member import Member
+from eventbus.locking.member import Member
 
 log = logging.getLogger("eventbus.consumer")
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 import anyio.to_thread
 from pydantic import BaseModel
 
-from eventbus.topics import TopicConfig
+from eventbus.protocol.topics import TopicConfig
 
 if TYPE_CHECKING:
     from eventbus.consumer.routing import Routes

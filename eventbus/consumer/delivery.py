@@ -52,7 +52,7 @@ class Delivery:
 @dataclass(slots=True)
 class Tally:
     """What a consumer's handling path did since it started, in entries (events, for a batch
-    handler). Also in Prometheus (`eventbus.metrics`), process-wide; these are per consumer."""
+    handler). Also in Prometheus (`eventbus.ops.metrics`), process-wide; these are per consumer."""
 
     handled: int = 0
     """Handler calls that succeeded."""

@@ -3,8 +3,8 @@
 The life of a round (`Consumer.round`):
 
 1. **Acquire**: ``lock_shards.lua`` refreshes this consumer's liveness and takes shard locks up to
-   the fair share ``ceil(shards / live consumers)`` (`eventbus.locks`). Steps 1-5 run at most
-   every `lock_interval_ms` (at once when no shard is held or the lease ran out); the rounds
+   the fair share ``ceil(shards / live consumers)`` (`eventbus.locking.locks`). Steps 1-5 run at
+   most every `lock_interval_ms` (at once when no shard is held or the lease ran out); the rounds
    between them read the shards held.
 2. **Apply** the grants to the held-shard table (`shards`): shards lost to others are forgotten,
    shards newly held get a new generation.
@@ -31,25 +31,25 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from eventbus import retry
+from eventbus.client import retry
 from eventbus.consumer.acks import Acks
 from eventbus.consumer.batching import batch_queues, is_batch
 from eventbus.consumer.catching_up import CatchUpHook, CatchUpSchedule
 from eventbus.consumer.context import Subscription
 from eventbus.consumer.delivery import Delivery, Outcome
 from eventbus.consumer.handling import Handling
-from eventbus.consumer.lease import Lease, heartbeat_loop
 from eventbus.consumer.queues import ResourceQueues
 from eventbus.consumer.reading import Reader
 from eventbus.consumer.shards import HeldShard, Item, ShardTable
 from eventbus.consumer.supervision import read_loop, refused
 from eventbus.consumer.trims import TrimWatch
-from eventbus.locks import LockClient
-from eventbus.member import Member
-from eventbus.metrics import METRICS, ShardMetrics
-from eventbus.retention import trim_held_to_acked
-from eventbus.scripts import Scripts
-from eventbus.topics import TopicRegistry
+from eventbus.locking.lease import Lease, heartbeat_loop
+from eventbus.locking.locks import LockClient
+from eventbus.locking.member import Member
+from eventbus.locking.scripts import Scripts
+from eventbus.ops.metrics import METRICS, ShardMetrics
+from eventbus.protocol.retention import trim_held_to_acked
+from eventbus.protocol.topics import TopicRegistry
 
 log = logging.getLogger("eventbus.consumer")
 

@@ -27,16 +27,7 @@ from typing import Any, TypeVar
 import anyio.to_thread
 from redis.asyncio.retry import Retry
 
-from eventbus import hooks
-from eventbus import retry as retrying
-from eventbus.codec import (
-    F_DATA,
-    F_RESOURCE,
-    THREAD_DECODE_BYTES,
-    Envelope,
-    decode_entry,
-    decompressed_size,
-)
+from eventbus.client import retry as retrying
 from eventbus.consumer.context import Context, Subscription
 from eventbus.consumer.delivery import (
     NOT_STARTED,
@@ -48,11 +39,20 @@ from eventbus.consumer.delivery import (
     Tally,
 )
 from eventbus.consumer.failures import Failures
-from eventbus.dictionaries import FORMAT_MSGPACK_ZSTD_DICT, Dictionaries
 from eventbus.dlq import is_control
 from eventbus.errors import DecodeError, HandlerTimeout, UnknownEventType
-from eventbus.member import Member
-from eventbus.metrics import METRICS
+from eventbus.locking.member import Member
+from eventbus.ops import hooks
+from eventbus.ops.metrics import METRICS
+from eventbus.protocol.codec import (
+    F_DATA,
+    F_RESOURCE,
+    THREAD_DECODE_BYTES,
+    Envelope,
+    decode_entry,
+    decompressed_size,
+)
+from eventbus.protocol.dictionaries import FORMAT_MSGPACK_ZSTD_DICT, Dictionaries
 from eventbus.request import send_reply
 
 log = logging.getLogger("eventbus.consumer")

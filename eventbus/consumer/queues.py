@@ -18,8 +18,8 @@ from types import MappingProxyType
 import anyio
 import anyio.abc
 
-from eventbus.codec import F_RESOURCE
 from eventbus.consumer.shards import HeldShard, Item, read_items
+from eventbus.protocol.codec import F_RESOURCE
 
 Key = tuple[int, bytes]
 _FIRST: Mapping[bytes, int] = MappingProxyType({})

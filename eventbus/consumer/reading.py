@@ -34,8 +34,8 @@ from typing import Any
 
 from eventbus.consumer.cluster_reads import BlockingReads
 from eventbus.consumer.shards import HeldShard
-from eventbus.member import Member
-from eventbus.metrics import METRICS
+from eventbus.locking.member import Member
+from eventbus.ops.metrics import METRICS
 
 log = logging.getLogger("eventbus.consumer")
 

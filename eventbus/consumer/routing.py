@@ -5,8 +5,8 @@ and its per-resource queues, so a resource's events run one after another in str
 whatever their types. Each event type goes to one handler:
 
 * a handler typed with a model (or a union of models) takes the models' event types
-  (`eventbus.codec.event_type_of`: ``__event_type__`` or the class name), or the names given
-  as ``type_name=`` (one model: aliases, e.g. a type's old name while producers migrate);
+  (`eventbus.protocol.codec.event_type_of`: ``__event_type__`` or the class name), or the names
+  given as ``type_name=`` (one model: aliases, e.g. a type's old name while producers migrate);
 * a handler typed ``dict`` (the payload as a plain dict, not validated) or ``bytes`` (the
   payload as MessagePack bytes) takes the types named by ``type_name=``, or without one every
   type no other handler takes (at most one such catch-all per (topic, group)).

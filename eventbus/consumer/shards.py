@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from eventbus.consumer.delivery import Delivery
-from eventbus.locks import Grant
+from eventbus.locking.locks import Grant
 
 
 @dataclass(slots=True, eq=False)

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 import anyio
 from redis.exceptions import ResponseError
 
+from eventbus.client.retry import LOST_REPLY, REDIS_ERRORS
 from eventbus.errors import RedisCommandRefused
-from eventbus.retry import LOST_REPLY, REDIS_ERRORS
 
 if TYPE_CHECKING:
     from eventbus.consumer.engine import Consumer

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from eventbus.consumer.shards import HeldShard
-from eventbus.member import Member
-from eventbus.metrics import METRICS
+from eventbus.locking.member import Member
+from eventbus.ops.metrics import METRICS
 
 log = logging.getLogger("eventbus.consumer")
 

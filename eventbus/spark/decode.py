@@ -23,8 +23,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from eventbus.codec import F_DATA, F_RESOURCE, F_TYPE, FORMAT_MSGPACK, decode_entry
 from eventbus.errors import DecodeError
+from eventbus.protocol.codec import F_DATA, F_RESOURCE, F_TYPE, FORMAT_MSGPACK, decode_entry
 from eventbus.spark.schema import BASE_NAMES, CORRUPT
 
 BATCH_ROWS = 32768

@@ -15,9 +15,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from eventbus.codec import event_type_of
 from eventbus.errors import ConfigError
-from eventbus.keys import Keys, check_name
+from eventbus.protocol.codec import event_type_of
+from eventbus.protocol.keys import Keys, check_name
 from eventbus.tier.dictionaries import read_from
 from eventbus.tier.store import Store, open_store
 

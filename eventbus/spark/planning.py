@@ -35,11 +35,11 @@ from pyspark.sql.datasource import (
 )
 
 from eventbus.errors import ConfigError
-from eventbus.keys import Keys
-from eventbus.sharding import shard_of
+from eventbus.protocol.ids import ZERO, EntryId, parse_id
+from eventbus.protocol.keys import Keys
+from eventbus.protocol.sharding import shard_of
 from eventbus.spark.objects import Objects
 from eventbus.tier.errors import TierError
-from eventbus.tier.ids import ZERO, EntryId, parse_id
 from eventbus.tier.layout import SegmentRef
 
 log = logging.getLogger("eventbus.spark")

@@ -17,11 +17,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from eventbus.keys import Keys
+from eventbus.protocol.ids import EntryId, parse_id
+from eventbus.protocol.keys import Keys
 from eventbus.spark.objects import Objects
 from eventbus.spark.planning import RangePart, checkpoints
 from eventbus.tier.errors import CorruptSegment
-from eventbus.tier.ids import EntryId, parse_id
 from eventbus.tier.layout import SegmentRef
 from eventbus.tier.segment import SCHEMA, entry_arrays, read_info
 

@@ -28,13 +28,13 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from pyspark.sql.types import StructType
 
 from eventbus.errors import ConfigError
+from eventbus.protocol.ids import ZERO, EntryId, parse_id
 from eventbus.spark.decode import Converter
 from eventbus.spark.objects import Objects, as_objects
 from eventbus.spark.options import SourceOptions
 from eventbus.spark.planning import RangePart, archived_upto, checkpoints, last_ids, shard_count
 from eventbus.spark.reading import parquet_footer, read_range
 from eventbus.spark.schema import arrow_schema
-from eventbus.tier.ids import ZERO, EntryId, parse_id
 from eventbus.tier.layout import SegmentRef
 
 Offset = dict[str, str]

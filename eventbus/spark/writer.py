@@ -1,9 +1,10 @@
 """``df.write.format("eventbus")``: publish DataFrame rows as events (backfill).
 
 Each Spark task publishes its partition's rows **in row order** through the normal publisher
-(`eventbus.publisher.Publisher`: shard hash, ``MAXLEN ~``, size limit, coalesced pipelines) with
-one pipeline in flight at a time, so the XADDs reach Redis in row order. Sort within partitions
-(``df.repartition("plane").sortWithinPartitions("position")``) to fix each resource's order.
+(`eventbus.publishing.publisher.Publisher`: shard hash, ``MAXLEN ~``, size limit, coalesced
+pipelines) with one pipeline in flight at a time, so the XADDs reach Redis in row order. Sort within
+partitions (``df.repartition("plane").sortWithinPartitions("position")``) to fix each resource's
+order.
 
 Options: ``topic``, ``redis_url``, ``resource_id_col`` (required); ``model`` (rows validated into
 it: payload ``model_dump(mode="json")``, type ``__event_type__`` or the class name) or
@@ -33,9 +34,9 @@ from pydantic_core import to_jsonable_python
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
-from eventbus.codec import Envelope, event_type_of
 from eventbus.config import Settings
 from eventbus.errors import ConfigError
+from eventbus.protocol.codec import Envelope, event_type_of
 from eventbus.spark.options import SourceOptions
 
 log = logging.getLogger("eventbus.spark")

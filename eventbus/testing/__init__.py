@@ -36,8 +36,8 @@ from eventbus.app import EventBus
 from eventbus.consumer.broadcast import BroadcastConsumer
 from eventbus.dlq import DeadLetter
 from eventbus.errors import ConfigError
-from eventbus.keys import Keys
-from eventbus.member import AsyncRedis
+from eventbus.locking.member import AsyncRedis
+from eventbus.protocol.keys import Keys
 from eventbus.testing.recording import (
     Handled,
     HandlerFailed,

@@ -16,12 +16,12 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from eventbus.codec import decode_entry
 from eventbus.consumer.context import Context, HandlerCall
 from eventbus.dlq import DeadLetter
 from eventbus.errors import EventBusError
-from eventbus.keys import Keys
-from eventbus.member import AsyncRedis
+from eventbus.locking.member import AsyncRedis
+from eventbus.protocol.codec import decode_entry
+from eventbus.protocol.keys import Keys
 
 M = TypeVar("M", bound=BaseModel)
 

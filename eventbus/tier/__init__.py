@@ -75,9 +75,9 @@ def __getattr__(name: str) -> Any:
 
 
 if TYPE_CHECKING:
+    from eventbus.protocol.ids import EntryId, parse_id
     from eventbus.tier.catchup import CatchUp, CatchUpStats, catch_up, catch_up_group
     from eventbus.tier.errors import CorruptSegment, LockUnavailable, StoreError, TierError
-    from eventbus.tier.ids import EntryId, parse_id
     from eventbus.tier.offloader import Offloader, OffloadStats, offload_until_caught_up
     from eventbus.tier.replay import (
         ArchivedEntry,

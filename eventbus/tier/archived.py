@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from eventbus.codec import F_DATA, F_RESOURCE, F_TYPE, Envelope, decode_entry
 from eventbus.errors import DecodeError
-from eventbus.tier.ids import EntryId
+from eventbus.protocol.codec import F_DATA, F_RESOURCE, F_TYPE, Envelope, decode_entry
+from eventbus.protocol.ids import EntryId
 from eventbus.tier.layout import SegmentRef
 from eventbus.tier.segment import decode_segment
 from eventbus.tier.store import Store, get_bytes_sync

@@ -33,18 +33,18 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from eventbus import retry
+from eventbus.client import retry
 from eventbus.config import Settings
 from eventbus.consumer.delivery import Delivery, Outcome
 from eventbus.consumer.handling import Handling
 from eventbus.errors import ConfigError
-from eventbus.keys import Keys
-from eventbus.locks import LockClient, new_member_id
-from eventbus.member import AsyncRedis, Member
+from eventbus.locking.locks import LockClient, new_member_id
+from eventbus.locking.member import AsyncRedis, Member
+from eventbus.protocol.ids import parse_id
+from eventbus.protocol.keys import Keys
 from eventbus.tier.catchup_shard import CatchUpStats as CatchUpStats  # re-exported
 from eventbus.tier.catchup_shard import Fenced, Handle, ShardCatchUp
 from eventbus.tier.errors import LockUnavailable, TierError
-from eventbus.tier.ids import parse_id
 from eventbus.tier.layout import SegmentRef
 from eventbus.tier.replay import ArchivedEntry
 from eventbus.tier.store import Store

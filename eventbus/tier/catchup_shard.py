@@ -17,9 +17,9 @@ import anyio
 import anyio.to_thread
 from redis.exceptions import ResponseError
 
-from eventbus.codec import F_DATA, F_RESOURCE, F_TYPE
 from eventbus.consumer.delivery import Delivery
-from eventbus.tier.ids import EntryId, parse_id
+from eventbus.protocol.codec import F_DATA, F_RESOURCE, F_TYPE
+from eventbus.protocol.ids import EntryId, parse_id
 from eventbus.tier.layout import SegmentRef
 from eventbus.tier.metrics import TIER_METRICS
 from eventbus.tier.replay import ArchivedEntry, ReplayFilter, read_segment

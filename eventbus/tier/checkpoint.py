@@ -18,9 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from eventbus.keys import Keys
-from eventbus.scripts import register
-from eventbus.tier.ids import EntryId, parse_id
+from eventbus.locking.scripts import register
+from eventbus.protocol.ids import EntryId, parse_id
+from eventbus.protocol.keys import Keys
 from eventbus.tier.settings import OFFLOADER_GROUP
 
 

@@ -1,4 +1,4 @@
-"""The durable tier's copies of zstd dictionaries (`eventbus.dictionaries`).
+"""The durable tier's copies of zstd dictionaries (`eventbus.protocol.dictionaries`).
 
 Segments keep each entry's ``data`` field as it was in Redis, so an entry compressed with a
 dictionary needs that dictionary to be read back, long after Redis may have lost it (or from a
@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from eventbus.dictionaries import CACHE, dictionary_id
 from eventbus.errors import DecodeError
-from eventbus.keys import Keys
+from eventbus.protocol.dictionaries import CACHE, dictionary_id
+from eventbus.protocol.keys import Keys
 from eventbus.tier.layout import dictionary_key
 from eventbus.tier.store import Store, get_bytes_sync, put_create
 

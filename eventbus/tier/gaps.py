@@ -29,7 +29,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from eventbus.tier.ids import ZERO, EntryId, parse_id
+from eventbus.protocol.ids import ZERO, EntryId, parse_id
 from eventbus.tier.layout import gap_key
 from eventbus.tier.metrics import TIER_METRICS
 from eventbus.tier.store import Store, put_create

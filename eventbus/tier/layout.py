@@ -6,7 +6,7 @@ Inside a store (whose own prefix comes from its URL, e.g. ``s3://bucket/prefix``
     <topic>/<shard>/gaps/<after>-<before>.json    a gap record: entries after..before (exclusive)
                                                   were lost before they could be archived
     <topic>/_dictionaries/<id>.zdict              a zstd dictionary entries of the topic use
-                                                  (`eventbus.dictionaries`)
+                                                  (`eventbus.protocol.dictionaries`)
 
 ``<first>``, ``<last>``, ``<after>`` and ``<before>`` are entry IDs with both parts zero-padded to
 20 digits (`EntryId.padded`), so a plain text sort of a shard's keys is entry-ID order, and a
@@ -18,8 +18,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from eventbus.keys import check_name
-from eventbus.tier.ids import EntryId
+from eventbus.protocol.ids import EntryId
+from eventbus.protocol.keys import check_name
 
 SEGMENT_SUFFIX = ".parquet"
 GAP_FOLDER = "gaps"

@@ -2,10 +2,10 @@
 
 The life of a shard under one offloader (docs/tier.md states the protocol and its safety):
 
-1. **Lock.** Each round `eventbus.locks.LockClient` refreshes the offloader's liveness and takes
-   shard locks of the special group ``_offloader`` (`OFFLOADER_GROUP`), up to the fair share
-   ``ceil(shards / live offloaders)``; surplus locks are released at once, so several
-   offloaders split a topic's shards. A lock comes with a fencing token.
+1. **Lock.** Each round `eventbus.locking.locks.LockClient` refreshes the offloader's liveness and
+   takes shard locks of the special group ``_offloader`` (`OFFLOADER_GROUP`), up to the fair share
+   ``ceil(shards / live offloaders)``; surplus locks are released at once, so several offloaders
+   split a topic's shards. A lock comes with a fencing token.
 2. **Recover** (when a lock is newly taken). A pending *intent* left in the checkpoint hash
    (a crash or a paused owner between "begin" and "commit") is finished first: the same entry
    range is re-read from Redis and put under the same key; if the object already exists it is
@@ -38,15 +38,15 @@ from typing import Any
 
 import anyio
 
-from eventbus import retry
+from eventbus.client import retry
+from eventbus.client.retry import REDIS_ERRORS
 from eventbus.config import Settings
 from eventbus.errors import ConfigError
-from eventbus.keys import Keys, check_name
-from eventbus.locks import new_member_id
-from eventbus.retry import REDIS_ERRORS
-from eventbus.scripts import Scripts
+from eventbus.locking.locks import new_member_id
+from eventbus.locking.scripts import Scripts
+from eventbus.protocol.ids import EntryId, parse_id
+from eventbus.protocol.keys import Keys, check_name
 from eventbus.tier.errors import CorruptSegment
-from eventbus.tier.ids import EntryId, parse_id
 from eventbus.tier.settings import TierSettings
 from eventbus.tier.store import Store
 from eventbus.tier.topic_offload import TopicOffloader

@@ -29,13 +29,13 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from eventbus.codec import Envelope, event_type_of
 from eventbus.errors import DecodeError
-from eventbus.keys import check_name
+from eventbus.protocol.codec import Envelope, event_type_of
+from eventbus.protocol.ids import EntryId
+from eventbus.protocol.keys import check_name
 from eventbus.tier.archived import ArchivedEntry, ReplayFilter, read_segment, read_segment_counted
 from eventbus.tier.completeness import ArchiveGap, check_complete, recorded_lost
 from eventbus.tier.dictionaries import read_from
-from eventbus.tier.ids import EntryId
 from eventbus.tier.layout import SegmentRef
 from eventbus.tier.store import Store, list_segments_sync, list_shards_sync
 

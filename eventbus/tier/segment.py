@@ -17,7 +17,7 @@ event_id        string, nullable       envelope event ID as a UUID text
 headers         map<string, string>,   envelope headers
                 nullable
 data            binary                 the entry's raw ``data`` field (envelope bytes; decode
-                                       with `eventbus.codec.decode_entry`)
+                                       with `eventbus.protocol.codec.decode_entry`)
 =============== ====================== =========================================================
 
 Envelope-derived columns are null when the entry's envelope does not decode; the raw ``data``
@@ -38,10 +38,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from eventbus.codec import F_DATA, F_RESOURCE, F_TYPE, decode_entry
 from eventbus.errors import DecodeError
+from eventbus.protocol.codec import F_DATA, F_RESOURCE, F_TYPE, decode_entry
+from eventbus.protocol.ids import EntryId
 from eventbus.tier.errors import CorruptSegment
-from eventbus.tier.ids import EntryId
 
 FORMAT_VERSION = "1"
 
@@ -192,7 +192,7 @@ def _meta(schema: Any, name: str, key: str) -> str:
 
 def read_info(schema: Any, key: str) -> SegmentInfo:
     """The `SegmentInfo` in an Arrow schema's metadata. Raises `CorruptSegment`."""
-    from eventbus.tier.ids import parse_id
+    from eventbus.protocol.ids import parse_id
 
     try:
         version = _meta(schema, "segment_version", key)

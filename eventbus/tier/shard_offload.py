@@ -19,11 +19,11 @@ import anyio
 import anyio.to_thread
 from redis.exceptions import ResponseError
 
-from eventbus.retention import acked_point
+from eventbus.protocol.ids import EntryId, parse_id
+from eventbus.protocol.retention import acked_point
 from eventbus.tier.checkpoint import Checkpoints, Intent
 from eventbus.tier.dictionaries import archive_dictionaries
 from eventbus.tier.gaps import find_gap, new_gap, record_gap
-from eventbus.tier.ids import EntryId, parse_id
 from eventbus.tier.layout import SegmentRef, segment_key
 from eventbus.tier.metrics import TIER_METRICS
 from eventbus.tier.segment import RawEntry, decode_segment, encode_segment
@@ -281,7 +281,7 @@ class ShardOffload:
     async def trim(self, sh: HeldShard, now_ms: int) -> None:
         """``XTRIM MINID`` to the smaller of just after the checkpoint and now minus the hot
         window (`now_ms`: Redis server time, Unix ms), and, for a topic with retention "acked"
-        (`eventbus.retention`), not past what a consumer group still needs."""
+        (`eventbus.protocol.retention`), not past what a consumer group still needs."""
         if sh.checkpoint is None:
             return
         hot_edge = EntryId(max(0, now_ms - int(self.o.tier.hot_window_s * 1000)), 0)

@@ -1,8 +1,8 @@
 """The offloader's work on one topic: its ``_offloader`` shard locks and one round over them.
 
 `TopicOffloader.lock` takes this round's share of the topic's shard locks (through
-`eventbus.locks.LockClient`) and releases any surplus; `TopicOffloader.round` runs the steps of
-`eventbus.tier.shard_offload` on every held shard, a few shards at a time.
+`eventbus.locking.locks.LockClient`) and releases any surplus; `TopicOffloader.round` runs the steps
+of `eventbus.tier.shard_offload` on every held shard, a few shards at a time.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from eventbus.locks import LockClient
-from eventbus.member import Member
-from eventbus.retry import REDIS_ERRORS
+from eventbus.client.retry import REDIS_ERRORS
+from eventbus.locking.locks import LockClient
+from eventbus.locking.member import Member
 from eventbus.tier.checkpoint import Fenced
 from eventbus.tier.errors import StoreError
 from eventbus.tier.settings import OFFLOADER_GROUP

@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from eventbus.tier.ids import EntryId, parse_id
+from eventbus.protocol.ids import EntryId, parse_id
 from eventbus.tier.replay import plan, read_segment
 from eventbus.tier.store import Store, list_keys_sync
 

@@ -18,8 +18,8 @@ from cases.backends import Backend
 from support import Tick, running, total_pending, wait_until
 
 from eventbus import ConfigError, Context, EventBus, shard_of
-from eventbus.codec import F_DATA, F_RESOURCE, F_TYPE
 from eventbus.dlq import DeadLetters
+from eventbus.protocol.codec import F_DATA, F_RESOURCE, F_TYPE
 
 TOPIC, GROUP = "orders", "billing"
 

@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from support import Recorder, Tick, group_lag, running, total_pending, wait_until
 
 from eventbus import Context, EventBus, shard_of
-from eventbus.codec import F_DATA, F_RESOURCE, F_TYPE
+from eventbus.protocol.codec import F_DATA, F_RESOURCE, F_TYPE
 
 
 class Other(BaseModel):

@@ -17,8 +17,8 @@ from pydantic import BaseModel, field_validator
 from support import Recorder, Tick, running, total_pending, wait_until
 
 from eventbus import Context, EventBus
-from eventbus.codec import Envelope, new_event_id
 from eventbus.dlq import DeadLetters
+from eventbus.protocol.codec import Envelope, new_event_id
 
 
 class Strict(BaseModel):

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from support import running, total_pending, wait_until
 
 from eventbus import Context
-from eventbus.metrics import METRICS
+from eventbus.ops.metrics import METRICS
 
 
 class Opened(BaseModel):

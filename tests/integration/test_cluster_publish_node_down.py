@@ -5,8 +5,8 @@ A batch's XADDs go to several primaries. When one of them cannot be reached, red
 pipeline raises for the whole batch (``asyncio.gather`` without ``return_exceptions``), and it
 retries the commands without a result itself. Sending the batch as one pipeline, every retry
 of the publisher's flusher (until ``publish_timeout_s``) stored the live primaries' entries
-again. `eventbus.wire` sends one pipeline per primary: a failed primary leaves only its own
-slots to be sent again.
+again. `eventbus.publishing.wire` sends one pipeline per primary: a failed primary leaves only its
+own slots to be sent again.
 
 Deterministic: a 3-primary cluster without replicas, ``cluster-require-full-coverage no`` (the
 live primaries keep serving their slots), one primary SIGKILLed before ``publish_many``.
@@ -21,7 +21,7 @@ import redis
 from support import Tick
 
 from eventbus import EventBus, PublishError, Settings
-from eventbus.sharding import shard_of
+from eventbus.protocol.sharding import shard_of
 from eventbus.testing.cluster import ReplicatedCluster
 
 pytestmark = pytest.mark.anyio

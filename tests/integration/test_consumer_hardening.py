@@ -16,9 +16,9 @@ from pydantic import BaseModel
 from support import Recorder, Tick, running, wait_until
 
 from eventbus import Context, EventBus, Settings, shard_of
-from eventbus.codec import F_DATA, F_RESOURCE, F_TYPE, FORMAT_MSGPACK_ZSTD
 from eventbus.dlq import DeadLetters
-from eventbus.metrics import METRICS
+from eventbus.ops.metrics import METRICS
+from eventbus.protocol.codec import F_DATA, F_RESOURCE, F_TYPE, FORMAT_MSGPACK_ZSTD
 
 pytestmark = pytest.mark.anyio
 
@@ -106,10 +106,10 @@ def test_the_consumer_decodes_up_to_the_shared_cap(settings: SettingsFactory) ->
     @bus.subscriber("orders", group="billing")
     async def handle(event: Tick) -> None: ...
 
+    from eventbus.client.retry import forever
     from eventbus.consumer.handling import Handling
-    from eventbus.keys import Keys
-    from eventbus.member import Member
-    from eventbus.retry import forever
+    from eventbus.locking.member import Member
+    from eventbus.protocol.keys import Keys
 
     member = Member(None, Keys(), s, "orders", "billing", "c")  # type: ignore[arg-type]  # no Redis call
     h = Handling(member, bus.subscriptions[0], forever(0.01, 0.1))
@@ -199,7 +199,7 @@ async def test_the_publisher_acl_cannot_record_a_control_request(redis_db: str) 
     from redis.exceptions import NoPermissionError
     from test_hardening_acl import _acl
 
-    from eventbus.keys import Keys
+    from eventbus.protocol.keys import Keys
 
     base = redis_db.removeprefix("redis://")
     admin = redis.asyncio.Redis.from_url(redis_db)
@@ -333,7 +333,7 @@ async def test_catch_up_from_an_unreachable_archive_backs_off(
     settings: SettingsFactory, r: redis.asyncio.Redis
 ) -> None:
     from eventbus.consumer import Consumer
-    from eventbus.member import Member
+    from eventbus.locking.member import Member
     from eventbus.tier.catchup import shard_hook
 
     # retry_base_s=30: after a failure the next attempt is at least 30 s away, far beyond the
@@ -373,8 +373,8 @@ async def test_catch_up_from_an_unreachable_archive_backs_off(
 
 
 def test_catch_up_backoff_grows_per_shard_and_resets_on_success() -> None:
+    from eventbus.client.retry import backoff
     from eventbus.consumer.catching_up import CatchUpSchedule
-    from eventbus.retry import backoff
 
     now = [0.0]
     schedule = CatchUpSchedule(backoff(1.0, 100.0), clock=lambda: now[0])

@@ -1,5 +1,5 @@
-"""Per-topic zstd dictionaries (`eventbus.dictionaries`) on a real redis-server: training from
-a topic's entries (library and CLI), rotation with old entries still readable, an unknown
+"""Per-topic zstd dictionaries (`eventbus.protocol.dictionaries`) on a real redis-server: training
+from a topic's entries (library and CLI), rotation with old entries still readable, an unknown
 dictionary ID dead-lettered with its reason, and the durable tier's copies read back."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typer.testing import CliRunner
 from eventbus import Context, EventBus, Settings, codec
 from eventbus.cli import app
 from eventbus.cli.topic import sample_bodies
-from eventbus.codec import F_DATA, F_RESOURCE, F_TYPE, decode_entry
-from eventbus.dictionaries import CACHE, Dictionaries, dictionary_id, varint
 from eventbus.dlq import DeadLetters
+from eventbus.protocol.codec import F_DATA, F_RESOURCE, F_TYPE, decode_entry
+from eventbus.protocol.dictionaries import CACHE, Dictionaries, dictionary_id, varint
 from eventbus.tier.dictionaries import archive_dictionaries
 from eventbus.tier.replay import plan
 

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from eventbus import EventBus, Settings
 from eventbus.cli import app
-from eventbus.codec import F_RESOURCE, F_TYPE
+from eventbus.protocol.codec import F_RESOURCE, F_TYPE
 
 pytestmark = pytest.mark.anyio
 

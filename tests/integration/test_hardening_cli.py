@@ -19,10 +19,10 @@ from typer.testing import CliRunner
 
 from eventbus import EventBus, Settings
 from eventbus.cli import app
-from eventbus.codec import Envelope, encode_entry
 from eventbus.dlq import dead_letter_fields
 from eventbus.errors import InvalidName
-from eventbus.keys import Keys
+from eventbus.protocol.codec import Envelope, encode_entry
+from eventbus.protocol.keys import Keys
 
 RUNNER = CliRunner(env={"COLUMNS": "200"})
 EVIL = ["evil[/x]", "[bold]loud[/bold]", "esc\x1b[31mred\x1b[0m", "cr\rline", "bidi\u202eevil"]

@@ -20,13 +20,13 @@ from typer.testing import CliRunner
 
 from eventbus import EventBus, Settings
 from eventbus.cli import app
-from eventbus.codec import F_TYPE, decode_entry
 from eventbus.dlq import DROP, UNPARK, DeadLetters
 from eventbus.errors import (
     DecompressedTooLarge,
     InvalidEvent,
     ReservedEventType,
 )
+from eventbus.protocol.codec import F_TYPE, decode_entry
 
 pytestmark = pytest.mark.anyio
 RUNNER = CliRunner(env={"COLUMNS": "200"})

@@ -22,7 +22,7 @@ from support import Recorder, Tick, running, wait_until
 
 from eventbus import Context, EventBus
 from eventbus.config import Settings
-from eventbus.health import Health, serve
+from eventbus.ops.health import Health, serve
 from eventbus.testing.server import free_port
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]

@@ -57,7 +57,7 @@ def setup(
 
 
 def _published(r: Any, bus: EventBus) -> list[str]:
-    from eventbus.codec import decode_entry
+    from eventbus.protocol.codec import decode_entry
 
     entries = r.xrange(bus.keys.stream("orders", 0))
     return [

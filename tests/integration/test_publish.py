@@ -27,7 +27,7 @@ from eventbus import (
     ShardCountMismatch,
     shard_of,
 )
-from eventbus.codec import F_RESOURCE, F_TYPE, decode_entry
+from eventbus.protocol.codec import F_RESOURCE, F_TYPE, decode_entry
 from eventbus.testing.server import RedisServer
 
 pytestmark = pytest.mark.anyio

@@ -15,7 +15,7 @@ import redis.asyncio
 from support import Tick
 
 from eventbus import EventBus, Settings
-from eventbus.codec import decode_entry
+from eventbus.protocol.codec import decode_entry
 
 pytestmark = pytest.mark.anyio
 

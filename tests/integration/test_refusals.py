@@ -15,7 +15,7 @@ import redis.asyncio
 from support import Recorder, Tick, wait_until
 
 from eventbus import EventBus, Settings
-from eventbus.metrics import METRICS
+from eventbus.ops.metrics import METRICS
 
 pytestmark = pytest.mark.anyio
 

@@ -11,9 +11,9 @@ from pydantic import BaseModel
 from support import running
 
 from eventbus import Context, EventBus
-from eventbus.codec import envelope_of
 from eventbus.config import Settings
 from eventbus.errors import EventBusError, InvalidReply, RequestTimeout
+from eventbus.protocol.codec import envelope_of
 from eventbus.request import CORRELATION_ID, REPLY_TO, REPLY_TTL_S, requester, send_reply
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]

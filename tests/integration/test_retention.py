@@ -11,10 +11,10 @@ import redis.asyncio
 from support import Recorder, Tick, running, wait_until
 
 from eventbus import EventBus, Settings
-from eventbus.codec import decode_entry
-from eventbus.retention import acked_point
+from eventbus.protocol.codec import decode_entry
+from eventbus.protocol.ids import parse_id
+from eventbus.protocol.retention import acked_point
 from eventbus.tier import TierSettings, offload_until_caught_up, open_store
-from eventbus.tier.ids import parse_id
 
 pytestmark = pytest.mark.anyio
 

@@ -1,10 +1,11 @@
 """Redis Sentinel (issue 9 item 6) against a real topology on loopback: a primary, two replicas and
 three sentinels (`eventbus.testing.sentinel.RedisSentinel`, ``redis-server --sentinel``).
 
-Publishing and consuming go through the Sentinel-managed client of `eventbus.connection.connect`;
-the primary is SIGKILLed under load, a replica is promoted, and publishers and consumers carry on
-with it. With ``publish_replicas=1`` no acknowledged publish is lost; without it the loss is
-measured (reported, not asserted: it depends on replication lag at the moment of the kill).
+Publishing and consuming go through the Sentinel-managed client of
+`eventbus.client.connection.connect`; the primary is SIGKILLed under load, a replica is promoted,
+and publishers and consumers carry on with it. With ``publish_replicas=1`` no acknowledged publish
+is lost; without it the loss is measured (reported, not asserted: it depends on replication lag at
+the moment of the kill).
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from redis.asyncio.sentinel import SentinelConnectionPool, SentinelManagedConnec
 from support import Recorder, Tick, running, wait_until
 
 from eventbus import Context, EventBus, PublishError, Settings, shard_of
-from eventbus.connection import connect
-from eventbus.keys import Keys
+from eventbus.client.connection import connect
+from eventbus.protocol.keys import Keys
 from eventbus.testing.sentinel import RedisSentinel
 
 pytestmark = pytest.mark.anyio

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from eventbus import EventBus, Settings
 from eventbus.cli import app
-from eventbus.metrics import METRICS
+from eventbus.ops.metrics import METRICS
 
 pytestmark = pytest.mark.anyio
 

@@ -47,20 +47,20 @@ def test_raw_read_schema_and_rows(spark: Any, redis_db: str, tmp_path: Path, top
 def test_typed_columns_and_corrupt(spark: Any, redis_db: str, tmp_path: Path, topic: str) -> None:
     import redis
 
-    from eventbus.keys import Keys
+    from eventbus.protocol.keys import Keys
 
     store = str(tmp_path / "seg")
     publish(redis_db, topic, ticks(40, resources=1))
     stream = Keys().stream(topic, 0)
     # shard of res-0 with 4 shards
-    from eventbus.sharding import shard_of
+    from eventbus.protocol.sharding import shard_of
 
     stream = Keys().stream(topic, shard_of("res-0", 4))
     with redis.Redis.from_url(redis_db) as r:
         r.xadd(stream, {"rid": "res-0", "type": "Tick", "data": b"\x01\xc1garbage"})
         from spark_support import Tock
 
-        from eventbus.codec import encode_entry, envelope_of
+        from eventbus.protocol.codec import encode_entry, envelope_of
 
         bad = encode_entry(envelope_of("res-0", Tock(resource="res-0", n=1)))
         bad[b"type"] = b"Tick"  # a Tick without seq: does not validate

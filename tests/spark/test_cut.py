@@ -12,7 +12,7 @@ import pytest
 import redis
 from spark_support import fast_tier, make_bus, offload, publish, ticks
 
-from eventbus.keys import Keys
+from eventbus.protocol.keys import Keys
 from eventbus.spark.objects import Objects
 from eventbus.spark.planning import Pruning, RangePart, SegmentsPart, plan_read
 from eventbus.spark.reading import read_range, read_segments
@@ -42,7 +42,7 @@ def _read_cut(store: str, redis_url: str, topic: str, between: Any = None) -> li
 
 
 def _keyed(redis_url: str, topic: str, ids: list[str], events: list[Any]) -> list[tuple[int, str]]:
-    from eventbus.sharding import shard_of
+    from eventbus.protocol.sharding import shard_of
 
     return sorted((shard_of(rid, 4), i) for (rid, _), i in zip(events, ids, strict=True))
 

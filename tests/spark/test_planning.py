@@ -6,9 +6,9 @@ import datetime as dt
 
 from pyspark.sql.datasource import EqualTo, GreaterThan, In, LessThan, LessThanOrEqual, Not
 
-from eventbus.sharding import shard_of
+from eventbus.protocol.ids import EntryId
+from eventbus.protocol.sharding import shard_of
 from eventbus.spark.planning import Pruning
-from eventbus.tier.ids import EntryId
 
 
 def test_shards_resources_and_ids() -> None:

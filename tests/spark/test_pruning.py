@@ -10,7 +10,7 @@ import pytest
 from pyspark.sql import functions as F
 from spark_support import offload, publish, reads, ticks
 
-from eventbus.sharding import shard_of
+from eventbus.protocol.sharding import shard_of
 from eventbus.tier import open_store
 from eventbus.tier.store import list_segments_sync
 
@@ -118,10 +118,10 @@ def test_gaps_surfaced(
 ) -> None:
     import anyio
 
+    from eventbus.protocol.ids import EntryId
     from eventbus.spark.objects import Objects
     from eventbus.spark.planning import Pruning, plan_read, surface_gaps
     from eventbus.tier.gaps import new_gap, record_gap
-    from eventbus.tier.ids import EntryId
 
     store, _ = archived
     gap = new_gap(topic, 2, EntryId(5, 0), EntryId(9, 0), 17, "trimmed (test)", "test")

@@ -11,8 +11,8 @@ import pytest
 from spark_support import make_bus, offload, publish, ticks
 
 from eventbus.cli.topic import sample_bodies
-from eventbus.dictionaries import Dictionaries, dictionary_id
-from eventbus.keys import Keys
+from eventbus.protocol.dictionaries import Dictionaries, dictionary_id
+from eventbus.protocol.keys import Keys
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,7 @@ import pytest
 from spark_support import offload, publish, ticks
 
 from eventbus.errors import ConfigError
-from eventbus.sharding import shard_of
+from eventbus.protocol.sharding import shard_of
 from eventbus.spark.stream import parse_start
 
 pytestmark = pytest.mark.integration

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 import redis
 
-from eventbus.codec import decode_entry
-from eventbus.keys import Keys
+from eventbus.protocol.codec import decode_entry
+from eventbus.protocol.keys import Keys
 from eventbus.spark.writer import derived_event_id
 
 pytestmark = pytest.mark.integration

@@ -75,7 +75,7 @@ def test_a_sentinel_client_reaches_the_primary_through_its_own_links() -> None:
     import anyio
 
     from eventbus import Settings
-    from eventbus.connection import connect
+    from eventbus.client.connection import connect
 
     top = topology.Sentinel(None, down_after_ms=1000)
     hub = links.ProxyHub()
@@ -113,7 +113,7 @@ def test_a_cluster_client_reaches_every_node_through_its_own_links() -> None:
     import anyio
 
     from eventbus import Settings
-    from eventbus.connection import connect
+    from eventbus.client.connection import connect
 
     top = topology.Cluster(None, replicas=0, node_timeout_ms=1000)
     hub = links.ProxyHub()

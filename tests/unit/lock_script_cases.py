@@ -1,5 +1,5 @@
-"""The lock scripts' contract and their one client (`eventbus.locks.LockClient`), as test cases
-run on two backends.
+"""The lock scripts' contract and their one client (`eventbus.locking.locks.LockClient`), as test
+cases run on two backends.
 
 `tests/unit/test_lock_scripts_fake.py` runs them on fakeredis (fast, checks the Lua logic);
 `tests/integration/test_lock_scripts_redis.py` on a real redis-server and a Redis Cluster. A
@@ -17,10 +17,10 @@ import anyio
 import pytest
 
 from eventbus.config import Settings
-from eventbus.keys import Keys
-from eventbus.locks import Grant, LockClient, LockState
-from eventbus.member import Member
-from eventbus.scripts import Scripts
+from eventbus.locking.locks import Grant, LockClient, LockState
+from eventbus.locking.member import Member
+from eventbus.locking.scripts import Scripts
+from eventbus.protocol.keys import Keys
 
 KEYS = Keys()
 MEMBERS = KEYS.members("orders", "billing")
@@ -279,7 +279,7 @@ class LockScriptCases:
 
 
 class LockClientCases:
-    """Test cases of `eventbus.locks.LockClient`: the scripts' replies as typed values."""
+    """Test cases of `eventbus.locking.locks.LockClient`: the scripts' replies as typed values."""
 
     @staticmethod
     def member(client: Any, name: str, shards: int = 4, ttl_s: float = 60.0) -> LockClient:

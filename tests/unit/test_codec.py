@@ -9,7 +9,8 @@ import pytest
 import zstandard
 from pydantic import BaseModel
 
-from eventbus.codec import (
+from eventbus.errors import DecodeError
+from eventbus.protocol.codec import (
     ENVELOPE_VERSION,
     F_DATA,
     F_RESOURCE,
@@ -23,7 +24,6 @@ from eventbus.codec import (
     envelope_of,
     event_type_of,
 )
-from eventbus.errors import DecodeError
 
 
 class OrderPlaced(BaseModel):

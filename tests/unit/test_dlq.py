@@ -3,8 +3,8 @@ entries. The operator API (`DeadLetters`) runs in the shared failure-policy case
 
 from __future__ import annotations
 
-from eventbus.codec import F_DATA, F_RESOURCE, F_TYPE, decode_entry
 from eventbus.dlq import DROP, UNPARK, DeadLetter, control_entry, dead_letter_fields, is_control
+from eventbus.protocol.codec import F_DATA, F_RESOURCE, F_TYPE, decode_entry
 
 ORIGINAL = {F_RESOURCE: b"o-1", F_TYPE: b"OrderPlaced", F_DATA: b"\x01\x80"}
 

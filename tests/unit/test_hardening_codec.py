@@ -17,7 +17,8 @@ import msgpack
 import pytest
 import zstandard
 
-from eventbus.codec import (
+from eventbus.errors import DecodeError
+from eventbus.protocol.codec import (
     CONTAINER_BYTES,
     MIN_CONTAINERS,
     THREAD_DECODE_BYTES,
@@ -26,7 +27,6 @@ from eventbus.codec import (
     encode_entry,
     unpack_body,
 )
-from eventbus.errors import DecodeError
 
 HEAD = msgpack.packb({"v": 1, "id": b"\0" * 16, "ts": 0, "h": {}}, use_bin_type=True)
 

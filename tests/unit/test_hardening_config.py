@@ -7,7 +7,7 @@ import os
 import pytest
 from pydantic import ValidationError
 
-from eventbus.addresses import check_redis_url, redact_url, scrub
+from eventbus.client.addresses import check_redis_url, redact_url, scrub
 from eventbus.config import DECOMPRESSION_FACTOR, Settings
 
 

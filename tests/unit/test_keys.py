@@ -7,8 +7,8 @@ import re
 import pytest
 
 from eventbus.errors import ConfigError
-from eventbus.keys import Keys, check_name
-from eventbus.topics import TopicConfig
+from eventbus.protocol.keys import Keys, check_name
+from eventbus.protocol.topics import TopicConfig
 
 HASHTAG = re.compile(r"\{([^}]*)\}")
 

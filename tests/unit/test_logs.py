@@ -1,4 +1,4 @@
-"""eventbus.logs: one line per record off a terminal, JSON lines, dictConfig files (JSON, TOML,
+"""eventbus.ops.logs: one line per record off a terminal, JSON lines, dictConfig files (JSON, TOML,
 YAML), secrets scrubbed whatever the handler."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from rich.logging import RichHandler
 
-from eventbus import logs
 from eventbus.cli.output import remember_url
 from eventbus.errors import ConfigError
+from eventbus.ops import logs
 
 URL = "redis://app:s3cret-pw@cache.internal:6379/0"
 
@@ -101,9 +101,9 @@ def test_log_config_json_toml_and_yaml(tmp_path: Path, capsys: pytest.CaptureFix
     import yaml
 
     remember_url(URL)
-    config = _dict_config("eventbus.logs.JsonFormatter")
+    config = _dict_config("eventbus.ops.logs.JsonFormatter")
     toml = (
-        'version = 1\n[formatters.j]\n"()" = "eventbus.logs.JsonFormatter"\n'
+        'version = 1\n[formatters.j]\n"()" = "eventbus.ops.logs.JsonFormatter"\n'
         '[handlers.err]\nclass = "logging.StreamHandler"\nstream = "ext://sys.stderr"\n'
         'formatter = "j"\n[root]\nlevel = "WARNING"\nhandlers = ["err"]\n'
     )

@@ -1,5 +1,5 @@
-"""The event loop of eventbus's own anyio.run calls (`eventbus.loops`): uvloop when installed,
-asyncio's loop with EVENTBUS_UVLOOP=0."""
+"""The event loop of eventbus's own anyio.run calls (`eventbus.client.loops`): uvloop when
+installed, asyncio's loop with EVENTBUS_UVLOOP=0."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from eventbus import loops
 from eventbus.cli.output import run_async
+from eventbus.client import loops
 
 
 async def loop_module() -> str:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from prometheus_client import REGISTRY
 
-from eventbus.locks import Grant, LockState
-from eventbus.metrics import METRICS, ShardMetrics
+from eventbus.locking.locks import Grant, LockState
+from eventbus.ops.metrics import METRICS, ShardMetrics
 
 DASHBOARD = Path(__file__).parents[2] / "docs" / "grafana-dashboard.json"
 

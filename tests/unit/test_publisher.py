@@ -1,5 +1,5 @@
-"""The pure part of `eventbus.publisher.Publisher`: `prepare` (encode, choose the shard stream,
-refuse what consumers would refuse), without Redis. Sending runs against redis-server in
+"""The pure part of `eventbus.publishing.publisher.Publisher`: `prepare` (encode, choose the shard
+stream, refuse what consumers would refuse), without Redis. Sending runs against redis-server in
 `tests/integration/test_publish.py`."""
 
 from __future__ import annotations
@@ -10,16 +10,16 @@ import pytest
 from pydantic import BaseModel
 
 from eventbus import Settings, shard_of
-from eventbus.codec import Envelope, decode_entry, new_event_id
 from eventbus.errors import (
     ConfigError,
     InvalidEvent,
     PayloadTooLarge,
     ReservedEventType,
 )
-from eventbus.keys import Keys
-from eventbus.publisher import Publisher
-from eventbus.topics import TopicConfig
+from eventbus.protocol.codec import Envelope, decode_entry, new_event_id
+from eventbus.protocol.keys import Keys
+from eventbus.protocol.topics import TopicConfig
+from eventbus.publishing.publisher import Publisher
 
 TOPIC = TopicConfig("orders", 8, 10_000)
 
@@ -108,5 +108,6 @@ def test_an_entry_over_max_payload_bytes_is_refused_with_its_size() -> None:
 
 def test_wait_for_replicas_is_accepted_on_a_cluster() -> None:
     """`publish_replicas` works on a Cluster: WAIT goes to each node that took XADDs of a batch
-    (eventbus.cluster_wait; tests/integration/test_cluster_replicas.py checks it on replicas)."""
+    (eventbus.publishing.cluster_wait; tests/integration/test_cluster_replicas.py checks it on
+    replicas)."""
     assert publisher(cluster=True, publish_replicas=1) is not None

@@ -1,4 +1,4 @@
-"""`eventbus.retry`: one backoff value, one retry call around Redis operations."""
+"""`eventbus.client.retry`: one backoff value, one retry call around Redis operations."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from redis.asyncio.retry import Retry
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
-from eventbus import retry
+from eventbus.client import retry
 
 
 def flaky(

@@ -10,7 +10,7 @@ import pytest
 import xxhash
 
 from eventbus.errors import ConfigError
-from eventbus.sharding import MAX_SHARDS, check_shards, shard_of
+from eventbus.protocol.sharding import MAX_SHARDS, check_shards, shard_of
 
 # xxh64(utf8(id), seed 0), computed once with the `xxhash` package. The first two are the
 # reference values of the xxHash specification, so they also pin the seed and the encoding.

@@ -10,11 +10,11 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from eventbus.codec import Envelope, decode_entry, encode_entry, new_event_id
 from eventbus.errors import ConfigError
+from eventbus.protocol.codec import Envelope, decode_entry, encode_entry, new_event_id
+from eventbus.protocol.ids import EntryId, parse_id
 from eventbus.tier.errors import CorruptSegment
 from eventbus.tier.gaps import find_gap
-from eventbus.tier.ids import EntryId, parse_id
 from eventbus.tier.layout import gap_key, parse_gap_key, parse_segment_key, segment_key
 from eventbus.tier.segment import SCHEMA, decode_segment, encode_segment
 

@@ -1,4 +1,5 @@
-"""`eventbus.wire.Wire.pipeline`: which slots a batch settles when some replies are lost."""
+"""`eventbus.publishing.wire.Wire.pipeline`: which slots a batch settles when some replies are
+lost."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from eventbus.config import Settings
-from eventbus.sending import Slot
-from eventbus.wire import Wire
+from eventbus.publishing.sending import Slot
+from eventbus.publishing.wire import Wire
 
 pytestmark = pytest.mark.anyio
 

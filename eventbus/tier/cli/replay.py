@@ -93,14 +93,14 @@ def replay(
     reachable): a shard with fewer entries than its checkpoint accounts for (a deleted segment)
     fails the command after the replay (exit 1), or only warns with --allow-gaps.
     """
-    from eventbus.keys import check_name
+    from eventbus.protocol.keys import check_name
 
     try:
         check_name("topic", topic)
         settings = settings_of(redis_url)
         tier = tier_settings(store)
         source = open_tier_store(tier, create=False)
-        from eventbus.tier.ids import parse_id
+        from eventbus.protocol.ids import parse_id
         from eventbus.tier.replay import ReplayFilter, iter_topic, plan
         from eventbus.tier.store import describe, list_shards_sync
 
@@ -173,7 +173,7 @@ def _check_gaps(
     """Compare what replay read with the offloader checkpoints (see `replay`)."""
     from redis.exceptions import RedisError
 
-    from eventbus.addresses import redact_url
+    from eventbus.client.addresses import redact_url
     from eventbus.tier.completeness import check_complete
 
     try:
@@ -199,7 +199,7 @@ def _checkpoint_counts(settings: Settings, topic: str, shards: list[int]) -> dic
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
-    from eventbus.keys import Keys
+    from eventbus.protocol.keys import Keys
 
     key = Keys(settings.key_prefix, settings.hashtag).checkpoints(topic)
     with redis.Redis.from_url(

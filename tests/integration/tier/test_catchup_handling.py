@@ -25,8 +25,8 @@ from tier_support import fast_tier, wait_until
 
 from eventbus import Context, EventBus, Settings
 from eventbus.dlq import DeadLetter, DeadLetters
-from eventbus.locks import LockClient
-from eventbus.member import Member
+from eventbus.locking.locks import LockClient
+from eventbus.locking.member import Member
 from eventbus.tier import LockUnavailable, catch_up, offload_until_caught_up, open_store
 from eventbus.tier.store import Store
 

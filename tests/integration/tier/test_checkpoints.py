@@ -8,9 +8,9 @@ import pytest
 from redis.exceptions import ResponseError
 from support import async_client
 
-from eventbus.keys import Keys
+from eventbus.protocol.ids import parse_id
+from eventbus.protocol.keys import Keys
 from eventbus.tier.checkpoint import Checkpoints, Fenced, Intent, ShardCheckpoint
-from eventbus.tier.ids import parse_id
 from eventbus.tier.settings import OFFLOADER_GROUP
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]

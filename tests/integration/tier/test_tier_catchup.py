@@ -9,8 +9,8 @@ import pytest
 from tier_support import Tick, fast_tier, make_bus, wait_until
 
 from eventbus import Context
+from eventbus.protocol.ids import parse_id
 from eventbus.tier.catchup import catch_up, catch_up_group
-from eventbus.tier.ids import parse_id
 from eventbus.tier.offloader import Offloader
 from eventbus.tier.replay import ArchivedEntry
 from eventbus.tier.store import open_store
@@ -156,7 +156,7 @@ async def test_catch_up_waits_for_live_consumers_locks(redis_db: str, tmp_path) 
     async with bus:
         await bus.publish_many("busy", [("r", Tick(resource="r", seq=0))])
         await bus.redis.xgroup_create(bus.keys.stream("busy", 0), "g", id="0")
-        from eventbus.scripts import Scripts
+        from eventbus.locking.scripts import Scripts
 
         scripts = Scripts.register(bus.redis)
         held = await scripts.lock_shards(

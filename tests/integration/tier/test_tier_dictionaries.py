@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from tier_support import Tick, fast_tier, make_bus, publish_ticks
 
-from eventbus import codec
 from eventbus.cli.topic import sample_bodies
-from eventbus.dictionaries import CACHE, Dictionaries, dictionary_id
+from eventbus.protocol import codec
+from eventbus.protocol.dictionaries import CACHE, Dictionaries, dictionary_id
 from eventbus.tier.layout import dictionary_key
 from eventbus.tier.offloader import offload_until_caught_up
 from eventbus.tier.replay import iter_events

@@ -15,7 +15,7 @@ from tier_support import (
     wait_until,
 )
 
-from eventbus.tier.ids import EntryId
+from eventbus.protocol.ids import EntryId
 from eventbus.tier.offloader import Offloader, offload_until_caught_up
 from eventbus.tier.replay import ReplayFilter, iter_events, iter_shard, iter_topic
 from eventbus.tier.store import open_store
@@ -203,8 +203,8 @@ async def test_entry_id_bounds_cover_64_bit_ids(redis_db: str, tmp_path) -> None
 async def test_typed_replay_names_segment_and_entry_of_a_bad_payload(
     redis_db: str, tmp_path
 ) -> None:
-    from eventbus.codec import Envelope, new_event_id
     from eventbus.errors import DecodeError
+    from eventbus.protocol.codec import Envelope, new_event_id
 
     bus = make_bus(redis_db, shards=1)
     store = open_store(str(tmp_path))

@@ -11,7 +11,7 @@ import anyio
 from pydantic import BaseModel
 
 from eventbus import EventBus, Settings
-from eventbus.tier.ids import EntryId, parse_id
+from eventbus.protocol.ids import EntryId, parse_id
 from eventbus.tier.layout import SegmentRef
 from eventbus.tier.settings import TierSettings
 from eventbus.tier.store import Store, list_segments_sync, list_shards_sync

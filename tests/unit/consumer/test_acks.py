@@ -16,11 +16,11 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from eventbus.config import Settings
 from eventbus.consumer.acks import Acks
-from eventbus.consumer.lease import Lease
 from eventbus.consumer.shards import HeldShard, Item, ShardTable
-from eventbus.keys import Keys
-from eventbus.locks import Grant, LockState
-from eventbus.member import Member
+from eventbus.locking.lease import Lease
+from eventbus.locking.locks import Grant, LockState
+from eventbus.locking.member import Member
+from eventbus.protocol.keys import Keys
 
 pytestmark = pytest.mark.anyio
 

@@ -10,17 +10,17 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, field_validator
 
-from eventbus import retry
-from eventbus.codec import F_DATA, F_RESOURCE, F_TYPE, Envelope, encode_entry, new_event_id
+from eventbus.client import retry
 from eventbus.config import Settings
 from eventbus.consumer.context import Context, HandlerCall, RetryPolicy, Subscription
 from eventbus.consumer.delivery import Delivery, Outcome
 from eventbus.consumer.handling import Handling
 from eventbus.dlq import DeadLetter, control_entry, control_request
 from eventbus.errors import DecodeError, UnknownEventType
-from eventbus.keys import Keys
-from eventbus.member import Member
-from eventbus.topics import TopicConfig
+from eventbus.locking.member import Member
+from eventbus.protocol.codec import F_DATA, F_RESOURCE, F_TYPE, Envelope, encode_entry, new_event_id
+from eventbus.protocol.keys import Keys
+from eventbus.protocol.topics import TopicConfig
 
 pytestmark = pytest.mark.anyio
 

@@ -1,4 +1,4 @@
-"""The lease and its heartbeats (`eventbus.consumer.lease`), with a fake lock client: no Redis."""
+"""The lease and its heartbeats (`eventbus.locking.lease`), with a fake lock client: no Redis."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import anyio
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from eventbus.consumer.lease import Lease, heartbeat_loop
+from eventbus.locking.lease import Lease, heartbeat_loop
 
 pytestmark = pytest.mark.anyio
 

@@ -11,9 +11,9 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from eventbus.codec import F_RESOURCE
 from eventbus.consumer.queues import ResourceQueues
 from eventbus.consumer.shards import HeldShard, Item
+from eventbus.protocol.codec import F_RESOURCE
 
 pytestmark = pytest.mark.anyio
 

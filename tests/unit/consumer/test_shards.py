@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from eventbus.consumer.shards import ShardTable
-from eventbus.locks import Grant, LockState
+from eventbus.locking.locks import Grant, LockState
 
 HELD, FREE, DEAD = LockState.HELD, LockState.TAKEN_FREE, LockState.TAKEN_FROM_DEAD
 

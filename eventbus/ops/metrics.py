@@ -16,7 +16,7 @@ from typing import Any, cast
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from eventbus.locks import Grant, LockState
+from eventbus.locking.locks import Grant, LockState
 
 _L = ("topic", "group")
 _SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -96,7 +96,7 @@ class _Metrics:
         "Events per pipeline",
         buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000),
     )
-    # -- process health (eventbus.health) -------------------------------------------------------
+    # -- process health (eventbus.ops.health) ---------------------------------------------------
     ready = Gauge(
         "eventbus_ready",
         "1 when every consumer of the process holds a valid lease (connected, holding or able "
@@ -138,8 +138,8 @@ class ShardMetrics:
 
 
 def observe_publish(batch: Sized, failed: int, timeout_s: float) -> None:
-    """One pipeline (`eventbus.sending`) answered, `failed` of its events refused. Its first
-    slot's deadline is `timeout_s` after the pipeline's first send."""
+    """One pipeline (`eventbus.publishing.sending`) answered, `failed` of its events refused. Its
+    first slot's deadline is `timeout_s` after the pipeline's first send."""
     size = len(batch)
     METRICS.publish_batch.observe(size)
     first = cast("Any", batch)[0]

@@ -1,7 +1,7 @@
 """Publishing: event -> envelope -> ``XADD <shard stream> MAXLEN ~ <cap> * rid .. type .. data ..``.
 
 Concurrent `publish()` calls are coalesced into pipelines and land in call order
-(`eventbus.sending`): while one pipeline is on the wire, new calls queue up, and the next
+(`eventbus.publishing.sending`): while one pipeline is on the wire, new calls queue up, and the next
 pipeline carries all of them (up to `publish_batch_max`). No caller has to batch by hand, and a
 lone call is sent at once. This needs the bus to be running (the flusher task lives in the bus's
 task group); outside a running bus each call is sent on its own. XADD with ``MAXLEN ~`` trims
@@ -37,8 +37,20 @@ import anyio
 from pydantic import BaseModel
 from redis.exceptions import ResponseError
 
-from eventbus import hooks
-from eventbus.codec import (
+from eventbus.client.retry import LOST_REPLY
+from eventbus.config import Settings
+from eventbus.errors import (
+    ConfigError,
+    DecodeError,
+    DecompressedTooLarge,
+    InvalidEvent,
+    PayloadTooLarge,
+    PublishError,
+    ReservedEventType,
+)
+from eventbus.locking.member import AsyncRedis
+from eventbus.ops import hooks
+from eventbus.protocol.codec import (
     F_DATA,
     MIN_CONTAINERS,
     RESERVED_TYPE_PREFIX,
@@ -49,23 +61,11 @@ from eventbus.codec import (
     encoded_size,
     envelope_of,
 )
-from eventbus.config import Settings
-from eventbus.dictionaries import Dictionaries
-from eventbus.errors import (
-    ConfigError,
-    DecodeError,
-    DecompressedTooLarge,
-    InvalidEvent,
-    PayloadTooLarge,
-    PublishError,
-    ReservedEventType,
-)
-from eventbus.keys import Keys
-from eventbus.member import AsyncRedis
-from eventbus.retry import LOST_REPLY
-from eventbus.sending import Sender
-from eventbus.sharding import shard_of
-from eventbus.topics import TopicConfig, TopicRegistry
+from eventbus.protocol.dictionaries import Dictionaries
+from eventbus.protocol.keys import Keys
+from eventbus.protocol.sharding import shard_of
+from eventbus.protocol.topics import TopicConfig, TopicRegistry
+from eventbus.publishing.sending import Sender
 
 log = logging.getLogger("eventbus.publisher")
 
@@ -313,7 +313,7 @@ class Publisher:
 
     async def run_flusher(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         """Send queued publishes in call order until cancelled (run by the bus); see
-        `eventbus.sending`."""
+        `eventbus.publishing.sending`."""
         await self.sender.run(task_status=task_status)
 
 

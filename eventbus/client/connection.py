@@ -33,7 +33,7 @@ def connect(settings: Settings) -> Any:
     # No transparent retries: redis-py would re-send a command whose reply was lost, and a
     # re-sent XREADGROUP ">" reads past the entries the lost reply delivered into our PEL (they
     # are then handled out of order, after a later recovery), a re-sent XADD stores an event
-    # twice. Each caller retries what is safe to retry (eventbus.retry) or recovers first.
+    # twice. Each caller retries what is safe to retry (eventbus.client.retry) or recovers first.
     from redis.asyncio.retry import Retry
     from redis.backoff import NoBackoff
 

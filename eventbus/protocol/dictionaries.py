@@ -12,7 +12,7 @@ the field names and common values live in the dictionary, not in every entry.
   ``current``; older versions stay, so entries written with them stay readable.
 * **Entries** say which dictionary they need: format byte ``0x03``, the ID as a LEB128 varint,
   then a zstd frame without its own dictionary ID (docs/protocol.md).
-* **Reading**: `eventbus.codec` decodes with the dictionaries in this process's cache
+* **Reading**: `eventbus.protocol.codec` decodes with the dictionaries in this process's cache
   (`CACHE`). Async readers with Redis (consumers, ``eventbus tail``, the offloader) call
   `Dictionaries.ensure` before decoding; readers of the archive (replay, Spark) load them from
   the store, where the offloader copies each one it meets (`eventbus.tier.dictionaries`). An
@@ -34,7 +34,7 @@ import zstandard
 from redis.exceptions import ResponseError
 
 from eventbus.errors import ConfigError, DecodeError
-from eventbus.keys import Keys
+from eventbus.protocol.keys import Keys
 
 log = logging.getLogger("eventbus")
 

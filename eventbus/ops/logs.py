@@ -10,7 +10,7 @@ Three ways, chosen by `configure`:
   ``message``, ``pid``, ``exc`` (the traceback, if any) and the record's ``extra`` fields;
 * a ``logging.config.dictConfig`` file (``--log-config``): JSON, TOML, or YAML when PyYAML is
   installed. It replaces the two above; `JsonFormatter` and `OneLineFormatter` can be named in it
-  (``"()": "eventbus.logs.JsonFormatter"``).
+  (``"()": "eventbus.ops.logs.JsonFormatter"``).
 
 Whichever it is, every handler gets `SecretsFilter`: the passwords of the Redis URLs this process
 uses are replaced by ``***`` in messages and tracebacks, and control characters are escaped.

@@ -12,10 +12,10 @@ applied: its second copy, with the same event ID, lands later; `dedup_window_s` 
 Concurrent calls for one resource therefore land as Kafka's producer lands them in a partition.
 
 On a Redis Cluster (and fakeredis) one batch is in flight at a time, sent as redis-py's pipeline,
-one per primary on a Cluster (`eventbus.wire`), which keeps the same order per stream.
+one per primary on a Cluster (`eventbus.publishing.wire`), which keeps the same order per stream.
 
 How a batch is packed, sent and answered (hiredis's packer, redis-py's pipeline, WAIT) is
-`eventbus.wire`.
+`eventbus.publishing.wire`.
 """
 
 from __future__ import annotations
@@ -36,12 +36,12 @@ import anyio.abc
 from redis.asyncio import Redis
 from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
 
-from eventbus import retry
+from eventbus.client import retry
+from eventbus.client.retry import LOST_REPLY
 from eventbus.config import Settings
 from eventbus.errors import PublishError
-from eventbus.metrics import METRICS
-from eventbus.retry import LOST_REPLY
-from eventbus.wire import Wire
+from eventbus.ops.metrics import METRICS
+from eventbus.publishing.wire import Wire
 
 log = logging.getLogger("eventbus.publisher")
 

@@ -11,7 +11,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-_HERE = Path(__file__).resolve().parent
+_HERE = Path(__file__).resolve().parent.parent  # the eventbus package
 # In a wheel the scripts are packaged as eventbus/lua; in a source checkout they sit at lua/.
 _LUA_DIRS = (_HERE / "lua", _HERE.parent / "lua")
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from eventbus.tier.ids import EntryId, parse_id
+from eventbus.protocol.ids import EntryId, parse_id
 
 Retention = Literal["maxlen", "acked"]
 RETENTIONS: tuple[Retention, ...] = ("maxlen", "acked")

@@ -5,8 +5,8 @@ one per primary), and the ``WAIT`` of ``publish_replicas``.
 redis-py's asyncio client packs commands in pure Python, which measured 3.5x slower here (42k vs
 148k XADD/s), hence the C packer on a single node. With ``publish_replicas = N`` a batch ends with
 ``WAIT N timeout`` (https://redis.io/docs/latest/commands/wait/) on the connection that took its
-XADDs (on a Cluster one per node, `eventbus.cluster_wait`); when fewer than N replicas confirm,
-every publish of the batch raises `PublishError` (the events are on the primary).
+XADDs (on a Cluster one per node, `eventbus.publishing.cluster_wait`); when fewer than N replicas
+confirm, every publish of the batch raises `PublishError` (the events are on the primary).
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, Any, cast
 import hiredis
 from redis.exceptions import ResponseError
 
-from eventbus.cluster_wait import wait_targets
+from eventbus.client.retry import LOST_REPLY
 from eventbus.config import Settings
 from eventbus.errors import PublishError
-from eventbus.metrics import observe_publish
-from eventbus.retry import LOST_REPLY
+from eventbus.ops.metrics import observe_publish
+from eventbus.publishing.cluster_wait import wait_targets
 
 if TYPE_CHECKING:
-    from eventbus.sending import Slot
+    from eventbus.publishing.sending import Slot
 
 
 class Wire:

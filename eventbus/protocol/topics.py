@@ -11,15 +11,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from eventbus.errors import ConfigError, ShardCountMismatch
-from eventbus.keys import Keys, check_name
-from eventbus.retention import RETENTIONS, Retention
-from eventbus.sharding import check_shards
+from eventbus.protocol.keys import Keys, check_name
+from eventbus.protocol.retention import RETENTIONS, Retention
+from eventbus.protocol.sharding import check_shards
 
 
 @dataclass(frozen=True, slots=True)
 class TopicConfig:
     """Per-topic settings: shard count, approximate length cap of each shard stream, and
-    retention (`eventbus.retention`: ``"maxlen"`` or ``"acked"``)."""
+    retention (`eventbus.protocol.retention`: ``"maxlen"`` or ``"acked"``)."""
 
     name: str
     shards: int

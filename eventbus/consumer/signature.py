@@ -11,8 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from eventbus.codec import event_type_of
 from eventbus.errors import ConfigError
+from eventbus.protocol.codec import event_type_of
 
 
 def handler_models(handler: Callable[..., Any]) -> tuple[dict[str, type[BaseModel]], bool]:

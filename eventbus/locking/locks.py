@@ -20,8 +20,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
-from eventbus.member import Member
-from eventbus.scripts import Scripts
+from eventbus.locking.member import Member
+from eventbus.locking.scripts import Scripts
 
 
 def new_member_id() -> str:

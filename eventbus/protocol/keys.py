@@ -78,11 +78,11 @@ class Keys:
 
     def retention(self) -> str:
         """Hash: topic name -> ``acked`` for topics whose entries Redis keeps until every group
-        acked them (`eventbus.retention`); read by the offloader."""
+        acked them (`eventbus.protocol.retention`); read by the offloader."""
         return f"{self._coord}:retention"
 
     def dictionaries(self, topic: str) -> str:
-        """Hash of a topic's zstd dictionaries (`eventbus.dictionaries`): ``<id>`` -> the
+        """Hash of a topic's zstd dictionaries (`eventbus.protocol.dictionaries`): ``<id>`` -> the
         dictionary's bytes, ``current`` -> the ID new entries use."""
         return f"{self._coord}:dict:{topic}"
 

@@ -15,11 +15,12 @@ if TYPE_CHECKING:
     import redis.asyncio.cluster
 
     from eventbus.config import Settings
-    from eventbus.keys import Keys
+    from eventbus.protocol.keys import Keys
 
 AsyncRedis: TypeAlias = "redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster"
 """The Redis clients eventbus works with: redis-py's asyncio client (a single node, or the
-primary a Sentinel names) or its Cluster client; `eventbus.connection.connect` makes either."""
+primary a Sentinel names) or its Cluster client; `eventbus.client.connection.connect` makes
+either."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,7 +28,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 import anyio
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
-from eventbus.metrics import METRICS
+from eventbus.ops.metrics import METRICS
 
 if TYPE_CHECKING:
     from eventbus.app import EventBus

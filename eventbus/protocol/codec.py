@@ -7,7 +7,7 @@ A stream entry has three fields (docs/protocol.md gives the bytes):
 * ``data`` - the envelope: one format byte, then the body.
   ``0x01``: body is a MessagePack map; ``0x02``: body is a zstd frame holding that map;
   ``0x03``: a dictionary ID (LEB128 varint), then a zstd frame of that map compressed with the
-  topic's dictionary of that ID (`eventbus.dictionaries`).
+  topic's dictionary of that ID (`eventbus.protocol.dictionaries`).
   Map keys: ``v`` envelope version (1), ``id`` event ID (16 bytes), ``ts`` event time (Unix ms),
   ``h`` headers (map str -> str), ``p`` payload (the event's JSON-mode fields as MessagePack).
 
@@ -39,8 +39,8 @@ import zstandard
 from pydantic import BaseModel
 
 from eventbus.config import DECOMPRESSION_FACTOR
-from eventbus.dictionaries import CACHE, FORMAT_MSGPACK_ZSTD_DICT, read_varint, varint
 from eventbus.errors import DecodeError
+from eventbus.protocol.dictionaries import CACHE, FORMAT_MSGPACK_ZSTD_DICT, read_varint, varint
 
 FORMAT_MSGPACK = 0x01
 FORMAT_MSGPACK_ZSTD = 0x02
@@ -117,7 +117,7 @@ def encode_entry(
     envelope: Envelope, *, compress_threshold: int = 1024, dictionary: int | None = None
 ) -> dict[bytes, bytes]:
     """Encode `envelope` as the field map of one stream entry (see the module docstring).
-    With `dictionary` (an ID in `eventbus.dictionaries.CACHE`), the body is compressed with
+    With `dictionary` (an ID in `eventbus.protocol.dictionaries.CACHE`), the body is compressed with
     that dictionary whatever its size (format ``0x03``)."""
     body = msgpack.packb(
         {

@@ -3,7 +3,7 @@ commands, `SyncBus`'s loop thread): uvloop when it is installed (``pip install
 eventbus[uvloop]``), asyncio's own loop otherwise or with ``EVENTBUS_UVLOOP=0``.
 
 Applications that call ``anyio.run`` / ``asyncio.run`` themselves choose their loop: pass
-``backend_options=eventbus.loops.backend_options()`` to ``anyio.run`` for the same choice.
+``backend_options=eventbus.client.loops.backend_options()`` to ``anyio.run`` for the same choice.
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ from collections.abc import Callable
 
 import anyio
 
-from eventbus.locks import LockClient
-from eventbus.retry import REDIS_ERRORS
+from eventbus.client.retry import REDIS_ERRORS
+from eventbus.locking.locks import LockClient
 
 log = logging.getLogger("eventbus.consumer")
 

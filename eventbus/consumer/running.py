@@ -12,9 +12,9 @@ import anyio
 
 from eventbus.consumer import Consumer
 from eventbus.consumer.broadcast import BroadcastConsumer
-from eventbus.locks import new_member_id
-from eventbus.member import Member
-from eventbus.scripts import Scripts
+from eventbus.locking.locks import new_member_id
+from eventbus.locking.member import Member
+from eventbus.locking.scripts import Scripts
 
 if TYPE_CHECKING:
     from eventbus.app import EventBus
