@@ -12,10 +12,11 @@ from obstore.store import MemoryStore
 from support import Recorder, Tick, running, total_pending, wait_until
 from typer.testing import CliRunner
 
-from eventbus import Context, EventBus, Settings, codec
+from eventbus import Context, EventBus, Settings
 from eventbus.cli import app
 from eventbus.cli.topic import sample_bodies
 from eventbus.dlq import DeadLetters
+from eventbus.protocol import codec
 from eventbus.protocol.codec import F_DATA, F_RESOURCE, F_TYPE, decode_entry
 from eventbus.protocol.dictionaries import CACHE, Dictionaries, dictionary_id, varint
 from eventbus.tier.dictionaries import archive_dictionaries

@@ -14,8 +14,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 from support import Recorder, Tick, running
 
-from eventbus import Context, EventBus, hooks, otel
+from eventbus import Context, EventBus, otel
 from eventbus.config import Settings
+from eventbus.ops import hooks
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
