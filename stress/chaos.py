@@ -57,6 +57,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import locktrace
 from facts import backlog_facts, concurrency_facts, poison_facts
 from ledger import HELLO, READY, DeadLetter, check, read_run
 from netfaults import NET_KINDS, NetFaults, net_checks, net_facts
@@ -711,6 +712,7 @@ def run_plan(plan: Plan, workdir: Path | None = None, keep: bool = False) -> dic
     res: dict[str, Any] = {"scenario": plan.scenario, "plan": asdict(plan), "workdir": str(wd),
                            "t0_ns": chaos._t0_ns}
     res |= check(led, run["dead"], chaos.faults, chaos._t0_ns)
+    locktrace.annotate(res["stale_token_examples"], wd, chaos._t0_ns)  # lock timelines
     res["faults"] = chaos.faults
     res["topology"] = chaos.top.describe()
     res["promotions_logged"] = chaos.promotions

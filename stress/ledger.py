@@ -7,7 +7,9 @@ Every publisher and consumer process writes its own ledger file of tab-separated
 * ``P  <resource>  <seq>  <entry id>  <acked ns>  <flags>``  a publish Redis acknowledged
 * ``F  <resource>  <seq>  -  <failed ns>  <error>``    a publish that raised (not acknowledged)
 * ``H  <resource>  <seq>  <entry id>  <token>  <shard>  <attempt>  <start ns>  <end ns>
-  <published ms>  <event id>``                          a handler run that returned
+  <published ms>  <event id>  <fenced>``               a handler run that returned; `fenced` is
+  whether the library's fence (a valid lease, the shard held under that token) still held at the
+  handler's first line: 1, 0, or - when unknown
 * ``X  ...same fields...``                             a handler run that raised
 * ``E  <peak rss kB>``                                 a consumer's clean exit
 
@@ -84,6 +86,7 @@ class Handling(NamedTuple):
     end_ns: int
     published_ms: int
     event_id: str
+    fenced: bool | None = None  # the fence held at the handler's first line (None: unknown)
 
 
 @dataclass
@@ -121,7 +124,7 @@ def read_consumer(path: Path, index: int, into: Ledgers) -> None:
     for parts in _lines(path):
         if parts is None:
             into.torn_lines += 1
-        elif parts[0] in (HANDLED, RAISED) and len(parts) == 11:
+        elif parts[0] in (HANDLED, RAISED) and len(parts) in (11, 12):
             into.handlings.append(
                 Handling(
                     index,
@@ -136,6 +139,7 @@ def read_consumer(path: Path, index: int, into: Ledgers) -> None:
                     int(parts[8]),
                     int(parts[9]),
                     parts[10],
+                    {"1": True, "0": False}.get(parts[11]) if len(parts) == 12 else None,
                 )
             )
         elif parts[0] == HELLO and len(parts) >= 2:
@@ -238,7 +242,7 @@ def check(
     unknown = [k for k in first if k not in acked and k not in unacked_failed]
 
     stale_count, stale_runs = stale_token_starts(led.handlings, examples=1 << 30)
-    woken = [x for x in stale_runs if _at_wake(x["run"], faults)]
+    woken = _woken(stale_runs, faults)
     latencies = sorted((h.start_ns / 1e6 - h.published_ms) for h in first.values())
     t_end = max((h.end_ns for h in first.values()), default=t0_ns)
     t_pub = [p.acked_ns for p in led.published]
@@ -306,6 +310,7 @@ def _describe(h: Handling) -> dict[str, Any]:
         "attempt": h.attempt,
         "start_ns": h.start_ns,
         "end_ns": h.end_ns,
+        "fenced": h.fenced,
     }
 
 
@@ -318,16 +323,31 @@ def _lost_example(key: tuple[str, int], p: Published, led: Ledgers) -> dict[str,
 WAKE_SLACK_NS = 100_000_000
 
 
-def _at_wake(run: dict[str, Any], faults: list[dict[str, Any]]) -> bool:
-    """Whether handler run `run` started in its process's SIGSTOP (so, at the SIGCONT: the
-    process was stopped between the library's synchronous lease check and the handler's first
-    line, a window no check in the process can close) or within `WAKE_SLACK_NS` after it."""
-    return any(
-        f["kind"] == "pause"
-        and f.get("victim") == run["consumer"]
-        and f["t_ns"] <= run["start_ns"] <= f.get("end_ns", f["t_ns"]) + WAKE_SLACK_NS
-        for f in faults
-    )
+def _woken(stale_runs: list[dict[str, Any]], faults: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The stale runs (`stale_token_starts` examples) that are the documented limit of a process
+    stopped between the library's synchronous fence check and the handler's first line
+    (docs/semantics.md, limit 2; FINDINGS 7): per SIGSTOP of a consumer, its first stale start
+    in the stop (so at the SIGCONT) or within `WAKE_SLACK_NS` after it, if the fence no longer
+    held at that handler's first line (``fenced`` False: the lease ran out meanwhile). A stopped
+    process is in that window for one handler call at most. A start at which the library still
+    believed it held the shard under a valid lease (``fenced`` True) is a gap in the fence, not
+    that limit, however close to a SIGCONT (FINDINGS 10); ledgers without the flag (None) are
+    judged by the time alone."""
+    out = []
+    for f in faults:
+        if f["kind"] != "pause":
+            continue
+        lo, hi = f["t_ns"], f.get("end_ns", f["t_ns"]) + WAKE_SLACK_NS
+        inside = [
+            x
+            for x in stale_runs
+            if x["run"]["consumer"] == f.get("victim") and lo <= x["run"]["start_ns"] <= hi
+        ]
+        if inside:
+            first = min(inside, key=lambda x: x["run"]["start_ns"])
+            if first["run"].get("fenced") is not True:
+                out.append(first)
+    return out
 
 
 def stale_token_starts(

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import locktrace
 from ledger import EXITED, HANDLED, HELLO, PUBLISH_FAILED, PUBLISHED, RAISED, READY, LineWriter
 from pydantic import BaseModel
 
@@ -45,14 +46,28 @@ def _peak_rss_kb() -> int:
 async def consumer_role(cfg: dict[str, Any]) -> None:
     """One consumer process: a bus with one subscriber that records every handler run."""
     led = LineWriter(Path(cfg["ledger"]))
+    locktrace.install(Path(cfg["ledger"]).with_suffix(".trace"))
     bus = EventBus(Settings(**cfg["settings"]))
 
     announced = False
+
+    def fenced(shard: int, token: int) -> str:
+        """Whether the library's fence holds at the handler's first line: "1" when the lease
+        is valid and the shard is held under `token`, else "0" ("-" if the consumer's internals
+        changed). A run whose fence no longer holds here was stopped between the library's check
+        and this line (FINDINGS 7); one whose fence holds had a lease the library trusted."""
+        consumer: Any = bus.consumers[0]  # the one subscription's `Consumer`
+        try:
+            held = consumer.table.held.get(shard)
+            return "1" if consumer.lease.ok() and held is not None and held.token == token else "0"
+        except AttributeError:
+            return "-"
 
     @bus.subscriber(TOPIC, group=GROUP)
     async def handle(event: Step, ctx: Context) -> None:
         nonlocal announced
         start = time.time_ns()
+        fence = fenced(ctx.shard, ctx.fencing_token)
         if not announced:  # the orchestrator maps this process to its consumer ID
             led.write(HELLO, ctx.consumer_id, os.getpid())
             announced = True
@@ -62,7 +77,7 @@ async def consumer_role(cfg: dict[str, Any]) -> None:
         led.write(
             RAISED if event.poison else HANDLED, event.r, event.s, ctx.entry_id,
             ctx.fencing_token, ctx.shard, ctx.attempt, start, time.time_ns(),
-            ctx.published_at_ms, ctx.event_id_bytes.hex(),
+            ctx.published_at_ms, ctx.event_id_bytes.hex(), fence,
         )
         if event.poison:
             raise PoisonEvent(f"{event.r}#{event.s} is poison")
