@@ -1,9 +1,10 @@
 """The consumer's lease: how long it may trust its locks, kept alive by heartbeats.
 
 The lease runs `lease_s` (0.8 x the liveness TTL) from the *send* time of the last confirmed
-liveness refresh (a lock round or a heartbeat); Redis counts the TTL from a later instant, so the
-lease ends before the locks can be taken. Without a lease the consumer starts no handler, sends
-no XACK and no XREADGROUP (docs/semantics.md).
+liveness refresh (a lock round, or a heartbeat that found the member live with no lock round in
+flight); Redis counts the TTL from a later instant, so the lease ends before the locks can be
+taken. Without a lease the consumer starts no handler, sends no XACK and no XREADGROUP
+(docs/semantics.md).
 """
 
 from __future__ import annotations
@@ -59,7 +60,13 @@ async def heartbeat_loop(
     """Refresh liveness every `ttl_s` / 3 seconds (every `ttl_s` / 10 after a failure) and renew
     the lease; call `on_expired` when the liveness had expired before a refresh (the locks may be
     someone else's now). Starts once `joined` is set: a heartbeat before the first lock round
-    would find no entry and take a joining consumer for one whose liveness expired."""
+    would find no entry and take a joining consumer for one whose liveness expired.
+
+    A heartbeat renews the lease only when it found the member live and no lock round is in
+    flight. After a lapse, the lock round that makes the member live again may run before a
+    heartbeat that is answered first: that heartbeat finds the member live, while the shards
+    the caller holds are still those from before the lapse until the round's reply is applied
+    (found by the chaos harness, stress/FINDINGS.md 10). The round renews the lease itself."""
     await joined.wait()
     while True:
         sent_at = time.monotonic()
@@ -70,6 +77,7 @@ async def heartbeat_loop(
             await anyio.sleep(ttl_s / 10)
             continue
         if not was_live:
-            on_expired()
-        lease.renew(sent_at)
+            on_expired()  # lapsed until the next lock round, which says what is still held
+        elif not locks.acquiring:
+            lease.renew(sent_at)
         await anyio.sleep(ttl_s / 3)

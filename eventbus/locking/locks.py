@@ -85,6 +85,17 @@ class LockClient:
         self._scripts = scripts or Scripts.register(member.redis)
         topic, group = member.topic, member.group
         self._keys = [member.keys.members(topic, group), member.keys.locks(topic, group)]
+        self._acquiring = 0  # `acquire` calls awaiting their reply
+
+    @property
+    def acquiring(self) -> bool:
+        """Whether a lock round is in flight: `acquire` was called and has not returned or
+        raised yet. Its reply may say that locks were lost while the member's liveness had
+        lapsed (the round made it live again), so a heartbeat answered meanwhile proves
+        nothing about the locks the caller believes it holds (`lease.heartbeat_loop`). The
+        caller of `acquire` must apply its reply (or forget its locks when it raises) before
+        its next ``await``: this turns False when `acquire` returns."""
+        return self._acquiring > 0
 
     async def acquire(self, candidates: Sequence[int]) -> LockRound:
         """Refresh liveness and take free or expired locks among `candidates` (in order of
@@ -94,9 +105,13 @@ class LockClient:
         the connection may still have taken locks, which the next call reports as held.
         """
         sent_at = time.monotonic()
-        reply = await self._scripts.lock_shards(
-            keys=self._keys, args=[self.member_id, self._ttl_ms, self.shards, *candidates]
-        )
+        self._acquiring += 1
+        try:
+            reply = await self._scripts.lock_shards(
+                keys=self._keys, args=[self.member_id, self._ttl_ms, self.shards, *candidates]
+            )
+        finally:
+            self._acquiring -= 1
         grants = {
             int(s): Grant(int(s), int(token), LockState(int(state)))
             for s, token, state in reply[1:]
@@ -113,8 +128,10 @@ class LockClient:
         return [int(s) for s in released]
 
     async def heartbeat(self) -> bool:
-        """Refresh liveness. Returns whether the member was still live before this refresh;
-        False means its locks may have been taken: drop them and re-lock."""
+        """Refresh liveness if the member is still live. Returns whether it was; False means
+        its liveness had lapsed (or it never joined) and its locks may have been taken: drop
+        them and re-lock. A lapsed member stays lapsed until its next `acquire`, whose reply
+        says which locks it still holds (``heartbeat.lua`` revives no member)."""
         return bool(
             await self._scripts.heartbeat(keys=self._keys[:1], args=[self.member_id, self._ttl_ms])
         )

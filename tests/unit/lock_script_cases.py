@@ -261,10 +261,36 @@ class LockScriptCases:
         self, client: Any, scripts: Scripts
     ) -> None:
         hb = scripts.heartbeat
-        assert await hb(keys=[MEMBERS], args=["a", 5]) == 0  # never seen
+        assert await hb(keys=[MEMBERS], args=["a", 5]) == 0  # never seen: not made a member
+        assert await client.zscore(MEMBERS, "a") is None
+        await self.lock(scripts, "a", 1, ttl_ms=LONG_TTL_MS)  # joins
+        assert await hb(keys=[MEMBERS], args=["a", 5]) == 1  # live
         await self.expire_now(client, "a")
         assert await hb(keys=[MEMBERS], args=["a", LONG_TTL_MS]) == 0  # had expired
+
+    @pytest.mark.anyio
+    async def test_heartbeat_does_not_revive_an_expired_member(
+        self, client: Any, scripts: Scripts
+    ) -> None:
+        """Only a lock round, whose reply says which locks are still held, makes a member live
+        again: otherwise a heartbeat whose 0 was lost with its connection would make the next
+        one answer 1 although the member's locks were taken meanwhile."""
+        hb = scripts.heartbeat
+        await self.lock(scripts, "a", 1, ttl_ms=5)
+        await self.expire_now(client, "a")
+
+        assert await hb(keys=[MEMBERS], args=["a", LONG_TTL_MS]) == 0
+        assert await hb(keys=[MEMBERS], args=["a", LONG_TTL_MS]) == 0  # still lapsed
+        assert (await self.lock(scripts, "b", 1)).locks == {0: (2, TAKEN_FROM_DEAD)}
+        assert (await self.lock(scripts, "a", 1)).locks == {}  # live again, the lock is b's
         assert await hb(keys=[MEMBERS], args=["a", LONG_TTL_MS]) == 1
+
+    @pytest.mark.anyio
+    async def test_heartbeat_extends_a_live_deadline(self, client: Any, scripts: Scripts) -> None:
+        await self.lock(scripts, "a", 1, ttl_ms=LONG_TTL_MS)
+        before = float(await client.zscore(MEMBERS, "a"))
+        assert await scripts.heartbeat(keys=[MEMBERS], args=["a", 2 * LONG_TTL_MS]) == 1
+        assert float(await client.zscore(MEMBERS, "a")) >= before + LONG_TTL_MS
 
     # -- script cache ------------------------------------------------------------------------------
     @pytest.mark.anyio
@@ -353,17 +379,41 @@ class LockClientCases:
         assert set(got.grants) == {0, 1, 2, 3}
 
     @pytest.mark.anyio
-    async def test_heartbeat_after_expiry_reports_false_then_true(self, client: Any) -> None:
+    async def test_heartbeat_after_expiry_reports_false_until_the_next_lock_round(
+        self, client: Any
+    ) -> None:
         a = self.member(client, "a", ttl_s=0.005)
         await a.acquire([0])
         await expire_now(client, "a")
 
         assert await a.heartbeat() is False  # its locks may be someone else's now
-        await expire_now(client, "a")  # the refresh above used the same short TTL
         b = self.member(client, "b")
         assert (await b.acquire([0])).grants == {0: Grant(0, 2, LockState.TAKEN_FROM_DEAD)}
 
         live = self.member(client, "a")  # same member ID, a long TTL
-        assert await live.heartbeat() is False
+        assert await live.heartbeat() is False  # a heartbeat does not make it live again
+        assert (await live.acquire([0])).grants == {}  # a lock round does; the lock stays b's
         assert await live.heartbeat() is True
-        assert (await live.acquire([0])).grants == {}  # the lock stays with b
+
+    @pytest.mark.anyio
+    async def test_acquiring_while_a_lock_round_is_in_flight(self, client: Any) -> None:
+        real = Scripts.register(client)
+        seen: list[bool] = []
+
+        async def lock_shards(*, keys: Any, args: Any) -> Any:
+            reply = await real.lock_shards(keys=keys, args=args)  # run, reply not returned yet
+            seen.append(a.acquiring)
+            if len(seen) == 2:
+                raise ConnectionError("reply lost")
+            return reply
+
+        settings = Settings.model_construct(liveness_ttl_s=60.0)
+        member = Member(client, KEYS, settings, "orders", "billing", "a")
+        scripts = Scripts(lock_shards, real.unlock_shards, real.heartbeat)
+        a = LockClient(member, shards=4, scripts=scripts)
+
+        assert not a.acquiring
+        await a.acquire([0])
+        with pytest.raises(ConnectionError):
+            await a.acquire([0])
+        assert seen == [True, True] and not a.acquiring

@@ -60,14 +60,15 @@ async def test_changed_wakes_every_waiter_on_renew_or_wake() -> None:
 
 class FakeLocks:
     """`heartbeat()` answers from `replies` (a bool: was the member live; an exception: raised);
-    `done` is set once they are used up."""
+    `done` is set once they are used up. `acquiring`: a lock round is in flight."""
 
     member_id = "c-1"
 
-    def __init__(self, *replies: bool | Exception) -> None:
+    def __init__(self, *replies: bool | Exception, acquiring: bool = False) -> None:
         self.replies = list(replies)
         self.calls = 0
         self.done = anyio.Event()
+        self.acquiring = acquiring
 
     async def heartbeat(self) -> bool:
         self.calls += 1
@@ -110,6 +111,21 @@ async def test_heartbeats_renew_the_lease_and_report_an_expired_liveness() -> No
     expired = await run_heartbeats(locks, lease, anyio.Event())
     assert expired == ["expired"]
     assert lease.ok() and lease.remaining_ms() > 9_000
+
+
+async def test_a_heartbeat_that_finds_the_liveness_expired_renews_nothing() -> None:
+    lease = Lease(10.0)
+    expired = await run_heartbeats(FakeLocks(False), lease, anyio.Event())
+    assert expired == ["expired"] and not lease.ok()
+
+
+async def test_a_heartbeat_answered_while_a_lock_round_is_in_flight_renews_nothing() -> None:
+    """That round may have made the member live again after a lapse (so the heartbeat finds it
+    live) while the shards the consumer holds are those from before the lapse until the round's
+    reply is applied; the round renews the lease itself (stress/FINDINGS.md 10)."""
+    lease = Lease(10.0)
+    expired = await run_heartbeats(FakeLocks(True, True, acquiring=True), lease, anyio.Event())
+    assert expired == [] and not lease.ok()
 
 
 async def test_a_failed_heartbeat_is_retried_and_does_not_renew() -> None:
