@@ -160,10 +160,17 @@ def consumer_main(url: str, expect: int, out: str) -> None:
     }))
 
 
+def child_env() -> dict[str, str]:
+    """The environment of a child process: this checkout on its path, after whatever
+    ``PYTHONPATH`` already names (stress/ab.py puts the eventbus under test first)."""
+    paths = [p for p in (os.environ.get("PYTHONPATH"), str(Path(__file__).resolve().parent.parent))]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+
+
 def _spawn_consumer(url: str, expect: int, out: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, __file__, "_consumer", url, str(expect), str(out)],
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+        env=child_env(),
     )
 
 

@@ -168,7 +168,7 @@ def consumer_main(url: str, mode: str, out: str) -> None:
 def _spawn(url: str, mode: str, out: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, __file__, "_consumer", url, mode, str(out)],
-        env={**os.environ, "PYTHONPATH": ROOT},
+        env=bench.child_env(),
     )
 
 

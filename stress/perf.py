@@ -4,6 +4,8 @@
     python stress/perf.py publish [--events N] [--runs 3] [--profile stress/results/publisher.svg]
     python stress/perf.py path [--events N] [--runs 5]
 
+``--json F`` writes the last run's figures (stress/ab.py reads them).
+
 ``consume``: on a fresh private redis-server, the raw XREADGROUP+XACK+decode loop (bench step 3),
 then eventbus publishes the events and one consumer process (bench step 5, no-op handler typed
 with a pydantic model) drains them; prints both rates and their ratio. ``publish``: the raw
@@ -126,8 +128,11 @@ if __name__ == "__main__":
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--profile", default=None)
+    parser.add_argument("--json", default=None, help="write the last run's figures here")
     args = parser.parse_args()
     fn = {"consume": consume, "publish": publish, "path": path}[args.what]
     for run in range(args.runs):
         res = fn(args.events, args.profile)
         print(json.dumps({"run": run + 1, **{k: round(v, 3) for k, v in res.items()}}), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(res))

@@ -1,0 +1,204 @@
+"""A/B of two revisions: the same benchmark on both trees, alternated, medians and ratios.
+
+    stress/ab.sh REV_A REV_B [--pairs 3] [--what bench|flights|consume|publish] [--json F] [-- ARGS]
+
+Each revision is checked out once into a git worktree under ``.cache/ab/`` (``.`` means this
+checkout as it is, uncommitted changes included). Both are measured by the same harness, this
+checkout's (stress/, examples/, its virtual environment), with the revision's ``eventbus``
+package first on ``PYTHONPATH`` (a folder holding only a link to it): the trees differ in the
+library only, not in how they are measured. The runs alternate, A B A B ..., so that a machine
+whose speed drifts during the session drifts for both trees alike. For each numeric figure of
+the runs' JSON it prints the median per tree and the ratio B/A of the medians; with ``--json``
+it also writes every run.
+
+``--what``:
+
+* ``bench``: ``stress/bench.py --json F ARGS`` (default ARGS ``--events 100000``): raw ceilings,
+  ``publish()``, one consumer process, latency; the ratios to raw are in ``ratios.*``.
+* ``flights``: ``python -m examples.flights --no-spark --no-progress --summary-json F ARGS``:
+  the main job; ``publisher_cpu_us_per_event`` and ``consumer_cpu_us_per_event`` (CPU seconds
+  of the processes over events published / handled) are derived for trees whose summary lacks
+  them.
+* ``consume`` / ``publish``: only the consumer (or publisher) step of the bench with its raw
+  ceiling, in a fresh ``redis-server`` each (``stress/perf.py``); faster, for quick iterations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = ROOT / ".cache" / "ab"
+
+
+def tree(rev: str) -> tuple[Path, str]:
+    """A folder whose only entry links to `rev`'s ``eventbus`` package (its checkout is a
+    worktree made once per commit), and a label for it."""
+    if rev == ".":
+        sha, path = "worktree", ROOT
+    else:
+        sha = subprocess.run(
+            ["git", "rev-parse", "--verify", f"{rev}^{{commit}}"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        path = CACHE / sha[:12]
+        if not (path / "eventbus").is_dir():
+            CACHE.mkdir(parents=True, exist_ok=True)
+            subprocess.run(
+                ["git", "worktree", "add", "--detach", "-f", str(path), sha],
+                cwd=ROOT,
+                check=True,
+                capture_output=True,
+            )
+    pkg = CACHE / f"pkg-{sha[:12]}"
+    pkg.mkdir(parents=True, exist_ok=True)
+    link = pkg / "eventbus"
+    if not link.is_symlink():
+        link.symlink_to(path / "eventbus")
+    return pkg, f"{rev} ({sha[:8]})"
+
+
+def command(what: str, out: Path, args: list[str]) -> list[str]:
+    py = str(ROOT / ".venv" / "bin" / "python")
+    if what == "bench":
+        return [py, "stress/bench.py", "--json", str(out), *(args or ["--events", "100000"])]
+    if what == "flights":
+        return [
+            py,
+            "-m",
+            "examples.flights",
+            "--no-spark",
+            "--no-progress",
+            "--summary-json",
+            str(out),
+            *args,
+        ]
+    return [py, "stress/perf.py", what, "--runs", "1", "--json", str(out), *args]
+
+
+def run_once(pkg: Path, what: str, args: list[str]) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="ab-") as tmp:
+        out = Path(tmp) / "result.json"
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(pkg), str(ROOT)))}
+        proc = subprocess.run(
+            command(what, out, args), cwd=ROOT, env=env, capture_output=True, text=True
+        )
+        if not out.exists():
+            sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
+            raise SystemExit(f"run with {pkg} wrote no result (exit code {proc.returncode})")
+        result: dict[str, Any] = json.loads(out.read_text())
+    if what == "flights":
+        derive_cpu(result)
+    return result
+
+
+def derive_cpu(summary: dict[str, Any]) -> None:
+    """CPU microseconds per event of the publisher and of the consumer processes, for summaries
+    written before the flights job reported them."""
+    cpu = summary.get("cpu_s", {})
+    handled = sum(g.get("handled", 0) for g in summary.get("groups", {}).values())
+    if "publisher_cpu_us_per_event" not in summary and summary.get("events_published"):
+        summary["publisher_cpu_us_per_event"] = (
+            cpu["publisher_process"] * 1e6 / summary["events_published"]
+        )
+    if "consumer_cpu_us_per_event" not in summary and handled:
+        summary["consumer_cpu_us_per_event"] = cpu["consumer_processes"] * 1e6 / handled
+
+
+def numbers(d: Any, prefix: str = "") -> dict[str, float]:
+    """The numeric leaves of a JSON value, keyed by their dotted path."""
+    if isinstance(d, bool):
+        return {}
+    if isinstance(d, int | float):
+        return {prefix: float(d)}
+    if isinstance(d, dict):
+        out: dict[str, float] = {}
+        for k, v in d.items():
+            out |= numbers(v, f"{prefix}.{k}" if prefix else str(k))
+        return out
+    return {}
+
+
+def _fmt(v: float) -> str:
+    return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    extra: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, extra = argv[:i], argv[i + 1 :]
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("rev_a")
+    p.add_argument("rev_b")
+    p.add_argument("--pairs", type=int, default=3, help="A B pairs (at least 3 for a verdict)")
+    p.add_argument("--what", choices=["bench", "flights", "consume", "publish"], default="bench")
+    p.add_argument("--json", help="write every run's figures here")
+    p.add_argument(
+        "--only",
+        default="",
+        help="comma-separated substrings: print only figures whose name contains one",
+    )
+    a = p.parse_args(argv)
+    trees = [tree(a.rev_a), tree(a.rev_b)]
+    runs: list[list[dict[str, float]]] = [[], []]
+    for i in range(a.pairs):
+        for side, (where, label) in enumerate(trees):
+            print(f"pair {i + 1}/{a.pairs}: {'AB'[side]} = {label} ...", flush=True)
+            runs[side].append(numbers(run_once(where, a.what, extra)))
+    keys = [k for k in runs[0][0] if all(k in r for side in runs for r in side)]
+    only = [s for s in a.only.split(",") if s]
+    rows = []
+    for k in keys:
+        if only and not any(s in k for s in only):
+            continue
+        ma = statistics.median(r[k] for r in runs[0])
+        mb = statistics.median(r[k] for r in runs[1])
+        rows.append((k, ma, mb, mb / ma if ma else float("nan")))
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(
+        "figure",
+        f"A: {trees[0][1]}",
+        f"B: {trees[1][1]}",
+        "B/A",
+        title=f"A/B, {a.what}, medians of {a.pairs} alternated runs each",
+    )
+    for k, ma, mb, ratio in rows:
+        t.add_row(k, _fmt(ma), _fmt(mb), f"{ratio:.3f}")
+    Console(width=160).print(t)
+    if a.json:
+        Path(a.json).write_text(
+            json.dumps(
+                {
+                    "what": a.what,
+                    "args": extra,
+                    "a": trees[0][1],
+                    "b": trees[1][1],
+                    "runs_a": runs[0],
+                    "runs_b": runs[1],
+                    "medians": {
+                        k: {"a": ma, "b": mb, "b_over_a": ratio} for k, ma, mb, ratio in rows
+                    },
+                },
+                indent=2,
+            )
+        )
+        print(f"written {a.json}")
+
+
+if __name__ == "__main__":
+    main()
