@@ -24,6 +24,7 @@ plain ``def`` runs in a worker thread). docs/semantics.md states the guarantees;
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import typing
@@ -262,7 +263,6 @@ class BatchRunner:
 
     async def _call(self, entries: list[_Entry], attempt: int) -> Exception | NotStarted | None:
         """One call of the batch handler; its exception, None, or `NOT_STARTED` (fence lost)."""
-        sub = self.sub
         ctxs = [
             self.handling.context(e.item, e.env, entry_id=e.item.entry_id, attempt=attempt)
             for e in entries
@@ -271,18 +271,26 @@ class BatchRunner:
         events = [e.event for e in entries]
         if not self.fence.holds(entries[0].item):  # no await between this check and the call
             return NOT_STARTED
-        timeout = sub.handler_timeout_s
+        slot = self.handling.watchdog.slot()  # no cancel scope per call: see Handling.attempt
+        slot.started = time.monotonic()
+        error: Exception | None = None
         try:
-            with anyio.move_on_after(timeout) as scope:
-                await self.call.call_batch(events, ctxs)
+            await self.call.call_batch(events, ctxs)
+        except asyncio.CancelledError:
+            if not slot.timed_out():
+                raise
+            error = self.handling.timeout_error()
         except Exception as exc:
+            error = self.handling.timeout_error() if slot.timed_out() else exc
+        else:
+            slot.timed_out()
+        finally:
+            slot.started = 0.0
+        if error is not None:
             self._m_failures.inc()
-            return exc
-        if scope.cancelled_caught:
-            assert timeout is not None
-            self._m_failures.inc()
-            self._m_timeouts.inc()
-            return HandlerTimeout(sub.name, timeout, abandoned=not self.call.is_async)
+            if isinstance(error, HandlerTimeout):
+                self._m_timeouts.inc()
+            return error
         self.handling.tally.handled += len(entries)
         self._m_latency.observe(max(0.0, time.time() - entries[-1].env.published_at_ms / 1000))
         return None

@@ -113,6 +113,7 @@ class BroadcastConsumer:
         reads = [[s] for s in self.streams] if self.settings.cluster else [self.streams]
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._cancel_reads_on, stop, tg.cancel_scope)
+            tg.start_soon(self.handling.watchdog.run)
             for streams in reads:
                 tg.start_soon(self._read_loop, streams, stop)
 

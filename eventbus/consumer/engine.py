@@ -136,6 +136,7 @@ class Consumer:
                     heartbeat_loop, self.locks, self.lease, ttl, self._joined, self._expired
                 )
                 tg.start_soon(self.acks.loop)
+                tg.start_soon(self.handling.watchdog.run)
                 for _ in range(self.settings.concurrency):
                     tg.start_soon(self.queues.worker, self._work, tg, self._stopped)
                 tg.start_soon(self._stop_starting, stop)

@@ -15,7 +15,7 @@ superseded token when it wakes: found by the chaos harness).
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import gc
 import logging
 import math
@@ -39,6 +39,7 @@ from eventbus.consumer.delivery import (
     Tally,
 )
 from eventbus.consumer.failures import Failures
+from eventbus.consumer.watchdog import Watchdog
 from eventbus.dlq import is_control
 from eventbus.errors import DecodeError, HandlerTimeout, UnknownEventType
 from eventbus.locking.member import Member
@@ -72,6 +73,7 @@ class Handling:
         self.sub = sub
         self.retry = retry
         self.tally = Tally()
+        self.watchdog = Watchdog(sub.handler_timeout_s)  # run by whoever runs this handling
         self.failures = Failures(member, sub, retry, self.tally)
         self.dictionaries = Dictionaries(member.redis, member.keys)
         self.max_decoded_bytes = member.settings.max_decompressed_bytes
@@ -253,41 +255,49 @@ class Handling:
         (then nothing ran). A non-None return value of the handler answers a request: it goes
         to the reply stream the entry's headers name (`eventbus.request.send_reply`)."""
         ctx = self.context(d, env, entry_id=entry_id, attempt=attempt)
-        timeout = self.sub.handler_timeout_s
-        started = time.perf_counter()
-        ran = False
-        # No handler timeout, no cancel scope: a scope with a deadline costs 6-12 us per call on
-        # asyncio, about 40 % of the handling path (docs/performance.md).
-        scope = None if timeout is None else anyio.move_on_after(timeout)
+        # Checked last, with no await before the call: a process stopped after this check and
+        # before the handler's first line still runs it with a superseded token when it wakes
+        # (stress FINDINGS 7: the downstream store's check of the fencing token is what refuses
+        # its writes).
+        if not fence.holds(d):
+            return NOT_STARTED
+        # No cancel scope per attempt: the consumer's watchdog cancels an overdue attempt
+        # (`eventbus.consumer.watchdog`); a scope with a deadline cost 6-12 us per call.
+        slot = self.watchdog.slot()
+        started = slot.started = time.monotonic()
+        error: Exception | None = None
         try:
-            with scope if scope is not None else contextlib.nullcontext():
-                # Checked last, inside the scope, with no await before the call: a process
-                # stopped after this check and before the handler's first line still runs it
-                # with a superseded token when it wakes (stress FINDINGS 7: the downstream
-                # store's check of the fencing token is what refuses its writes).
-                if not fence.holds(d):
-                    return NOT_STARTED
-                ran = True
-                if hooks.tracing is None:
-                    result = await self.sub.call(event, ctx)
-                else:
-                    result = await hooks.tracing.consume(self.sub.call, event, ctx)
-                if result is not None:  # the answer to a request (eventbus.request)
-                    await send_reply(self.redis, self.keys, env, result)
+            if hooks.tracing is None:
+                result = await self.sub.call(event, ctx)
+            else:
+                result = await hooks.tracing.consume(self.sub.call, event, ctx)
+            if result is not None:  # the answer to a request (eventbus.request)
+                await send_reply(self.redis, self.keys, env, result)
+        except asyncio.CancelledError:
+            if not slot.timed_out():
+                raise
+            error = self.timeout_error()
         except Exception as exc:
-            self._m_failures.inc()
-            return exc
+            error = self.timeout_error() if slot.timed_out() else exc
+        else:
+            slot.timed_out()  # a handler that swallowed the cancellation ran to its end
         finally:
-            if ran:
-                self._m_duration.observe(time.perf_counter() - started)
-        if scope is not None and scope.cancelled_caught:
-            assert timeout is not None
+            slot.started = 0.0
+            self._m_duration.observe(time.monotonic() - started)
+        if error is not None:
             self._m_failures.inc()
-            self._m_timeouts.inc()
-            return HandlerTimeout(self.sub.name, timeout, abandoned=not self.sub.call.is_async)
+            if isinstance(error, HandlerTimeout):
+                self._m_timeouts.inc()
+            return error
         self.tally.handled += 1
         self._m_latency.observe(max(0.0, time.time() - env.published_at_ms / 1000))
         return None
+
+    def timeout_error(self) -> HandlerTimeout:
+        """What an attempt cancelled by the watchdog failed with (`handler_timeout_s`)."""
+        timeout = self.sub.handler_timeout_s
+        assert timeout is not None
+        return HandlerTimeout(self.sub.name, timeout, abandoned=not self.sub.call.is_async)
 
     # -- de-duplication (optional) ----------------------------------------------------------------
     async def _seen(self, event_id: bytes) -> bool:

@@ -195,7 +195,11 @@ async def catch_up(
     member = _member(bus.redis, settings, topic, group)
     runner = CatchUp(member, store, shards=shards)
     handling = Handling(member, sub, retry.forever(settings.retry_base_s, settings.retry_max_s))
-    return await runner.run(_Typed(handling), shards=only, lock_timeout_s=lock_timeout_s)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(handling.watchdog.run)  # the subscription's handler_timeout_s
+        stats = await runner.run(_Typed(handling), shards=only, lock_timeout_s=lock_timeout_s)
+        tg.cancel_scope.cancel()
+    return stats
 
 
 def _member(redis: AsyncRedis, settings: Settings | None, topic: str, group: str) -> Member:
