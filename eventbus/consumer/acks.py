@@ -58,9 +58,10 @@ class Acks:
         self._idle = anyio.Event()
 
     # -- in flight --------------------------------------------------------------------------------
-    def started(self, held: HeldShard) -> None:
-        held.in_flight += 1
-        self.in_flight += 1
+    def started(self, held: HeldShard, n: int = 1) -> None:
+        """`n` entries of `held` were read (or claimed): in flight until finished."""
+        held.in_flight += n
+        self.in_flight += n
 
     def finish(self, item: Item) -> None:
         self._finish(item.held)

@@ -45,7 +45,7 @@ from eventbus.consumer.batch_call import is_batch as is_batch
 from eventbus.consumer.delivery import NOT_STARTED, Fence, NotStarted
 from eventbus.consumer.handling import Handling, _large
 from eventbus.consumer.queues import Process, ResourceQueues
-from eventbus.consumer.shards import HeldShard, Item, read_items
+from eventbus.consumer.shards import HeldShard, Item
 from eventbus.dlq import is_control
 from eventbus.errors import DecodeError, HandlerTimeout
 from eventbus.ops.metrics import METRICS
@@ -61,29 +61,22 @@ class BatchQueues(ResourceQueues):
     """One queue per shard (not per resource); a worker takes up to `max_batch` entries of one
     lock acquisition from its head and runs them as a batch."""
 
-    def __init__(self, started: Callable[[HeldShard], None], max_batch: int) -> None:
+    def __init__(self, started: Callable[[HeldShard, int], None], max_batch: int) -> None:
         super().__init__(started)
         self.max_batch = max_batch
 
-    def dispatch(
-        self,
-        held: HeldShard,
-        entries: list[tuple[bytes, dict[bytes, bytes] | None]],
-        counts: typing.Mapping[bytes, int] | None = None,
-    ) -> None:
+    def dispatch(self, held: HeldShard, items: typing.Sequence[Item]) -> None:
+        if not items:
+            return
+        self._started(held, len(items))
         key = (held.shard, _ONE_QUEUE)
         queue = self._queues.get(key)
-        fresh = queue is None
         if queue is None:
-            queue = self._queues[key] = deque()
-        for item in read_items(held, entries, counts):
-            self._started(held)
-            queue.append(item)
-        if fresh:
-            if queue:
-                self._ready.send_nowait(key)
-            else:
-                del self._queues[key]
+            self._queues[key] = deque(items)
+            self._ready.append(key)
+            self._wake.set()
+        else:
+            queue.extend(items)
 
     async def worker(  # type: ignore[override]
         self,
@@ -91,9 +84,9 @@ class BatchQueues(ResourceQueues):
         timers: anyio.abc.TaskGroup,
         stopped: anyio.Event,
     ) -> None:
-        """Run shards' batches from the ready stream until cancelled (`run` finishes each)."""
+        """Run shards' batches from the ready queue until cancelled (`run` finishes each)."""
         while True:
-            key = await self._ready_out.receive()
+            key = await self._next()
             queue = self._queues[key]
             try:
                 while queue:

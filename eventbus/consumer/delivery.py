@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from eventbus.consumer.context import HandlerCall
+    from eventbus.errors import DecodeError
+    from eventbus.protocol.codec import Envelope
 
 
 class Outcome(enum.Enum):
@@ -37,6 +42,11 @@ class Delivery:
     `generation` identifies the lock acquisition in this process (0 for catch-up); `attempt`
     counts handler attempts made so far; `segment` names the object an archived entry came from;
     `delivery_count` is how often the group delivered the entry (the PEL's count, 1 at first).
+
+    Decoded ahead of its turn, with the other entries of its read (`Handling.prepare`): `env`
+    and `event` (the handler's argument) and `call` (the handler its type is routed to), or
+    `error` when it does not decode or validate; all None when it is left to its turn (a
+    control entry, a large entry decoded in a thread, a dictionary not loaded yet).
     """
 
     shard: int
@@ -47,6 +57,10 @@ class Delivery:
     attempt: int = 0
     segment: str | None = None
     delivery_count: int = 1
+    env: Envelope | None = None
+    event: Any = None
+    call: HandlerCall | None = None
+    error: DecodeError | None = None
 
 
 @dataclass(slots=True)

@@ -39,8 +39,8 @@ from eventbus.consumer.context import Subscription
 from eventbus.consumer.delivery import Delivery, Outcome
 from eventbus.consumer.handling import Handling
 from eventbus.consumer.queues import ResourceQueues
-from eventbus.consumer.reading import Reader
-from eventbus.consumer.shards import HeldShard, Item, ShardTable
+from eventbus.consumer.reading import Counts, Entries, Reader
+from eventbus.consumer.shards import HeldShard, Item, ShardTable, read_items
 from eventbus.consumer.supervision import read_loop, refused
 from eventbus.consumer.trims import TrimWatch
 from eventbus.locking.lease import Lease, heartbeat_loop
@@ -277,7 +277,7 @@ class Consumer:
         held = [self.table.held[s] for s in shards if s in self.table.held]
         try:
             with refused("XAUTOCLAIM", ",".join(h.stream for h in held)):
-                await self.reader.recover(held, self.queues.dispatch, self._still_held)
+                await self.reader.recover(held, self._dispatch, self._still_held)
         except BaseException:
             self.table.forget(shards)
             raise
@@ -307,8 +307,15 @@ class Consumer:
             held = self.table.of_stream(read.stream)
             if held is not None:
                 got.add(held.shard)
-                self.queues.dispatch(held, read.entries, read.counts)
+                self._dispatch(held, read.entries, read.counts)
         return got
+
+    def _dispatch(self, held: HeldShard, entries: Entries, counts: Counts) -> None:
+        """Queue what one read (or one page of recovery) got from `held`'s stream, decoded and
+        validated in one pass first (`Handling.prepare`)."""
+        items = read_items(held, entries, counts)
+        self.handling.prepare(items)
+        self.queues.dispatch(held, items)
 
     async def _check_trims(self) -> None:
         """Check the held shards that are due for entries trimmed before the group read them

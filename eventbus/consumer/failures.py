@@ -125,6 +125,10 @@ class Failures:
     def is_parked(self, resource_id: str) -> bool:
         return resource_id in self._parked
 
+    def any_parked(self) -> bool:
+        """Whether any resource of the shards held is parked (most of the time none is)."""
+        return bool(self._parked)
+
     async def load_parked(self) -> None:
         """Reload the parked set from Redis (a new shard's resources may have been parked by its
         previous owner). A park or unpark made while the reply was on its way wins."""

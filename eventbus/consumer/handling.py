@@ -21,10 +21,11 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import anyio.to_thread
+from pydantic import BaseModel, TypeAdapter
 from redis.asyncio.retry import Retry
 
 from eventbus.client import retry as retrying
@@ -48,12 +49,18 @@ from eventbus.ops.metrics import METRICS
 from eventbus.protocol.codec import (
     F_DATA,
     F_RESOURCE,
+    FORMAT_MSGPACK,
     THREAD_DECODE_BYTES,
     Envelope,
     decode_entry,
     decompressed_size,
 )
-from eventbus.protocol.dictionaries import FORMAT_MSGPACK_ZSTD_DICT, Dictionaries
+from eventbus.protocol.dictionaries import (
+    CACHE,
+    FORMAT_MSGPACK_ZSTD_DICT,
+    Dictionaries,
+    dictionary_id,
+)
 from eventbus.request import send_reply
 
 log = logging.getLogger("eventbus.consumer")
@@ -85,23 +92,81 @@ class Handling:
         self._m_skipped = METRICS.skipped_unknown.labels(*labels)
         self._skipped_types: set[str] = set()
         self._m_duration = METRICS.handler_duration.labels(*labels, sub.name)
+        self._adapters: dict[type[BaseModel], TypeAdapter[Any]] = {}
+
+    def prepare(self, batch: Sequence[Delivery]) -> None:
+        """Decode and validate the entries of one read ahead of their turn, in one pass: each
+        envelope (`decode_entry`), then the payloads of each model in one
+        ``TypeAdapter(list[Model])`` call, about half the cost per event of a `model_validate`
+        each (a list that does not validate is validated again entry by entry, so that each
+        entry gets its own error). Sets `Delivery.env`, `event` and `call`, or `error`; leaves
+        control entries, large entries (decoded in a thread at their turn) and entries whose
+        dictionary is not loaded yet to `step`, which decodes them as before. Raises nothing."""
+        routes = self.sub.routes
+        pending: dict[type[BaseModel], list[Delivery]] = {}
+        for d in batch:
+            fields = d.fields
+            data = fields.get(F_DATA)
+            if not data or not _decodes_now(data) or is_control(fields):
+                continue
+            try:
+                env = d.env = self._envelope(fields)
+            except DecodeError as exc:
+                d.error = exc
+                continue
+            route = routes.get(env.event_type)
+            if route is None:
+                d.error = self._unknown(env.event_type)
+            elif route.model is not None:
+                d.call = route.call
+                pending.setdefault(route.model, []).append(d)
+            else:
+                d.call = route.call
+                try:
+                    d.event = route.convert(env.payload)
+                except DecodeError as exc:
+                    d.error = exc
+        for model, ds in pending.items():
+            adapter = self._adapters.get(model)
+            if adapter is None:
+                adapter = self._adapters[model] = TypeAdapter(list[model])  # type: ignore[valid-type]
+            try:
+                events = adapter.validate_python([d.env.payload for d in ds])  # type: ignore[union-attr]
+            except Exception:  # find which entries do not validate, and why
+                convert = routes.get(ds[0].env.event_type).convert  # type: ignore[union-attr]
+                for d in ds:
+                    try:
+                        d.event = convert(d.env.payload)  # type: ignore[union-attr]
+                    except DecodeError as exc:
+                        d.error = exc
+            else:
+                for d, event in zip(ds, events, strict=True):
+                    d.event = event
 
     async def step(self, d: Delivery, fence: Fence) -> Step:
         """One step for `d`, the head of its resource's queue; see the module docstring."""
-        if not await fence.wait(d):
+        if not fence.holds(d) and not await fence.wait(d):
             return Outcome.LET_GO
-        if is_control(d.fields):
+        prepared = d.env is not None or d.error is not None
+        if not prepared and is_control(d.fields):
             return await self.failures.control(d, fence, self)
-        rid = d.fields.get(F_RESOURCE)
-        if rid is not None and self.failures.is_parked(rid.decode("utf-8", "replace")):
-            return await self.failures.dead_letter(d, None, reason="parked", fence=fence)
-        try:
-            env, event = await self.decoded(d.fields)
-        except DecodeError as exc:  # logged at WARNING by the dead-letter write
-            if isinstance(exc, UnknownEventType) and self.sub.routes.on_unknown == "skip":
-                self._skip(exc.event_type)
+        if self.failures.any_parked():
+            rid = d.fields.get(F_RESOURCE)
+            if rid is not None and self.failures.is_parked(rid.decode("utf-8", "replace")):
+                return await self.failures.dead_letter(d, None, reason="parked", fence=fence)
+        if not prepared:
+            try:
+                d.env, d.event = await self.decoded(d.fields)
+            except DecodeError as exc:
+                d.error = exc
+        if d.error is not None:  # logged at WARNING by the dead-letter write
+            bad = d.error
+            if isinstance(bad, UnknownEventType) and self.sub.routes.on_unknown == "skip":
+                self._skip(bad.event_type)
                 return Outcome.ACK
-            return await self.failures.dead_letter(d, exc, reason="undecodable", fence=fence)
+            return await self.failures.dead_letter(d, bad, reason="undecodable", fence=fence)
+        env, event = d.env, d.event
+        assert env is not None
         if self.dedup_s and await self._seen(env.event_id_bytes):
             self.tally.duplicates_skipped += 1
             return Outcome.ACK
@@ -219,12 +284,15 @@ class Handling:
         env = self._envelope(fields)
         route = self.sub.routes.get(env.event_type)
         if route is None:
-            raise UnknownEventType(
-                f"event type {env.event_type!r} is not handled by {self.sub.name} "
-                f"(expects {self.sub.routes.expects()})",
-                event_type=env.event_type,
-            )
+            raise self._unknown(env.event_type)
         return env, route.convert(env.payload)
+
+    def _unknown(self, event_type: str) -> UnknownEventType:
+        return UnknownEventType(
+            f"event type {event_type!r} is not handled by {self.sub.name} "
+            f"(expects {self.sub.routes.expects()})",
+            event_type=event_type,
+        )
 
     def _name(self, event_type: str) -> str:
         """The name of the handler `event_type` is routed to (for logs)."""
@@ -267,10 +335,11 @@ class Handling:
         started = slot.started = time.monotonic()
         error: Exception | None = None
         try:
+            call = d.call or self.sub.call  # the routed handler, when `prepare` found it
             if hooks.tracing is None:
-                result = await self.sub.call(event, ctx)
+                result = await call(event, ctx)
             else:
-                result = await hooks.tracing.consume(self.sub.call, event, ctx)
+                result = await hooks.tracing.consume(call, event, ctx)
             if result is not None:  # the answer to a request (eventbus.request)
                 await send_reply(self.redis, self.keys, env, result)
         except asyncio.CancelledError:
@@ -309,6 +378,16 @@ class Handling:
         await retrying.call(
             self.retry, "dedup mark", lambda: self.redis.set(key, b"1", ex=self.dedup_s)
         )
+
+
+def _decodes_now(data: bytes) -> bool:
+    """Whether an entry with this ``data`` field decodes on the event loop without waiting: not
+    large (`_large`), and its dictionary (if it has one) already loaded."""
+    if data[0] == FORMAT_MSGPACK:
+        return len(data) < THREAD_DECODE_BYTES
+    if data[0] == FORMAT_MSGPACK_ZSTD_DICT and dictionary_id(data) not in CACHE:
+        return False
+    return not _large({F_DATA: data})
 
 
 def _large(fields: dict[bytes, bytes]) -> bool:

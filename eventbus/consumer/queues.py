@@ -3,65 +3,80 @@
 Entries of a shard go to the queue of their resource (``(shard, resource ID)``); a fixed pool of
 `concurrency` workers takes resources with work and runs each resource's entries one after
 another, in entry-ID order, while different resources run concurrently. A resource is in exactly
-one place while it has work: owned by a worker, waiting in the ready stream, or waiting for a
+one place while it has work: owned by a worker, waiting in the ready queue, or waiting for a
 retry timer, so two workers never run the same resource. A retry's backoff does not hold a
-worker: the resource goes back to the ready stream when its timer fires.
+worker: the resource goes back to the ready queue when its timer fires.
+
+No task and no hand-over per event: a worker runs a resource's entries with plain awaits (a
+handler that does not suspend does not leave the worker), takes the next ready resource from a
+plain deque, and waits only when there is none. So that a busy worker does not starve the
+other tasks of the event loop (heartbeats, reads, acks), it yields to the loop every
+`YIELD_EVERY` entries.
 """
 
 from __future__ import annotations
 
-import math
+import asyncio
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
-from types import MappingProxyType
+from collections.abc import Awaitable, Callable, Sequence
 
 import anyio
 import anyio.abc
 
-from eventbus.consumer.shards import HeldShard, Item, read_items
+from eventbus.consumer.shards import HeldShard, Item
 from eventbus.protocol.codec import F_RESOURCE
 
 Key = tuple[int, bytes]
-_FIRST: Mapping[bytes, int] = MappingProxyType({})
 Process = Callable[[Item], Awaitable[float | None]]
 """``await process(item)``: one step for the head of a queue; the delay (s) before trying it
 again, or None once it is finished (acked or let go)."""
 
+YIELD_EVERY = 64
+"""Entries a worker runs between two yields to the event loop (when its handlers do not
+suspend on their own)."""
+
 
 class ResourceQueues:
-    def __init__(self, started: Callable[[HeldShard], None]) -> None:
+    """The queues of one consumer; `started(held, n)` counts `n` entries of `held` in flight."""
+
+    def __init__(self, started: Callable[[HeldShard, int], None]) -> None:
         self._started = started
         self._queues: dict[Key, deque[Item]] = {}
-        # A memory stream hands each key to exactly one waiting worker (one shared Event
-        # re-created by each waiter woke only the last one).
-        self._ready, self._ready_out = anyio.create_memory_object_stream[Key](math.inf)
+        self._ready: deque[Key] = deque()
+        self._wake = anyio.Event()  # set when resources become ready while workers wait
 
-    def dispatch(
-        self,
-        held: HeldShard,
-        entries: list[tuple[bytes, dict[bytes, bytes] | None]],
-        counts: Mapping[bytes, int] = _FIRST,
-    ) -> None:
-        """Queue entries read from `held`'s stream, in order, behind their resources' earlier
-        entries; `counts` gives the delivery count of those delivered before (default 1). An
-        entry without fields (deleted between read and claim) is skipped."""
-        for item in read_items(held, entries, counts):
-            self._started(held)
-            key = (held.shard, item.fields.get(F_RESOURCE, b"\x00" + item.entry_id))
-            queue = self._queues.get(key)
+    def dispatch(self, held: HeldShard, items: Sequence[Item]) -> None:
+        """Queue `items` read from `held`'s stream, in order, behind their resources' earlier
+        entries."""
+        if not items:
+            return
+        self._started(held, len(items))
+        queues, ready, shard = self._queues, self._ready, held.shard
+        for item in items:
+            key = (shard, item.fields.get(F_RESOURCE) or b"\x00" + item.entry_id)
+            queue = queues.get(key)
             if queue is None:
-                self._queues[key] = deque([item])
-                self._ready.send_nowait(key)
+                queues[key] = deque((item,))
+                ready.append(key)
             else:
                 queue.append(item)
+        self._wake.set()
+
+    async def _next(self) -> Key:
+        while not self._ready:
+            if self._wake.is_set():
+                self._wake = anyio.Event()
+            await self._wake.wait()
+        return self._ready.popleft()
 
     async def worker(
         self, process: Process, timers: anyio.abc.TaskGroup, stopped: anyio.Event
     ) -> None:
-        """Run resources from the ready stream until cancelled; retry timers go in `timers` and
+        """Run resources from the ready queue until cancelled; retry timers go in `timers` and
         fire at once when `stopped` is set (so that a waiting entry is let go on shutdown)."""
+        budget = YIELD_EVERY
         while True:
-            key = await self._ready_out.receive()
+            key = await self._next()
             queue = self._queues[key]
             retry_in: float | None = None
             try:
@@ -70,6 +85,10 @@ class ResourceQueues:
                     if retry_in is not None:
                         break
                     queue.popleft()
+                    budget -= 1
+                    if not budget:
+                        budget = YIELD_EVERY
+                        await asyncio.sleep(0)
             finally:
                 if retry_in is None:
                     del self._queues[key]
@@ -79,4 +98,5 @@ class ResourceQueues:
     async def _retry_later(self, key: Key, delay: float, stopped: anyio.Event) -> None:
         with anyio.move_on_after(delay):
             await stopped.wait()  # on shutdown, come back at once to be let go
-        self._ready.send_nowait(key)
+        self._ready.append(key)
+        self._wake.set()

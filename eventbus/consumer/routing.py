@@ -37,10 +37,12 @@ Raw = type[dict[str, Any]] | type[bytes]
 @dataclass(frozen=True, slots=True)
 class Route:
     """One handler for one event type: `convert` makes its argument from the payload (raises
-    `DecodeError`)."""
+    `DecodeError`); `model` is the pydantic model it validates (None for dict/bytes payloads),
+    so that a read's payloads of one model are validated in one call (`Handling.prepare`)."""
 
     call: HandlerCall
     convert: Callable[[Any], Any]
+    model: type[BaseModel] | None = None
 
 
 def _model(model: type[BaseModel]) -> Callable[[Any], Any]:
@@ -116,7 +118,7 @@ class Routes:
             routed = dict.fromkeys(type_names, model)
         else:
             routed = dict(models)
-        routes |= {t: Route(call, _model(m)) for t, m in routed.items()}
+        routes |= {t: Route(call, _model(m), m) for t, m in routed.items()}
         for t in routes:
             if t in self.by_type:
                 raise ConfigError(

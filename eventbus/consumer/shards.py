@@ -7,7 +7,7 @@ entries and acks of an older generation are dropped (their entries stay pending 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from eventbus.consumer.delivery import Delivery
@@ -40,21 +40,26 @@ def read_items(
     held: HeldShard,
     entries: list[tuple[bytes, dict[bytes, bytes] | None]],
     counts: Mapping[bytes, int] | None,
-) -> Iterator[Item]:
+) -> list[Item]:
     """`Item`s of the `entries` read from `held`'s stream, in order; `counts` gives the delivery
     count of entries delivered before (default 1). An entry without fields (deleted between
     read and claim) has nothing to handle and is skipped."""
-    for entry_id, fields in entries:
-        if fields is not None:
-            yield Item(
-                shard=held.shard,
-                token=held.token,
-                entry_id=entry_id,
-                delivery_count=counts.get(entry_id, 1) if counts else 1,
-                fields=fields,
-                generation=held.generation,
-                held=held,
-            )
+    shard, token, generation = held.shard, held.token, held.generation
+    return [
+        Item(
+            shard,
+            token,
+            entry_id,
+            fields,
+            generation,
+            0,
+            None,
+            counts.get(entry_id, 1) if counts else 1,
+            held=held,
+        )
+        for entry_id, fields in entries
+        if fields is not None
+    ]
 
 
 class ShardTable:

@@ -46,7 +46,8 @@ class Strict(BaseModel):
 
 class Fence:
     """A `Fence` whose answers are scripted: `waits` answers `wait` in turn (then True), and
-    `holding` answers `holds`."""
+    `holding` answers `holds` (a fence that holds would not make `wait` wait: `step` asks
+    `holds` first and `wait` only when it does not hold)."""
 
     def __init__(self, *, waits: Iterator[bool] | None = None, holding: bool = True) -> None:
         self.waits = waits or iter(())
@@ -120,7 +121,7 @@ async def test_a_handled_entry_is_acked_with_its_context(h: Harness) -> None:
 
 async def test_no_fence_lets_the_entry_go_untouched(h: Harness) -> None:
     d = delivery(encode_entry(entry()))
-    assert await h.handling.step(d, Fence(waits=iter([False]))) is Outcome.LET_GO
+    assert await h.handling.step(d, Fence(waits=iter([False]), holding=False)) is Outcome.LET_GO
     assert h.calls == [] and d.attempt == 0 and await h.letters() == []
 
 
@@ -252,12 +253,12 @@ async def test_an_unpark_control_entry_replays_the_parked_letters_in_order(
 
 
 async def test_a_dead_letter_is_not_written_when_the_shard_is_lost_first(h: Harness) -> None:
-    """The step's own `wait` succeeds; the write's `wait` finds the shard lost: LET_GO, and
+    """The step starts under the fence; the write's `wait` finds the shard lost: LET_GO, and
     nothing written (the next owner handles the entry)."""
     h.fail_with = RuntimeError("boom")
     h.handling.sub.retry = RetryPolicy(1, 0.01, 0.01)
     d = delivery(encode_entry(entry()))
-    assert await h.handling.step(d, Fence(waits=iter([True, False]))) is Outcome.LET_GO
+    assert await h.handling.step(d, Fence(waits=iter([False]))) is Outcome.LET_GO
     assert await h.letters() == [] and h.handling.tally.dead_lettered == 0
 
 

@@ -12,7 +12,7 @@ import anyio.lowlevel
 import pytest
 
 from eventbus.consumer.queues import ResourceQueues
-from eventbus.consumer.shards import HeldShard, Item
+from eventbus.consumer.shards import HeldShard, Item, read_items
 from eventbus.protocol.codec import F_RESOURCE
 
 pytestmark = pytest.mark.anyio
@@ -23,6 +23,10 @@ HELD = HeldShard(shard=0, stream="s:0", token=1, generation=1)
 def entries(*pairs: tuple[str, int]) -> list[tuple[bytes, dict[bytes, bytes] | None]]:
     """Entries ``(entry ID, fields)`` for (resource, n) pairs; entry ID ``n-0``."""
     return [(f"{n}-0".encode(), {F_RESOURCE: rid.encode()}) for rid, n in pairs]
+
+
+def items(held: HeldShard, *pairs: tuple[str, int]) -> list[Item]:
+    return read_items(held, entries(*pairs), None)
 
 
 def label(item: Item) -> str:
@@ -42,11 +46,13 @@ async def workers(
         tg.cancel_scope.cancel()
 
 
-def test_dispatch_counts_each_entry_started_and_skips_deleted_ones() -> None:
-    started: list[HeldShard] = []
-    queues = ResourceQueues(started.append)
-    queues.dispatch(HELD, [*entries(("a", 1)), (b"2-0", None), *entries(("b", 3))])
-    assert started == [HELD, HELD]
+def test_dispatch_counts_the_entries_started_and_read_items_skips_deleted_ones() -> None:
+    started: list[tuple[HeldShard, int]] = []
+    queues = ResourceQueues(lambda held, n: started.append((held, n)))
+    items = read_items(HELD, [*entries(("a", 1)), (b"2-0", None), *entries(("b", 3))], None)
+    assert [i.entry_id for i in items] == [b"1-0", b"3-0"]
+    queues.dispatch(HELD, items)
+    assert started == [(HELD, 2)]
 
 
 async def test_each_resource_runs_in_entry_order_across_workers() -> None:
@@ -59,9 +65,9 @@ async def test_each_resource_runs_in_entry_order_across_workers() -> None:
         if len(done) == 12:
             finished.set()
 
-    queues = ResourceQueues(lambda h: None)
+    queues = ResourceQueues(lambda h, n: None)
     async with workers(queues, process, 3):
-        queues.dispatch(HELD, entries(*[(rid, n) for n in range(4) for rid in "abc"]))
+        queues.dispatch(HELD, items(HELD, *[(rid, n) for n in range(4) for rid in "abc"]))
         with anyio.fail_after(5):
             await finished.wait()
     for rid in "abc":
@@ -90,9 +96,9 @@ async def test_one_worker_per_resource_and_different_resources_concurrently() ->
         if len(done) == 3:
             all_done.set()
 
-    queues = ResourceQueues(lambda h: None)
+    queues = ResourceQueues(lambda h, n: None)
     async with workers(queues, process, 3):
-        queues.dispatch(HELD, entries(("a", 1), ("a", 2), ("b", 3)))
+        queues.dispatch(HELD, items(HELD, ("a", 1), ("a", 2), ("b", 3)))
         with anyio.fail_after(5):
             await both_running.wait()  # a1 and b3 at once
         for _ in range(20):  # give a third (free) worker every chance to start a2: it must not
@@ -118,10 +124,10 @@ async def test_same_resource_on_different_shards_are_different_queues() -> None:
             both.set()
         await release.wait()
 
-    queues = ResourceQueues(lambda h: None)
+    queues = ResourceQueues(lambda h, n: None)
     async with workers(queues, process, 2):
-        queues.dispatch(HELD, entries(("a", 1)))
-        queues.dispatch(other, entries(("a", 2)))
+        queues.dispatch(HELD, items(HELD, ("a", 1)))
+        queues.dispatch(other, items(other, ("a", 2)))
         with anyio.fail_after(5):
             await both.wait()
         release.set()
@@ -144,9 +150,9 @@ async def test_a_retry_does_not_hold_the_only_worker_and_comes_back_first_in_its
             finished.set()
         return None
 
-    queues = ResourceQueues(lambda h: None)
+    queues = ResourceQueues(lambda h, n: None)
     async with workers(queues, process, 1):
-        queues.dispatch(HELD, entries(("a", 1), ("a", 2), ("b", 3)))
+        queues.dispatch(HELD, items(HELD, ("a", 1), ("a", 2), ("b", 3)))
         with anyio.fail_after(5):
             await finished.wait()
     assert calls == ["a1", "b3", "a1", "a2"]
@@ -164,9 +170,9 @@ async def test_stopping_fires_waiting_retry_timers_at_once() -> None:
         retried.set()
         return None
 
-    queues = ResourceQueues(lambda h: None)
+    queues = ResourceQueues(lambda h, n: None)
     async with workers(queues, process, 1) as stopped:
-        queues.dispatch(HELD, entries(("a", 1)))
+        queues.dispatch(HELD, items(HELD, ("a", 1)))
         with anyio.fail_after(5):
             await first.wait()
             stopped.set()
@@ -184,13 +190,13 @@ async def test_a_resource_emptied_and_refilled_is_scheduled_again() -> None:
         changed.set()
         changed = anyio.Event()
 
-    queues = ResourceQueues(lambda h: None)
+    queues = ResourceQueues(lambda h, n: None)
     async with workers(queues, process, 2):
-        queues.dispatch(HELD, entries(("a", 1)))
+        queues.dispatch(HELD, items(HELD, ("a", 1)))
         with anyio.fail_after(5):
             while calls != ["a1"]:
                 await changed.wait()
             await anyio.lowlevel.checkpoint()  # the worker returns the emptied queue
-            queues.dispatch(HELD, entries(("a", 2)))
+            queues.dispatch(HELD, items(HELD, ("a", 2)))
             while calls != ["a1", "a2"]:
                 await changed.wait()
