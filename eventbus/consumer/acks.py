@@ -34,7 +34,8 @@ class _Batch:
 class Acks:
     """Acks of `member` for the shards of `table` while `lease` is valid, at most
     `settings.max_in_flight` entries in flight; `noack` (at-most-once reads) finishes entries
-    without XACK; `backoff` spaces the retries of a failed XACK."""
+    without XACK; `backoff` spaces the retries of a failed XACK; `before_send` is called before
+    each XACK pipeline (the handling path's metrics are flushed before the entries' acks)."""
 
     def __init__(
         self,
@@ -44,12 +45,14 @@ class Acks:
         *,
         noack: bool,
         backoff: AbstractBackoff,
+        before_send: Callable[[], None] = lambda: None,
     ) -> None:
         self.redis, self.group, self.consumer_id = member.redis, member.group, member.consumer_id
         self.table, self.lease = table, lease
         self.max_in_flight = member.settings.max_in_flight
         self.noack = noack
         self.backoff = backoff
+        self.before_send = before_send
         self.on_refused: Callable[[str], None] = lambda command: None  # the refusal metric
         self.in_flight = 0
         self._batches: dict[int, _Batch] = {}
@@ -128,6 +131,7 @@ class Acks:
             ]
             try:
                 if current:
+                    self.before_send()
                     pipe = self.redis.pipeline(transaction=False)
                     for b in current:
                         pipe.xack(b.held.stream, self.group, *b.ids)

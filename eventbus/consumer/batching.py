@@ -44,8 +44,9 @@ from eventbus.consumer.batch_call import batch_handler_models as batch_handler_m
 from eventbus.consumer.batch_call import is_batch as is_batch
 from eventbus.consumer.delivery import NOT_STARTED, Fence, NotStarted
 from eventbus.consumer.handling import Handling, _large
-from eventbus.consumer.queues import Process, ResourceQueues
+from eventbus.consumer.queues import ResourceQueues
 from eventbus.consumer.shards import HeldShard, Item
+from eventbus.consumer.watchdog import Slot
 from eventbus.dlq import is_control
 from eventbus.errors import DecodeError, HandlerTimeout
 from eventbus.ops.metrics import METRICS
@@ -53,6 +54,8 @@ from eventbus.protocol.codec import F_DATA, FORMAT_MSGPACK, THREAD_DECODE_BYTES,
 
 log = logging.getLogger("eventbus.consumer")
 
+Step = Callable[[Item, Slot], Awaitable[float | None]]
+"""The consumer's per-event step (`Consumer._process`) with the worker's watchdog slot."""
 _ONE_QUEUE = b""  # the resource part of a shard's one queue key
 _PLAIN = bytes([FORMAT_MSGPACK])
 
@@ -119,7 +122,7 @@ class BatchRunner:
         self,
         handling: Handling,
         fence: Fence,
-        process: Process,
+        process: Step,
         acks: Acks,
         stopped: anyio.Event,
     ) -> None:
@@ -134,10 +137,11 @@ class BatchRunner:
         labels = (self.sub.topic.name, self.sub.group)
         self._m_failures = METRICS.failures.labels(*labels)
         self._m_timeouts = METRICS.handler_timeouts.labels(*labels)
-        self._m_latency = METRICS.latency.labels(*labels)
 
-    async def run(self, items: list[Item]) -> None:
-        """Finish `items` (consecutive entries of one shard, one acquisition), in order."""
+    async def run(self, items: list[Item], slot: Slot | None = None) -> None:
+        """Finish `items` (consecutive entries of one shard, one acquisition), in order; `slot`
+        is the calling worker's watchdog slot."""
+        slot = slot or self.handling.watchdog.slot()
         i = 0
         while i < len(items):
             if not await self.fence.wait(items[i]):
@@ -146,10 +150,10 @@ class BatchRunner:
                 return
             entries = self._decoded_run(items, i)
             if not entries:
-                await self._single(items[i])
+                await self._single(items[i], slot)
                 i += 1
                 continue
-            await self._settle(entries, self.sub.retry.max_attempts)
+            await self._settle(entries, self.sub.retry.max_attempts, slot)
             i += len(entries)
 
     def _decoded_run(self, items: list[Item], start: int) -> list[_Entry]:
@@ -191,13 +195,13 @@ class BatchRunner:
                 break
         return out
 
-    async def _single(self, item: Item) -> None:
+    async def _single(self, item: Item, slot: Slot) -> None:
         """The per-event path for `item`, its retries waited in place."""
-        while (delay := await self.process(item)) is not None:
+        while (delay := await self.process(item, slot)) is not None:
             with anyio.move_on_after(delay):
                 await self.stopped.wait()
 
-    async def _settle(self, entries: list[_Entry], attempts: int) -> None:
+    async def _settle(self, entries: list[_Entry], attempts: int, slot: Slot) -> None:
         """Call the handler on `entries` up to `attempts` times; then split them."""
         attempt = 0
         while True:
@@ -207,7 +211,7 @@ class BatchRunner:
                     self.acks.finish(e.item)
                 return
             attempt += 1
-            error = await self._call(entries, attempt)
+            error = await self._call(entries, attempt, slot)
             if error is NOT_STARTED:
                 attempt -= 1
                 continue
@@ -233,28 +237,30 @@ class BatchRunner:
             with anyio.move_on_after(delay):
                 await self.stopped.wait()
         if len(entries) == 1:
-            await self._single(entries[0].item)
+            await self._single(entries[0].item, slot)
             return
         mid = len(entries) // 2
-        await self._settle(entries[:mid], 1)
-        await self._resume(entries[mid:])
+        await self._settle(entries[:mid], 1, slot)
+        await self._resume(entries[mid:], slot)
 
-    async def _resume(self, entries: list[_Entry]) -> None:
+    async def _resume(self, entries: list[_Entry], slot: Slot) -> None:
         """Settle the rest of a split batch, after its first half: entries of resources parked
         by that half go through the per-event path (dead-lettered as ``parked``)."""
         run: list[_Entry] = []
         for e in entries:
             if self.handling.failures.is_parked(e.env.resource_id):
                 if run:
-                    await self._settle(run, 1)
+                    await self._settle(run, 1, slot)
                     run = []
-                await self._single(e.item)
+                await self._single(e.item, slot)
             else:
                 run.append(e)
         if run:
-            await self._settle(run, 1)
+            await self._settle(run, 1, slot)
 
-    async def _call(self, entries: list[_Entry], attempt: int) -> Exception | NotStarted | None:
+    async def _call(
+        self, entries: list[_Entry], attempt: int, slot: Slot
+    ) -> Exception | NotStarted | None:
         """One call of the batch handler; its exception, None, or `NOT_STARTED` (fence lost)."""
         ctxs = [
             self.handling.context(e.item, e.env, entry_id=e.item.entry_id, attempt=attempt)
@@ -264,8 +270,7 @@ class BatchRunner:
         events = [e.event for e in entries]
         if not self.fence.holds(entries[0].item):  # no await between this check and the call
             return NOT_STARTED
-        slot = self.handling.watchdog.slot()  # no cancel scope per call: see Handling.attempt
-        slot.started = time.monotonic()
+        slot.started = time.monotonic()  # no cancel scope per call: see Handling.attempt
         error: Exception | None = None
         try:
             await self.call.call_batch(events, ctxs)
@@ -285,12 +290,14 @@ class BatchRunner:
                 self._m_timeouts.inc()
             return error
         self.handling.tally.handled += len(entries)
-        self._m_latency.observe(max(0.0, time.time() - entries[-1].env.published_at_ms / 1000))
+        self.handling.latencies.values.append(
+            max(0.0, time.time() - entries[-1].env.published_at_ms / 1000)
+        )
         return None
 
 
 def batch_queues(
-    handling: Handling, fence: Fence, process: Process, acks: Acks, stopped: anyio.Event
+    handling: Handling, fence: Fence, process: Step, acks: Acks, stopped: anyio.Event
 ) -> tuple[BatchQueues, Callable[[list[Item]], Awaitable[None]]]:
     """The queues and the worker's step of a batch subscription (`Consumer` uses them in place
     of `ResourceQueues` and its per-event step)."""

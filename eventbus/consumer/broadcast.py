@@ -144,6 +144,7 @@ class BroadcastConsumer:
                 anyio.move_on_after(self.settings.shutdown_grace_s),
             ):
                 await self._handle(reply or [])
+            self.handling.flush_metrics()
 
     async def _cancel_reads_on(self, stop: anyio.Event, scope: anyio.CancelScope) -> None:
         """A blocking XREAD does not wait for its block time once `stop` is set (the handling

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from functools import partial
 from typing import Any
 
 import anyio
@@ -43,6 +44,7 @@ from eventbus.consumer.reading import Counts, Entries, Reader
 from eventbus.consumer.shards import HeldShard, Item, ShardTable, read_items
 from eventbus.consumer.supervision import read_loop, refused
 from eventbus.consumer.trims import TrimWatch
+from eventbus.consumer.watchdog import Slot
 from eventbus.locking.lease import Lease, heartbeat_loop
 from eventbus.locking.locks import LockClient
 from eventbus.locking.member import Member
@@ -79,12 +81,19 @@ class Consumer:
         self.lease = Lease(settings.lease_s)
         self.table = ShardTable([self.keys.stream(self.topic.name, s) for s in range(n)])
         self.reader = Reader(member, self.table.streams, noack=self.noack)
-        self.acks = Acks(member, self.table, self.lease, noack=self.noack, backoff=self.backoff)
+        redis_retry = retry.forever(settings.retry_base_s, settings.retry_max_s)
+        self.handling = Handling(member, sub, redis_retry)
+        self.acks = Acks(
+            member,
+            self.table,
+            self.lease,
+            noack=self.noack,
+            backoff=self.backoff,
+            before_send=self.handling.flush_metrics,  # an entry's metrics before its ack
+        )
         self.acks.on_refused = self.refused_metric
         self.queues = ResourceQueues(self.acks.started)
         self.trims = TrimWatch(member)
-        redis_retry = retry.forever(settings.retry_base_s, settings.retry_max_s)
-        self.handling = Handling(member, sub, redis_retry)
         self.tally = self.handling.tally  # handled, dead-lettered, duplicates skipped
         self._rotation = random.randrange(n)
         self._next_lock = 0.0  # monotonic time of the next lock round (`_lock_due`)
@@ -138,7 +147,7 @@ class Consumer:
                 tg.start_soon(self.acks.loop)
                 tg.start_soon(self.handling.watchdog.run)
                 for _ in range(self.settings.concurrency):
-                    tg.start_soon(self.queues.worker, self._work, tg, self._stopped)
+                    tg.start_soon(self._worker, tg)
                 tg.start_soon(self._stop_starting, stop)
                 await read_loop(self, stop)
                 await self.acks.drain(self.settings.shutdown_grace_s)
@@ -207,10 +216,16 @@ class Consumer:
         self.acks.wake_capacity()
 
     # -- processing -----------------------------------------------------------------------------
-    async def _process(self, item: Item) -> float | None:
-        """One handling step for the head of a resource's queue (see `ResourceQueues.worker`)."""
+    async def _worker(self, tg: anyio.abc.TaskGroup) -> None:
+        """One of the `concurrency` workers, with its own watchdog slot."""
+        slot = self.handling.watchdog.slot()
+        await self.queues.worker(partial(self._work, slot=slot), tg, self._stopped)
+
+    async def _process(self, item: Item, slot: Slot | None = None) -> float | None:
+        """One handling step for the head of a resource's queue (see `ResourceQueues.worker`);
+        `slot` is the worker's watchdog slot."""
         try:
-            step = await self.handling.step(item, self)
+            step = await self.handling.step(item, self, slot)
         except Exception as exc:  # a bug of ours: keep the entry, keep consuming
             log.exception("consumer %s: internal error on an entry", self.consumer_id)
             step = await self.handling.failures.dead_letter(item, exc, reason="failed", fence=self)
@@ -226,6 +241,7 @@ class Consumer:
     async def round(self, block_ms: int) -> bool:
         """One acquire/apply/catch-up/recover/surplus/read/release round (the first five at
         most every `lock_interval_ms`). Returns whether any entry was read."""
+        self._report_handled()  # before the trim check's lag gauges and the blocking read
         if self._lock_due():
             await self._lock_round()
         await self._check_trims()
@@ -351,8 +367,10 @@ class Consumer:
         METRICS.redis_refusals.labels(self.topic.name, self.group, command).inc()
 
     def _report_handled(self) -> None:
-        """Add the handler successes since the last call to the Prometheus counter (once a
-        round rather than once an event: a labelled increment costs a few microseconds)."""
+        """Add the handler successes since the last call to the Prometheus counter, and the
+        latencies and durations to their histograms (once a round rather than once an event: a
+        labelled increment costs a few microseconds)."""
+        self.handling.flush_metrics()
         handled = self.tally.handled
         self._m_handled.inc(handled - self._handled_reported)
         self._handled_reported = handled

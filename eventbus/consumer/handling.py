@@ -40,12 +40,12 @@ from eventbus.consumer.delivery import (
     Tally,
 )
 from eventbus.consumer.failures import Failures
-from eventbus.consumer.watchdog import Watchdog
+from eventbus.consumer.watchdog import Slot, Watchdog
 from eventbus.dlq import is_control
 from eventbus.errors import DecodeError, HandlerTimeout, UnknownEventType
 from eventbus.locking.member import Member
 from eventbus.ops import hooks
-from eventbus.ops.metrics import METRICS
+from eventbus.ops.metrics import METRICS, Observations
 from eventbus.protocol.codec import (
     F_DATA,
     F_RESOURCE,
@@ -66,6 +66,7 @@ from eventbus.request import send_reply
 log = logging.getLogger("eventbus.consumer")
 
 T = TypeVar("T")
+_FLUSH_AT = 4096  # observations kept before they are added to the histograms regardless
 
 
 class Handling:
@@ -78,6 +79,7 @@ class Handling:
         self.member = member
         self.redis, self.keys, self.consumer_id = member.redis, member.keys, member.consumer_id
         self.sub = sub
+        self._topic, self._group = sub.topic.name, sub.group
         self.retry = retry
         self.tally = Tally()
         self.watchdog = Watchdog(sub.handler_timeout_s)  # run by whoever runs this handling
@@ -88,10 +90,10 @@ class Handling:
         labels = (sub.topic.name, sub.group)
         self._m_failures = METRICS.failures.labels(*labels)
         self._m_timeouts = METRICS.handler_timeouts.labels(*labels)
-        self._m_latency = METRICS.latency.labels(*labels)
+        self.latencies = Observations(METRICS.latency.labels(*labels))
         self._m_skipped = METRICS.skipped_unknown.labels(*labels)
         self._skipped_types: set[str] = set()
-        self._m_duration = METRICS.handler_duration.labels(*labels, sub.name)
+        self.durations = Observations(METRICS.handler_duration.labels(*labels, sub.name))
         self._adapters: dict[type[BaseModel], TypeAdapter[Any]] = {}
 
     def prepare(self, batch: Sequence[Delivery]) -> None:
@@ -143,8 +145,9 @@ class Handling:
                 for d, event in zip(ds, events, strict=True):
                     d.event = event
 
-    async def step(self, d: Delivery, fence: Fence) -> Step:
-        """One step for `d`, the head of its resource's queue; see the module docstring."""
+    async def step(self, d: Delivery, fence: Fence, slot: Slot | None = None) -> Step:
+        """One step for `d`, the head of its resource's queue; see the module docstring.
+        `slot` is the calling worker's watchdog slot (looked up when not given)."""
         if not fence.holds(d) and not await fence.wait(d):
             return Outcome.LET_GO
         prepared = d.env is not None or d.error is not None
@@ -171,7 +174,9 @@ class Handling:
             self.tally.duplicates_skipped += 1
             return Outcome.ACK
         d.attempt += 1
-        error = await self.attempt(d, env, event, fence, entry_id=d.entry_id, attempt=d.attempt)
+        error = await self.attempt(
+            d, env, event, fence, entry_id=d.entry_id, attempt=d.attempt, slot=slot
+        )
         if error is NOT_STARTED:  # the lease ran out while decoding: wait for it again
             d.attempt -= 1
             return 0.0
@@ -219,20 +224,21 @@ class Handling:
     def context(self, d: Delivery, env: Envelope, *, entry_id: bytes, attempt: int) -> Context:
         """The `Context` a handler gets for attempt `attempt` on `env`, entry `entry_id`, under
         `d`'s shard and token."""
+        # positional: half the cost of keywords (Context's field order is part of its API)
         return Context(
-            topic=self.sub.topic.name,
-            group=self.sub.group,
-            shard=d.shard,
-            entry_id=entry_id.decode(),
-            resource_id=env.resource_id,
-            event_id_bytes=env.event_id_bytes,
-            event_type=env.event_type,
-            published_at_ms=env.published_at_ms,
-            headers=env.headers,
-            attempt=attempt,
-            fencing_token=d.token,
-            consumer_id=self.consumer_id,
-            delivery_count=d.delivery_count,
+            self._topic,
+            self._group,
+            d.shard,
+            entry_id.decode(),
+            env.resource_id,
+            env.event_id_bytes,
+            env.event_type,
+            env.published_at_ms,
+            env.headers,
+            attempt,
+            d.token,
+            self.consumer_id,
+            d.delivery_count,
         )
 
     def gave_up(
@@ -315,7 +321,15 @@ class Handling:
             )
 
     async def attempt(
-        self, d: Delivery, env: Envelope, event: Any, fence: Fence, *, entry_id: bytes, attempt: int
+        self,
+        d: Delivery,
+        env: Envelope,
+        event: Any,
+        fence: Fence,
+        *,
+        entry_id: bytes,
+        attempt: int,
+        slot: Slot | None = None,
     ) -> Exception | NotStarted | None:
         """Run the handler once on `event` (entry `entry_id`, attempt number `attempt`) under
         `d`'s shard and token. Returns its exception (`HandlerTimeout` past the subscription's
@@ -331,7 +345,7 @@ class Handling:
             return NOT_STARTED
         # No cancel scope per attempt: the consumer's watchdog cancels an overdue attempt
         # (`eventbus.consumer.watchdog`); a scope with a deadline cost 6-12 us per call.
-        slot = self.watchdog.slot()
+        slot = slot or self.watchdog.slot()
         started = slot.started = time.monotonic()
         error: Exception | None = None
         try:
@@ -352,15 +366,24 @@ class Handling:
             slot.timed_out()  # a handler that swallowed the cancellation ran to its end
         finally:
             slot.started = 0.0
-            self._m_duration.observe(time.monotonic() - started)
+            self.durations.values.append(time.monotonic() - started)
         if error is not None:
             self._m_failures.inc()
             if isinstance(error, HandlerTimeout):
                 self._m_timeouts.inc()
             return error
         self.tally.handled += 1
-        self._m_latency.observe(max(0.0, time.time() - env.published_at_ms / 1000))
+        latencies = self.latencies.values
+        latencies.append(max(0.0, time.time() - env.published_at_ms / 1000))
+        if len(latencies) >= _FLUSH_AT:
+            self.flush_metrics()
         return None
+
+    def flush_metrics(self) -> None:
+        """Add the latencies and handler durations observed since the last call to their
+        histograms (once per read round: see `eventbus.ops.metrics.Observations`)."""
+        self.latencies.flush()
+        self.durations.flush()
 
     def timeout_error(self) -> HandlerTimeout:
         """What an attempt cancelled by the watchdog failed with (`handler_timeout_s`)."""

@@ -10,6 +10,7 @@ runs prometheus-client's multiprocess mode, hence a ``multiprocess_mode`` on eve
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections.abc import Iterable, Mapping, Sized
 from typing import Any, cast
@@ -146,3 +147,40 @@ def observe_publish(batch: Sized, failed: int, timeout_s: float) -> None:
     METRICS.publish_seconds.observe(time.monotonic() - (first.deadline - timeout_s))
     if size > failed:
         METRICS.published.inc(size - failed)
+
+
+class Observations:
+    """Values of one labelled histogram, kept in a list and added in one go by `flush` (the
+    consumer flushes once per read round): `Histogram.observe` takes a lock twice per value,
+    about 1 us, as much as the rest of an event's bookkeeping."""
+
+    __slots__ = ("child", "values")
+
+    def __init__(self, child: Histogram) -> None:
+        self.child = child
+        self.values: list[float] = []
+
+    def flush(self) -> None:
+        values, self.values = self.values, []
+        if values:
+            observe_many(self.child, values)
+
+
+def observe_many(child: Histogram, values: list[float]) -> None:
+    """Observe each of `values` on `child` (a labelled `Histogram`), adding each bucket's count
+    and the sum once. Uses the histogram's own value objects (``_upper_bounds``, ``_buckets``,
+    ``_sum``: prometheus-client's `Histogram.observe` does the same per value), so that its
+    multiprocess mode sees them; falls back to `observe` per value without them."""
+    h: Any = child
+    bounds = getattr(h, "_upper_bounds", None)
+    if bounds is None or not hasattr(h, "_buckets"):
+        for v in values:
+            child.observe(v)
+        return
+    counts = [0] * len(bounds)
+    for v in values:
+        counts[bisect.bisect_left(bounds, v)] += 1  # the first bucket with v <= its bound
+    h._sum.inc(sum(values))
+    for i, n in enumerate(counts):
+        if n:
+            h._buckets[i].inc(n)

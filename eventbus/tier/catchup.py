@@ -288,6 +288,7 @@ class _Typed:
         while True:
             step = await self.handling.step(d, sc)
             if step is Outcome.ACK:
+                self.handling.flush_metrics()  # catch-up is no hot path: one event at a time
                 return
             if step is Outcome.LET_GO:
                 raise Fenced

@@ -50,3 +50,30 @@ def test_shard_metrics_count_takeovers_apart() -> None:
     m.round(grants, [], lost=0, held=2)
     assert _sample("eventbus_shards_held", labels) == 2
     assert METRICS.shards_held is not None
+
+
+def test_observe_many_equals_one_observe_per_value() -> None:
+    """A batch of values added with `observe_many` leaves the histogram exactly as one
+    `observe` per value does: each bucket's count, the count and the sum (bounds inclusive)."""
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from eventbus.ops.metrics import observe_many
+
+    values = [0.0, 0.001, 0.0011, 0.5, 0.5, 3.0, 100.0, 1e9]
+    one, many = CollectorRegistry(), CollectorRegistry()
+    h1 = Histogram("x_seconds", "x", ["a"], registry=one, buckets=(0.001, 0.5, 10))
+    h2 = Histogram("x_seconds", "x", ["a"], registry=many, buckets=(0.001, 0.5, 10))
+    for v in values:
+        h1.labels("a").observe(v)
+    observe_many(h2.labels("a"), values)
+
+    def samples(registry: CollectorRegistry) -> dict[tuple[str, str], float]:
+        return {
+            (s.name, s.labels.get("le", "")): s.value
+            for m in registry.collect()
+            for s in m.samples
+            if not s.name.endswith("_created")
+        }
+
+    assert samples(many) == samples(one)
+    assert samples(many)[("x_seconds_bucket", "0.001")] == 2  # 0.0 and 0.001 (le is inclusive)
