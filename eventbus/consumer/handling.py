@@ -21,8 +21,8 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar, cast
 
 import anyio.to_thread
 from pydantic import BaseModel, TypeAdapter
@@ -350,10 +350,13 @@ class Handling:
         error: Exception | None = None
         try:
             call = d.call or self.sub.call  # the routed handler, when `prepare` found it
-            if hooks.tracing is None:
-                result = await call(event, ctx)
-            else:
+            if hooks.tracing is not None:
                 result = await hooks.tracing.consume(call, event, ctx)
+            elif call.is_async:  # the coroutine function itself: one coroutine fewer per event
+                coro = call.func(event, ctx) if call.takes_context else call.func(event)
+                result = await cast("Awaitable[Any]", coro)
+            else:
+                result = await call(event, ctx)
             if result is not None:  # the answer to a request (eventbus.request)
                 await send_reply(self.redis, self.keys, env, result)
         except asyncio.CancelledError:

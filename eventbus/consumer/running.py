@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+from eventbus.client.loops import young_gc_threshold
 from eventbus.consumer import Consumer
 from eventbus.consumer.broadcast import BroadcastConsumer
 from eventbus.locking.locks import new_member_id
@@ -48,13 +49,15 @@ async def run_consumers(
 ) -> None:
     """Run `consumers` until `stop` is set (set by SIGTERM/SIGINT too, with `handle_signals`);
     returns when every consumer has shut down."""
-    async with anyio.create_task_group() as outer:
-        if handle_signals:
-            outer.start_soon(_stop_on_signal, stop)
-        async with anyio.create_task_group() as tg:
-            for consumer in consumers:
-                tg.start_soon(consumer.run, stop)
-        outer.cancel_scope.cancel()
+    threshold = max((c.settings.gc_threshold for c in consumers), default=0)
+    with young_gc_threshold(threshold):
+        async with anyio.create_task_group() as outer:
+            if handle_signals:
+                outer.start_soon(_stop_on_signal, stop)
+            async with anyio.create_task_group() as tg:
+                for consumer in consumers:
+                    tg.start_soon(consumer.run, stop)
+            outer.cancel_scope.cancel()
 
 
 async def _stop_on_signal(stop: anyio.Event) -> None:
