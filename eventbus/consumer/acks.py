@@ -106,7 +106,7 @@ class Acks:
     # -- acking ---------------------------------------------------------------------------------
     def ack(self, item: Item) -> None:
         """Queue `item`'s XACK (or finish it at once with NOACK reads or a lost shard)."""
-        if self.noack or not self.table.current(item.shard, item.generation):
+        if self.noack or item.held.lost:
             self.finish(item)
             return
         batch = self._batches.get(item.shard)

@@ -83,7 +83,8 @@ class BatchQueues(ResourceQueues):
 
     async def worker(  # type: ignore[override]
         self,
-        run: Callable[[list[Item]], Awaitable[None]],
+        run: Callable[[list[Item], Slot], Awaitable[None]],
+        slot: Slot,
         timers: anyio.abc.TaskGroup,
         stopped: anyio.Event,
     ) -> None:
@@ -99,7 +100,7 @@ class BatchQueues(ResourceQueues):
                         if item.generation != generation or len(batch) == self.max_batch:
                             break
                         batch.append(item)
-                    await run(batch)
+                    await run(batch, slot)
                     for _ in batch:
                         queue.popleft()
             finally:
@@ -138,10 +139,9 @@ class BatchRunner:
         self._m_failures = METRICS.failures.labels(*labels)
         self._m_timeouts = METRICS.handler_timeouts.labels(*labels)
 
-    async def run(self, items: list[Item], slot: Slot | None = None) -> None:
+    async def run(self, items: list[Item], slot: Slot) -> None:
         """Finish `items` (consecutive entries of one shard, one acquisition), in order; `slot`
         is the calling worker's watchdog slot."""
-        slot = slot or self.handling.watchdog.slot()
         i = 0
         while i < len(items):
             if not await self.fence.wait(items[i]):
@@ -298,7 +298,7 @@ class BatchRunner:
 
 def batch_queues(
     handling: Handling, fence: Fence, process: Step, acks: Acks, stopped: anyio.Event
-) -> tuple[BatchQueues, Callable[[list[Item]], Awaitable[None]]]:
+) -> tuple[BatchQueues, Callable[[list[Item], Slot], Awaitable[None]]]:
     """The queues and the worker's step of a batch subscription (`Consumer` uses them in place
     of `ResourceQueues` and its per-event step)."""
     call = cast(BatchHandlerCall, handling.sub.call)

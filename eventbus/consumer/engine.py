@@ -26,8 +26,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import anyio.abc
@@ -180,11 +179,16 @@ class Consumer:
                 exc,
                 self.settings.liveness_ttl_s,
             )
-        self.table.held.clear()
+        self.table.clear()
 
     # -- the fence ------------------------------------------------------------------------------
     def holds(self, d: Delivery) -> bool:
-        return self.lease.ok() and self._current(d)
+        # per event: two attribute reads and a clock read (d is one of our `Item`s)
+        return (
+            time.monotonic() < self.lease.until
+            and not cast(Item, d).held.lost
+            and not self._stopping
+        )
 
     async def wait(self, d: Delivery) -> bool:
         while not self.lease.ok():
@@ -194,7 +198,7 @@ class Consumer:
         return self._current(d)
 
     def _current(self, d: Delivery) -> bool:
-        return not self._stopping and self.table.current(d.shard, d.generation)
+        return not self._stopping and not cast(Item, d).held.lost
 
     def _expired(self) -> None:
         self.drop_all("liveness had expired before this heartbeat")
@@ -208,7 +212,7 @@ class Consumer:
             )
             if lease:
                 self._m_lease.inc()
-        self.table.held.clear()
+        self.table.clear()
         self._wake_all()
 
     def _wake_all(self) -> None:
@@ -218,8 +222,7 @@ class Consumer:
     # -- processing -----------------------------------------------------------------------------
     async def _worker(self, tg: anyio.abc.TaskGroup) -> None:
         """One of the `concurrency` workers, with its own watchdog slot."""
-        slot = self.handling.watchdog.slot()
-        await self.queues.worker(partial(self._work, slot=slot), tg, self._stopped)
+        await self.queues.worker(self._work, self.handling.watchdog.slot(), tg, self._stopped)
 
     async def _process(self, item: Item, slot: Slot | None = None) -> float | None:
         """One handling step for the head of a resource's queue (see `ResourceQueues.worker`);

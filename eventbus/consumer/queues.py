@@ -24,12 +24,14 @@ import anyio
 import anyio.abc
 
 from eventbus.consumer.shards import HeldShard, Item
+from eventbus.consumer.watchdog import Slot
 from eventbus.protocol.codec import F_RESOURCE
 
 Key = tuple[int, bytes]
-Process = Callable[[Item], Awaitable[float | None]]
-"""``await process(item)``: one step for the head of a queue; the delay (s) before trying it
-again, or None once it is finished (acked or let go)."""
+Process = Callable[[Item, Slot], Awaitable[float | None]]
+"""``await process(item, slot)``: one step for the head of a queue, by the worker whose
+watchdog slot is `slot`; the delay (s) before trying it again, or None once it is finished
+(acked or let go)."""
 
 YIELD_EVERY = 64
 """Entries a worker runs between two yields to the event loop (when its handlers do not
@@ -70,18 +72,20 @@ class ResourceQueues:
         return self._ready.popleft()
 
     async def worker(
-        self, process: Process, timers: anyio.abc.TaskGroup, stopped: anyio.Event
+        self, process: Process, slot: Slot, timers: anyio.abc.TaskGroup, stopped: anyio.Event
     ) -> None:
-        """Run resources from the ready queue until cancelled; retry timers go in `timers` and
-        fire at once when `stopped` is set (so that a waiting entry is let go on shutdown)."""
+        """Run resources from the ready queue until cancelled, with watchdog slot `slot`; retry
+        timers go in `timers` and fire at once when `stopped` is set (so that a waiting entry is
+        let go on shutdown)."""
         budget = YIELD_EVERY
+        ready, queues = self._ready, self._queues
         while True:
-            key = await self._next()
-            queue = self._queues[key]
+            key = ready.popleft() if ready else await self._next()
+            queue = queues[key]
             retry_in: float | None = None
             try:
                 while queue:
-                    retry_in = await process(queue[0])
+                    retry_in = await process(queue[0], slot)
                     if retry_in is not None:
                         break
                     queue.popleft()
@@ -91,7 +95,7 @@ class ResourceQueues:
                         await asyncio.sleep(0)
             finally:
                 if retry_in is None:
-                    del self._queues[key]
+                    del queues[key]
                 else:
                     timers.start_soon(self._retry_later, key, retry_in, stopped)
 

@@ -18,7 +18,9 @@ from eventbus.locking.locks import Grant
 class HeldShard:
     """Local state of a held shard lock: `token` is its fencing token, `in_flight` the entries
     read and not yet finished, `draining` set above the fair share (no more reads; released
-    once drained), `idle_since` the monotonic time (s) of the first empty read in a row."""
+    once drained), `idle_since` the monotonic time (s) of the first empty read in a row, `lost`
+    set once the table no longer holds it under this acquisition (the one flag the per-event
+    fence checks: `ShardTable.current` without a lookup)."""
 
     shard: int
     stream: str
@@ -27,6 +29,7 @@ class HeldShard:
     in_flight: int = 0
     draining: bool = False
     idle_since: float | None = None
+    lost: bool = False
 
 
 @dataclass(slots=True, eq=False)
@@ -76,12 +79,13 @@ class ShardTable:
         taken in this round, or re-taken under a new token). A new shard's pending entries must
         be recovered before it is read."""
         lost = [s for s in self.held if s not in grants]
-        for s in lost:
-            del self.held[s]
+        self.forget(lost)
         new = []
         for s, grant in grants.items():
             local = self.held.get(s)
             if local is None or grant.is_new or local.token != grant.token:
+                if local is not None:
+                    local.lost = True
                 self.held[s] = HeldShard(s, self.streams[s], grant.token, next(self._generations))
                 new.append(s)
         return lost, new
@@ -123,4 +127,10 @@ class ShardTable:
 
     def forget(self, shards: Iterable[int]) -> None:
         for s in shards:
-            self.held.pop(s, None)
+            held = self.held.pop(s, None)
+            if held is not None:
+                held.lost = True
+
+    def clear(self) -> None:
+        """Forget every shard."""
+        self.forget(list(self.held))

@@ -13,6 +13,7 @@ import pytest
 
 from eventbus.consumer.queues import ResourceQueues
 from eventbus.consumer.shards import HeldShard, Item, read_items
+from eventbus.consumer.watchdog import Watchdog
 from eventbus.protocol.codec import F_RESOURCE
 
 pytestmark = pytest.mark.anyio
@@ -37,11 +38,17 @@ def label(item: Item) -> str:
 async def workers(
     queues: ResourceQueues, process: Callable[[Item], Awaitable[float | None]], n: int
 ) -> AsyncIterator[anyio.Event]:
-    """`n` workers on `queues`; yields the `stopped` event; cancels them on exit."""
+    """`n` workers on `queues`, each with a watchdog slot; yields the `stopped` event; cancels
+    them on exit."""
     stopped = anyio.Event()
+    watchdog = Watchdog(None)
+
+    async def worker() -> None:
+        await queues.worker(lambda item, slot: process(item), watchdog.slot(), tg, stopped)
+
     async with anyio.create_task_group() as tg:
         for _ in range(n):
-            tg.start_soon(queues.worker, process, tg, stopped)
+            tg.start_soon(worker)
         yield stopped
         tg.cancel_scope.cancel()
 
