@@ -184,6 +184,17 @@ class Handling:
             if self.dedup_s:
                 await self._mark_seen(env.event_id_bytes)
             return Outcome.ACK
+        return await self.failed(d, env, error, fence)
+
+    def fast(self, d: Delivery) -> bool:
+        """Whether `d` needs nothing but its handler call before it is acked: decoded and
+        validated ahead of its turn, no parked resource to look up and no de-duplication
+        (`Consumer._run` then calls `attempt` itself; `step` does the rest)."""
+        return d.event is not None and not self.dedup_s and not self.failures.any_parked()
+
+    async def failed(self, d: Delivery, env: Envelope, error: Exception, fence: Fence) -> Step:
+        """After attempt `d.attempt` failed with `error`: the delay before the next one, or,
+        once the subscription's attempts are spent, the dead letter (and the park)."""
         delay = self.retry_delay(d, env, error)
         if delay is not None:
             return delay

@@ -16,7 +16,6 @@ other tasks of the event loop (heartbeats, reads, acks), it yields to the loop e
 
 from __future__ import annotations
 
-import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -28,10 +27,11 @@ from eventbus.consumer.watchdog import Slot
 from eventbus.protocol.codec import F_RESOURCE
 
 Key = tuple[int, bytes]
-Process = Callable[[Item, Slot], Awaitable[float | None]]
-"""``await process(item, slot)``: one step for the head of a queue, by the worker whose
-watchdog slot is `slot`; the delay (s) before trying it again, or None once it is finished
-(acked or let go)."""
+Run = Callable[[deque[Item], Slot], Awaitable[float | None]]
+"""``await run(queue, slot)``: run a resource's queue from its head, by the worker whose
+watchdog slot is `slot`, finishing (acking or letting go) and popping entries, until it is
+empty (None) or its head must wait (the delay in s before it is tried again). It yields to the
+event loop every `YIELD_EVERY` entries."""
 
 YIELD_EVERY = 64
 """Entries a worker runs between two yields to the event loop (when its handlers do not
@@ -72,27 +72,17 @@ class ResourceQueues:
         return self._ready.popleft()
 
     async def worker(
-        self, process: Process, slot: Slot, timers: anyio.abc.TaskGroup, stopped: anyio.Event
+        self, run: Run, slot: Slot, timers: anyio.abc.TaskGroup, stopped: anyio.Event
     ) -> None:
         """Run resources from the ready queue until cancelled, with watchdog slot `slot`; retry
         timers go in `timers` and fire at once when `stopped` is set (so that a waiting entry is
         let go on shutdown)."""
-        budget = YIELD_EVERY
         ready, queues = self._ready, self._queues
         while True:
             key = ready.popleft() if ready else await self._next()
-            queue = queues[key]
             retry_in: float | None = None
             try:
-                while queue:
-                    retry_in = await process(queue[0], slot)
-                    if retry_in is not None:
-                        break
-                    queue.popleft()
-                    budget -= 1
-                    if not budget:
-                        budget = YIELD_EVERY
-                        await asyncio.sleep(0)
+                retry_in = await run(queues[key], slot)
             finally:
                 if retry_in is None:
                     del queues[key]

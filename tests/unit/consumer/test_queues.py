@@ -4,6 +4,7 @@ test double that records what it was given and when."""
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
@@ -13,7 +14,7 @@ import pytest
 
 from eventbus.consumer.queues import ResourceQueues
 from eventbus.consumer.shards import HeldShard, Item, read_items
-from eventbus.consumer.watchdog import Watchdog
+from eventbus.consumer.watchdog import Slot, Watchdog
 from eventbus.protocol.codec import F_RESOURCE
 
 pytestmark = pytest.mark.anyio
@@ -38,13 +39,22 @@ def label(item: Item) -> str:
 async def workers(
     queues: ResourceQueues, process: Callable[[Item], Awaitable[float | None]], n: int
 ) -> AsyncIterator[anyio.Event]:
-    """`n` workers on `queues`, each with a watchdog slot; yields the `stopped` event; cancels
-    them on exit."""
+    """`n` workers on `queues`, each with a watchdog slot, running each queue's head through
+    `process` (the delay it returns, or None once the entry is finished); yields the `stopped`
+    event; cancels them on exit."""
     stopped = anyio.Event()
     watchdog = Watchdog(None)
 
+    async def run(queue: deque[Item], slot: Slot) -> float | None:
+        while queue:
+            delay = await process(queue[0])
+            if delay is not None:
+                return delay
+            queue.popleft()
+        return None
+
     async def worker() -> None:
-        await queues.worker(lambda item, slot: process(item), watchdog.slot(), tg, stopped)
+        await queues.worker(run, watchdog.slot(), tg, stopped)
 
     async with anyio.create_task_group() as tg:
         for _ in range(n):
