@@ -117,15 +117,49 @@ class _Body(msgspec.Struct):
 _BODY = msgspec.msgpack.Decoder(_Body)
 
 
+_IDS_AT_ONCE = 256
+_ids = b""  # random bytes drawn ahead, 16 per event ID
+_ids_at = 0
+_ids_lock = threading.Lock()
+
+
+def _forget_ids() -> None:  # a forked child must not hand out its parent's next IDs
+    global _ids, _ids_at, _ids_lock
+    _ids, _ids_at, _ids_lock = b"", 0, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_ids)
+
+
 def new_event_id() -> bytes:
     """A fresh 16-byte event ID, a random UUID (RFC 9562 version 4), for idempotency checks.
 
-    Built from `os.urandom` like `uuid.uuid4`, without the UUID object (a third of the cost).
+    Drawn from `os.urandom` like `uuid.uuid4`, 256 IDs' worth at a time (a ``getrandom`` system
+    call per event cost 0.7 us), under a lock (threads never share bytes); the bytes drawn ahead
+    are dropped in a forked child.
     """
-    b = bytearray(os.urandom(16))
-    b[6] = (b[6] & 0x0F) | 0x40  # version 4
-    b[8] = (b[8] & 0x3F) | 0x80  # variant RFC 9562
+    global _ids, _ids_at
+    with _ids_lock:
+        at = _ids_at
+        if at >= len(_ids):
+            _ids, at = _draw_ids(), 0
+        _ids_at = at + 16
+        return _ids[at : at + 16]
+
+
+def _draw_ids() -> bytes:
+    """`_IDS_AT_ONCE` random version-4 UUIDs, back to back."""
+    b = bytearray(os.urandom(16 * _IDS_AT_ONCE))
+    for i in range(0, len(b), 16):
+        b[i + 6] = (b[i + 6] & 0x0F) | 0x40  # version 4
+        b[i + 8] = (b[i + 8] & 0x3F) | 0x80  # variant RFC 9562
     return bytes(b)
+
+
+_ENCODER = msgspec.msgpack.Encoder()
+"""The envelope's MessagePack encoder: for the map of `encode_entry` (str, bytes, int, str ->
+str map, and a payload of JSON-mode values) it writes the same bytes as ``msgpack.packb(...,
+use_bin_type=True)`` (tests/unit/test_codec.py checks it), in a fifth of the time."""
 
 
 def encode_entry(
@@ -134,15 +168,14 @@ def encode_entry(
     """Encode `envelope` as the field map of one stream entry (see the module docstring).
     With `dictionary` (an ID in `eventbus.protocol.dictionaries.CACHE`), the body is compressed with
     that dictionary whatever its size (format ``0x03``)."""
-    body = msgpack.packb(
+    body = _ENCODER.encode(
         {
             "v": ENVELOPE_VERSION,
             "id": envelope.event_id_bytes,
             "ts": envelope.published_at_ms,
             "h": envelope.headers,
             "p": envelope.payload,
-        },
-        use_bin_type=True,
+        }
     )
     if dictionary is not None:
         data = _DICT_PREFIX.get(dictionary) or _dict_prefix(dictionary)
@@ -197,20 +230,23 @@ def _decompressor(dict_id: int) -> zstandard.ZstdDecompressor:
 def envelope_of(
     resource_id: str, event: BaseModel, headers: dict[str, str] | None = None
 ) -> Envelope:
-    """A new envelope for `event` with a fresh event ID and the current time."""
+    """A new envelope for `event` with a fresh event ID and the current time. The payload is
+    ``event.model_dump(mode="json")``, through the model's serializer directly (a third of the
+    cost: model_dump's keyword handling is Python)."""
+    model = type(event)
     return Envelope(
-        resource_id=resource_id,
-        event_type=event_type_of(type(event)),
-        event_id_bytes=new_event_id(),
-        published_at_ms=time.time_ns() // 1_000_000,
-        headers=dict(headers) if headers else {},
-        payload=event.model_dump(mode="json"),
+        resource_id,
+        event_type_of(model),
+        new_event_id(),
+        time.time_ns() // 1_000_000,
+        dict(headers) if headers else {},
+        model.__pydantic_serializer__.to_python(event, mode="json"),
     )
 
 
 def encoded_size(fields: dict[bytes, bytes]) -> int:
     """Bytes of field names and values of an entry: what counts against `max_payload_bytes`."""
-    return sum(map(len, fields)) + sum(map(len, fields.values()))
+    return sum(len(k) + len(v) for k, v in fields.items())
 
 
 def decode_entry(

@@ -52,13 +52,15 @@ from eventbus.locking.member import AsyncRedis
 from eventbus.ops import hooks
 from eventbus.protocol.codec import (
     F_DATA,
+    F_RESOURCE,
+    F_TYPE,
+    FORMAT_MSGPACK,
     MIN_CONTAINERS,
     RESERVED_TYPE_PREFIX,
     Envelope,
     decode_entry,
     decompressed_size,
     encode_entry,
-    encoded_size,
     envelope_of,
 )
 from eventbus.protocol.dictionaries import Dictionaries
@@ -68,6 +70,7 @@ from eventbus.protocol.topics import TopicConfig, TopicRegistry
 from eventbus.publishing.sending import Sender
 
 log = logging.getLogger("eventbus.publisher")
+_FIELD_NAME_BYTES = len(F_RESOURCE) + len(F_TYPE) + len(F_DATA)  # `encoded_size`'s share of names
 
 
 class Publisher:
@@ -124,19 +127,25 @@ class Publisher:
             raise InvalidEvent(topic.name, "event type", f"must be a non-empty string: {etype!r}")
         if etype.startswith(RESERVED_TYPE_PREFIX):
             raise ReservedEventType(etype, f"publish to topic {topic.name!r}")
-        _check_text(topic, "resource_id", rid)
-        _check_text(topic, "event type", etype)
-        _check_headers(topic, envelope.headers)
-        fields = encode_entry(
-            envelope,
-            compress_threshold=self._settings.compress_threshold_bytes,
-            dictionary=self.dictionaries.cached_current(topic.name),
-        )
-        size = encoded_size(fields)
+        if envelope.headers:
+            _check_headers(topic, envelope.headers)
+        try:
+            fields = encode_entry(
+                envelope,
+                compress_threshold=self._settings.compress_threshold_bytes,
+                dictionary=self.dictionaries.cached_current(topic.name),
+            )
+        except UnicodeEncodeError:  # which text: checked again, one by one, to say it
+            _check_text(topic, "resource_id", rid)
+            _check_text(topic, "event type", etype)
+            raise
+        data = fields[F_DATA]
+        size = len(data) + len(fields[F_RESOURCE]) + len(fields[F_TYPE]) + _FIELD_NAME_BYTES
         if size > self._settings.max_payload_bytes:
             raise PayloadTooLarge(topic.name, size, self._settings.max_payload_bytes)
-        self._check_decodable(topic, fields)
-        return self._stream(topic, envelope.resource_id), fields
+        if data[0] != FORMAT_MSGPACK or len(data) > MIN_CONTAINERS:  # (else: always decodes)
+            self._check_decodable(topic, fields)
+        return self._stream(topic, rid), fields
 
     def _check_decodable(self, topic: TopicConfig, fields: dict[bytes, bytes]) -> None:
         """Refuse an entry consumers could not decode: over `max_decompressed_bytes` once
