@@ -210,10 +210,10 @@ def _json_like(rng: random.Random, depth: int = 0) -> object:
         return rng.uniform(-1e9, 1e9)
     if kind in (4, 5):
         n = rng.choice([0, 1, 31, 32, 255, 256, 65535, 65536])
-        return "".join(rng.choice("aé€😀") for _ in range(n))
+        return rng.choice("aé€😀") * n
     if kind == 6:
-        return [_json_like(rng, depth + 1) for _ in range(rng.choice([0, 1, 15, 16, 70]))]
-    n = rng.choice([0, 1, 15, 16, 40])
+        return [_json_like(rng, depth + 1) for _ in range(rng.choice([0, 1, 15, 16, 17]))]
+    n = rng.choice([0, 1, 15, 16, 17])
     return {f"k{i}": _json_like(rng, depth + 1) for i in range(n)}
 
 
