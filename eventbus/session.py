@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +57,7 @@ class Session:
     owned: bool
     registry: TopicRegistry
     loop: asyncio.AbstractEventLoop | None = field(default_factory=current_loop)
+    thread: int = field(default_factory=threading.get_ident)  # where `loop` runs
     forks: int = field(default_factory=fork_count)
     pid: int = field(default_factory=os.getpid)
     publisher: Any = None  # eventbus.publishing.publisher.Publisher, made on first use
@@ -69,10 +71,13 @@ class Session:
     def other_loop(self) -> bool:
         """Whether the caller runs on another event loop than the session's (binding the
         session to the caller's loop when it was made outside any)."""
+        loop = self.loop
+        if loop is not None and self.thread == threading.get_ident() and loop.is_running():
+            return False  # the one loop running on this thread: no get_running_loop per call
         loop = current_loop()
         if loop is None or loop is self.loop:
             return False
         if self.loop is None:
-            self.loop = loop
+            self.loop, self.thread = loop, threading.get_ident()
             return False
         return True

@@ -83,6 +83,7 @@ class Sender:
         self._sent = anyio.Event()  # a batch was written: the reader has replies to read
         self._written = 0
         self.running = False
+        self._running_loop: asyncio.AbstractEventLoop | None = None
         pool = getattr(redis, "connection_pool", None)
         self._packed = type(redis) is Redis and issubclass(
             getattr(pool, "connection_class", object), _FAST_CONNECTIONS
@@ -96,7 +97,8 @@ class Sender:
         """A new slot at the end of the queue: call it before the caller's first await. With
         `timeout_s` its deadline runs from now (`publish()`: a deadline on the caller), else from
         when it is first sent (`publish_many`: one pipeline's worth of time per batch)."""
-        slot = Slot(asyncio.get_running_loop().create_future())
+        loop = self._running_loop if self.running else None
+        slot = Slot((loop or asyncio.get_running_loop()).create_future())
         if timeout_s is not None:
             slot.deadline = time.monotonic() + timeout_s
         if self.running:  # without a flusher each call is sent on its own (`submit`)
@@ -173,6 +175,7 @@ class Sender:
     ) -> None:
         """Send the queue until cancelled (run by the bus); then, shielded, read the replies of
         what is on the wire and send what is still queued (each bounded by its deadline)."""
+        self._running_loop = asyncio.get_running_loop()  # reserve's loop while the flusher runs
         self.running = True
         task_status.started()
         inflight: deque[list[Slot]] = deque()
