@@ -125,18 +125,65 @@ def path(events: int, profile: str | None) -> dict[str, float]:
         return {"us_per_event": anyio.run(run)}
 
 
+def core(events: int, profile: str | None) -> dict[str, float]:
+    """The consumer's whole per-event path without Redis: read batches of 500 entries (16
+    shards' worth of 1000 resources) dispatched and run by one worker as the consumer does
+    (`Consumer._dispatch`, `Consumer._run`, acks queued), in µs per event."""
+    import anyio
+
+    from eventbus import Context, EventBus, Settings
+    from eventbus.client.loops import young_gc_threshold
+    from eventbus.consumer.running import make_consumers
+    from eventbus.consumer.shards import HeldShard
+    from eventbus.protocol.codec import encode_entry, envelope_of
+    from eventbus.testing import memory_redis
+
+    bus = EventBus(
+        Settings(redis_url="redis://in-memory", shards=bench.SHARDS), redis=memory_redis()
+    )
+
+    async def handle(event: bench.Tick, ctx: Context) -> None:
+        pass
+
+    handle.__annotations__ = {"event": bench.Tick, "ctx": Context, "return": None}
+    bus.subscriber(bench.TOPIC, group="bench")(handle)
+    consumer = make_consumers(bus)[0]
+    entries = [
+        (b"1-%d" % i, encode_entry(envelope_of(f"r{i % 1000}", bench._event(i))))
+        for i in range(500)
+    ]
+
+    async def run() -> float:
+        held = HeldShard(0, "s", 1, 1)
+        consumer.table.held[0] = held
+        consumer.lease.until = float("inf")
+        slot = consumer.handling.watchdog.slot()
+        queues = consumer.queues
+        start = time.perf_counter()
+        for _ in range(events // 500):
+            consumer._dispatch(held, entries, {})
+            while queues._ready:
+                await consumer._run(queues._queues.pop(queues._ready.popleft()), slot)
+            consumer.acks._batches.clear()
+            consumer._report_handled()
+        return (time.perf_counter() - start) / events * 1e6
+
+    with young_gc_threshold(bus.settings.gc_threshold):  # as while consumers run
+        return {"us_per_event": anyio.run(run)}
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "_publish":
         _publish_child(sys.argv[2], int(sys.argv[3]), sys.argv[4])
         sys.exit(0)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=["consume", "publish", "path"])
+    parser.add_argument("what", choices=["consume", "publish", "path", "core"])
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--profile", default=None)
     parser.add_argument("--json", default=None, help="write the last run's figures here")
     args = parser.parse_args()
-    fn = {"consume": consume, "publish": publish, "path": path}[args.what]
+    fn = {"consume": consume, "publish": publish, "path": path, "core": core}[args.what]
     for run in range(args.runs):
         res = fn(args.events, args.profile)
         print(json.dumps({"run": run + 1, **{k: round(v, 3) for k, v in res.items()}}), flush=True)

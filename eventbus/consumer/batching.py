@@ -24,40 +24,32 @@ plain ``def`` runs in a worker thread). docs/semantics.md states the guarantees;
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import typing
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 import anyio
 import anyio.abc
 import anyio.to_thread
-from pydantic import BaseModel, TypeAdapter
 
 from eventbus.consumer.acks import Acks
 from eventbus.consumer.batch_call import BatchHandlerCall as BatchHandlerCall  # re-exported
 from eventbus.consumer.batch_call import batch_handler_models as batch_handler_models
 from eventbus.consumer.batch_call import is_batch as is_batch
 from eventbus.consumer.delivery import NOT_STARTED, Fence, NotStarted
-from eventbus.consumer.handling import Handling, _large
+from eventbus.consumer.handling import Handling
 from eventbus.consumer.queues import ResourceQueues
 from eventbus.consumer.shards import HeldShard, Item
 from eventbus.consumer.watchdog import Slot
-from eventbus.dlq import is_control
-from eventbus.errors import DecodeError, HandlerTimeout
-from eventbus.ops.metrics import METRICS
-from eventbus.protocol.codec import F_DATA, FORMAT_MSGPACK, THREAD_DECODE_BYTES, Envelope
 
 log = logging.getLogger("eventbus.consumer")
 
 Step = Callable[[Item, Slot], Awaitable[float | None]]
 """The consumer's per-event step (`Consumer._process`) with the worker's watchdog slot."""
 _ONE_QUEUE = b""  # the resource part of a shard's one queue key
-_PLAIN = bytes([FORMAT_MSGPACK])
 
 
 class BatchQueues(ResourceQueues):
@@ -107,13 +99,6 @@ class BatchQueues(ResourceQueues):
                 del self._queues[key]
 
 
-@dataclass(slots=True)
-class _Entry:
-    item: Item
-    env: Envelope
-    event: Any
-
-
 class BatchRunner:
     """Handles the batches of one batch subscription (see the module docstring). `process`
     is the consumer's per-event step (acks or lets go what it finishes), `stopped` is set on
@@ -134,10 +119,6 @@ class BatchRunner:
         self.process = process
         self.acks = acks
         self.stopped = stopped
-        self._adapters = {m: TypeAdapter(list[m]) for m in set(self.sub.models.values())}  # type: ignore[valid-type]
-        labels = (self.sub.topic.name, self.sub.group)
-        self._m_failures = METRICS.failures.labels(*labels)
-        self._m_timeouts = METRICS.handler_timeouts.labels(*labels)
 
     async def run(self, items: list[Item], slot: Slot) -> None:
         """Finish `items` (consecutive entries of one shard, one acquisition), in order; `slot`
@@ -148,52 +129,24 @@ class BatchRunner:
                 for item in items[i:]:
                     self.acks.finish(item)
                 return
-            entries = self._decoded_run(items, i)
-            if not entries:
+            run = self._run_of(items, i)
+            if not run:
                 await self._single(items[i], slot)
                 i += 1
                 continue
-            await self._settle(entries, self.sub.retry.max_attempts, slot)
-            i += len(entries)
+            await self._settle(run, self.sub.retry.max_attempts, slot)
+            i += len(run)
 
-    def _decoded_run(self, items: list[Item], start: int) -> list[_Entry]:
-        """The longest run of `items` from `start` that can be handled as a batch, decoded and
-        validated (the whole run at once when it holds one model)."""
-        envs: list[tuple[Item, Envelope, type[BaseModel]]] = []
-        envelope, is_parked = self.handling._envelope, self.handling.failures.is_parked
-        models = self.sub.models
+    def _run_of(self, items: list[Item], start: int) -> list[Item]:
+        """The longest run of `items` from `start` that can go to the handler as one batch:
+        decoded and validated ahead of their turn (`Handling.prepare`), of no parked resource."""
+        is_parked, parked = self.handling.failures.is_parked, self.handling.failures.any_parked()
+        run = []
         for item in items[start:]:
-            fields = item.fields
-            data = fields.get(F_DATA, b"")
-            if is_control(fields) or (
-                (len(data) >= THREAD_DECODE_BYTES or data[:1] != _PLAIN) and _large(fields)
-            ):
+            if item.event is None or (parked and is_parked(item.env.resource_id)):  # type: ignore[union-attr]
                 break
-            try:
-                env = envelope(fields)  # (an rid that is not UTF-8 fails here)
-            except DecodeError:
-                break
-            model = models.get(env.event_type)
-            if model is None or is_parked(env.resource_id):
-                break
-            envs.append((item, env, model))
-        if not envs:
-            return []
-        if len({m for _, _, m in envs}) == 1:
-            try:
-                events = self._adapters[envs[0][2]].validate_python([e.payload for _, e, _ in envs])
-                return [
-                    _Entry(item, env, ev) for (item, env, _), ev in zip(envs, events, strict=True)
-                ]
-            except Exception:  # find the first entry that does not validate, one by one
-                pass
-        out = []
-        for item, env, model in envs:
-            try:
-                out.append(_Entry(item, env, model.model_validate(env.payload)))
-            except Exception:
-                break
-        return out
+            run.append(item)
+        return run
 
     async def _single(self, item: Item, slot: Slot) -> None:
         """The per-event path for `item`, its retries waited in place."""
@@ -201,14 +154,14 @@ class BatchRunner:
             with anyio.move_on_after(delay):
                 await self.stopped.wait()
 
-    async def _settle(self, entries: list[_Entry], attempts: int, slot: Slot) -> None:
+    async def _settle(self, entries: list[Item], attempts: int, slot: Slot) -> None:
         """Call the handler on `entries` up to `attempts` times; then split them."""
         attempt = 0
         while True:
-            head = entries[0].item
+            head = entries[0]
             if not await self.fence.wait(head):
                 for e in entries:
-                    self.acks.finish(e.item)
+                    self.acks.finish(e)
                 return
             attempt += 1
             error = await self._call(entries, attempt, slot)
@@ -217,7 +170,7 @@ class BatchRunner:
                 continue
             if error is None:
                 for e in entries:
-                    self.acks.ack(e.item)
+                    self.acks.ack(e)
                 return
             if attempt >= attempts:
                 break
@@ -237,62 +190,46 @@ class BatchRunner:
             with anyio.move_on_after(delay):
                 await self.stopped.wait()
         if len(entries) == 1:
-            await self._single(entries[0].item, slot)
+            await self._single(entries[0], slot)
             return
         mid = len(entries) // 2
         await self._settle(entries[:mid], 1, slot)
         await self._resume(entries[mid:], slot)
 
-    async def _resume(self, entries: list[_Entry], slot: Slot) -> None:
+    async def _resume(self, entries: list[Item], slot: Slot) -> None:
         """Settle the rest of a split batch, after its first half: entries of resources parked
         by that half go through the per-event path (dead-lettered as ``parked``)."""
-        run: list[_Entry] = []
+        run: list[Item] = []
         for e in entries:
-            if self.handling.failures.is_parked(e.env.resource_id):
+            if self.handling.failures.is_parked(e.env.resource_id):  # type: ignore[union-attr]
                 if run:
                     await self._settle(run, 1, slot)
                     run = []
-                await self._single(e.item, slot)
+                await self._single(e, slot)
             else:
                 run.append(e)
         if run:
             await self._settle(run, 1, slot)
 
     async def _call(
-        self, entries: list[_Entry], attempt: int, slot: Slot
+        self, entries: list[Item], attempt: int, slot: Slot
     ) -> Exception | NotStarted | None:
         """One call of the batch handler; its exception, None, or `NOT_STARTED` (fence lost)."""
+        h = self.handling
         ctxs = [
-            self.handling.context(e.item, e.env, entry_id=e.item.entry_id, attempt=attempt)
+            h.context(e, e.env, entry_id=e.entry_id, attempt=attempt)  # type: ignore[arg-type]
             for e in entries
             if self.call.takes_context  # none built for a handler of events alone
         ]
         events = [e.event for e in entries]
-        if not self.fence.holds(entries[0].item):  # no await between this check and the call
+        if not self.fence.holds(entries[0]):  # no await between this check and the call
             return NOT_STARTED
-        slot.started = time.monotonic()  # no cancel scope per call: see Handling.attempt
-        error: Exception | None = None
-        try:
-            await self.call.call_batch(events, ctxs)
-        except asyncio.CancelledError:
-            if not slot.timed_out():
-                raise
-            error = self.handling.timeout_error()
-        except Exception as exc:
-            error = self.handling.timeout_error() if slot.timed_out() else exc
-        else:
-            slot.timed_out()
-        finally:
-            slot.started = 0.0
+        _, error = await h.watched(slot, self.call.call_batch(events, ctxs))
         if error is not None:
-            self._m_failures.inc()
-            if isinstance(error, HandlerTimeout):
-                self._m_timeouts.inc()
             return error
-        self.handling.tally.handled += len(entries)
-        self.handling.latencies.values.append(
-            max(0.0, time.time() - entries[-1].env.published_at_ms / 1000)
-        )
+        h.tally.handled += len(entries)
+        last = entries[-1].env.published_at_ms  # type: ignore[union-attr]
+        h.latencies.values.append(max(0.0, time.time() - last / 1000))
         return None
 
 

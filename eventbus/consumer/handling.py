@@ -354,22 +354,41 @@ class Handling:
         # its writes).
         if not fence.holds(d):
             return NOT_STARTED
-        # No cancel scope per attempt: the consumer's watchdog cancels an overdue attempt
-        # (`eventbus.consumer.watchdog`); a scope with a deadline cost 6-12 us per call.
-        slot = slot or self.watchdog.slot()
-        started = slot.started = time.monotonic()
-        error: Exception | None = None
-        try:
-            call = d.call or self.sub.call  # the routed handler, when `prepare` found it
-            if hooks.tracing is not None:
-                result = await hooks.tracing.consume(call, event, ctx)
-            elif call.is_async:  # the coroutine function itself: one coroutine fewer per event
-                coro = call.func(event, ctx) if call.takes_context else call.func(event)
-                result = await cast("Awaitable[Any]", coro)
-            else:
-                result = await call(event, ctx)
-            if result is not None:  # the answer to a request (eventbus.request)
+        call = d.call or self.sub.call  # the routed handler, when `prepare` found it
+        coro: Awaitable[Any]
+        if hooks.tracing is not None:
+            coro = hooks.tracing.consume(call, event, ctx)
+        elif call.is_async:  # the coroutine function itself: one coroutine fewer per event
+            coro = cast(
+                "Awaitable[Any]", call.func(event, ctx) if call.takes_context else call.func(event)
+            )
+        else:
+            coro = call(event, ctx)
+        result, error = await self.watched(slot or self.watchdog.slot(), coro)
+        if error is None and result is not None:  # the answer to a request (eventbus.request)
+            try:
                 await send_reply(self.redis, self.keys, env, result)
+            except Exception as exc:
+                self._m_failures.inc()
+                error = exc
+        if error is not None:
+            return error
+        self.tally.handled += 1
+        latencies = self.latencies.values
+        latencies.append(max(0.0, time.time() - env.published_at_ms / 1000))
+        if len(latencies) >= _FLUSH_AT:
+            self.flush_metrics()
+        return None
+
+    async def watched(self, slot: Slot, call: Awaitable[Any]) -> tuple[Any, Exception | None]:
+        """Await a handler call under the watchdog (`slot` is the calling worker's; no cancel
+        scope per call: one with a deadline cost 6-12 us, `eventbus.consumer.watchdog`). Returns
+        its result and None, or None and what it raised (`HandlerTimeout` when the watchdog
+        cancelled it past `handler_timeout_s`), counted as a failure; records its duration."""
+        started = slot.started = time.monotonic()
+        error: Exception
+        try:
+            result = await call
         except asyncio.CancelledError:
             if not slot.timed_out():
                 raise
@@ -378,20 +397,14 @@ class Handling:
             error = self.timeout_error() if slot.timed_out() else exc
         else:
             slot.timed_out()  # a handler that swallowed the cancellation ran to its end
+            return result, None
         finally:
             slot.started = 0.0
             self.durations.values.append(time.monotonic() - started)
-        if error is not None:
-            self._m_failures.inc()
-            if isinstance(error, HandlerTimeout):
-                self._m_timeouts.inc()
-            return error
-        self.tally.handled += 1
-        latencies = self.latencies.values
-        latencies.append(max(0.0, time.time() - env.published_at_ms / 1000))
-        if len(latencies) >= _FLUSH_AT:
-            self.flush_metrics()
-        return None
+        self._m_failures.inc()
+        if isinstance(error, HandlerTimeout):
+            self._m_timeouts.inc()
+        return None, error
 
     def flush_metrics(self) -> None:
         """Add the latencies and handler durations observed since the last call to their
