@@ -48,7 +48,7 @@ from eventbus.consumer.watchdog import Slot
 log = logging.getLogger("eventbus.consumer")
 
 Step = Callable[[Item, Slot], Awaitable[float | None]]
-"""The consumer's per-event step (`Consumer._process`) with the worker's watchdog slot."""
+"""The consumer's per-event step (`QueueRunner.process`) with the worker's watchdog slot."""
 _ONE_QUEUE = b""  # the resource part of a shard's one queue key
 
 

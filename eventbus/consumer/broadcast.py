@@ -10,34 +10,39 @@ behind by a crashed instance. Its guarantees are those of a plain read:
   it started, during a crash or a restart) is not delivered to it, and a handler that keeps
   failing after its retries (the subscriber's `RetryPolicy`, in place) is logged at ERROR and
   dropped: there is no dead-letter stream (an undecodable entry or an unknown type is logged
-  and dropped too, or skipped with ``on_unknown="skip"``).
+  and dropped too, or skipped with ``on_unknown="skip"``). On shutdown, what was read is still
+  handled for up to `shutdown_grace_s`; what is left then is dropped, and counted in a WARNING.
 * **Order per resource within an instance**: a resource's events run one after another, in
   stream order; different resources run concurrently (at most `Settings.concurrency`). There
   is no order *across* instances: each runs at its own pace.
 * **No fencing**: the `Context.fencing_token` is 0 (nothing is locked).
+* Control entries (the operator's requeue/drop for groups) are not events: never handed to a
+  handler, a catch-all one included.
 
-The handlers run through the same decode and attempt path as group subscribers
-(`eventbus.consumer.handling`), with a fence that always holds.
+The entries go through the same core as a group's (`eventbus.consumer.runner`): decoded and
+validated per read, per-resource queues, a pool of workers, the watchdog's timeouts, the retry
+policy; only the last step differs (dropped, not dead-lettered).
 """
 
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
 from typing import Any
 
 import anyio
+import anyio.abc
 from redis.exceptions import ResponseError
 from redis.typing import KeyT, StreamIdT
 
 from eventbus.client import retry
 from eventbus.client.retry import LOST_REPLY
 from eventbus.consumer.context import Subscription
-from eventbus.consumer.delivery import NOT_STARTED, Delivery
+from eventbus.consumer.delivery import Delivery, Fence, Outcome, Tally
 from eventbus.consumer.handling import Handling
-from eventbus.errors import DecodeError, UnknownEventType
+from eventbus.consumer.queues import ResourceQueues
+from eventbus.consumer.runner import QueueRunner
+from eventbus.consumer.shards import HeldShard, Item, read_items
 from eventbus.locking.member import Member
-from eventbus.protocol.codec import F_RESOURCE
 from eventbus.protocol.topics import TopicRegistry
 
 log = logging.getLogger("eventbus.consumer")
@@ -66,6 +71,50 @@ class _Started:
         return self._started.is_set()
 
 
+class Drops:
+    """The failure policy of a broadcast subscriber: nothing is dead-lettered or parked; an
+    entry that cannot be handled is logged and dropped (`dropped` counts them)."""
+
+    def __init__(self, sub: Subscription, tally: Tally) -> None:
+        self.sub, self.tally = sub, tally
+        self.dropped = 0
+
+    def gives_up(self, parking: bool) -> str:
+        return "dropped"  # (a broadcast subscriber has no dead-letter stream)
+
+    async def dead_letter(
+        self, d: Delivery, exc: BaseException | None, *, reason: str, fence: Fence
+    ) -> Outcome:
+        self.dropped += 1
+        if reason != "failed":  # a failed one was logged at ERROR by `Handling.gave_up`
+            log.warning(
+                "broadcast %s: entry %s of shard %d is %s, dropped: %s",
+                self.sub.topic.name,
+                d.entry_id.decode(),
+                d.shard,
+                reason,
+                exc,
+            )
+        return Outcome.ACK
+
+    async def dead_letter_and_park(
+        self, d: Delivery, exc: BaseException, resource_id: str, fence: Fence
+    ) -> Outcome:
+        return await self.dead_letter(d, exc, reason="failed", fence=fence)
+
+    async def control(self, d: Delivery, fence: Fence, handling: Handling) -> Outcome:
+        return Outcome.ACK  # the operator's requests are for consumer groups
+
+    def any_parked(self) -> bool:
+        return False
+
+    def is_parked(self, resource_id: str) -> bool:
+        return False
+
+    async def load_parked(self) -> None:
+        return None
+
+
 class BroadcastConsumer:
     """Runs one broadcast `Subscription` until stopped; see the module docstring."""
 
@@ -76,30 +125,66 @@ class BroadcastConsumer:
         self.redis, self.consumer_id, self.group = member.redis, member.consumer_id, member.group
         self.registry, self.sub, self.topic = registry, sub, sub.topic
         self.streams = [member.keys.stream(sub.topic.name, s) for s in range(sub.topic.shards)]
+        self._shards = {
+            stream: HeldShard(s, stream, token=0, generation=0)  # never lost: nothing is locked
+            for s, stream in enumerate(self.streams)
+        }
         self.positions: dict[KeyT, StreamIdT] = {}  # stream -> last entry ID read
         redis_retry = retry.forever(settings.retry_base_s, settings.retry_max_s)
-        self.handling = Handling(member, sub, redis_retry)
+        self.drops: Drops | None = None
+        self.handling = Handling(member, sub, redis_retry, failures=self._drops)
         self.tally = self.handling.tally  # dead_lettered stays 0: no dead-letter stream here
+        self.queues = ResourceQueues(self._started)
+        self.runner = QueueRunner(self.handling, _Open(), self)
         self._backoff = retry.backoff(settings.retry_base_s, settings.retry_max_s)
-        self._limit = anyio.CapacityLimiter(settings.concurrency)
         self.in_flight = 0
-        self.dropped = 0  # entries not handled: failed after retries, undecodable, unknown
+        self._idle = anyio.Event()
+        self._capacity = anyio.Event()
         self.started = anyio.Event()  # set once the start positions are taken
         self.lease = _Started(self.started)
+
+    def _drops(self, tally: Tally) -> Drops:
+        self.drops = Drops(self.sub, tally)
+        return self.drops
+
+    @property
+    def dropped(self) -> int:
+        """Entries not handled: failed after their retries, undecodable, unknown."""
+        return self.drops.dropped if self.drops else 0
+
+    # -- in flight (the `Settle` of the queue runner) ------------------------------------------
+    def _started(self, held: HeldShard, n: int) -> None:
+        self.in_flight += n
+
+    def ack(self, item: Item) -> None:
+        self.finish(item)
+
+    def finish(self, item: Item) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self._idle.set()
+            self._idle = anyio.Event()
+        if self.in_flight == self.settings.max_in_flight - 1:
+            self._capacity.set()
+            self._capacity = anyio.Event()
 
     async def behind(self) -> list[str]:
         """The streams this consumer has not read to their end, and entries in flight (for
         `eventbus.testing.TestBus.drain`)."""
-        out = [f"{self.group}: {self.in_flight} in flight"] if self.in_flight else []
+        out = []
         for stream in self.streams:
             last = await self.redis.xrevrange(stream, count=1)
             if last and last[0][0] != self.positions.get(stream):
                 out.append(f"{stream} broadcast {self.consumer_id}")
+        # after the reads above: a read that moved a position meanwhile counted its entries
+        if self.in_flight:
+            out.append(f"{self.group}: {self.in_flight} in flight")
         return out
 
+    # -- running --------------------------------------------------------------------------------
     async def run(self, stop: anyio.Event) -> None:
-        """Read and handle until `stop` is set; the entries of the current read are finished
-        (at most `shutdown_grace_s` seconds), the rest is not this instance's any more."""
+        """Read and handle until `stop` is set; what was read is still handled for at most
+        `shutdown_grace_s` seconds, the rest is dropped (not this instance's any more)."""
         await self.registry.ensure(self.topic)
         await self._start_positions()
         log.info(
@@ -111,23 +196,46 @@ class BroadcastConsumer:
         # One XREAD of every shard stream on a single node; on a Cluster one per stream, each
         # on its own connection: the keys of one XREAD must share a hash slot there.
         reads = [[s] for s in self.streams] if self.settings.cluster else [self.streams]
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self._cancel_reads_on, stop, tg.cancel_scope)
-            tg.start_soon(self.handling.watchdog.run)
-            for streams in reads:
-                tg.start_soon(self._read_loop, streams, stop)
+        never = anyio.Event()  # retries keep their delays during the grace
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self.handling.watchdog.run)
+                for _ in range(self.settings.concurrency):
+                    tg.start_soon(self._worker, tg, never)
+                async with anyio.create_task_group() as readers:
+                    readers.start_soon(self._cancel_reads_on, stop, readers.cancel_scope)
+                    for streams in reads:
+                        readers.start_soon(self._read_loop, streams, stop)
+                with anyio.move_on_after(self.settings.shutdown_grace_s):
+                    while self.in_flight:
+                        await self._idle.wait()
+                tg.cancel_scope.cancel()
+        finally:
+            self.handling.flush_metrics()
+        if self.in_flight:
+            log.warning(
+                "broadcast consumer %s stopped with %d events read and not handled within "
+                "shutdown_grace_s=%.1f s: dropped",
+                self.consumer_id,
+                self.in_flight,
+                self.settings.shutdown_grace_s,
+            )
+
+    async def _worker(self, tg: anyio.abc.TaskGroup, never: anyio.Event) -> None:
+        await self.queues.worker(self.runner.run, self.handling.watchdog.slot(), tg, never)
 
     async def _read_loop(self, streams: list[str], stop: anyio.Event) -> None:
-        """Read `streams` from their positions and handle each read before the next, until
-        `stop` is set (then the task group's cancellation ends a blocked read)."""
+        """Read `streams` from their positions into the queues until `stop` is set (then the
+        task group's cancellation ends a blocked read), at most `max_in_flight` entries
+        unfinished."""
         failures = 0
         while not stop.is_set():
+            while self.in_flight >= self.settings.max_in_flight:
+                await self._capacity.wait()
             try:
                 positions: dict[KeyT, StreamIdT] = {s: self.positions[s] for s in streams}
                 reply = await self.redis.xread(
-                    positions,
-                    count=_BATCH,
-                    block=self.settings.block_max_ms,
+                    positions, count=_BATCH, block=self.settings.block_max_ms
                 )
                 failures = 0
             except _RETRIED as exc:
@@ -139,16 +247,21 @@ class BroadcastConsumer:
                 with anyio.move_on_after(delay):
                     await stop.wait()
                 continue
-            with (
-                anyio.CancelScope(shield=True),
-                anyio.move_on_after(self.settings.shutdown_grace_s),
-            ):
-                await self._handle(reply or [])
+            self._dispatch(reply or [])
             self.handling.flush_metrics()
 
+    def _dispatch(self, reply: list[Any]) -> None:
+        for stream, entries in reply:
+            key = stream.decode() if isinstance(stream, bytes) else stream
+            held = self._shards[key]
+            items = read_items(held, entries, None)
+            self.handling.prepare(items)
+            self.queues.dispatch(held, items)
+            if entries:
+                self.positions[key] = entries[-1][0]
+
     async def _cancel_reads_on(self, stop: anyio.Event, scope: anyio.CancelScope) -> None:
-        """A blocking XREAD does not wait for its block time once `stop` is set (the handling
-        of a read is shielded: it finishes first)."""
+        """A blocking XREAD does not wait for its block time once `stop` is set."""
         await stop.wait()
         scope.cancel()
 
@@ -159,55 +272,3 @@ class BroadcastConsumer:
         for stream, last in zip(self.streams, await pipe.execute(), strict=True):
             self.positions[stream] = last[0][0] if last else b"0-0"
         self.started.set()
-
-    async def _handle(self, reply: list[Any]) -> None:
-        """The entries of one XREAD: per resource in order, resources concurrently."""
-        queues: dict[tuple[int, bytes], list[Delivery]] = defaultdict(list)
-        for stream, entries in reply:
-            key = stream.decode() if isinstance(stream, bytes) else stream
-            shard = self.streams.index(key)
-            for entry_id, fields in entries:
-                queues[(shard, fields.get(F_RESOURCE, b""))].append(
-                    Delivery(shard=shard, token=0, entry_id=entry_id, fields=fields)
-                )
-                self.positions[key] = entry_id
-        self.in_flight += sum(len(q) for q in queues.values())
-        async with anyio.create_task_group() as tg:
-            for queue in queues.values():
-                tg.start_soon(self._resource, queue)
-
-    async def _resource(self, queue: list[Delivery]) -> None:
-        async with self._limit:
-            for d in queue:
-                try:
-                    await self._one(d)
-                finally:
-                    self.in_flight -= 1
-
-    async def _one(self, d: Delivery) -> None:
-        h = self.handling
-        try:
-            env, event = await h.decoded(d.fields)
-        except DecodeError as exc:
-            if isinstance(exc, UnknownEventType) and self.sub.routes.on_unknown == "skip":
-                h._skip(exc.event_type)
-                return
-            self.dropped += 1
-            log.warning(
-                "broadcast: entry %s of shard %d is undecodable, dropped: %s",
-                d.entry_id.decode(),
-                d.shard,
-                exc,
-            )
-            return
-        while True:
-            d.attempt += 1
-            error = await h.attempt(d, env, event, _Open(), entry_id=d.entry_id, attempt=d.attempt)
-            if error is None or error is NOT_STARTED:
-                return
-            delay = h.retry_delay(d, env, error, "broadcast handler")
-            if delay is None:
-                self.dropped += 1
-                h.gave_up(d, env, error, "dropped", what="broadcast handler")
-                return
-            await anyio.sleep(delay)

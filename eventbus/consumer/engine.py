@@ -23,12 +23,9 @@ starts no handler and sends no XACK or XREADGROUP. docs/semantics.md states the 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
 import time
-from collections import deque
-from collections.abc import Awaitable
 from typing import Any, cast
 
 import anyio
@@ -39,20 +36,19 @@ from eventbus.consumer.acks import Acks
 from eventbus.consumer.batching import batch_queues, is_batch
 from eventbus.consumer.catching_up import CatchUpHook, CatchUpSchedule
 from eventbus.consumer.context import Subscription
-from eventbus.consumer.delivery import NOT_STARTED, Delivery, Outcome, Step
+from eventbus.consumer.delivery import Delivery
 from eventbus.consumer.handling import Handling
-from eventbus.consumer.queues import YIELD_EVERY, ResourceQueues
+from eventbus.consumer.queues import ResourceQueues
 from eventbus.consumer.reading import Counts, Entries, Reader
+from eventbus.consumer.runner import QueueRunner
 from eventbus.consumer.shards import HeldShard, Item, ShardTable, read_items
 from eventbus.consumer.supervision import read_loop, refused
 from eventbus.consumer.trims import TrimWatch
-from eventbus.consumer.watchdog import Slot
 from eventbus.locking.lease import Lease, heartbeat_loop
 from eventbus.locking.locks import LockClient
 from eventbus.locking.member import Member
 from eventbus.locking.scripts import Scripts
 from eventbus.ops.metrics import METRICS, ShardMetrics
-from eventbus.protocol.codec import Envelope
 from eventbus.protocol.retention import trim_held_to_acked
 from eventbus.protocol.topics import TopicRegistry
 
@@ -103,10 +99,11 @@ class Consumer:
         self.catching_up = CatchUpSchedule(self.backoff)
         self._stopping = False
         self._stopped = anyio.Event()
-        self._work: Any = self._run  # a worker's step: a resource's queue, or a batch (batching)
+        self.runner = QueueRunner(self.handling, self, self.acks)
+        self._work: Any = self.runner.run  # a worker's step: a resource's queue, or a batch
         if is_batch(sub.call):
             self.queues, self._work = batch_queues(
-                self.handling, self, self._process, self.acks, self._stopped
+                self.handling, self, self.runner.process, self.acks, self._stopped
             )
             self.reader.count = max(self.reader.count, sub.call.max_batch)  # full batches
         self._joined = anyio.Event()  # set by the first lock round: then heartbeats start
@@ -227,63 +224,6 @@ class Consumer:
     async def _worker(self, tg: anyio.abc.TaskGroup) -> None:
         """One of the `concurrency` workers, with its own watchdog slot."""
         await self.queues.worker(self._work, self.handling.watchdog.slot(), tg, self._stopped)
-
-    async def _run(self, queue: deque[Item], slot: Slot) -> float | None:
-        """Run the head of a resource's queue until it is empty (None) or its head must wait
-        (the delay in s): the handler of each entry that needs nothing else (`Handling.fast`)
-        is called here directly, everything else goes through `_process`. Yields to the event
-        loop every `YIELD_EVERY` entries."""
-        handling, acks = self.handling, self.acks
-        budget = YIELD_EVERY
-        while queue:
-            d = queue[0]
-            if handling.fast(d) and self.holds(d):
-                env = cast(Envelope, d.env)  # `fast`: decoded
-                d.attempt += 1
-                error = await handling.attempt(
-                    d, env, d.event, self, entry_id=d.entry_id, attempt=d.attempt, slot=slot
-                )
-                if error is None:
-                    acks.ack(d)
-                    queue.popleft()
-                elif error is NOT_STARTED:  # the fence fell meanwhile: wait for it in `step`
-                    d.attempt -= 1
-                    continue
-                else:
-                    delay = await self._finish(d, handling.failed(d, env, error, self))
-                    if delay is not None:
-                        return delay
-                    queue.popleft()
-            else:
-                delay = await self._process(d, slot)
-                if delay is not None:
-                    return delay
-                queue.popleft()
-            budget -= 1
-            if not budget:
-                budget = YIELD_EVERY
-                await asyncio.sleep(0)
-        return None
-
-    async def _process(self, item: Item, slot: Slot | None = None) -> float | None:
-        """One handling step for the head of a resource's queue (see `ResourceQueues.worker`);
-        `slot` is the worker's watchdog slot."""
-        return await self._finish(item, self.handling.step(item, self, slot))
-
-    async def _finish(self, item: Item, stepping: Awaitable[Step]) -> float | None:
-        """Await a step for `item` and ack it, let it go, or return its retry delay."""
-        try:
-            step = await stepping
-        except Exception as exc:  # a bug of ours: keep the entry, keep consuming
-            log.exception("consumer %s: internal error on an entry", self.consumer_id)
-            step = await self.handling.failures.dead_letter(item, exc, reason="failed", fence=self)
-        if step is Outcome.ACK:
-            self.acks.ack(item)
-        elif step is Outcome.LET_GO:
-            self.acks.finish(item)
-        else:
-            return step
-        return None
 
     # -- the round ------------------------------------------------------------------------------
     async def round(self, block_ms: int) -> bool:

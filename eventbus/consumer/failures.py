@@ -54,6 +54,9 @@ class Failures:
         self._changes = 0  # local parks and unparks, to detect a reload racing them
         self._m_dead = METRICS.dead_lettered.labels(sub.topic.name, sub.group)
 
+    def gives_up(self, parking: bool) -> str:
+        return "dead-lettering and parking the resource" if parking else "dead-lettering"
+
     # -- dead letters ---------------------------------------------------------------------------
     async def dead_letter(
         self, d: Delivery, exc: BaseException | None, *, reason: str, fence: Fence

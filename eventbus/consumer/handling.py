@@ -22,7 +22,7 @@ import math
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
 import anyio.to_thread
 from pydantic import BaseModel, TypeAdapter
@@ -66,6 +66,31 @@ from eventbus.request import send_reply
 log = logging.getLogger("eventbus.consumer")
 
 T = TypeVar("T")
+
+
+class FailurePolicy(Protocol):
+    """What happens to entries that cannot be handled (`Failures`: dead letters, parked
+    resources, the operator's control entries; a broadcast consumer's: dropped and logged)."""
+
+    def gives_up(self, parking: bool) -> str:
+        """What is done with an entry whose attempts are spent (for the log line)."""
+        ...
+
+    async def dead_letter(
+        self, d: Delivery, exc: BaseException | None, *, reason: str, fence: Fence
+    ) -> Outcome: ...
+
+    async def dead_letter_and_park(
+        self, d: Delivery, exc: BaseException, resource_id: str, fence: Fence
+    ) -> Outcome: ...
+
+    async def control(self, d: Delivery, fence: Fence, handling: Handling) -> Outcome: ...
+
+    def any_parked(self) -> bool: ...
+
+    def is_parked(self, resource_id: str) -> bool: ...
+
+    async def load_parked(self) -> None: ...
 _FLUSH_AT = 4096  # observations kept before they are added to the histograms regardless
 
 
@@ -75,7 +100,15 @@ class Handling:
     used for the policy's own Redis calls (dead letters, parking, de-duplication).
     """
 
-    def __init__(self, member: Member, sub: Subscription, retry: Retry) -> None:
+    def __init__(
+        self,
+        member: Member,
+        sub: Subscription,
+        retry: Retry,
+        failures: Callable[[Tally], FailurePolicy] | None = None,
+    ) -> None:
+        """`failures` makes the policy for entries that cannot be handled from the tally
+        (default: `Failures`, dead letters and parking; a broadcast drops them instead)."""
         self.member = member
         self.redis, self.keys, self.consumer_id = member.redis, member.keys, member.consumer_id
         self.sub = sub
@@ -83,7 +116,9 @@ class Handling:
         self.retry = retry
         self.tally = Tally()
         self.watchdog = Watchdog(sub.handler_timeout_s)  # run by whoever runs this handling
-        self.failures = Failures(member, sub, retry, self.tally)
+        self.failures: FailurePolicy = (
+            failures(self.tally) if failures else Failures(member, sub, retry, self.tally)
+        )
         self.dictionaries = Dictionaries(member.redis, member.keys)
         self.max_decoded_bytes = member.settings.max_decompressed_bytes
         self.dedup_s = math.ceil(sub.dedup_window_s) if sub.dedup_window_s else 0
@@ -199,12 +234,7 @@ class Handling:
         if delay is not None:
             return delay
         parking = self.sub.on_failure == "park"
-        self.gave_up(
-            d,
-            env,
-            error,
-            "dead-lettering and parking the resource" if parking else "dead-lettering",
-        )
+        self.gave_up(d, env, error, self.failures.gives_up(parking))
         if parking:
             return await self.failures.dead_letter_and_park(d, error, env.resource_id, fence)
         return await self.failures.dead_letter(d, error, reason="failed", fence=fence)

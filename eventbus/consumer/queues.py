@@ -11,7 +11,7 @@ No task and no hand-over per event: a worker runs a resource's entries with plai
 handler that does not suspend does not leave the worker), takes the next ready resource from a
 plain deque, and waits only when there is none. So that a busy worker does not starve the
 other tasks of the event loop (heartbeats, reads, acks), it yields to the loop every
-`YIELD_EVERY` entries.
+`eventbus.consumer.runner.YIELD_EVERY` entries.
 """
 
 from __future__ import annotations
@@ -31,11 +31,7 @@ Run = Callable[[deque[Item], Slot], Awaitable[float | None]]
 """``await run(queue, slot)``: run a resource's queue from its head, by the worker whose
 watchdog slot is `slot`, finishing (acking or letting go) and popping entries, until it is
 empty (None) or its head must wait (the delay in s before it is tried again). It yields to the
-event loop every `YIELD_EVERY` entries."""
-
-YIELD_EVERY = 64
-"""Entries a worker runs between two yields to the event loop (when its handlers do not
-suspend on their own)."""
+event loop every `eventbus.consumer.runner.YIELD_EVERY` entries."""
 
 
 class ResourceQueues:

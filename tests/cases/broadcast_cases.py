@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from typing import Any
 
+import anyio
 import pytest
 from cases.backends import Backend
 from support import Tick, running, wait_until
 
 from eventbus import Context, EventBus
+from eventbus.dlq import DROP, UNPARK, control_entry
 
 
 def _instance(backend: Backend, seen: dict[str, list[tuple[str, int]]], name: str) -> EventBus:
@@ -92,6 +95,44 @@ class BroadcastCases:
         assert dropped[0].exc_info is not None
         assert bus.consumers[0].dropped == 1  # type: ignore[union-attr]
         assert await backend.redis.keys("*dlq*") == []
+
+    async def test_a_long_read_is_handled_whole_however_slow_the_handler(
+        self, backend: Backend
+    ) -> None:
+        """Issue 19 item 3: the handling of one read was bounded by `shutdown_grace_s` (with no
+        shutdown under way) after the read position had moved: 40 events of one resource at
+        20 ms each, grace 0.3 s, and about 25 of them were dropped without a word."""
+        bus = backend.bus(shards=1, shutdown_grace_s=0.3)
+        seen: list[int] = []
+
+        @bus.subscriber("config", broadcast=True)
+        async def reload(event: Tick) -> None:
+            await anyio.sleep(0.02)
+            seen.append(event.seq)
+
+        async with running(bus) as [run]:
+            await bus.publish_many("config", [("r", Tick(resource="r", seq=i)) for i in range(40)])
+            await run.drain()
+        assert seen == list(range(40))
+        assert bus.consumers[0].dropped == 0  # type: ignore[union-attr]
+
+    async def test_control_entries_never_reach_a_catch_all_handler(self, backend: Backend) -> None:
+        """Issue 19 item 3: a broadcast ``dict`` catch-all handler was handed the operator's
+        control entries (``__eventbus.drop``/``unpark``), which no group handler ever sees."""
+        bus = backend.bus(shards=1)
+        seen: list[str] = []
+
+        @bus.subscriber("config", broadcast=True)
+        async def anything(event: dict[str, Any], ctx: Context) -> None:
+            seen.append(ctx.event_type)
+
+        async with running(bus) as [run]:
+            stream = bus.keys.stream("config", 0)
+            await backend.redis.xadd(stream, control_entry(DROP, "r", "g"))
+            await backend.redis.xadd(stream, control_entry(UNPARK, "r", "g"))
+            await bus.publish("config", Tick(resource="r", seq=1), resource_id="r")
+            await run.drain()
+        assert seen == ["Tick"]
 
     async def test_broadcast_takes_no_group_name_of_its_own(self, backend: Backend) -> None:
         bus = backend.bus()
