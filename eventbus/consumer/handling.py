@@ -29,7 +29,7 @@ from pydantic import BaseModel, TypeAdapter
 from redis.asyncio.retry import Retry
 
 from eventbus.client import retry as retrying
-from eventbus.consumer.context import Context, Subscription
+from eventbus.consumer.context import Context, HandlerCall, Subscription
 from eventbus.consumer.delivery import (
     NOT_STARTED,
     Delivery,
@@ -40,6 +40,7 @@ from eventbus.consumer.delivery import (
     Tally,
 )
 from eventbus.consumer.failures import Failures
+from eventbus.consumer.routing import Router
 from eventbus.consumer.watchdog import Slot, Watchdog
 from eventbus.dlq import is_control
 from eventbus.errors import DecodeError, HandlerTimeout, UnknownEventType
@@ -384,11 +385,13 @@ class Handling:
         # its writes).
         if not fence.holds(d):
             return NOT_STARTED
-        call = d.call or self.sub.call  # the routed handler, when `prepare` found it
+        call = self.sub.call  # maybe wrapped (eventbus.testing records the calls through it)
+        if type(call) is Router and d.call is not None:
+            call = d.call  # the routed handler, found by `prepare`: no second lookup
         coro: Awaitable[Any]
         if hooks.tracing is not None:
             coro = hooks.tracing.consume(call, event, ctx)
-        elif call.is_async:  # the coroutine function itself: one coroutine fewer per event
+        elif type(call) is HandlerCall and call.is_async:  # its coroutine: one fewer per event
             coro = cast(
                 "Awaitable[Any]", call.func(event, ctx) if call.takes_context else call.func(event)
             )
