@@ -28,7 +28,8 @@ CATCH_UP_CHECK_S = 10.0
 
 CatchUpHook = Callable[[int, int], Awaitable[object]]
 """``await hook(shard, fencing_token)``: bring the group up to Redis's first entry of a shard this
-consumer has just locked, from the durable tier's segments (`eventbus.tier.catchup.shard_hook`)."""
+consumer has just locked, from the durable tier's segments
+(`eventbus.consumer.catchup.shard_hook`)."""
 
 
 class CatchUpSchedule:

@@ -92,6 +92,8 @@ class FailurePolicy(Protocol):
     def is_parked(self, resource_id: str) -> bool: ...
 
     async def load_parked(self) -> None: ...
+
+
 _FLUSH_AT = 4096  # observations kept before they are added to the histograms regardless
 
 

@@ -37,7 +37,7 @@ def make_consumers(bus: EventBus) -> list[Consumer | BroadcastConsumer]:
             continue
         c = Consumer(member, bus.registry, sub, scripts)
         if bus.archive is not None:
-            from eventbus.tier.catchup import shard_hook
+            from eventbus.consumer.catchup import shard_hook
 
             c.catch_up = shard_hook(bus.archive, c.handling)
         consumers.append(c)

@@ -17,7 +17,9 @@ asyncio only, like the rest of eventbus (``anyio.run`` with the asyncio backend,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 
 import anyio
 import anyio.lowlevel
@@ -60,6 +62,22 @@ class Watchdog:
             assert task is not None
             slot = self._slots[task] = Slot(task)
         return slot
+
+    @contextlib.asynccontextmanager
+    async def watching(self) -> AsyncIterator[None]:
+        """Watch while the block runs (for callers without a task group of their own, e.g. a
+        standalone catch-up); the block's exception propagates as it is, not in a group."""
+        error: BaseException | None = None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self.run)
+            try:
+                yield
+            except BaseException as exc:  # re-raised below, outside the task group
+                error = exc
+            finally:
+                tg.cancel_scope.cancel()
+        if error is not None:
+            raise error
 
     async def run(self) -> None:
         """Watch until cancelled (a task of the consumer's task group)."""

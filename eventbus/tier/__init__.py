@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS = {
     "CatchUp": "catchup",
     "CatchUpStats": "catchup",
-    "catch_up": "catchup",
+    "catch_up": "eventbus.consumer.catchup",  # typed: through the consumer's handling path
     "catch_up_group": "catchup",
     "CorruptSegment": "errors",
     "LockUnavailable": "errors",
     "StoreError": "errors",
     "TierError": "errors",
-    "EntryId": "ids",
-    "parse_id": "ids",
+    "EntryId": "eventbus.protocol.ids",
+    "parse_id": "eventbus.protocol.ids",
     "OffloadStats": "offloader",
     "Offloader": "offloader",
     "offload_until_caught_up": "offloader",
@@ -71,12 +71,16 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'eventbus.tier' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"eventbus.tier.{module}"), name)
+    # a dotted name is a module outside the tier: entry IDs are protocol, and the typed catch-up
+    # runs the consumer's handling path (imported lazily: the consumer imports the tier)
+    path = module if "." in module else f"eventbus.tier.{module}"
+    return getattr(importlib.import_module(path), name)
 
 
 if TYPE_CHECKING:
+    from eventbus.consumer.catchup import catch_up
     from eventbus.protocol.ids import EntryId, parse_id
-    from eventbus.tier.catchup import CatchUp, CatchUpStats, catch_up, catch_up_group
+    from eventbus.tier.catchup import CatchUp, CatchUpStats, catch_up_group
     from eventbus.tier.errors import CorruptSegment, LockUnavailable, StoreError, TierError
     from eventbus.tier.offloader import Offloader, OffloadStats, offload_until_caught_up
     from eventbus.tier.replay import (

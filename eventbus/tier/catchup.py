@@ -1,6 +1,7 @@
 """Catch-up: a consumer group whose next entries were trimmed from Redis reads them from segments.
 
-`catch_up` (typed, with the bus's registered handler) and `catch_up_group` (raw entries) run,
+`eventbus.consumer.catchup.catch_up` (typed, with the bus's registered handler) and
+`catch_up_group` (raw entries) run,
 for each shard of a topic, under the *group's own* shard lock, taken with ``lock_shards.lua``
 like a consumer (so no consumer of the group reads the shard meanwhile):
 
@@ -28,19 +29,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
 
 import anyio
 import anyio.to_thread
 
 from eventbus.client import retry
 from eventbus.config import Settings
-from eventbus.consumer.delivery import Delivery, Outcome
-from eventbus.consumer.handling import Handling
-from eventbus.errors import ConfigError
 from eventbus.locking.locks import LockClient, new_member_id
 from eventbus.locking.member import AsyncRedis, Member
-from eventbus.protocol.ids import parse_id
 from eventbus.protocol.keys import Keys
 from eventbus.tier.catchup_shard import CatchUpStats as CatchUpStats  # re-exported
 from eventbus.tier.catchup_shard import Fenced, Handle, ShardCatchUp
@@ -111,7 +107,7 @@ class CatchUp:
 
     async def run(
         self,
-        handle: RawHandler | _Typed,
+        handle: Handle,
         *,
         shards: Sequence[int] | None = None,
         lock_timeout_s: float = 30.0,
@@ -134,10 +130,9 @@ class CatchUp:
         stats = CatchUpStats()
         started = time.monotonic()
         chosen = list(range(self.shards)) if shards is None else list(shards)
-        each = handle if isinstance(handle, _Typed) else _raw(handle)
         try:
             sweeps = 1
-            while await self._pass(each, chosen, sweeps == 1, stats, started + lock_timeout_s):
+            while await self._pass(handle, chosen, sweeps == 1, stats, started + lock_timeout_s):
                 sweeps += 1  # some shard was behind: sweep again until none is
                 if sweeps > max_sweeps:
                     raise TierError(
@@ -167,39 +162,7 @@ async def catch_up_group(
     """Catch up consumer group `group` of `topic` (`shards` shards) from `store`, calling
     ``await handle(entry, fencing_token)`` on raw `ArchivedEntry`s. See `CatchUp.run`."""
     runner = CatchUp(_member(redis, settings, topic, group), store, shards=shards)
-    return await runner.run(handle, shards=only, lock_timeout_s=lock_timeout_s)
-
-
-async def catch_up(
-    bus: Any,
-    store: Store,
-    topic: str,
-    group: str,
-    *,
-    only: Sequence[int] | None = None,
-    lock_timeout_s: float = 30.0,
-) -> CatchUpStats:
-    """Catch up the group's subscriber registered on `bus` (an `EventBus`) with
-    ``@bus.subscriber(topic, group=group)`` through the live consumer's handling path
-    (`eventbus.consumer.handling`): typed events and a `Context`, the subscriber's retry policy,
-    de-duplication, dead letters, parking and the operator's control entries, and no handler
-    started without a confirmed lock. Run it before starting the group's consumers (it needs
-    their shard locks). Raises `ConfigError` if no such subscriber is registered,
-    `LockUnavailable`.
-    """
-    sub = next((s for s in bus.subscriptions if s.topic.name == topic and s.group == group), None)
-    if sub is None:
-        raise ConfigError(f"no subscriber registered for topic {topic!r} group {group!r}")
-    settings: Settings = bus.settings
-    shards = int((await bus.registry.stored()).get(topic, sub.topic.shards))
-    member = _member(bus.redis, settings, topic, group)
-    runner = CatchUp(member, store, shards=shards)
-    handling = Handling(member, sub, retry.forever(settings.retry_base_s, settings.retry_max_s))
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(handling.watchdog.run)  # the subscription's handler_timeout_s
-        stats = await runner.run(_Typed(handling), shards=only, lock_timeout_s=lock_timeout_s)
-        tg.cancel_scope.cancel()
-    return stats
+    return await runner.run(_raw(handle), shards=only, lock_timeout_s=lock_timeout_s)
 
 
 def _member(redis: AsyncRedis, settings: Settings | None, topic: str, group: str) -> Member:
@@ -210,86 +173,8 @@ def _member(redis: AsyncRedis, settings: Settings | None, topic: str, group: str
     return Member(redis, keys, settings, topic, group, f"catchup-{new_member_id()}")
 
 
-def shard_hook(store: Store, handling: Handling) -> Callable[[int, int], Awaitable[bool]]:
-    """The live consumer's catch-up hook (`Consumer.catch_up`): ``await hook(shard, token)``
-    catches one shard the consumer has just locked up to Redis's first entry, under that same
-    lock (re-taken with the consumer's ID, so the token must stay `token`), through the
-    consumer's own `handling` (same parked set, counters and policy), before the consumer reads
-    the shard. Returns whether the shard was behind. A lost lock ends it quietly (the new owner
-    catches up)."""
-    sub, redis, consumer_id = handling.sub, handling.redis, handling.consumer_id
-    runner = CatchUp(handling.member, store, shards=sub.topic.shards)
-    typed = _Typed(handling)
-
-    async def hook(shard: int, token: int) -> bool:
-        stats = CatchUpStats()
-        sc = ShardCatchUp(runner, shard, token, typed, stats)
-        try:
-            delivered = await sc.last_delivered()
-            if delivered is None:
-                return False
-            head = await sc.head()
-            summary = await redis.xpending(sc.stream, sub.group)
-            lowest = summary.get("min") if summary.get("pending") else None
-            trimmed_pending = lowest is not None and parse_id(lowest) < head
-            if not trimmed_pending and head <= delivered.next():
-                # nothing the group needs is missing from Redis: the consumer's own recovery
-                # (with its park, control-entry and retry handling) takes it from here
-                return False
-            if trimmed_pending:
-                await sc.pending()
-            behind = await sc.after(delivered, chase=False)
-        except Fenced:
-            log.warning("catch-up of shard %d by %s lost its lock", shard, consumer_id)
-            return False
-        if behind or stats.pending_acked:
-            log.info(
-                "consumer %s caught shard %d of %s/%s up: %d entries from segments, %d from Redis",
-                consumer_id,
-                shard,
-                sub.topic.name,
-                sub.group,
-                stats.from_segments,
-                stats.from_redis,
-            )
-        return behind
-
-    return hook
-
-
 def _raw(handle: RawHandler) -> Handle:
     async def each(entry: ArchivedEntry, sc: ShardCatchUp) -> None:
         await handle(entry, sc.token)
 
     return each
-
-
-class _Typed:
-    """Catch-up through a subscription's `Handling`: each entry is stepped until it is finished
-    (handled, skipped, dead-lettered, control executed), waiting out retry delays in place; a
-    lost lock (`Outcome.LET_GO`) stops the shard with `Fenced`."""
-
-    def __init__(self, handling: Handling) -> None:
-        self.handling = handling
-        self._parked_for: ShardCatchUp | None = None
-
-    async def __call__(self, entry: ArchivedEntry, sc: ShardCatchUp) -> None:
-        if self._parked_for is not sc and self.handling.sub.on_failure == "park":
-            # as a new lock owner does: the shard's resources may have been parked before
-            await self.handling.failures.load_parked()
-            self._parked_for = sc
-        d = Delivery(
-            entry.shard,
-            sc.token,
-            str(entry.entry_id).encode(),
-            entry.fields(),
-            segment=entry.segment or None,
-        )
-        while True:
-            step = await self.handling.step(d, sc)
-            if step is Outcome.ACK:
-                self.handling.flush_metrics()  # catch-up is no hot path: one event at a time
-                return
-            if step is Outcome.LET_GO:
-                raise Fenced
-            await anyio.sleep(step)

@@ -17,7 +17,6 @@ import anyio
 import anyio.to_thread
 from redis.exceptions import ResponseError
 
-from eventbus.consumer.delivery import Delivery
 from eventbus.protocol.codec import F_DATA, F_RESOURCE, F_TYPE
 from eventbus.protocol.ids import EntryId, parse_id
 from eventbus.tier.layout import SegmentRef
@@ -34,7 +33,7 @@ READ_AHEAD = 8  # segments fetched concurrently by catch-up
 
 Handle = Callable[[ArchivedEntry, "ShardCatchUp"], Awaitable[None]]
 """How a shard's catch-up handles one entry: a raw handler, or the subscription's handling path
-(`catchup._Typed`), which needs the shard's fence."""
+(`eventbus.consumer.catchup.TypedCatchUp`), which needs the shard's fence."""
 
 
 @dataclass
@@ -113,10 +112,10 @@ class ShardCatchUp:
             raise Fenced
         self._lease_until = grants.sent_at + self.o.settings.lease_s
 
-    def holds(self, d: Delivery) -> bool:
+    def holds(self, d: object) -> bool:
         return time.monotonic() < self._lease_until
 
-    async def wait(self, d: Delivery) -> bool:
+    async def wait(self, d: object) -> bool:
         if self.holds(d):
             return True
         try:

@@ -333,8 +333,8 @@ async def test_catch_up_from_an_unreachable_archive_backs_off(
     settings: SettingsFactory, r: redis.asyncio.Redis
 ) -> None:
     from eventbus.consumer import Consumer
+    from eventbus.consumer.catchup import shard_hook
     from eventbus.locking.member import Member
-    from eventbus.tier.catchup import shard_hook
 
     # retry_base_s=30: after a failure the next attempt is at least 30 s away, far beyond the
     # rounds driven below
