@@ -6,20 +6,21 @@ from __future__ import annotations
 import inspect
 import random
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio.to_thread
 from pydantic import BaseModel
 
+from eventbus.errors import ConfigError
 from eventbus.protocol.topics import TopicConfig
 
 if TYPE_CHECKING:
     from eventbus.consumer.routing import Routes
 
-Handler = Callable[..., Awaitable[None] | None]
+Handler = Callable[..., Any]  # async or sync; returns None, or a reply to a request
 
 
 @dataclass(slots=True)  # not frozen: a frozen init costs a setattr call per field, per event
@@ -78,25 +79,58 @@ class RetryPolicy:
 class HandlerCall:
     """The user's handler, called the same way by the live consumer and by catch-up. Whether it
     is a coroutine function (awaited on the event loop) or a plain function (run in a worker
-    thread) and whether it takes a `Context` are decided once, here. A sync handler whose
-    call is cancelled is abandoned: its thread runs to its end, unwaited."""
+    thread) and whether it takes a `Context` are decided once, here. A plain function wrapping
+    a coroutine function (a decorator with ``functools.wraps`` around ``def wrapper``) is called
+    on the event loop, and whatever awaitable a handler returns is awaited: never acked unrun.
+    A sync handler whose call is cancelled is abandoned: its thread runs to its end, unwaited.
 
-    __slots__ = ("func", "is_async", "name", "takes_context")
+    Raises `ConfigError` for a generator (sync or async) and for an event or context parameter
+    that is keyword-only: such handlers registered, then failed every delivery."""
+
+    __slots__ = ("direct", "func", "is_async", "name", "takes_context")
 
     def __init__(self, func: Handler, *, takes_context: bool) -> None:
         self.func = func
         self.takes_context = takes_context
-        self.is_async = inspect.iscoroutinefunction(func)
         self.name: str = getattr(func, "__qualname__", repr(func))
+        target = inspect.unwrap(func)
+        if inspect.isasyncgenfunction(target) or inspect.isgeneratorfunction(target):
+            raise ConfigError(
+                f"handler {self.name} is a generator: a handler returns (None, or a reply to a "
+                "request), it does not yield"
+            )
+        _check_positional(self.name, func, 2 if takes_context else 1)
+        self.is_async = inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(target)
+        self.direct = inspect.iscoroutinefunction(func)  # its call is a coroutine, always
 
     async def __call__(self, event: Any, ctx: Context) -> Any:
         """The handler's return value: None, or a reply to a request (`eventbus.request`)."""
         args = (event, ctx) if self.takes_context else (event,)
         if self.is_async:
-            return await cast("Awaitable[Any]", self.func(*args))
-        # abandoned, not waited for, when cancelled (a timeout, shutdown): a thread cannot
-        # be interrupted, and a hung one must not hold the consumer
-        return await anyio.to_thread.run_sync(partial(self.func, *args), abandon_on_cancel=True)
+            result = self.func(*args)
+        else:
+            # abandoned, not waited for, when cancelled (a timeout, shutdown): a thread cannot
+            # be interrupted, and a hung one must not hold the consumer
+            result = await anyio.to_thread.run_sync(
+                partial(self.func, *args), abandon_on_cancel=True
+            )
+        while inspect.isawaitable(result):  # e.g. a sync wrapper's coroutine: run it too
+            result = await result
+        return result
+
+
+def _check_positional(name: str, func: Callable[..., Any], n: int) -> None:
+    """Raise `ConfigError` unless `func`'s first `n` parameters can be passed positionally."""
+    try:
+        params = list(inspect.signature(func).parameters.values())
+    except (TypeError, ValueError):  # a builtin or an odd callable: its call will tell
+        return
+    for p in params[:n]:
+        if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL):
+            raise ConfigError(
+                f"handler {name}: parameter {p.name!r} is keyword-only; the event (and the "
+                "context) are passed by position"
+            )
 
 
 @dataclass(slots=True, kw_only=True)

@@ -393,7 +393,7 @@ class Handling:
         coro: Awaitable[Any]
         if hooks.tracing is not None:
             coro = hooks.tracing.consume(call, event, ctx)
-        elif type(call) is HandlerCall and call.is_async:  # its coroutine: one fewer per event
+        elif type(call) is HandlerCall and call.direct:  # its coroutine: one fewer per event
             coro = cast(
                 "Awaitable[Any]", call.func(event, ctx) if call.takes_context else call.func(event)
             )

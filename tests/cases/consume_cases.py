@@ -8,12 +8,15 @@ measured on real sockets) are in `tests/integration/test_consume.py`.
 
 from __future__ import annotations
 
+import functools
 import threading
 import uuid
 from collections import Counter
 from typing import Any
 
 import anyio
+import anyio.lowlevel
+import msgpack
 import pytest
 from cases.backends import Backend
 from pydantic import BaseModel
@@ -284,6 +287,65 @@ class ConsumeCases:
         await publisher.aclose()
 
         assert sorted(h.seq for h in rec.log) == sorted(expected)
+
+    async def test_a_handler_behind_a_sync_decorator_runs_before_its_ack(
+        self, backend: Backend
+    ) -> None:
+        """Issue 19 item 1: an ``async def`` handler wrapped by an ordinary sync decorator
+        (``functools.wraps`` around ``def wrapper``) was run in a thread, its coroutine never
+        awaited (RuntimeWarning), and the entry acked as handled."""
+        r = backend.redis
+        bus = backend.bus(shards=1)
+        seen: list[int] = []
+
+        def logged(func: Any) -> Any:
+            @functools.wraps(func)
+            def wrapper(*args: Any) -> Any:
+                return func(*args)
+
+            return wrapper
+
+        @bus.subscriber("orders", group="billing")
+        @logged
+        async def handle(event: Tick, ctx: Context) -> None:
+            await anyio.lowlevel.checkpoint()
+            seen.append(event.seq)
+
+        await bus.publish_many("orders", [("a", Tick(resource="a", seq=i)) for i in range(3)])
+        async with running(bus):
+            await wait_until(lambda: len(seen) == 3)
+            await wait_until(lambda: no_pending(bus, "orders", "billing", r))
+        assert seen == [0, 1, 2]
+        assert bus.consumers[0].tally.handled == 3
+
+    async def test_header_values_that_are_not_strings_are_undecodable(
+        self, backend: Backend
+    ) -> None:
+        """Issue 19 item 10: an envelope whose headers map to non-strings (a raw XADD) reached
+        the handler as ``ctx.headers == {"a": 1, "b": None}``, though `Context.headers` is
+        ``dict[str, str]``: it is dead-lettered as undecodable."""
+        r = backend.redis
+        bus = backend.bus(shards=1)
+        rec = Recorder()
+
+        @bus.subscriber("orders", group="billing")
+        async def handle(event: Tick, ctx: Context) -> None:
+            rec.add(event, ctx)
+
+        body = {"v": 1, "id": uuid.uuid4().bytes, "ts": 1, "h": {"a": 1, "b": None},
+                "p": {"resource": "a", "seq": 0}}  # fmt: skip
+        data = b"\x01" + msgpack.packb(body, use_bin_type=True)
+        odd = await r.xadd(
+            bus.keys.stream("orders", 0), {F_RESOURCE: b"a", F_TYPE: b"Tick", F_DATA: data}
+        )
+        await bus.publish("orders", Tick(resource="a", seq=1), resource_id="a")
+        dlq = bus.keys.dead_letter("orders", "billing")
+        async with running(bus):
+            await rec.wait_for(1)
+            await wait_until(lambda: xlen_is(r, dlq, 1))
+        ((_, letter),) = await r.xrange(dlq)
+        assert letter[b"entry_id"] == odd and letter[b"reason"] == b"undecodable"
+        assert rec.by_resource() == {"a": [1]}
 
     async def test_sync_handler_runs_in_a_worker_thread(self, backend: Backend) -> None:
         r = backend.redis

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 import uuid
+from typing import Any
 
 import pytest
 
 from eventbus.consumer.context import Context, HandlerCall, RetryPolicy
+from eventbus.errors import ConfigError
 
 pytestmark = pytest.mark.anyio
 
@@ -76,22 +79,22 @@ async def test_sync_handler_runs_in_a_worker_thread_without_context() -> None:
 
 async def test_sync_or_async_is_decided_once_at_construction() -> None:
     """Swapping the function afterwards does not change how it is called: the decision is
-    made once (a sync function stored as async would return None to an await and fail)."""
-    calls: list[str] = []
+    made once (the sync function stored as async runs on the event loop's thread, not in a
+    worker thread)."""
+    calls: list[int] = []
 
     async def handle(event: object) -> None:
-        calls.append("async")
+        calls.append(0)
 
     call = HandlerCall(handle, takes_context=False)
     assert call.is_async
 
     def sync(event: object) -> None:
-        calls.append("sync")
+        calls.append(threading.get_ident())
 
     call.func = sync
-    with pytest.raises(TypeError):  # still awaited: the branch was chosen at construction
-        await call("e", ctx())
-    assert calls == ["sync"]
+    await call("e", ctx())
+    assert calls == [threading.get_ident()]
 
 
 async def test_handler_errors_propagate_from_both_kinds() -> None:
@@ -116,3 +119,38 @@ def test_name_falls_back_to_repr_for_callables_without_a_qualname() -> None:
 
     call = HandlerCall(Callable_(), takes_context=False)
     assert call.name == "<my handler>" and not call.is_async
+
+
+def test_generators_and_keyword_only_parameters_are_refused_at_registration() -> None:
+    """Issue 19 item 1: an ``async def`` generator, and a handler whose event is a keyword-only
+    parameter, registered and then failed every delivery."""
+
+    async def agen(event: object) -> Any:
+        yield event
+
+    def gen(event: object) -> Any:
+        yield event
+
+    async def kw_event(*, event: object) -> None: ...
+
+    async def kw_ctx(event: object, *, ctx: object) -> None: ...
+
+    for handler, takes_ctx in ((agen, False), (gen, False), (kw_event, False), (kw_ctx, True)):
+        with pytest.raises(ConfigError, match=r"generator|keyword-only"):
+            HandlerCall(handler, takes_context=takes_ctx)
+    HandlerCall(kw_ctx, takes_context=False)  # a keyword-only third party: not ours to pass
+
+
+async def test_an_awaitable_returned_by_a_sync_function_is_awaited() -> None:
+    ran: list[str] = []
+
+    async def inner(event: object) -> str:
+        ran.append("inner")
+        return "reply"
+
+    @functools.wraps(inner)
+    def wrapper(event: object) -> Any:
+        return inner(event)
+
+    call = HandlerCall(wrapper, takes_context=False)
+    assert await call("e", ctx()) == "reply" and ran == ["inner"]
