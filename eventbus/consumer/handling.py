@@ -95,6 +95,7 @@ class FailurePolicy(Protocol):
 
 
 _FLUSH_AT = 4096  # observations kept before they are added to the histograms regardless
+_SKIPPED_TYPES = 100  # unknown types remembered (and warned about once each) per subscription
 
 
 class Handling:
@@ -130,7 +131,9 @@ class Handling:
         self._m_timeouts = METRICS.handler_timeouts.labels(*labels)
         self.latencies = Observations(METRICS.latency.labels(*labels))
         self._m_skipped = METRICS.skipped_unknown.labels(*labels)
-        self._skipped_types: set[str] = set()
+        self._skipped_types: set[str] = set()  # at most _SKIPPED_TYPES
+        self._skipped_more = 0  # entries of other unknown types since the last WARNING
+        self._next_skip_warning = 0.0
         self.durations = Observations(METRICS.handler_duration.labels(*labels, sub.name))
         self._adapters: dict[type[BaseModel], TypeAdapter[Any]] = {}
 
@@ -351,10 +354,14 @@ class Handling:
 
     def _skip(self, event_type: str) -> None:
         """An entry of a type no handler takes, with ``on_unknown="skip"``: counted, and a
-        WARNING the first time each type is skipped (not per entry: a producer's new type
-        would flood the log)."""
+        WARNING the first time each of the first `_SKIPPED_TYPES` types is skipped (not per
+        entry: a producer's new type would flood the log); past that many types, one WARNING
+        a minute at most, with how many entries were skipped since (a producer writing random
+        types must neither flood the log nor grow this set without bound)."""
         self._m_skipped.inc()
-        if event_type not in self._skipped_types:
+        if event_type in self._skipped_types:
+            return
+        if len(self._skipped_types) < _SKIPPED_TYPES:
             self._skipped_types.add(event_type)
             log.warning(
                 "group %s of topic %s skips events of type %r: no handler takes them "
@@ -363,6 +370,21 @@ class Handling:
                 self.sub.topic.name,
                 event_type,
             )
+            return
+        self._skipped_more += 1
+        now = time.monotonic()
+        if now >= self._next_skip_warning:
+            self._next_skip_warning = now + 60.0
+            log.warning(
+                "group %s of topic %s skipped %d more events of types no handler takes, beyond "
+                "the first %d types (e.g. %r); counted in eventbus_skipped_unknown_total",
+                self.sub.group,
+                self.sub.topic.name,
+                self._skipped_more,
+                _SKIPPED_TYPES,
+                event_type,
+            )
+            self._skipped_more = 0
 
     async def attempt(
         self,

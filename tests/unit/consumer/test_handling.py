@@ -4,6 +4,7 @@ fakeredis."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -281,3 +282,19 @@ async def test_a_failed_attempt_is_not_marked_seen(fake_redis: Any) -> None:
     h.fail_with = None
     assert await h.handling.step(d, Fence()) is Outcome.ACK
     assert len(h.calls) == 2 and h.handling.tally.duplicates_skipped == 0
+
+
+def test_skipping_many_unknown_types_warns_a_bounded_number_of_times(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 19 item 11: with ``on_unknown="skip"``, 2,000 distinct unknown types logged 2,000
+    WARNING lines and grew a set without bound: the first 100 types are named once each, the
+    rest summed up in at most one WARNING a minute."""
+    h = Harness(None)
+    with caplog.at_level(logging.WARNING, logger="eventbus.consumer"):
+        for i in range(2000):
+            h.handling._skip(f"T{i}")
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 101
+    assert "skipped 1 more events" in warnings[-1].getMessage()
+    assert len(h.handling._skipped_types) == 100
