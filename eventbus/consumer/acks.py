@@ -16,6 +16,7 @@ import anyio
 from redis.backoff import AbstractBackoff
 from redis.exceptions import ResponseError
 
+from eventbus.client.pipelines import execute
 from eventbus.client.retry import REDIS_ERRORS
 from eventbus.consumer.shards import HeldShard, Item, ShardTable
 from eventbus.locking.lease import Lease
@@ -135,7 +136,7 @@ class Acks:
                     pipe = self.redis.pipeline(transaction=False)
                     for b in current:
                         pipe.xack(b.held.stream, self.group, *b.ids)
-                    await pipe.execute()
+                    await execute(pipe)
             except REDIS_ERRORS as exc:
                 failures += 1
                 delay = self.backoff.compute(failures)

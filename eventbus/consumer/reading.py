@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from eventbus.client.pipelines import execute
 from eventbus.consumer.cluster_reads import BlockingReads
 from eventbus.consumer.shards import HeldShard
 from eventbus.locking.member import Member
@@ -79,14 +80,30 @@ class Reader:
         """Close the connections of blocking reads on a Cluster (`cluster_reads`)."""
         await self.blocking.aclose()
 
-    async def ensure_groups(self) -> None:
-        """``XGROUP CREATE ... MKSTREAM`` on every shard stream (BUSYGROUP: it exists)."""
+    async def ensure_groups(self, streams: list[str] | None = None, start: str = "") -> None:
+        """``XGROUP CREATE ... MKSTREAM`` on every shard stream, or on `streams`, at `start`
+        (default: `Settings.start`'s); BUSYGROUP: it exists."""
         pipe = self.redis.pipeline(transaction=False)
-        for stream in self.streams:
-            pipe.xgroup_create(stream, self.group, id=self.start_id, mkstream=True)
+        for stream in self.streams if streams is None else streams:
+            pipe.xgroup_create(stream, self.group, id=start or self.start_id, mkstream=True)
         for result in await pipe.execute(raise_on_error=False):
             if isinstance(result, Exception) and "BUSYGROUP" not in str(result):
                 raise result
+
+    async def regroup(self) -> list[str]:
+        """After NOGROUP: create the group again on every shard stream. A stream that no
+        longer exists (Redis lost its data: FLUSHALL, a restart without persistence, a failover
+        to an empty replica) gets it from its start, ``0``, so that nothing published since is
+        skipped; a stream that still exists (the group alone was deleted) from `Settings.start`,
+        as at first. Returns the streams that had vanished."""
+        pipe = self.redis.pipeline(transaction=False)
+        for stream in self.streams:
+            pipe.exists(stream)
+        there = await execute(pipe)
+        vanished = [s for s, n in zip(self.streams, there, strict=True) if not n]
+        await self.ensure_groups(vanished, start="0")
+        await self.ensure_groups([s for s in self.streams if s not in vanished])
+        return vanished
 
     async def recover(
         self, shards: list[HeldShard], dispatch: Dispatch, held: Callable[[HeldShard], bool]
@@ -98,7 +115,7 @@ class Reader:
         pipe = self.redis.pipeline(transaction=False)
         for h in shards:
             pipe.xautoclaim(h.stream, self.group, self.consumer_id, 0, "0-0", count=self.count)
-        for h, page in zip(shards, await pipe.execute(), strict=True):
+        for h, page in zip(shards, await execute(pipe), strict=True):
             cursor, entries, deleted = page
             while True:
                 counts = await self._counts(h.stream, entries) if entries else {}
@@ -144,7 +161,7 @@ class Reader:
             )
             for h in shards if check else []:
                 pipe.xpending(h.stream, self.group)
-            got, *summaries = await pipe.execute()
+            got, *summaries = await execute(pipe)
             replies = got or []
         else:  # a Cluster: one blocking read per stream at once (`cluster_reads`)
             streams = [h.stream for h in shards]

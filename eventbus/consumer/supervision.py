@@ -8,7 +8,9 @@
   `retry_max_s`), logs the refused command and the server's reason at ERROR every time, and counts
   it in ``eventbus_redis_refusals_total{command}`` (alert on any increase). A shard whose PEL
   recovery was refused is not read past its pending entries (`Consumer._recover`).
-* ``NOGROUP`` (the group was deleted): it is created again.
+* ``NOGROUP`` (the group was deleted, or Redis lost its data): it is created again; every
+  shard is forgotten (its PEL is claimed again when re-locked). When the shard streams are gone
+  too, Redis lost its data: said once at ERROR, with where the group restarts.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ async def read_loop(c: Consumer, stop: anyio.Event) -> None:
     settings = c.settings
     block = settings.block_min_ms
     failures = 0
+    said = False  # the data loss of this incident was reported
     while not stop.is_set():
         while c.acks.in_flight >= settings.max_in_flight and not stop.is_set():
             await c.acks.wait_capacity()
@@ -57,6 +60,7 @@ async def read_loop(c: Consumer, stop: anyio.Event) -> None:
         try:
             got = await c.round(block)
             failures = 0
+            said = False
         except LOST_REPLY as exc:  # the round may have half happened: start over from the PELs
             c.drop_all(f"connection error during a round: {exc}", lease=False)
             failures += 1
@@ -69,9 +73,29 @@ async def read_loop(c: Consumer, stop: anyio.Event) -> None:
             continue
         except ResponseError as exc:  # NOGROUP
             failures += 1
-            log.warning("consumer %s: group missing (%s); creating it", c.consumer_id, exc)
-            with contextlib.suppress(*REDIS_ERRORS):
-                await c.reader.ensure_groups()
+            c.drop_all(f"its consumer group is missing ({exc})", lease=False)
+            try:
+                vanished = await c.reader.regroup()
+            except REDIS_ERRORS as again:
+                await _back_off(c, stop, failures, "group missing", again, logging.WARNING)
+                continue
+            if vanished and not said:
+                said = True
+                log.error(
+                    "consumer %s: the shard streams %s of topic %s and the consumer group %s "
+                    "vanished: Redis lost its data (FLUSHALL, a restart without persistence, a "
+                    "failover to an empty replica?). The group is created again at the start of "
+                    "the new streams, so "
+                    "every event published from now on is handled; events published before the "
+                    "loss are gone from Redis (the durable tier has what it archived), and the "
+                    "shards' fencing tokens start again from 1",
+                    c.consumer_id,
+                    vanished,
+                    c.topic.name,
+                    c.group,
+                )
+            elif not vanished:
+                log.warning("consumer %s: group missing (%s); created again", c.consumer_id, exc)
             continue
         block = settings.block_min_ms if got else min(block * 2, settings.block_max_ms)
 

@@ -3,6 +3,8 @@ while it is down, and nothing lost or reordered once it is back (AOF ``appendfsy
 
 from __future__ import annotations
 
+import logging
+
 import anyio
 import pytest
 from support import Recorder, Tick, running, wait_until
@@ -78,3 +80,34 @@ async def test_redis_lost_mid_run_loses_nothing_and_keeps_order(tmp_path: object
 def _all_handled(rec: Recorder, acknowledged: dict[str, list[int]]) -> bool:
     handled = rec.by_resource()
     return all(set(seqs) <= set(handled.get(rid, ())) for rid, seqs in acknowledged.items())
+
+
+async def test_redis_that_lost_its_data_gets_its_groups_back_and_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 19 item 4: after FLUSHALL (a restart without persistence, a failover to an empty
+    replica) a running consumer looped for ever on NOGROUP ("XAUTOCLAIM refused" at ERROR every
+    30-50 ms) and never handled the next event. It recreates the groups, says once at ERROR
+    that the streams and groups vanished and where it restarts, and handles what comes next."""
+    with RedisServer() as server:
+        bus = EventBus(Settings(redis_url=server.url, shards=4, block_max_ms=50))
+        rec = Recorder()
+
+        @bus.subscriber("orders", group="billing")
+        async def handle(event: Tick, ctx: object) -> None:
+            rec.add(event, ctx)  # type: ignore[arg-type]
+
+        with caplog.at_level(logging.WARNING, logger="eventbus.consumer"):
+            async with running(bus):
+                await bus.publish("orders", Tick(resource="r", seq=0), resource_id="r")
+                await rec.wait_for(1)
+                await bus.redis.flushall()
+                for seq in range(1, 4):
+                    await bus.publish("orders", Tick(resource="r", seq=seq), resource_id="r")
+                await rec.wait_for(4, within_s=20)
+        assert rec.by_resource() == {"r": [0, 1, 2, 3]}
+        vanished = [r for r in caplog.records if "vanished" in r.getMessage()]
+        assert vanished and all(r.levelno == logging.ERROR for r in vanished)
+        assert len(vanished) == 1
+        refused = [r for r in caplog.records if "refused" in r.getMessage()]
+        assert len(refused) <= 1, [r.getMessage() for r in refused]
