@@ -128,7 +128,7 @@ def path(events: int, profile: str | None) -> dict[str, float]:
 def core(events: int, profile: str | None) -> dict[str, float]:
     """The consumer's whole per-event path without Redis: read batches of 500 entries (16
     shards' worth of 1000 resources) dispatched and run by one worker as the consumer does
-    (`Consumer._dispatch`, `Consumer._run`, acks queued), in µs per event."""
+    (`Consumer._dispatch`, `QueueRunner.run`, acks queued), in µs per event."""
     import anyio
 
     from eventbus import Context, EventBus, Settings
@@ -163,7 +163,7 @@ def core(events: int, profile: str | None) -> dict[str, float]:
         for _ in range(events // 500):
             consumer._dispatch(held, entries, {})
             while queues._ready:
-                await consumer._run(queues._queues.pop(queues._ready.popleft()), slot)
+                await consumer.runner.run(queues._queues.pop(queues._ready.popleft()), slot)
             consumer.acks._batches.clear()
             consumer._report_handled()
         return (time.perf_counter() - start) / events * 1e6

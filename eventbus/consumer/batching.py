@@ -140,7 +140,7 @@ class BatchRunner:
     def _run_of(self, items: list[Item], start: int) -> list[Item]:
         """The longest run of `items` from `start` that can go to the handler as one batch:
         decoded and validated ahead of their turn (`Handling.prepare`), of no parked resource."""
-        is_parked, parked = self.handling.failures.is_parked, self.handling.failures.any_parked()
+        is_parked, parked = self.handling.failures.is_parked, self.handling.failures.parked
         run = []
         for item in items[start:]:
             if item.event is None or (parked and is_parked(item.env.resource_id)):  # type: ignore[union-attr]
@@ -217,7 +217,7 @@ class BatchRunner:
         """One call of the batch handler; its exception, None, or `NOT_STARTED` (fence lost)."""
         h = self.handling
         ctxs = [
-            h.context(e, e.env, entry_id=e.entry_id, attempt=attempt)  # type: ignore[arg-type]
+            h.context(e, e.env, e.entry_id, attempt)  # type: ignore[arg-type]
             for e in entries
             if self.call.takes_context  # none built for a handler of events alone
         ]

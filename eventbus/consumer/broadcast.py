@@ -78,6 +78,7 @@ class Drops:
     def __init__(self, sub: Subscription, tally: Tally) -> None:
         self.sub, self.tally = sub, tally
         self.dropped = 0
+        self.parked: dict[str, str] = {}  # never any: nothing is parked
 
     def gives_up(self, parking: bool) -> str:
         return "dropped"  # (a broadcast subscriber has no dead-letter stream)
@@ -104,9 +105,6 @@ class Drops:
 
     async def control(self, d: Delivery, fence: Fence, handling: Handling) -> Outcome:
         return Outcome.ACK  # the operator's requests are for consumer groups
-
-    def any_parked(self) -> bool:
-        return False
 
     def is_parked(self, resource_id: str) -> bool:
         return False

@@ -48,9 +48,9 @@ class Failures:
         self.redis: Any = member.redis
         keys = member.keys
         self._dlq = keys.dead_letter(sub.topic.name, sub.group)
-        self._parked_key = keys.parked(sub.topic.name, sub.group)
+        self.parked_key = keys.parked(sub.topic.name, sub.group)
         self._control = keys.control(sub.topic.name, sub.group)
-        self._parked: dict[str, str] = {}  # resource -> its first parked letter's ID
+        self.parked: dict[str, str] = {}  # resource -> its first parked letter's ID
         self._changes = 0  # local parks and unparks, to detect a reload racing them
         self._m_dead = METRICS.dead_lettered.labels(sub.topic.name, sub.group)
 
@@ -83,9 +83,9 @@ class Failures:
         if dlq_id is None:
             return Outcome.LET_GO
         await retrying.call(
-            self.retry, "park", lambda: self.redis.hsetnx(self._parked_key, resource_id, dlq_id)
+            self.retry, "park", lambda: self.redis.hsetnx(self.parked_key, resource_id, dlq_id)
         )
-        self._parked.setdefault(resource_id, dlq_id.decode())
+        self.parked.setdefault(resource_id, dlq_id.decode())
         self._changes += 1
         return Outcome.ACK
 
@@ -126,20 +126,16 @@ class Failures:
 
     # -- parked resources -----------------------------------------------------------------------
     def is_parked(self, resource_id: str) -> bool:
-        return resource_id in self._parked
-
-    def any_parked(self) -> bool:
-        """Whether any resource of the shards held is parked (most of the time none is)."""
-        return bool(self._parked)
+        return resource_id in self.parked
 
     async def load_parked(self) -> None:
         """Reload the parked set from Redis (a new shard's resources may have been parked by its
         previous owner). A park or unpark made while the reply was on its way wins."""
         while True:
             changes = self._changes
-            raw = await self.redis.hgetall(self._parked_key)
+            raw = await self.redis.hgetall(self.parked_key)
             if changes == self._changes:
-                self._parked = {k.decode(): v.decode() for k, v in raw.items()}
+                self.parked = {k.decode(): v.decode() for k, v in raw.items()}
                 return
 
     async def control(self, d: Delivery, fence: Fence, handling: Handling) -> Outcome:
@@ -164,7 +160,7 @@ class Failures:
             return await self.dead_letter(d, forgery, reason="forged", fence=fence)
         assert isinstance(nonce, str)
         first = await retrying.call(
-            self.retry, "parked lookup", lambda: self.redis.hget(self._parked_key, rid)
+            self.retry, "parked lookup", lambda: self.redis.hget(self.parked_key, rid)
         )
         if first is None:  # unparked meanwhile (or a redelivery after the unpark)
             await self._request_done(nonce)
@@ -187,8 +183,8 @@ class Failures:
             log.info("resource %r unparked after replaying %d events", rid, len(letters))
         if not await fence.wait(d):
             return Outcome.LET_GO
-        await retrying.call(self.retry, "unpark", lambda: self.redis.hdel(self._parked_key, rid))
-        self._parked.pop(rid, None)
+        await retrying.call(self.retry, "unpark", lambda: self.redis.hdel(self.parked_key, rid))
+        self.parked.pop(rid, None)
         self._changes += 1
         await self._request_done(nonce)
         return Outcome.ACK
@@ -220,9 +216,9 @@ class Failures:
 
     async def _set_parked(self, rid: str, dlq_id: str) -> None:
         await retrying.call(
-            self.retry, "re-park", lambda: self.redis.hset(self._parked_key, rid, dlq_id)
+            self.retry, "re-park", lambda: self.redis.hset(self.parked_key, rid, dlq_id)
         )
-        self._parked[rid] = dlq_id
+        self.parked[rid] = dlq_id
         self._changes += 1
 
     async def _letters(self, rid: str, first_id: str) -> list[DeadLetter]:

@@ -22,7 +22,7 @@ import math
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, Protocol, TypeVar
 
 import anyio.to_thread
 from pydantic import BaseModel, TypeAdapter
@@ -51,6 +51,7 @@ from eventbus.protocol.codec import (
     F_DATA,
     F_RESOURCE,
     FORMAT_MSGPACK,
+    RESERVED_TYPE_PREFIX,
     THREAD_DECODE_BYTES,
     Envelope,
     decode_entry,
@@ -87,7 +88,9 @@ class FailurePolicy(Protocol):
 
     async def control(self, d: Delivery, fence: Fence, handling: Handling) -> Outcome: ...
 
-    def any_parked(self) -> bool: ...
+    parked: dict[str, str]
+    """Resources parked in the shards held (empty most of the time): resource ID -> the ID of
+    its first parked dead letter."""
 
     def is_parked(self, resource_id: str) -> bool: ...
 
@@ -146,18 +149,26 @@ class Handling:
         control entries, large entries (decoded in a thread at their turn) and entries whose
         dictionary is not loaded yet to `step`, which decodes them as before. Raises nothing."""
         routes = self.sub.routes
+        by_type, fallback = routes.by_type, routes.fallback
+        limit = self.max_decoded_bytes
         pending: dict[type[BaseModel], list[Delivery]] = {}
         for d in batch:
             fields = d.fields
             data = fields.get(F_DATA)
-            if not data or not _decodes_now(data) or is_control(fields):
+            if not data:
+                continue
+            plain = data[0] == FORMAT_MSGPACK and len(data) < THREAD_DECODE_BYTES
+            if not plain and not _decodes_now(data):
                 continue
             try:
-                env = d.env = self._envelope(fields)
+                env = decode_entry(fields, max_bytes=limit)
             except DecodeError as exc:
                 d.error = exc
                 continue
-            route = routes.get(env.event_type)
+            if env.event_type.startswith(RESERVED_TYPE_PREFIX):  # a control entry: at its turn
+                continue
+            d.env = env
+            route = by_type.get(env.event_type, fallback)
             if route is None:
                 d.error = self._unknown(env.event_type)
             elif route.model is not None:
@@ -194,7 +205,7 @@ class Handling:
         prepared = d.env is not None or d.error is not None
         if not prepared and is_control(d.fields):
             return await self.failures.control(d, fence, self)
-        if self.failures.any_parked():
+        if self.failures.parked:
             rid = d.fields.get(F_RESOURCE)
             if rid is not None and self.failures.is_parked(rid.decode("utf-8", "replace")):
                 return await self.failures.dead_letter(d, None, reason="parked", fence=fence)
@@ -230,8 +241,9 @@ class Handling:
     def fast(self, d: Delivery) -> bool:
         """Whether `d` needs nothing but its handler call before it is acked: decoded and
         validated ahead of its turn, no parked resource to look up and no de-duplication
-        (`Consumer._run` then calls `attempt` itself; `step` does the rest)."""
-        return d.event is not None and not self.dedup_s and not self.failures.any_parked()
+        (`QueueRunner.run` then calls `attempt` itself, inlining this test; `step` does the
+        rest)."""
+        return d.event is not None and not self.dedup_s and not self.failures.parked
 
     async def failed(self, d: Delivery, env: Envelope, error: Exception, fence: Fence) -> Step:
         """After attempt `d.attempt` failed with `error`: the delay before the next one, or,
@@ -268,7 +280,7 @@ class Handling:
         )
         return delay
 
-    def context(self, d: Delivery, env: Envelope, *, entry_id: bytes, attempt: int) -> Context:
+    def context(self, d: Delivery, env: Envelope, entry_id: bytes, attempt: int) -> Context:
         """The `Context` a handler gets for attempt `attempt` on `env`, entry `entry_id`, under
         `d`'s shard and token."""
         # positional: half the cost of keywords (Context's field order is part of its API)
@@ -402,7 +414,7 @@ class Handling:
         `handler_timeout_s`), None on success, or `NOT_STARTED` when the fence no longer holds
         (then nothing ran). A non-None return value of the handler answers a request: it goes
         to the reply stream the entry's headers name (`eventbus.request.send_reply`)."""
-        ctx = self.context(d, env, entry_id=entry_id, attempt=attempt)
+        ctx = self.context(d, env, entry_id, attempt)
         # Checked last, with no await before the call: a process stopped after this check and
         # before the handler's first line still runs it with a superseded token when it wakes
         # (stress FINDINGS 7: the downstream store's check of the fencing token is what refuses
@@ -416,9 +428,7 @@ class Handling:
         if hooks.tracing is not None:
             coro = hooks.tracing.consume(call, event, ctx)
         elif type(call) is HandlerCall and call.direct:  # its coroutine: one fewer per event
-            coro = cast(
-                "Awaitable[Any]", call.func(event, ctx) if call.takes_context else call.func(event)
-            )
+            coro = call.func(event, ctx) if call.takes_context else call.func(event)
         else:
             coro = call(event, ctx)
         result, error = await self.watched(slot or self.watchdog.slot(), coro)

@@ -14,7 +14,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Awaitable
-from typing import Protocol, cast
+from typing import Protocol
 
 from eventbus.consumer.delivery import NOT_STARTED, Fence, Outcome, Step
 from eventbus.consumer.handling import Handling
@@ -47,11 +47,13 @@ class QueueRunner:
         """Run the head of `queue` until it is empty (None) or its head must wait (the delay
         in s before it is tried again), by the worker whose watchdog slot is `slot`."""
         handling, fence, settle = self.handling, self.fence, self.settle
+        failures = handling.failures
         budget = YIELD_EVERY
         while queue:
             d = queue[0]
-            if handling.fast(d) and fence.holds(d):
-                env = cast(Envelope, d.env)  # `fast`: decoded
+            # `Handling.fast`, inlined (the fence is checked by `attempt`, right before the call)
+            if d.event is not None and not handling.dedup_s and not failures.parked:
+                env: Envelope = d.env  # type: ignore[assignment]  # decoded with its read
                 d.attempt += 1
                 error = await handling.attempt(
                     d, env, d.event, fence, entry_id=d.entry_id, attempt=d.attempt, slot=slot

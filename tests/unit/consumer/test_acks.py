@@ -13,6 +13,7 @@ import anyio.lowlevel
 import pytest
 from redis.backoff import ConstantBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
 
 from eventbus.config import Settings
 from eventbus.consumer.acks import Acks
@@ -55,14 +56,17 @@ class FakePipeline:
         assert group == "g"
         self.calls.append((stream, list(ids)))
 
-    async def execute(self) -> list[Any]:
+    async def execute(self, raise_on_error: bool = True) -> list[Any]:
         self.redis.attempts.append(self.calls)
         self.redis.sending.set()
         if self.redis.gate is not None:
             await self.redis.gate.wait()
         try:
             if self.redis.fail:
-                raise self.redis.fail.pop(0)
+                exc = self.redis.fail.pop(0)
+                if isinstance(exc, ResponseError) and not raise_on_error:  # as redis-py does
+                    return [exc for _ in self.calls]
+                raise exc
             self.redis.sent.append(self.calls)
             return [len(ids) for _, ids in self.calls]
         finally:
