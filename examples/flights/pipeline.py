@@ -443,9 +443,16 @@ async def summarize(bus: EventBus, run: Run) -> dict[str, Any]:
     confirms = sorted(run.confirm_ms)
     dead = await dead_lettered(bus, run)
     matched = aggregates_match(got, run.reference)
+    publisher_cpu_s = time.process_time()
+    consumer_cpu_s = sum(r.cpu_s for r in run.reports)
+    handled_all = sum(g["handled"] for g in groups.values())
     return {
         "events_published": published,
         "events_handled": main_group["handled"],
+        # CPU microseconds per event: the publisher process over the events it published, the
+        # consumer processes (both groups) over the events they handled (issue 18's targets)
+        "publisher_cpu_us_per_event": round(publisher_cpu_s * 1e6 / max(1, published), 2),
+        "consumer_cpu_us_per_event": round(consumer_cpu_s * 1e6 / max(1, handled_all), 2),
         "order_violations": main_group["order_violations"],
         "lost": lost,
         "duplicates": sum(g["duplicates"] for g in groups.values()),
@@ -467,8 +474,8 @@ async def summarize(bus: EventBus, run: Run) -> dict[str, Any]:
         # CPU seconds (user + system) spent by each side: unlike rates, they hardly depend on
         # what else runs on the machine.
         "cpu_s": {
-            "publisher_process": round(time.process_time(), 2),
-            "consumer_processes": round(sum(r.cpu_s for r in run.reports), 2),
+            "publisher_process": round(publisher_cpu_s, 2),
+            "consumer_processes": round(consumer_cpu_s, 2),
             "redis_server": await redis_cpu_s(bus),
         },
         # How long one publish() call took, call to confirmation: the publisher's share of the
@@ -553,6 +560,12 @@ def print_summary(summary: dict[str, Any]) -> None:
                 "-" if v is None else f"{v:.1f}"
                 for v in (cpu["publisher_process"], cpu["consumer_processes"], cpu["redis_server"])
             ),
+            "",
+        ),
+        (
+            "CPU us per event: publisher / consumers",
+            f"{summary['publisher_cpu_us_per_event']:.1f} / "
+            f"{summary['consumer_cpu_us_per_event']:.1f}",
             "",
         ),
         ("wall time (s)", f"{summary.get('wall_time_s', math.nan):.1f}", ""),
