@@ -9,8 +9,9 @@ import pytest
 from tier_support import Tick, fast_tier, make_bus, wait_until
 
 from eventbus import Context
+from eventbus.consumer.catchup import catch_up
 from eventbus.protocol.ids import parse_id
-from eventbus.tier.catchup import catch_up, catch_up_group
+from eventbus.tier.catchup import catch_up_group
 from eventbus.tier.offloader import Offloader
 from eventbus.tier.replay import ArchivedEntry
 from eventbus.tier.store import open_store
