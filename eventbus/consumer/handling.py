@@ -414,23 +414,25 @@ class Handling:
         `handler_timeout_s`), None on success, or `NOT_STARTED` when the fence no longer holds
         (then nothing ran). A non-None return value of the handler answers a request: it goes
         to the reply stream the entry's headers name (`eventbus.request.send_reply`)."""
-        ctx = self.context(d, env, entry_id, attempt)
+        call = self.sub.call  # maybe wrapped (eventbus.testing records the calls through it)
+        if type(call) is Router and d.call is not None:
+            call = d.call  # the routed handler, found by `prepare`: no second lookup
+        plain = type(call) is HandlerCall and call.direct and hooks.tracing is None
+        # a Context only for whoever reads it: the handler, a wrapper, the tracing hook
+        ctx = self.context(d, env, entry_id, attempt) if call.takes_context or not plain else None
         # Checked last, with no await before the call: a process stopped after this check and
         # before the handler's first line still runs it with a superseded token when it wakes
         # (stress FINDINGS 7: the downstream store's check of the fencing token is what refuses
         # its writes).
         if not fence.holds(d):
             return NOT_STARTED
-        call = self.sub.call  # maybe wrapped (eventbus.testing records the calls through it)
-        if type(call) is Router and d.call is not None:
-            call = d.call  # the routed handler, found by `prepare`: no second lookup
         coro: Awaitable[Any]
-        if hooks.tracing is not None:
-            coro = hooks.tracing.consume(call, event, ctx)
-        elif type(call) is HandlerCall and call.direct:  # its coroutine: one fewer per event
-            coro = call.func(event, ctx) if call.takes_context else call.func(event)
+        if plain:  # its coroutine function itself: one coroutine fewer per event
+            coro = call.func(event, ctx) if ctx is not None else call.func(event)
+        elif hooks.tracing is not None:
+            coro = hooks.tracing.consume(call, event, ctx)  # type: ignore[arg-type]
         else:
-            coro = call(event, ctx)
+            coro = call(event, ctx)  # type: ignore[arg-type]
         result, error = await self.watched(slot or self.watchdog.slot(), coro)
         if error is None and result is not None:  # the answer to a request (eventbus.request)
             try:
