@@ -61,11 +61,13 @@ class QueueRunner:
                 if error is None:
                     settle.ack(d)
                     queue.popleft()
-                elif error is NOT_STARTED:  # the fence fell meanwhile: wait for it in `step`
-                    d.attempt -= 1
-                    continue
                 else:
-                    delay = await self._settle(d, handling.failed(d, env, error, fence))
+                    if error is NOT_STARTED:  # the fence fell: `step` waits for it, or lets go
+                        d.attempt -= 1
+                        stepping = handling.step(d, fence, slot)
+                    else:
+                        stepping = handling.failed(d, env, error, fence)
+                    delay = await self._settle(d, stepping)
                     if delay is not None:
                         return delay
                     queue.popleft()

@@ -347,6 +347,33 @@ class ConsumeCases:
         assert letter[b"entry_id"] == odd and letter[b"reason"] == b"undecodable"
         assert rec.by_resource() == {"a": [1]}
 
+    async def test_a_handler_failing_while_stopping_is_left_pending_promptly(
+        self, backend: Backend
+    ) -> None:
+        """An attempt that fails while the consumer stops is neither retried nor dead-lettered:
+        its entry stays pending for the next owner, and the stop is prompt (a retry that found
+        the fence fallen once spun in place without yielding, hanging the event loop)."""
+        r = backend.redis
+        bus = backend.bus(shards=1)
+        started: list[int] = []
+        gate = anyio.Event()
+
+        @bus.subscriber("orders", group="billing")
+        async def failing(event: Tick) -> None:
+            started.append(event.seq)
+            await gate.wait()
+            raise RuntimeError("not today")
+
+        await bus.publish("orders", Tick(resource="r", seq=0), resource_id="r")
+        with anyio.fail_after(10):
+            async with running(bus) as [run]:
+                await wait_until(lambda: started == [0])
+                run.stop()
+                gate.set()  # fails while stopping
+        assert started == [0]
+        assert await total_pending(bus, "orders", "billing", r) == 1
+        assert await r.xlen(bus.keys.dead_letter("orders", "billing")) == 0
+
     async def test_sync_handler_runs_in_a_worker_thread(self, backend: Backend) -> None:
         r = backend.redis
         bus = backend.bus(shards=2)
