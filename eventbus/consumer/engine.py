@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from typing import Any, cast
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -41,7 +41,7 @@ from eventbus.consumer.handling import Handling
 from eventbus.consumer.queues import ResourceQueues
 from eventbus.consumer.reading import Counts, Entries, Reader
 from eventbus.consumer.runner import QueueRunner
-from eventbus.consumer.shards import HeldShard, Item, ShardTable, read_items
+from eventbus.consumer.shards import HeldShard, ShardTable, read_items
 from eventbus.consumer.supervision import read_loop, refused
 from eventbus.consumer.trims import TrimWatch
 from eventbus.locking.lease import Lease, heartbeat_loop
@@ -187,7 +187,7 @@ class Consumer:
         # per event: two attribute reads and a clock read (d is one of our `Item`s)
         return (
             time.monotonic() < self.lease.until
-            and not cast(Item, d).held.lost
+            and not d.held.lost  # type: ignore[attr-defined]
             and not self._stopping
         )
 
@@ -199,7 +199,7 @@ class Consumer:
         return self._current(d)
 
     def _current(self, d: Delivery) -> bool:
-        return not self._stopping and not cast(Item, d).held.lost
+        return not self._stopping and not d.held.lost  # type: ignore[attr-defined]
 
     def _expired(self) -> None:
         self.drop_all("liveness had expired before this heartbeat")
