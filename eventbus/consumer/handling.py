@@ -43,7 +43,7 @@ from eventbus.consumer.failures import Failures
 from eventbus.consumer.routing import Router
 from eventbus.consumer.watchdog import Slot, Watchdog
 from eventbus.dlq import is_control
-from eventbus.errors import DecodeError, HandlerTimeout, UnknownEventType
+from eventbus.errors import DecodeError, HandlerTimeout, InvalidReply, UnknownEventType
 from eventbus.locking.member import Member
 from eventbus.ops import hooks
 from eventbus.ops.metrics import METRICS, Observations
@@ -63,7 +63,7 @@ from eventbus.protocol.dictionaries import (
     Dictionaries,
     dictionary_id,
 )
-from eventbus.request import send_reply
+from eventbus.request import reply_stream, send_reply
 
 log = logging.getLogger("eventbus.consumer")
 
@@ -168,6 +168,9 @@ class Handling:
             if env.event_type.startswith(RESERVED_TYPE_PREFIX):  # a control entry: at its turn
                 continue
             d.env = env
+            if env.headers and (bad := self._bad_request(env)) is not None:
+                d.error = bad
+                continue
             route = by_type.get(env.event_type, fallback)
             if route is None:
                 d.error = self._unknown(env.event_type)
@@ -214,6 +217,8 @@ class Handling:
                 d.env, d.event = await self.decoded(d.fields)
             except DecodeError as exc:
                 d.error = exc
+            else:
+                d.error = self._bad_request(d.env)
         if d.error is not None:  # logged at WARNING by the dead-letter write
             bad = d.error
             if isinstance(bad, UnknownEventType) and self.sub.routes.on_unknown == "skip":
@@ -351,6 +356,16 @@ class Handling:
         if route is None:
             raise self._unknown(env.event_type)
         return env, route.convert(env.payload)
+
+    def _bad_request(self, env: Envelope) -> DecodeError | None:
+        """Why `env` is a request whose reply could never be sent (a reply stream that is not
+        one of eventbus's), or None: found before the handler runs, such a request is
+        dead-lettered at once instead of running the handler `max_attempts` times."""
+        try:
+            reply_stream(self.keys, env.headers)
+        except InvalidReply as exc:
+            return DecodeError(f"request with a bad reply address: {exc}")
+        return None
 
     def _unknown(self, event_type: str) -> UnknownEventType:
         return UnknownEventType(

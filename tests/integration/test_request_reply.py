@@ -176,3 +176,31 @@ async def test_a_routed_handler_answers_too(settings: type[Settings]) -> None:
         )
         assert reply.total_cents == 3
     await client.aclose()
+
+
+async def test_a_request_with_a_bad_reply_address_is_dead_lettered_before_the_handler(
+    settings: type[Settings],
+) -> None:
+    """Issue 19 item 8: the reply address was checked after the handler ran, and `InvalidReply`
+    counted as a failed attempt: the handler ran `max_attempts` times for nothing. It is
+    checked when the entry is decoded; the request is dead-lettered at once, unhandled."""
+    bus = EventBus(settings(max_attempts=3))
+    calls: list[int] = []
+
+    @bus.subscriber("quotes", group="pricing")
+    async def price(event: Quote, ctx: Context) -> Price:
+        calls.append(event.quantity)
+        return Price(sku=event.sku, total_cents=100)
+
+    headers = {REPLY_TO: "eventbus:{eventbus}:locks:quotes:pricing", CORRELATION_ID: "c"}
+    async with running(bus):
+        await bus.publish("quotes", Quote(sku="x", quantity=1), resource_id="r", headers=headers)
+        await bus.publish("quotes", Quote(sku="x", quantity=2), resource_id="r")
+        dlq = bus.keys.dead_letter("quotes", "pricing")
+        with anyio.fail_after(10):
+            while await bus.redis.xlen(dlq) < 1 or calls != [2]:
+                await anyio.sleep(0.01)
+    ((_, letter),) = await bus.redis.xrange(dlq)
+    assert letter[b"reason"] == b"undecodable" and b"reply" in letter[b"error"]
+    assert letter[b"attempts"] == b"0"
+    assert calls == [2]
