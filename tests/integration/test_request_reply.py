@@ -8,7 +8,7 @@ from __future__ import annotations
 import anyio
 import pytest
 from pydantic import BaseModel
-from support import running
+from support import running, wait_until
 
 from eventbus import Context, EventBus
 from eventbus.config import Settings
@@ -197,9 +197,11 @@ async def test_a_request_with_a_bad_reply_address_is_dead_lettered_before_the_ha
         await bus.publish("quotes", Quote(sku="x", quantity=1), resource_id="r", headers=headers)
         await bus.publish("quotes", Quote(sku="x", quantity=2), resource_id="r")
         dlq = bus.keys.dead_letter("quotes", "pricing")
-        with anyio.fail_after(10):
-            while await bus.redis.xlen(dlq) < 1 or calls != [2]:
-                await anyio.sleep(0.01)
+
+        async def settled() -> bool:
+            return calls == [2] and await bus.redis.xlen(dlq) == 1
+
+        await wait_until(settled)
     ((_, letter),) = await bus.redis.xrange(dlq)
     assert letter[b"reason"] == b"undecodable" and b"reply" in letter[b"error"]
     assert letter[b"attempts"] == b"0"
