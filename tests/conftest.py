@@ -34,6 +34,7 @@ from eventbus.testing.server import RedisServer
 
 BOTH_TOPOLOGIES = {
     "test_publish",
+    "test_pipelines",
     "test_publish_order",
     "test_consume",
     "test_consume_redis",

@@ -10,13 +10,64 @@ raises the first of those instead.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, cast
+
+import hiredis
+from redis.asyncio import Redis
+from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
+from redis.exceptions import ResponseError
 
 
 async def execute(pipe: Any) -> list[Any]:
     """``await pipe.execute()``, raising the first error reply with the server's own message
     (connection errors propagate as redis-py raises them)."""
     replies: list[Any] = await pipe.execute(raise_on_error=False)
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return replies
+
+
+_PACKED = (Connection, SSLConnection, UnixDomainSocketConnection)
+pack = cast("Callable[[tuple[Any, ...]], bytes]", hiredis.pack_command)
+"""Pack one command (a tuple of bytes, str or int) as RESP, in C."""
+
+
+def packable(redis: Any) -> bool:
+    """Whether `redis` is redis-py's single-node asyncio client on plain connections (TCP, TLS,
+    Unix socket): commands can then be packed here and written on one of its connections."""
+    pool = getattr(redis, "connection_pool", None)
+    return type(redis) is Redis and issubclass(getattr(pool, "connection_class", object), _PACKED)
+
+
+async def execute_packed(redis: Any, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+    """Run `commands` in one round trip, as `execute` runs a pipeline: the replies, or the first
+    error reply raised with the server's message. On a single node they are packed with
+    hiredis's C packer and written on a pooled connection (redis-py's asyncio client packs in
+    Python, about half a microsecond per argument: an XACK of 500 entry IDs); elsewhere (a
+    Cluster, fakeredis) through a redis-py pipeline. A connection error drops the connection
+    (its replies may be half read) and propagates."""
+    if not packable(redis):
+        pipe = redis.pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        return await execute(pipe)
+    pool = redis.connection_pool
+    conn = await pool.get_connection()
+    replies: list[Any] = []
+    try:
+        await conn.send_packed_command(b"".join([pack(c) for c in commands]))
+        for _ in commands:
+            try:
+                replies.append(await conn.read_response())
+            except ResponseError as exc:  # this command's error: the others' replies follow
+                replies.append(exc)
+    except BaseException:
+        await conn.disconnect()
+        raise
+    finally:
+        await pool.release(conn)
     for reply in replies:
         if isinstance(reply, Exception):
             raise reply

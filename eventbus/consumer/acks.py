@@ -16,7 +16,7 @@ import anyio
 from redis.backoff import AbstractBackoff
 from redis.exceptions import ResponseError
 
-from eventbus.client.pipelines import execute
+from eventbus.client.pipelines import execute_packed
 from eventbus.client.retry import REDIS_ERRORS
 from eventbus.consumer.shards import HeldShard, Item, ShardTable
 from eventbus.locking.lease import Lease
@@ -133,10 +133,10 @@ class Acks:
             try:
                 if current:
                     self.before_send()
-                    pipe = self.redis.pipeline(transaction=False)
-                    for b in current:
-                        pipe.xack(b.held.stream, self.group, *b.ids)
-                    await execute(pipe)
+                    group = self.group
+                    await execute_packed(
+                        self.redis, [("XACK", b.held.stream, group, *b.ids) for b in current]
+                    )
             except REDIS_ERRORS as exc:
                 failures += 1
                 delay = self.backoff.compute(failures)

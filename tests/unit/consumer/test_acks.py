@@ -27,7 +27,8 @@ pytestmark = pytest.mark.anyio
 
 
 class FakeRedis:
-    """`pipeline().xack(...)`/`execute()`: records each executed pipeline as a list of
+    """`pipeline().execute_command("XACK", ...)`/`execute()`: records each executed pipeline as
+    a list of
     (stream, ids); `fail` errors fail the next sends; `gate`, when set, holds a send until it is
     set (to queue acks while a send is on its way)."""
 
@@ -52,8 +53,8 @@ class FakePipeline:
         self.redis = redis
         self.calls: list[tuple[str, list[bytes]]] = []
 
-    def xack(self, stream: str, group: str, *ids: bytes) -> None:
-        assert group == "g"
+    def execute_command(self, name: str, stream: str, group: str, *ids: bytes) -> None:
+        assert (name, group) == ("XACK", "g")
         self.calls.append((stream, list(ids)))
 
     async def execute(self, raise_on_error: bool = True) -> list[Any]:

@@ -1,0 +1,40 @@
+"""`eventbus.client.pipelines` on both topologies: commands run in one round trip (packed with
+hiredis on a single node, a redis-py pipeline on a Cluster), their replies in order, and the
+first error reply raised with the server's own words (redis-py's pipeline replaced them with
+an unfilled template, which hid NOGROUP from the consumer: issue 19 items 4 and 9)."""
+
+from __future__ import annotations
+
+import pytest
+from redis.exceptions import ResponseError
+
+from eventbus import Settings
+from eventbus.client.connection import connect
+from eventbus.client.pipelines import execute, execute_packed, packable
+
+pytestmark = [pytest.mark.anyio, pytest.mark.integration]
+
+
+async def test_replies_in_order_and_the_servers_reason(settings: type[Settings]) -> None:
+    redis = connect(settings())
+    try:
+        await redis.xadd("s{1}", {b"k": b"v"})
+        await redis.xgroup_create("s{1}", "g", id="0")
+        ok = await execute_packed(redis, [("XACK", "s{1}", "g", "0-1"), ("XLEN", "s{1}")])
+        assert ok == [0, 1]
+        with pytest.raises(ResponseError, match=r"^NOGROUP"):
+            await execute_packed(redis, [("XLEN", "s{1}"), ("XAUTOCLAIM", "s{1}", "nope", "c",
+                                                            0, "0-0")])  # fmt: skip
+        assert await redis.xlen("s{1}") == 1  # the connection's replies were all read
+        pipe = redis.pipeline(transaction=False)
+        pipe.xautoclaim("s{1}", "nope", "c", 0, "0-0")
+        with pytest.raises(ResponseError, match=r"^NOGROUP"):
+            await execute(pipe)
+    finally:
+        await redis.aclose()
+
+
+def test_only_single_node_clients_on_plain_connections_are_packed(
+    settings: type[Settings], topology: str
+) -> None:
+    assert packable(connect(settings())) is (topology == "single")
