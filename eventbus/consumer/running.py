@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("eventbus")
 
+MANY_CONSUMERS = 50
+"""Past this many subscriptions in one process, `run_consumers` warns (issue 19 item 16)."""
+
 
 def make_consumers(bus: EventBus) -> list[Consumer | BroadcastConsumer]:
     """One `Consumer` per subscription of `bus` (a `BroadcastConsumer` for a broadcast one),
@@ -49,6 +52,14 @@ async def run_consumers(
 ) -> None:
     """Run `consumers` until `stop` is set (set by SIGTERM/SIGINT too, with `handle_signals`);
     returns when every consumer has shut down."""
+    if len(consumers) > MANY_CONSUMERS:
+        log.warning(
+            "this process runs %d subscriptions, each its own consumer (lock rounds, heartbeats, "
+            "blocking reads): measured here, 100 idle ones of 16 shards took about a quarter of "
+            "a core and 0.15 s to hand one event to all (docs/operations.md, many groups); "
+            "consider fewer groups per process, or processes per group of subscriptions",
+            len(consumers),
+        )
     threshold = max((c.settings.gc_threshold for c in consumers), default=0)
     with young_gc_threshold(threshold):
         async with anyio.create_task_group() as outer:

@@ -71,6 +71,7 @@ class ShardTable:
     def __init__(self, streams: list[str]) -> None:
         self.streams = streams
         self.held: dict[int, HeldShard] = {}
+        self.alone = False  # the last lock round's share was every shard (`mark_surplus`)
         self._by_stream = {s.encode(): i for i, s in enumerate(streams)}
         self._generations = itertools.count(1)
 
@@ -102,7 +103,9 @@ class ShardTable:
         return [h for h in self.held.values() if not h.draining]
 
     def mark_surplus(self, share: int) -> None:
-        """Above the fair share `share`, mark the least busy shards draining."""
+        """Above the fair share `share`, mark the least busy shards draining. A share of every
+        shard means no other member is live: then an idle shard is kept (`to_release`)."""
+        self.alone = share >= len(self.streams)
         active = self.readable()
         surplus = len(active) - share
         if surplus > 0:
@@ -113,7 +116,10 @@ class ShardTable:
         """Shards to release after a read that got entries from `read`: those idle (nothing read,
         nothing in flight) for `idle_s` seconds since `now`, and drained surplus at once.
         Releasing after one empty read made locks change owner about once per 1.5 events at
-        2,000 events/s (a lock, an unlock, a token and an XAUTOCLAIM each time)."""
+        2,000 events/s (a lock, an unlock, a token and an XAUTOCLAIM each time). A member that
+        is alone in its group (its last share was every shard) keeps idle shards: nobody else
+        could take them, and re-taking them twice a second cost an idle process with many
+        groups most of a core (issue 19 item 16)."""
         out = []
         for h in self.held.values():
             if h.shard in read or h.in_flight:
@@ -121,7 +127,7 @@ class ShardTable:
                 continue
             if h.idle_since is None:
                 h.idle_since = now
-            if h.draining or now - h.idle_since >= idle_s:
+            if h.draining or (not self.alone and now - h.idle_since >= idle_s):
                 out.append(h.shard)
         return out
 
