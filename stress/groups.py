@@ -52,7 +52,7 @@ async def measure(url: str, groups: int, shards: int, idle_s: float) -> dict[str
         tg.start_soon(lambda: bus.run(stop=stop))
         members = [bus.keys.members("fanout", f"g{g}") for g in range(groups)]
         with anyio.fail_after(120):
-            while not all([await bus.redis.zcard(m) for m in members]):
+            while not all([await bus.redis.zcard(m) for m in members]):  # noqa: ASYNC110
                 await anyio.sleep(0.1)
         await anyio.sleep(1.0)  # past the first lock rounds
         info = await bus.redis.info("cpu")
