@@ -197,6 +197,8 @@ class Publisher:
             self.sender.withdraw(slot)
             raise
         self.sender.ready(slot, stream, fields, topic.maxlen)
+        if self.sender.running:  # the flusher sends it: no coroutine of `submit` per call
+            return await slot.future
         return await self.sender.submit(slot)
 
     async def _prepare_topic(self, topic: TopicConfig) -> None:
