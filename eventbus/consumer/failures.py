@@ -255,7 +255,7 @@ class Failures:
             if not await fence.wait(control):
                 return False
             error = await handling.attempt(
-                control, env, event, fence, entry_id=letter.entry_id.encode(), attempt=attempt
+                control, env, event, fence, letter.entry_id.encode(), attempt
             )
             if error is NOT_STARTED:
                 continue  # nothing ran: wait for the lease again, same attempt

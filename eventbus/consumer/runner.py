@@ -55,9 +55,7 @@ class QueueRunner:
             if d.event is not None and not handling.dedup_s and not failures.parked:
                 env: Envelope = d.env  # type: ignore[assignment]  # decoded with its read
                 d.attempt += 1
-                error = await handling.attempt(
-                    d, env, d.event, fence, entry_id=d.entry_id, attempt=d.attempt, slot=slot
-                )
+                error = await handling.attempt(d, env, d.event, fence, d.entry_id, d.attempt, slot)
                 if error is None:
                     settle.ack(d)
                     queue.popleft()
