@@ -110,13 +110,15 @@ class Acks:
         if self.noack or item.held.lost:
             self.finish(item)
             return
-        batch = self._batches.get(item.shard)
+        batches = self._batches
+        batch = batches.get(item.shard)
         if batch is None or batch.generation != item.generation:
             if batch is not None:  # an older generation's acks: that shard was lost, drop them
                 self._settle(batch)
-            batch = self._batches[item.shard] = _Batch(item.held, item.generation)
+            if not batches:  # the first ack since the loop took the last ones: wake it
+                self._wake.set()
+            batch = batches[item.shard] = _Batch(item.held, item.generation)
         batch.ids.append(item.entry_id)
-        self._wake.set()
 
     async def loop(self) -> None:
         """Send queued acks, one pipeline per wake-up; put them back and back off on errors."""
