@@ -70,10 +70,12 @@ class Acks:
     def finish(self, item: Item) -> None:
         self._finish(item.held)
 
-    def _finish(self, held: HeldShard) -> None:
-        held.in_flight -= 1
-        self.in_flight -= 1
-        if self.in_flight == self.max_in_flight - 1:  # crossed back under the cap
+    def _finish(self, held: HeldShard, n: int = 1) -> None:
+        """`n` entries of `held` finished."""
+        held.in_flight -= n
+        before = self.in_flight
+        self.in_flight = before - n
+        if before >= self.max_in_flight > self.in_flight:  # crossed back under the cap
             self.wake_capacity()
         if self.in_flight == 0:
             self._idle.set()
@@ -173,5 +175,5 @@ class Acks:
                 self._settle(b)
 
     def _settle(self, batch: _Batch) -> None:
-        for _ in batch.ids:
-            self._finish(batch.held)
+        if batch.ids:
+            self._finish(batch.held, len(batch.ids))

@@ -11,8 +11,10 @@ runs prometheus-client's multiprocess mode, hence a ``multiprocess_mode`` on eve
 from __future__ import annotations
 
 import bisect
+import collections
 import time
 from collections.abc import Iterable, Mapping, Sized
+from functools import partial
 from typing import Any, cast
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -177,10 +179,8 @@ def observe_many(child: Histogram, values: list[float]) -> None:
         for v in values:
             child.observe(v)
         return
-    counts = [0] * len(bounds)
-    for v in values:
-        counts[bisect.bisect_left(bounds, v)] += 1  # the first bucket with v <= its bound
+    # the first bucket with v <= its bound, counted in C (a Python loop cost 0.2 us per value)
+    counts = collections.Counter(map(partial(bisect.bisect_left, bounds), values))
     h._sum.inc(sum(values))
-    for i, n in enumerate(counts):
-        if n:
-            h._buckets[i].inc(n)
+    for i, n in counts.items():
+        h._buckets[i].inc(n)
