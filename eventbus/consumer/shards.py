@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from eventbus.consumer.delivery import Delivery
 from eventbus.locking.locks import Grant
@@ -32,11 +32,21 @@ class HeldShard:
     lost: bool = False
 
 
-@dataclass(slots=True, eq=False)
 class Item(Delivery):
-    """An entry read by the live consumer, tied to the `HeldShard` it was read under."""
+    """An entry read by the live consumer, tied to the `HeldShard` it was read under (its shard,
+    token and generation are the held shard's). Built once per entry read, so by hand: the
+    dataclass's generated constructor with every field cost twice as much."""
 
-    held: HeldShard = field(kw_only=True)
+    __slots__ = ("held",)
+
+    def __init__(
+        self, held: HeldShard, entry_id: bytes, fields: dict[bytes, bytes], delivery_count: int = 1
+    ) -> None:
+        self.held = held
+        self.shard, self.token, self.generation = held.shard, held.token, held.generation
+        self.entry_id, self.fields, self.delivery_count = entry_id, fields, delivery_count
+        self.attempt = 0
+        self.segment = self.env = self.event = self.call = self.error = None
 
 
 def read_items(
@@ -47,22 +57,13 @@ def read_items(
     """`Item`s of the `entries` read from `held`'s stream, in order; `counts` gives the delivery
     count of entries delivered before (default 1). An entry without fields (deleted between
     read and claim) has nothing to handle and is skipped."""
-    shard, token, generation = held.shard, held.token, held.generation
-    return [
-        Item(
-            shard,
-            token,
-            entry_id,
-            fields,
-            generation,
-            0,
-            None,
-            counts.get(entry_id, 1) if counts else 1,
-            held=held,
-        )
-        for entry_id, fields in entries
-        if fields is not None
-    ]
+    if counts:
+        return [
+            Item(held, entry_id, fields, counts.get(entry_id, 1))
+            for entry_id, fields in entries
+            if fields is not None
+        ]
+    return [Item(held, entry_id, fields) for entry_id, fields in entries if fields is not None]
 
 
 class ShardTable:

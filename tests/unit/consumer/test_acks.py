@@ -93,7 +93,7 @@ def read(acks: Acks, held: HeldShard, *ids: int) -> list[Item]:
     items = []
     for n in ids:
         items.append(
-            Item(held.shard, held.token, f"{n}-0".encode(), {}, held.generation, held=held)
+            Item(held, f"{n}-0".encode(), {})
         )
         acks.started(held)
     return items
