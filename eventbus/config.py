@@ -133,11 +133,12 @@ class Settings(BaseSettings):
     concurrency: PositiveInt = 64
     """Handlers running at once, at most."""
     gc_threshold: NonNegativeInt = 50_000
-    """While consumers run (`EventBus.run`, ``eventbus run``): the first threshold of Python's
-    cyclic garbage collector (`gc.set_threshold`), i.e. container objects allocated between two
-    collections of the youngest generation; restored when they stop. Python's default, 700,
-    made the collector take about a fifth of a busy consumer's CPU (docs/performance.md). 0
-    leaves the process's setting alone."""
+    """While the bus is entered (``async with bus:``) or its consumers run (`EventBus.run`,
+    ``eventbus run``): the first threshold of Python's cyclic garbage collector
+    (`gc.set_threshold`), i.e. container objects allocated between two collections of the
+    youngest generation; the process's own thresholds come back when the last bus leaves.
+    Python's default, 700, made the collector take up to a fifth of a busy consumer's or
+    publisher's CPU (docs/performance.md). 0 leaves the process's setting alone."""
     max_attempts: PositiveInt = 5
     """Handler attempts before dead-lettering."""
     retry_base_s: PositiveFloat = 0.1

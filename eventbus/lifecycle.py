@@ -24,6 +24,7 @@ import anyio
 from redis.exceptions import RedisError
 
 from eventbus.client.connection import connect
+from eventbus.client.loops import young_gc_threshold
 from eventbus.config import Settings
 from eventbus.errors import EventBusError, RedisUnavailable
 from eventbus.locking.member import AsyncRedis
@@ -103,6 +104,7 @@ class Lifecycle:
             raise RedisUnavailable.of(self.settings, exc) from exc
         failure: Exception | None = None
         async with contextlib.AsyncExitStack() as stack:
+            stack.enter_context(young_gc_threshold(self.settings.gc_threshold))
             tg = await stack.enter_async_context(anyio.create_task_group())
             stack.callback(tg.cancel_scope.cancel)
             await tg.start(self.publisher.run_flusher)

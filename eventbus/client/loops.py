@@ -12,6 +12,7 @@ import contextlib
 import gc
 import importlib.util
 import os
+import threading
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
@@ -37,19 +38,33 @@ def run(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
     return anyio.run(fn, *args, backend="asyncio", backend_options=backend_options())
 
 
+_gc_lock = threading.Lock()
+_gc_users = 0  # blocks of `young_gc_threshold` under way, in every thread
+_gc_before: tuple[int, int, int] = (700, 10, 10)
+
+
 @contextlib.contextmanager
 def young_gc_threshold(threshold: int) -> Iterator[None]:
     """Within the block, Python's cyclic garbage collector collects its youngest generation
-    every `threshold` container allocations (`gc.set_threshold`; 0: unchanged); the previous
-    thresholds come back after. The default 700 is tuned for small heaps: a consumer allocates
-    a few containers per event (the entry's fields, envelope, event, context), so it collected
-    every ~100 events, about a fifth of its CPU time."""
+    every `threshold` container allocations (`gc.set_threshold`; 0: unchanged); the thresholds
+    of before the first such block come back when the last one ends (blocks may overlap: a bus
+    entered while its consumers run, two buses, `SyncBus`'s thread). Python's default, 700, is
+    tuned for small heaps: a consumer allocates a few containers per event (the entry's fields,
+    envelope, event, context) and a busy publisher holds a task per concurrent call, so it
+    collected every ~100 events, up to a fifth of their CPU time (docs/performance.md)."""
+    global _gc_users, _gc_before
     if not threshold:
         yield
         return
-    before = gc.get_threshold()
-    gc.set_threshold(threshold, *before[1:])
+    with _gc_lock:
+        if _gc_users == 0:
+            _gc_before = gc.get_threshold()
+            gc.set_threshold(threshold, *_gc_before[1:])
+        _gc_users += 1
     try:
         yield
     finally:
-        gc.set_threshold(*before)
+        with _gc_lock:
+            _gc_users -= 1
+            if _gc_users == 0:
+                gc.set_threshold(*_gc_before)
