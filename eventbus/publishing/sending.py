@@ -80,6 +80,7 @@ class Sender:
         self._settings = settings
         self._queue: deque[Slot] = deque()
         self._wake = anyio.Event()
+        self._idle = False  # the flusher waits on `_wake` (`ready` wakes it only then)
         self._sent = anyio.Event()  # a batch was written: the reader has replies to read
         self._written = 0
         self.running = False
@@ -107,7 +108,8 @@ class Sender:
 
     def ready(self, slot: Slot, stream: str, fields: dict[bytes, bytes], maxlen: int) -> None:
         slot.stream, slot.fields, slot.maxlen = stream, fields, maxlen
-        self._wake.set()
+        if self._idle:  # the flusher waits for work (else its next batch takes this slot)
+            self._wake.set()
 
     def withdraw(self, slot: Slot) -> None:
         """Take a slot that was never made ready out of the queue (its caller failed first)."""
@@ -278,7 +280,11 @@ class Sender:
                 inflight.append(batch)
                 return batch
             self._wake = anyio.Event()  # set by ready(), withdraw() and the reader
-            await self._wake.wait()
+            self._idle = True
+            try:
+                await self._wake.wait()
+            finally:
+                self._idle = False
 
     async def _write_all(self, conn: Any, inflight: deque[list[Slot]]) -> None:
         while True:
