@@ -186,9 +186,7 @@ def encode_entry(
         data = _DICT_PREFIX.get(dictionary) or _dict_prefix(dictionary)
         data += _compressor(dictionary).compress(body)
     elif len(body) >= compress_threshold:
-        data = bytes([FORMAT_MSGPACK_ZSTD]) + zstandard.ZstdCompressor(level=_ZSTD_LEVEL).compress(
-            body
-        )
+        data = _ZSTD_PREFIX + _compressor(None).compress(body)
     else:
         data = bytes([FORMAT_MSGPACK]) + body
     return {
@@ -199,6 +197,7 @@ def encode_entry(
 
 
 _DICT_PREFIX: dict[int, bytes] = {}
+_ZSTD_PREFIX = bytes([FORMAT_MSGPACK_ZSTD])
 _COMPRESSORS: dict[tuple[int, int], zstandard.ZstdCompressor] = {}  # (id(dict), thread)
 
 
@@ -207,14 +206,17 @@ def _dict_prefix(dict_id: int) -> bytes:
     return prefix
 
 
-def _compressor(dict_id: int) -> zstandard.ZstdCompressor:
-    """A compressor for dictionary `dict_id`, one per thread (they are not thread-safe)."""
-    d = CACHE.get(dict_id)
+def _compressor(dict_id: int | None) -> zstandard.ZstdCompressor:
+    """A compressor for dictionary `dict_id` (None: none), one per thread (they are not
+    thread-safe; making one per event cost more than compressing a small body)."""
+    d = None if dict_id is None else CACHE.get(dict_id)
     key = (id(d), threading.get_ident())
     c = _COMPRESSORS.get(key)
     if c is None:
-        c = _COMPRESSORS[key] = zstandard.ZstdCompressor(
-            level=_ZSTD_LEVEL, dict_data=d, write_dict_id=False
+        c = _COMPRESSORS[key] = (
+            zstandard.ZstdCompressor(level=_ZSTD_LEVEL)
+            if d is None
+            else zstandard.ZstdCompressor(level=_ZSTD_LEVEL, dict_data=d, write_dict_id=False)
         )
     return c
 
