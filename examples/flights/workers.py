@@ -23,6 +23,7 @@ report (handler calls, first/last handling time, every publish-to-handler latenc
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -123,9 +124,7 @@ class WorkerConfig:
 @dataclass(slots=True)
 class _Call:
     args: tuple[str | int | None, ...]
-    done: anyio.Event = field(default_factory=anyio.Event)
-    code: int = -1
-    error: BaseException | None = None
+    done: asyncio.Future[int]  # its code, or the batch's Redis error
 
 
 class Batcher:
@@ -143,21 +142,24 @@ class Batcher:
         self._max = max_batch
         self._queue: list[_Call] = []
         self._wake = anyio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None  # `run`'s
 
     async def call(self, *args: str | int | None) -> int:
         """Queue one event's arguments; returns its code once the batch ran. Raises the Redis
-        error of a failed batch (the handler then fails and the consumer retries it)."""
-        call = _Call(args)
+        error of a failed batch (the handler then fails and the consumer retries it). An
+        asyncio future per call: an `anyio.Event` finds its backend on every creation, which
+        cost half of a worker's CPU here."""
+        assert self._loop is not None, "Batcher.run is not running"
+        call = _Call(args, self._loop.create_future())
+        if not self._queue:
+            self._wake.set()
         self._queue.append(call)
-        self._wake.set()
-        await call.done.wait()
-        if call.error is not None:
-            raise call.error
-        return call.code
+        return await call.done
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
+        self._loop = asyncio.get_running_loop()
         task_status.started()
         while True:
             await self._wake.wait()
@@ -170,12 +172,12 @@ class Batcher:
                     )
                 except (RedisError, OSError) as exc:
                     for call in batch:
-                        call.error = exc
-                        call.done.set()
+                        if not call.done.done():  # (its handler may have been cancelled)
+                            call.done.set_exception(exc)
                     continue
                 for call, code in zip(batch, codes, strict=True):
-                    call.code = int(code)
-                    call.done.set()
+                    if not call.done.done():
+                        call.done.set_result(int(code))
 
 
 @dataclass(slots=True)
