@@ -28,8 +28,7 @@ import time
 from pathlib import Path
 
 import bench
-
-from eventbus.testing.server import RedisServer
+from bench import RedisServer  # (this checkout's, whatever eventbus is under test)
 
 PY_SPY = str(Path(sys.executable).with_name("py-spy"))
 
@@ -112,7 +111,7 @@ def path(events: int, profile: str | None) -> dict[str, float]:
     async def run() -> float:
         slot = handling.watchdog.slot()  # a worker's, as the consumer's workers have
         start = time.perf_counter()
-        for i in range(0, events, 500):  # reads of 500 entries, decoded per read as the consumer does
+        for i in range(0, events, 500):  # reads of 500 entries, decoded per read as consumers do
             batch = [Delivery(0, 1, b"1-%d" % j, fields[j % 1000]) for j in range(i, i + 500)]
             handling.prepare(batch)
             for d in batch:
