@@ -1,7 +1,7 @@
 """Before/after measurements of the per-event paths (issue 12 item 4), ratios from one run.
 
-    python stress/perf.py consume [--events N] [--runs 3] [--profile stress/results/consumer.svg]
-    python stress/perf.py publish [--events N] [--runs 3] [--profile stress/results/publisher.svg]
+    python stress/perf.py consume [--events N] [--runs 3] [--profile stress/results/consumer-issue18.svg]
+    python stress/perf.py publish [--events N] [--runs 3] [--profile stress/results/publisher-issue18.svg]
     python stress/perf.py path [--events N] [--runs 5]
 
 ``--json F`` writes the last run's figures (stress/ab.py reads them).
