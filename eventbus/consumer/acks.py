@@ -122,6 +122,17 @@ class Acks:
             batch = batches[item.shard] = _Batch(item.held, item.generation)
         batch.ids.append(item.entry_id)
 
+    def ack_many(self, items: list[Item]) -> None:
+        """`ack` each of `items`, consecutive entries of one shard under one acquisition (a
+        batch handler's), in one step."""
+        head = items[0]
+        if self.noack or head.held.lost or len(items) == 1:
+            for item in items:
+                self.ack(item)
+            return
+        self.ack(head)
+        self._batches[head.shard].ids.extend([item.entry_id for item in items[1:]])
+
     async def loop(self) -> None:
         """Send queued acks, one pipeline per wake-up; put them back and back off on errors."""
         failures = 0

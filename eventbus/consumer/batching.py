@@ -169,8 +169,7 @@ class BatchRunner:
                 attempt -= 1
                 continue
             if error is None:
-                for e in entries:
-                    self.acks.ack(e)
+                self.acks.ack_many(entries)
                 return
             if attempt >= attempts:
                 break
