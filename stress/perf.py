@@ -1,8 +1,8 @@
 """Before/after measurements of the per-event paths (issue 12 item 4), ratios from one run.
 
-    python stress/perf.py consume [--events N] [--runs 3] [--profile stress/results/consumer-issue18.svg]
-    python stress/perf.py publish [--events N] [--runs 3] [--profile stress/results/publisher-issue18.svg]
-    python stress/perf.py path [--events N] [--runs 5]
+    python stress/perf.py consume [--events N] [--runs 3] [--profile F.svg]
+    python stress/perf.py publish [--events N] [--runs 3] [--profile F.svg]
+    python stress/perf.py path|core [--events N] [--runs 5]
 
 ``--json F`` writes the last run's figures (stress/ab.py reads them).
 
@@ -26,6 +26,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import bench
 from bench import RedisServer  # (this checkout's, whatever eventbus is under test)
@@ -86,13 +87,11 @@ class _Open:
         return True
 
 
-def path(events: int, profile: str | None) -> dict[str, float]:
-    import anyio
-
+def _consumer() -> tuple[Any, Any]:
+    """An in-memory bus with the bench's no-op subscriber (taking a `Context`) and its
+    `Consumer`, not running (the path measurements drive its parts)."""
     from eventbus import Context, EventBus, Settings
-    from eventbus.consumer.delivery import Delivery
     from eventbus.consumer.running import make_consumers
-    from eventbus.protocol.codec import encode_entry, envelope_of
     from eventbus.testing import memory_redis
 
     bus = EventBus(
@@ -104,7 +103,18 @@ def path(events: int, profile: str | None) -> dict[str, float]:
 
     handle.__annotations__ = {"event": bench.Tick, "ctx": Context, "return": None}
     bus.subscriber(bench.TOPIC, group="bench")(handle)
-    handling = make_consumers(bus)[0].handling
+    return bus, make_consumers(bus)[0]
+
+
+def path(events: int, profile: str | None) -> dict[str, float]:
+    import anyio
+
+    from eventbus.client.loops import young_gc_threshold
+    from eventbus.consumer.delivery import Delivery
+    from eventbus.protocol.codec import encode_entry, envelope_of
+
+    bus, consumer = _consumer()
+    handling = consumer.handling
     fields = [encode_entry(envelope_of(f"r{i}", bench._event(i))) for i in range(1000)]
     fence = _Open()
 
@@ -118,8 +128,6 @@ def path(events: int, profile: str | None) -> dict[str, float]:
                 await handling.step(d, fence, slot)
         return (time.perf_counter() - start) / events * 1e6
 
-    from eventbus.client.loops import young_gc_threshold
-
     with young_gc_threshold(bus.settings.gc_threshold):  # as while consumers run
         return {"us_per_event": anyio.run(run)}
 
@@ -130,23 +138,11 @@ def core(events: int, profile: str | None) -> dict[str, float]:
     (`Consumer._dispatch`, `QueueRunner.run`, acks queued), in µs per event."""
     import anyio
 
-    from eventbus import Context, EventBus, Settings
     from eventbus.client.loops import young_gc_threshold
-    from eventbus.consumer.running import make_consumers
     from eventbus.consumer.shards import HeldShard
     from eventbus.protocol.codec import encode_entry, envelope_of
-    from eventbus.testing import memory_redis
 
-    bus = EventBus(
-        Settings(redis_url="redis://in-memory", shards=bench.SHARDS), redis=memory_redis()
-    )
-
-    async def handle(event: bench.Tick, ctx: Context) -> None:
-        pass
-
-    handle.__annotations__ = {"event": bench.Tick, "ctx": Context, "return": None}
-    bus.subscriber(bench.TOPIC, group="bench")(handle)
-    consumer = make_consumers(bus)[0]
+    bus, consumer = _consumer()
     entries = [
         (b"1-%d" % i, encode_entry(envelope_of(f"r{i % 1000}", bench._event(i))))
         for i in range(500)

@@ -430,25 +430,7 @@ class Handling:
             call = d.call  # the routed handler, found by `prepare`: no second lookup
         plain = type(call) is HandlerCall and call.direct and hooks.tracing is None
         # a Context only for whoever reads it: the handler, a wrapper, the tracing hook
-        ctx = (
-            Context(  # positional, as in `context`; inline: a call fewer per event
-                self._topic,
-                self._group,
-                d.shard,
-                entry_id.decode(),
-                env.resource_id,
-                env.event_id_bytes,
-                env.event_type,
-                env.published_at_ms,
-                env.headers,
-                attempt,
-                d.token,
-                self.consumer_id,
-                d.delivery_count,
-            )
-            if call.takes_context or not plain
-            else None
-        )
+        ctx = self.context(d, env, entry_id, attempt) if call.takes_context or not plain else None
         # Checked last, with no await before the call: a process stopped after this check and
         # before the handler's first line still runs it with a superseded token when it wakes
         # (stress FINDINGS 7: the downstream store's check of the fencing token is what refuses
