@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from eventbus.consumer.context import HandlerCall
+    from eventbus.consumer.handling import Handling
     from eventbus.errors import DecodeError
     from eventbus.protocol.codec import Envelope
 
@@ -87,3 +88,30 @@ class Fence(Protocol):
     async def wait(self, d: Delivery) -> bool:
         """Wait until the lease is valid; False once `d`'s shard is lost (or stopping)."""
         ...
+
+
+class FailurePolicy(Protocol):
+    """What happens to entries that cannot be handled (`Failures`: dead letters, parked
+    resources, the operator's control entries; a broadcast consumer's: dropped and logged)."""
+
+    def gives_up(self, parking: bool) -> str:
+        """What is done with an entry whose attempts are spent (for the log line)."""
+        ...
+
+    async def dead_letter(
+        self, d: Delivery, exc: BaseException | None, *, reason: str, fence: Fence
+    ) -> Outcome: ...
+
+    async def dead_letter_and_park(
+        self, d: Delivery, exc: BaseException, resource_id: str, fence: Fence
+    ) -> Outcome: ...
+
+    async def control(self, d: Delivery, fence: Fence, handling: Handling) -> Outcome: ...
+
+    parked: dict[str, str]
+    """Resources parked in the shards held (empty most of the time): resource ID -> the ID of
+    its first parked dead letter."""
+
+    def is_parked(self, resource_id: str) -> bool: ...
+
+    async def load_parked(self) -> None: ...

@@ -293,8 +293,8 @@ def test_skipping_many_unknown_types_warns_a_bounded_number_of_times(
     h = Harness(None)
     with caplog.at_level(logging.WARNING, logger="eventbus.consumer"):
         for i in range(2000):
-            h.handling._skip(f"T{i}")
+            h.handling.decoding.skip(f"T{i}")
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 101
     assert "skipped 1 more events" in warnings[-1].getMessage()
-    assert len(h.handling._skipped_types) == 100
+    assert len(h.handling.decoding._skipped_types) == 100
