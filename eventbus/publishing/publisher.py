@@ -37,7 +37,7 @@ import anyio
 from pydantic import BaseModel
 from redis.exceptions import ResponseError
 
-from eventbus.client.retry import LOST_REPLY
+from eventbus.client.retry import LOST_REPLY, REDIS_ERRORS
 from eventbus.config import Settings
 from eventbus.errors import (
     ConfigError,
@@ -206,8 +206,28 @@ class Publisher:
         topic, then per dictionary refresh), within `publish_timeout_s`."""
         with self._deadline(topic):
             await self._check_topic(topic)
-            if self.dictionaries.due(topic.name):
-                await self.dictionaries.current(topic.name)
+            await self._refresh_dictionary(topic)
+
+    async def _refresh_dictionary(self, topic: TopicConfig) -> None:
+        """Look for the topic's newer current dictionary, when due; best effort: after a
+        connection error (Redis restarting) the cached one stays in use until the next refresh
+        (`dictionaries.REFRESH_S` later; the XADD retries on its own); any other Redis error is a
+        `PublishError`."""
+        if not self.dictionaries.due(topic.name):
+            return
+        try:
+            await self.dictionaries.current(topic.name)
+        except LOST_REPLY as exc:
+            log.warning(
+                "topic %s: zstd dictionary not refreshed (%s: %s); keeping the cached one",
+                topic.name,
+                type(exc).__name__,
+                exc,
+            )
+        except REDIS_ERRORS as exc:
+            raise PublishError(
+                f"topic {topic.name!r}: reading its zstd dictionary failed: {exc}"
+            ) from exc
 
     async def publish_envelope(self, topic: TopicConfig, envelope: Envelope) -> str:
         """Append a ready envelope (no model needed); returns its entry ID. Same errors and
@@ -299,8 +319,7 @@ class Publisher:
         try:
             with self._deadline(topic):
                 await self._check_topic(topic)
-                if self.dictionaries.due(topic.name):
-                    await self.dictionaries.current(topic.name)
+                await self._refresh_dictionary(topic)
             if self.dictionaries.cached_current(topic.name) != used:  # encode with the new one
                 prepared = [self.prepare(topic, ev, rid, headers) for rid, ev in pairs]
             for slot, (stream, fields) in zip(slots, prepared, strict=True):

@@ -171,6 +171,21 @@ class Sender:
                 back.append(slot)
         self._queue.extendleft(reversed(back))
 
+    def _expire(self, error: Exception) -> float:
+        """Fail the queued slots whose deadline passed (Redis unreachable: nothing is sent);
+        return the earliest deadline of the others (monotonic seconds, inf if none)."""
+        now = time.monotonic()
+        earliest = math.inf
+        waiting = [s for s in self._queue if not s.future.done()]
+        self._queue.clear()
+        for slot in waiting:
+            if slot.deadline <= now:
+                slot.settle(self._timed_out(error))
+            else:
+                earliest = min(earliest, slot.deadline)
+                self._queue.append(slot)
+        return earliest
+
     # -- the flusher ----------------------------------------------------------------------------
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -216,9 +231,13 @@ class Sender:
                     self._put_back(inflight, exc)
                     inflight.clear()
                     failures += 1
-                    delay = self.backoff.compute(failures)
+                    # no sleep past a waiting caller's deadline: wake to fail it on time
+                    delay = min(
+                        self.backoff.compute(failures), self._expire(exc) - time.monotonic()
+                    )
                     log.warning("XADD pipeline failed (%s); retry in %.2f s", exc, delay)
                     await anyio.sleep(delay)
+                    self._expire(exc)
                 except Exception as exc:  # never leave a caller waiting on an unsettled future
                     if conn is not None:
                         await conn.disconnect()
