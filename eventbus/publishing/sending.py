@@ -90,7 +90,9 @@ class Sender:
             getattr(pool, "connection_class", object), _FAST_CONNECTIONS
         )
         self._depth = settings.publish_pipelines if self._packed else 1
-        self.backoff = retry.backoff(0.05, 2.0)  # of pipelines (and the topic check)
+        # of pipelines (and the topic check); capped at a quarter of the deadline, so that a
+        # publish made while the flusher backs off is tried again in time once Redis is back
+        self.backoff = retry.backoff(0.05, min(2.0, settings.publish_timeout_s / 4))
         self._wire = Wire(redis, settings)
 
     # -- the queue ------------------------------------------------------------------------------
@@ -171,6 +173,17 @@ class Sender:
                 back.append(slot)
         self._queue.extendleft(reversed(back))
 
+    async def _back_off(self, delay: float, error: Exception) -> None:
+        """Wait `delay` seconds before the next try, failing each queued slot at its deadline
+        meanwhile, not at the end of the wait (a whole backoff overshot `publish_timeout_s`)."""
+        end = time.monotonic() + delay
+        while True:  # a timer over the deadlines, not a poll
+            earliest = self._expire(error)
+            now = time.monotonic()
+            if now >= end:
+                return
+            await anyio.sleep(max(0.0, min(end, earliest) - now))
+
     def _expire(self, error: Exception) -> float:
         """Fail the queued slots whose deadline passed (Redis unreachable: nothing is sent);
         return the earliest deadline of the others (monotonic seconds, inf if none)."""
@@ -231,13 +244,9 @@ class Sender:
                     self._put_back(inflight, exc)
                     inflight.clear()
                     failures += 1
-                    # no sleep past a waiting caller's deadline: wake to fail it on time
-                    delay = min(
-                        self.backoff.compute(failures), self._expire(exc) - time.monotonic()
-                    )
+                    delay = self.backoff.compute(failures)
                     log.warning("XADD pipeline failed (%s); retry in %.2f s", exc, delay)
-                    await anyio.sleep(delay)
-                    self._expire(exc)
+                    await self._back_off(delay, exc)
                 except Exception as exc:  # never leave a caller waiting on an unsettled future
                     if conn is not None:
                         await conn.disconnect()
