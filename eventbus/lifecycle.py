@@ -11,11 +11,13 @@ on leaving ``async with bus:`` (the client the bus made itself is closed then), 
   abandoned and the bus reconnects; a client given to ``EventBus(redis=...)`` cannot be
   re-made, so using it after a fork raises `EventBusError`;
 * a bus entered on one event loop and used from another raises `EventBusError` (it cannot
-  serve two loops at once).
+  serve two loops at once); synchronous code in other threads reaches it through
+  ``bus.sync()``, which sends its calls to the loop the bus is entered on (`running_loop`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any, Self
@@ -86,6 +88,12 @@ class Lifecycle:
             s.publisher = Publisher(s.redis, self.settings, self.keys, s.registry)
         publisher: Publisher = s.publisher
         return publisher
+
+    def running_loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop the bus is entered on in this process (``async with bus:``, a FastAPI
+        `lifespan`, `run()`), or None: where `SyncBus` sends the calls of other threads."""
+        s = self._session
+        return s.loop if s is not None and s.stack is not None and not s.forked else None
 
     @property
     def running(self) -> bool:

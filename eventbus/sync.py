@@ -5,6 +5,12 @@ pipeline flusher) on an event loop in a daemon thread, started on first use; eac
 `EventBus` coroutine of the same name, blocking the calling thread until it is done on that
 loop. Calls from many threads at once are coalesced into pipelines like async ones.
 
+When the bus is already entered on an event loop of this process (a FastAPI `lifespan`, a
+running ``bus.run()``), no loop thread is started: calls are sent to that loop
+(`EventBus.running_loop`), so a sync route's or a plain ``def`` handler's worker thread
+publishes through the bus the application runs. Calling from that loop's own thread raises
+`EventBusError`: it would block the loop it waits for (``await`` the `EventBus` method there).
+
 When the loop stops:
 
 * used outside any ``with`` block (``sb = bus.sync()`` at import, ``sb.publish(...)`` in a
@@ -19,7 +25,9 @@ the parent's loop thread; its first call starts its own, on a new connection.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -35,6 +43,7 @@ from anyio.from_thread import BlockingPortal
 from eventbus.app import EventBus
 from eventbus.client import loops
 from eventbus.errors import EventBusError
+from eventbus.session import current_loop
 
 log = logging.getLogger("eventbus")
 
@@ -50,6 +59,7 @@ class _Loop:
 
     def __init__(self, bus: EventBus) -> None:
         self.portal: BlockingPortal | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
         self._error: BaseException | None = None
         self._ready = threading.Event()
         self.thread = threading.Thread(
@@ -61,6 +71,7 @@ class _Loop:
             raise self._error
 
     async def _serve(self, bus: EventBus) -> None:
+        self.loop = asyncio.get_running_loop()
         try:
             async with bus, BlockingPortal() as portal:
                 self.portal = portal
@@ -126,7 +137,11 @@ class SyncBus:
 
     def call(self, fn: Callable[[], Awaitable[T]]) -> T:
         """Run ``await fn()`` on the bus's event loop and return its result (any coroutine
-        that uses the bus: ``sb.call(lambda: bus.redis.xlen(key))``)."""
+        that uses the bus: ``sb.call(lambda: bus.redis.xlen(key))``). Raises `EventBusError`
+        when called on the event loop the bus is entered on."""
+        home = self._bus.running_loop()
+        if home is not None and (self._loop is None or home is not self._loop.loop):
+            return _call_on(home, fn)  # entered elsewhere (FastAPI's lifespan, bus.run())
         loop = self._started(pin=not getattr(self._local, "depth", 0))
         assert loop.portal is not None
         try:
@@ -165,7 +180,8 @@ class SyncBus:
         with self._lock:
             self._blocks += 1
         try:
-            self._started(pin=False)
+            if self._bus.running_loop() is None:  # else calls go to the loop it runs on
+                self._started(pin=False)
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -183,6 +199,29 @@ class SyncBus:
             # stopped under the lock: a block entered meanwhile waits, then starts a new loop
             # (two loops must never hold the bus at once)
             loop.stop(self._bus.settings.shutdown_grace_s + self._bus.settings.publish_timeout_s)
+
+
+def _call_on(loop: asyncio.AbstractEventLoop, fn: Callable[[], Awaitable[T]]) -> T:
+    """Run ``await fn()`` on `loop` (running in another thread) and wait for its result."""
+    if current_loop() is loop:
+        raise EventBusError(
+            "bus.sync() called on the event loop the bus runs on: it would block the loop it "
+            "waits for; await the EventBus method there (or call it from a worker thread)"
+        )
+
+    async def call() -> T:
+        return await fn()
+
+    coro = call()
+    try:
+        future = asyncio.run_coroutine_threadsafe(coro, loop)
+    except RuntimeError as exc:  # the loop closed meanwhile
+        coro.close()
+        raise EventBusError("the bus's event loop stopped before the call") from exc
+    try:
+        return future.result()
+    except concurrent.futures.CancelledError as exc:
+        raise EventBusError("the bus's event loop stopped during the call") from exc
 
 
 def _after_fork_in_child() -> None:
