@@ -197,7 +197,7 @@ class Publisher:
             self.sender.withdraw(slot)
             raise
         self.sender.ready(slot, stream, fields, topic.maxlen)
-        if self.sender.running:  # the flusher sends it: no coroutine of `submit` per call
+        if slot.queued and self.sender.running:  # `Sender.sends`, inline: the flusher sends it
             return await slot.future
         return await self.sender.submit(slot)
 
@@ -324,7 +324,7 @@ class Publisher:
                 prepared = [self.prepare(topic, ev, rid, headers) for rid, ev in pairs]
             for slot, (stream, fields) in zip(slots, prepared, strict=True):
                 self.sender.ready(slot, stream, fields, topic.maxlen)
-            if not self.sender.running:
+            if slots and not self.sender.sends(slots[0]):  # (all reserved at once)
                 await self.sender.send_now(slots)
             if slots:
                 await asyncio.wait([s.future for s in slots])

@@ -52,13 +52,15 @@ _FAST_CONNECTIONS = (Connection, SSLConnection, UnixDomainSocketConnection)
 class Slot:
     """One publish's place in the queue; `stream` is None until its entry is encoded (ready).
     `deadline` (monotonic seconds) is set when the slot is first sent: it fails with
-    `PublishError` if not confirmed by then."""
+    `PublishError` if not confirmed by then. `queued`: taken while the flusher ran (it sends
+    the slot); else its caller sends it (`submit`), also if the flusher started meanwhile."""
 
     future: asyncio.Future[str]
     stream: str | None = None
     fields: dict[bytes, bytes] | None = None
     maxlen: int = 0
     deadline: float = math.inf
+    queued: bool = False
 
     def settle(self, result: Any) -> None:
         if self.future.done():  # the caller was cancelled (its deadline passed)
@@ -105,6 +107,7 @@ class Sender:
         if timeout_s is not None:
             slot.deadline = time.monotonic() + timeout_s
         if self.running:  # without a flusher each call is sent on its own (`submit`)
+            slot.queued = True
             self._queue.append(slot)
         return slot
 
@@ -120,10 +123,14 @@ class Sender:
                 self._queue.remove(slot)
             self._wake.set()  # the slot may have held back the ones behind it
 
+    def sends(self, slot: Slot) -> bool:
+        """Whether the flusher sends `slot` (else its caller must: `submit`)."""
+        return self.running and slot.queued
+
     async def submit(self, slot: Slot) -> str:
         """Wait for a ready slot's entry ID. Without a running flusher the slot is sent at once,
         on its own (then concurrent calls are not ordered among themselves)."""
-        if not self.running:
+        if not self.sends(slot):
             await self.send_now([slot])
         return await slot.future
 
