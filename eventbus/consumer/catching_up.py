@@ -3,10 +3,11 @@
 A shard is checked for a gap behind the archive when its lock is taken, at most every
 `CATCH_UP_CHECK_S` seconds. A check that fails (archive unreachable, a damaged segment) leaves
 the shard unread, since reading it would skip the missing entries, and the shard is not taken
-again before a backoff: ``retry.backoff(retry_base_s, retry_max_s).compute(n)`` seconds after
-its n-th failure in a row (equal jitter, as for Redis errors), reset by a success. Without it,
-each lock round (about 1.5 per second) would send the archive a request per shard: a request
-storm on an S3 that is already failing.
+again before a backoff that starts at the check interval: ``max(CATCH_UP_CHECK_S,
+retry.backoff(retry_base_s, retry_max_s).compute(n))`` seconds after its n-th failure in a row
+(equal jitter, as for Redis errors), reset by a success. Without it, each lock round (about 1.5
+per second) would send the archive a request per shard: a request storm on an S3 that is
+already failing (and a corrupt archive re-read 6-7 times in 12 s with the Redis backoff alone).
 """
 
 from __future__ import annotations
@@ -68,9 +69,10 @@ class CatchUpSchedule:
         self._not_before.pop(shard, None)
 
     def failed(self, shard: int) -> float:
-        """Record a failed check of `shard`; returns the backoff in seconds."""
+        """Record a failed check of `shard`; returns the backoff in seconds (at least
+        `check_s`: a failed check is not retried sooner than a good one is repeated)."""
         n = self._failures[shard] = self._failures.get(shard, 0) + 1
-        delay = float(self.backoff.compute(n))
+        delay = max(self.check_s, float(self.backoff.compute(n)))
         self._not_before[shard] = self.clock() + delay
         return delay
 

@@ -377,7 +377,8 @@ def test_catch_up_backoff_grows_per_shard_and_resets_on_success() -> None:
     from eventbus.consumer.catching_up import CatchUpSchedule
 
     now = [0.0]
-    schedule = CatchUpSchedule(backoff(1.0, 100.0), clock=lambda: now[0])
+    # a check interval under the backoff's: the backoff's own growth shows
+    schedule = CatchUpSchedule(backoff(1.0, 100.0), check_s=0.5, clock=lambda: now[0])
     assert schedule.due(0) and schedule.due(1)
     schedule.failed(0)
     assert not schedule.due(0) and schedule.due(1)  # per shard
