@@ -29,13 +29,19 @@ def test_uvloop_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
     assert loops.run(loop_module).startswith("asyncio")
 
 
-def test_the_young_gc_threshold_is_set_by_the_first_block_and_restored_by_the_last() -> None:
+def test_the_young_gc_threshold_is_set_by_the_first_block_and_restored_by_the_last(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Overlapping blocks (a bus entered while its consumers run, two buses) restore the
     process's own thresholds only when the last one ends, whatever the order they end in."""
     import gc
 
+    from eventbus.client import loops
     from eventbus.client.loops import young_gc_threshold
 
+    # blocks other tests left open (a SyncBus pinned until exit) are not this test's
+    monkeypatch.setattr(loops, "_gc_users", 0)
+    monkeypatch.setattr(loops, "_gc_before", loops._gc_before)
     before = gc.get_threshold()
     try:
         gc.set_threshold(700, 10, 10)
