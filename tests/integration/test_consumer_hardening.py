@@ -113,7 +113,7 @@ def test_the_consumer_decodes_up_to_the_shared_cap(settings: SettingsFactory) ->
 
     member = Member(None, Keys(), s, "orders", "billing", "c")  # type: ignore[arg-type]  # no Redis call
     h = Handling(member, bus.subscriptions[0], forever(0.01, 0.1))
-    assert h.max_decoded_bytes == s.max_decompressed_bytes
+    assert h.decoding.max_decoded_bytes == s.max_decompressed_bytes
 
 
 # -- item 6: control entries are authenticated -----------------------------------------------------
