@@ -92,9 +92,7 @@ def read(acks: Acks, held: HeldShard, *ids: int) -> list[Item]:
     """Items as the queues make them, each counted as started."""
     items = []
     for n in ids:
-        items.append(
-            Item(held, f"{n}-0".encode(), {})
-        )
+        items.append(Item(held, f"{n}-0".encode(), {}))
         acks.started(held)
     return items
 
