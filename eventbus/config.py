@@ -113,6 +113,11 @@ class Settings(BaseSettings):
     """Shortest XREADGROUP BLOCK when idle."""
     block_max_ms: PositiveInt = 1000
     """Longest XREADGROUP BLOCK when idle."""
+    read_linger_ms: NonNegativeInt = 0
+    """After a read that got entries but filled no shard's `read_count`, wait this long (ms)
+    before the next read, so that each read, its acks and the handlers' own batched writes
+    carry more entries: Kafka's ``fetch.max.wait.ms`` trade for throughput jobs, at the cost of
+    up to this much added latency. 0: read again at once."""
     retention: Literal["maxlen", "acked"] = "maxlen"
     """Default retention of a topic (eventbus.protocol.retention): 'maxlen' caps streams only;
     'acked' keeps entries until every group acked them (MAXLEN stays the hard cap)."""

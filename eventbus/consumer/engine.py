@@ -96,6 +96,7 @@ class Consumer:
         self.tally = self.handling.tally  # handled, dead-lettered, duplicates skipped
         self._rotation = random.randrange(n)
         self._next_lock = 0.0  # monotonic time of the next lock round (`_lock_due`)
+        self.read_full = False  # the last read filled a shard's read_count (`read_linger_ms`)
         self.catching_up = CatchUpSchedule(self.backoff)
         self._stopping = False
         self._stopped = anyio.Event()
@@ -307,6 +308,8 @@ class Consumer:
         got = set()
         with refused("XREADGROUP", ",".join(h.stream for h in readable)):
             reads = await self.reader.read(readable, min(block_ms, lease_ms))
+        count = self.settings.read_count
+        self.read_full = any(len(read.entries) >= count for read in reads)
         for read in reads:
             held = self.table.of_stream(read.stream)
             if held is not None:

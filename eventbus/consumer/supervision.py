@@ -47,7 +47,8 @@ def refused(command: str, key: str) -> Iterator[None]:
 async def read_loop(c: Consumer, stop: anyio.Event) -> None:
     """Run `c`'s rounds until `stop` is set, waiting while `max_in_flight` entries are
     unfinished, with an adaptive BLOCK (doubling from `block_min_ms` to `block_max_ms` while
-    nothing arrives)."""
+    nothing arrives), and `read_linger_ms` after a read that got entries but filled no shard's
+    `read_count`."""
     settings = c.settings
     block = settings.block_min_ms
     failures = 0
@@ -98,6 +99,9 @@ async def read_loop(c: Consumer, stop: anyio.Event) -> None:
                 log.warning("consumer %s: group missing (%s); created again", c.consumer_id, exc)
             continue
         block = settings.block_min_ms if got else min(block * 2, settings.block_max_ms)
+        if got and settings.read_linger_ms and not c.read_full:  # let more entries arrive
+            with anyio.move_on_after(settings.read_linger_ms / 1000):
+                await stop.wait()
 
 
 async def _back_off(

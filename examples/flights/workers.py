@@ -97,9 +97,18 @@ class DemoKeys:
         ]
 
 
+LINGER_MS = 30
+"""`read_linger_ms` of the job's consumers (unless ``EVENTBUS_READ_LINGER_MS`` says otherwise):
+a batch job trades a few ms of latency for fewer, larger reads, acks and Lua batches (consumer
+CPU per event 67-72 us without, 51-55 us with it, runs of 100,000 flights on 2 cores)."""
+
+
 def settings_for(redis_url: str, shards: int) -> Settings:
-    """`Settings` from the environment (``EVENTBUS_*``) with the run's Redis and shard count."""
+    """`Settings` from the environment (``EVENTBUS_*``) with the run's Redis and shard count,
+    and `LINGER_MS`."""
     overrides: dict[str, Any] = {"redis_url": redis_url, "shards": shards}
+    if "EVENTBUS_READ_LINGER_MS" not in os.environ:
+        overrides["read_linger_ms"] = LINGER_MS
     return Settings(**overrides)  # a dict, since mypy has no pydantic plugin here
 
 
