@@ -190,12 +190,12 @@ async def test_a_connection_closed_under_a_caller_fails_as_a_connection_error(
     cluster_settings: Settings,
 ) -> None:
     """When a Cluster's topology changes, redis-py disconnects every connection of a node it
-    drops, also one a task is writing on: between `send_packed_command`'s connected check and
-    its write (`asyncio.wait_for` runs the write as a task of its own) the writer is gone. The
-    write must fail as a lost connection (which callers handle), not with AttributeError (which
-    killed a consumer's ack loop in the failover test)."""
-    import asyncio
-
+    drops, also one a task is writing on. redis-py's own send (``asyncio.wait_for`` runs the
+    write as a task of its own; still the path of a send that connects first) can find the
+    writer gone between its connected check and its write. The write must fail as a lost
+    connection (which callers handle), not with AttributeError (which killed a consumer's ack
+    loop in the failover test). (`timed_send` writes a connected send with no await between
+    the check and the write.)"""
     from redis.exceptions import ConnectionError as RedisConnectionError
 
     client = connect(cluster_settings)
@@ -203,12 +203,9 @@ async def test_a_connection_closed_under_a_caller_fails_as_a_connection_error(
         await client.initialize()
         conn = client.get_random_node().acquire_connection()
         await conn.connect()
-        send = asyncio.create_task(conn.send_packed_command(conn.pack_command("PING"), False))
-        await asyncio.sleep(0)  # the send is now past its check, its write scheduled
-        await conn.disconnect(nowait=True)  # as the NodesManager does to a dropped node
-
+        await conn.disconnect(nowait=True)  # as the NodesManager does, after the caller's check
         with pytest.raises(RedisConnectionError):
-            await send
+            await conn._send_packed_command(conn.pack_command("PING"))  # the write step
     finally:
         await client.aclose()
 
