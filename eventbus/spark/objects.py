@@ -8,14 +8,14 @@ with one).
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import obstore
 from obstore.exceptions import BaseError
 
 from eventbus.tier.errors import StoreError
-from eventbus.tier.layout import GAP_FOLDER, SegmentRef, parse_gap_key, shard_prefix
+from eventbus.tier.gaps import gap_records
+from eventbus.tier.layout import SegmentRef
 from eventbus.tier.store import (
     Store,
     describe,
@@ -56,20 +56,9 @@ class Objects:
         return list_segments_sync(self.store, topic, shard, after=after)
 
     def gaps(self, topic: str, shard: int) -> list[dict[str, Any]]:
-        """The shard's gap records (parsed JSON, plus their ``key``), in key order."""
-        prefix = f"{shard_prefix(topic, shard)}{GAP_FOLDER}/"
-        try:
-            metas = [m for chunk in obstore.list(self.store, prefix) for m in chunk]
-        except (BaseError, OSError) as exc:
-            raise StoreError(f"list {prefix!r} failed: {exc}") from exc
-        out = []
-        for key in sorted(m["path"] for m in metas):
-            if parse_gap_key(key) is None:
-                continue
-            record = json.loads(self.get(key))
-            record["key"] = key
-            out.append(record)
-        return out
+        """The shard's gap records (`eventbus.tier.gaps.parse_gap` dicts, with their ``key``),
+        in key order. Raises `CorruptGapRecord` naming a damaged one, `StoreError`."""
+        return gap_records(self.store, topic, shard, get=self.get)
 
 
 def as_objects(store: Any) -> Objects:

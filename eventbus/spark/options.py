@@ -10,11 +10,12 @@ import ast
 import importlib
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from pydantic import BaseModel
 
+from eventbus.client.addresses import check_redis_url, redact_url
 from eventbus.errors import ConfigError
 from eventbus.protocol.codec import event_type_of
 from eventbus.protocol.keys import Keys, check_name
@@ -98,9 +99,10 @@ def _bool(options: Mapping[str, str], name: str, default: bool) -> bool:
     raise ConfigError(f"option {name} must be true or false, got {raw!r}")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False)
 class SourceOptions:
-    """Parsed options. Sizes in bytes."""
+    """Parsed options. Sizes in bytes. Pickled to every executor and shown in task errors: its
+    repr has the Redis URL's password redacted."""
 
     store: str
     topic: str
@@ -170,8 +172,19 @@ class SourceOptions:
             s3_region=opts.get("s3_region") or None,
         )
         parsed.keys()  # validates key_prefix / hashtag
+        if parsed.redis_url:
+            try:
+                check_redis_url(parsed.redis_url)
+            except ValueError as exc:  # its message has the URL redacted
+                raise ConfigError(f"option redis_url: {exc}") from None
         load_models(parsed.model)  # fails now, not in a task
         return parsed
+
+    def __repr__(self) -> str:
+        shown = {f.name: getattr(self, f.name) for f in fields(self)}
+        if self.redis_url:
+            shown["redis_url"] = redact_url(self.redis_url)
+        return f"SourceOptions({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
 
     def keys(self) -> Keys:
         return Keys(self.key_prefix, self.hashtag)
@@ -206,6 +219,4 @@ class SourceOptions:
             return None
         import redis
 
-        if not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
-            raise ConfigError(f"option redis_url must be a redis:// URL, got {self.redis_url!r}")
         return redis.Redis.from_url(self.redis_url)

@@ -5,12 +5,11 @@ checkpoints account for? A missing segment in the middle of a shard can only be 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 
 from eventbus.tier.errors import TierError
-from eventbus.tier.layout import GAP_FOLDER
-from eventbus.tier.store import Store, get_bytes_sync, list_keys_sync
+from eventbus.tier.gaps import gap_records
+from eventbus.tier.store import Store
 
 
 class ArchiveGap(TierError):
@@ -31,16 +30,10 @@ class ArchiveGap(TierError):
 
 
 def recorded_lost(store: Store, topic: str, shard: int) -> int | None:
-    """Entries recorded as lost in `shard`'s gap records (None if a record has no count)."""
-    total = 0
-    for key, _size in list_keys_sync(store, f"{topic}/{shard}/{GAP_FOLDER}/"):
-        if not key.endswith(".json"):
-            continue
-        lost = json.loads(get_bytes_sync(store, key)).get("lost_entries")
-        if not isinstance(lost, int):
-            return None
-        total += lost
-    return total
+    """Entries recorded as lost in `shard`'s gap records (None if a record has no count).
+    Raises `CorruptGapRecord` naming a damaged record."""
+    counts = [g["lost_entries"] for g in gap_records(store, topic, shard)]
+    return None if None in counts else sum(counts)
 
 
 def check_complete(

@@ -22,5 +22,14 @@ class CorruptSegment(TierError):
         self.key, self.reason = key, reason
 
 
+class CorruptGapRecord(TierError):
+    """A gap record object (`eventbus.tier.gaps.Gap` as JSON) cannot be parsed: not JSON, not
+    an object, or a field of the wrong type. `key` is the object key."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(f"corrupt gap record {key!r}: {reason}")
+        self.key, self.reason = key, reason
+
+
 class LockUnavailable(TierError):
     """Shard locks needed by catch-up stayed held by live consumers past the timeout."""

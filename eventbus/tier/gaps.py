@@ -26,13 +26,18 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
+
+from eventbus.errors import ConfigError
 from eventbus.protocol.ids import ZERO, EntryId, parse_id
-from eventbus.tier.layout import gap_key
+from eventbus.tier.errors import CorruptGapRecord
+from eventbus.tier.layout import gap_key, gap_prefix, parse_gap_key
 from eventbus.tier.metrics import TIER_METRICS
-from eventbus.tier.store import Store, put_create
+from eventbus.tier.store import Store, get_bytes_sync, list_keys_sync, put_create
 
 log = logging.getLogger("eventbus.tier")
 
@@ -81,6 +86,36 @@ def find_gap(
     if max_deleted > position:
         return position, max_deleted.next(), None, "deleted before archiving (XDEL)"
     return None
+
+
+_GAP_RECORD = TypeAdapter(Gap)
+
+
+def parse_gap(data: bytes, key: str) -> dict[str, Any]:
+    """A stored gap record (`record_gap`'s JSON) as a dict of `Gap`'s fields plus ``key``.
+    Raises `CorruptGapRecord` naming `key` when it is not such a record."""
+    try:
+        gap = _GAP_RECORD.validate_json(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'record'}: {e['msg']}" for e in exc.errors()[:3]
+        )
+        raise CorruptGapRecord(key, problems) from None
+    try:
+        parse_id(gap.after), parse_id(gap.before)
+    except ConfigError as exc:
+        raise CorruptGapRecord(key, str(exc)) from None
+    return {**asdict(gap), "key": key}
+
+
+def gap_records(
+    store: Store, topic: str, shard: int, get: Callable[[str], bytes] | None = None
+) -> list[dict[str, Any]]:
+    """The gap records of `topic`/`shard` (`parse_gap` dicts), in key order; `get` reads an
+    object (default: `get_bytes_sync` on `store`). Raises `CorruptGapRecord`, `StoreError`."""
+    read = get or (lambda key: get_bytes_sync(store, key))
+    keys = [k for k, _ in list_keys_sync(store, gap_prefix(topic, shard)) if parse_gap_key(k)]
+    return [parse_gap(read(key), key) for key in keys]
 
 
 async def record_gap(store: Store, gap: Gap) -> bool:

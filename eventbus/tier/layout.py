@@ -45,9 +45,14 @@ def dictionary_key(topic: str, dict_id: int) -> str:
     return f"{topic}/_dictionaries/{dict_id}.zdict"
 
 
+def gap_prefix(topic: str, shard: int) -> str:
+    """``<topic>/<shard>/gaps/``: the folder of one shard's gap records."""
+    return f"{shard_prefix(topic, shard)}{GAP_FOLDER}/"
+
+
 def gap_key(topic: str, shard: int, after: EntryId, before: EntryId) -> str:
     """Key of the record of entries lost strictly between `after` and `before`."""
-    return f"{shard_prefix(topic, shard)}{GAP_FOLDER}/{after.padded}-{before.padded}.json"
+    return f"{gap_prefix(topic, shard)}{after.padded}-{before.padded}.json"
 
 
 @dataclass(frozen=True, slots=True, order=True)

@@ -290,6 +290,11 @@ class ShardOffload:
             needed = await acked_point(self.o.redis, sh.stream)
             if needed is not None:
                 minid = min(minid, needed)
-        await self.o.redis.xtrim(
-            sh.stream, minid=str(minid), approximate=not self.o.tier.trim_exact
-        )
+        approximate = not self.o.tier.trim_exact
+        # An approximate trim evicts at most LIMIT entries per call (Redis's default: 100 x
+        # stream-node-max-entries, 10,000): repeat until a call evicts nothing, so a long
+        # backlog leaves Redis in one round while each call stays short. An exact trim has no
+        # such limit.
+        while await self.o.redis.xtrim(sh.stream, minid=str(minid), approximate=approximate):
+            if not approximate:
+                break

@@ -12,6 +12,7 @@ puts (`put_create`), which the offloader relies on.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from obstore.exceptions import AlreadyExistsError, BaseError
 from obstore.store import LocalStore, MemoryStore, S3Store
 from obstore.store import from_url as _from_url
 
+from eventbus.client.addresses import redact_url
 from eventbus.tier.errors import StoreError
 from eventbus.tier.layout import (
     SEGMENT_SUFFIX,
@@ -82,10 +84,26 @@ def open_store(
             client: dict[str, Any] = {}
             if allow_http or (allow_http is None and (endpoint or "").startswith("http://")):
                 client["allow_http"] = True
+            elif not endpoint:
+                _refuse_plain_http_from_env(url)
             return S3Store.from_url(url, config=config or None, client_options=client or None)  # type: ignore[arg-type]
         return _from_url(url)
     except (BaseError, ValueError, OSError) as exc:
         raise StoreError(f"cannot open object store {url!r}: {exc}") from exc
+
+
+def _refuse_plain_http_from_env(url: str) -> None:
+    """obstore takes the endpoint from ``AWS_ENDPOINT_URL`` but refuses plain HTTP unless
+    ``AWS_ALLOW_HTTP`` is true: every request would then fail at once, and a retrying caller
+    (the offloader) would retry for ever. Say so now instead."""
+    env = os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT") or ""
+    allowed = os.environ.get("AWS_ALLOW_HTTP", "").strip().lower() in ("true", "1", "yes")
+    if env.lower().startswith("http://") and not allowed:
+        raise StoreError(
+            f"cannot open object store {url!r}: AWS_ENDPOINT_URL is a plain-HTTP endpoint "
+            f"({redact_url(env)}) and AWS_ALLOW_HTTP is not set: set AWS_ALLOW_HTTP=true to "
+            "allow it (an S3-compatible server on a trusted network), or use https://"
+        )
 
 
 def describe(store: Store) -> str:

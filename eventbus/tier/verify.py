@@ -13,8 +13,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from eventbus.protocol.ids import EntryId, parse_id
+from eventbus.tier.gaps import gap_records
 from eventbus.tier.replay import plan, read_segment
-from eventbus.tier.store import Store, list_keys_sync
+from eventbus.tier.store import Store
 
 
 @dataclass
@@ -92,9 +93,7 @@ def verify_archive(
             count += len(entries)
         report.per_shard[shard] = count
         report.entries += count
-        report.gap_records += sum(
-            1 for key, _ in list_keys_sync(store, f"{topic}/{shard}/gaps/") if key.endswith(".json")
-        )
+        report.gap_records += len(gap_records(store, topic, shard))
     dups = sorted(k for k, n in seen.items() if n > 1)
     report.duplicate_entries = sum(seen[k] - 1 for k in dups)
     report.duplicates = [f"{shard}/{i}" for shard, i in dups[:20]]

@@ -8,6 +8,7 @@ offloader checkpoint and fails the command, or only warns with ``--allow-gaps``.
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import anyio
@@ -16,6 +17,7 @@ from tier_support import make_bus, publish_ticks
 from typer.testing import CliRunner
 
 from eventbus.cli import app
+from eventbus.tier.gaps import Gap
 from eventbus.tier.replay import ArchiveGap, check_complete
 from eventbus.tier.store import StoreNotFound, open_store
 
@@ -79,7 +81,7 @@ def test_check_complete_counts_gap_records_as_accounted(tmp_path: Path) -> None:
     gaps = check_complete(store, "t", {0: 10, 1: 5}, {0: 10, 1: 8, 2: 1})
     assert [(g.shard, g.accounted, g.archived) for g in gaps] == [(1, 8, 5), (2, 1, 0)]
     assert all(isinstance(g, ArchiveGap) for g in gaps)
-    gap_dir = tmp_path / "t" / "1" / "gaps"
-    gap_dir.mkdir(parents=True)
-    (gap_dir / f"{'0' * 40}-{'0' * 40}.json").write_text(json.dumps({"lost_entries": 3}))
+    gap = Gap("t", 1, "0-0", "9-0", 3, 1, "offloader", "trimmed before archiving")
+    (tmp_path / gap.key).parent.mkdir(parents=True)
+    (tmp_path / gap.key).write_text(json.dumps(asdict(gap)))
     assert [g.shard for g in check_complete(store, "t", {0: 10, 1: 5}, {1: 8, 2: 1})] == [2]

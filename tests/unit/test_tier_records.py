@@ -1,0 +1,82 @@
+"""Gap records read back strictly, and an object store that cannot work refused when opened."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+import obstore
+import pytest
+
+from eventbus.protocol.ids import EntryId
+from eventbus.tier.completeness import recorded_lost
+from eventbus.tier.errors import CorruptGapRecord, StoreError
+from eventbus.tier.gaps import Gap, gap_records
+from eventbus.tier.layout import gap_key
+from eventbus.tier.store import open_store
+
+GAP = Gap("orders", 0, "5-0", "9-0", 3, 1_700_000_000_000, "offloader", "trimmed")
+
+
+def test_gap_records_parse_in_key_order() -> None:
+    store = open_store("memory://")
+    later = Gap("orders", 0, "20-0", "30-0", None, 1, "offloader", "deleted")
+    for gap in (later, GAP):
+        obstore.put(store, gap.key, json.dumps(asdict(gap)).encode())
+    obstore.put(store, "orders/0/gaps/README.txt", b"not a record")  # ignored: not a gap key
+    records = gap_records(store, "orders", 0)
+    assert [r["key"] for r in records] == [GAP.key, later.key]
+    assert records[0] == {**asdict(GAP), "key": GAP.key}
+    assert recorded_lost(store, "orders", 0) is None  # one count unknown
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (b"{not json", "record"),
+        (b"[1, 2]", "record"),
+        (json.dumps({**asdict(GAP), "lost_entries": "three"}).encode(), "lost_entries"),
+        (json.dumps({**asdict(GAP), "after": "five"}).encode(), "not a stream entry ID"),
+        (json.dumps({k: v for k, v in asdict(GAP).items() if k != "shard"}).encode(), "shard"),
+    ],
+)
+def test_a_damaged_gap_record_is_an_error_naming_it(body: bytes, reason: str) -> None:
+    """It used to be a bare JSONDecodeError (or a KeyError later, or counted as a record)."""
+    store = open_store("memory://")
+    key = gap_key("orders", 0, EntryId(5, 0), EntryId(9, 0))
+    obstore.put(store, key, body)
+    with pytest.raises(CorruptGapRecord, match=reason) as caught:
+        gap_records(store, "orders", 0)
+    assert caught.value.key == key
+    with pytest.raises(CorruptGapRecord):
+        recorded_lost(store, "orders", 0)
+
+
+def test_plain_http_endpoint_from_env_needs_allow_http(monkeypatch: pytest.MonkeyPatch) -> None:
+    """obstore refuses every request to an http:// AWS_ENDPOINT_URL without AWS_ALLOW_HTTP; the
+    offloader then retried for ever. Opening the store says so now."""
+    monkeypatch.delenv("AWS_ENDPOINT", raising=False)
+    monkeypatch.delenv("AWS_ALLOW_HTTP", raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://user:secret@127.0.0.1:9000")
+    with pytest.raises(StoreError, match="AWS_ALLOW_HTTP") as caught:
+        open_store("s3://bucket/prefix")
+    assert "secret" not in str(caught.value)
+    monkeypatch.setenv("AWS_ALLOW_HTTP", "true")
+    open_store("s3://bucket/prefix")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "https://s3.example.com")
+    monkeypatch.delenv("AWS_ALLOW_HTTP")
+    open_store("s3://bucket/prefix")
+    # an explicit endpoint argument decides on its own (allow_http follows its scheme)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9000")
+    open_store("s3://bucket/prefix", endpoint="http://127.0.0.1:9000")
+
+
+def test_source_options_repr_hides_the_redis_password() -> None:
+    pytest.importorskip("pyspark")
+    from eventbus.spark.options import SourceOptions
+
+    opts = SourceOptions.parse(
+        {"store": "memory://", "topic": "orders", "redis_url": "redis://:hunter2@h:6379/0"}
+    )
+    assert "hunter2" not in repr(opts) and "redis_url=" in repr(opts)
+    assert opts.redis_url == "redis://:hunter2@h:6379/0"
