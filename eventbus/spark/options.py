@@ -6,8 +6,6 @@ naming the option, when the DataFrame is defined (``load()``), not when a task r
 
 from __future__ import annotations
 
-import ast
-import importlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -21,47 +19,9 @@ from eventbus.protocol.codec import event_type_of
 from eventbus.protocol.keys import Keys, check_name
 from eventbus.tier.dictionaries import read_from
 from eventbus.tier.store import Store, open_store
+from eventbus.tier.typed import load_models, load_object
 
 MODES = ("PERMISSIVE", "FAILFAST")
-
-
-def load_object(path: str, what: str) -> Any:
-    """Import ``"pkg.module:Name"``. Raises `ConfigError` naming `what` and the path."""
-    module, _, name = path.partition(":")
-    if not module or not name:
-        raise ConfigError(f"{what} must be 'package.module:Name', got {path!r}")
-    try:
-        obj: Any = importlib.import_module(module)
-        for part in name.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"cannot import {what} {path!r}: {exc}") from None
-    return obj
-
-
-def load_models(spec: str | None) -> dict[str | None, type[BaseModel]] | None:
-    """The ``model`` option: ``"pkg.mod:Model"`` (key None: decodes every entry) or a JSON object
-    ``{"<event type>": "pkg.mod:Model", ...}`` (entries of other types get null typed columns)."""
-    if not spec:
-        return None
-    spec = spec.strip()
-    if spec.startswith("{"):
-        try:
-            raw = json.loads(spec)
-        except json.JSONDecodeError as exc:
-            try:  # .option("model", {...}) hands Spark str(dict): Python's quoting
-                raw = ast.literal_eval(spec)
-            except (ValueError, SyntaxError):
-                raise ConfigError(f"option model is not a JSON object: {exc}") from None
-        pairs: dict[str | None, Any] = {
-            str(k): load_object(str(v), "model") for k, v in raw.items()
-        }
-    else:
-        pairs = {None: load_object(spec, "model")}
-    for model in pairs.values():
-        if not (isinstance(model, type) and issubclass(model, BaseModel)):
-            raise ConfigError(f"option model must name pydantic models, got {model!r}")
-    return pairs
 
 
 def models_option(models: Any) -> str:
@@ -125,6 +85,7 @@ class SourceOptions:
     headers_col: str | None = None
     s3_endpoint: str | None = None
     s3_region: str | None = None
+    ranges: str | None = None  # internal: the Redis-tail parts planned by `eventbus.spark.native`
 
     @classmethod
     def parse(cls, options: Mapping[str, str], *, need_store: bool = True) -> SourceOptions:
@@ -170,6 +131,7 @@ class SourceOptions:
             headers_col=opts.get("headers_col") or None,
             s3_endpoint=opts.get("s3_endpoint") or None,
             s3_region=opts.get("s3_region") or None,
+            ranges=opts.get("_ranges") or None,
         )
         parsed.keys()  # validates key_prefix / hashtag
         if parsed.redis_url:

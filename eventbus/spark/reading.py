@@ -23,7 +23,7 @@ from eventbus.spark.objects import Objects
 from eventbus.spark.planning import RangePart, checkpoints
 from eventbus.tier.errors import CorruptSegment
 from eventbus.tier.layout import SegmentRef
-from eventbus.tier.segment import SCHEMA, entry_arrays, read_info
+from eventbus.tier.segment import COLUMNS, SCHEMA, check_schema, entry_arrays, read_info
 
 XRANGE_COUNT = 5000
 BATCH_ROWS = 32768
@@ -42,8 +42,7 @@ def read_segment(
     try:
         pf = pq.ParquetFile(io.BytesIO(data), page_checksum_verification=True)
         info = read_info(pf.schema_arrow, key)
-        if pa.schema(list(pf.schema_arrow)) != pa.schema(list(SCHEMA)):
-            raise CorruptSegment(key, f"unexpected schema {pf.schema_arrow}")
+        check_schema(pf.schema_arrow, info, key)
         if (info.topic, info.shard, info.first, info.last) != (
             ref.topic,
             ref.shard,
@@ -55,7 +54,7 @@ def read_segment(
                 f"metadata says {info.topic}/{info.shard} "
                 f"{info.first}..{info.last}, not what the key says",
             )
-        table = pf.read()
+        table = pf.read(columns=list(COLUMNS))  # typed columns: `eventbus.spark.native`
     except CorruptSegment:
         raise
     except Exception as exc:  # pyarrow raises ArrowInvalid, OSError, ... on damaged files

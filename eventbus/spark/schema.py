@@ -24,25 +24,16 @@ With a model, one column per model field follows (`model_fields`), then always `
 
 from __future__ import annotations
 
-import datetime as dt
-import decimal
-import enum
-import types
 import typing
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
 import pyarrow as pa
 from pydantic import BaseModel
-from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.pandas.types import from_arrow_type, to_arrow_schema
 from pyspark.sql.types import (
-    ArrayType,
     BinaryType,
-    BooleanType,
     DataType,
-    DateType,
-    DoubleType,
     IntegerType,
     LongType,
     MapType,
@@ -52,8 +43,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from eventbus.errors import ConfigError
 from eventbus.tier.gaps import Gap
+from eventbus.tier.typed import arrow_type, typed_struct
 
 CORRUPT = "_corrupt"
 
@@ -75,57 +66,11 @@ BASE = StructType(
 BASE_NAMES = tuple(BASE.fieldNames())
 
 
-_SCALARS: dict[type, DataType] = {
-    bool: BooleanType(),  # before int: bool is an int
-    int: LongType(),
-    float: DoubleType(),
-    str: StringType(),
-    bytes: BinaryType(),
-    dt.datetime: TimestampType(),
-    dt.date: DateType(),
-}
-_AS_TEXT = (uuid.UUID, decimal.Decimal)
-
-
 def spark_type(annotation: Any) -> DataType:
-    """The Spark type of a pydantic field annotation.
-
-    ``X | None`` is X (nullable); ``int`` bigint; ``float`` double; ``datetime`` timestamp;
-    ``list[X]``/``tuple``/``set`` array; ``dict[str, X]`` map; a model a struct; an enum the type
-    of its values; ``Literal`` the type of its values; UUID, Decimal and anything else string
-    (UUID/Decimal as text, other values as JSON text).
-    """
-    origin = typing.get_origin(annotation)
-    args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    if origin in (typing.Union, types.UnionType):
-        return spark_type(args[0]) if len(args) == 1 else StringType()
-    if origin is typing.Annotated:
-        return spark_type(args[0])
-    if origin is typing.Literal:
-        kinds = {type(a) for a in args}
-        return spark_type(kinds.pop()) if len(kinds) == 1 else StringType()
-    if origin in (list, tuple, set, frozenset):
-        inner = [a for a in args if a is not Ellipsis]
-        return ArrayType(spark_type(inner[0]) if len(set(inner)) == 1 else StringType())
-    if origin in (dict, Mapping):
-        return MapType(StringType(), spark_type(args[1]) if len(args) == 2 else StringType())
-    if isinstance(annotation, type):
-        if issubclass(annotation, BaseModel):
-            return model_struct(annotation)
-        if issubclass(annotation, enum.Enum):
-            kinds = {type(m.value) for m in annotation}
-            return _SCALARS.get(kinds.pop(), StringType()) if len(kinds) == 1 else StringType()
-        for py, spark in _SCALARS.items():
-            if issubclass(annotation, py):
-                return spark
-    return StringType()
-
-
-def model_struct(model: type[BaseModel]) -> StructType:
-    """A struct with one field per field of `model` (by field name, in declaration order)."""
-    return StructType(
-        [StructField(name, spark_type(f.annotation)) for name, f in model.model_fields.items()]
-    )
+    """The Spark type of a pydantic field annotation: Spark's type of its Arrow type
+    (`eventbus.tier.typed.arrow_type`, the typed segment columns' mapping), so the source's
+    typed columns and the segments' are the same."""
+    return from_arrow_type(arrow_type(annotation))
 
 
 GAPS = StructType(
@@ -140,24 +85,9 @@ GAPS = StructType(
 
 
 def typed_fields(models: Mapping[str | None, type[BaseModel]]) -> list[StructField]:
-    """The union of the models' fields, in first-seen order. Raises `ConfigError` when two
-    models give one field name two types, or a field name is a fixed column's."""
-    out: dict[str, StructField] = {}
-    for model in models.values():
-        for field in model_struct(model).fields:
-            if field.name in BASE_NAMES or field.name == CORRUPT:
-                raise ConfigError(
-                    f"model {model.__name__} has a field {field.name!r}, the name of a fixed "
-                    "column of the eventbus source; rename the field (or alias it)"
-                )
-            seen = out.get(field.name)
-            if seen is not None and seen.dataType != field.dataType:
-                raise ConfigError(
-                    f"field {field.name!r} is {seen.dataType.simpleString()} in one model and "
-                    f"{field.dataType.simpleString()} in {model.__name__}"
-                )
-            out.setdefault(field.name, field)
-    return list(out.values())
+    """The union of the models' fields, in first-seen order (`eventbus.tier.typed.typed_struct`,
+    whose `ConfigError` it raises for a field of two types or with a fixed column's name)."""
+    return list(from_arrow_type(typed_struct(models)).fields)  # type: ignore[attr-defined]
 
 
 def read_schema(models: Mapping[str | None, type[BaseModel]] | None) -> StructType:

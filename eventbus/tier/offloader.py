@@ -50,6 +50,7 @@ from eventbus.tier.errors import CorruptSegment
 from eventbus.tier.settings import TierSettings
 from eventbus.tier.store import Store
 from eventbus.tier.topic_offload import TopicOffloader
+from eventbus.tier.typed import TypedPayloads, load_models
 
 log = logging.getLogger("eventbus.tier")
 
@@ -127,6 +128,11 @@ class Offloader:
         self._topics: dict[str, TopicOffloader] = {}
         self._skipped: set[str] = set()
         self._hook = hook
+        # typed segments: a model that cannot be imported fails here, not in a round
+        self.typed = {
+            topic: TypedPayloads(load_models(spec, f"typed_models[{topic!r}]") or {})
+            for topic, spec in self.tier.typed_models.items()
+        }
 
     async def hook(self, point: str, shard: int, key: str) -> None:
         if self._hook is not None:

@@ -21,8 +21,15 @@ data            binary                 the entry's raw ``data`` field (envelope 
 =============== ====================== =========================================================
 
 Envelope-derived columns are null when the entry's envelope does not decode; the raw ``data``
-bytes are kept regardless. The file's key-value metadata holds ``eventbus.segment_version``
-(``1``), ``eventbus.topic``, ``eventbus.shard``, ``eventbus.first``, ``eventbus.last`` (the range
+bytes are kept regardless. A *typed* segment (the topic has registered models:
+`eventbus.tier.typed`) has more columns after ``data``: one per model field (the payload as
+typed values, null where the entry's type has no model or its payload does not validate), then
+``typed_error`` (string: why a modelled entry's typed columns are null). ``data`` stays the
+source of truth. The file's key-value metadata holds ``eventbus.segment_version``
+(``1``; ``2`` for a typed segment, which also has ``eventbus.typed_models``, the models as
+``{"<event type>": "module:Name"}``, ``eventbus.typed_version``, a fingerprint of the models
+and their columns' types, and ``eventbus.typed_invalid``, the entries whose payload did not
+validate), ``eventbus.topic``, ``eventbus.shard``, ``eventbus.first``, ``eventbus.last`` (the range
 the key names), ``eventbus.entries`` and ``eventbus.raw_bytes`` (field names + values of the
 entries, as counted against ``max_payload_bytes``). Data pages carry CRC32 checksums, verified
 on read.
@@ -42,8 +49,10 @@ from eventbus.errors import DecodeError
 from eventbus.protocol.codec import F_DATA, F_RESOURCE, F_TYPE, decode_entry
 from eventbus.protocol.ids import EntryId
 from eventbus.tier.errors import CorruptSegment
+from eventbus.tier.typed import ERROR_COLUMN, TypedPayloads
 
 FORMAT_VERSION = "1"
+TYPED_VERSION = "2"
 
 SCHEMA = pa.schema(
     [
@@ -76,6 +85,9 @@ class SegmentInfo:
     last: EntryId
     entries: int
     raw_bytes: int
+    typed_models: str | None = None  # typed segments: `eventbus.tier.typed.models_spec`
+    typed_version: str | None = None  # `TypedPayloads.version`
+    typed_invalid: int = 0  # entries of a modelled type whose payload did not validate
 
 
 def _text(value: bytes | None) -> str | None:
@@ -145,8 +157,10 @@ def encode_segment(
     entries: Sequence[RawEntry],
     *,
     zstd_level: int = 3,
+    typed: TypedPayloads | None = None,
 ) -> tuple[bytes, SegmentInfo]:
-    """Encode `entries` (in entry-ID order, all within `first`..`last`) as a segment file.
+    """Encode `entries` (in entry-ID order, all within `first`..`last`) as a segment file;
+    with `typed`, a typed segment (its payload also as typed columns, see the module docstring).
 
     Returns the file's bytes and its `SegmentInfo`. CPU-bound: call it in a worker thread from
     async code. Raises `ValueError` if the entries are out of order or outside the range.
@@ -159,18 +173,34 @@ def encode_segment(
         prev = entry_id
         raw_bytes += sum(map(len, fields)) + sum(map(len, fields.values()))
     n = len(entries)
-    info = SegmentInfo(topic, shard, first, last, n, raw_bytes)
     arrays = entry_arrays(topic, shard, entries)
+    schema = SCHEMA
+    info = SegmentInfo(topic, shard, first, last, n, raw_bytes)
+    extra: dict[str, str] = {}
+    if typed is not None:
+        struct, errors = typed.columns(arrays[-1].to_pylist(), arrays[6].to_pylist())
+        arrays += [*struct.flatten(), pa.array(errors, pa.string())]
+        schema = pa.schema([*SCHEMA, *typed.struct, pa.field(ERROR_COLUMN, pa.string())])
+        invalid = n - errors.count(None)
+        info = SegmentInfo(
+            topic, shard, first, last, n, raw_bytes, typed.spec, typed.version, invalid
+        )
+        extra = {
+            "eventbus.typed_models": typed.spec,
+            "eventbus.typed_version": typed.version,
+            "eventbus.typed_invalid": str(invalid),
+        }
     metadata = {
-        "eventbus.segment_version": FORMAT_VERSION,
+        "eventbus.segment_version": FORMAT_VERSION if typed is None else TYPED_VERSION,
         "eventbus.topic": topic,
         "eventbus.shard": str(shard),
         "eventbus.first": str(first),
         "eventbus.last": str(last),
         "eventbus.entries": str(n),
         "eventbus.raw_bytes": str(raw_bytes),
+        **extra,
     }
-    table = pa.Table.from_arrays(arrays, schema=SCHEMA.with_metadata(metadata))
+    table = pa.Table.from_arrays(arrays, schema=schema.with_metadata(metadata))
     sink = io.BytesIO()
     pq.write_table(
         table,
@@ -196,8 +226,9 @@ def read_info(schema: Any, key: str) -> SegmentInfo:
 
     try:
         version = _meta(schema, "segment_version", key)
-        if version != FORMAT_VERSION:
+        if version not in (FORMAT_VERSION, TYPED_VERSION):
             raise CorruptSegment(key, f"unsupported segment version {version!r}")
+        typed = version == TYPED_VERSION
         return SegmentInfo(
             topic=_meta(schema, "topic", key),
             shard=int(_meta(schema, "shard", key)),
@@ -205,11 +236,28 @@ def read_info(schema: Any, key: str) -> SegmentInfo:
             last=parse_id(_meta(schema, "last", key)),
             entries=int(_meta(schema, "entries", key)),
             raw_bytes=int(_meta(schema, "raw_bytes", key)),
+            typed_models=_meta(schema, "typed_models", key) if typed else None,
+            typed_version=_meta(schema, "typed_version", key) if typed else None,
+            typed_invalid=int(_meta(schema, "typed_invalid", key)) if typed else 0,
         )
     except CorruptSegment:
         raise
     except Exception as exc:  # int() / parse_id on garbage metadata
         raise CorruptSegment(key, f"bad metadata: {exc}") from None
+
+
+def check_schema(schema: pa.Schema, info: SegmentInfo, key: str) -> None:
+    """Raise `CorruptSegment` unless `schema` starts with `SCHEMA`'s columns and has more only
+    in a typed segment (ending with ``typed_error``)."""
+    fields = list(schema)
+    extra = fields[len(SCHEMA) :]
+    ok = pa.schema(fields[: len(SCHEMA)]) == pa.schema(list(SCHEMA))
+    if info.typed_version is None:
+        ok = ok and not extra
+    else:
+        ok = ok and bool(extra) and extra[-1] == pa.field(ERROR_COLUMN, pa.string())
+    if not ok:
+        raise CorruptSegment(key, f"unexpected schema {schema}")
 
 
 def decode_segment(
@@ -231,8 +279,7 @@ def decode_segment(
         pf = pq.ParquetFile(io.BytesIO(data), page_checksum_verification=True)
         schema = pf.schema_arrow
         info = read_info(schema, key)
-        if pa.schema(list(schema)) != pa.schema(list(SCHEMA)):
-            raise CorruptSegment(key, f"unexpected schema {schema}")
+        check_schema(schema, info, key)
         wanted = (
             list(COLUMNS)
             if columns is None

@@ -56,3 +56,9 @@ class TierSettings(BaseSettings):
     poll_interval_s: float = Field(1.0, gt=0, description="Pause between idle offload rounds.")
     read_count: int = Field(2000, ge=1, description="COUNT of one XRANGE.")
     zstd_level: int = Field(3, ge=1, le=22, description="Parquet zstd compression level.")
+    typed_models: dict[str, str] = Field(
+        default_factory=dict,
+        description="Topic -> its payload models, 'pkg.mod:Model' or a JSON object "
+        '{"<event type>": "pkg.mod:Model"}: segments of these topics also hold the payload as '
+        "typed columns (docs/protocol.md). Env: a JSON object.",
+    )

@@ -225,9 +225,23 @@ class ShardOffload:
         await archive_dictionaries(o.redis, o.keys, o.store, self.topic, rows)
         data, info = await anyio.to_thread.run_sync(
             lambda: encode_segment(
-                self.topic, sh.shard, intent.first, intent.last, rows, zstd_level=o.tier.zstd_level
+                self.topic,
+                sh.shard,
+                intent.first,
+                intent.last,
+                rows,
+                zstd_level=o.tier.zstd_level,
+                typed=o.typed.get(self.topic),
             )
         )
+        if info.typed_invalid:
+            log.warning(
+                "segment %s: %d of %d entries did not validate against the topic's models "
+                "(typed columns null, typed_error says why; data keeps them)",
+                key,
+                info.typed_invalid,
+                info.entries,
+            )
         await o.hook("before_put", sh.shard, key)
         started = time.monotonic()
         created = await put_create(o.store, key, data)

@@ -1,0 +1,183 @@
+"""Typed segments (issue 22 item 1): the pydantic -> Arrow mapping, typed columns next to the raw
+``data``, invalid entries, schema evolution, and the archive read by plain Parquet readers."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import enum
+import io
+import json
+import uuid
+from typing import Literal
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from pydantic import BaseModel, Field
+
+from eventbus.errors import ConfigError
+from eventbus.protocol.codec import F_DATA, Envelope, encode_entry, new_event_id
+from eventbus.protocol.ids import EntryId
+from eventbus.tier.segment import SCHEMA, decode_segment, encode_segment
+from eventbus.tier.typed import TypedPayloads, arrow_type, typed_struct
+
+MS = 1_700_000_000_000
+
+
+class Colour(enum.Enum):
+    RED = "red"
+    BLUE = "blue"
+
+
+class Line(BaseModel):
+    sku: str
+    qty: int
+
+
+class Placed(BaseModel):
+    order: int
+    amount: float
+    at: dt.datetime
+    lines: list[Line] = Field(default_factory=list)
+    colour: Colour = Colour.RED
+    note: str | None = None
+
+
+class Cancelled(BaseModel):
+    order: int
+    reason: str
+
+
+class PlacedV2(BaseModel):  # a field added with a default
+    order: int
+    amount: float
+    at: dt.datetime
+    lines: list[Line] = Field(default_factory=list)
+    colour: Colour = Colour.RED
+    note: str | None = None
+    channel: str = "web"
+
+
+class PlacedAmountText(BaseModel):  # a changed type
+    order: int
+    amount: str
+
+
+def entry(i: int, etype: str, payload: dict[str, object]) -> tuple[EntryId, dict[bytes, bytes]]:
+    env = Envelope(f"r{i}", etype, new_event_id(), MS + i, {}, payload)
+    return EntryId(MS + i, 0), encode_entry(env)
+
+
+def placed(i: int) -> dict[str, object]:
+    return {
+        "order": i,
+        "amount": i * 1.5,
+        "at": f"2026-11-24T10:00:0{i % 10}Z",
+        "lines": [{"sku": f"s{i}", "qty": i}],
+        "colour": "blue",
+    }
+
+
+def test_the_pydantic_to_arrow_mapping() -> None:
+    """The table of docs/protocol.md, "Typed columns"."""
+    assert arrow_type(int) == pa.int64()
+    assert arrow_type(float) == pa.float64()
+    assert arrow_type(bool) == pa.bool_()
+    assert arrow_type(bytes) == pa.binary()
+    assert arrow_type(dt.datetime) == pa.timestamp("us", tz="UTC")
+    assert arrow_type(dt.date) == pa.date32()
+    assert arrow_type(int | None) == pa.int64()
+    assert arrow_type(int | str) == pa.string()
+    assert arrow_type(Colour) == pa.string()
+    assert arrow_type(Literal[1, 2]) == pa.int64()
+    assert arrow_type(decimal.Decimal) == pa.string()
+    assert arrow_type(uuid.UUID) == pa.string()
+    assert arrow_type(list[Line]) == pa.list_(
+        pa.struct([("sku", pa.string()), ("qty", pa.int64())])
+    )
+    assert arrow_type(tuple[int, ...]) == pa.list_(pa.int64())
+    assert arrow_type(dict[str, float]) == pa.map_(pa.string(), pa.float64())
+    assert typed_struct({"Placed": Placed, "Cancelled": Cancelled}).names == [
+        *Placed.model_fields,
+        "reason",
+    ]
+
+
+def test_models_that_clash_or_shadow_a_fixed_column_are_refused() -> None:
+    class Shadow(BaseModel):
+        data: str
+
+    with pytest.raises(ConfigError, match="fixed column"):
+        typed_struct({None: Shadow})
+    with pytest.raises(ConfigError, match="'amount' is double in one model and string"):
+        typed_struct({"Placed": Placed, "Other": PlacedAmountText})
+
+
+def test_a_typed_segment_keeps_data_and_adds_typed_columns() -> None:
+    typed = TypedPayloads({"Placed": Placed, "Cancelled": Cancelled})
+    entries = [
+        entry(0, "Placed", placed(0)),
+        entry(1, "Cancelled", {"order": 0, "reason": "late"}),
+        entry(2, "Placed", {"order": "not a number"}),  # does not validate
+        entry(3, "Shipped", {"order": 0}),  # no model: null typed columns, no error
+    ]
+    data, info = encode_segment("orders", 0, entries[0][0], entries[-1][0], entries, typed=typed)
+    assert (info.typed_invalid, info.typed_version) == (1, typed.version)
+    table = pq.read_table(io.BytesIO(data))
+    meta = table.schema.metadata
+    assert meta[b"eventbus.segment_version"] == b"2"
+    assert json.loads(meta[b"eventbus.typed_models"]) == {
+        "Placed": f"{__name__}:Placed",
+        "Cancelled": f"{__name__}:Cancelled",
+    }
+    assert meta[b"eventbus.typed_invalid"] == b"1"
+    rows = table.to_pylist()
+    assert rows[0]["order"] == 0 and rows[0]["amount"] == 0.0
+    assert rows[0]["at"] == dt.datetime(2026, 11, 24, 10, 0, 0, tzinfo=dt.UTC)
+    assert rows[0]["lines"] == [{"sku": "s0", "qty": 0}] and rows[0]["colour"] == "blue"
+    assert rows[1]["reason"] == "late" and rows[1]["amount"] is None
+    assert rows[2]["order"] is None and "ValidationError: Placed: order" in rows[2]["typed_error"]
+    assert rows[3]["order"] is None and rows[3]["typed_error"] is None
+    assert [r["typed_error"] is None for r in rows] == [True, True, False, True]
+    assert [r["data"] for r in rows] == [e[1][F_DATA] for e in entries]  # the source of truth
+    # the tier's own reader still verifies it and reads the raw columns
+    table2, info2 = decode_segment(data, "k", expect=("orders", 0, entries[0][0], entries[-1][0]))
+    assert table2.column_names == list(SCHEMA.names) and info2 == info
+
+
+def test_a_typed_segment_with_a_forged_schema_is_corrupt() -> None:
+    typed = TypedPayloads({None: Cancelled})
+    entries = [entry(0, "Cancelled", {"order": 1, "reason": "x"})]
+    data, _ = encode_segment("orders", 0, entries[0][0], entries[0][0], entries, typed=typed)
+    table = pq.read_table(io.BytesIO(data)).drop_columns(["typed_error"])
+    sink = io.BytesIO()
+    pq.write_table(table, sink)
+    from eventbus.tier.errors import CorruptSegment
+
+    with pytest.raises(CorruptSegment, match="unexpected schema"):
+        decode_segment(sink.getvalue(), "k")
+
+
+def test_schema_evolution_new_column_and_new_version(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A field added with a default is a new column (null in older segments, read together by
+    a schema-merging reader); a changed type is another typed_version, never a rewrite."""
+    v1, v2 = TypedPayloads({"Placed": Placed}), TypedPayloads({"Placed": PlacedV2})
+    changed = TypedPayloads({"Placed": PlacedAmountText})
+    assert len({v1.version, v2.version, changed.version}) == 3
+    folder = tmp_path / "orders" / "0"
+    folder.mkdir(parents=True)
+    for n, typed in enumerate((v1, v2)):
+        rows = [entry(10 * n + i, "Placed", {**placed(i), "channel": "app"}) for i in range(3)]
+        data, _ = encode_segment("orders", 0, rows[0][0], rows[-1][0], rows, typed=typed)
+        (folder / f"{n}.parquet").write_bytes(data)
+    (folder.parent / "0" / "gaps").mkdir()
+    (folder / "gaps" / "x.json").write_text("{}")  # the glob of docs/spark.md skips it
+    got = duckdb.sql(
+        f"SELECT entry_ms, \"order\", channel FROM read_parquet('{tmp_path}/orders/*/*.parquet',"
+        " union_by_name = true) ORDER BY entry_ms"
+    ).fetchall()
+    assert [(r[1], r[2]) for r in got] == [(i, None) for i in range(3)] + [
+        (i, "app") for i in range(3)
+    ]
