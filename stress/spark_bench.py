@@ -17,6 +17,11 @@ run twice and the faster kept (Spark is warm by then):
 * ``raw``: ``spark.read.format("eventbus")`` (verified segments, Arrow batches), ``count()``;
 * ``typed``: the same with ``model=Flight`` (payloads decoded and validated by pydantic), and
   ``typed_arrow`` with ``validate=false`` (payload maps converted by Arrow);
+* ``typed_agg`` / ``typed_native``: a typed aggregate (``count(*)``, ``sum(dep_delay)``) through
+  the Python source and through `eventbus.spark.read`'s native path (Spark's Parquet reader on
+  the typed segment columns), same cut; ``duckdb_typed``: the same aggregate in DuckDB with one
+  ``read_parquet`` of the archive;
+* ``offload_us_per_event``: `encode_segment` of 50,000 of the entries, raw and with typed columns;
 * ``writer``: ``df.write.format("eventbus")`` of the same flights to another topic.
 
 All rates are events/s. Prints one JSON object (and writes it to ``--out``).
@@ -79,7 +84,12 @@ async def publish_and_archive(url: str, topic: str, rows: list[Any], store: str)
             started = time.perf_counter()
             await bus.publish_many(topic, events)
             publish_s = time.perf_counter() - started
-            tier = TierSettings(hot_window_s=0, segment_max_age_s=0, trim_exact=True)
+            tier = TierSettings(
+                hot_window_s=0,
+                segment_max_age_s=0,
+                trim_exact=True,
+                typed_models={topic: MODEL},  # typed segments: the native path reads them
+            )
             await offload_until_caught_up(
                 bus.redis,
                 open_store(store),
@@ -91,6 +101,31 @@ async def publish_and_archive(url: str, topic: str, rows: list[Any], store: str)
     finally:
         await bus.aclose()
     return publish_s
+
+
+def offload_cost(topic: str, n: int) -> dict[str, float]:
+    """`encode_segment` (the offloader's CPU per segment) of `n` flights as published:
+    microseconds per event, raw and with typed columns (best of 2)."""
+    from eventbus.protocol.codec import Envelope, encode_entry, new_event_id
+    from eventbus.protocol.ids import EntryId
+    from eventbus.tier.segment import encode_segment
+    from eventbus.tier.typed import TypedPayloads, load_models
+
+    entries = []
+    for i, f in enumerate(load_flights(None, n)):
+        payload = f.event().model_dump(mode="json")
+        env = Envelope(f.plane, "flights.Flight", new_event_id(), 1, {}, payload)
+        entries.append((EntryId(1 + i, 0), encode_entry(env)))
+    typed = TypedPayloads(load_models(MODEL) or {})
+    out = {}
+    for name, t in (("raw", None), ("typed", typed)):
+        times = []
+        for _ in range(2):
+            started = time.perf_counter()
+            encode_segment(topic, 0, entries[0][0], entries[-1][0], entries, typed=t)
+            times.append(time.perf_counter() - started)
+        out[name] = round(min(times) / n * 1e6, 2)
+    return out
 
 
 def main() -> None:
@@ -152,6 +187,27 @@ def main() -> None:
                 return r.load().count()
 
             return run
+
+        from pyspark.sql import functions as F
+
+        from eventbus.spark import read
+
+        def typed_agg(df: Any) -> int:
+            return int(df.agg(F.count("*"), F.sum("dep_delay")).first()[0])
+
+        opts = {"store": store, "topic": "bench-a", "model": MODEL}
+        python_df = spark.read.format("eventbus").options(**opts)
+        result["typed_agg"] = best(lambda: typed_agg(python_df.load()), n)
+        result["typed_native"] = best(lambda: typed_agg(read(spark, opts)), n)
+        result["typed_native"]["vs_typed_python"] = round(
+            result["typed_native"]["events_per_s"] / result["typed_agg"]["events_per_s"], 2
+        )
+        import duckdb
+
+        glob = f"{store}/bench-a/*/*.parquet"
+        query = f"SELECT count(*), sum(dep_delay) FROM read_parquet('{glob}', union_by_name=1)"
+        result["duckdb_typed"] = best(lambda: int(duckdb.sql(query).fetchall()[0][0]), n)
+        result["offload_us_per_event"] = offload_cost("bench-a", min(n, 50_000))
 
         result["raw"] = best(source(), n)
         result["typed"] = best(source(model=MODEL), n)

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from eventbus.spark.native import read
 from eventbus.spark.options import models_option
 from eventbus.spark.source import EventbusSource
 
-__all__ = ["EventbusSource", "models_option", "register"]
+__all__ = ["EventbusSource", "models_option", "read", "register"]
 
 
 def register(spark: Any) -> None:

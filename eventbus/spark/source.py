@@ -24,6 +24,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from eventbus.protocol.ids import ZERO
 from eventbus.spark.decode import Converter
 from eventbus.spark.objects import Objects, as_objects
 from eventbus.spark.options import SourceOptions
@@ -103,6 +104,10 @@ class BatchReader(DataSourceReader):
                 redis.close()
 
     def partitions(self) -> Sequence[InputPartition]:
+        if self.opts.ranges is not None:  # the tail of a cut `eventbus.spark.native` planned
+            from eventbus.spark.native import parse_ranges
+
+            return parse_ranges(self.opts.ranges) or [SegmentsPart((), ZERO, ZERO)]
         cut = self.plan()
         surface_gaps(self.opts.topic, cut.gaps, self.opts.on_gap)
         return cut.parts or [SegmentsPart((), self.pruning.lo, self.pruning.hi)]

@@ -1,0 +1,208 @@
+"""The native path: the archive read by Spark's own Parquet reader, the Redis tail by the source.
+
+`read` plans the consistent cut as ``format("eventbus")`` does (`plan_read`), then reads the
+cut's whole segments with ``spark.read.parquet`` (in the JVM: vectorised, with Parquet statistics
+for any pushed filter, typed payload fields included) and unions the cut's Redis tail, read by
+the Python source from the very same plan (the internal ``_ranges`` option). Rows and schema are
+those of ``format("eventbus")``.
+
+It falls back to the Python source, and logs why once per reason, when the JVM cannot read the
+store (``memory://``, a ``store_factory``, ``s3://`` without Spark's S3A jars) or when a typed read
+(``model``) covers segments whose typed columns were not written for the same models
+(`eventbus.tier.typed`): those need ``data`` decoded in Python. Differences from the Python path:
+segments are not verified (checksums, metadata against the key) and a corrupt file fails the job
+(no ``_corrupt`` row for it); ``mode`` ``FAILFAST`` and ``validate`` ``false`` use the Python path.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.pandas.types import from_arrow_schema
+
+from eventbus.spark.objects import Objects, as_objects
+from eventbus.spark.options import SourceOptions, models_option
+from eventbus.spark.planning import Pruning, RangePart, SegmentsPart, plan_read, surface_gaps
+from eventbus.spark.reading import parquet_footer
+from eventbus.spark.schema import BASE_NAMES, CORRUPT, read_schema
+from eventbus.tier.layout import SegmentRef
+from eventbus.tier.segment import SCHEMA as SEGMENT_SCHEMA
+from eventbus.tier.typed import ERROR_COLUMN, TypedPayloads
+
+log = logging.getLogger("eventbus.spark")
+_SAID: set[str] = set()
+
+
+def read(spark: Any, options: Mapping[str, Any] | None = None, **more: Any) -> Any:
+    """A DataFrame of a topic, as ``spark.read.format("eventbus").options(...).load()`` gives
+    (same options, same schema, same rows), with the archived part read natively when it can
+    (see the module docstring). `options` and keyword options are merged; values may be given
+    as Python values (they are passed as text; ``model`` also as a model class, or a mapping
+    event type -> class, as `models_option` takes). Raises `ConfigError` for a bad option, and what
+    ``load()`` raises."""
+    from eventbus.spark import register
+
+    register(spark)
+    given = {**(options or {}), **more}
+    strings = {k: models_option(v) if k == "model" else _text(v) for k, v in given.items()}
+    opts = SourceOptions.parse(strings)
+    python = spark.read.format("eventbus").options(**strings)
+    why = _python_only(opts, strings)
+    if why:
+        return _fallback(python, why)
+    objects = as_objects(opts.open_store())
+    redis = opts.redis()
+    try:
+        cut = plan_read(
+            objects, opts.topic, Pruning(), redis=redis, keys=opts.keys(), shards=opts.shards
+        )
+    finally:
+        if redis is not None:
+            redis.close()
+    refs = [r for p in cut.parts if isinstance(p, SegmentsPart) for r in p.refs]
+    models = opts.models()
+    typed = TypedPayloads(models) if models else None
+    if refs and typed is not None:
+        why = _untyped(objects, refs, typed)
+        if why:
+            return _fallback(python, why)
+    schema = read_schema(models)
+    frames = []
+    if refs:
+        try:
+            frames.append(_segments(spark, opts, refs, schema, typed))
+        except Exception as exc:  # the JVM cannot list or read the files (py4j / analysis)
+            return _fallback(python, f"Spark cannot read {opts.store}: {_first_line(exc)}")
+    surface_gaps(opts.topic, cut.gaps, opts.on_gap)  # after the fallbacks: they say it again
+    tail = [p for p in cut.parts if isinstance(p, RangePart)]
+    if tail or not frames:
+        frames.append(python.option("_ranges", ranges_option(tail)).load())
+    df = frames[0]
+    for other in frames[1:]:
+        df = df.unionByName(other)
+    return df
+
+
+def ranges_option(parts: Sequence[RangePart]) -> str:
+    """The ``_ranges`` option: the planned Redis-tail parts as JSON."""
+    return json.dumps([[p.topic, p.shard, _id(p.after), str(p.upto), _id(p.cp)] for p in parts])
+
+
+def parse_ranges(text: str) -> list[RangePart]:
+    """`ranges_option`'s parts back."""
+    from eventbus.protocol.ids import parse_id
+
+    return [
+        RangePart(t, int(s), parse_id(a) if a else None, parse_id(u), parse_id(c) if c else None)
+        for t, s, a, u, c in json.loads(text)
+    ]
+
+
+def _id(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _python_only(opts: SourceOptions, strings: Mapping[str, str]) -> str | None:
+    if opts.table != "events":
+        return "option table=gaps"
+    if opts.mode == "FAILFAST" or not opts.validate:
+        return "mode FAILFAST / validate false"
+    if opts.store_factory:
+        return "a store_factory store is read through obstore only"
+    if opts.store.startswith("memory://"):
+        return "a memory:// store lives in the Python process"
+    if str(strings.get("native", "true")).lower() == "false":
+        return "option native=false"
+    return None
+
+
+def _untyped(objects: Objects, refs: Sequence[SegmentRef], typed: TypedPayloads) -> str | None:
+    """Why some of `refs` cannot give the typed columns of `typed` natively (None: all can):
+    each segment's footer must name the same models and typed version."""
+
+    def version(ref: SegmentRef) -> tuple[str | None, str | None]:
+        meta = parquet_footer(objects, ref).metadata or {}
+        models = meta.get(b"eventbus.typed_models")
+        found = meta.get(b"eventbus.typed_version")
+        return (models.decode() if models else None, found.decode() if found else None)
+
+    with ThreadPoolExecutor(8) as pool:
+        found = list(pool.map(version, refs))
+    other = sum(1 for f in found if f != (typed.spec, typed.version))
+    if other:
+        return (
+            f"{other} of {len(refs)} segments have no typed columns for models {typed.spec} "
+            "(written before the topic's models were registered, or with other models)"
+        )
+    return None
+
+
+def _segments(
+    spark: Any,
+    opts: SourceOptions,
+    refs: Sequence[SegmentRef],
+    schema: Any,
+    typed: TypedPayloads | None,
+) -> Any:
+    """The segments `refs` through Spark's Parquet reader, as the read `schema`'s columns."""
+    from pyspark.sql import functions as F
+
+    root = _root(opts.store)
+    # the segments' schema given, not inferred (a Spark job reading footers): the fixed columns
+    # are in every segment, and a typed read gets here only when all have the same typed ones
+    fields = [pa.field("topic", pa.string()), *list(SEGMENT_SCHEMA)[1:]]
+    if typed is not None:
+        fields += [*typed.struct, pa.field(ERROR_COLUMN, pa.string())]
+    given = from_arrow_schema(pa.schema(fields))
+    raw = spark.read.schema(given).parquet(*(f"{root}/{r.key}" for r in refs))
+    have = set(raw.columns)
+    cols = []
+    for field in schema.fields:
+        name = field.name
+        if name == "published_at":
+            col = F.timestamp_millis("event_time_ms")
+        elif name == "payload":
+            col = F.col("data")
+        elif name == CORRUPT:
+            col = F.col(ERROR_COLUMN) if typed is not None else F.lit(None)
+        elif name in BASE_NAMES or name in have:
+            col = F.col(name)
+        else:  # a typed field no segment of this read has (all its entries were of other types)
+            col = F.lit(None)
+        cols.append(col.cast(field.dataType).alias(name))
+    return raw.select(*cols)
+
+
+def _root(store: str) -> str:
+    """The store URL as Hadoop names it: ``file:`` for a folder, ``s3a://`` for S3."""
+    if store.startswith(("s3://", "s3a://")):
+        return "s3a://" + store.split("://", 1)[1].rstrip("/")
+    path = store.removeprefix("file://") if store.startswith("file://") else store
+    return Path(path).resolve().as_uri()
+
+
+def _fallback(python: Any, why: str) -> Any:
+    if why not in _SAID:
+        _SAID.add(why)
+        log.warning("eventbus.spark.read falls back to the Python source (said once): %s", why)
+    return python.load()
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping):
+        return json.dumps(value)
+    return str(value)

@@ -1,0 +1,104 @@
+"""The native path (issue 22 item 2): `eventbus.spark.read` gives the rows of
+``format("eventbus")`` on the same cut, the archived part read by Spark's own Parquet reader;
+it falls back to the Python source, saying so once, when it must."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+from spark_support import Tick, offload, publish, ticks
+
+from eventbus.spark import read
+
+pytestmark = pytest.mark.integration
+
+
+class BadTick(BaseModel):
+    """Published as a Tick whose ``seq`` the registered Tick refuses."""
+
+    __event_type__ = "Tick"
+    resource: str
+    seq: str
+
+
+def rows(df: Any) -> list[dict[str, Any]]:
+    got = [r.asDict(recursive=True) for r in df.collect()]
+    return sorted(got, key=lambda r: (r["shard"], r["entry_ms"], r["entry_seq"]))
+
+
+def archive(redis_db: str, store: str, topic: str, typed: bool) -> None:
+    """300 ticks and a bad one archived (typed or not), then 40 more ticks left in Redis."""
+    publish(redis_db, topic, [*ticks(300), ("res-1", BadTick(resource="res-1", seq="x"))])
+    models = {topic: "spark_support:Tick"} if typed else {}
+    offload(redis_db, store, topic, typed_models=models)
+    publish(redis_db, topic, ticks(40, start=300))
+
+
+def test_native_and_python_paths_give_the_same_rows(
+    spark: Any, redis_db: str, tmp_path: Path, topic: str
+) -> None:
+    store = str(tmp_path / "archive")
+    archive(redis_db, store, topic, typed=True)
+    options = {"store": store, "topic": topic, "redis_url": redis_db}
+    for extra in ({}, {"model": "spark_support:Tick"}):  # raw, then typed
+        native = read(spark, options, **extra)
+        files = native.inputFiles()
+        assert len(files) == len(list(Path(store).glob(f"{topic}/*/*.parquet"))) > 1
+        python = spark.read.format("eventbus").options(**options, **extra).load()
+        assert native.schema == python.schema
+        got, want = rows(native), rows(python)
+        assert len(got) == 341 and got == want
+    typed = [r for r in got if r["seq"] is not None]
+    assert sorted(r["seq"] for r in typed) == list(range(340))
+    bad = [r for r in got if r["_corrupt"] is not None]
+    assert len(bad) == 1 and bad[0]["_corrupt"].startswith("ValidationError: Tick: seq")
+    # a filter on a typed payload field, with an OR: Spark prunes with Parquet statistics
+    picked = read(spark, options, model="spark_support:Tick").where("seq < 5 OR seq >= 338")
+    assert sorted(r.seq for r in picked.collect()) == [0, 1, 2, 3, 4, 338, 339]
+
+
+def test_untyped_segments_fall_back_to_the_python_path_once_said(
+    spark: Any, redis_db: str, tmp_path: Path, topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = str(tmp_path / "archive")
+    archive(redis_db, store, topic, typed=False)
+    options = {"store": store, "topic": topic, "redis_url": redis_db, "model": Tick}
+    with caplog.at_level(logging.WARNING, "eventbus.spark"):
+        first = read(spark, options)
+        again = read(spark, options)
+    said = [r.getMessage() for r in caplog.records if "falls back" in r.getMessage()]
+    assert len(said) == 1 and "have no typed columns" in said[0]
+    assert first.inputFiles() == [] or all("archive" not in f for f in first.inputFiles())
+    python = spark.read.format("eventbus").options(
+        store=store, topic=topic, redis_url=redis_db, model="spark_support:Tick"
+    )
+    assert rows(first) == rows(again) == rows(python.load())
+
+
+def test_an_empty_or_redis_only_topic(
+    spark: Any, redis_db: str, tmp_path: Path, topic: str
+) -> None:
+    store = tmp_path / "archive"
+    store.mkdir()
+    publish(redis_db, topic, ticks(10))
+    df = read(spark, store=str(store), topic=topic, redis_url=redis_db, model=Tick)
+    assert sorted(r.seq for r in df.collect()) == list(range(10))
+
+
+def test_a_store_the_jvm_cannot_read_falls_back(
+    spark: Any, redis_db: str, tmp_path: Path, topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Hadoop takes ``[`` in a path as a glob: Spark's reader cannot list the segments that
+    obstore reads (as it cannot read ``s3://`` without the S3A jars): the Python path reads."""
+    store = str(tmp_path / "arch[ive")
+    publish(redis_db, topic, ticks(120))
+    offload(redis_db, store, topic, typed_models={topic: "spark_support:Tick"})
+    with caplog.at_level(logging.WARNING, "eventbus.spark"):
+        df = read(spark, store=store, topic=topic, redis_url=redis_db, model=Tick)
+    said = [r.getMessage() for r in caplog.records if "falls back" in r.getMessage()]
+    assert len(said) == 1 and "Spark cannot read" in said[0]
+    assert sorted(r.seq for r in df.collect()) == list(range(120))
