@@ -17,6 +17,7 @@ from eventbus.client.addresses import check_redis_url, redact_url
 from eventbus.errors import ConfigError
 from eventbus.protocol.codec import event_type_of
 from eventbus.protocol.keys import Keys, check_name
+from eventbus.spark.names import canonical
 from eventbus.tier.dictionaries import read_from
 from eventbus.tier.store import Store, open_store
 from eventbus.tier.typed import load_models, load_object
@@ -90,7 +91,7 @@ class SourceOptions:
     @classmethod
     def parse(cls, options: Mapping[str, str], *, need_store: bool = True) -> SourceOptions:
         """Parse Spark's option map. Raises `ConfigError` for a missing or invalid option."""
-        opts = {k.lower(): v for k, v in options.items()}
+        opts = canonical(options)
         topic = opts.get("topic")
         if not topic:
             raise ConfigError("option topic is required: .option('topic', 'orders')")
@@ -112,25 +113,25 @@ class SourceOptions:
         parsed = cls(
             store=store,
             topic=topic,
-            redis_url=opts.get("redis_url") or None,
+            redis_url=opts.get("redisurl") or None,
             model=opts.get("model") or None,
             mode=mode,
             validate=_bool(opts, "validate", True),
             shards=_int(opts, "shards", None, 1),
-            key_prefix=opts.get("key_prefix", "eventbus"),
+            key_prefix=opts.get("keyprefix", "eventbus"),
             hashtag=opts.get("hashtag", "eventbus"),
             pack_bytes=_int(opts, "packbytes", 8 << 20) or 0,
-            store_factory=opts.get("store_factory") or None,
+            store_factory=opts.get("storefactory") or None,
             table=table,
             on_gap=on_gap,
-            max_entries_per_trigger=_int(opts, "maxentriespertrigger", None, 1),
+            max_entries_per_trigger=_int(opts, "maxoffsetspertrigger", None, 1),
             starting_offsets=opts.get("startingoffsets", "earliest"),
-            resource_id_col=opts.get("resource_id_col") or None,
-            event_id_col=opts.get("event_id_col") or None,
-            event_type=opts.get("event_type") or None,
-            headers_col=opts.get("headers_col") or None,
-            s3_endpoint=opts.get("s3_endpoint") or None,
-            s3_region=opts.get("s3_region") or None,
+            resource_id_col=opts.get("resourceidcol") or None,
+            event_id_col=opts.get("eventidcol") or None,
+            event_type=opts.get("eventtype") or None,
+            headers_col=opts.get("headerscol") or None,
+            s3_endpoint=opts.get("s3endpoint") or None,
+            s3_region=opts.get("s3region") or None,
             ranges=opts.get("_ranges") or None,
         )
         parsed.keys()  # validates key_prefix / hashtag

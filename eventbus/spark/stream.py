@@ -8,8 +8,9 @@ Entries are immutable, so re-running a batch after a restart gives the same rows
 checkpoint makes delivery into exactly-once sinks exactly-once.
 
 Options: ``startingOffsets`` = ``earliest`` (default) | ``latest`` | a JSON offset (shards left
-out start at the beginning) | a time (Unix ms, or ISO-8601; UTC when no offset is given: the
-first entries added at or after it); ``maxEntriesPerTrigger`` caps a micro-batch (split evenly
+out start at the beginning), also keyed by topic as Kafka's (``{"orders": {"0": "..."}}``) | a
+time (Unix ms, or ISO-8601; UTC when no offset is given: the first entries added at or after
+it); ``maxOffsetsPerTrigger`` (alias ``maxEntriesPerTrigger``) caps a micro-batch (split evenly
 over the shards that have entries, at least one entry per such shard).
 """
 
@@ -40,14 +41,20 @@ from eventbus.tier.layout import SegmentRef
 Offset = dict[str, str]
 
 
-def parse_start(text: str) -> str | dict[str, str] | int:
-    """``earliest``/``latest``, a JSON offset, or a time as Unix ms. Raises `ConfigError`."""
+def parse_start(text: str, topic: str | None = None) -> str | dict[str, str] | int:
+    """``earliest``/``latest``, a JSON offset (``{"<shard>": "<entry ID>"}``, or Kafka's form
+    keyed by topic, ``{"<topic>": {"<shard>": "<entry ID>"}}``, which must name `topic`), or a
+    time as Unix ms. Raises `ConfigError`."""
     value = text.strip()
     if value.lower() in ("earliest", "latest"):
         return value.lower()
     if value.startswith("{"):
         try:
             raw = json.loads(value)
+            if raw and all(isinstance(v, dict) for v in raw.values()):
+                if topic not in raw:
+                    raise ConfigError(f"it names topics {sorted(raw)}, not {topic!r}")
+                raw = raw[topic]
             return {str(int(k)): str(parse_id(str(v))) for k, v in raw.items()}
         except (ValueError, ConfigError) as exc:
             raise ConfigError(f"option startingOffsets: bad JSON offset {value!r}: {exc}") from None
@@ -69,7 +76,7 @@ class StreamReader(DataSourceStreamReader):
     def __init__(self, opts: SourceOptions, schema: StructType) -> None:
         self.opts = opts
         self.schema = schema
-        self.start = parse_start(opts.starting_offsets)
+        self.start = parse_start(opts.starting_offsets, opts.topic)
 
     # -- driver side --------------------------------------------------------------------------
     def _shards(self, objects: Objects, redis: Any) -> list[int]:

@@ -1,0 +1,64 @@
+"""Option names of ``format("eventbus")`` (issue 22 items 3 and 4): Kafka-style camelCase with
+the older names as aliases, a misspelled option refused naming the close match, and Kafka's
+topic-keyed ``startingOffsets``."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("pyspark")
+
+from eventbus.errors import ConfigError
+from eventbus.spark.options import SourceOptions
+from eventbus.spark.stream import parse_start
+
+BASE = {"store": "memory://", "topic": "orders"}
+
+
+def test_camel_case_names_and_their_aliases_parse_alike() -> None:
+    camel = SourceOptions.parse(
+        {**BASE, "redisUrl": "redis://h:6379/0", "keyPrefix": "p", "maxOffsetsPerTrigger": "50"}
+    )
+    old = SourceOptions.parse(
+        {**BASE, "redis_url": "redis://h:6379/0", "key_prefix": "p", "maxEntriesPerTrigger": "50"}
+    )
+    assert camel == old
+    assert (camel.redis_url, camel.key_prefix, camel.max_entries_per_trigger) == (
+        "redis://h:6379/0",
+        "p",
+        50,
+    )
+    assert SourceOptions.parse({**BASE, "MAXOFFSETSPERTRIGGER": "7"}).max_entries_per_trigger == 7
+
+
+@pytest.mark.parametrize(
+    ("name", "hint"),
+    [
+        ("redis_ur", "did you mean 'redis_url'"),
+        ("maxOffsetPerTrigger", "did you mean 'maxOffsetsPerTrigger'"),
+        ("startingOffset", "did you mean 'startingOffsets'"),
+        ("modell", "did you mean 'model'"),
+        ("zzzz", "the options are store, topic, redisUrl"),
+    ],
+)
+def test_an_unknown_option_is_an_error_naming_the_close_match(name: str, hint: str) -> None:
+    """It used to be ignored: a misspelled redis_url read the archive only, silently."""
+    with pytest.raises(ConfigError, match=f"unknown option '{name}'.*{hint}"):
+        SourceOptions.parse({**BASE, name: "x"})
+
+
+def test_an_option_and_its_alias_with_two_values_is_an_error() -> None:
+    with pytest.raises(ConfigError, match="maxOffsetsPerTrigger given twice"):
+        SourceOptions.parse({**BASE, "maxOffsetsPerTrigger": "5", "maxEntriesPerTrigger": "6"})
+    same = {**BASE, "maxOffsetsPerTrigger": "5", "maxEntriesPerTrigger": "5"}
+    assert SourceOptions.parse(same).max_entries_per_trigger == 5
+
+
+def test_starting_offsets_keyed_by_topic_as_kafka() -> None:
+    assert parse_start('{"orders": {"0": "17-0", "3": "18-2"}}', "orders") == {
+        "0": "17-0",
+        "3": "18-2",
+    }
+    assert parse_start('{"0": "17-0"}', "orders") == {"0": "17-0"}
+    with pytest.raises(ConfigError, match=r"names topics \['payments'\], not 'orders'"):
+        parse_start('{"payments": {"0": "17-0"}}', "orders")
