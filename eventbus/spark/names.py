@@ -26,6 +26,7 @@ NAMES = (
     "pushdown",
     "native",
     "onGap",
+    "failOnDataLoss",
     "table",
     "storeFactory",
     "s3Endpoint",

@@ -60,6 +60,19 @@ def _bool(options: Mapping[str, str], name: str, default: bool) -> bool:
     raise ConfigError(f"option {name} must be true or false, got {raw!r}")
 
 
+def _on_gap(options: Mapping[str, str]) -> str | None:
+    """``onGap`` (``warn``/``fail``) or Kafka's ``failOnDataLoss`` (``true`` is ``fail``)."""
+    on_gap = options.get("ongap")
+    if on_gap is not None and on_gap.lower() not in ("warn", "fail"):
+        raise ConfigError(f"option onGap must be 'warn' or 'fail', got {on_gap!r}")
+    if "failondataloss" not in options:
+        return on_gap.lower() if on_gap else None
+    lossy = "fail" if _bool(options, "failondataloss", True) else "warn"
+    if on_gap is not None and on_gap.lower() != lossy:
+        raise ConfigError(f"options onGap={on_gap} and failOnDataLoss disagree")
+    return lossy
+
+
 @dataclass(frozen=True, slots=True, repr=False)
 class SourceOptions:
     """Parsed options. Sizes in bytes. Pickled to every executor and shown in task errors: its
@@ -77,7 +90,7 @@ class SourceOptions:
     pack_bytes: int = 8 << 20
     store_factory: str | None = None
     table: str = "events"
-    on_gap: str = "warn"
+    on_gap: str | None = None  # "warn" | "fail"; None: batch reads warn, streams fail
     max_entries_per_trigger: int | None = None
     starting_offsets: str = "earliest"
     resource_id_col: str | None = None
@@ -107,9 +120,7 @@ class SourceOptions:
         table = opts.get("table", "events").lower()
         if table not in ("events", "gaps"):
             raise ConfigError(f"option table must be 'events' or 'gaps', got {table!r}")
-        on_gap = opts.get("ongap", "warn").lower()
-        if on_gap not in ("warn", "fail"):
-            raise ConfigError(f"option onGap must be 'warn' or 'fail', got {on_gap!r}")
+        on_gap = _on_gap(opts)
         parsed = cls(
             store=store,
             topic=topic,

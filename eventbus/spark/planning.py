@@ -215,10 +215,14 @@ def plan_read(
     pack_bytes: int = 0,
 ) -> Cut:
     """Plan a batch read of `topic` (see the module docstring for the cut). Segments of a shard
-    smaller than `pack_bytes` together share a task. Raises `StoreError`."""
+    smaller than `pack_bytes` together share a task. Raises `StoreError`, and `ConfigError` for
+    a topic with no segment and (with `redis`) not registered."""
     keys = keys or Keys()
     count = shard_count(redis, keys, topic, shards)
     present = set(objects.shards(topic)) | set(range(count or 0))
+    if not present:  # a misspelled topic must not read as an empty one
+        where = "nor in Redis's topic registry" if redis is not None else "(and no redis_url given)"
+        raise ConfigError(f"topic {topic!r} is neither in the archive at {objects!r} {where}")
     allowed = pruning.shard_set(count)
     chosen = sorted(s for s in present if allowed is None or s in allowed)
     cps = checkpoints(redis, keys, topic, chosen) if redis is not None else {}
@@ -266,15 +270,16 @@ def _gap_overlaps(gap: dict[str, Any], pruning: Pruning) -> bool:
     return before > pruning.lo and after < pruning.hi
 
 
-def surface_gaps(topic: str, gaps: Sequence[dict[str, Any]], on_gap: str) -> None:
-    """Warn about (or, with ``on_gap="fail"``, raise `TierError` for) gap records in a read."""
+def surface_gaps(topic: str, gaps: Sequence[dict[str, Any]], on_gap: str | None) -> None:
+    """Warn about (or, with ``on_gap="fail"``, raise `TierError` for) gap records in a read,
+    on the driver (a warning on logger ``eventbus.spark`` and a `RuntimeWarning`)."""
     if not gaps:
         return
     lost = sum(g.get("lost_entries") or 0 for g in gaps)
     text = (
         f"topic {topic!r}: {len(gaps)} gap record(s) overlap this read ({lost} entries known "
-        "lost before they were archived); read them with option('table', 'gaps'): "
-        + ", ".join(g["key"] for g in gaps[:5])
+        "lost before they were archived; onGap / failOnDataLoss decide whether this fails); "
+        "read them with option('table', 'gaps'): " + ", ".join(g["key"] for g in gaps[:5])
     )
     if on_gap == "fail":
         raise TierError(text)

@@ -25,7 +25,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
 from pyspark.sql.types import StructType
 
 from eventbus.errors import ConfigError
@@ -33,7 +38,14 @@ from eventbus.protocol.ids import ZERO, EntryId, parse_id
 from eventbus.spark.decode import Converter
 from eventbus.spark.objects import Objects, as_objects
 from eventbus.spark.options import SourceOptions
-from eventbus.spark.planning import RangePart, archived_upto, checkpoints, last_ids, shard_count
+from eventbus.spark.planning import (
+    RangePart,
+    archived_upto,
+    checkpoints,
+    last_ids,
+    shard_count,
+    surface_gaps,
+)
 from eventbus.spark.reading import parquet_footer, read_range
 from eventbus.spark.schema import arrow_schema
 from eventbus.tier.layout import SegmentRef
@@ -70,13 +82,28 @@ def parse_start(text: str, topic: str | None = None) -> str | dict[str, str] | i
     return int(when.replace(tzinfo=when.tzinfo or UTC).timestamp() * 1000)
 
 
-class StreamReader(DataSourceStreamReader):
-    """Plans micro-batches on the driver, reads them in tasks (one per shard with new entries)."""
+class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Plans micro-batches on the driver, reads them in tasks (one per shard with new entries).
+
+    ``Trigger.AvailableNow``: the entries present when the query starts are read, in
+    micro-batches of at most ``maxOffsetsPerTrigger``, then the query stops. The streaming
+    progress reports, as ``latestOffset``, the last entry of each shard now readable (a query's
+    lag is its end offset against it)."""
 
     def __init__(self, opts: SourceOptions, schema: StructType) -> None:
         self.opts = opts
         self.schema = schema
         self.start = parse_start(opts.starting_offsets, opts.topic)
+        self.target: dict[int, EntryId] | None = None  # Trigger.AvailableNow: where to stop
+        self.latest: Offset | None = None  # for reportLatestOffset
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        _, redis, _, self.target = self._heads()
+        if redis is not None:
+            redis.close()
+
+    def reportLatestOffset(self) -> Offset | None:
+        return self.latest
 
     # -- driver side --------------------------------------------------------------------------
     def _shards(self, objects: Objects, redis: Any) -> list[int]:
@@ -123,6 +150,9 @@ class StreamReader(DataSourceStreamReader):
 
     def latestOffset(self, start: Offset, limit: ReadLimit) -> Offset:
         objects, redis, cps, heads = self._heads()
+        self.latest = {str(s): str(h) for s, h in heads.items()}
+        if self.target is not None:  # nothing added after the AvailableNow query started
+            heads = {s: min(h, self.target.get(s, ZERO)) for s, h in heads.items()}
         try:
             end = {str(s): str(h) for s, h in heads.items()}
             for key, was in start.items():  # never move backwards (a shard's stream deleted)
@@ -194,6 +224,7 @@ class StreamReader(DataSourceStreamReader):
                 else {}
             )
             parts: list[InputPartition] = []
+            lost: list[dict[str, Any]] = []
             for s in shards:
                 after = parse_id(start.get(str(s), "0-0"))
                 upto = parse_id(end[str(s)])
@@ -209,6 +240,9 @@ class StreamReader(DataSourceStreamReader):
                 parts.append(
                     RangePart(self.opts.topic, s, None if after == ZERO else after, upto, cp, refs)
                 )
+                lost += [g for g in objects.gaps(self.opts.topic, s) if _lost_in(g, after, upto)]
+            # Kafka's failOnDataLoss, default true: entries lost in this batch's range fail it
+            surface_gaps(self.opts.topic, lost, self.opts.on_gap or "fail")
             return parts
         finally:
             if redis is not None:
@@ -230,6 +264,12 @@ class StreamReader(DataSourceStreamReader):
         finally:
             if redis is not None:
                 redis.close()
+
+
+def _lost_in(gap: dict[str, Any], after: EntryId, upto: EntryId) -> bool:
+    """Whether gap record `gap` (entries lost strictly between its after and before) overlaps
+    the range (`after`, `upto`]."""
+    return parse_id(gap["before"]) > after.next() and parse_id(gap["after"]) < upto
 
 
 def _segment_ids(objects: Objects, ref: SegmentRef, after: EntryId) -> list[EntryId]:

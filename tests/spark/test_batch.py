@@ -167,3 +167,16 @@ def test_missing_options_and_bad_store(spark: Any, tmp_path: Path) -> None:
         read(spark, str(tmp_path / "typo"), "t").collect()
     with pytest.raises(Exception, match="option mode must be"):
         read(spark, str(tmp_path), "t", mode="LAX")
+
+
+def test_a_topic_in_neither_the_archive_nor_redis_is_an_error(
+    spark: Any, redis_db: str, tmp_path: Path, topic: str
+) -> None:
+    """It read as an empty DataFrame: a misspelled topic looked like a quiet one."""
+    publish(redis_db, topic, ticks(5))
+    offload(redis_db, str(tmp_path), topic)
+    assert read(spark, str(tmp_path), topic).count() == 5
+    with pytest.raises(Exception, match=r"is neither in the archive at .* nor in Redis"):
+        read(spark, str(tmp_path), topic + "x", redis_url=redis_db).collect()
+    with pytest.raises(Exception, match=r"neither in the archive at .*\(and no redis_url given\)"):
+        read(spark, str(tmp_path), topic + "x").collect()

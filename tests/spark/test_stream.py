@@ -186,3 +186,82 @@ def test_starting_offsets_time(spark: Any, redis_db: str, tmp_path: Path, topic:
     finally:
         q.stop()
     assert got == want and len(got) >= 30
+
+
+def test_available_now_honours_the_per_trigger_cap_and_reports_the_latest_offset(
+    spark: Any, redis_db: str, tmp_path: Path, topic: str
+) -> None:
+    """Trigger.AvailableNow reads what was there when the query started, in micro-batches of
+    maxOffsetsPerTrigger (it read everything in one batch: Spark's wrapper drops the limit for a
+    source without SupportsTriggerAvailableNow), then stops; entries published meanwhile are
+    left for the next run, and show in the progress's latestOffset (the query's lag)."""
+    store = tmp_path / "seg"
+    store.mkdir()
+    events = ticks(120)
+    ids = publish(redis_db, topic, events)
+    seen: list[tuple[int, str]] = []
+    sizes: list[int] = []
+
+    def collect(df: Any, batch_id: int) -> None:
+        rows = df.select("shard", "entry_id").collect()
+        seen.extend((r.shard, r.entry_id) for r in rows)
+        sizes.append(len(rows))
+        if len(sizes) == 1:
+            publish(redis_db, topic, ticks(30, start=120))  # after the query started
+
+    q = (
+        _stream(spark, str(store), topic, redis_db, maxOffsetsPerTrigger="40")
+        .writeStream.foreachBatch(collect)
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    try:
+        assert q.awaitTermination(120)
+        progress = list(q.recentProgress)
+    finally:
+        q.stop()
+    assert sorted(seen) == _keyed(events, ids)  # all of them, once; none of the later 30
+    assert len(sizes) >= 3 and max(sizes) <= 40
+    source = progress[-1]["sources"][0]
+    latest, end = json.loads(source["latestOffset"]), json.loads(source["endOffset"])
+    assert sum(1 for s in latest if latest[s] != end[s]) >= 1  # the 30 later entries: lag
+
+
+@pytest.mark.parametrize("fail_on_data_loss", [None, "false"])
+def test_fail_on_data_loss(
+    spark: Any, redis_db: str, tmp_path: Path, topic: str, fail_on_data_loss: str | None
+) -> None:
+    """Entries recorded lost inside a micro-batch's range fail the query (Kafka's
+    failOnDataLoss, default true); with false the query warns on the driver and reads on. The
+    stream used to read past gap records silently."""
+    import anyio
+
+    from eventbus.protocol.ids import EntryId
+    from eventbus.tier.gaps import new_gap, record_gap
+    from eventbus.tier.store import open_store
+
+    store = tmp_path / "seg"
+    store.mkdir()
+    events = ticks(50)
+    publish(redis_db, topic, events)
+    gap = new_gap(topic, shard_of("res-0", 4), EntryId(5, 0), EntryId(9, 0), 3, "test", "test")
+    anyio.run(record_gap, open_store(str(store)), gap)
+    options = {"failOnDataLoss": fail_on_data_loss} if fail_on_data_loss else {}
+    q = (
+        _stream(spark, str(store), topic, redis_db, **options)
+        .writeStream.format("memory")
+        .queryName(f"q_{topic[2:]}_{fail_on_data_loss}")
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    try:
+        if fail_on_data_loss is None:
+            with pytest.raises(Exception, match="gap record"):
+                q.awaitTermination(120)
+        else:
+            assert q.awaitTermination(120)
+            assert spark.table(f"q_{topic[2:]}_{fail_on_data_loss}").count() == 50
+    finally:
+        q.stop()
