@@ -65,7 +65,10 @@ def read(spark: Any, options: Mapping[str, Any] | None = None, **more: Any) -> A
     finally:
         if redis is not None:
             redis.close()
-    refs = [r for p in cut.parts if isinstance(p, SegmentsPart) for r in p.refs]
+    segment_parts = [p for p in cut.parts if isinstance(p, SegmentsPart)]
+    if any(p.floors for p in segment_parts):
+        return _fallback(python, f"{opts.topic} has overlapping segments (each entry read once)")
+    refs = [r for p in segment_parts for r in p.refs]
     models = opts.models()
     typed = TypedPayloads(models) if models else None
     if refs and typed is not None:

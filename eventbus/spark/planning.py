@@ -148,13 +148,18 @@ def _bounds(f: Filter, v: int) -> tuple[int | None, int | None]:
 
 @dataclass(frozen=True)
 class SegmentsPart(InputPartition):
-    """A Spark task: consecutive segments of one shard, rows in [`lo`, `hi`]."""
+    """A Spark task: consecutive segments of one shard, rows in [`lo`, `hi`]; `floors[i]`, when
+    set, drops the rows of `refs[i]` up to it (an earlier, overlapping segment holds them)."""
 
     refs: tuple[SegmentRef, ...]
     lo: EntryId
     hi: EntryId
     time_lo: int | None = None
     time_hi: int | None = None
+    floors: tuple[EntryId | None, ...] = ()
+
+    def floor(self, i: int) -> EntryId | None:
+        return self.floors[i] if self.floors else None
 
 
 @dataclass(frozen=True)
@@ -232,11 +237,19 @@ def plan_read(
     lasts = last_ids(redis, keys, topic, chosen) if redis is not None else {}
     for s in chosen:
         start = archived_upto(cps.get(s), per_shard[s]) if redis is not None else None
-        refs = [r for r in per_shard[s] if pruning.overlaps(r)]
+        floors = overlap_floors(per_shard[s])
+        refs = [r for r in per_shard[s] if r.key in floors and pruning.overlaps(r)]
         if redis is not None:
             refs = [r for r in refs if start is not None and r.last <= start]
         parts += [
-            SegmentsPart(tuple(group), pruning.lo, pruning.hi, pruning.time_lo, pruning.time_hi)
+            SegmentsPart(
+                tuple(group),
+                pruning.lo,
+                pruning.hi,
+                pruning.time_lo,
+                pruning.time_hi,
+                tuple(floors[r.key] for r in group) if any(floors.values()) else (),
+            )
             for group in _pack(refs, pack_bytes)
         ]
         last = lasts.get(s)
@@ -249,6 +262,21 @@ def plan_read(
         if per_shard[s] or s in lasts or s in cps:
             gaps += [g for g in objects.gaps(topic, s) if _gap_overlaps(g, pruning)]
     return Cut(parts, gaps)
+
+
+def overlap_floors(refs: Sequence[SegmentRef]) -> dict[str, EntryId | None]:
+    """Per key of `refs` (one shard's listing, in key order) to read: None, or the entry ID up
+    to which its rows are dropped, because an earlier segment holds them (a forged segment, or
+    an offloader's leftover). Segments wholly inside earlier ones are left out. Each entry is
+    then read once, as `eventbus.tier.replay.iter_shard` gives it."""
+    out: dict[str, EntryId | None] = {}
+    high: EntryId | None = None
+    for ref in refs:
+        if high is not None and ref.last <= high:
+            continue
+        out[ref.key] = high if high is not None and ref.first <= high else None
+        high = ref.last if high is None else max(high, ref.last)
+    return out
 
 
 def archived_upto(cp: EntryId | None, refs: Sequence[SegmentRef]) -> EntryId | None:

@@ -153,7 +153,8 @@ def read_segments(
     after: EntryId | None,
     upto: EntryId | None,
 ) -> Iterator[pa.RecordBatch]:
-    """Rows of `refs` with `after` < ID <= `upto`, as segment-schema batches, in order."""
+    """Rows of `refs` with `after` < ID <= `upto`, as segment-schema batches, in order; each
+    entry once when segments overlap (rows up to the last one given are dropped)."""
     for ref in refs:
         if (after is not None and ref.last <= after) or (upto is not None and ref.first > upto):
             continue
@@ -165,6 +166,9 @@ def read_segments(
                 batch = batch.filter(id_mask(batch, after, upto))
             if batch.num_rows:
                 yield batch
+                n = batch.num_rows - 1
+                ms, seq = batch.column("entry_ms")[n].as_py(), batch.column("entry_seq")[n].as_py()
+                after = EntryId(ms, seq)
 
 
 def xrange(

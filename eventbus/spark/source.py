@@ -36,7 +36,7 @@ from eventbus.spark.planning import (
     plan_read,
     surface_gaps,
 )
-from eventbus.spark.reading import read_range, read_segment, stats_exclude
+from eventbus.spark.reading import id_mask, read_range, read_segment, stats_exclude
 from eventbus.spark.schema import CORRUPT, GAPS, arrow_schema, read_schema
 from eventbus.tier.errors import CorruptSegment
 
@@ -125,9 +125,10 @@ class BatchReader(DataSourceReader):
                 redis.close()
             return
         assert isinstance(partition, SegmentsPart)
-        for ref in partition.refs:
+        for i, ref in enumerate(partition.refs):
             if stats_exclude(objects, ref, partition.time_lo, partition.time_hi):
                 continue
+            floor = partition.floor(i)
             try:
                 batches = list(read_segment(objects.get(ref.key), ref))
             except CorruptSegment as exc:
@@ -137,6 +138,8 @@ class BatchReader(DataSourceReader):
                 yield corrupt_row(conv.target, ref, str(exc))
                 continue
             for batch in batches:
+                if floor is not None:  # rows an earlier, overlapping segment gave
+                    batch = batch.filter(id_mask(batch, floor, None))
                 yield conv.convert(batch)
 
 

@@ -180,3 +180,40 @@ def test_a_topic_in_neither_the_archive_nor_redis_is_an_error(
         read(spark, str(tmp_path), topic + "x", redis_url=redis_db).collect()
     with pytest.raises(Exception, match=r"neither in the archive at .*\(and no redis_url given\)"):
         read(spark, str(tmp_path), topic + "x").collect()
+
+
+def test_overlapping_segments_give_each_entry_once(
+    spark: Any, redis_db: str, tmp_path: Path, topic: str
+) -> None:
+    """A forged segment (or an offloader's leftover) over a range other segments hold: each
+    entry once, as replay gives it (the read gave the overlapped entries twice)."""
+    from eventbus.spark import read as read_native
+    from eventbus.spark.objects import Objects
+    from eventbus.spark.reading import read_segments
+    from eventbus.tier.layout import segment_key
+    from eventbus.tier.replay import iter_shard
+    from eventbus.tier.segment import encode_segment
+    from eventbus.tier.store import open_store
+
+    store = str(tmp_path / "seg")
+    publish(redis_db, topic, ticks(30), shards=1)
+    offload(redis_db, store, topic, shards=1, segment_max_entries=10)
+    entries = list(iter_shard(open_store(store), topic, 0))
+    assert len(entries) == 30
+    forged = [(e.entry_id, e.fields()) for e in entries[4:25]]
+    first, last = forged[0][0], forged[-1][0]
+    data, _ = encode_segment(topic, 0, first, last, forged)
+    path = Path(store) / segment_key(topic, 0, first, last)
+    path.write_bytes(data)
+    assert len(list((Path(store) / topic / "0").glob("*.parquet"))) == 4
+    want = sorted(str(e.entry_id) for e in entries)
+    # the path of stream batches and of a cut's tail: segments read in one task
+    objects = Objects(open_store(store))
+    batches = read_segments(objects, objects.segments(topic, 0), None, None)
+    assert sorted(i for b in batches for i in b.column("entry_id").to_pylist()) == want
+    for df in (
+        read(spark, store, topic),
+        read(spark, store, topic, redis_url=redis_db, packBytes="0"),
+        read_native(spark, store=store, topic=topic),
+    ):
+        assert sorted(r.entry_id for r in df.collect()) == want
