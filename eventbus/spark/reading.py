@@ -1,10 +1,11 @@
 """Reading planned parts: verified segments, and one shard's range across segments and Redis.
 
 **Reading (after, upto]** (`read_range`) stays exact while an offloader runs: the checkpoint
-``C1`` is read again *after* the ``XRANGE`` pages; entries the offloader archived and trimmed
-meanwhile (``C < id <= C1``) are taken from the segments it committed, the rest from the pages.
-An entry after ``C1`` cannot have been trimmed by the offloader before the pages were read (it
-trims only below its checkpoint), so nothing is missed and nothing is read twice.
+``C1`` is read again *after* each ``XRANGE`` page; entries the offloader archived and trimmed
+meanwhile (``C < id <= C1``) are taken from the segments it committed, the rest from the page.
+An entry after ``C1`` cannot have been trimmed by the offloader before the page was read (it
+trims only below its checkpoint), so nothing is missed and nothing is read twice; the next page
+starts after what was given.
 """
 
 from __future__ import annotations
@@ -171,44 +172,35 @@ def read_segments(
                 after = EntryId(ms, seq)
 
 
-def xrange(
-    redis: Any, stream: str, after: EntryId | None, upto: EntryId
-) -> list[tuple[EntryId, dict[bytes, bytes]]]:
-    """Entries of `stream` in (`after`, `upto`], paged by `XRANGE_COUNT` (never a group)."""
-    out: list[tuple[EntryId, dict[bytes, bytes]]] = []
-    low = f"({after}" if after is not None else "-"
-    while True:
-        page = redis.xrange(stream, low, str(upto), count=XRANGE_COUNT)
-        out += [(parse_id(i), f) for i, f in page]
-        if len(page) < XRANGE_COUNT:
-            return out
-        low = f"({out[-1][0]}"
-
-
 def read_range(
     objects: Objects, redis: Any, keys: Keys, part: RangePart
 ) -> Iterator[pa.RecordBatch]:
     """Shard `part.shard`'s entries in (`part.after`, `part.upto`] as segment-schema batches in
-    entry-ID order: segments `part.refs`, then ``XRANGE`` after the checkpoint `part.cp`, with
-    the re-check of the module docstring."""
+    entry-ID order: segments `part.refs`, then ``XRANGE`` after the checkpoint `part.cp`, page
+    by page (`XRANGE_COUNT` entries: a shard's tail is never held at once), each page followed
+    by the re-check of the module docstring."""
     topic, shard = part.topic, part.shard
     yield from read_segments(objects, part.refs, part.after, part.upto)
-    start = (
+    low = (
         part.cp
         if part.after is None or (part.cp is not None and part.cp > part.after)
-        else part.after
+        else (part.after)
     )
-    if start is not None and start >= part.upto:
-        return
-    entries = xrange(redis, keys.stream(topic, shard), start, part.upto)
-    now = checkpoints(redis, keys, topic, [shard]).get(shard)
-    if now is not None and (start is None or now > start):
-        fresh = [
-            r
-            for r in objects.segments(topic, shard)
-            if (start is None or r.first > start) and r.last <= now
-        ]
-        yield from read_segments(objects, fresh, start, min(now, part.upto))
-        entries = [e for e in entries if e[0] > now]
-    if entries:
-        yield entries_batch(topic, shard, entries)
+    stream = keys.stream(topic, shard)
+    while low is None or low < part.upto:
+        first = f"({low}" if low is not None else "-"
+        page = redis.xrange(stream, first, str(part.upto), count=XRANGE_COUNT)
+        now = checkpoints(redis, keys, topic, [shard]).get(shard)
+        if now is not None and (low is None or now > low):
+            # archived (and maybe trimmed) since `low`: those entries come from the segments
+            upto = min(now, part.upto)
+            fresh = [r for r in objects.segments(topic, shard) if (low is None or r.last > low)]
+            yield from read_segments(objects, fresh, low, upto)
+            low = upto
+        rest = [(parse_id(i), f) for i, f in page]
+        rest = [e for e in rest if low is None or e[0] > low]
+        if rest:
+            yield entries_batch(topic, shard, rest)
+            low = rest[-1][0]
+        if len(page) < XRANGE_COUNT:
+            return

@@ -139,3 +139,55 @@ def test_segments_past_the_checkpoint_are_not_read_twice(
     b = ticks(100, start=300)
     ids += publish(redis_db, topic, b)
     assert sorted(_read_cut(store, redis_db, topic)) == _keyed(redis_db, topic, ids, a + b)
+
+
+class _OffloadMidway:
+    """A Redis client whose second XRANGE page comes after an offloader round that archived
+    and trimmed everything: the per-page re-check must take the rest from the segments."""
+
+    def __init__(self, client: Any, run: Any) -> None:
+        self.client, self.run, self.pages = client, run, 0
+
+    def xrange(self, *args: Any, **kwargs: Any) -> Any:
+        self.pages += 1
+        if self.pages == 2:
+            self.run()
+        return self.client.xrange(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
+
+
+def test_the_tail_is_read_page_by_page(
+    redis_db: str, tmp_path: Path, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shard's Redis tail comes in batches of at most XRANGE_COUNT entries (it was held in
+    memory whole, one batch), exact while an offloader archives and trims between pages."""
+    import eventbus.spark.reading as reading
+
+    monkeypatch.setattr(reading, "XRANGE_COUNT", 25)
+    store = str(tmp_path / "seg")
+    Path(store).mkdir()
+    events = ticks(400)
+    ids = publish(redis_db, topic, events)
+    objects = Objects(open_store(store))
+
+    def read_tails(client: Any) -> tuple[list[tuple[int, str]], list[int]]:
+        cut = plan_read(objects, topic, Pruning(), redis=client, keys=Keys(), shards=4)
+        assert all(isinstance(p, RangePart) for p in cut.parts) and len(cut.parts) == 4
+        out, sizes = [], []
+        for part in cut.parts:
+            for b in read_range(objects, client, Keys(), part):
+                sizes.append(b.num_rows)
+                shards, entry_ids = b.column("shard"), b.column("entry_id")
+                out += zip(shards.to_pylist(), entry_ids.to_pylist(), strict=True)
+        return sorted(out), sizes
+
+    want = _keyed(redis_db, topic, ids, events)
+    with redis.Redis.from_url(redis_db) as r:
+        got, sizes = read_tails(r)
+        assert got == want and max(sizes) == 25 and len(sizes) >= 16
+        midway = _OffloadMidway(r, lambda: offload(redis_db, store, topic))
+        got, sizes = read_tails(midway)
+        assert midway.pages >= 2 and r.xlen(Keys().stream(topic, 0)) == 0  # it did trim
+    assert got == want
