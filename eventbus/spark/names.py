@@ -32,6 +32,7 @@ NAMES = (
     "s3Endpoint",
     "s3Region",
     "startingOffsets",
+    "endingOffsets",
     "maxOffsetsPerTrigger",
     "resourceIdCol",
     "eventIdCol",

@@ -120,6 +120,8 @@ def _python_only(opts: SourceOptions, strings: Mapping[str, str]) -> str | None:
         return "a store_factory store is read through obstore only"
     if opts.store.startswith("memory://"):
         return "a memory:// store lives in the Python process"
+    if opts.starting_offsets != "earliest" or opts.ending_offsets != "latest":
+        return "startingOffsets / endingOffsets bound rows inside segments"
     if str(strings.get("native", "true")).lower() == "false":
         return "option native=false"
     return None

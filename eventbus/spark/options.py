@@ -93,6 +93,7 @@ class SourceOptions:
     on_gap: str | None = None  # "warn" | "fail"; None: batch reads warn, streams fail
     max_entries_per_trigger: int | None = None
     starting_offsets: str = "earliest"
+    ending_offsets: str = "latest"  # batch reads only
     resource_id_col: str | None = None
     event_id_col: str | None = None
     event_type: str | None = None
@@ -137,6 +138,7 @@ class SourceOptions:
             on_gap=on_gap,
             max_entries_per_trigger=_int(opts, "maxoffsetspertrigger", None, 1),
             starting_offsets=opts.get("startingoffsets", "earliest"),
+            ending_offsets=opts.get("endingoffsets", "latest"),
             resource_id_col=opts.get("resourceidcol") or None,
             event_id_col=opts.get("eventidcol") or None,
             event_type=opts.get("eventtype") or None,

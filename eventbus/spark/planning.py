@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -116,6 +116,12 @@ class Pruning:
         if self.resource_ids is not None and shards:
             allowed = _meet(allowed, {shard_of(r, shards) for r in self.resource_ids})
         return allowed
+
+    def bounded(self, after: EntryId | None, upto: EntryId | None) -> Pruning:
+        """These conditions, and entry IDs after `after` and up to `upto` (either None)."""
+        lo = max(self.lo, after.next()) if after is not None else self.lo
+        hi = min(self.hi, upto) if upto is not None else self.hi
+        return self if (lo, hi) == (self.lo, self.hi) else _replace(self, lo=lo, hi=hi)
 
     def overlaps(self, ref: SegmentRef) -> bool:
         return ref.last >= self.lo and ref.first <= self.hi
@@ -218,10 +224,13 @@ def plan_read(
     keys: Keys | None = None,
     shards: int | None = None,
     pack_bytes: int = 0,
+    starts: Mapping[int, EntryId] | None = None,
+    ends: Mapping[int, EntryId] | None = None,
 ) -> Cut:
     """Plan a batch read of `topic` (see the module docstring for the cut). Segments of a shard
     smaller than `pack_bytes` together share a task. Raises `StoreError`, and `ConfigError` for
-    a topic with no segment and (with `redis`) not registered."""
+    a topic with no segment and (with `redis`) not registered. `starts` / `ends` bound shards'
+    rows: after `starts[shard]`, up to `ends[shard]` (a batch read's offsets)."""
     keys = keys or Keys()
     count = shard_count(redis, keys, topic, shards)
     present = set(objects.shards(topic)) | set(range(count or 0))
@@ -235,7 +244,9 @@ def plan_read(
     gaps: list[dict[str, Any]] = []
     per_shard = {s: objects.segments(topic, s) for s in chosen}
     lasts = last_ids(redis, keys, topic, chosen) if redis is not None else {}
+    whole = pruning
     for s in chosen:
+        pruning = whole.bounded((starts or {}).get(s), (ends or {}).get(s))
         start = archived_upto(cps.get(s), per_shard[s]) if redis is not None else None
         floors = overlap_floors(per_shard[s])
         refs = [r for r in per_shard[s] if r.key in floors and pruning.overlaps(r)]

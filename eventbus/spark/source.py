@@ -24,7 +24,8 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from eventbus.protocol.ids import ZERO
+from eventbus.errors import ConfigError
+from eventbus.protocol.ids import ZERO, EntryId, parse_id
 from eventbus.spark.decode import Converter
 from eventbus.spark.objects import Objects, as_objects
 from eventbus.spark.options import SourceOptions
@@ -94,6 +95,8 @@ class BatchReader(DataSourceReader):
                 as_objects(opts.open_store()),
                 opts.topic,
                 self.pruning,
+                starts=batch_offsets(opts.starting_offsets, opts.topic, "startingOffsets"),
+                ends=batch_offsets(opts.ending_offsets, opts.topic, "endingOffsets"),
                 redis=redis,
                 keys=opts.keys(),
                 shards=opts.shards,
@@ -128,7 +131,12 @@ class BatchReader(DataSourceReader):
         for i, ref in enumerate(partition.refs):
             if stats_exclude(objects, ref, partition.time_lo, partition.time_hi):
                 continue
-            floor = partition.floor(i)
+            # rows below the part's range (startingOffsets, pruning) or given by an earlier,
+            # overlapping segment; rows above it (endingOffsets, pruning)
+            lows = [partition.floor(i), partition.lo.prev() if partition.lo > ZERO else None]
+            floor = max((x for x in lows if x is not None), default=None)
+            floor = floor if floor is not None and ref.first <= floor else None
+            ceiling = partition.hi if ref.last > partition.hi else None
             try:
                 batches = list(read_segment(objects.get(ref.key), ref))
             except CorruptSegment as exc:
@@ -138,8 +146,8 @@ class BatchReader(DataSourceReader):
                 yield corrupt_row(conv.target, ref, str(exc))
                 continue
             for batch in batches:
-                if floor is not None:  # rows an earlier, overlapping segment gave
-                    batch = batch.filter(id_mask(batch, floor, None))
+                if floor is not None or ceiling is not None:
+                    batch = batch.filter(id_mask(batch, floor, ceiling))
                 yield conv.convert(batch)
 
 
@@ -151,6 +159,21 @@ class PruningReader(BatchReader):
     def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
         self.pruning = Pruning.from_filters(filters)
         yield from filters
+
+
+def batch_offsets(text: str, topic: str, name: str) -> dict[int, EntryId] | None:
+    """A batch read's ``startingOffsets`` (``earliest`` or a JSON offset: per shard the entry
+    ID after which to read) or ``endingOffsets`` (``latest`` or a JSON offset: per shard the
+    last entry ID to read); shards left out are not bounded. Raises `ConfigError`."""
+    from eventbus.spark.stream import parse_start
+
+    value = parse_start(text, topic)
+    open_end = "earliest" if name == "startingOffsets" else "latest"
+    if value == open_end:
+        return None
+    if not isinstance(value, dict):
+        raise ConfigError(f"option {name} of a batch read: {open_end} or JSON, not {text!r}")
+    return {int(k): parse_id(v) for k, v in value.items()}
 
 
 def corrupt_row(target: pa.Schema, ref: Any, reason: str) -> pa.RecordBatch:

@@ -217,3 +217,46 @@ def test_overlapping_segments_give_each_entry_once(
         read_native(spark, store=store, topic=topic),
     ):
         assert sorted(r.entry_id for r in df.collect()) == want
+
+
+def test_batch_starting_and_ending_offsets(
+    spark: Any, redis_db: str, tmp_path: Path, topic: str
+) -> None:
+    """Kafka's batch options: per shard, entries after startingOffsets and up to endingOffsets
+    (inside segments and in Redis); shards left out are unbounded. They were ignored."""
+    import json
+
+    from eventbus.protocol.sharding import shard_of
+
+    store = str(tmp_path / "seg")
+    events = ticks(200)
+    ids = publish(redis_db, topic, events)
+    offload(redis_db, store, topic, segment_max_entries=7)
+    ids += publish(redis_db, topic, ticks(40, start=200))  # in Redis only
+    per_shard: dict[int, list[str]] = {}
+    for (rid, _), i in zip(events + ticks(40, start=200), ids, strict=True):
+        per_shard.setdefault(shard_of(rid, 4), []).append(i)
+    s, t = sorted(per_shard)[:2]
+    a = per_shard[s]  # shard s: bounded inside segments
+    b = per_shard[t]  # shard t: from a segment into the Redis tail
+    starts = {topic: {str(s): a[2], str(t): b[5]}}
+    ends = {str(s): a[20]}
+    want = a[3:21] + b[6:] + [i for k, v in per_shard.items() if k not in (s, t) for i in v]
+    for extra in ({}, {"redis_url": redis_db}):
+        got = read(
+            spark,
+            store,
+            topic,
+            startingOffsets=json.dumps(starts),
+            endingOffsets=json.dumps(ends),
+            **extra,
+        )
+        rows = [r.entry_id for r in got.collect()]
+        archived_only = not extra
+        if archived_only:
+            tail = set(ids[200:])
+            assert sorted(rows) == sorted(i for i in want if i not in tail)
+        else:
+            assert sorted(rows) == sorted(want)
+    with pytest.raises(Exception, match="endingOffsets of a batch read"):
+        read(spark, store, topic, endingOffsets="earliest").collect()
