@@ -27,6 +27,7 @@ from eventbus.tier.layout import SegmentRef
 from eventbus.tier.segment import COLUMNS, SCHEMA, check_schema, entry_arrays, read_info
 
 XRANGE_COUNT = 5000
+INT64_MAX = (1 << 63) - 1
 BATCH_ROWS = 32768
 
 
@@ -101,14 +102,18 @@ def id_mask(batch: pa.RecordBatch, after: EntryId | None, upto: EntryId | None) 
     """Boolean mask of rows with `after` < entry ID <= `upto` (either bound may be None)."""
     ms, seq = batch.column("entry_ms"), batch.column("entry_seq")
     mask = None
+    # sequence parts up to 2^64 - 1 (`EntryId.prev`, `MAX_ID`) against the int64 column, whose
+    # values never exceed 2^63 - 1: clamped (pyarrow refuses a scalar beyond int64)
     if after is not None:
+        after_seq = pa.scalar(min(after.seq, INT64_MAX), pa.int64())
         m = pc.or_(
-            pc.greater(ms, after.ms), pc.and_(pc.equal(ms, after.ms), pc.greater(seq, after.seq))
+            pc.greater(ms, after.ms), pc.and_(pc.equal(ms, after.ms), pc.greater(seq, after_seq))
         )
         mask = m
     if upto is not None:
+        upto_seq = pa.scalar(min(upto.seq, INT64_MAX), pa.int64())
         m = pc.or_(
-            pc.less(ms, upto.ms), pc.and_(pc.equal(ms, upto.ms), pc.less_equal(seq, upto.seq))
+            pc.less(ms, upto.ms), pc.and_(pc.equal(ms, upto.ms), pc.less_equal(seq, upto_seq))
         )
         mask = m if mask is None else pc.and_(mask, m)
     return mask

@@ -191,3 +191,21 @@ def test_the_tail_is_read_page_by_page(
         got, sizes = read_tails(midway)
         assert midway.pages >= 2 and r.xlen(Keys().stream(topic, 0)) == 0  # it did trim
     assert got == want
+
+
+def test_id_mask_takes_sequence_bounds_beyond_int64() -> None:
+    """`EntryId.prev()` of ``<ms>-0`` has sequence 2^64 - 1: a filter ``entry_ms >= t`` on a
+    segment holding entries of ms t - 1 and t failed the task (pyarrow refused the scalar)."""
+    import pyarrow as pa
+
+    from eventbus.protocol.ids import EntryId
+    from eventbus.spark.reading import id_mask
+
+    batch = pa.RecordBatch.from_pydict(
+        {"entry_ms": [9, 9, 10, 10, 11], "entry_seq": [0, 1, 0, 1, 0]},
+        schema=pa.schema([("entry_ms", pa.int64()), ("entry_seq", pa.int64())]),
+    )
+    top = (1 << 64) - 1
+    kept = batch.filter(id_mask(batch, EntryId(10, 0).prev(), EntryId(10, top)))
+    assert kept.column("entry_ms").to_pylist() == [10, 10]
+    assert batch.filter(id_mask(batch, EntryId(9, 1), None)).num_rows == 3
