@@ -1,9 +1,10 @@
 """``spark.readStream.format("eventbus")``: a topic as a stream, archive first, then Redis.
 
-**Offsets** are JSON objects ``{"<shard>": "<ms>-<seq>"}``: per shard, the last entry ID read
-(``"0-0"``: nothing yet). A micro-batch (start, end] reads, per shard, the segments up to the
-offloader's checkpoint, then ``XRANGE`` after it, with the re-check of `eventbus.spark.planning.
-read_range`: a query that fell behind Redis's trim point continues from the archive with no gap.
+**Offsets** are JSON objects ``{"<topic>": {"<shard>": "<ms>-<seq>"}}``, as Kafka's: per shard,
+the last entry ID read (``"0-0"``: nothing yet). A micro-batch (start, end] reads, per shard,
+the segments up to the offloader's checkpoint, then ``XRANGE`` after it, with the re-check of
+`eventbus.spark.reading.read_range`: a query that fell behind Redis's trim point continues from
+the archive with no gap.
 Entries are immutable, so re-running a batch after a restart gives the same rows: Spark's
 checkpoint makes delivery into exactly-once sinks exactly-once.
 
@@ -18,6 +19,8 @@ from __future__ import annotations
 
 import io
 import json
+import logging
+import warnings
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -48,9 +51,11 @@ from eventbus.spark.planning import (
 )
 from eventbus.spark.reading import parquet_footer, read_range
 from eventbus.spark.schema import arrow_schema
+from eventbus.tier.errors import TierError
 from eventbus.tier.layout import SegmentRef
 
 Offset = dict[str, str]
+log = logging.getLogger("eventbus.spark")
 
 
 def parse_start(text: str, topic: str | None = None) -> str | dict[str, str] | int:
@@ -102,8 +107,32 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if redis is not None:
             redis.close()
 
-    def reportLatestOffset(self) -> Offset | None:
-        return self.latest
+    def reportLatestOffset(self) -> dict[str, Offset] | None:
+        return None if self.latest is None else {self.opts.topic: self.latest}
+
+    # Spark sees offsets keyed by topic, as Kafka's ({"orders": {"0": "<entry ID>"}}); they are
+    # per shard inside. A checkpoint of another topic is refused; an older checkpoint's offsets,
+    # per shard only, are taken as they are.
+    def initialOffset(self) -> dict[str, Offset]:
+        return {self.opts.topic: self._initial_offset()}
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Offset]:
+        return {self.opts.topic: self._latest_offset(self._own(start), limit)}
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        return self._partitions(self._own(start), self._own(end))
+
+    def _own(self, offset: dict[str, Any]) -> Offset:
+        """The per-shard offset of this query's topic. Raises `ConfigError` for a checkpoint of
+        another topic (its entry IDs would be read as this topic's: a silent misread)."""
+        if offset and all(isinstance(v, dict) for v in offset.values()):
+            if set(offset) != {self.opts.topic}:
+                raise ConfigError(
+                    f"the query's checkpoint holds offsets of topic(s) {sorted(offset)}, not "
+                    f"{self.opts.topic!r}: use a new checkpointLocation for another topic"
+                )
+            return {str(k): str(v) for k, v in offset[self.opts.topic].items()}
+        return {str(k): str(v) for k, v in offset.items()}
 
     # -- driver side --------------------------------------------------------------------------
     def _shards(self, objects: Objects, redis: Any) -> list[int]:
@@ -132,7 +161,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 heads[s] = max(heads.get(s, ZERO), last)
         return objects, redis, cps, heads
 
-    def initialOffset(self) -> Offset:
+    def _initial_offset(self) -> Offset:
         _, redis, _, heads = self._heads()
         if redis is not None:
             redis.close()
@@ -148,16 +177,21 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         n = self.opts.max_entries_per_trigger
         return ReadMaxRows(n) if n else ReadAllAvailable()
 
-    def latestOffset(self, start: Offset, limit: ReadLimit) -> Offset:
+    def _latest_offset(self, start: Offset, limit: ReadLimit) -> Offset:
         objects, redis, cps, heads = self._heads()
         self.latest = {str(s): str(h) for s, h in heads.items()}
         if self.target is not None:  # nothing added after the AvailableNow query started
             heads = {s: min(h, self.target.get(s, ZERO)) for s, h in heads.items()}
         try:
             end = {str(s): str(h) for s, h in heads.items()}
+            beyond = []
             for key, was in start.items():  # never move backwards (a shard's stream deleted)
                 if parse_id(end.get(key, "0-0")) < parse_id(was):
+                    beyond.append(f"shard {key} at {was}, last entry {end.get(key, 'none')}")
                     end[key] = was
+            if beyond and redis is not None:  # as replay's ArchiveGap: else a silent hole
+                # (without Redis the archive may just not have caught up with the offsets yet)
+                surface_loss(self.opts.topic, beyond, self.opts.on_gap or "fail")
             if not isinstance(limit, ReadMaxRows):
                 return end
             behind = [int(k) for k in end if parse_id(end[k]) > parse_id(start.get(k, "0-0"))]
@@ -213,7 +247,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         )
         return parse_id(page[-1][0]) if page else max(last, start)
 
-    def partitions(self, start: Offset, end: Offset) -> Sequence[InputPartition]:
+    def _partitions(self, start: Offset, end: Offset) -> Sequence[InputPartition]:
         objects = as_objects(self.opts.open_store())
         redis = self.opts.redis()
         try:
@@ -264,6 +298,20 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         finally:
             if redis is not None:
                 redis.close()
+
+
+def surface_loss(topic: str, beyond: list[str], on_gap: str) -> None:
+    """The query's offsets are past the archive's and the stream's last entries (the stream was
+    deleted and recreated, or the store is another): fail (failOnDataLoss) or warn."""
+    text = (
+        f"topic {topic!r}: the query's offsets are beyond the archive and the stream ("
+        + "; ".join(beyond[:5])
+        + "): entries added there would be skipped; failOnDataLoss=false reads on"
+    )
+    if on_gap == "fail":
+        raise TierError(text)
+    log.warning(text)
+    warnings.warn(text, RuntimeWarning, stacklevel=2)
 
 
 def _lost_in(gap: dict[str, Any], after: EntryId, upto: EntryId) -> bool:

@@ -225,6 +225,7 @@ def test_available_now_honours_the_per_trigger_cap_and_reports_the_latest_offset
     assert len(sizes) >= 3 and max(sizes) <= 40
     source = progress[-1]["sources"][0]
     latest, end = json.loads(source["latestOffset"]), json.loads(source["endOffset"])
+    latest, end = latest[topic], end[topic]  # keyed by topic, as Kafka's
     assert sum(1 for s in latest if latest[s] != end[s]) >= 1  # the 30 later entries: lag
 
 
@@ -263,5 +264,50 @@ def test_fail_on_data_loss(
         else:
             assert q.awaitTermination(120)
             assert spark.table(f"q_{topic[2:]}_{fail_on_data_loss}").count() == 50
+    finally:
+        q.stop()
+
+
+def _available_now(spark: Any, store: str, topic: str, redis_url: str, cp: Path) -> Any:
+    return (
+        _stream(spark, store, topic, redis_url)
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(cp))
+        .trigger(availableNow=True)
+        .start()
+    )
+
+
+def test_a_checkpoint_of_another_topic_or_beyond_the_data_fails(
+    spark: Any, redis_db: str, tmp_path: Path, topic: str
+) -> None:
+    """Offsets are keyed by topic, as Kafka's: a checkpoint of another topic fails the query
+    (its entry IDs were taken as this topic's). Offsets past the archive's and the stream's last
+    entries (Redis lost the stream, or another store) fail it too (failOnDataLoss), instead of
+    reading nothing until new entries pass them."""
+    import redis
+
+    from eventbus.protocol.keys import Keys
+
+    store = tmp_path / "seg"
+    store.mkdir()
+    other = topic + "-b"
+    publish(redis_db, topic, ticks(20))
+    publish(redis_db, other, ticks(20))
+    cp = tmp_path / "cp"
+    q = _available_now(spark, str(store), topic, redis_db, cp)
+    assert q.awaitTermination(120)
+    q = _available_now(spark, str(store), other, redis_db, cp)
+    try:
+        with pytest.raises(Exception, match="checkpoint holds offsets of topic"):
+            q.awaitTermination(120)
+    finally:
+        q.stop()
+    with redis.Redis.from_url(redis_db) as r:
+        r.delete(*(Keys().stream(topic, s) for s in range(4)))
+    q = _available_now(spark, str(store), topic, redis_db, cp)
+    try:
+        with pytest.raises(Exception, match="beyond the archive and the stream"):
+            q.awaitTermination(120)
     finally:
         q.stop()
