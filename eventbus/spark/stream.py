@@ -101,6 +101,19 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.start = parse_start(opts.starting_offsets, opts.topic)
         self.target: dict[int, EntryId] | None = None  # Trigger.AvailableNow: where to stop
         self.latest: Offset | None = None  # for reportLatestOffset
+        self._listed: dict[int, list[SegmentRef]] = {}  # per shard, the segments seen so far
+
+    def __getstate__(self) -> dict[str, Any]:  # tasks get the reader without the listing cache
+        state = dict(self.__dict__)
+        state["_listed"] = {}
+        return state
+
+    def _segments(self, objects: Objects, shard: int) -> list[SegmentRef]:
+        """The shard's segments, listing only the keys after the last one seen (segments are
+        immutable and a new one's key sorts after the known ones: no full listing per batch)."""
+        known = self._listed.setdefault(shard, [])
+        known += objects.segments(self.opts.topic, shard, after=known[-1] if known else None)
+        return known
 
     def prepareForTriggerAvailableNow(self) -> None:
         _, redis, _, self.target = self._heads()
@@ -148,7 +161,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         cps = checkpoints(redis, keys, self.opts.topic, shards) if redis is not None else {}
         heads: dict[int, EntryId] = {}
         for s in shards:
-            refs = objects.segments(self.opts.topic, s)
+            refs = self._segments(objects, s)
             if redis is not None:
                 upto = archived_upto(cps.get(s), refs)
                 if upto is not None:
@@ -219,7 +232,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         topic = self.opts.topic
         left = n
         last = after
-        for ref in objects.segments(topic, shard):
+        for ref in self._segments(objects, shard):
             if ref.last <= after or (redis is not None and (cp is None or ref.last > cp)):
                 continue
             if ref.first > after:
@@ -264,7 +277,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 upto = parse_id(end[str(s)])
                 if upto <= after:
                     continue
-                listed = objects.segments(self.opts.topic, s)
+                listed = self._segments(objects, s)
                 cp = archived_upto(cps.get(s), listed) if redis is not None else upto
                 refs = tuple(
                     r

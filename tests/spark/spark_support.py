@@ -141,3 +141,15 @@ def moto_store(url: str) -> Any:
         "secret_access_key": "test",
     }
     return S3Store.from_url(url, config=config, client_options={"allow_http": True})
+
+
+class ListingObjects(CountingObjects):
+    """Also notes each segment listing, ``list <shard> <after key or ->``."""
+
+    def segments(self, topic: str, shard: int, after: Any = None) -> list[Any]:
+        self._note(f"list:{shard}:{after.key if after is not None else '-'}")
+        return super().segments(topic, shard, after)
+
+
+def listing_store(url: str) -> ListingObjects:
+    return ListingObjects(url)

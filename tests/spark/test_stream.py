@@ -311,3 +311,39 @@ def test_a_checkpoint_of_another_topic_or_beyond_the_data_fails(
             q.awaitTermination(120)
     finally:
         q.stop()
+
+
+def test_micro_batches_list_only_new_segments(
+    spark: Any, redis_db: str, tmp_path: Path, topic: str
+) -> None:
+    """Each micro-batch listed every segment of every shard (100k segment names took 2 s); the
+    stream now lists each shard in full once, then only the keys after the last one seen."""
+    from spark_support import reads
+
+    store = str(tmp_path / "seg")
+    publish(redis_db, topic, ticks(400))
+    offload(redis_db, store, topic, segment_max_entries=20)
+    q = (
+        _stream(
+            spark,
+            store,
+            topic,
+            redis_db,
+            maxOffsetsPerTrigger="100",
+            store_factory="spark_support:listing_store",
+        )
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    try:
+        assert q.awaitTermination(120)
+        batches = sum(1 for p in q.recentProgress if p["numInputRows"])
+    finally:
+        q.stop()
+    listings = [k for k in reads(store) if k.startswith("list:")]
+    full = [k for k in listings if k.endswith(":-")]
+    assert batches >= 4 and len(listings) > 4 * len(full)
+    assert sorted({k.split(":")[1] for k in full}) == ["0", "1", "2", "3"]
+    assert len(full) == 4  # one full listing per shard, however many batches
