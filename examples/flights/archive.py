@@ -29,7 +29,9 @@ async def archive_and_replay(
     from eventbus.tier import TierSettings, offload_until_caught_up, open_store, verify_archive
 
     store = open_store(store_url)
-    tier = TierSettings(hot_window_s=0, segment_max_age_s=0, trim_exact=True)
+    # typed segments: the Spark step reads the payload columns with Spark's own Parquet reader
+    typed = {topic: f"{Flight.__module__}:{Flight.__qualname__}"}
+    tier = TierSettings(hot_window_s=0, segment_max_age_s=0, trim_exact=True, typed_models=typed)
     started = time.perf_counter()
     stats = await offload_until_caught_up(
         bus.redis, store, topics=[topic], settings=bus.settings, tier=tier, timeout_s=900

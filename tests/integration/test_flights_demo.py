@@ -63,4 +63,6 @@ def test_flights_demo_small_run(tmp_path: Path) -> None:
     assert summary["spark_events_per_s"] > 0
     assert summary["spark_aggregates_match"] is True
     assert summary["spark_order_ok"] is True
+    assert summary["spark_read_path"] == "native"  # typed segments, Spark's Parquet reader
+    assert summary["spark_startup_s"] > 0
     assert summary["checks"]["spark_aggregates_match"] and summary["checks"]["spark_order_ok"]
