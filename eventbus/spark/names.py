@@ -15,6 +15,7 @@ from eventbus.errors import ConfigError
 NAMES = (
     "store",
     "topic",
+    "subscribe",
     "redisUrl",
     "model",
     "mode",

@@ -112,6 +112,8 @@ def _id(value: Any) -> str | None:
 
 
 def _python_only(opts: SourceOptions, strings: Mapping[str, str]) -> str | None:
+    if len(opts.subscribed) > 1:
+        return "option subscribe with several topics"
     if opts.table != "events":
         return "option table=gaps"
     if opts.mode == "FAILFAST" or not opts.validate:

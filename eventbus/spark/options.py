@@ -100,16 +100,21 @@ class SourceOptions:
     headers_col: str | None = None
     s3_endpoint: str | None = None
     s3_region: str | None = None
+    subscribed: tuple[str, ...] = ()  # ``subscribe``'s topics (batch reads), else (topic,)
     ranges: str | None = None  # internal: the Redis-tail parts planned by `eventbus.spark.native`
 
     @classmethod
     def parse(cls, options: Mapping[str, str], *, need_store: bool = True) -> SourceOptions:
         """Parse Spark's option map. Raises `ConfigError` for a missing or invalid option."""
         opts = canonical(options)
-        topic = opts.get("topic")
+        topics = tuple(t.strip() for t in opts.get("subscribe", "").split(",") if t.strip())
+        if topics and opts.get("topic"):
+            raise ConfigError("options topic and subscribe exclude each other: give one")
+        topic = topics[0] if topics else opts.get("topic")
         if not topic:
             raise ConfigError("option topic is required: .option('topic', 'orders')")
-        check_name("topic", topic)
+        for name in topics or (topic,):
+            check_name("topic", name)
         store = opts.get("store", "")
         if need_store and not store:
             raise ConfigError(
@@ -146,6 +151,7 @@ class SourceOptions:
             s3_endpoint=opts.get("s3endpoint") or None,
             s3_region=opts.get("s3region") or None,
             ranges=opts.get("_ranges") or None,
+            subscribed=topics or (topic,),
         )
         parsed.keys()  # validates key_prefix / hashtag
         if parsed.redis_url:
@@ -177,7 +183,8 @@ class SourceOptions:
             factory = load_object(self.store_factory, "store_factory")
             made = factory(self.store)
             # an `Objects` wrapper keeps the obstore store in `.store`
-            read_from(getattr(made, "store", made), self.topic)
+            for topic in self.subscribed or (self.topic,):
+                read_from(getattr(made, "store", made), topic)
             return made
         endpoint, region = self.s3_endpoint, self.s3_region
         if self.store.startswith(("s3://", "s3a://")) and not (endpoint and region):
@@ -186,7 +193,8 @@ class SourceOptions:
             tier = TierSettings()
             endpoint, region = endpoint or tier.s3_endpoint, region or tier.s3_region
         store = open_store(self.store, endpoint=endpoint, region=region, create=False)
-        read_from(store, self.topic)  # the dictionaries of compressed entries, on a cache miss
+        for topic in self.subscribed or (self.topic,):  # compressed entries' dictionaries
+            read_from(store, topic)
         return store
 
     def redis(self) -> Any:

@@ -71,7 +71,10 @@ class EventbusSource(DataSource):
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         from eventbus.spark.stream import StreamReader
 
-        return StreamReader(self._opts(), schema)
+        opts = self._opts()
+        if len(opts.subscribed) > 1:
+            raise ConfigError("option subscribe with several topics: batch reads only, for now")
+        return StreamReader(opts, schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         from eventbus.spark.writer import EventWriter
@@ -87,21 +90,26 @@ class BatchReader(DataSourceReader):
         self.schema = schema
         self.pruning = Pruning()
 
-    def plan(self) -> Cut:
+    def plan(self) -> dict[str, Cut]:
+        """The cut of each subscribed topic (``subscribe``, else ``topic``)."""
         opts = self.opts
         redis = opts.redis()
+        objects = as_objects(opts.open_store())
         try:
-            return plan_read(
-                as_objects(opts.open_store()),
-                opts.topic,
-                self.pruning,
-                starts=batch_offsets(opts.starting_offsets, opts.topic, "startingOffsets"),
-                ends=batch_offsets(opts.ending_offsets, opts.topic, "endingOffsets"),
-                redis=redis,
-                keys=opts.keys(),
-                shards=opts.shards,
-                pack_bytes=opts.pack_bytes,
-            )
+            return {
+                topic: plan_read(
+                    objects,
+                    topic,
+                    self.pruning,
+                    starts=batch_offsets(opts.starting_offsets, topic, "startingOffsets"),
+                    ends=batch_offsets(opts.ending_offsets, topic, "endingOffsets"),
+                    redis=redis,
+                    keys=opts.keys(),
+                    shards=opts.shards,
+                    pack_bytes=opts.pack_bytes,
+                )
+                for topic in opts.subscribed or (opts.topic,)
+            }
         finally:
             if redis is not None:
                 redis.close()
@@ -111,9 +119,11 @@ class BatchReader(DataSourceReader):
             from eventbus.spark.native import parse_ranges
 
             return parse_ranges(self.opts.ranges) or [SegmentsPart((), ZERO, ZERO)]
-        cut = self.plan()
-        surface_gaps(self.opts.topic, cut.gaps, self.opts.on_gap)
-        return cut.parts or [SegmentsPart((), self.pruning.lo, self.pruning.hi)]
+        parts: list[InputPartition] = []
+        for topic, cut in self.plan().items():
+            surface_gaps(topic, cut.gaps, self.opts.on_gap)
+            parts += cut.parts
+        return parts or [SegmentsPart((), self.pruning.lo, self.pruning.hi)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         opts = self.opts
@@ -191,8 +201,12 @@ class GapsReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         objects: Objects = as_objects(self.opts.open_store())
-        for shard in objects.shards(self.opts.topic):
-            for g in objects.gaps(self.opts.topic, shard):
+        for topic in self.opts.subscribed or (self.opts.topic,):
+            yield from self._gaps(objects, topic)
+
+    def _gaps(self, objects: Objects, topic: str) -> Iterator[tuple[Any, ...]]:
+        for shard in objects.shards(topic):
+            for g in objects.gaps(topic, shard):
                 yield tuple(
                     g.get(name) if name != "shard" else int(g.get("shard", shard))
                     for name in GAPS.fieldNames()

@@ -260,3 +260,37 @@ def test_batch_starting_and_ending_offsets(
             assert sorted(rows) == sorted(want)
     with pytest.raises(Exception, match="endingOffsets of a batch read"):
         read(spark, store, topic, endingOffsets="earliest").collect()
+
+
+def test_subscribe_reads_several_topics(
+    spark: Any, redis_db: str, tmp_path: Path, topic: str
+) -> None:
+    """Kafka's ``subscribe``: several topics in one batch read, told apart by the topic column
+    (archive and Redis tail of each); with topic, or in a stream, it is refused."""
+    store = str(tmp_path / "seg")
+    other = topic + "-b"
+    publish(redis_db, topic, ticks(30))
+    publish(redis_db, other, ticks(20))
+    offload(redis_db, store, topic)
+    offload(redis_db, store, other)
+    publish(redis_db, other, ticks(5, start=20))  # in Redis only
+    df = (
+        spark.read.format("eventbus")
+        .option("store", store)
+        .option("subscribe", f"{topic},{other}")
+        .option("redis_url", redis_db)
+        .option("model", "spark_support:Tick")
+        .load()
+    )
+    counts = {r.topic: r["count"] for r in df.groupBy("topic").count().collect()}
+    assert counts == {topic: 30, other: 25}
+    with pytest.raises(Exception, match="topic and subscribe exclude each other"):
+        read(spark, store, topic, subscribe=other).collect()
+    stream = spark.readStream.format("eventbus").option("store", store)
+    with pytest.raises(Exception, match="batch reads only"):
+        sink = stream.option("subscribe", f"{topic},{other}").load().writeStream.format("noop")
+        q = sink.option("checkpointLocation", str(tmp_path / "cp")).start()
+        try:
+            q.awaitTermination(60)
+        finally:
+            q.stop()

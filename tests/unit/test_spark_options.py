@@ -38,7 +38,7 @@ def test_camel_case_names_and_their_aliases_parse_alike() -> None:
         ("maxOffsetPerTrigger", "did you mean 'maxOffsetsPerTrigger'"),
         ("startingOffset", "did you mean 'startingOffsets'"),
         ("modell", "did you mean 'model'"),
-        ("zzzz", "the options are store, topic, redisUrl"),
+        ("zzzz", "the options are store, topic, subscribe, redisUrl"),
     ],
 )
 def test_an_unknown_option_is_an_error_naming_the_close_match(name: str, hint: str) -> None:
