@@ -30,7 +30,7 @@ from eventbus.consumer.signature import handler_input
 from eventbus.errors import ConfigError, RedisUnavailable, ReservedEventType
 from eventbus.lifecycle import Hook, Lifecycle
 from eventbus.locking.member import AsyncRedis
-from eventbus.protocol.codec import RESERVED_TYPE_PREFIX
+from eventbus.protocol.codec import RESERVED_TYPE_PREFIX, event_type_of
 from eventbus.protocol.keys import Keys, check_name
 from eventbus.protocol.retention import Retention
 from eventbus.protocol.topics import TopicConfig
@@ -70,6 +70,7 @@ class EventBus(Lifecycle):
         self._sync: SyncBus | None = None
         self._topics: dict[str, TopicConfig] = {}
         self.subscriptions: list[Subscription] = []
+        self.publications: dict[str, list[type[BaseModel]]] = {}  # `publisher` declarations
         self.consumers: list[Consumer | BroadcastConsumer] = []
         self._on_startup: list[Hook] = []
         self._on_shutdown: list[Hook] = []
@@ -237,6 +238,25 @@ class EventBus(Lifecycle):
             return handler
 
         return register
+
+    def publishes(self, topic: str, *models: type[BaseModel]) -> None:
+        """Declare that this service publishes events of `models` on `topic` (``bus.publishes(
+        "invoices", Invoiced)``), for the contract ``eventbus describe`` prints and writes as
+        AsyncAPI (`eventbus.contract`). A declaration sends nothing and restricts nothing: it
+        documents what the module's ``publish`` calls send. Declaring again adds models. (Named
+        ``publishes``: ``bus.publisher`` is the bus's `Publisher`.)
+
+        Raises `ConfigError` for a bad topic name, no model or one that is not a pydantic
+        model, and `ReservedEventType` for a model whose event type starts with ``__eventbus.``.
+        """
+        config = self.topic(topic)
+        if not models or not all(isinstance(m, type) and issubclass(m, BaseModel) for m in models):
+            raise ConfigError(f"publishes of topic {topic!r}: give pydantic model classes")
+        for model in models:
+            if event_type_of(model).startswith(RESERVED_TYPE_PREFIX):
+                raise ReservedEventType(event_type_of(model), f"publishes of topic {topic!r}")
+        declared = self.publications.setdefault(config.name, [])
+        declared += [m for m in models if m not in declared]
 
     def on_startup(self, hook: Hook) -> Hook:
         """Register ``async def hook()`` to run after connecting, before consumers start."""

@@ -9,6 +9,10 @@ and publish from anywhere (see web_handler.py, or the CLI)::
     eventbus publish orders --type OrderPlaced --resource-id o-1 \
         --data '{"order_id": "o-1", "customer": "c-9", "total_cents": 4200}'
 
+Its contract (topics, groups, handlers, event schemas, policies, what it publishes)::
+
+    eventbus describe examples.orders_service:bus --asyncapi orders.asyncapi.json
+
 Billing must never see an order's cancellation before its placement, so the order ID is the
 resource ID: both events of an order land in one shard and run in publish order. A payment that
 keeps failing parks the order (its later events wait in the dead-letter stream, in order) until
@@ -39,6 +43,19 @@ class OrderCancelled(BaseModel):
     reason: str = ""
 
 
+class Invoiced(BaseModel):
+    """An order was charged: billing's own event, for the services downstream."""
+
+    order_id: str
+    total_cents: int
+
+
+# What this service publishes, for its contract (`eventbus describe`): the web handlers publish
+# orders' events (web_handler.py, fastapi_app.py), billing publishes invoices.
+bus.publishes("orders", OrderPlaced, OrderCancelled)
+bus.publishes("invoices", Invoiced)
+
+
 # What the handlers did, for the example's test; a real service writes to its database,
 # keyed by ctx.event_id (idempotency) and guarded by ctx.fencing_token.
 ledger: dict[str, list[str]] = {"billing": [], "shipping": []}
@@ -48,6 +65,8 @@ ledger: dict[str, list[str]] = {"billing": [], "shipping": []}
 async def bill(event: OrderPlaced | OrderCancelled, ctx: Context) -> None:
     if isinstance(event, OrderPlaced):
         ledger["billing"].append(f"charge {event.order_id} {event.total_cents}")
+        invoice = Invoiced(order_id=event.order_id, total_cents=event.total_cents)
+        await bus.publish("invoices", invoice, resource_id=event.order_id)
     else:
         ledger["billing"].append(f"refund {event.order_id}")
     log.info(

@@ -3,7 +3,8 @@
 ``run`` runs a service's subscribers (`eventbus.cli.run`); ``stats`` and ``tail``
 (`eventbus.cli.inspect`), ``publish`` (`eventbus.cli.publish`), ``dlq`` (`eventbus.cli.dlq`),
 ``topic`` (`eventbus.cli.topic`: zstd dictionaries) and ``settings`` (`eventbus.cli.settings`:
-the effective settings) are operator tools; ``offload`` and
+the effective settings) are operator tools; ``describe`` (`eventbus.cli.describe`) prints the
+application's contract and writes it as AsyncAPI; ``offload`` and
 ``replay`` drive the durable tier
 (`eventbus.tier.cli`, registered when the tier extra is installed). Every command reads the same
 settings as the library (``EVENTBUS_*``, ``REDIS_URL``), with ``--redis-url`` as an override
@@ -22,6 +23,7 @@ from typing import Annotated
 
 import typer
 
+from eventbus.cli.describe import describe
 from eventbus.cli.dlq import dlq_app
 from eventbus.cli.inspect import stats, tail
 from eventbus.cli.output import cell, terminal_safe, user_errors
@@ -56,6 +58,7 @@ app.command()(stats)
 app.command()(tail)
 app.command()(publish)
 app.command()(settings)
+app.command()(describe)
 app.add_typer(dlq_app, name="dlq")
 app.add_typer(topic_app, name="topic")
 

@@ -24,8 +24,10 @@ async def test_orders_service_handlers_through_the_test_bus() -> None:
         )
         await tb.publish("orders", svc.OrderCancelled(order_id="o-1"), resource_id="o-1")
         await tb.drain()
+        [invoice] = await tb.published("invoices")  # billing's own event, as declared
     assert svc.ledger["billing"] == ["charge o-1 4200", "refund o-1"]
     assert svc.ledger["shipping"] == ["ship o-1 to c-9"]  # cancellation: not its event type
+    assert invoice.as_(svc.Invoiced) == svc.Invoiced(order_id="o-1", total_cents=4200)
 
 
 def test_web_handler_publishes_and_rejects_bad_input(
