@@ -50,13 +50,7 @@ class Cancelled(BaseModel):
     reason: str
 
 
-class PlacedV2(BaseModel):  # a field added with a default
-    order: int
-    amount: float
-    at: dt.datetime
-    lines: list[Line] = Field(default_factory=list)
-    colour: Colour = Colour.RED
-    note: str | None = None
+class PlacedV2(Placed):  # a field added with a default
     channel: str = "web"
 
 
