@@ -11,12 +11,11 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import anyio
 from pydantic import BaseModel
 
-from eventbus import request as requests
 from eventbus.client.connection import connect
 from eventbus.client.retry import LOST_REPLY
 from eventbus.config import Settings
@@ -34,10 +33,9 @@ from eventbus.protocol.codec import RESERVED_TYPE_PREFIX, event_type_of
 from eventbus.protocol.keys import Keys, check_name
 from eventbus.protocol.retention import Retention
 from eventbus.protocol.topics import TopicConfig
+from eventbus.request import M, reply_of, requester
 from eventbus.session import Session
-
-if TYPE_CHECKING:
-    from eventbus.sync import SyncBus
+from eventbus.sync import SyncBus
 
 H = TypeVar("H", bound=Handler)
 _sync_lock = threading.Lock()
@@ -294,7 +292,30 @@ class EventBus(Lifecycle):
         """Publish ``(resource_id, event)`` pairs in pipelines; returns entry IDs in order."""
         return await self.publisher.publish_many(self.topic(topic), events, headers)
 
-    request = requests.request  # `eventbus.request.request`, typed by its `reply_model`
+    async def request(
+        self,
+        topic: str,
+        event: BaseModel,
+        *,
+        resource_id: str,
+        timeout_s: float = 30.0,
+        reply_model: type[M] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> M:
+        """Publish `event` as a request and return the reply: the pydantic model a subscriber's
+        handler returned, validated as `reply_model`, or its JSON-mode fields (a dict) without
+        one. The bus must be entered (``async with bus:``); `eventbus.request` says how.
+
+        :param resource_id: the request's resource (its shard and order, as for `publish`)
+        :param timeout_s: seconds to wait for the reply, publishing included
+        :raises RequestTimeout: no reply within `timeout_s`; it names the groups that read the
+            topic (none: nobody subscribes to it)
+        :raises PublishError, PayloadTooLarge, ConfigError: as `publish`
+        """
+        env = await requester(self.redis, self.keys).request(
+            self.publish, self.topic(topic), event, resource_id, timeout_s, headers
+        )
+        return reply_of(env, reply_model)
 
     def sync(self) -> SyncBus:
         """The bus for synchronous code (Flask, Django, threads): one `SyncBus` per bus, shared
@@ -305,8 +326,6 @@ class EventBus(Lifecycle):
         ``with bus.sync() as sb:`` (the loop stops when the last such block exits, unless it is
         also used outside one). Safe across ``fork``: a child starts its own.
         """
-        from eventbus.sync import SyncBus  # it imports this module
-
         with _sync_lock:
             if self._sync is None:
                 self._sync = SyncBus(self)
@@ -334,7 +353,14 @@ class EventBus(Lifecycle):
                     await self.registry.ensure(sub.topic)
             except LOST_REPLY as exc:
                 raise RedisUnavailable.of(self.settings, exc) from exc
-            self.consumers = make_consumers(self)
+            self.consumers = make_consumers(
+                self.subscriptions,
+                self.redis,
+                self.keys,
+                self.settings,
+                self.registry,
+                archive=self.archive,
+            )
             await run_consumers(self.consumers, stop, handle_signals=handle_signals)
 
 

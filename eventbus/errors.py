@@ -88,7 +88,7 @@ class RedisUnavailable(EventBusError):
     @classmethod
     def of(cls, settings: Settings, exc: BaseException) -> RedisUnavailable:
         """The error for `exc`, met talking to the Redis of `settings`."""
-        from eventbus.client.addresses import scrub
+        from eventbus.config.addresses import scrub
 
         url = settings.redacted_url
         if settings.sentinels:

@@ -1,12 +1,9 @@
 """Request/reply over streams: ``await bus.request(topic, event, resource_id=..., timeout_s=...)``.
 
 The request is an ordinary event (same shard, order and failure policy as any other) carrying
-two headers: `REPLY_TO`, the caller's reply stream (`Keys.reply`: one per bus and event loop,
-``<prefix>:reply:<32 hex digits>``), and `CORRELATION_ID`. A subscriber answers by *returning* a
-pydantic model: the handling path (`eventbus.consumer.handling`) calls `send_reply`, which appends
-the encoded reply (an ordinary envelope, its `CORRELATION_ID` header copied) to the reply stream
-with ``MAXLEN ~`` `REPLY_MAXLEN` and sets the stream to expire `REPLY_TTL_S` seconds later, so
-that the streams of callers gone away vanish. A handler that returns None sends nothing.
+two headers: `REPLY_TO`, the caller's reply stream (`Keys.reply`: one per bus and event loop),
+and `CORRELATION_ID`. A subscriber answers by *returning* a pydantic model, which the handling
+path writes to that stream (`eventbus.protocol.replies`: the headers, the reply, its expiry).
 
 The caller reads its reply stream with ``XREAD BLOCK`` from where it last read; concurrent requests
 of one bus share it: one of them reads at a time and hands every reply to the request it
@@ -22,31 +19,33 @@ cannot be written (Redis down) the attempt fails and is retried like any other.
 from __future__ import annotations
 
 import asyncio
-import re
 import uuid
 import weakref
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
 
 import anyio
 from pydantic import BaseModel
 from typing_extensions import TypeVar
 
-from eventbus.errors import DecodeError, InvalidReply, RequestTimeout
-from eventbus.protocol.codec import Envelope, decode_entry, encode_entry, envelope_of
+from eventbus.errors import DecodeError, RequestTimeout
+from eventbus.protocol.codec import Envelope, decode_entry
 from eventbus.protocol.keys import Keys
-
-if TYPE_CHECKING:
-    from eventbus.app import EventBus
+from eventbus.protocol.replies import (
+    CORRELATION_ID,
+    REPLY_MAXLEN,
+    REPLY_TO,
+    REPLY_TTL_S,
+    reply_stream,
+    send_reply,
+)
+from eventbus.protocol.sharding import shard_of
+from eventbus.protocol.topics import TopicConfig
 
 # without a reply_model the reply is its JSON-mode fields (a dict): M is left unsolved, so Any
 M = TypeVar("M", bound=BaseModel, default=Any)
-
-REPLY_TO = "eventbus-reply-to"
-CORRELATION_ID = "eventbus-correlation-id"
-REPLY_MAXLEN = 1000
-"""Entries a reply stream keeps (approximately, ``MAXLEN ~``)."""
-REPLY_TTL_S = 300
-"""Seconds a reply stream lives after its last reply."""
+Publish = Callable[..., Awaitable[str]]
+"""``EventBus.publish``: ``await publish(topic, event, resource_id=..., headers=...)``."""
 _READ_COUNT = 100
 
 
@@ -55,6 +54,7 @@ class Requester:
 
     def __init__(self, redis: Any, keys: Keys) -> None:
         self.redis = redis
+        self.keys = keys
         self.stream = keys.reply(uuid.uuid4().hex)
         self._cursor = "0-0"  # the stream is new and ours alone: every entry is for us
         self._waiting: dict[str, asyncio.Future[Envelope]] = {}
@@ -62,8 +62,8 @@ class Requester:
 
     async def request(
         self,
-        bus: EventBus,
-        topic: str,
+        publish: Publish,
+        topic: TopicConfig,
         event: BaseModel,
         resource_id: str,
         timeout_s: float,
@@ -77,8 +77,8 @@ class Requester:
         entry_id: str | None = None
         try:
             with anyio.move_on_after(timeout_s) as scope:
-                entry_id = await bus.publish(
-                    topic,
+                entry_id = await publish(
+                    topic.name,
                     event,
                     resource_id=resource_id,
                     headers={**(headers or {}), REPLY_TO: self.stream, CORRELATION_ID: cid},
@@ -90,9 +90,9 @@ class Requester:
         finally:
             del self._waiting[cid]
         if scope.cancelled_caught and not future.done():
-            raise RequestTimeout(
-                topic, resource_id, timeout_s, entry_id, await _groups(bus, topic, resource_id)
-            )
+            stream = self.keys.stream(topic.name, shard_of(resource_id, topic.shards))
+            groups = await _groups(self.redis, stream)
+            raise RequestTimeout(topic.name, resource_id, timeout_s, entry_id, groups)
         return future.result()
 
     async def _read(self) -> None:
@@ -113,84 +113,39 @@ class Requester:
 _requesters: weakref.WeakKeyDictionary[Any, Requester] = weakref.WeakKeyDictionary()
 
 
-def requester(bus: EventBus) -> Requester:
-    """The `Requester` of `bus`'s current Redis client (one per session: process, event loop)."""
-    redis = bus.redis
+def requester(redis: Any, keys: Keys) -> Requester:
+    """The `Requester` of the Redis client `redis` (one per bus session: process, event loop)."""
     found = _requesters.get(redis)
     if found is None:
-        found = _requesters[redis] = Requester(redis, bus.keys)
+        found = _requesters[redis] = Requester(redis, keys)
     return found
 
 
-async def request(
-    bus: EventBus,
-    topic: str,
-    event: BaseModel,
-    *,
-    resource_id: str,
-    timeout_s: float = 30.0,
-    reply_model: type[M] | None = None,
-    headers: dict[str, str] | None = None,
-) -> M:
-    """Publish `event` as a request and return the reply: the pydantic model a subscriber's
-    handler returned, validated as `reply_model`, or its JSON-mode
-    fields (a dict) without one. The bus must be entered (``async with bus:``).
-
-    :param resource_id: the request's resource (its shard and order, as for `publish`)
-    :param timeout_s: seconds to wait for the reply, publishing included
-    :raises RequestTimeout: no reply within `timeout_s`; it names the groups that read the
-        topic (none: nobody subscribes to it)
-    :raises PublishError, PayloadTooLarge, ConfigError: as `publish`
-
-    Bound as the method `EventBus.request` (``await bus.request(...)``).
-    """
-    env = await requester(bus).request(bus, topic, event, resource_id, timeout_s, headers)
+def reply_of(env: Envelope, reply_model: type[M] | None) -> M:
+    """The reply in `env`: validated as `reply_model`, or its JSON-mode fields (a dict)."""
     if reply_model is None:
         return cast("M", env.payload)  # M is Any here: no reply_model to solve it
     return reply_model.model_validate(env.payload)
 
 
-async def _groups(bus: EventBus, topic: str, resource_id: str) -> list[str]:
-    """The consumer groups reading the shard stream of `resource_id` on `topic`."""
-    from eventbus.protocol.sharding import shard_of
-
-    stream = bus.keys.stream(topic, shard_of(resource_id, bus.topic(topic).shards))
+async def _groups(redis: Any, stream: str) -> list[str]:
+    """The consumer groups reading `stream`."""
     try:
-        groups = await bus.redis.xinfo_groups(stream)
+        groups = await redis.xinfo_groups(stream)
     except Exception:  # no stream (nothing published), or Redis gone: say what we know
         return []
     names = [g["name"] for g in groups]
     return sorted(n.decode() if isinstance(n, bytes) else n for n in names)
 
 
-def reply_stream(keys: Keys, headers: dict[str, str]) -> str | None:
-    """The reply stream a request's `headers` name, or None for an event that is no request.
-    Raises `InvalidReply` for a name that is not a reply stream of `keys` (a publisher must not
-    make consumers write to other keys)."""
-    target = headers.get(REPLY_TO)
-    if target is None:
-        return None
-    prefix = keys.reply("")
-    if not target.startswith(prefix) or not re.fullmatch(r"[0-9a-f]{32}", target[len(prefix) :]):
-        raise InvalidReply(f"reply stream {target!r} is not an eventbus reply stream ({prefix}…)")
-    return target
-
-
-async def send_reply(redis: Any, keys: Keys, request: Envelope, result: object) -> None:
-    """Append `result`, a handler's return value, to the reply stream of `request` (if it is a
-    request). Raises `InvalidReply` for a result that is not a pydantic model or a bad reply
-    stream, and Redis errors."""
-    stream = reply_stream(keys, request.headers)
-    if stream is None:
-        return
-    if not isinstance(result, BaseModel):
-        raise InvalidReply(
-            f"a handler answering a request returned {type(result).__name__}, not a pydantic "
-            "model (return None to send no reply)"
-        )
-    cid = request.headers.get(CORRELATION_ID, "")
-    fields = encode_entry(envelope_of(request.resource_id, result, {CORRELATION_ID: cid}))
-    pipe = redis.pipeline(transaction=False)
-    pipe.xadd(stream, fields, maxlen=REPLY_MAXLEN, approximate=True)
-    pipe.expire(stream, REPLY_TTL_S)
-    await pipe.execute()
+__all__ = [
+    "CORRELATION_ID",
+    "REPLY_MAXLEN",
+    "REPLY_TO",
+    "REPLY_TTL_S",
+    "Requester",
+    "reply_of",
+    "reply_stream",
+    "requester",
+    "send_reply",
+]

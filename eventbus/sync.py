@@ -33,22 +33,25 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Awaitable, Callable
-from functools import partial, update_wrapper
+from collections.abc import Awaitable, Callable, Iterable
+from functools import partial
 from types import TracebackType
-from typing import Concatenate, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from anyio.from_thread import BlockingPortal
+from pydantic import BaseModel
 
-from eventbus.app import EventBus
 from eventbus.client import loops
 from eventbus.errors import EventBusError
+from eventbus.request import M
 from eventbus.session import current_loop
+
+if TYPE_CHECKING:  # a SyncBus wraps the EventBus that made it (`EventBus.sync`)
+    from eventbus.app import EventBus
 
 log = logging.getLogger("eventbus")
 
 T = TypeVar("T")
-P = ParamSpec("P")
 
 _all: weakref.WeakSet[SyncBus] = weakref.WeakSet()
 
@@ -95,21 +98,6 @@ class _Loop:
         self.thread.join(timeout_s)
 
 
-def _blocking(
-    method: Callable[Concatenate[EventBus, P], Awaitable[T]],
-) -> Callable[Concatenate[SyncBus, P], T]:
-    """`method` of `EventBus` as a `SyncBus` method: same arguments, blocking until done."""
-
-    def blocking(self: SyncBus, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        return self.call(partial(method, self._bus, *args, **kwargs))
-
-    # name, annotations and __wrapped__ (inspect.signature, help()) are the method's
-    update_wrapper(blocking, method, assigned=("__name__", "__annotations__"))
-    blocking.__qualname__ = f"SyncBus.{method.__name__}"
-    blocking.__doc__ = f"`EventBus.{method.__name__}`, blocking the calling thread until done."
-    return blocking
-
-
 class SyncBus:
     """Blocking facade of an `EventBus`, thread-safe; see the module docstring.
 
@@ -130,10 +118,53 @@ class SyncBus:
         self._pinned = False  # used outside a `with` block: runs until close()
         self._local = threading.local()
 
-    # -- the API ----------------------------------------------------------------------------
-    publish = _blocking(EventBus.publish)
-    publish_many = _blocking(EventBus.publish_many)
-    request = _blocking(EventBus.request)
+    # -- the API: `EventBus`'s methods, blocking (a unit test checks the signatures match) ----
+    def publish(
+        self,
+        topic: str,
+        event: BaseModel,
+        *,
+        resource_id: str,
+        headers: dict[str, str] | None = None,
+    ) -> str:
+        """`EventBus.publish`, blocking the calling thread until done."""
+        bus = self._bus
+        return self.call(
+            partial(bus.publish, topic, event, resource_id=resource_id, headers=headers)
+        )
+
+    def publish_many(
+        self,
+        topic: str,
+        events: Iterable[tuple[str, BaseModel]],
+        *,
+        headers: dict[str, str] | None = None,
+    ) -> list[str]:
+        """`EventBus.publish_many`, blocking the calling thread until done."""
+        return self.call(partial(self._bus.publish_many, topic, events, headers=headers))
+
+    def request(
+        self,
+        topic: str,
+        event: BaseModel,
+        *,
+        resource_id: str,
+        timeout_s: float = 30.0,
+        reply_model: type[M] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> M:
+        """`EventBus.request`, blocking the calling thread until done."""
+        return self.call(
+            partial(
+                self._bus.request,
+                topic,
+                event,
+                resource_id=resource_id,
+                timeout_s=timeout_s,
+                reply_model=reply_model,
+                headers=headers,
+            )
+        )
 
     def call(self, fn: Callable[[], Awaitable[T]]) -> T:
         """Run ``await fn()`` on the bus's event loop and return its result (any coroutine

@@ -103,7 +103,8 @@ def _consumer() -> tuple[Any, Any]:
 
     handle.__annotations__ = {"event": bench.Tick, "ctx": Context, "return": None}
     bus.subscriber(bench.TOPIC, group="bench")(handle)
-    return bus, make_consumers(bus)[0]
+    parts = bus.subscriptions, bus.redis, bus.keys, bus.settings, bus.registry
+    return bus, make_consumers(*parts)[0]
 
 
 def path(events: int, profile: str | None) -> dict[str, float]:

@@ -10,48 +10,23 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import typer
 from pydantic import ValidationError
 from redis.exceptions import RedisError
-from rich.console import Console
 from rich.logging import RichHandler
 from rich.markup import escape
 
 from eventbus.client import loops
-from eventbus.client.addresses import scrub
 from eventbus.errors import EventBusError
+from eventbus.ops.terminal import console, remember_url, terminal_safe
 
 T = TypeVar("T")
 # Errors a user can act on: printed as one line, exit code 1
 _USER_ERRORS = (EventBusError, RedisError, OSError, ValidationError)
-
-console = Console(stderr=True)
-
-# C0 and C1 controls (ESC, CR, BS, ...) except tab and newline, line separators, bidi overrides
-_CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-# URLs seen by this process (settings, --redis-url): their secrets are scrubbed from output
-_URLS: set[str] = set()
-
-
-def remember_url(url: str) -> None:
-    """Scrub the secrets of `url` (a Redis URL this process uses) from all output from now on."""
-    _URLS.add(url)
-
-
-def terminal_safe(text: object, *, newlines: bool = False) -> str:
-    """`text` as it may reach a terminal: control characters (escape sequences, carriage
-    returns, bidi overrides) shown as ``\\xNN`` escapes, newlines and tabs too unless
-    `newlines`, and every known Redis password replaced by ``***``."""
-    out = str(text)
-    for url in _URLS:
-        out = scrub(out, url)
-    if not newlines:
-        out = out.replace("\n", "\\n").replace("\t", "\\t")
-    return _CONTROL_CHARS.sub(lambda m: f"\\x{ord(m.group()):02x}", out)
+__all__ = ["cell", "console", "remember_url", "run_async", "terminal_safe", "user_errors"]
 
 
 def cell(text: object) -> str:

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from functools import partial
 from typing import Annotated, Any
 
 import typer
@@ -94,10 +95,10 @@ def run(
     with user_errors():
         bus = load_bus(target)
         remember_url(bus.settings.redis_url)
-        health = Health(bus)
+        health = Health(lambda: bus.consumers)
         if metrics_port is not None:
             serve(metrics_host, metrics_port, health)
-    run_async(run_with_health, bus, health)
+    run_async(run_with_health, partial(bus.run, handle_signals=True), health)
 
 
 def _run_processes(

@@ -41,7 +41,7 @@ from eventbus.protocol.dictionaries import (
     Dictionaries,
     dictionary_id,
 )
-from eventbus.request import reply_stream
+from eventbus.protocol.replies import reply_stream
 
 log = logging.getLogger("eventbus.consumer")
 

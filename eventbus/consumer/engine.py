@@ -261,7 +261,7 @@ class Consumer:
         self.lease.renew(grants.sent_at)
         self._joined.set()
         lost, new = self.table.apply(grants.grants)
-        self._m_shards.round(grants.grants, new, len(lost), len(self.table.held))
+        self._m_shards.round(*grants.taken(new), len(lost), len(self.table.held))
         for s in lost:
             log.warning("consumer %s lost shard %d to another consumer", self.consumer_id, s)
         if new and self.sub.on_failure == "park":

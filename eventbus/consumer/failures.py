@@ -20,11 +20,17 @@ from redis.asyncio.retry import Retry
 from eventbus.client import retry as retrying
 from eventbus.consumer.context import Subscription
 from eventbus.consumer.delivery import NOT_STARTED, Delivery, Fence, Outcome, Tally
-from eventbus.dlq import DROP, UNPARK, DeadLetter, control_request, dead_letter_fields
 from eventbus.errors import DecodeError, ForgedControlEntry
 from eventbus.locking.member import Member
 from eventbus.ops.metrics import METRICS
 from eventbus.protocol.codec import F_DATA, F_RESOURCE, F_TYPE
+from eventbus.protocol.dead_letters import (
+    DROP,
+    UNPARK,
+    DeadLetter,
+    control_request,
+    dead_letter_fields,
+)
 
 if TYPE_CHECKING:
     from eventbus.consumer.handling import Handling

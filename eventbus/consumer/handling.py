@@ -39,7 +39,6 @@ from eventbus.consumer.delivery import (
 from eventbus.consumer.failures import Failures
 from eventbus.consumer.routing import Router
 from eventbus.consumer.watchdog import Slot, Watchdog
-from eventbus.dlq import is_control
 from eventbus.errors import DecodeError, HandlerTimeout, UnknownEventType
 from eventbus.locking.member import Member
 from eventbus.ops import hooks
@@ -48,7 +47,8 @@ from eventbus.protocol.codec import (
     F_RESOURCE,
     Envelope,
 )
-from eventbus.request import send_reply
+from eventbus.protocol.dead_letters import is_control
+from eventbus.protocol.replies import send_reply
 
 log = logging.getLogger("eventbus.consumer")
 

@@ -6,19 +6,20 @@ from __future__ import annotations
 
 import logging
 import signal
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Any
 
 import anyio
 
 from eventbus.client.loops import young_gc_threshold
-from eventbus.consumer import Consumer
+from eventbus.config import Settings
+from eventbus.consumer import Consumer, Subscription
 from eventbus.consumer.broadcast import BroadcastConsumer
 from eventbus.locking.locks import new_member_id
-from eventbus.locking.member import Member
+from eventbus.locking.member import AsyncRedis, Member
 from eventbus.locking.scripts import Scripts
-
-if TYPE_CHECKING:
-    from eventbus.app import EventBus
+from eventbus.protocol.keys import Keys
+from eventbus.protocol.topics import TopicRegistry
 
 log = logging.getLogger("eventbus")
 
@@ -26,23 +27,31 @@ MANY_CONSUMERS = 50
 """Past this many subscriptions in one process, `run_consumers` warns (issue 19 item 16)."""
 
 
-def make_consumers(bus: EventBus) -> list[Consumer | BroadcastConsumer]:
-    """One `Consumer` per subscription of `bus` (a `BroadcastConsumer` for a broadcast one),
-    sharing its Redis client and scripts."""
-    scripts = Scripts.register(bus.redis)
+def make_consumers(
+    subscriptions: Sequence[Subscription],
+    redis: AsyncRedis,
+    keys: Keys,
+    settings: Settings,
+    registry: TopicRegistry,
+    *,
+    archive: Any | None = None,
+) -> list[Consumer | BroadcastConsumer]:
+    """One `Consumer` per subscription (a `BroadcastConsumer` for a broadcast one), sharing the
+    Redis client `redis`, its scripts and the topic `registry`. With `archive` (the durable
+    tier's segment store), each consumer catches a lagging group up from it
+    (`eventbus.consumer.catchup`)."""
+    scripts = Scripts.register(redis)
     consumers: list[Consumer | BroadcastConsumer] = []
-    for sub in bus.subscriptions:
-        member = Member(
-            bus.redis, bus.keys, bus.settings, sub.topic.name, sub.group, new_member_id()
-        )
+    for sub in subscriptions:
+        member = Member(redis, keys, settings, sub.topic.name, sub.group, new_member_id())
         if sub.broadcast:
-            consumers.append(BroadcastConsumer(member, bus.registry, sub))
+            consumers.append(BroadcastConsumer(member, registry, sub))
             continue
-        c = Consumer(member, bus.registry, sub, scripts)
-        if bus.archive is not None:
-            from eventbus.consumer.catchup import shard_hook
+        c = Consumer(member, registry, sub, scripts)
+        if archive is not None:
+            from eventbus.consumer.catchup import shard_hook  # imports the tier's extras
 
-            c.catch_up = shard_hook(bus.archive, c.handling)
+            c.catch_up = shard_hook(archive, c.handling)
         consumers.append(c)
     return consumers
 

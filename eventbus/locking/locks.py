@@ -68,6 +68,12 @@ class LockRound:
     grants: dict[int, Grant]
     sent_at: float
 
+    def taken(self, shards: Iterable[int]) -> tuple[int, int]:
+        """Of `shards` (newly held), how many locks were free and how many were taken over from
+        a member whose liveness had expired: the `ShardMetrics.round` counts."""
+        states = [g.state for g in map(self.grants.get, shards) if g is not None]
+        return states.count(LockState.TAKEN_FREE), states.count(LockState.TAKEN_FROM_DEAD)
+
 
 class LockClient:
     """Lock protocol client for `member` (its topic, group and member ID; the liveness TTL of its

@@ -21,17 +21,14 @@ from __future__ import annotations
 import socketserver
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any, Protocol
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import anyio
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from eventbus.ops.metrics import METRICS
-
-if TYPE_CHECKING:
-    from eventbus.app import EventBus
 
 TICK_S = 1.0
 """Seconds between two health ticks of a running loop."""
@@ -47,10 +44,15 @@ class Probe(Protocol):
 
 
 class Health:
-    """The health of this process's running `bus` (`tick` must run on its event loop)."""
+    """The health of this process's running bus (`tick` must run on its event loop).
 
-    def __init__(self, bus: EventBus, *, stall_s: float = STALL_S) -> None:
-        self.bus = bus
+    :param consumers: the bus's running consumers, read at each check (``lambda:
+        bus.consumers``): each has ``topic.name``, ``group`` and ``lease.ok()``
+    :param stall_s: seconds without a tick after which the loop is not live
+    """
+
+    def __init__(self, consumers: Callable[[], Sequence[Any]], *, stall_s: float = STALL_S) -> None:
+        self.consumers = consumers
         self.stall_s = stall_s
         self.last_tick = 0.0  # time.monotonic() of the last tick; 0: not started
 
@@ -71,7 +73,7 @@ class Health:
         return True, "ok"
 
     def ready(self) -> Check:
-        consumers = list(self.bus.consumers)
+        consumers = list(self.consumers())
         if not consumers:
             return False, "no consumer running yet"
         waiting = [f"{c.topic.name}/{c.group}" for c in consumers if not c.lease.ok()]
@@ -80,11 +82,11 @@ class Health:
         return True, "ok"
 
 
-async def run_with_health(bus: EventBus, health: Health) -> None:
-    """`bus.run(handle_signals=True)` with `health.tick` running beside it."""
+async def run_with_health(run: Callable[[], Awaitable[None]], health: Health) -> None:
+    """``await run()`` (``bus.run(handle_signals=True)``) with `health.tick` running beside it."""
     async with anyio.create_task_group() as tg:
         tg.start_soon(health.tick)
-        await bus.run(handle_signals=True)
+        await run()
         tg.cancel_scope.cancel()
 
 

@@ -28,8 +28,8 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from eventbus.cli.output import console, terminal_safe
 from eventbus.errors import ConfigError
+from eventbus.ops.terminal import console, terminal_safe
 
 LogFormat = Literal["text", "json"]
 

@@ -13,13 +13,11 @@ from __future__ import annotations
 import bisect
 import collections
 import time
-from collections.abc import Iterable, Mapping, Sized
+from collections.abc import Sized
 from functools import partial
 from typing import Any, cast
 
 from prometheus_client import Counter, Gauge, Histogram
-
-from eventbus.locking.locks import Grant, LockState
 
 _L = ("topic", "group")
 _SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -127,14 +125,13 @@ class ShardMetrics:
         self._takeover = METRICS.locks_taken.labels(topic, group, "takeover")
         self._lost = METRICS.locks_lost.labels(topic, group)
 
-    def round(self, grants: Mapping[int, Grant], new: Iterable[int], lost: int, held: int) -> None:
-        """After a lock round: `new` shards newly held (by `grants`), `lost` lost, `held` held."""
-        for s in new:
-            grant = grants.get(s)
-            if grant is not None and grant.state is LockState.TAKEN_FROM_DEAD:
-                self._takeover.inc()
-            elif grant is not None and grant.state is LockState.TAKEN_FREE:
-                self._free.inc()
+    def round(self, taken_free: int, taken_over: int, lost: int, held: int) -> None:
+        """After a lock round: locks newly taken (free, or over from an expired member: as
+        `LockRound.taken` counts them), `lost` lost, `held` held in all."""
+        if taken_free:
+            self._free.inc(taken_free)
+        if taken_over:
+            self._takeover.inc(taken_over)
         if lost:
             self._lost.inc(lost)
         self._held.set(held)

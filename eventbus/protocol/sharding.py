@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import xxhash
 
+from eventbus.config import MAX_SHARDS
 from eventbus.errors import ConfigError
-
-MAX_SHARDS = 1024
 
 
 def check_shards(shards: int) -> int:

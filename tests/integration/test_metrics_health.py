@@ -62,7 +62,7 @@ async def test_metrics_and_probes_of_one_process(settings: type[Settings]) -> No
         'group="g",handler="test_metrics_and_probes_of_one_process.<locals>.handle",topic="metered"'
     )
     calls = "eventbus_handler_duration_seconds_count{" + labels + "}"
-    health = Health(bus)
+    health = Health(lambda: bus.consumers)
     server = serve("127.0.0.1", 0, health)
     port = server.server_port
     try:
@@ -108,7 +108,8 @@ async def test_metrics_and_probes_of_one_process(settings: type[Settings]) -> No
 
 
 def test_liveness_fails_when_the_loop_stops_ticking(settings: type[Settings]) -> None:
-    health = Health(EventBus(settings()), stall_s=0.5)
+    bus = EventBus(settings())
+    health = Health(lambda: bus.consumers, stall_s=0.5)
     assert health.live() == (False, "event loop not started")
     health.last_tick = time.monotonic()
     assert health.live() == (True, "ok")

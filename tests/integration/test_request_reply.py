@@ -14,7 +14,8 @@ from eventbus import Context, EventBus
 from eventbus.config import Settings
 from eventbus.errors import EventBusError, InvalidReply, RequestTimeout
 from eventbus.protocol.codec import envelope_of
-from eventbus.request import CORRELATION_ID, REPLY_TO, REPLY_TTL_S, requester, send_reply
+from eventbus.protocol.replies import CORRELATION_ID, REPLY_TO, REPLY_TTL_S, send_reply
+from eventbus.request import requester
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
@@ -68,7 +69,7 @@ async def test_a_handler_return_value_answers_the_request(settings: type[Setting
             for i in range(20):
                 tg.start_soon(ask, i)
         assert results == {i: Price(sku=f"s{i}", total_cents=i * 250) for i in range(20)}
-        stream = requester(client).stream
+        stream = requester(client.redis, client.keys).stream
         assert seen[0].headers[REPLY_TO] == stream
         assert CORRELATION_ID in seen[0].headers
         ttl = await client.redis.ttl(stream)
@@ -143,7 +144,7 @@ async def test_reply_goes_only_to_eventbus_reply_streams(settings: type[Settings
         )
         with pytest.raises(InvalidReply, match="not an eventbus reply stream"):
             await send_reply(bus.redis, bus.keys, env, Price(sku="x", total_cents=1))
-        good = requester(bus).stream
+        good = requester(bus.redis, bus.keys).stream
         env = envelope_of("r", Quote(sku="x", quantity=1), {REPLY_TO: good, CORRELATION_ID: "c"})
         with pytest.raises(InvalidReply, match="returned dict, not a pydantic model"):
             await send_reply(bus.redis, bus.keys, env, {"total_cents": 1})

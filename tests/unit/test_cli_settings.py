@@ -20,12 +20,12 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     (which scrubs them from all later output, `remember_url`) are forgotten afterwards."""
     import os
 
-    import eventbus.cli.output
+    import eventbus.ops.terminal
 
     for name in list(os.environ):
         if name.startswith("EVENTBUS_") or name == "REDIS_URL":
             monkeypatch.delenv(name)
-    monkeypatch.setattr(eventbus.cli.output, "_URLS", set())
+    monkeypatch.setattr(eventbus.ops.terminal, "_URLS", set())
 
 
 def _rows(output: str) -> dict[str, dict[str, object]]:

@@ -7,8 +7,8 @@ import os
 import pytest
 from pydantic import ValidationError
 
-from eventbus.client.addresses import check_redis_url, redact_url, scrub
 from eventbus.config import DECOMPRESSION_FACTOR, Settings
+from eventbus.config.addresses import check_redis_url, redact_url, scrub
 
 
 @pytest.fixture(autouse=True)

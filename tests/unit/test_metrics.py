@@ -9,7 +9,7 @@ from pathlib import Path
 
 from prometheus_client import REGISTRY
 
-from eventbus.locking.locks import Grant, LockState
+from eventbus.locking.locks import Grant, LockRound, LockState
 from eventbus.ops.metrics import METRICS, ShardMetrics
 
 DASHBOARD = Path(__file__).parents[2] / "docs" / "grafana-dashboard.json"
@@ -42,12 +42,14 @@ def test_shard_metrics_count_takeovers_apart() -> None:
         1: Grant(1, 9, LockState.TAKEN_FROM_DEAD),
         2: Grant(2, 3, LockState.HELD),
     }
-    m.round(grants, [0, 1], lost=1, held=3)
+    taken = LockRound(share=3, grants=grants, sent_at=0.0).taken([0, 1])
+    assert taken == (1, 1)
+    m.round(*taken, lost=1, held=3)
     assert _sample("eventbus_shard_locks_taken_total", {**labels, "how": "free"}) == 1
     assert _sample("eventbus_shard_locks_taken_total", {**labels, "how": "takeover"}) == 1
     assert _sample("eventbus_shard_locks_lost_total", labels) == 1
     assert _sample("eventbus_shards_held", labels) == 3
-    m.round(grants, [], lost=0, held=2)
+    m.round(0, 0, lost=0, held=2)
     assert _sample("eventbus_shards_held", labels) == 2
     assert METRICS.shards_held is not None
 

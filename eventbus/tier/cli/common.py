@@ -60,7 +60,7 @@ def open_tier_store(tier: TierSettings, *, create: bool = True) -> Store:
 
 def error_exit(exc: BaseException) -> typer.Exit:
     """One line on stderr (terminal-safe, passwords redacted), exit code 1."""
-    from eventbus.cli.output import terminal_safe  # not at import: eventbus.cli imports us
+    from eventbus.ops.terminal import terminal_safe
 
     console.print(f"[red]error:[/red] {escape(terminal_safe(exc))}", soft_wrap=True)
     return typer.Exit(1)

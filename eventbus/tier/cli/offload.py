@@ -43,7 +43,7 @@ def offload(
     log_level: Annotated[str, typer.Option()] = "info",
 ) -> None:
     """Archive shard streams to segments (until SIGTERM/SIGINT, or with --once until caught up)."""
-    from eventbus.app import connect
+    from eventbus.client.connection import connect
 
     logging.basicConfig(
         level=log_level.upper(), format="%(message)s", handlers=[RichHandler(console=console)]

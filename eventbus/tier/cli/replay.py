@@ -173,7 +173,7 @@ def _check_gaps(
     """Compare what replay read with the offloader checkpoints (see `replay`)."""
     from redis.exceptions import RedisError
 
-    from eventbus.client.addresses import redact_url
+    from eventbus.config.addresses import redact_url
     from eventbus.tier.completeness import check_complete
 
     try:

@@ -22,8 +22,10 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from eventbus.client.addresses import check_redis_url, parse_sentinels, redact_url
-from eventbus.protocol.sharding import MAX_SHARDS
+from eventbus.config.addresses import check_redis_url, parse_sentinels, redact_url
+
+MAX_SHARDS = 1024
+"""The most shards a topic may have (`eventbus.protocol.sharding.check_shards`)."""
 
 DECOMPRESSION_FACTOR = 64
 """An envelope may decompress to at most this many times `max_payload_bytes`: consumers refuse
