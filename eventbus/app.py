@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import anyio
 from pydantic import BaseModel
@@ -19,18 +19,16 @@ from pydantic import BaseModel
 from eventbus.client.connection import connect
 from eventbus.client.retry import LOST_REPLY
 from eventbus.config import Settings
-from eventbus.consumer import Consumer, Handler, HandlerCall, RetryPolicy, Subscription
-from eventbus.consumer.batching import BatchHandlerCall, batch_handler_models
+from eventbus.consumer import Consumer, Handler, Subscription
 from eventbus.consumer.broadcast import BroadcastConsumer
-from eventbus.consumer.registration import add_handler, broadcast_group
-from eventbus.consumer.routing import ON_UNKNOWN, OnUnknown, Raw, Routes
+from eventbus.consumer.options import Ack, OnFailure, OnUnknown, SubscriberOptions
+from eventbus.consumer.registration import add_handler
 from eventbus.consumer.running import make_consumers, run_consumers
-from eventbus.consumer.signature import handler_input
-from eventbus.errors import ConfigError, RedisUnavailable, ReservedEventType
+from eventbus.errors import ConfigError, RedisUnavailable
 from eventbus.lifecycle import Hook, Lifecycle
 from eventbus.locking.member import AsyncRedis
 from eventbus.protocol.codec import RESERVED_TYPE_PREFIX, event_type_of
-from eventbus.protocol.keys import Keys, check_name
+from eventbus.protocol.keys import Keys
 from eventbus.protocol.retention import Retention
 from eventbus.protocol.topics import TopicConfig
 from eventbus.request import M, reply_of, requester
@@ -117,9 +115,9 @@ class EventBus(Lifecycle):
         topic: str,
         *,
         group: str | None = None,
-        ack: Literal["after", "before"] | None = None,
+        ack: Ack | None = None,
         max_attempts: int | None = None,
-        on_failure: Literal["continue", "park"] | None = None,
+        on_failure: OnFailure | None = None,
         retry_base_s: float | None = None,
         retry_max_s: float | None = None,
         dedup_window_s: float | None = None,
@@ -161,78 +159,26 @@ class EventBus(Lifecycle):
         Raises `ConfigError` for a bad name, option, or handler signature, and
         `ReservedEventType` for a model whose event type starts with ``__eventbus.``.
         """
-        group = broadcast_group(group) if broadcast else group
-        if group is None:
-            raise ConfigError(f"subscriber of topic {topic!r}: give a group (or broadcast=True)")
-        check_name("group", group)
-        if group.startswith("_") and not broadcast:
-            raise ConfigError(f"group {group!r}: names starting with '_' are reserved for eventbus")
-        if ack not in (None, "after", "before"):
-            raise ConfigError(f"ack must be 'after' or 'before', got {ack!r}")
-        if on_failure not in (None, "continue", "park"):
-            raise ConfigError(f"on_failure must be 'continue' or 'park', got {on_failure!r}")
-        if on_unknown not in (None, *ON_UNKNOWN):
-            raise ConfigError(f"on_unknown must be one of {ON_UNKNOWN}, got {on_unknown!r}")
-        type_names = [type_name] if isinstance(type_name, str) else type_name
-        for name, value in (
-            ("max_attempts", max_attempts),
-            ("retry_base_s", retry_base_s),
-            ("retry_max_s", retry_max_s),
-            ("dedup_window_s", dedup_window_s),
-        ):
-            if value is not None and not value > 0:
-                raise ConfigError(f"{name} must be positive, got {value!r}")
-        if handler_timeout_s is not None and not handler_timeout_s >= 0:
-            raise ConfigError(f"handler_timeout_s must be >= 0, got {handler_timeout_s!r}")
-        if batch and (dedup_window_s is not None or not max_batch >= 1):
-            raise ConfigError("batch=True needs max_batch >= 1 and takes no dedup_window_s")
-        timeout_s = (
-            self.settings.handler_timeout_s if handler_timeout_s is None else handler_timeout_s
+        options = SubscriberOptions.of(
+            self.settings,
+            topic,
+            group=group,
+            ack=ack,
+            max_attempts=max_attempts,
+            on_failure=on_failure,
+            retry_base_s=retry_base_s,
+            retry_max_s=retry_max_s,
+            dedup_window_s=dedup_window_s,
+            handler_timeout_s=handler_timeout_s,
+            batch=batch,
+            max_batch=max_batch,
+            on_unknown=on_unknown,
+            type_name=type_name,
+            broadcast=broadcast,
         )
 
         def register(handler: H) -> H:
-            raw: Raw | None = None
-            if batch:
-                models, takes_ctx = batch_handler_models(handler)
-                call: HandlerCall = BatchHandlerCall(
-                    handler, takes_context=takes_ctx, max_batch=max_batch
-                )
-            else:
-                models, raw, takes_ctx = handler_input(handler)
-                call = HandlerCall(handler, takes_context=takes_ctx)
-            for name in [*models, *(type_names or ())]:
-                if name.startswith(RESERVED_TYPE_PREFIX):
-                    raise ReservedEventType(name, f"subscriber of topic {topic!r}, group {group!r}")
-            config = self.topic(topic)
-            retry = RetryPolicy(
-                max_attempts=max_attempts or self.settings.max_attempts,
-                base_s=retry_base_s or self.settings.retry_base_s,
-                max_s=retry_max_s or self.settings.retry_max_s,
-            )
-            sub = Subscription(
-                topic=config,
-                group=group,
-                call=call,
-                models={},
-                retry=retry,
-                ack=ack or "after",
-                on_failure=on_failure or "continue",
-                dedup_window_s=dedup_window_s,
-                handler_timeout_s=timeout_s or None,
-                routes=Routes(on_unknown or "dead_letter"),
-                broadcast=broadcast,
-            )
-            given = {
-                "ack": ack,
-                "max_attempts": max_attempts,
-                "on_failure": on_failure,
-                "retry_base_s": retry_base_s,
-                "retry_max_s": retry_max_s,
-                "dedup_window_s": dedup_window_s,
-                "handler_timeout_s": handler_timeout_s,
-                "on_unknown": on_unknown,
-            }
-            add_handler(self.subscriptions, sub, given, models, raw, type_names)
+            add_handler(self.subscriptions, self.topic(topic), options, handler)
             return handler
 
         return register

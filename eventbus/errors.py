@@ -23,6 +23,17 @@ class EventBusError(Exception):
         return _unpickle, (type(self), self.args), self.__dict__
 
 
+def cut(text: str, limit: int = 300) -> str:
+    """`text` cut to at most `limit` characters, for an error message."""
+    return text if len(text) <= limit else f"{text[: limit - 5]}...{text[-2:]}"
+
+
+def shown(value: object, limit: int = 80) -> str:
+    """`value`'s repr for an error message, cut to `limit` characters (the repr of a module's
+    attribute or a mapping can run to thousands)."""
+    return cut(repr(value), limit)
+
+
 class ConfigError(EventBusError):
     """A setting or argument is invalid (bad topic name, shard count out of range, ...)."""
 

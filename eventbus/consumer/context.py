@@ -1,5 +1,5 @@
 """What a subscription is, and what a handler is told: `Subscription`, `RetryPolicy`,
-`HandlerCall`, `Context`. Built once, at registration (`EventBus.subscriber`)."""
+`HandlerCall`, `Context`. Built once, at registration (`eventbus.consumer.registration`)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from eventbus.errors import ConfigError
 from eventbus.protocol.topics import TopicConfig
 
 if TYPE_CHECKING:
+    from eventbus.consumer.options import SubscriberOptions
     from eventbus.consumer.routing import Routes
 
 Handler = Callable[..., Any]  # async or sync; returns None, or a reply to a request
@@ -135,35 +136,55 @@ def _check_positional(name: str, func: Callable[..., Any], n: int) -> None:
 
 @dataclass(slots=True, kw_only=True)
 class Subscription:
-    """A handler registered for (topic, group), with its options resolved against the settings.
-
-    `models` maps event type name -> pydantic model; `ack` is ``"after"`` (at-least-once) or
-    ``"before"`` (NOACK reads, at-most-once); `dedup_window_s` (seconds, None: off) skips an
-    event ID already handled that recently; `handler_timeout_s` (seconds, None: no limit) bounds
-    each handler attempt. `routes` gives each event type its handler when several share the
-    (topic, group) (`eventbus.consumer.routing`; by default `call` takes `models`); `call` is
-    then their `Router`. `broadcast`: every instance gets every event
-    (`eventbus.consumer.broadcast`), `group` is only a name for logs and metrics.
+    """A (topic, group) and its handler(s), as registration leaves it (`eventbus.consumer.
+    registration`): `options` is the group's one `SubscriberOptions` record (resolved against
+    the settings; the consumer reads its options through the properties below), `models` maps
+    event type name -> pydantic model, `routes` gives each event type its handler
+    (`eventbus.consumer.routing`) and `call` is the handler, or the `Router` of several.
     """
 
     topic: TopicConfig
-    group: str
+    options: SubscriberOptions
     call: HandlerCall
     models: dict[str, type[BaseModel]]
-    retry: RetryPolicy
-    ack: Literal["after", "before"] = "after"
-    on_failure: Literal["continue", "park"] = "continue"
-    dedup_window_s: float | None = None
-    handler_timeout_s: float | None = None
-    routes: Routes = None  # type: ignore[assignment]  # made from call and models if not given
-    broadcast: bool = False
+    routes: Routes
 
-    def __post_init__(self) -> None:
-        if self.routes is None:
-            from eventbus.consumer.routing import Routes
+    @property
+    def group(self) -> str:
+        return self.options.group
 
-            self.routes = Routes()
-            self.routes.add(self.call, self.models, None, None)
+    @property
+    def ack(self) -> Literal["after", "before"]:
+        """``"after"`` (at-least-once) or ``"before"`` (NOACK reads, at-most-once)."""
+        return self.options.ack
+
+    @property
+    def on_failure(self) -> Literal["continue", "park"]:
+        return self.options.on_failure
+
+    @property
+    def retry(self) -> RetryPolicy:
+        return self.options.retry
+
+    @property
+    def dedup_window_s(self) -> float | None:
+        """Seconds an event ID handled successfully is skipped if delivered again (None: off)."""
+        return self.options.dedup_window_s
+
+    @property
+    def handler_timeout_s(self) -> float | None:
+        """Seconds each handler attempt may take (None: no limit)."""
+        return self.options.handler_timeout_s
+
+    @property
+    def on_unknown(self) -> Literal["dead_letter", "skip"]:
+        return self.options.on_unknown
+
+    @property
+    def broadcast(self) -> bool:
+        """Every instance gets every event (`eventbus.consumer.broadcast`); `group` is then
+        only a name for logs and metrics."""
+        return self.options.broadcast
 
     @property
     def name(self) -> str:

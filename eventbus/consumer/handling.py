@@ -115,7 +115,7 @@ class Handling:
                 d.error = self.decoding.bad_request(d.env)
         if d.error is not None:  # logged at WARNING by the dead-letter write
             bad = d.error
-            if isinstance(bad, UnknownEventType) and self.sub.routes.on_unknown == "skip":
+            if isinstance(bad, UnknownEventType) and self.sub.on_unknown == "skip":
                 self.decoding.skip(bad.event_type)
                 return Outcome.ACK
             return await self.failures.dead_letter(d, bad, reason="undecodable", fence=fence)

@@ -11,9 +11,9 @@ whatever their types. Each event type goes to one handler:
   payload as MessagePack bytes) takes the types named by ``type_name=``, or without one every
   type no other handler takes (at most one such catch-all per (topic, group)).
 
-An entry of a type no handler takes is *unknown*: per (topic, group), ``on_unknown`` decides,
-at registration, whether it is dead-lettered (``"dead_letter"``, the default, as
-`UnknownEventType`) or skipped (``"skip"``: acked unhandled, counted in
+An entry of a type no handler takes is *unknown*: per (topic, group), ``on_unknown``
+(`SubscriberOptions.on_unknown`) decides whether it is dead-lettered (``"dead_letter"``, the
+default, as `UnknownEventType`) or skipped (``"skip"``: acked unhandled, counted in
 ``eventbus_skipped_unknown_total``, a WARNING logged the first time each type is skipped).
 """
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import msgpack
 from pydantic import BaseModel, ValidationError
@@ -29,8 +29,6 @@ from pydantic import BaseModel, ValidationError
 from eventbus.consumer.context import Context, HandlerCall
 from eventbus.errors import ConfigError, DecodeError
 
-OnUnknown = Literal["dead_letter", "skip"]
-ON_UNKNOWN: tuple[OnUnknown, ...] = ("dead_letter", "skip")
 Raw = type[dict[str, Any]] | type[bytes]
 
 
@@ -73,12 +71,10 @@ def _as_bytes(payload: Any) -> bytes:
 class Routes:
     """The routes of one (topic, group): event type -> `Route`, and an optional catch-all."""
 
-    def __init__(self, on_unknown: OnUnknown = "dead_letter") -> None:
+    def __init__(self) -> None:
         self.by_type: dict[str, Route] = {}
         self.fallback: Route | None = None
-        self.on_unknown: OnUnknown = on_unknown
         self.calls: list[HandlerCall] = []
-        self.options: dict[str, Any] = {}  # the consumer's options set explicitly by a handler
 
     def get(self, event_type: str) -> Route | None:
         return self.by_type.get(event_type, self.fallback)

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from eventbus.client.addresses import check_redis_url, redact_url
+from eventbus.config.addresses import check_redis_url, redact_url
 from eventbus.errors import ConfigError
 from eventbus.protocol.codec import event_type_of
 from eventbus.protocol.keys import Keys, check_name

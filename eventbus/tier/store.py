@@ -21,7 +21,7 @@ from obstore.exceptions import AlreadyExistsError, BaseError
 from obstore.store import LocalStore, MemoryStore, S3Store
 from obstore.store import from_url as _from_url
 
-from eventbus.client.addresses import redact_url
+from eventbus.config.addresses import redact_url
 from eventbus.tier.errors import StoreError
 from eventbus.tier.layout import (
     SEGMENT_SUFFIX,

@@ -26,7 +26,7 @@ import msgpack
 import pyarrow as pa
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from eventbus.errors import ConfigError, DecodeError
+from eventbus.errors import ConfigError, DecodeError, cut, shown
 from eventbus.protocol.codec import F_DATA, F_RESOURCE, F_TYPE, FORMAT_MSGPACK, decode_entry
 
 ERROR_COLUMN = "typed_error"
@@ -54,8 +54,9 @@ def load_object(path: str, what: str) -> Any:
         obj: Any = importlib.import_module(module)
         for part in name.split("."):
             obj = getattr(obj, part)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"cannot import {what} {path!r}: {exc}") from None
+    except Exception as exc:  # whatever the module raises at import, not only ImportError
+        reason = cut(f"{type(exc).__name__}: {exc}")
+        raise ConfigError(f"cannot import {what} {path!r}: {reason}") from None
     return obj
 
 
@@ -79,7 +80,7 @@ def load_models(spec: str | None, what: str = "model") -> dict[str | None, Any] 
         pairs = {None: load_object(spec, what)}
     for model in pairs.values():
         if not (isinstance(model, type) and issubclass(model, BaseModel)):
-            raise ConfigError(f"option {what} must name pydantic models, got {model!r}")
+            raise ConfigError(f"option {what} must name pydantic models, got {shown(model)}")
     return pairs
 
 

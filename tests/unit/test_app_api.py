@@ -127,7 +127,7 @@ def test_on_unknown_is_decided_at_registration(bus: EventBus) -> None:
     with pytest.raises(ConfigError, match="on_unknown"):
         bus.subscriber("orders", group="g", on_unknown="ignore")  # type: ignore[arg-type]
     bus.subscriber("orders", group="g", on_unknown="skip")(first)
-    assert bus.subscriptions[0].routes.on_unknown == "skip"
+    assert bus.subscriptions[0].on_unknown == "skip"
 
 
 def test_raw_handlers_and_type_names(bus: EventBus) -> None:

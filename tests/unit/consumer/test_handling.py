@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -13,9 +14,11 @@ from pydantic import BaseModel, field_validator
 
 from eventbus.client import retry
 from eventbus.config import Settings
-from eventbus.consumer.context import Context, HandlerCall, RetryPolicy, Subscription
+from eventbus.consumer.context import Context, HandlerCall, Subscription
 from eventbus.consumer.delivery import Delivery, Outcome
 from eventbus.consumer.handling import Handling
+from eventbus.consumer.options import SubscriberOptions
+from eventbus.consumer.routing import Routes
 from eventbus.dlq import DeadLetter, control_entry, control_request
 from eventbus.errors import DecodeError, UnknownEventType
 from eventbus.locking.member import Member
@@ -73,15 +76,24 @@ class Harness:
                 raise self.fail_with
 
         options: dict[str, Any] = {
-            "topic": TOPIC,
             "group": "g",
-            "call": HandlerCall(handle, takes_context=True),
-            "models": {"Tick": Tick, "Strict": Strict},
-            "retry": RetryPolicy(max_attempts=3, base_s=0.1, max_s=0.3),
+            "max_attempts": 3,
+            "retry_base_s": 0.1,
+            "retry_max_s": 0.3,
         }
         options.update(sub)
+        call = HandlerCall(handle, takes_context=True)
+        routes = Routes()
+        models = routes.add(call, {"Tick": Tick, "Strict": Strict}, None, None)
+        subscription = Subscription(
+            topic=TOPIC,
+            options=SubscriberOptions(**options),
+            call=call,
+            models=models,
+            routes=routes,
+        )
         member = Member(redis, KEYS, Settings(), TOPIC.name, "g", "c-1")
-        self.handling = Handling(member, Subscription(**options), retry.forever(0.001, 0.01))
+        self.handling = Handling(member, subscription, retry.forever(0.001, 0.01))
 
     async def letters(self) -> list[DeadLetter]:
         return [DeadLetter.parse(i, f) for i, f in await self.redis.xrange(DLQ)]
@@ -215,7 +227,7 @@ async def test_the_last_failure_is_dead_lettered_and_acked(h: Harness) -> None:
 
 
 async def test_park_dead_letters_then_holds_back_the_resource(fake_redis: Any) -> None:
-    h = Harness(fake_redis, on_failure="park", retry=RetryPolicy(1, 0.01, 0.01))
+    h = Harness(fake_redis, on_failure="park", max_attempts=1, retry_base_s=0.01, retry_max_s=0.01)
     h.fail_with = RuntimeError("boom")
     assert await h.handling.step(delivery(encode_entry(entry()), 1), Fence()) is Outcome.ACK
     h.fail_with = None
@@ -235,7 +247,7 @@ async def test_park_dead_letters_then_holds_back_the_resource(fake_redis: Any) -
 async def test_an_unpark_control_entry_replays_the_parked_letters_in_order(
     fake_redis: Any,
 ) -> None:
-    h = Harness(fake_redis, on_failure="park", retry=RetryPolicy(1, 0.01, 0.01))
+    h = Harness(fake_redis, on_failure="park", max_attempts=1, retry_base_s=0.01, retry_max_s=0.01)
     h.fail_with = RuntimeError("boom")
     await h.handling.step(delivery(encode_entry(entry()), 1), Fence())
     h.fail_with = None
@@ -257,7 +269,8 @@ async def test_a_dead_letter_is_not_written_when_the_shard_is_lost_first(h: Harn
     """The step starts under the fence; the write's `wait` finds the shard lost: LET_GO, and
     nothing written (the next owner handles the entry)."""
     h.fail_with = RuntimeError("boom")
-    h.handling.sub.retry = RetryPolicy(1, 0.01, 0.01)
+    sub = h.handling.sub
+    sub.options = replace(sub.options, max_attempts=1, retry_base_s=0.01, retry_max_s=0.01)
     d = delivery(encode_entry(entry()))
     assert await h.handling.step(d, Fence(waits=iter([False]))) is Outcome.LET_GO
     assert await h.letters() == [] and h.handling.tally.dead_lettered == 0
