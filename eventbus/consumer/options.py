@@ -13,7 +13,6 @@ value is a `ConfigError`. `given` names those a handler set explicitly.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
@@ -38,6 +37,11 @@ GROUP_OPTIONS = (
     "on_unknown",
 )
 """The options of the (topic, group), shared by all its handlers."""
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "ack": ("after", "before"),
+    "on_failure": ("continue", "park"),
+    "on_unknown": ON_UNKNOWN,
+}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -80,29 +84,28 @@ class SubscriberOptions:
     given: frozenset[str] = frozenset()
 
     @classmethod
-    def of(
-        cls,
-        settings: Settings,
-        topic: str,
-        *,
-        group: str | None = None,
-        ack: Ack | None = None,
-        max_attempts: int | None = None,
-        on_failure: OnFailure | None = None,
-        retry_base_s: float | None = None,
-        retry_max_s: float | None = None,
-        dedup_window_s: float | None = None,
-        handler_timeout_s: float | None = None,
-        batch: bool = False,
-        max_batch: int = 500,
-        on_unknown: OnUnknown | None = None,
-        type_name: str | Sequence[str] | None = None,
-        broadcast: bool = False,
-    ) -> SubscriberOptions:
-        """The options of ``@bus.subscriber(topic, ...)`` (None: unset, the settings' value or
-        the one another handler of the group set). Raises `ConfigError` naming the option."""
-        if broadcast is not True and broadcast is not False:
-            raise ConfigError(f"broadcast must be True or False, got {shown(broadcast)}")
+    def of(cls, settings: Settings, topic: str, **options: Any) -> SubscriberOptions:
+        """The options of ``@bus.subscriber(topic, **options)``, named as `EventBus.subscriber`
+        takes them (None: unset, the settings' value or the one another handler of the group
+        set). Raises `ConfigError` naming the option."""
+        get = options.get
+        unknown = set(options) - ({*FIELDS, "type_name"} - {"type_names"})
+        if unknown:
+            raise ConfigError(f"subscriber of topic {topic!r}: no option {sorted(unknown)}")
+        for name in ("batch", "broadcast"):
+            if not isinstance(get(name, False), bool):
+                raise ConfigError(f"{name} must be True or False, got {shown(get(name))}")
+        for name, allowed in _CHOICES.items():
+            if get(name) is not None and get(name) not in allowed:
+                raise ConfigError(f"{name} must be one of {allowed}, got {shown(get(name))}")
+        for name in ("max_attempts", "max_batch"):
+            _number(name, get(name), integer=True)
+        for name in ("retry_base_s", "retry_max_s", "dedup_window_s"):
+            _number(name, get(name))
+        _number("handler_timeout_s", get("handler_timeout_s"), zero=True)
+        if get("batch") and get("dedup_window_s") is not None:
+            raise ConfigError("batch=True takes no dedup_window_s")
+        group, broadcast = get("group"), get("broadcast", False)
         if broadcast:
             group = BROADCAST_PREFIX if group is None else f"{BROADCAST_PREFIX}.{group}"
         if group is None:
@@ -110,45 +113,23 @@ class SubscriberOptions:
         check_name("group", group)
         if group.startswith("_") and not broadcast:
             raise ConfigError(f"group {group!r}: names starting with '_' are reserved for eventbus")
-        _one_of("ack", ack, ("after", "before"))
-        _one_of("on_failure", on_failure, ("continue", "park"))
-        _one_of("on_unknown", on_unknown, ON_UNKNOWN)
-        _number("max_attempts", max_attempts, integer=True)
-        _number("retry_base_s", retry_base_s)
-        _number("retry_max_s", retry_max_s)
-        _number("dedup_window_s", dedup_window_s)
-        _number("handler_timeout_s", handler_timeout_s, zero=True)
-        if batch is not True and batch is not False:
-            raise ConfigError(f"batch must be True or False, got {shown(batch)}")
-        _number("max_batch", max_batch, integer=True)
-        if batch and dedup_window_s is not None:
-            raise ConfigError("batch=True takes no dedup_window_s")
-        raw = {
-            "ack": ack,
-            "max_attempts": max_attempts,
-            "on_failure": on_failure,
-            "retry_base_s": retry_base_s,
-            "retry_max_s": retry_max_s,
-            "dedup_window_s": dedup_window_s,
-            "handler_timeout_s": handler_timeout_s,
-            "on_unknown": on_unknown,
-        }
-        timeout_s = settings.handler_timeout_s if handler_timeout_s is None else handler_timeout_s
+        timeout_s = get("handler_timeout_s")
+        timeout_s = settings.handler_timeout_s if timeout_s is None else timeout_s
         return cls(
             group=group,
-            ack=ack or "after",
-            max_attempts=max_attempts or settings.max_attempts,
-            on_failure=on_failure or "continue",
-            retry_base_s=retry_base_s or settings.retry_base_s,
-            retry_max_s=retry_max_s or settings.retry_max_s,
-            dedup_window_s=dedup_window_s,
+            ack=get("ack") or "after",
+            max_attempts=get("max_attempts") or settings.max_attempts,
+            on_failure=get("on_failure") or "continue",
+            retry_base_s=get("retry_base_s") or settings.retry_base_s,
+            retry_max_s=get("retry_max_s") or settings.retry_max_s,
+            dedup_window_s=get("dedup_window_s"),
             handler_timeout_s=timeout_s or None,  # 0: no limit
-            on_unknown=on_unknown or "dead_letter",
-            batch=batch,
-            max_batch=max_batch,
-            type_names=_type_names(type_name),
+            on_unknown=get("on_unknown") or "dead_letter",
+            batch=get("batch", False),
+            max_batch=get("max_batch", 500),
+            type_names=_type_names(get("type_name")),
             broadcast=broadcast,
-            given=frozenset(name for name, value in raw.items() if value is not None),
+            given=frozenset(name for name in GROUP_OPTIONS if get(name) is not None),
         )
 
     @property
@@ -176,11 +157,6 @@ class SubscriberOptions:
 
 FIELDS = tuple(f.name for f in fields(SubscriberOptions) if f.name != "given")
 """The options, in order (docs/operations.md's table lists them)."""
-
-
-def _one_of(name: str, value: Any, allowed: tuple[str, ...]) -> None:
-    if value is not None and value not in allowed:
-        raise ConfigError(f"{name} must be one of {allowed}, got {shown(value)}")
 
 
 def _number(name: str, value: Any, *, integer: bool = False, zero: bool = False) -> None:
