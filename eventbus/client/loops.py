@@ -11,7 +11,9 @@ from __future__ import annotations
 import contextlib
 import gc
 import importlib.util
+import logging
 import os
+import signal
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
@@ -19,6 +21,7 @@ from typing import Any, TypeVar
 import anyio
 
 T = TypeVar("T")
+log = logging.getLogger("eventbus")
 
 
 def uvloop_enabled() -> bool:
@@ -68,3 +71,12 @@ def young_gc_threshold(threshold: int) -> Iterator[None]:
             _gc_users -= 1
             if _gc_users == 0:
                 gc.set_threshold(*_gc_before)
+
+
+async def stop_on_signal(stop: anyio.Event) -> None:
+    """Set `stop` when SIGTERM or SIGINT arrives (once; logged), for a graceful shutdown."""
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            log.info("received %s: shutting down gracefully", signal.Signals(signum).name)
+            stop.set()
+            return

@@ -19,9 +19,10 @@ from eventbus.config import Settings
 from eventbus.consumer.delivery import Delivery, Outcome
 from eventbus.consumer.handling import Handling
 from eventbus.errors import ConfigError
+from eventbus.locking.locks import Fenced
 from eventbus.protocol.ids import parse_id
 from eventbus.tier.catchup import CatchUp, CatchUpStats, _member
-from eventbus.tier.catchup_shard import Fenced, ShardCatchUp
+from eventbus.tier.catchup_shard import ShardCatchUp
 from eventbus.tier.replay import ArchivedEntry
 from eventbus.tier.store import Store
 

@@ -37,6 +37,7 @@ from eventbus.consumer.cluster_reads import BlockingReads
 from eventbus.consumer.shards import HeldShard
 from eventbus.locking.member import Member
 from eventbus.ops.metrics import METRICS
+from eventbus.protocol.ids import parse_id as id_key
 
 log = logging.getLogger("eventbus.consumer")
 
@@ -55,11 +56,6 @@ class Read:
     stream: bytes
     entries: Entries
     counts: dict[bytes, int] = field(default_factory=dict)
-
-
-def id_key(entry_id: bytes) -> tuple[int, int]:
-    ms, _, seq = entry_id.partition(b"-")
-    return int(ms), int(seq)
 
 
 class Reader:

@@ -5,13 +5,12 @@ when the bus has an archive), all supervised in one task group until `stop` is s
 from __future__ import annotations
 
 import logging
-import signal
 from collections.abc import Sequence
 from typing import Any
 
 import anyio
 
-from eventbus.client.loops import young_gc_threshold
+from eventbus.client.loops import stop_on_signal, young_gc_threshold
 from eventbus.config import Settings
 from eventbus.consumer import Consumer, Subscription
 from eventbus.consumer.broadcast import BroadcastConsumer
@@ -73,16 +72,8 @@ async def run_consumers(
     with young_gc_threshold(threshold):
         async with anyio.create_task_group() as outer:
             if handle_signals:
-                outer.start_soon(_stop_on_signal, stop)
+                outer.start_soon(stop_on_signal, stop)
             async with anyio.create_task_group() as tg:
                 for consumer in consumers:
                     tg.start_soon(consumer.run, stop)
             outer.cancel_scope.cancel()
-
-
-async def _stop_on_signal(stop: anyio.Event) -> None:
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async for signum in signals:
-            log.info("received %s: shutting down gracefully", signal.Signals(signum).name)
-            stop.set()
-            return

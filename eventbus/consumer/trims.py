@@ -33,6 +33,7 @@ from typing import Any
 from eventbus.consumer.shards import HeldShard
 from eventbus.locking.member import Member
 from eventbus.ops.metrics import METRICS
+from eventbus.protocol.ids import parse_id as _id
 
 log = logging.getLogger("eventbus.consumer")
 
@@ -173,8 +174,3 @@ class TrimWatch:
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
-
-
-def _id(entry_id: str) -> tuple[int, int]:
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)

@@ -40,6 +40,11 @@ class LockState(IntEnum):
     """The previous owner's liveness had expired: it crashed, hung or was partitioned away."""
 
 
+class Fenced(Exception):
+    """The caller no longer holds the lock with the fencing token it was given (another member
+    took it over, or it was released): what it was about to do under the lock was not done."""
+
+
 @dataclass(frozen=True, slots=True)
 class Grant:
     """A shard lock the caller holds, with its fencing token (grows on every change of owner)."""

@@ -21,6 +21,7 @@ from eventbus.dlq import DeadLetter
 from eventbus.errors import EventBusError
 from eventbus.locking.member import AsyncRedis
 from eventbus.protocol.codec import decode_entry
+from eventbus.protocol.ids import EntryId, parse_id
 from eventbus.protocol.keys import Keys
 
 M = TypeVar("M", bound=BaseModel)
@@ -102,15 +103,14 @@ def failure_of(log: list[Handled], reported: int) -> HandlerFailed | None:
 
 async def published(redis: AsyncRedis, keys: Keys, topic: str, shards: int) -> list[Published]:
     """Every entry of `topic`'s shard streams, in entry-ID order (control entries included)."""
-    out: list[tuple[tuple[int, int], Published]] = []
+    out: list[tuple[EntryId, Published]] = []
     for shard in range(shards):
         for entry_id, fields in await redis.xrange(keys.stream(topic, shard)):
             env = decode_entry(fields)
             eid = entry_id.decode()
-            ms, _, seq = eid.partition("-")
             out.append(
                 (
-                    (int(ms), int(seq)),
+                    parse_id(eid),
                     Published(
                         eid, shard, env.resource_id, env.event_type, env.payload, env.headers
                     ),

@@ -35,11 +35,11 @@ import anyio.to_thread
 
 from eventbus.client import retry
 from eventbus.config import Settings
-from eventbus.locking.locks import LockClient, new_member_id
+from eventbus.locking.locks import Fenced, LockClient, new_member_id
 from eventbus.locking.member import AsyncRedis, Member
 from eventbus.protocol.keys import Keys
 from eventbus.tier.catchup_shard import CatchUpStats as CatchUpStats  # re-exported
-from eventbus.tier.catchup_shard import Fenced, Handle, ShardCatchUp
+from eventbus.tier.catchup_shard import Handle, ShardCatchUp
 from eventbus.tier.errors import LockUnavailable, TierError
 from eventbus.tier.layout import SegmentRef
 from eventbus.tier.replay import ArchivedEntry

@@ -17,6 +17,7 @@ import anyio
 import anyio.to_thread
 from redis.exceptions import ResponseError
 
+from eventbus.locking.locks import Fenced
 from eventbus.protocol.codec import F_DATA, F_RESOURCE, F_TYPE
 from eventbus.protocol.ids import EntryId, parse_id
 from eventbus.tier.layout import SegmentRef
@@ -47,10 +48,6 @@ class CatchUpStats:
     lost_ranges: int = 0
     shards: int = 0
     seconds: float = 0.0
-
-
-class Fenced(Exception):
-    pass
 
 
 def _entry(topic: str, shard: int, entry_id: EntryId, fields: dict[bytes, bytes]) -> ArchivedEntry:

@@ -18,14 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from eventbus.locking.locks import Fenced
 from eventbus.locking.scripts import register
 from eventbus.protocol.ids import EntryId, parse_id
 from eventbus.protocol.keys import Keys
 from eventbus.tier.settings import OFFLOADER_GROUP
-
-
-class Fenced(Exception):
-    """The caller no longer holds the shard's offloader lock with its token; nothing changed."""
 
 
 @dataclass(frozen=True, slots=True)

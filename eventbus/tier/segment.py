@@ -46,7 +46,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from eventbus.errors import DecodeError
-from eventbus.protocol.codec import F_DATA, F_RESOURCE, F_TYPE, decode_entry
+from eventbus.protocol.codec import F_DATA, F_RESOURCE, F_TYPE, decode_entry, encoded_size
 from eventbus.protocol.ids import EntryId
 from eventbus.tier.errors import CorruptSegment
 from eventbus.tier.typed import ERROR_COLUMN, TypedPayloads
@@ -171,7 +171,7 @@ def encode_segment(
         if not first <= entry_id <= last or (prev is not None and entry_id <= prev):
             raise ValueError(f"entry {entry_id} out of order or outside {first}..{last}")
         prev = entry_id
-        raw_bytes += sum(map(len, fields)) + sum(map(len, fields.values()))
+        raw_bytes += encoded_size(fields)
     n = len(entries)
     arrays = entry_arrays(topic, shard, entries)
     schema = SCHEMA

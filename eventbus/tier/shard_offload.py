@@ -19,6 +19,7 @@ import anyio
 import anyio.to_thread
 from redis.exceptions import ResponseError
 
+from eventbus.protocol.codec import encoded_size as _size
 from eventbus.protocol.ids import EntryId, parse_id
 from eventbus.protocol.retention import acked_point
 from eventbus.tier.checkpoint import Checkpoints, Intent
@@ -35,10 +36,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("eventbus.tier")
 
 _MAX_SEGMENTS_PER_ROUND = 8  # per shard, so one backlog does not starve the other shards
-
-
-def _size(fields: dict[bytes, bytes]) -> int:
-    return sum(map(len, fields)) + sum(map(len, fields.values()))
 
 
 @dataclass

@@ -14,9 +14,8 @@ from typing import TYPE_CHECKING
 import anyio
 
 from eventbus.client.retry import REDIS_ERRORS
-from eventbus.locking.locks import LockClient
+from eventbus.locking.locks import Fenced, LockClient
 from eventbus.locking.member import Member
-from eventbus.tier.checkpoint import Fenced
 from eventbus.tier.errors import StoreError
 from eventbus.tier.settings import OFFLOADER_GROUP
 from eventbus.tier.shard_offload import HeldShard, ShardOffload

@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from eventbus.protocol.codec import encoded_size
 from eventbus.protocol.ids import EntryId, parse_id
 from eventbus.tier.gaps import gap_records
 from eventbus.tier.replay import plan, read_segment
@@ -89,7 +90,7 @@ def verify_archive(
                 if entry.event_id is not None:
                     events[entry.event_id] += 1
                 fields = entry.fields()
-                report.raw_bytes += sum(map(len, fields)) + sum(map(len, fields.values()))
+                report.raw_bytes += encoded_size(fields)
             count += len(entries)
         report.per_shard[shard] = count
         report.entries += count

@@ -4,13 +4,13 @@ or with ``--once`` until everything now in the streams is archived."""
 from __future__ import annotations
 
 import logging
-import signal
 from typing import Annotated
 
 import anyio
 import typer
 from rich.logging import RichHandler
 
+from eventbus.client.loops import stop_on_signal
 from eventbus.errors import EventBusError
 from eventbus.tier.cli.common import (
     RedisUrl,
@@ -78,7 +78,7 @@ def offload(
             else:
                 stop = anyio.Event()
                 async with anyio.create_task_group() as tg:
-                    tg.start_soon(_stop_on_signal, stop)
+                    tg.start_soon(stop_on_signal, stop)
                     await offloader.run(stop)
                     tg.cancel_scope.cancel()
                 stats = offloader.stats
@@ -96,10 +96,3 @@ def offload(
     except EventBusError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from None
-
-
-async def _stop_on_signal(stop: anyio.Event) -> None:
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async for _ in signals:
-            stop.set()
-            return

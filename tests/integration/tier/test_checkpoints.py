@@ -8,9 +8,10 @@ import pytest
 from redis.exceptions import ResponseError
 from support import async_client
 
+from eventbus.locking.locks import Fenced
 from eventbus.protocol.ids import parse_id
 from eventbus.protocol.keys import Keys
-from eventbus.tier.checkpoint import Checkpoints, Fenced, Intent, ShardCheckpoint
+from eventbus.tier.checkpoint import Checkpoints, Intent, ShardCheckpoint
 from eventbus.tier.settings import OFFLOADER_GROUP
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
