@@ -1,36 +1,53 @@
 """eventbus: event-driven microservices on Redis Streams."""
 
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from eventbus.app import EventBus
 from eventbus.config import Settings
 from eventbus.consumer import Context
+from eventbus.dlq import DeadLetters
 from eventbus.errors import (
     ConfigError,
     DecodeError,
     EventBusError,
+    HandlerTimeout,
+    InvalidReply,
     PayloadTooLarge,
     PublishError,
     RedisUnavailable,
+    RequestTimeout,
     ShardCountMismatch,
     UnknownEventType,
 )
 from eventbus.protocol.sharding import shard_of
+from eventbus.protocol.topics import TopicConfig
 from eventbus.sync import SyncBus
+
+try:
+    __version__ = version("eventbus")
+except PackageNotFoundError:  # run from a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "ConfigError",
     "Context",
+    "DeadLetters",
     "DecodeError",
     "EventBus",
     "EventBusError",
+    "HandlerTimeout",
+    "InvalidReply",
     "PayloadTooLarge",
     "PublishError",
     "RedisUnavailable",
+    "RequestTimeout",
     "Settings",
     "ShardCountMismatch",
     "SyncBus",
+    "TopicConfig",
     "UnknownEventType",
+    "__version__",
     "shard_of",
 ]
 

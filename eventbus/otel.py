@@ -19,7 +19,9 @@ attribute                           producer (``send <topic>``)      consumer (`
 ``messaging.batch.message_count``   events of a ``publish_many``
 ==================================  ===============================  ==========================
 
-A handler that raises marks its span as an error (the exception is recorded). Without
+A handler that raises marks its span as an error (the exception is recorded). Batch handlers
+(``batch=True``) get no consumer span: one call takes many events, each with its own trace
+context, and none is joined. Without
 `instrument` nothing of this module runs and OpenTelemetry is not imported: the publish and
 handler paths test one attribute (`eventbus.ops.hooks.tracing`).
 """

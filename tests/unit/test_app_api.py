@@ -209,3 +209,15 @@ def test_unresolvable_annotation_is_a_config_error(bus: EventBus) -> None:
 
     with pytest.raises(ConfigError, match="module level"):
         bus.subscriber("orders", group="g")(handle)
+
+
+def test_the_package_exports_what_users_import_and_catch() -> None:
+    import eventbus
+    from eventbus.dlq import DeadLetters
+    from eventbus.errors import HandlerTimeout, RequestTimeout
+    from eventbus.protocol.topics import TopicConfig
+
+    assert eventbus.DeadLetters is DeadLetters and eventbus.TopicConfig is TopicConfig
+    assert eventbus.RequestTimeout is RequestTimeout and eventbus.HandlerTimeout is HandlerTimeout
+    assert eventbus.__version__ == "0.1.0"  # pyproject.toml's version
+    assert set(eventbus.__all__) <= set(dir(eventbus))
