@@ -50,12 +50,12 @@ from eventbus.errors import (
 )
 from eventbus.locking.member import AsyncRedis
 from eventbus.ops import hooks
+from eventbus.protocol.budget import MIN_CONTAINERS
 from eventbus.protocol.codec import (
     F_DATA,
     F_RESOURCE,
     F_TYPE,
     FORMAT_MSGPACK,
-    MIN_CONTAINERS,
     RESERVED_TYPE_PREFIX,
     Envelope,
     decode_entry,

@@ -18,15 +18,8 @@ import pytest
 import zstandard
 
 from eventbus.errors import DecodeError
-from eventbus.protocol.codec import (
-    CONTAINER_BYTES,
-    MIN_CONTAINERS,
-    THREAD_DECODE_BYTES,
-    Envelope,
-    decode_entry,
-    encode_entry,
-    unpack_body,
-)
+from eventbus.protocol.budget import CONTAINER_BYTES, MIN_CONTAINERS, unpack_body
+from eventbus.protocol.codec import THREAD_DECODE_BYTES, Envelope, decode_entry, encode_entry
 
 HEAD = msgpack.packb({"v": 1, "id": b"\0" * 16, "ts": 0, "h": {}}, use_bin_type=True)
 
