@@ -25,6 +25,7 @@ COVERED_BY: dict[str, list[str]] = {
     "eventbus.consumer.batching": ["tests/cases/batch_cases.py"],
     "eventbus.consumer.broadcast": ["tests/cases/broadcast_cases.py"],
     "eventbus.consumer.cluster_reads": ["tests/integration/test_cluster.py"],
+    "eventbus.consumer.decoding": ["tests/unit/consumer/test_handling.py"],
     "eventbus.consumer.engine": ["tests/cases/consume_cases.py"],
     "eventbus.consumer.failures": ["tests/cases/failure_policy_cases.py"],
     "eventbus.consumer.raw_replies": ["tests/integration/test_cluster.py"],
