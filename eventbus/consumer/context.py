@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
 from pydantic import BaseModel
@@ -18,7 +18,7 @@ from eventbus.errors import ConfigError
 from eventbus.protocol.topics import TopicConfig
 
 if TYPE_CHECKING:
-    from eventbus.consumer.options import SubscriberOptions
+    from eventbus.consumer.options import Ack, OnFailure, OnUnknown, SubscriberOptions
     from eventbus.consumer.routing import Routes
 
 Handler = Callable[..., Any]  # async or sync; returns None, or a reply to a request
@@ -154,12 +154,12 @@ class Subscription:
         return self.options.group
 
     @property
-    def ack(self) -> Literal["after", "before"]:
+    def ack(self) -> Ack:
         """``"after"`` (at-least-once) or ``"before"`` (NOACK reads, at-most-once)."""
         return self.options.ack
 
     @property
-    def on_failure(self) -> Literal["continue", "park"]:
+    def on_failure(self) -> OnFailure:
         return self.options.on_failure
 
     @property
@@ -177,7 +177,7 @@ class Subscription:
         return self.options.handler_timeout_s
 
     @property
-    def on_unknown(self) -> Literal["dead_letter", "skip"]:
+    def on_unknown(self) -> OnUnknown:
         return self.options.on_unknown
 
     @property

@@ -65,7 +65,11 @@ class SubscriberOptions:
     :param type_names: the event types the handler takes instead of its model's (aliases), or
         those a ``dict``/``bytes`` handler takes
     :param broadcast: every running instance gets every event (no consumer group)
-    :param given: the `GROUP_OPTIONS` this handler set explicitly
+    :param given: the `GROUP_OPTIONS` this handler set explicitly (in a merged record, its
+        handlers did)
+
+    A (topic, group)'s merged record keeps its first handler's `batch`, `max_batch` and
+    `type_names` (a batch handler is alone in its group; routing has used the type names).
     """
 
     group: str
