@@ -24,7 +24,7 @@ from eventbus.consumer.broadcast import BroadcastConsumer
 from eventbus.consumer.options import Ack, OnFailure, OnUnknown, SubscriberOptions
 from eventbus.consumer.registration import add_handler
 from eventbus.consumer.running import make_consumers, run_consumers
-from eventbus.errors import ConfigError, RedisUnavailable
+from eventbus.errors import ConfigError, RedisUnavailable, ReservedEventType
 from eventbus.lifecycle import Hook, Lifecycle
 from eventbus.locking.member import AsyncRedis
 from eventbus.protocol.codec import RESERVED_TYPE_PREFIX, event_type_of

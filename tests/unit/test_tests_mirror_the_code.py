@@ -44,6 +44,7 @@ COVERED_BY: dict[str, list[str]] = {
     "eventbus.publishing.cluster_wait": ["tests/integration/test_cluster_replicas.py"],
     "eventbus.session": ["tests/integration/test_reentry.py"],
     "eventbus.spark.decode": ["tests/spark/test_batch.py"],
+    "eventbus.spark.names": ["tests/unit/test_spark_options.py"],
     "eventbus.spark.schema": ["tests/spark/test_batch.py"],
     "eventbus.spark.source": ["tests/spark/test_batch.py"],
     "eventbus.testing.recording": ["tests/integration/test_pytest_plugin.py"],

@@ -33,7 +33,8 @@ import msgpack
 
 from eventbus.config import DECOMPRESSION_FACTOR
 from eventbus.errors import DecodeError
-from eventbus.protocol.codec import DEFAULT_MAX_BYTES, MIN_CONTAINERS, Envelope, unpack_body
+from eventbus.protocol.budget import MIN_CONTAINERS, unpack_body
+from eventbus.protocol.codec import DEFAULT_MAX_BYTES, Envelope
 
 F_MSG = b"msg"
 EVENT_HEADER = "event"
