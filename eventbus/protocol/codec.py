@@ -6,8 +6,9 @@ A stream entry has three fields (docs/protocol.md gives the bytes):
 * ``type`` - the event type name, UTF-8 (plain);
 * ``data`` - the envelope: one format byte, then the body.
   ``0x01``: body is a MessagePack map; ``0x02``: body is a zstd frame holding that map;
-  ``0x03``: a dictionary ID (LEB128 varint), then a zstd frame of that map compressed with the
-  topic's dictionary of that ID (`eventbus.protocol.dictionaries`).
+  ``0x04``: a dictionary ID (8 bytes, big endian: the fingerprint of the dictionary's bytes),
+  then a zstd frame of that map compressed with that dictionary
+  (`eventbus.protocol.dictionaries`); ``0x03`` (an ID not bound to the dictionary) is refused.
   Map keys: ``v`` envelope version (1), ``id`` event ID (16 bytes), ``ts`` event time (Unix ms),
   ``h`` headers (map str -> str), ``p`` payload (the event's JSON-mode fields as MessagePack).
 
@@ -35,7 +36,13 @@ from pydantic import BaseModel
 from eventbus.config import DECOMPRESSION_FACTOR
 from eventbus.errors import DecodeError
 from eventbus.protocol.budget import MIN_CONTAINERS, unpack_body
-from eventbus.protocol.dictionaries import CACHE, FORMAT_MSGPACK_ZSTD_DICT, read_varint, varint
+from eventbus.protocol.dictionaries import (
+    CACHE,
+    FORMAT_MSGPACK_ZSTD_DICT,
+    FORMAT_RETIRED_DICT,
+    ID_BYTES,
+    dictionary_id,
+)
 
 FORMAT_MSGPACK = 0x01
 FORMAT_MSGPACK_ZSTD = 0x02
@@ -191,7 +198,8 @@ _COMPRESSORS: dict[tuple[int, int], zstandard.ZstdCompressor] = {}  # (id(dict),
 
 
 def _dict_prefix(dict_id: int) -> bytes:
-    prefix = _DICT_PREFIX[dict_id] = bytes([FORMAT_MSGPACK_ZSTD_DICT]) + varint(dict_id)
+    prefix = bytes([FORMAT_MSGPACK_ZSTD_DICT]) + dict_id.to_bytes(ID_BYTES, "big")
+    _DICT_PREFIX[dict_id] = prefix
     return prefix
 
 
@@ -214,7 +222,8 @@ _DECOMPRESSORS: dict[tuple[int, int], zstandard.ZstdDecompressor] = {}
 
 
 def _decompressor(dict_id: int) -> zstandard.ZstdDecompressor:
-    """A decompressor for dictionary `dict_id`, one per thread. Raises `UnknownDictionary`."""
+    """A decompressor for dictionary `dict_id`, one per thread. Raises `UnknownDictionary` or
+    `BadDictionary` (the cache holds only dictionaries zstd accepted)."""
     d = CACHE.get(dict_id)
     key = (id(d), threading.get_ident())
     z = _DECOMPRESSORS.get(key)
@@ -301,7 +310,7 @@ def decompressed_size(data: bytes) -> int:
         return 0
     if data[0] in (FORMAT_MSGPACK_ZSTD, FORMAT_MSGPACK_ZSTD_DICT):
         try:
-            start = 1 if data[0] == FORMAT_MSGPACK_ZSTD else read_varint(data, 1)[1]
+            start = 1 if data[0] == FORMAT_MSGPACK_ZSTD else 1 + ID_BYTES
             return int(zstandard.frame_content_size(data[start:]))
         except (zstandard.ZstdError, DecodeError):
             return -1
@@ -314,14 +323,19 @@ def decompressed_body(data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> byt
     fmt, body = data[0], data[1:]
     if fmt == FORMAT_MSGPACK:
         return body
-    decompressor = None
+    dict_id = None
     if fmt == FORMAT_MSGPACK_ZSTD_DICT:
-        dict_id, start = read_varint(data, 1)
-        body = data[start:]
-        decompressor = _decompressor(dict_id)
+        dict_id = dictionary_id(data)
+        body = data[1 + ID_BYTES :]
+    elif fmt == FORMAT_RETIRED_DICT:
+        raise DecodeError(
+            "envelope format 0x03 is retired (its zstd dictionary ID was not bound to the "
+            "dictionary's bytes; docs/protocol.md): not read"
+        )
     elif fmt != FORMAT_MSGPACK_ZSTD:
         raise DecodeError(f"unknown envelope format byte 0x{fmt:02x}")
     try:
+        decompressor = None if dict_id is None else _decompressor(dict_id)
         # `max_output_size` only bounds frames that do not declare their size; a frame that
         # declares one is decompressed into a buffer of that size, so check it first.
         declared = zstandard.frame_content_size(body)

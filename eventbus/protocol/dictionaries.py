@@ -1,28 +1,40 @@
-"""Per-topic zstd dictionaries: trained from a topic's entries, stored versioned in Redis, and
-cached in each process by ID.
+"""Per-topic zstd dictionaries: trained from a topic's entries, stored in Redis under an ID that
+is a fingerprint of their bytes, and cached in each process by ID.
 
 Small entries compress poorly on their own (a flights event: 257 bytes of MessagePack, 250
 with plain zstd) and very well against a dictionary trained on their siblings (about 80 bytes):
 the field names and common values live in the dictionary, not in every entry.
 
+* **IDs are fingerprints**: a dictionary's ID is the first 8 bytes of the SHA-256 of its bytes
+  (`fingerprint`, an unsigned 64-bit integer). Every reader checks it when it loads a dictionary
+  (`DictionaryCache.add`), so a dictionary overwritten in Redis or in the archive is a
+  `DecodeError`, never a silently different payload, and IDs are the same in every deployment
+  (a process that talked to another Redis, or to this one before a ``FLUSHALL``, cannot hold
+  another dictionary under the same ID).
 * **Storage** (`Keys.dictionaries`, beside the topic registry): a hash per topic, field
-  ``<id>`` -> the dictionary's bytes, field ``current`` -> the ID new entries use. IDs come from
-  one counter (`Keys.dictionary_seq`), so an ID names one dictionary across all topics and a
-  process caches them by ID alone. Training a new dictionary adds a version and moves
+  ``<id>`` (decimal) -> the dictionary's bytes, written once (``HSETNX``: never overwritten),
+  field ``current`` -> the ID new entries use. Training a new dictionary adds a version and moves
   ``current``; older versions stay, so entries written with them stay readable.
-* **Entries** say which dictionary they need: format byte ``0x03``, the ID as a LEB128 varint,
-  then a zstd frame without its own dictionary ID (docs/protocol.md).
+* **Entries** say which dictionary they need: format byte ``0x04``, the ID as 8 bytes (big
+  endian), then a zstd frame without its own dictionary ID (docs/protocol.md). Format ``0x03``
+  (a counter ID not bound to the bytes, written before IDs were fingerprints) is refused.
+* **Validity**: a dictionary is loaded only if it is a zstd dictionary (magic number, entropy
+  tables) that zstd accepts for compressing and decompressing: a planted garbage dictionary is a
+  `BadDictionary` (a `DecodeError`) for readers, and publishers keep the dictionary they had.
 * **Reading**: `eventbus.protocol.codec` decodes with the dictionaries in this process's cache
   (`CACHE`). Async readers with Redis (consumers, ``eventbus tail``, the offloader) call
   `Dictionaries.ensure` before decoding; readers of the archive (replay, Spark) load them from
   the store, where the offloader copies each one it meets (`eventbus.tier.dictionaries`). An
-  entry whose dictionary is nowhere to be found fails to decode with `UnknownDictionary` (a
-  `DecodeError`: the consumer dead-letters it as ``undecodable``, with the ID and where it was
-  looked for).
+  entry whose dictionary is nowhere to be found fails to decode with `UnknownDictionary`, one
+  whose dictionary does not match its ID or is not valid with `BadDictionary` (both
+  `DecodeError`: the consumer dead-letters such an entry as ``undecodable``, with the ID and
+  where it was looked for).
 """
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import logging
 import random
 import threading
@@ -38,12 +50,17 @@ from eventbus.protocol.keys import Keys
 
 log = logging.getLogger("eventbus")
 
-FORMAT_MSGPACK_ZSTD_DICT = 0x03
+FORMAT_MSGPACK_ZSTD_DICT = 0x04
+FORMAT_RETIRED_DICT = 0x03
+"""The format byte of entries with a dictionary ID not bound to its bytes: refused."""
+ID_BYTES = 8
 CURRENT = b"current"
 DEFAULT_SIZE = 16 * 1024
 """Default dictionary size in bytes: enough for the field names and common values of a topic."""
 REFRESH_S = 30.0
 """Publishers look for a newer current dictionary of a topic at most this often (seconds)."""
+LEVEL = 3
+"""zstd level entries are compressed at (a dictionary is checked to work at it)."""
 _MISSING_RETRY_S = 5.0
 
 
@@ -59,41 +76,84 @@ class UnknownDictionary(DecodeError):
         )
 
 
+class BadDictionary(DecodeError):
+    """The bytes found for a zstd dictionary do not match its ID (they were replaced) or are
+    not a valid zstd dictionary: entries that need it cannot be decoded."""
+
+    def __init__(self, dict_id: int, why: str) -> None:
+        self.dict_id, self.why = dict_id, why
+        super().__init__(f"zstd dictionary {dict_id} refused: {why}")
+
+
+def fingerprint(data: bytes) -> int:
+    """The ID of the dictionary whose bytes are `data`: the first 8 bytes of their SHA-256, as
+    an unsigned big-endian integer (docs/protocol.md)."""
+    return int.from_bytes(hashlib.sha256(data).digest()[:ID_BYTES], "big")
+
+
+def checked(dict_id: int, data: bytes) -> zstandard.ZstdCompressionDict:
+    """`data` as a zstd dictionary, checked: its fingerprint is `dict_id`, and zstd accepts it
+    for compressing (at `LEVEL`) and decompressing. Raises `BadDictionary`."""
+    if not isinstance(data, bytes) or fingerprint(data) != dict_id:
+        raise BadDictionary(dict_id, "its bytes do not match its ID (they were replaced)")
+    try:
+        d = zstandard.ZstdCompressionDict(data, dict_type=zstandard.DICT_TYPE_FULLDICT)
+        d.precompute_compress(level=LEVEL)
+        zstandard.ZstdDecompressor(dict_data=d)
+    except zstandard.ZstdError as exc:
+        raise BadDictionary(dict_id, f"not a valid zstd dictionary ({exc})") from None
+    return d
+
+
 class DictionaryCache:
-    """Process-wide: dictionary ID -> `zstandard.ZstdCompressionDict` (thread-safe reads)."""
+    """Process-wide: dictionary ID -> `zstandard.ZstdCompressionDict` (thread-safe reads).
+    Only dictionaries that passed `checked` get in."""
 
     def __init__(self) -> None:
         self._dicts: dict[int, zstandard.ZstdCompressionDict] = {}
-        self._missing: dict[int, tuple[float, str]] = {}  # id -> (when, where it was looked for)
+        # id -> (when, why it could not be loaded: the error decoding then raises)
+        self._missing: dict[int, tuple[float, DecodeError]] = {}
         self._lock = threading.Lock()
         self.loaders: list[Callable[[int], bytes | None]] = []
         """Synchronous fallbacks tried on a miss (an archive's store); not for event loops."""
 
     def add(self, dict_id: int, data: bytes) -> zstandard.ZstdCompressionDict:
-        with self._lock:
-            d = self._dicts.get(dict_id)
-            if d is None or d.as_bytes() != data:  # new, or an ID reused by a flushed Redis
-                d = self._dicts[dict_id] = zstandard.ZstdCompressionDict(data)
-            self._missing.pop(dict_id, None)
+        """Check `data` against `dict_id` (`checked`) and cache it. Raises `BadDictionary`."""
+        d = self._dicts.get(dict_id)
+        if d is not None:  # an ID names one content: nothing to check again
             return d
+        d = checked(dict_id, data)
+        with self._lock:
+            d = self._dicts.setdefault(dict_id, d)
+            self._missing.pop(dict_id, None)
+        return d
 
     def __contains__(self, dict_id: object) -> bool:
         return dict_id in self._dicts
 
     def get(self, dict_id: int) -> zstandard.ZstdCompressionDict:
-        """The dictionary `dict_id`, from the cache or a loader. Raises `UnknownDictionary`."""
+        """The dictionary `dict_id`, from the cache or a loader. Raises `UnknownDictionary`, or
+        `BadDictionary` for bytes that do not match the ID or are not a dictionary."""
         d = self._dicts.get(dict_id)
         if d is not None:
             return d
         for load in self.loaders:
             data = load(dict_id)
             if data is not None:
-                return self.add(dict_id, data)
-        _, where = self._missing.get(dict_id, (0.0, ""))
-        raise UnknownDictionary(dict_id, where)
+                try:
+                    return self.add(dict_id, data)
+                except BadDictionary as exc:
+                    self.missing(dict_id, exc)
+                    raise
+        _, error = self._missing.get(dict_id, (0.0, None))
+        # a copy: the one recorded error raised for every entry would chain their tracebacks
+        raise UnknownDictionary(dict_id) if error is None else copy.copy(error)
 
-    def missing(self, dict_id: int, where: str) -> None:
-        self._missing[dict_id] = (time.monotonic(), where)
+    def missing(self, dict_id: int, why: str | DecodeError) -> None:
+        """Record that `dict_id` could not be loaded: `why` is where it was looked for, or the
+        error its bytes raised; decoding raises it (`get`)."""
+        error = why if isinstance(why, DecodeError) else UnknownDictionary(dict_id, why)
+        self._missing[dict_id] = (time.monotonic(), error)
 
     def recently_missing(self, dict_id: int) -> bool:
         seen = self._missing.get(dict_id)
@@ -105,33 +165,24 @@ CACHE = DictionaryCache()
 
 def dictionary_id(data: bytes) -> int | None:
     """The dictionary ID an entry's ``data`` field needs (None for other formats). Raises
-    `DecodeError` for a truncated varint."""
+    `DecodeError` for a field too short to hold one."""
     if not data or data[0] != FORMAT_MSGPACK_ZSTD_DICT:
         return None
-    return read_varint(data, 1)[0]
+    if len(data) <= ID_BYTES:
+        raise DecodeError("truncated dictionary ID")
+    return int.from_bytes(data[1 : 1 + ID_BYTES], "big")
 
 
-def read_varint(data: bytes, pos: int) -> tuple[int, int]:
-    """An unsigned LEB128 varint at `pos`: (value, position after it)."""
-    value = shift = 0
-    while True:
-        if pos >= len(data) or shift > 35:
-            raise DecodeError("truncated dictionary ID")
-        b = data[pos]
-        pos += 1
-        value |= (b & 0x7F) << shift
-        if b < 0x80:
-            return value, pos
-        shift += 7
-
-
-def varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
+def parse_id(raw: bytes | str) -> int:
+    """A dictionary ID as Redis stores it (decimal text of an unsigned 64-bit integer). Raises
+    `ValueError` for anything else."""
+    text = raw.decode("ascii") if isinstance(raw, bytes) else raw
+    if not text.isdigit() or len(text) > 20 or (len(text) > 1 and text[0] == "0"):
+        raise ValueError(f"{text[:40]!r} is not a dictionary ID")
+    value = int(text)
+    if value >= 1 << 64:
+        raise ValueError(f"{text!r} is not a dictionary ID")
+    return value
 
 
 class Dictionaries:
@@ -144,64 +195,96 @@ class Dictionaries:
 
     async def train(self, topic: str, samples: Iterable[bytes], size: int = DEFAULT_SIZE) -> int:
         """Train a dictionary of `size` bytes from `samples` (MessagePack bodies), store it as the
-        topic's new current version, and return its ID. Raises `ConfigError` when zstd cannot
-        train from the samples (too few, or too alike)."""
+        topic's new current version, and return its ID (`fingerprint`). A version is written
+        once (``HSETNX``): an ID already stored keeps its bytes. Raises `ConfigError` when zstd
+        cannot train from the samples (too few, or too alike)."""
         bodies: list[Any] = list(samples)
-        # IDs start at a random point of [2**15, 2**20) per deployment: zstd reserves 1..32767,
-        # and the process-wide cache is keyed by ID, so another deployment (or this one after a
-        # FLUSHALL) must not reuse an ID it may hold for another dictionary. 3 bytes per entry.
-        seq = self.keys.dictionary_seq()
-        await self.redis.set(seq, random.randrange(1 << 15, 1 << 20), nx=True)
-        dict_id = int(await self.redis.incr(seq))
-        try:
-            trained = zstandard.train_dictionary(size, bodies, dict_id=dict_id, level=3)
+        try:  # the ID zstd writes inside the dictionary is unused (frames carry none)
+            trained = zstandard.train_dictionary(
+                size, bodies, dict_id=random.randrange(1 << 15, 1 << 31), level=LEVEL
+            )
         except zstandard.ZstdError as exc:
             raise ConfigError(
                 f"topic {topic!r}: cannot train a dictionary from {len(bodies)} samples ({exc})"
             ) from None
+        data = trained.as_bytes()
+        dict_id = fingerprint(data)
+        CACHE.add(dict_id, data)  # checked before any entry can name it
         key = self.keys.dictionaries(topic)
-        await self.redis.hset(key, mapping={str(dict_id): trained.as_bytes(), CURRENT: dict_id})
-        CACHE.add(dict_id, trained.as_bytes())
+        if not await self.redis.hsetnx(key, str(dict_id), data):
+            stored = await self.redis.hget(key, str(dict_id))
+            if stored != data:  # only a planted value can differ: never move `current` to it
+                raise ConfigError(f"topic {topic!r}: {key} holds other bytes under ID {dict_id}")
+        await self.redis.hset(key, CURRENT, str(dict_id))
         return dict_id
 
     async def versions(self, topic: str) -> tuple[int | None, dict[int, int]]:
-        """(the current ID, {ID: size in bytes} of every stored version) of `topic`."""
+        """(the current ID, {ID: size in bytes} of every stored version) of `topic`. Raises
+        `ConfigError` for a field that is not a dictionary ID (written by something else)."""
         raw = await self.redis.hgetall(self.keys.dictionaries(topic))
-        current = raw.pop(CURRENT, None)
-        return (int(current) if current else None), {int(k): len(v) for k, v in raw.items()}
+        try:
+            current = raw.pop(CURRENT, None)
+            return (None if current is None else parse_id(current)), {
+                parse_id(k): len(v) for k, v in raw.items()
+            }
+        except ValueError as exc:
+            raise ConfigError(f"topic {topic!r}: {self.keys.dictionaries(topic)}: {exc}") from None
 
     async def current(self, topic: str) -> int | None:
         """The ID new entries of `topic` use (None: no dictionary), loaded into `CACHE`; asks
-        Redis at most every `REFRESH_S` seconds."""
+        Redis at most every `REFRESH_S` seconds. A ``current`` field that names no valid
+        dictionary (not an ID, not stored, bytes that do not match the ID or are no zstd
+        dictionary) or that Redis refuses to read is logged at ERROR, and the dictionary used
+        so far stays in use. Raises only connection errors."""
         now = time.monotonic()
-        checked = self._current.get(topic)
-        if checked is not None and now - checked[0] < REFRESH_S:
-            return checked[1]
-        previous = None if checked is None else checked[1]
+        checked_at = self._current.get(topic)
+        if checked_at is not None and now - checked_at[0] < REFRESH_S:
+            return checked_at[1]
+        previous = None if checked_at is None else checked_at[1]
         self._current[topic] = (now, previous)  # concurrent callers do not ask again meanwhile
+        key = self.keys.dictionaries(topic)
         try:
-            raw = await self.redis.hget(self.keys.dictionaries(topic), CURRENT)
-        except ResponseError as exc:  # e.g. NOPERM: an ACL written before dictionaries existed
-            log.warning("topic %s: cannot read its zstd dictionary (%s); not using one", topic, exc)
+            raw = await self.redis.hget(key, CURRENT)
+        except ResponseError as exc:  # e.g. NOPERM, WRONGTYPE: the server's reason, logged
+            log.error(
+                "topic %s: cannot read its zstd dictionary (%s); keeping %s",
+                topic,
+                exc,
+                _shown(previous),
+            )
             return previous
-        dict_id = int(raw) if raw else None
-        if dict_id is not None and dict_id not in CACHE:
-            await self._load(topic, dict_id)
-        self._current[topic] = (now, dict_id if dict_id is not None and dict_id in CACHE else None)
-        return self._current[topic][1]
+        if raw is None:
+            self._current[topic] = (now, None)
+            return None
+        try:
+            dict_id = parse_id(raw)
+        except ValueError as exc:
+            log.error(
+                "topic %s: field current of %s: %s; keeping %s", topic, key, exc, _shown(previous)
+            )
+            return previous
+        if dict_id not in CACHE:
+            why = await self._load(topic, dict_id)
+            if why is not None:
+                log.error("topic %s: %s; keeping %s", topic, why, _shown(previous))
+                return previous
+        self._current[topic] = (now, dict_id)
+        return dict_id
 
     def due(self, topic: str) -> bool:
         """Whether `current(topic)` would ask Redis (never asked, or `REFRESH_S` passed)."""
-        checked = self._current.get(topic)
-        return checked is None or time.monotonic() - checked[0] >= REFRESH_S
+        checked_at = self._current.get(topic)
+        return checked_at is None or time.monotonic() - checked_at[0] >= REFRESH_S
 
     def cached_current(self, topic: str) -> int | None:
-        checked = self._current.get(topic)
-        return None if checked is None else checked[1]
+        checked_at = self._current.get(topic)
+        return None if checked_at is None else checked_at[1]
 
     async def ensure(self, topic: str, data: bytes) -> None:
         """Load the dictionary an entry's ``data`` needs into `CACHE`, if any and not there.
-        Never raises for a missing one: decoding then raises `UnknownDictionary`."""
+        Raises only connection errors: a dictionary missing, refused by Redis (an error reply
+        such as WRONGTYPE or NOPERM: not retried) or not valid is recorded, and decoding then
+        raises `UnknownDictionary` or `BadDictionary` with the reason."""
         try:
             dict_id = dictionary_id(data)
         except DecodeError:
@@ -210,10 +293,26 @@ class Dictionaries:
             return
         await self._load(topic, dict_id)
 
-    async def _load(self, topic: str, dict_id: int) -> None:
+    async def _load(self, topic: str, dict_id: int) -> DecodeError | None:
+        """Load `dict_id` from `topic`'s hash into `CACHE`; None, or why it could not (also
+        recorded in `CACHE`). Raises only connection errors."""
         key = self.keys.dictionaries(topic)
-        data = await self.redis.hget(key, str(dict_id))
-        if data is None:
-            CACHE.missing(dict_id, f"not in Redis hash {key}")
+        try:
+            data = await self.redis.hget(key, str(dict_id))
+        except ResponseError as exc:
+            error: DecodeError = UnknownDictionary(dict_id, f"Redis refused HGET {key}: {exc}")
         else:
-            CACHE.add(dict_id, data)
+            if data is None:
+                error = UnknownDictionary(dict_id, f"not in Redis hash {key}")
+            else:
+                try:
+                    CACHE.add(dict_id, data)
+                    return None
+                except BadDictionary as exc:
+                    error = BadDictionary(dict_id, f"{exc.why} (Redis hash {key})")
+        CACHE.missing(dict_id, error)
+        return error
+
+
+def _shown(dict_id: int | None) -> str:
+    return "no dictionary" if dict_id is None else f"dictionary {dict_id}"

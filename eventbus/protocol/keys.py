@@ -83,12 +83,9 @@ class Keys:
 
     def dictionaries(self, topic: str) -> str:
         """Hash of a topic's zstd dictionaries (`eventbus.protocol.dictionaries`): ``<id>`` -> the
-        dictionary's bytes, ``current`` -> the ID new entries use."""
+        dictionary's bytes (the ID is their fingerprint), ``current`` -> the ID new entries
+        use."""
         return f"{self._coord}:dict:{topic}"
-
-    def dictionary_seq(self) -> str:
-        """Counter of dictionary IDs (INCR), shared by all topics: an ID names one dictionary."""
-        return f"{self._coord}:dict-seq"
 
     def locks(self, topic: str, group: str) -> str:
         """Hash of a group's shard locks: ``<shard>`` -> owner consumer ID, ``<shard>:token`` ->

@@ -9,15 +9,19 @@ segment; readers of the archive register the store as a fallback of the process'
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from redis.exceptions import ResponseError
+
 from eventbus.errors import DecodeError
-from eventbus.protocol.dictionaries import CACHE, dictionary_id
+from eventbus.protocol.dictionaries import CACHE, BadDictionary, dictionary_id
 from eventbus.protocol.keys import Keys
 from eventbus.tier.layout import dictionary_key
 from eventbus.tier.store import Store, get_bytes_sync, put_create
 
+log = logging.getLogger("eventbus.tier")
 _archived: set[tuple[int, str, int]] = set()  # (id(store), topic, dictionary ID) copied here
 _readers: set[tuple[int, str]] = set()
 
@@ -30,8 +34,10 @@ async def archive_dictionaries(
     rows: Iterable[tuple[Any, Mapping[bytes, bytes]]],
 ) -> None:
     """Copy the dictionaries `rows` (entry ID, fields) use to `store`, each once per process
-    (create-only: an existing copy is left as it is). One missing in Redis is skipped: its
-    entries are archived as they are and read back as undecodable."""
+    (create-only: an existing copy is left as it is). One missing in Redis, refused by it (an
+    error reply: WRONGTYPE, NOPERM) or not valid (bytes that do not match the ID: see
+    `eventbus.protocol.dictionaries.checked`) is skipped with a WARNING and never copied: its
+    entries are archived as they are and read back as undecodable. Raises connection errors."""
     needed: set[int] = set()
     for _, fields in rows:
         try:
@@ -42,11 +48,18 @@ async def archive_dictionaries(
             needed.add(dict_id)
     if not needed:
         return
+    key = keys.dictionaries(topic)
     for dict_id in sorted(needed):
-        data = await redis.hget(keys.dictionaries(topic), str(dict_id))
-        if data is None:
+        try:
+            data = await redis.hget(key, str(dict_id))
+            if data is None:
+                continue
+            CACHE.add(dict_id, data)
+        except (ResponseError, BadDictionary) as exc:
+            log.warning(
+                "topic %s: dictionary %s not archived from %s: %s", topic, dict_id, key, exc
+            )
             continue
-        CACHE.add(dict_id, data)
         await put_create(store, dictionary_key(topic, dict_id), data)
         _archived.add((id(store), topic, dict_id))
 

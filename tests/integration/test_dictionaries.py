@@ -18,7 +18,7 @@ from eventbus.cli.topic import sample_bodies
 from eventbus.dlq import DeadLetters
 from eventbus.protocol import codec
 from eventbus.protocol.codec import F_DATA, F_RESOURCE, F_TYPE, decode_entry
-from eventbus.protocol.dictionaries import CACHE, Dictionaries, dictionary_id, varint
+from eventbus.protocol.dictionaries import CACHE, Dictionaries, dictionary_id
 from eventbus.tier.dictionaries import archive_dictionaries
 from eventbus.tier.replay import plan
 
@@ -76,7 +76,7 @@ async def test_train_rotate_and_old_entries_stay_readable(r: Any, settings: Any)
         await publish(bus, range(300, 400))
         second = await train(bus)
         await publish(bus, range(400, 500))
-    assert second > first
+    assert second != first
     ids = [dictionary_id(d) for d in await stored_data(r, bus)]
     assert (ids.count(None), ids.count(first), ids.count(second)) == (300, 100, 100)
     sizes = {i: [] for i in (None, first, second)}
@@ -84,7 +84,7 @@ async def test_train_rotate_and_old_entries_stay_readable(r: Any, settings: Any)
         sizes[dictionary_id(d)].append(len(d))
     assert max(sizes[second]) < min(sizes[None])  # the point of it
     _, versions = await Dictionaries(r, bus.keys).versions(TOPIC)
-    assert sorted(versions) == [first, second]
+    assert sorted(versions) == sorted([first, second])
     forget_dictionaries()  # the consumer loads both from Redis
     async with running(bus):
         await rec.wait_for(500)
@@ -107,7 +107,10 @@ async def test_unknown_dictionary_is_dead_lettered_with_its_reason(r: Any, setti
     frame = zstandard.ZstdCompressor().compress(b"\x80")
     stream = bus.keys.stream(TOPIC, 0)
     await bus.registry.ensure(bus.topic(TOPIC))
-    await r.xadd(stream, {F_RESOURCE: b"x", F_TYPE: b"Tick", F_DATA: b"\x03" + varint(999) + frame})
+    await r.xadd(
+        stream,
+        {F_RESOURCE: b"x", F_TYPE: b"Tick", F_DATA: b"\x04" + (999).to_bytes(8, "big") + frame},
+    )
     await bus.publish(TOPIC, Tick(resource="x", seq=1), resource_id="x")
     dl = DeadLetters(r, bus.keys, bus.topic(TOPIC), "g")
     async with running(bus):

@@ -56,3 +56,34 @@ def test_dictionary_entries_read_from_the_archive(
     assert len(rows) == 400
     assert all(r._corrupt is None for r in rows)
     assert sorted(r.seq for r in rows) == list(range(400))
+
+
+def test_a_swapped_dictionary_in_the_archive_is_a_corrupt_row_not_another_payload(
+    spark: Any, redis_db: str, tmp_path: Path, topic: str
+) -> None:
+    """The archive's copy of a dictionary replaced by another valid one (``res-`` spelled
+    ``RES-`` inside it): the 100 entries that need it read as ``_corrupt`` rows naming the
+    dictionary (issue 20 item 2), never as events of resource ``RES-...``; the others read."""
+    from eventbus.tier.layout import dictionary_key
+
+    store = tmp_path / "seg"
+    publish(redis_db, topic, ticks(300))
+    dict_id = train(redis_db, topic)
+    publish(redis_db, topic, ticks(100, start=300))
+    offload(redis_db, str(store), topic)
+    copy = store / dictionary_key(topic, dict_id)
+    assert b"res-" in copy.read_bytes()
+    copy.write_bytes(copy.read_bytes().replace(b"res-", b"RES-"))
+    df = (
+        spark.read.format("eventbus")
+        .option("store", str(store))
+        .option("topic", topic)
+        .option("model", "spark_support:Tick")
+        .load()
+    )
+    rows = df.collect()
+    corrupt = [r for r in rows if r._corrupt is not None]
+    assert len(rows) == 400 and len(corrupt) == 100
+    assert all(f"dictionary {dict_id}" in r._corrupt for r in corrupt)
+    assert sorted(r.seq for r in rows if r._corrupt is None) == list(range(300))
+    assert all(r.resource.startswith("res-") for r in rows if r._corrupt is None)
