@@ -9,13 +9,13 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from eventbus.app import EventBus
 from eventbus.cli.connection import RedisUrl, open_bus, settings_from, stored_shards
-from eventbus.cli.output import cell, console, run_async, user_errors
+from eventbus.cli.output import cell, console, data_console, run_async, user_errors
 from eventbus.dlq import DeadLetter, DeadLetters
-from eventbus.errors import EventBusError
+from eventbus.errors import ConfigError, EventBusError
 from eventbus.protocol.codec import decode_entry
 
 dlq_app = typer.Typer(no_args_is_help=True, help="Dead letters of a consumer group.")
@@ -26,7 +26,8 @@ DlqIds = Annotated[list[str] | None, typer.Argument(help="Dead-letter IDs.")]
 def _dlq_call(
     redis_url: str | None, topic: str, group: str, action: Callable[[DeadLetters], Awaitable[Any]]
 ) -> Any:
-    """`action` on the dead letters of `group` on `topic` (a registered topic)."""
+    """`action` on the dead letters of `group` on `topic` (a registered topic); an unknown
+    group is an error (a typo would otherwise list nothing, as if nothing had failed)."""
     with user_errors():
         settings = settings_from(redis_url)
 
@@ -34,6 +35,7 @@ def _dlq_call(
         bus = await open_bus(settings)
         try:
             shards = await stored_shards(bus, topic)
+            await _check_group(bus, topic, shards, group)
             return await action(
                 DeadLetters(bus.redis, bus.keys, bus.topic(topic, shards=shards), group)
             )
@@ -41,6 +43,22 @@ def _dlq_call(
             await bus.aclose()
 
     return run_async(go)
+
+
+async def _check_group(bus: EventBus, topic: str, shards: int, group: str) -> None:
+    """Raise `ConfigError` unless `group` reads a shard stream of `topic` or has dead letters."""
+    if await bus.redis.exists(bus.keys.dead_letter(topic, group)):
+        return
+    pipe = bus.redis.pipeline(transaction=False)
+    for s in range(shards):
+        pipe.xinfo_groups(bus.keys.stream(topic, s))
+    groups = set()
+    for reply in await pipe.execute(raise_on_error=False):
+        if isinstance(reply, list):  # (an error: the shard stream does not exist yet)
+            groups |= {g["name"].decode("utf-8", "replace") for g in reply}
+    if group not in groups:
+        known = ", ".join(sorted(groups)) or "none"
+        raise ConfigError(f"no consumer group {group!r} on topic {topic!r} (its groups: {known})")
 
 
 @dlq_app.command("list")
@@ -68,9 +86,9 @@ def dlq_list(
             str(d.attempts),
             cell(_error_text(d)[:80]),
         )
-    Console().print(table)
+    data_console().print(table)
     if parked:
-        Console().print(f"parked resources: {', '.join(cell(p) for p in sorted(parked))}")
+        data_console().print(f"parked resources: {', '.join(cell(p) for p in sorted(parked))}")
 
 
 def _error_text(d: DeadLetter) -> str:

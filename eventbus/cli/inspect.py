@@ -7,11 +7,10 @@ from typing import Annotated, Any
 
 import typer
 from redis.exceptions import ResponseError
-from rich.console import Console
 from rich.table import Table
 
 from eventbus.cli.connection import RedisUrl, open_bus, settings_from, stored_shards
-from eventbus.cli.output import cell, run_async, user_errors
+from eventbus.cli.output import cell, data_console, run_async, user_errors
 from eventbus.cli.placement import placement_table
 from eventbus.config import Settings
 from eventbus.errors import EventBusError, RedisCommandRefused
@@ -97,9 +96,9 @@ async def _stats(settings: Settings) -> None:
                     f"{held}/{shards}",
                     str(trimmed),
                 )
-        Console().print(table)
+        data_console().print(table)
         if (placed := await placement_table(r, keys, topics)) is not None:  # on a Cluster
-            Console().print(placed)
+            data_console().print(placed)
     finally:
         await bus.aclose()
 

@@ -1,7 +1,8 @@
 """What the ``eventbus`` commands put on the terminal, made safe.
 
 User data (resource IDs, group names, error texts) has its control characters escaped
-(`terminal_safe`) and, in rich tables or markup, its markup escaped too (`cell`); every Redis URL
+(`terminal_safe`) and, in rich tables or markup, its markup escaped too (`cell`); rich prints it
+as it is (`data_console`: no ``:emoji:`` codes, no highlighting); every Redis URL
 this process has seen (`remember_url`) has its secrets scrubbed from output and logs. Errors a
 user can act on become one line on stderr and exit code 1, not a traceback (`user_errors`).
 """
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import sys
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
@@ -21,12 +24,20 @@ from rich.markup import escape
 
 from eventbus.client import loops
 from eventbus.errors import EventBusError
-from eventbus.ops.terminal import console, remember_url, terminal_safe
+from eventbus.ops.terminal import console, data_console, remember_url, terminal_safe
 
 T = TypeVar("T")
 # Errors a user can act on: printed as one line, exit code 1
 _USER_ERRORS = (EventBusError, RedisError, OSError, ValidationError)
-__all__ = ["cell", "console", "remember_url", "run_async", "terminal_safe", "user_errors"]
+__all__ = [
+    "cell",
+    "console",
+    "data_console",
+    "remember_url",
+    "run_async",
+    "terminal_safe",
+    "user_errors",
+]
 
 
 def cell(text: object) -> str:
@@ -91,6 +102,11 @@ def user_errors() -> Iterator[None]:
         yield
     except (typer.Exit, typer.Abort, typer.BadParameter):
         raise
+    except BrokenPipeError:  # the reader of stdout left (``eventbus tail | head``): stop quietly
+        # Python's recipe (the signal module's note on SIGPIPE): stdout to devnull, so that
+        # the flush at exit does not fail again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise typer.Exit(0) from None
     except BaseException as exc:
         leaf = _leaf(exc)
         if leaf is None:

@@ -8,11 +8,10 @@ from typing import Annotated, Any
 
 import typer
 from pydantic import SecretStr
-from rich.console import Console
 from rich.table import Table
 
 from eventbus.cli.connection import RedisUrl, settings_from
-from eventbus.cli.output import cell, user_errors
+from eventbus.cli.output import cell, data_console, user_errors
 from eventbus.config import Settings
 
 
@@ -66,4 +65,4 @@ def settings(
             cell(row["description"]),
             style=style,
         )
-    Console().print(table)
+    data_console().print(table)

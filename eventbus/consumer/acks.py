@@ -57,6 +57,7 @@ class Acks:
         self.on_refused: Callable[[str], None] = lambda command: None  # the refusal metric
         self.in_flight = 0
         self._batches: dict[int, _Batch] = {}
+        self._sending: dict[int, _Batch] = {}  # the batches of the XACK pipeline on its way
         self._wake = anyio.Event()
         self._capacity = anyio.Event()
         self._idle = anyio.Event()
@@ -98,12 +99,16 @@ class Acks:
             while self.in_flight:
                 await self.wait_idle()
         if grace.cancelled_caught:
+            handled = sum(len(b.ids) for d in (self._batches, self._sending) for b in d.values())
             log.error(
-                "consumer %s: %d entries still unacked after %.0f s of shutdown (Redis "
-                "unreachable?); they stay pending and will be delivered again",
+                "consumer %s: %d entries unfinished after %.0f s of shutdown: %d still in their "
+                "handlers, %d handled but their XACKs not confirmed by Redis; they stay pending "
+                "and will be delivered again",
                 self.consumer_id,
                 self.in_flight,
                 timeout_s,
+                self.in_flight - handled,
+                handled,
             )
 
     # -- acking ---------------------------------------------------------------------------------
@@ -140,6 +145,7 @@ class Acks:
             await self._wake.wait()
             self._wake = anyio.Event()
             batches, self._batches = self._batches, {}
+            self._sending = batches
             while not self.lease.ok() and self.table.held:
                 await self.lease.changed()
             current = [
@@ -165,11 +171,13 @@ class Acks:
                     )
                 else:
                     log.warning("XACK failed (%s); retry in %.2f s", exc, delay)
+                self._sending = {}
                 self._put_back(batches)
                 self._wake.set()
                 await anyio.sleep(delay)
                 continue
             failures = 0
+            self._sending = {}
             for b in batches.values():
                 self._settle(b)
 

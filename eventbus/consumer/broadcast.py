@@ -35,6 +35,7 @@ from redis.exceptions import ResponseError
 from redis.typing import KeyT, StreamIdT
 
 from eventbus.client import retry
+from eventbus.client.pipelines import execute
 from eventbus.client.retry import LOST_REPLY
 from eventbus.consumer.context import Subscription
 from eventbus.consumer.delivery import Delivery, Fence, Outcome, Tally
@@ -267,6 +268,6 @@ class BroadcastConsumer:
         pipe = self.redis.pipeline(transaction=False)
         for stream in self.streams:
             pipe.xrevrange(stream, count=1)
-        for stream, last in zip(self.streams, await pipe.execute(), strict=True):
+        for stream, last in zip(self.streams, await execute(pipe), strict=True):
             self.positions[stream] = last[0][0] if last else b"0-0"
         self.started.set()

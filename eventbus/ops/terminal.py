@@ -11,7 +11,14 @@ from rich.console import Console
 
 from eventbus.config.addresses import scrub
 
-console = Console(stderr=True)
+
+def data_console(*, stderr: bool = False) -> Console:
+    """A rich console for output holding user data: no emoji codes (``user:id:42`` would print
+    as "user" + an emoji + "42") and no highlighting (colours guessed from the data's shape)."""
+    return Console(stderr=stderr, emoji=False, highlight=False)
+
+
+console = data_console(stderr=True)
 
 # C0 and C1 controls (ESC, CR, BS, ...) except tab and newline, line separators, bidi overrides
 _CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")

@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from eventbus.client.pipelines import execute
 from eventbus.errors import InvalidReply
 from eventbus.protocol.codec import Envelope, encode_entry, envelope_of
 from eventbus.protocol.keys import Keys
@@ -58,4 +59,4 @@ async def send_reply(redis: Any, keys: Keys, request: Envelope, result: object) 
     pipe = redis.pipeline(transaction=False)
     pipe.xadd(stream, fields, maxlen=REPLY_MAXLEN, approximate=True)
     pipe.expire(stream, REPLY_TTL_S)
-    await pipe.execute()
+    await execute(pipe)  # an error reply raised with the server's reason (NOPERM, OOM)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from eventbus.client.pipelines import execute
 from eventbus.protocol.ids import EntryId, parse_id
 
 Retention = Literal["maxlen", "acked"]
@@ -41,7 +42,7 @@ async def acked_point(redis: Any, stream: str) -> EntryId | None:
     for g in groups:
         pipe.xpending(stream, g["name"])
     points = []
-    for g, summary in zip(groups, await pipe.execute(), strict=True):
+    for g, summary in zip(groups, await execute(pipe), strict=True):
         if summary["pending"]:
             points.append(parse_id(summary["min"]))
         else:

@@ -230,6 +230,12 @@ async def running(
             finally:
                 stop.set()
         tb.raise_failures()  # those drain() has not raised: none goes unnoticed
+    except BaseExceptionGroup as group:
+        # the task group wraps what the block raised (an assertion, say): one error is raised
+        # as itself, so that ``pytest.raises`` and ``except`` see what the test raised
+        if len(group.exceptions) == 1 and not isinstance(group.exceptions[0], BaseExceptionGroup):
+            raise group.exceptions[0] from group.exceptions[0].__cause__
+        raise
     finally:
         # the bus as it was: its own connection, settings and handlers (the consumers of this
         # run stay in `bus.consumers`, for inspection)

@@ -209,3 +209,60 @@ def test_a_malformed_dead_letter_is_shown_not_a_traceback(redis_db: str) -> None
     assert json.loads(shown.output)["problems"]
     requeued = RUNNER.invoke(app, ["dlq", "requeue", "orders", "billing", bad_id, *url])
     _one_line_error(requeued, "is malformed")
+
+
+# -- issue 19 item 14: data printed as it is, pipes, unknown groups ----------------------------
+def test_dlq_list_prints_colons_in_data_as_they_are(redis_db: str) -> None:
+    """rich turned ``:id:`` into an emoji (``user:id:42`` printed as "user🆔42")."""
+    _publish(redis_db)
+    with redis.Redis.from_url(redis_db) as r:
+        _dead_letter(r, Keys(), "user:id:42", "failed on :thumbs_up: and :smile:")
+    result = RUNNER.invoke(app, ["dlq", "list", "orders", "billing", "--redis-url", redis_db])
+    assert result.exit_code == 0, result.output
+    assert "user:id:42" in result.output and ":thumbs_up:" in result.output
+
+
+def test_dlq_list_of_an_unknown_group_is_an_error(redis_db: str) -> None:
+    """A typo in the group listed nothing, as if nothing had failed."""
+    _publish(redis_db)
+    with redis.Redis.from_url(redis_db) as r:
+        r.xgroup_create(Keys().stream("orders", 0), "billing", id="0", mkstream=True)
+    result = RUNNER.invoke(app, ["dlq", "list", "orders", "biling", "--redis-url", redis_db])
+    _one_line_error(result, "no consumer group 'biling' on topic 'orders' (its groups: billing)")
+    known = RUNNER.invoke(app, ["dlq", "list", "orders", "billing", "--redis-url", redis_db])
+    assert known.exit_code == 0, known.output
+
+
+def test_tail_into_a_pipe_closed_early_exits_quietly(redis_db: str) -> None:
+    """``eventbus tail ... | head -1``: the reader leaves; no BrokenPipeError, exit code 0."""
+    import subprocess
+    import sys
+
+    with redis.Redis.from_url(redis_db) as r:  # more output than a pipe's 64 KiB buffer
+        data = encode_entry(Envelope("r", "T", b"\1" * 16, 0, {}, {"text": "x" * 300}))
+        pipe = r.pipeline(transaction=False)
+        for _ in range(1000):
+            pipe.xadd(Keys().stream("orders", 0), data)
+        pipe.execute()
+    _publish(redis_db)  # registers the topic
+    tail = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "eventbus.cli",
+            "tail",
+            "orders",
+            "--count",
+            "1000",
+            "--redis-url",
+            redis_db,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert tail.stdout is not None and tail.stderr is not None
+    assert tail.stdout.readline()
+    tail.stdout.close()  # as `head -1` does after its line
+    err = tail.stderr.read().decode()
+    assert tail.wait(timeout=60) == 0, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err

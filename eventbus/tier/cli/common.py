@@ -6,16 +6,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
 from eventbus.config import Settings
+from eventbus.ops.terminal import console as console  # shared by the tier commands
+from eventbus.ops.terminal import terminal_safe
 from eventbus.tier.settings import TierSettings
 
 if TYPE_CHECKING:  # the commands import pyarrow and obstore only when they run
     from eventbus.tier.store import Store
-
-console = Console(stderr=True)
 
 StoreUrl = Annotated[
     str | None,
@@ -60,7 +59,5 @@ def open_tier_store(tier: TierSettings, *, create: bool = True) -> Store:
 
 def error_exit(exc: BaseException) -> typer.Exit:
     """One line on stderr (terminal-safe, passwords redacted), exit code 1."""
-    from eventbus.ops.terminal import terminal_safe
-
     console.print(f"[red]error:[/red] {escape(terminal_safe(exc))}", soft_wrap=True)
     return typer.Exit(1)

@@ -250,3 +250,26 @@ async def test_an_older_generation_batch_still_queued_is_settled_by_a_newer_ack(
     async with ack_loop(acks):
         await until(redis, lambda: acks.in_flight == 0)
     assert redis.sent == [[("s:0", [b"2-0"])]]
+
+
+async def test_shutdown_report_tells_running_handlers_from_unconfirmed_acks(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 19 item 14: a slow handler at shutdown was reported as "Redis unreachable?". Of 5
+    entries in flight, 2 are handled with their XACK on its way (held by the gate), 1 handled
+    with its XACK queued, 2 still in their handlers: the report counts each."""
+    acks, redis, table, _ = setup()
+    items = read(acks, table.held[0], 1, 2, 3, 4, 5)
+    redis.gate = anyio.Event()  # the first XACK pipeline never gets its reply
+    acks.ack(items[0])
+    acks.ack(items[1])
+    async with ack_loop(acks):
+        with anyio.fail_after(5):
+            await redis.sending.wait()
+        acks.ack(items[2])
+        await acks.drain(0.05)
+    (record,) = [r for r in caplog.records if "shutdown" in r.getMessage()]
+    assert "5 entries unfinished" in record.getMessage()
+    assert "2 still in their handlers, 3 handled but their XACKs not confirmed" in (
+        record.getMessage()
+    )
