@@ -6,6 +6,7 @@ from typing import Any
 from eventbus.app import EventBus
 from eventbus.config import Settings
 from eventbus.consumer import Context
+from eventbus.consumer.scope import State
 from eventbus.dlq import DeadLetters
 from eventbus.errors import (
     ConfigError,
@@ -20,6 +21,7 @@ from eventbus.errors import (
     ShardCountMismatch,
     UnknownEventType,
 )
+from eventbus.ops.log_context import HandlerLogFilter, log_context
 from eventbus.protocol.sharding import shard_of
 from eventbus.protocol.topics import TopicConfig
 from eventbus.sync import SyncBus
@@ -36,6 +38,7 @@ __all__ = [
     "DecodeError",
     "EventBus",
     "EventBusError",
+    "HandlerLogFilter",
     "HandlerTimeout",
     "InvalidReply",
     "PayloadTooLarge",
@@ -44,10 +47,12 @@ __all__ = [
     "RequestTimeout",
     "Settings",
     "ShardCountMismatch",
+    "State",
     "SyncBus",
     "TopicConfig",
     "UnknownEventType",
     "__version__",
+    "log_context",
     "shard_of",
 ]
 

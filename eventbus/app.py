@@ -24,6 +24,7 @@ from eventbus.consumer.broadcast import BroadcastConsumer
 from eventbus.consumer.options import Ack, OnFailure, OnUnknown, SubscriberOptions
 from eventbus.consumer.registration import add_handler
 from eventbus.consumer.running import make_consumers, run_consumers
+from eventbus.consumer.scope import HandlerScope, Middleware, State
 from eventbus.errors import ConfigError, RedisUnavailable, ReservedEventType
 from eventbus.lifecycle import Hook, Lifecycle
 from eventbus.locking.member import AsyncRedis
@@ -70,6 +71,10 @@ class EventBus(Lifecycle):
         self.consumers: list[Consumer | BroadcastConsumer] = []
         self._on_startup: list[Hook] = []
         self._on_shutdown: list[Hook] = []
+        self.state = State()
+        """What the service sets up for its handlers (``bus.state.pool = ...`` in an
+        ``on_startup`` hook), read by handlers as ``ctx.state`` (`eventbus.consumer.scope`)."""
+        self._scope = HandlerScope(self.state, self.publish)
 
     @classmethod
     def from_env(cls, **overrides: Any) -> EventBus:
@@ -178,7 +183,7 @@ class EventBus(Lifecycle):
         )
 
         def register(handler: H) -> H:
-            add_handler(self.subscriptions, self.topic(topic), options, handler)
+            add_handler(self.subscriptions, self.topic(topic), options, handler, self._scope)
             return handler
 
         return register
@@ -201,6 +206,19 @@ class EventBus(Lifecycle):
                 raise ReservedEventType(event_type_of(model), f"publishes of topic {topic!r}")
         declared = self.publications.setdefault(config.name, [])
         declared += [m for m in models if m not in declared]
+
+    def middleware(self, mw: Middleware) -> Middleware:
+        """Register ``mw(event, ctx)``, a function returning an async context manager (e.g. an
+        ``@contextlib.asynccontextmanager`` function), entered around every attempt of every
+        handler of this bus: single, batch (with the lists the handler gets) and broadcast, and
+        catch-up. Middlewares nest in registration order, the first outermost; one registered
+        after the consumers started applies from their next start. Its exception fails the
+        attempt like the handler's. Usable as a decorator; returns `mw`. Raises `ConfigError`
+        when `mw` is not callable. See `eventbus.consumer.scope`."""
+        if not callable(mw):
+            raise ConfigError(f"a middleware must be callable, got {type(mw).__name__}")
+        self._scope.middlewares.append(mw)
+        return mw
 
     def on_startup(self, hook: Hook) -> Hook:
         """Register ``async def hook()`` to run after connecting, before consumers start."""

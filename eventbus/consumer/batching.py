@@ -42,6 +42,7 @@ from eventbus.consumer.batch_call import is_batch as is_batch
 from eventbus.consumer.delivery import NOT_STARTED, Fence, NotStarted
 from eventbus.consumer.handling import Handling
 from eventbus.consumer.queues import ResourceQueues
+from eventbus.consumer.scope import around
 from eventbus.consumer.shards import HeldShard, Item
 from eventbus.consumer.watchdog import Slot
 
@@ -218,12 +219,15 @@ class BatchRunner:
         ctxs = [
             h.context(e, e.env, e.entry_id, attempt)  # type: ignore[arg-type]
             for e in entries
-            if self.call.takes_context  # none built for a handler of events alone
+            # none built for a handler of events alone, unless a middleware reads them
+            if self.call.takes_context or h.middlewares
         ]
         events = [e.event for e in entries]
         if not self.fence.holds(entries[0]):  # no await between this check and the call
             return NOT_STARTED
-        _, error = await h.watched(slot, self.call.call_batch(events, ctxs))
+        call = self.call.call_batch
+        batch = around(h.middlewares, call, events, ctxs) if h.middlewares else call(events, ctxs)
+        _, error = await h.watched(slot, batch)
         if error is not None:
             return error
         h.tally.handled += len(entries)

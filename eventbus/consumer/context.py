@@ -7,14 +7,15 @@ import inspect
 import random
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
 from pydantic import BaseModel
 
-from eventbus.errors import ConfigError
+from eventbus.consumer.scope import HandlerScope, State, chained_headers
+from eventbus.errors import ConfigError, EventBusError
 from eventbus.protocol.topics import TopicConfig
 
 if TYPE_CHECKING:
@@ -34,6 +35,7 @@ class Context:  # the fields' order is API: the consumer builds it positionally 
     publisher's wall clock (Unix ms) when the event was created; `attempt` counts this process's
     handler attempts from 1; `delivery_count` counts the group's deliveries of the entry (from
     the pending entries list: 1 for a first delivery, more after a crash or a takeover).
+    `scope` is what the bus's handlers share (`state`, `publish`; `eventbus.consumer.scope`).
     """
 
     topic: str
@@ -49,6 +51,7 @@ class Context:  # the fields' order is API: the consumer builds it positionally 
     fencing_token: int
     consumer_id: str
     delivery_count: int = 1
+    scope: HandlerScope | None = None
 
     @property
     def redelivered(self) -> bool:
@@ -60,6 +63,30 @@ class Context:  # the fields' order is API: the consumer builds it positionally 
     def event_id(self) -> uuid.UUID:
         """The event's ID (UUID), set by the publisher: the key for idempotent handling."""
         return uuid.UUID(bytes=self.event_id_bytes)
+
+    @property
+    def state(self) -> State:
+        """The bus's `State` (``bus.state``): what the service set up for its handlers."""
+        if self.scope is None:
+            raise EventBusError("this Context belongs to no bus: it has no state")
+        return self.scope.state
+
+    async def publish(
+        self,
+        topic: str,
+        event: BaseModel,
+        *,
+        resource_id: str,
+        headers: dict[str, str] | None = None,
+    ) -> str:
+        """`EventBus.publish` on the handler's bus, the new event carrying the handled one's
+        correlation ID and, as causation ID, the handled event's ID (`eventbus.consumer.scope`;
+        `headers` may set either). Returns the entry ID. Raises what `EventBus.publish` raises,
+        and `EventBusError` for a Context that belongs to no bus."""
+        if self.scope is None or self.scope.publish is None:
+            raise EventBusError("this Context belongs to no bus: it cannot publish")
+        chained = chained_headers(self.headers, str(self.event_id), headers)
+        return await self.scope.publish(topic, event, resource_id=resource_id, headers=chained)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +175,7 @@ class Subscription:
     call: HandlerCall
     models: dict[str, type[BaseModel]]
     routes: Routes
+    scope: HandlerScope = field(default_factory=HandlerScope)
 
     @property
     def group(self) -> str:

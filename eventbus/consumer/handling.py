@@ -19,6 +19,7 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any, TypeVar, cast
 
 from redis.asyncio.retry import Retry
@@ -38,6 +39,7 @@ from eventbus.consumer.delivery import (
 )
 from eventbus.consumer.failures import Failures
 from eventbus.consumer.routing import Router
+from eventbus.consumer.scope import around
 from eventbus.consumer.watchdog import Slot, Watchdog
 from eventbus.errors import DecodeError, HandlerTimeout, UnknownEventType
 from eventbus.locking.member import Member
@@ -88,6 +90,8 @@ class Handling:
             failures(self.tally) if failures else Failures(member, sub, retry, self.tally)
         )
         self.dedup_s = math.ceil(sub.dedup_window_s) if sub.dedup_window_s else 0
+        self.scope = sub.scope
+        self.middlewares = tuple(sub.scope.middlewares)  # those registered when it starts
         labels = (sub.topic.name, sub.group)
         self._m_failures = METRICS.failures.labels(*labels)
         self._m_timeouts = METRICS.handler_timeouts.labels(*labels)
@@ -195,6 +199,7 @@ class Handling:
             d.token,
             self.consumer_id,
             d.delivery_count,
+            self.scope,
         )
 
     def gave_up(
@@ -237,7 +242,10 @@ class Handling:
         call = self.sub.call  # maybe wrapped (eventbus.testing records the calls through it)
         if type(call) is Router and d.call is not None:
             call = d.call  # the routed handler, found by `prepare`: no second lookup
-        plain = type(call) is HandlerCall and call.direct and hooks.tracing is None
+        middlewares = self.middlewares
+        plain = (
+            type(call) is HandlerCall and call.direct and hooks.tracing is None and not middlewares
+        )
         # a Context only for whoever reads it: the handler, a wrapper, the tracing hook
         ctx = self.context(d, env, entry_id, attempt) if call.takes_context or not plain else None
         # Checked last, with no await before the call: a process stopped after this check and
@@ -249,6 +257,10 @@ class Handling:
         coro: Awaitable[Any]
         if plain:  # its coroutine function itself: one coroutine fewer per event
             coro = call.func(event, ctx) if ctx is not None else call.func(event)
+        elif middlewares:
+            traced = hooks.tracing
+            inner = call if traced is None else partial(traced.consume, call)
+            coro = around(middlewares, inner, event, ctx)
         elif hooks.tracing is not None:
             coro = hooks.tracing.consume(call, event, ctx)  # type: ignore[arg-type]
         else:

@@ -17,6 +17,7 @@ from eventbus.consumer.batching import BatchHandlerCall, batch_handler_models
 from eventbus.consumer.context import HandlerCall, Subscription
 from eventbus.consumer.options import SubscriberOptions
 from eventbus.consumer.routing import Raw, Router, Routes
+from eventbus.consumer.scope import HandlerScope
 from eventbus.consumer.signature import handler_input
 from eventbus.errors import ConfigError, ReservedEventType
 from eventbus.protocol.codec import RESERVED_TYPE_PREFIX
@@ -28,9 +29,11 @@ def add_handler(
     topic: TopicConfig,
     options: SubscriberOptions,
     handler: Callable[..., Any],
+    scope: HandlerScope | None = None,
 ) -> None:
     """Route `handler` (registered on `topic` with `options`): as a new subscription, or into
-    the one of its (topic, group), whose options then apply the ones it set explicitly.
+    the one of its (topic, group), whose options then apply the ones it set explicitly. A new
+    subscription shares `scope`, the bus's (`eventbus.consumer.scope`; default: its own).
 
     Raises `ConfigError` for a handler signature that does not fit, a conflicting option, an
     event type already routed, or a batch handler that is not alone in its group;
@@ -55,7 +58,14 @@ def add_handler(
         routes = Routes()
         routed = routes.add(call, models, raw, options.type_names)
         subscriptions.append(
-            Subscription(topic=topic, options=options, call=call, models=routed, routes=routes)
+            Subscription(
+                topic=topic,
+                options=options,
+                call=call,
+                models=routed,
+                routes=routes,
+                scope=scope or HandlerScope(),
+            )
         )
         return
     if isinstance(existing.call, BatchHandlerCall) or isinstance(call, BatchHandlerCall):

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from eventbus.errors import ConfigError
+from eventbus.ops.log_context import HandlerLogFilter
 from eventbus.ops.terminal import console, terminal_safe
 
 LogFormat = Literal["text", "json"]
@@ -165,6 +166,9 @@ def configure(
     if fmt == "json":
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(JsonFormatter())
+        handler.addFilter(
+            HandlerLogFilter(outside=None)
+        )  # the entry, when bus.middleware(log_context)
     elif fmt == "text" and tty:
         from rich.logging import RichHandler
 
