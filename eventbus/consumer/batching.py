@@ -39,7 +39,7 @@ from eventbus.consumer.acks import Acks
 from eventbus.consumer.batch_call import BatchHandlerCall as BatchHandlerCall  # re-exported
 from eventbus.consumer.batch_call import batch_handler_models as batch_handler_models
 from eventbus.consumer.batch_call import is_batch as is_batch
-from eventbus.consumer.delivery import NOT_STARTED, Fence, NotStarted
+from eventbus.consumer.delivery import NOT_STARTED, Fence, NotStarted, wait_retry
 from eventbus.consumer.handling import Handling
 from eventbus.consumer.queues import ResourceQueues
 from eventbus.consumer.scope import around
@@ -102,8 +102,8 @@ class BatchQueues(ResourceQueues):
 
 class BatchRunner:
     """Handles the batches of one batch subscription (see the module docstring). `process`
-    is the consumer's per-event step (acks or lets go what it finishes), `stopped` is set on
-    shutdown (a retry's wait ends at once, then the fence lets the entries go)."""
+    is the consumer's per-event step (acks or lets go what it finishes); a retry's wait ends at
+    once on shutdown (`wait_retry`), then the fence lets the entries go."""
 
     def __init__(
         self,
@@ -111,7 +111,6 @@ class BatchRunner:
         fence: Fence,
         process: Step,
         acks: Acks,
-        stopped: anyio.Event,
     ) -> None:
         self.handling = handling
         self.sub = handling.sub
@@ -119,7 +118,7 @@ class BatchRunner:
         self.fence = fence
         self.process = process
         self.acks = acks
-        self.stopped = stopped
+        self.stopping = handling.stopping
 
     async def run(self, items: list[Item], slot: Slot) -> None:
         """Finish `items` (consecutive entries of one shard, one acquisition), in order; `slot`
@@ -152,8 +151,7 @@ class BatchRunner:
     async def _single(self, item: Item, slot: Slot) -> None:
         """The per-event path for `item`, its retries waited in place."""
         while (delay := await self.process(item, slot)) is not None:
-            with anyio.move_on_after(delay):
-                await self.stopped.wait()
+            await wait_retry(delay, self.stopping)
 
     async def _settle(self, entries: list[Item], attempts: int, slot: Slot) -> None:
         """Call the handler on `entries` up to `attempts` times; then split them."""
@@ -187,8 +185,7 @@ class BatchRunner:
                 error,
                 delay,
             )
-            with anyio.move_on_after(delay):
-                await self.stopped.wait()
+            await wait_retry(delay, self.stopping)
         if len(entries) == 1:
             await self._single(entries[0], slot)
             return
@@ -237,10 +234,10 @@ class BatchRunner:
 
 
 def batch_queues(
-    handling: Handling, fence: Fence, process: Step, acks: Acks, stopped: anyio.Event
+    handling: Handling, fence: Fence, process: Step, acks: Acks
 ) -> tuple[BatchQueues, Callable[[list[Item], Slot], Awaitable[None]]]:
     """The queues and the worker's step of a batch subscription (`Consumer` uses them in place
     of `ResourceQueues` and its per-event step)."""
     call = cast(BatchHandlerCall, handling.sub.call)
-    runner = BatchRunner(handling, fence, process, acks, stopped)
+    runner = BatchRunner(handling, fence, process, acks)
     return BatchQueues(acks.started, call.max_batch), runner.run

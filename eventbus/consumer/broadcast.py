@@ -195,12 +195,11 @@ class BroadcastConsumer:
         # One XREAD of every shard stream on a single node; on a Cluster one per stream, each
         # on its own connection: the keys of one XREAD must share a hash slot there.
         reads = [[s] for s in self.streams] if self.settings.cluster else [self.streams]
-        never = anyio.Event()  # retries keep their delays during the grace
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self.handling.watchdog.run)
                 for _ in range(self.settings.concurrency):
-                    tg.start_soon(self._worker, tg, never)
+                    tg.start_soon(self._worker, tg)
                 async with anyio.create_task_group() as readers:
                     readers.start_soon(self._cancel_reads_on, stop, readers.cancel_scope)
                     for streams in reads:
@@ -220,8 +219,9 @@ class BroadcastConsumer:
                 self.settings.shutdown_grace_s,
             )
 
-    async def _worker(self, tg: anyio.abc.TaskGroup, never: anyio.Event) -> None:
-        await self.queues.worker(self.runner.run, self.handling.watchdog.slot(), tg, never)
+    async def _worker(self, tg: anyio.abc.TaskGroup) -> None:
+        stopping = self.handling.stopping  # a retry waiting at shutdown is tried at once
+        await self.queues.worker(self.runner.run, self.handling.watchdog.slot(), tg, stopping)
 
     async def _read_loop(self, streams: list[str], stop: anyio.Event) -> None:
         """Read `streams` from their positions into the queues until `stop` is set (then the
@@ -260,8 +260,10 @@ class BroadcastConsumer:
                 self.positions[key] = entries[-1][0]
 
     async def _cancel_reads_on(self, stop: anyio.Event, scope: anyio.CancelScope) -> None:
-        """A blocking XREAD does not wait for its block time once `stop` is set."""
+        """A blocking XREAD does not wait for its block time once `stop` is set, nor does a
+        handler retry (`wait_retry`): within the grace it is tried at once, not dropped."""
         await stop.wait()
+        self.handling.stopping.set()
         scope.cancel()
 
     async def _start_positions(self) -> None:

@@ -12,11 +12,9 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-import anyio
-
 from eventbus.client import retry
 from eventbus.config import Settings
-from eventbus.consumer.delivery import Delivery, Outcome
+from eventbus.consumer.delivery import Delivery, Outcome, wait_retry
 from eventbus.consumer.handling import Handling
 from eventbus.errors import ConfigError
 from eventbus.locking.locks import Fenced
@@ -135,4 +133,4 @@ class TypedCatchUp:
                 return
             if step is Outcome.LET_GO:
                 raise Fenced
-            await anyio.sleep(step)
+            await wait_retry(step, self.handling.stopping)

@@ -8,6 +8,8 @@ import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+import anyio
+
 if TYPE_CHECKING:
     from eventbus.consumer.context import HandlerCall
     from eventbus.consumer.handling import Handling
@@ -26,6 +28,19 @@ class Outcome(enum.Enum):
 
 
 Step = Outcome | float
+
+
+async def wait_retry(delay_s: float, stopping: anyio.Event) -> None:
+    """Wait out a retry delay of `delay_s` seconds, or less: until `stopping` is set.
+
+    The one way a handler retry waits (per-event, batch, broadcast, parked-letter replay,
+    catch-up). On shutdown the wait ends at once, so the entry is stepped again right away: a
+    group consumer's fence then refuses it and it is let go, pending for the shard's next owner
+    (`Outcome.LET_GO`); a broadcast consumer tries it within its `shutdown_grace_s`, as it
+    would drop it otherwise.
+    """
+    with anyio.move_on_after(delay_s):
+        await stopping.wait()
 
 
 class NotStarted(enum.Enum):

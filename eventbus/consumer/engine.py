@@ -99,12 +99,12 @@ class Consumer:
         self.read_full = False  # the last read filled a shard's read_count (`read_linger_ms`)
         self.catching_up = CatchUpSchedule(self.backoff)
         self._stopping = False
-        self._stopped = anyio.Event()
+        self._stopped = self.handling.stopping  # set once no more handlers start
         self.runner = QueueRunner(self.handling, self, self.acks)
         self._work: Any = self.runner.run  # a worker's step: a resource's queue, or a batch
         if is_batch(sub.call):
             self.queues, self._work = batch_queues(
-                self.handling, self, self.runner.process, self.acks, self._stopped
+                self.handling, self, self.runner.process, self.acks
             )
             self.reader.count = max(self.reader.count, sub.call.max_batch)  # full batches
         self._joined = anyio.Event()  # set by the first lock round: then heartbeats start

@@ -14,12 +14,11 @@ import logging
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-import anyio
 from redis.asyncio.retry import Retry
 
 from eventbus.client import retry as retrying
 from eventbus.consumer.context import Subscription
-from eventbus.consumer.delivery import NOT_STARTED, Delivery, Fence, Outcome, Tally
+from eventbus.consumer.delivery import NOT_STARTED, Delivery, Fence, Outcome, Tally, wait_retry
 from eventbus.errors import DecodeError, ForgedControlEntry
 from eventbus.locking.member import Member
 from eventbus.ops.metrics import METRICS
@@ -273,7 +272,7 @@ class Failures:
                 )
                 return True
             if attempt < policy.max_attempts:
-                await anyio.sleep(policy.delay_s(attempt))
+                await wait_retry(policy.delay_s(attempt), handling.stopping)
             attempt += 1
         log.error("parked letter %s still fails after %d attempts", letter.dlq_id, attempt - 1)
         return False

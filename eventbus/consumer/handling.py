@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any, TypeVar, cast
 
+import anyio
 from redis.asyncio.retry import Retry
 
 from eventbus.client import retry as retrying
@@ -82,6 +83,8 @@ class Handling:
         self.retry = retry
         self.tally = Tally()
         self.watchdog = Watchdog(sub.handler_timeout_s)  # run by whoever runs this handling
+        self.stopping = anyio.Event()
+        """Set by whoever runs this handling when it stops: retry waits end (`wait_retry`)."""
         self.decoding = Decoding(member, sub, retry)
         # the decoding path, under the names the consumer, broadcast and catch-up call
         self.prepare, self.decoded = self.decoding.prepare, self.decoding.decoded

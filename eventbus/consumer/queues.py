@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Sequence
 import anyio
 import anyio.abc
 
+from eventbus.consumer.delivery import wait_retry
 from eventbus.consumer.shards import HeldShard, Item
 from eventbus.consumer.watchdog import Slot
 from eventbus.protocol.codec import F_RESOURCE
@@ -86,7 +87,6 @@ class ResourceQueues:
                     timers.start_soon(self._retry_later, key, retry_in, stopped)
 
     async def _retry_later(self, key: Key, delay: float, stopped: anyio.Event) -> None:
-        with anyio.move_on_after(delay):
-            await stopped.wait()  # on shutdown, come back at once to be let go
+        await wait_retry(delay, stopped)
         self._ready.append(key)
         self._wake.set()

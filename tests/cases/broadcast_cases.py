@@ -116,6 +116,30 @@ class BroadcastCases:
         assert seen == list(range(40))
         assert bus.consumers[0].dropped == 0  # type: ignore[union-attr]
 
+    async def test_a_retry_waiting_at_shutdown_runs_at_once(self, backend: Backend) -> None:
+        """Issue 21 item 4: a broadcast retry waited out its whole delay on shutdown (its wait
+        did not wake on stop), so an event whose retry was due after `shutdown_grace_s` was
+        dropped; now the wait ends on stop and the retry runs within the grace."""
+        bus = backend.bus(
+            shards=1, max_attempts=2, retry_base_s=3600, retry_max_s=3600, shutdown_grace_s=30
+        )
+        attempts: list[int] = []
+        failed = anyio.Event()
+
+        @bus.subscriber("config", broadcast=True)
+        async def reload(event: Tick, ctx: Context) -> None:
+            attempts.append(ctx.attempt)
+            if ctx.attempt == 1:
+                failed.set()
+                raise RuntimeError("not yet")
+
+        with anyio.fail_after(20):  # the old wait: an hour, cut by the 30 s grace
+            async with running(bus):
+                await bus.publish("config", Tick(resource="r", seq=0), resource_id="r")
+                await failed.wait()
+        assert attempts == [1, 2]
+        assert bus.consumers[0].dropped == 0  # type: ignore[union-attr]
+
     async def test_control_entries_never_reach_a_catch_all_handler(self, backend: Backend) -> None:
         """Issue 19 item 3: a broadcast ``dict`` catch-all handler was handed the operator's
         control entries (``__eventbus.drop``/``unpark``), which no group handler ever sees."""

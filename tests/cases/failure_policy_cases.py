@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import anyio
 import pytest
 from cases.backends import Backend
 from pydantic import BaseModel, field_validator
@@ -124,6 +125,38 @@ class FailurePolicyCases:
             await wait_until(lambda: letters_are(dl, 0))
         assert rec.by_resource() == {"bad": [4, 5]}
         assert await dl.parked() == {}
+
+    async def test_a_replay_retry_waiting_at_shutdown_lets_go_at_once(
+        self, backend: Backend
+    ) -> None:
+        """Issue 21 item 4: the replay of a requeued resource waited for its next attempt with a
+        sleep that did not wake on shutdown, so stopping took the whole retry delay (or the
+        grace); now the wait ends on stop and the resource stays parked, letters in place."""
+        r = backend.redis
+        bus, _ = failing_bus(backend, {("bad", 1)}, on_failure="park")
+        dl = dead_letters(bus, r)
+        await publish(bus, "bad", range(1, 3))
+        async with running(bus):
+            await wait_until(lambda: letters_are(dl, 2))  # bad#1 failed, bad#2 parked
+        replaying = backend.bus(
+            shards=2, retry_base_s=3600, retry_max_s=3600, max_attempts=2, shutdown_grace_s=30
+        )
+        tries: list[int] = []
+        failed = anyio.Event()
+
+        @replaying.subscriber("orders", group="billing", on_failure="park")
+        async def handle(event: Tick) -> None:
+            tries.append(event.seq)
+            failed.set()
+            raise RuntimeError("still broken")
+
+        with anyio.fail_after(20):  # the old wait: an hour, cut by the 30 s grace
+            async with running(replaying):
+                await dl.requeue_resource("bad")
+                await failed.wait()
+        assert tries == [1]
+        assert list(await dl.parked()) == ["bad"]
+        assert [d.reason for d in await dl.letters()] == ["failed", "parked"]
 
     async def test_requeue_and_drop_single_letters(self, backend: Backend) -> None:
         r = backend.redis
