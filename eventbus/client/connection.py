@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, Any
 
+from eventbus.client.credentials import Credentials, from_url, split_credentials
 from eventbus.config import Settings
 
 if TYPE_CHECKING:
@@ -19,7 +20,10 @@ def connect(settings: Settings) -> Any:
     Binary-safe (``decode_responses=False``); connecting happens lazily on first use. With a
     ``rediss://`` URL the ``tls_*`` settings give the CA and client certificate files. Every
     connection has deadlines (`Settings.redis_connect_timeout_s`, `Settings.redis_read_timeout_s`),
-    so a server that accepts and never answers fails a call instead of hanging it.
+    so a server that accepts and never answers fails a call instead of hanging it. The user
+    name and password (of the URL, and the sentinels' own) are passed as a redis-py
+    `CredentialProvider` (`eventbus.client.credentials`): no repr or str of the client, its
+    pool, nodes or connections shows a password.
     """
     options: dict[str, Any] = {
         "socket_connect_timeout": settings.redis_connect_timeout_s,
@@ -27,7 +31,7 @@ def connect(settings: Settings) -> Any:
         **settings.tls_options,  # CA and client certificate files (rediss:// only)
     }
     if settings.cluster:
-        return _guard_cluster(_cluster_class().from_url(settings.redis_url, **options))
+        return _guard_cluster(from_url(_cluster_class(), settings.redis_url, **options))
     import redis.asyncio
 
     # No transparent retries: redis-py would re-send a command whose reply was lost, and a
@@ -39,8 +43,8 @@ def connect(settings: Settings) -> Any:
 
     if settings.sentinels:
         return _sentinel_primary(settings, options, Retry(NoBackoff(), 0))
-    client = redis.asyncio.Redis.from_url(
-        settings.redis_url, retry=Retry(NoBackoff(), 0), **options
+    client: Any = from_url(
+        redis.asyncio.Redis, settings.redis_url, retry=Retry(NoBackoff(), 0), **options
     )
     pool = client.connection_pool  # its class follows the URL's scheme (TCP, TLS, unix socket)
     pool.connection_class = timed_send(pool.connection_class)
@@ -61,7 +65,8 @@ def _sentinel_primary(settings: Settings, options: dict[str, Any], no_retry: Any
     from redis.asyncio.connection import parse_url
     from redis.asyncio.sentinel import Sentinel
 
-    parsed = parse_url(settings.redis_url)
+    bare_url, credentials = split_credentials(settings.redis_url)
+    parsed = parse_url(bare_url)
     tls = settings.redis_url.startswith("rediss:")
     primary: dict[str, Any] = {
         k: v
@@ -69,6 +74,8 @@ def _sentinel_primary(settings: Settings, options: dict[str, Any], no_retry: Any
         if k not in ("host", "port", "path", "connection_class") and v is not None
     }
     primary |= options | {"retry": no_retry}
+    if credentials is not None:
+        primary["credential_provider"] = credentials
     sentinel_options: dict[str, Any] = options | {"retry": no_retry}
     primary["connection_class"] = timed_send(_primary_connection_classes()[tls])
     if tls:
@@ -77,10 +84,12 @@ def _sentinel_primary(settings: Settings, options: dict[str, Any], no_retry: Any
             | {k: v for k, v in parsed.items() if k.startswith("ssl_")}
             | settings.tls_options
         )
-    if settings.sentinel_username:
-        sentinel_options["username"] = settings.sentinel_username
-    if settings.sentinel_password is not None:
-        sentinel_options["password"] = settings.sentinel_password.get_secret_value()
+    secret = settings.sentinel_password
+    sentinel_password = None if secret is None else secret.get_secret_value()
+    if settings.sentinel_username or sentinel_password:  # as redis-py: AUTH only with either
+        sentinel_options["credential_provider"] = Credentials(
+            settings.sentinel_username, sentinel_password
+        )
     sentinel = Sentinel(  # type: ignore[no-untyped-call]
         settings.sentinel_addresses, sentinel_kwargs=sentinel_options
     )

@@ -100,13 +100,38 @@ def check_redis_url(url: str) -> str:
     return url
 
 
+def _shown_address(item: Any) -> str:
+    """A sentinel address as an error may quote it: a user name or password (anything before
+    ``@``) replaced by ``***``, with a hint where the sentinels' credentials belong."""
+    if isinstance(item, str):
+        text = item
+    elif isinstance(item, list | tuple) and len(item) == 2:
+        text = f"{item[0]}:{item[1]}"
+    else:
+        return f"of type {type(item).__name__}"
+    if "@" not in text:
+        return repr(text)
+    host = text.rpartition("@")[2]
+    shown = redact_url(text) if "://" in text else f"{REDACTED}@{host}"
+    return (
+        f"{shown!r} (credentials do not belong in a sentinel address: "
+        "set sentinel_username / sentinel_password)"
+    )
+
+
 def parse_sentinels(value: Any) -> list[tuple[str, int]]:
     """Sentinel addresses from ``"host:port,host:port"`` or a list of ``"host:port"`` strings or
     ``(host, port)`` pairs (IPv6 hosts in brackets: ``[::1]:26379``); raises `ValueError` naming
-    the bad item."""
+    the bad item, with anything before an ``@`` (credentials) replaced by ``***``."""
     if value is None:
         return []
     if isinstance(value, str):
+        if "@" in value:  # a password may hold ',' too: no part of it is quoted
+            raise ValueError(
+                "sentinel addresses contain '@': credentials do not belong in them, set "
+                "sentinel_username / sentinel_password (the address list is not shown: "
+                "it may hold a password)"
+            )
         items: list[Any] = [v.strip() for v in value.split(",") if v.strip()]
     elif isinstance(value, list | tuple):
         items = list(value)
@@ -119,15 +144,15 @@ def parse_sentinels(value: Any) -> list[tuple[str, int]]:
         elif isinstance(item, str):
             host, colon, port_text = item.rpartition(":")
             if not colon:
-                raise ValueError(f"sentinel address {item!r} has no port (host:port)")
+                raise ValueError(f"sentinel address {_shown_address(item)} has no port (host:port)")
         else:
-            raise ValueError(f"sentinel address {item!r} is not host:port")
+            raise ValueError(f"sentinel address {_shown_address(item)} is not host:port")
         host = host.strip()
         if host.startswith("[") and host.endswith("]"):
             host = host[1:-1]
         if not host or any(c in host for c in " /@[]"):
-            raise ValueError(f"sentinel address {item!r}: invalid host")
+            raise ValueError(f"sentinel address {_shown_address(item)}: invalid host")
         if not port_text.strip().isdigit() or not 0 < int(port_text) < 65536:
-            raise ValueError(f"sentinel address {item!r}: the port must be 1-65535")
+            raise ValueError(f"sentinel address {_shown_address(item)}: the port must be 1-65535")
         out.append((host, int(port_text)))
     return out

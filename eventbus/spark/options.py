@@ -198,9 +198,12 @@ class SourceOptions:
         return store
 
     def redis(self) -> Any:
-        """A synchronous, binary-safe redis-py client of ``redis_url`` (None without it)."""
+        """A synchronous, binary-safe redis-py client of ``redis_url`` (None without it); its
+        user name and password are a `CredentialProvider`, so no repr of it shows them."""
         if not self.redis_url:
             return None
         import redis
 
-        return redis.Redis.from_url(self.redis_url)
+        from eventbus.client.credentials import from_url
+
+        return from_url(redis.Redis, self.redis_url)

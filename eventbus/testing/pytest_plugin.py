@@ -111,7 +111,9 @@ async def running_bus(
 async def _delete_keys(url: str, prefix: str) -> None:
     import redis.asyncio
 
-    client = redis.asyncio.Redis.from_url(url)
+    from eventbus.client.credentials import from_url
+
+    client = from_url(redis.asyncio.Redis, url)
     try:
         keys = [k async for k in client.scan_iter(match=f"{prefix}:*", count=1000)]
         for i in range(0, len(keys), 500):

@@ -111,17 +111,24 @@ def test_connect_takes_credentials_database_and_tls_from_the_url() -> None:
     s = Settings(
         sentinels=[("127.0.0.1", 1), "127.0.0.1:2"],
         sentinel_service="m",
-        redis_url="rediss://u:p%40ss@ignored:9/3",
-        sentinel_password="sp",
+        redis_url="rediss://u:pr1mary%40pass@ignored:9/3",
+        sentinel_password="sentinel-pass",
     )
     client = connect(s)
     pool = client.connection_pool
     kwargs = pool.connection_kwargs
-    assert (kwargs["username"], kwargs["password"], kwargs["db"]) == ("u", "p@ss", 3)
+    credentials = kwargs["credential_provider"].get_credentials()
+    assert (credentials, kwargs["db"]) == (("u", "pr1mary@pass"), 3)
     assert "host" not in kwargs and issubclass(pool.connection_class, SSLConnection)
     assert kwargs["socket_timeout"] == s.redis_read_timeout_s
-    sentinel = pool.sentinel_manager.sentinels[0].connection_pool.connection_kwargs
-    assert sentinel["password"] == "sp" and sentinel["retry"].get_retries() == 0
+    sentinel_client = pool.sentinel_manager.sentinels[0]
+    sentinel = sentinel_client.connection_pool.connection_kwargs
+    assert sentinel["credential_provider"].get_credentials() == ("sentinel-pass",)
+    assert sentinel["retry"].get_retries() == 0
+    # issue 20 item 7: no repr shows a password (they are CredentialProviders, not keywords)
+    shown = [client, pool, kwargs, pool.sentinel_manager, sentinel_client, sentinel]
+    for text in map(repr, shown):
+        assert "pr1mary" not in text and "sentinel-pass" not in text, text
 
 
 # -- a real topology ------------------------------------------------------------------------------
@@ -145,6 +152,45 @@ async def test_publish_and_consume_through_sentinel(sentinel: RedisSentinel) -> 
     }
     with redis.Redis(port=sentinel.primary_port) as r:
         assert sum(r.xlen(Keys().stream("t", s)) for s in range(SHARDS)) == 50
+
+
+async def test_credentials_reach_the_primary_and_the_sentinels(sentinel: RedisSentinel) -> None:
+    """Issue 20 item 7: the primary's user and password (from redis_url) and the sentinels' own,
+    passed as redis-py CredentialProviders instead of keywords, still authenticate: the bus
+    talks to the primary as its ACL user and to the sentinels as theirs."""
+    for node in sentinel.nodes:  # ACL users are not replicated: each node gets its own
+        with redis.Redis(port=node.port) as r:
+            r.acl_setuser("svc", enabled=True, passwords=["+pr1mary"], keys=["*"],
+                          channels=["*"], commands=["+@all"])  # fmt: skip
+    for node in sentinel.sentinels:
+        with redis.Redis(port=node.port) as r:
+            r.acl_setuser("watcher", enabled=True, passwords=["+sentinel-pass"], commands=["+@all"])
+    settings = _settings(
+        sentinel,
+        redis_url="redis://svc:pr1mary@ignored:1/0",
+        sentinel_username="watcher",
+        sentinel_password="sentinel-pass",
+    )
+    bus = EventBus(settings)
+    try:
+        async with bus:
+            await bus.publish("t", Tick(resource="r", seq=0), resource_id="r")
+            assert await bus.redis.acl_whoami() == "svc"
+            users = set()  # the users of the connections each sentinel has open (bus's too)
+            for node in sentinel.sentinels:
+                with redis.Redis(port=node.port) as r:
+                    users |= {c["user"] for c in r.client_list()}
+            assert "watcher" in users  # the bus asked a sentinel for the primary as "watcher"
+            for text in (repr(bus.redis), repr(bus.redis.connection_pool.connection_kwargs)):
+                assert "pr1mary" not in text and "sentinel-pass" not in text
+    finally:
+        await bus.aclose()
+        for node in sentinel.nodes:
+            with redis.Redis(port=node.port) as r:
+                r.acl_deluser("svc")
+        for node in sentinel.sentinels:
+            with redis.Redis(port=node.port) as r:
+                r.acl_deluser("watcher")
 
 
 async def test_sender_reconnects_to_the_promoted_replica(sentinel: RedisSentinel) -> None:

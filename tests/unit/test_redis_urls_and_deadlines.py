@@ -122,3 +122,25 @@ def test_redis_unavailable_with_sentinels_names_the_sentinels_not_the_url() -> N
 
     assert "10.0.0.1:26379,10.0.0.2:26379" in message and "'orders'" in message
     assert "unused-host" not in message and "s3cret" not in message
+
+
+@pytest.mark.parametrize(
+    "sentinels",
+    [
+        "user:s3cret-pw@h:26379",
+        "redis://:s3cret-pw@h:26379",
+        "h1:26379,:s3cret-pw@h2:26379",
+        "h1:26379,:s3c,ret-pw@h2:26379",  # a ',' in the password splits the list
+        ["h1:26379", "user:s3cret-pw@h2:26379"],
+        ["h1:26379", "user:s3cret-pw@h2"],  # no port after the host
+    ],
+)
+def test_a_sentinel_address_with_credentials_is_refused_without_them(sentinels: object) -> None:
+    """Issue 20 item 7: the settings error says where the sentinels' credentials go and quotes
+    no part of the password (the whole string when it is one: a password may hold ',')."""
+    with pytest.raises(ValidationError) as info:
+        Settings(sentinels=sentinels, sentinel_service="m")
+    text = str(info.value)
+    for secret in ("s3cret", "s3c", "ret-pw"):
+        assert secret not in text
+    assert "sentinel_username / sentinel_password" in text

@@ -199,10 +199,12 @@ def _checkpoint_counts(settings: Settings, topic: str, shards: list[int]) -> dic
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
+    from eventbus.client.credentials import from_url
     from eventbus.protocol.keys import Keys
 
     key = Keys(settings.key_prefix, settings.hashtag).checkpoints(topic)
-    with redis.Redis.from_url(
+    with from_url(
+        redis.Redis,
         settings.redis_url,
         socket_connect_timeout=settings.redis_connect_timeout_s,
         socket_timeout=settings.redis_read_timeout_s,
