@@ -62,3 +62,18 @@ def test_starting_offsets_keyed_by_topic_as_kafka() -> None:
     assert parse_start('{"0": "17-0"}', "orders") == {"0": "17-0"}
     with pytest.raises(ConfigError, match=r"names topics \['payments'\], not 'orders'"):
         parse_start('{"payments": {"0": "17-0"}}', "orders")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://u:s3cret-pw@h:6379/0",  # wrong scheme
+        "redis://:s3cret-pw@h:port/0",  # the port is not a number
+        "redis://:s3cret-pw@h:6379/0#x",  # '#' in the URL
+    ],
+)
+def test_a_bad_redis_url_option_is_refused_without_its_password(url: str) -> None:
+    """Issue 20 item 7: the ConfigError names the option and shows the URL redacted."""
+    with pytest.raises(ConfigError, match="option redis_url") as info:
+        SourceOptions.parse({"store": "memory://", "topic": "orders", "redisUrl": url})
+    assert "s3cret" not in str(info.value) and "***" in str(info.value)
