@@ -14,20 +14,23 @@ With ``--processes N`` the parent serves the port: metrics of every process (pro
 multiprocess mode, files in ``PROMETHEUS_MULTIPROC_DIR``), live when every child runs and ticks,
 ready when every child says it is (the gauges ``eventbus_loop_tick_timestamp_seconds`` and
 ``eventbus_ready``, which each child sets at every tick).
+
+The port is safe to expose (``0.0.0.0`` for a kubelet or Prometheus on another host): every
+read and write of a connection has a deadline and the connections (one thread each) are bounded,
+idle ones giving way to new ones (`serve`, `eventbus.ops.http_server`).
 """
 
 from __future__ import annotations
 
-import socketserver
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Protocol
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import anyio
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
+from eventbus.ops.http_server import IDLE_TIMEOUT_S, MAX_CONNECTIONS, BoundedWSGIServer
 from eventbus.ops.metrics import METRICS
 
 TICK_S = 1.0
@@ -133,15 +136,6 @@ class ChildrenHealth:
         return True, "ok"
 
 
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # probes every few seconds
-        pass
-
-
-class _Server(socketserver.ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-
-
 def wsgi_app(probe: Probe, registry: CollectorRegistry | None = None) -> Callable[..., Any]:
     """``/healthz`` and ``/readyz`` from `probe`, everything else Prometheus's metrics app."""
     metrics = make_wsgi_app(registry) if registry is not None else make_wsgi_app()
@@ -159,13 +153,26 @@ def wsgi_app(probe: Probe, registry: CollectorRegistry | None = None) -> Callabl
 
 
 def serve(
-    host: str, port: int, probe: Probe, registry: CollectorRegistry | None = None
-) -> WSGIServer:
+    host: str,
+    port: int,
+    probe: Probe,
+    registry: CollectorRegistry | None = None,
+    *,
+    idle_timeout_s: float = IDLE_TIMEOUT_S,
+    max_connections: int = MAX_CONNECTIONS,
+) -> BoundedWSGIServer:
     """Serve `wsgi_app` on `host`:`port` (0: a free port, see ``server.server_port``) from a
-    daemon thread; returns the server (``shutdown()`` stops it). Raises `OSError` when the
-    address is taken."""
-    server = make_server(
-        host, port, wsgi_app(probe, registry), server_class=_Server, handler_class=_QuietHandler
+    daemon thread; returns the server (``shutdown()`` stops it).
+
+    A connection must send its request, and read its response, with no read or write waiting
+    longer than `idle_timeout_s` seconds (default 10), or it is closed; at most
+    `max_connections` (default 16) are open at once, each with one thread, and a connection
+    beyond them evicts the oldest one that has sent no request yet
+    (`eventbus.ops.http_server.BoundedWSGIServer`). Raises `OSError` when the address is taken,
+    `ValueError` for a non-positive `idle_timeout_s` or `max_connections`."""
+    server = BoundedWSGIServer(
+        (host, port), idle_timeout_s=idle_timeout_s, max_connections=max_connections
     )
+    server.set_app(wsgi_app(probe, registry))
     threading.Thread(target=server.serve_forever, name="eventbus-metrics", daemon=True).start()
     return server
