@@ -27,6 +27,8 @@ from eventbus.client.credentials import Credentials, from_url, split_credentials
         ("redis://:from-url@h/0?password=from-query", "redis://h/0", ("from-url",)),
         ("unix://:s3cret@/tmp/redis.sock?db=1", "unix:///tmp/redis.sock?db=1", ("s3cret",)),
         ("redis://:@h:1/0", "redis://h:1/0", None),
+        ("redis://:s3cret@[::1]:6379/0", "redis://[::1]:6379/0", ("s3cret",)),
+        ("redis://alice@h:1/0", "redis://h:1/0", ("alice", "")),
     ],
 )  # fmt: skip
 def test_split_credentials(url: str, bare: str, credentials: tuple[str, ...] | None) -> None:
