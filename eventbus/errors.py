@@ -214,7 +214,9 @@ class HandlerTimeout(EventBusError):
 
 class RequestTimeout(EventBusError):
     """`EventBus.request` got no reply within its `timeout_s`. `groups` are the consumer groups
-    reading the request's shard stream when it gave up (empty: nobody subscribes to `topic`)."""
+    reading the request's shard stream when it gave up (empty: nobody subscribes to `topic`),
+    unless they could not be listed: then `groups_unknown` says why (the server's reason, e.g.
+    NOPERM for a user without ``XINFO GROUPS``) and `groups` is empty."""
 
     def __init__(
         self,
@@ -223,9 +225,15 @@ class RequestTimeout(EventBusError):
         timeout_s: float,
         entry_id: str | None,
         groups: list[str],
+        groups_unknown: str | None = None,
     ) -> None:
         sent = f"request {entry_id}" if entry_id else "the request (not confirmed by Redis)"
-        if not groups:
+        if groups_unknown is not None:
+            why = (
+                f"the consumer groups of topic {topic!r} could not be listed ({groups_unknown}), "
+                "so whether anybody subscribes to it is unknown"
+            )
+        elif not groups:
             why = f"no consumer group reads topic {topic!r}: nobody subscribes to it"
         else:
             why = (
@@ -237,7 +245,7 @@ class RequestTimeout(EventBusError):
             f"{resource_id!r}): {why}"
         )
         self.topic, self.resource_id, self.timeout_s = topic, resource_id, timeout_s
-        self.entry_id, self.groups = entry_id, groups
+        self.entry_id, self.groups, self.groups_unknown = entry_id, groups, groups_unknown
 
 
 class InvalidReply(EventBusError):

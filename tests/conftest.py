@@ -54,6 +54,7 @@ BOTH_TOPOLOGIES = {
     "test_batch_redis",
     "test_routing_redis",
     "test_request_reply",
+    "test_request_reply_redis",
     "test_retention",
     "test_examples",
     "test_outbox",

@@ -159,12 +159,13 @@ class Decoding:
 
     def bad_request(self, env: Envelope) -> DecodeError | None:
         """Why `env` is a request whose reply could never be sent (a reply stream that is not
-        one of eventbus's), or None: found before the handler runs, such a request is
-        dead-lettered at once instead of running the handler `max_attempts` times."""
+        one of eventbus's, a reply key that is not 64 hex digits), or None: found before the
+        handler runs, such a request is dead-lettered at once instead of running the handler
+        `max_attempts` times."""
         try:
             reply_stream(self.keys, env.headers)
         except InvalidReply as exc:
-            return DecodeError(f"request with a bad reply address: {exc}")
+            return DecodeError(f"request that cannot be answered: {exc}")
         return None
 
     def unknown(self, event_type: str) -> UnknownEventType:

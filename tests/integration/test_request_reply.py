@@ -1,20 +1,23 @@
 """Request/reply (issue 11 item 10): a subscriber's return value answers ``bus.request``
 through the caller's reply stream; concurrent requests share it; timeouts say whether anybody
-subscribes; the reply stream is capped and expiring; a request cannot make a consumer write to
-another key."""
+subscribes, or why the groups could not be listed; the reply stream is capped and expiring; a
+request cannot make a consumer write to another key, nor send a malformed reply key. Forged and
+altered replies: `cases.request_reply_cases`."""
 
 from __future__ import annotations
 
 import anyio
 import pytest
+import redis.asyncio
 from pydantic import BaseModel
 from support import running, wait_until
 
 from eventbus import Context, EventBus
 from eventbus.config import Settings
 from eventbus.errors import EventBusError, InvalidReply, RequestTimeout
-from eventbus.protocol.codec import envelope_of
+from eventbus.protocol.codec import decode_entry, envelope_of
 from eventbus.protocol.replies import CORRELATION_ID, REPLY_TO, REPLY_TTL_S, send_reply
+from eventbus.protocol.sharding import shard_of
 from eventbus.request import requester
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
@@ -207,3 +210,91 @@ async def test_a_request_with_a_bad_reply_address_is_dead_lettered_before_the_ha
     assert letter[b"reason"] == b"undecodable" and b"reply" in letter[b"error"]
     assert letter[b"attempts"] == b"0"
     assert calls == [2]
+
+
+async def test_a_request_with_a_malformed_reply_key_is_dead_lettered_before_the_handler(
+    settings: type[Settings],
+) -> None:
+    """Issue 20 item 3: a request's `REPLY_KEY` must be 64 lowercase hex digits, or its reply
+    could not be authenticated: such a request is dead-lettered at once, unhandled (on the old
+    code the header was ignored and the handler answered)."""
+    bus = EventBus(settings(max_attempts=3))
+    calls: list[int] = []
+
+    @bus.subscriber("quotes", group="pricing")
+    async def price(event: Quote) -> Price:
+        calls.append(event.quantity)
+        return Price(sku=event.sku, total_cents=100)
+
+    stream = requester(bus.redis, bus.keys).stream
+    headers = {REPLY_TO: stream, CORRELATION_ID: "c", "eventbus-reply-key": "00" * 16}
+    async with running(bus):
+        await bus.publish("quotes", Quote(sku="x", quantity=1), resource_id="r", headers=headers)
+        await bus.publish("quotes", Quote(sku="x", quantity=2), resource_id="r")
+        dlq = bus.keys.dead_letter("quotes", "pricing")
+
+        async def settled() -> bool:
+            return calls == [2] and await bus.redis.xlen(dlq) == 1
+
+        await wait_until(settled)
+        assert not await bus.redis.exists(stream)
+    ((_, letter),) = await bus.redis.xrange(dlq)
+    assert letter[b"reason"] == b"undecodable" and b"eventbus-reply-key" in letter[b"error"]
+    assert calls == [2]
+
+
+async def test_a_request_without_a_reply_key_gets_a_reply_without_a_mac(
+    settings: type[Settings],
+) -> None:
+    """Rolling upgrades: a request sent by an eventbus from before authenticated replies (no
+    `REPLY_KEY` header) is still answered, without a ``mac`` field (which that caller ignores);
+    a current caller never accepts such a reply (`cases.request_reply_cases`)."""
+    server = EventBus(settings())
+
+    @server.subscriber("quotes", group="pricing")
+    async def price(q: Quote) -> Price:
+        return Price(sku=q.sku, total_cents=q.quantity)
+
+    stream = server.keys.reply("ab" * 16)
+    headers = {REPLY_TO: stream, CORRELATION_ID: "old"}
+    async with running(server):
+        await server.publish("quotes", Quote(sku="x", quantity=3), resource_id="r", headers=headers)
+
+        async def answered() -> bool:
+            return await server.redis.exists(stream) == 1
+
+        await wait_until(answered)
+        ((_, fields),) = await server.redis.xrange(stream)
+    assert b"mac" not in fields
+    assert decode_entry(fields).payload == {"sku": "x", "total_cents": 3}
+
+
+@pytest.mark.single_node("ACL users are made on the one node here")
+async def test_timeout_says_why_the_groups_could_not_be_listed(
+    settings: type[Settings], redis_db: str
+) -> None:
+    """Issue 20 item 6: a requester whose user may not run XINFO GROUPS (NOPERM) was told that
+    nobody subscribes to the topic, though a group reads it; it is told that the groups could
+    not be listed, and the server's reason."""
+    admin = redis.asyncio.Redis.from_url(redis_db)
+    await admin.execute_command(
+        "ACL", "SETUSER", "requester", "reset", "on", ">pw", "~*", "&*", "+@all", "-xinfo"
+    )
+    client = EventBus(settings(redis_url=redis_db.replace("redis://", "redis://requester:pw@")))
+    stream = client.keys.stream("quotes", shard_of("x", client.settings.shards))
+    await admin.xgroup_create(stream, "pricing", id="0", mkstream=True)  # somebody subscribes
+    try:
+        async with client:
+            with pytest.raises(RequestTimeout) as info:
+                await client.request(
+                    "quotes", Quote(sku="x", quantity=1), resource_id="x", timeout_s=0.3
+                )
+    finally:
+        await client.aclose()
+        await admin.acl_deluser("requester")
+        await admin.aclose()
+    message = str(info.value)
+    assert "nobody subscribes" not in message
+    assert "could not be listed" in message and "NOPERM" in message
+    assert "xinfo|groups" in message and stream in message
+    assert info.value.groups == [] and info.value.groups_unknown is not None
