@@ -268,12 +268,15 @@ class EventBus(Lifecycle):
     ) -> M:
         """Publish `event` as a request and return the reply: the pydantic model a subscriber's
         handler returned, validated as `reply_model`, or its JSON-mode fields (a dict) without
-        one. The bus must be entered (``async with bus:``); `eventbus.request` says how.
+        one. Only a reply whose MAC verifies with the request's secret is returned; others are
+        logged at WARNING and ignored. The bus must be entered (``async with bus:``);
+        `eventbus.request` says how.
 
         :param resource_id: the request's resource (its shard and order, as for `publish`)
         :param timeout_s: seconds to wait for the reply, publishing included
+        :param headers: more headers for the request (the reply headers are eventbus's)
         :raises RequestTimeout: no reply within `timeout_s`; it names the groups that read the
-            topic (none: nobody subscribes to it)
+            topic (none: nobody subscribes to it), or says why they could not be listed
         :raises PublishError, PayloadTooLarge, ConfigError: as `publish`
         """
         env = await requester(self.redis, self.keys).request(
