@@ -80,11 +80,16 @@ class Progress:
 
         handler = Catch(logging.WARNING)
         logger = logging.getLogger("eventbus")
+        saved = logger.level, logger.disabled  # as another test's logging set-up left them
+        logger.setLevel(min(logger.getEffectiveLevel(), logging.WARNING))
+        logger.disabled = False
         logger.addHandler(handler)
         try:
             yield
         finally:
             logger.removeHandler(handler)
+            logger.setLevel(saved[0])
+            logger.disabled = saved[1]
 
 
 class RequestReplyCases:
