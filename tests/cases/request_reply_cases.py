@@ -97,17 +97,19 @@ class RequestReplyCases:
         self, backend: Backend, intrude: Any, warnings: int
     ) -> tuple[Progress, dict[str, str]]:
         """Request a price from a handler that waits, once it has the request, until
-        ``await intrude(headers)`` (a forger's move, given the request's headers) has been
-        followed by `warnings` warnings (or the request returned); then it answers."""
+        ``await intrude(headers, server)`` (a forger's move, given the request's headers and
+        the running server bus) has been followed by `warnings` warnings (or the request
+        returned); then it answers."""
         server = backend.bus(shards=1)
         started, release = anyio.Event(), anyio.Event()
         headers: dict[str, str] = {}
 
         @server.subscriber("quotes", group="pricing")
         async def price(q: Quote, ctx: Context) -> Price:
-            headers.update(ctx.headers)
-            started.set()
-            await release.wait()
+            if q.sku == "a":  # the request under attack; others are answered at once
+                headers.update(ctx.headers)
+                started.set()
+                await release.wait()
             return Price(sku=q.sku, total_cents=q.quantity * 250)
 
         client = backend.bus(shards=1)
@@ -127,7 +129,7 @@ class RequestReplyCases:
             async with running(server), client, anyio.create_task_group() as tg:
                 tg.start_soon(ask)
                 await started.wait()
-                await intrude(headers)
+                await intrude(headers, server)
                 await progress.until(warnings)
                 assert progress.result == {}, "a reply not from the handler was returned"
                 release.set()
@@ -144,7 +146,7 @@ class RequestReplyCases:
         logged at WARNING naming its entry; the handler's reply is returned."""
         forged_ids: list[str] = []
 
-        async def forge(headers: dict[str, str]) -> None:
+        async def forge(headers: dict[str, str], _server: Any) -> None:
             stream, cid = headers[REPLY_TO], headers[CORRELATION_ID]
             fields = encode_entry(
                 envelope_of("a", Price(sku="a", total_cents=1), {CORRELATION_ID: cid})
@@ -161,12 +163,32 @@ class RequestReplyCases:
         ):
             assert entry_id in message and why in message and "ignored" in message
 
+    async def test_a_request_naming_another_callers_reply_stream_gets_no_say(
+        self, backend: Backend
+    ) -> None:
+        """A publisher sends its own request naming a pending request's reply stream and
+        correlation ID, with a key of its own: the handler answers it into that stream, with a
+        MAC the waiting caller rejects (another key); the caller gets its own reply."""
+
+        async def redirect(headers: dict[str, str], server: Any) -> None:
+            hijack = {
+                REPLY_TO: headers[REPLY_TO],
+                CORRELATION_ID: headers[CORRELATION_ID],
+                REPLY_KEY: "cd" * 32,
+            }
+            await server.publish(
+                "quotes", Quote(sku="evil", quantity=0), resource_id="evil", headers=hijack
+            )
+
+        progress, _ = await self._answered_after(backend, redirect, warnings=1)
+        assert len(progress.warnings) == 1 and "mac does not match" in progress.warnings[0]
+
     async def test_a_tampered_reply_is_rejected(self, backend: Backend) -> None:
         """A reply with a valid MAC whose payload, resource ID or type was changed afterwards
         is rejected (the MAC covers all three and the correlation ID); the same reply unchanged
         would be accepted (`test_a_reply_made_by_the_documented_format_is_accepted`)."""
 
-        async def tamper(headers: dict[str, str]) -> None:
+        async def tamper(headers: dict[str, str], _server: Any) -> None:
             stream, cid, key = headers[REPLY_TO], headers[CORRELATION_ID], headers[REPLY_KEY]
             fields = encode_entry(
                 envelope_of("a", Price(sku="a", total_cents=1000), {CORRELATION_ID: cid})
