@@ -14,10 +14,17 @@ start-up and leaves it at shutdown; with ``subscribers=True`` it also runs the b
 in the application's process until shutdown (graceful, as on SIGTERM). The bus is stored in
 ``app.state.eventbus``; `get_bus` / `BusDep` read it from there, so tests can put another bus in
 its place. To compose with a lifespan of your own, enter ``lifespan(bus)(app)`` inside it.
+
+A bus already entered on the lifespan's event loop (a test bus of `eventbus.testing.running`,
+the ``running_bus`` fixture, `eventbus.testing.running_in_app`, or your own ``async with bus:``)
+is used as it is: the lifespan neither enters nor leaves it, nor starts its subscribers (whoever
+entered it runs them). A bus entered on another event loop is an `EventBusError` at start-up:
+its connections belong to that loop (README "Testing a FastAPI app" says which helper to use).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any
@@ -26,6 +33,7 @@ import anyio
 from fastapi import Depends, Request
 
 from eventbus.app import EventBus
+from eventbus.errors import EventBusError
 
 STATE_KEY = "eventbus"
 
@@ -35,10 +43,23 @@ def lifespan(
 ) -> Callable[[Any], contextlib.AbstractAsyncContextManager[None]]:
     """A FastAPI ``lifespan`` running `bus` (and, with `subscribers`, its subscribers) for the
     application's lifetime; raises what ``async with bus:`` raises (`RedisUnavailable`) at
-    start-up."""
+    start-up, and `EventBusError` when the bus is entered on another event loop. A bus entered
+    on the lifespan's loop already is used as it is (see the module docstring)."""
 
     @contextlib.asynccontextmanager
     async def run(app: Any) -> AsyncIterator[None]:
+        if bus.running:
+            if bus.running_loop() is not asyncio.get_running_loop():
+                raise EventBusError(
+                    "this bus is entered on another event loop than the app's lifespan (in a "
+                    "test: the test's, by eventbus.testing.running or the running_bus fixture, "
+                    "while TestClient runs the app on a loop of its own): in a sync test use "
+                    "`with eventbus.testing.running_in_app(bus, app), TestClient(app):`, in an "
+                    "async test call the app through httpx.ASGITransport"
+                )
+            setattr(app.state, STATE_KEY, bus)
+            yield  # entered by its owner (a test bus, say), who leaves it and runs subscribers
+            return
         setattr(app.state, STATE_KEY, bus)
         async with bus:
             if not subscribers:

@@ -21,6 +21,13 @@ re-raised by `TestBus.drain` (and at the end of the block) as `HandlerFailed`, t
 exception as its cause. `TestBus.handled` lists the handler calls, `TestBus.published` the
 events of a topic, `TestBus.dead_letters` a group's dead letters. The pytest plugin
 (`eventbus.testing.pytest_plugin`) gives each test such a bus.
+
+A FastAPI (or Starlette) app called through ``TestClient`` runs on an event loop of its own:
+``with running_in_app(bus, app) as tb, TestClient(app) as client:`` starts the test bus in the
+app's lifespan, on that loop, and ``tb`` (an `AppTestBus`) waits and inspects from the test's
+thread (`eventbus.testing.in_app`). An async test calling the app through
+``httpx.ASGITransport`` uses `running` (or the ``running_bus`` fixture) as it is: the app's
+`eventbus.fastapi.lifespan` finds the bus entered on the test's loop and uses it.
 """
 
 from __future__ import annotations
@@ -244,11 +251,15 @@ async def running(
             sub.call = call
 
 
+from eventbus.testing.in_app import AppTestBus, running_in_app  # noqa: E402  # uses `running`
+
 __all__ = [
+    "AppTestBus",
     "Handled",
     "HandlerFailed",
     "Published",
     "TestBus",
     "memory_redis",
     "running",
+    "running_in_app",
 ]
