@@ -12,9 +12,10 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from pydantic import BaseModel
 
-from eventbus import EventBus
+from eventbus import Context, EventBus
 from eventbus.config import Settings
 from eventbus.fastapi import BusDep, lifespan
+from eventbus.testing import running_in_app
 
 pytestmark = pytest.mark.integration
 
@@ -74,3 +75,29 @@ def test_get_bus_without_lifespan_is_a_clear_error() -> None:
         pytest.raises(RuntimeError, match="lifespan=lifespan"),
     ):
         client.get("/")
+
+
+def test_running_in_app_on_a_real_redis(redis_db: str) -> None:
+    """The README's TestClient recipe with the test bus on redis-server: the route's publish
+    and the handler's reply go through the app's loop (TestClient's portal thread)."""
+    bus = EventBus(Settings(shards=2))
+
+    @bus.subscriber("echo", group="echoer")
+    async def echo(e: Echo, ctx: Context) -> None:
+        await ctx.publish("echoed", Echo(text=e.text.upper()), resource_id=ctx.resource_id)
+
+    app = FastAPI(lifespan=lifespan(bus))
+
+    @app.post("/echo/{text}", status_code=202)
+    async def route(text: str, bus: BusDep) -> dict[str, str]:
+        return {"entry_id": await bus.publish("echo", Echo(text=text), resource_id=text)}
+
+    with (
+        running_in_app(bus, app, redis=redis_db, fail_fast=True, key_prefix="fa") as tb,
+        TestClient(app) as client,
+    ):
+        assert client.post("/echo/hi").status_code == 202
+        tb.drain()
+        assert [e.as_(Echo) for e in tb.published("echoed")] == [Echo(text="HI")]
+    with redis.Redis.from_url(redis_db) as r:
+        assert [r.xlen(k) for k in r.keys("fa:stream:echoed:*")] == [1]  # on this server
