@@ -10,7 +10,9 @@ names the helper to use."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -127,6 +129,37 @@ def test_using_it_outside_testclient_says_so() -> None:
         with pytest.raises(RuntimeError, match=r"inside `with TestClient\(app\):`"):
             tb.drain()
         assert tb.handled == []
+
+
+def test_a_composed_lifespan_and_its_start_up_failure() -> None:
+    """The app's own lifespan entering ``lifespan(bus)(app)`` inside it (the documented way to
+    compose) gets the test bus too; when it fails at start-up, TestClient raises its error and
+    the test bus is shut down with it."""
+    bus, _ = _service()
+    broken = {"start": True}
+
+    @contextlib.asynccontextmanager
+    async def own(app: FastAPI) -> AsyncIterator[None]:
+        async with lifespan(bus)(app):
+            if broken["start"]:
+                raise RuntimeError("the app's own start-up failed")
+            yield
+
+    app = FastAPI(lifespan=own)
+
+    @app.post("/orders", status_code=202)
+    async def place(order: OrderPlaced, bus: BusDep) -> dict[str, str]:
+        return {"entry_id": await bus.publish("orders", order, resource_id=order.order_id)}
+
+    with running_in_app(bus, app, fail_fast=True) as tb:
+        with pytest.raises(RuntimeError, match="own start-up failed"), TestClient(app):
+            pass
+        assert not bus.running
+        broken["start"] = False
+        with TestClient(app) as client:
+            client.post("/orders", json={"order_id": "o-8", "total_cents": 3})
+            tb.drain()
+            assert tb.events() == [OrderPlaced(order_id="o-8", total_cents=3)]
 
 
 def test_an_app_without_a_router_is_refused() -> None:
