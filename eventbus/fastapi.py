@@ -48,19 +48,19 @@ def lifespan(
 
     @contextlib.asynccontextmanager
     async def run(app: Any) -> AsyncIterator[None]:
-        if bus.running:
-            if bus.running_loop() is not asyncio.get_running_loop():
-                raise EventBusError(
-                    "this bus is entered on another event loop than the app's lifespan (in a "
-                    "test: the test's, by eventbus.testing.running or the running_bus fixture, "
-                    "while TestClient runs the app on a loop of its own): in a sync test use "
-                    "`with eventbus.testing.running_in_app(bus, app), TestClient(app):`, in an "
-                    "async test call the app through httpx.ASGITransport"
-                )
-            setattr(app.state, STATE_KEY, bus)
+        entered = bus.running
+        if entered and bus.running_loop() is not asyncio.get_running_loop():
+            raise EventBusError(
+                "this bus is entered on another event loop than the app's lifespan (in a "
+                "test: the test's, by eventbus.testing.running or the running_bus fixture, "
+                "while TestClient runs the app on a loop of its own): in a sync test use "
+                "`with eventbus.testing.running_in_app(bus, app), TestClient(app):`, in an "
+                "async test call the app through httpx.ASGITransport"
+            )
+        setattr(app.state, STATE_KEY, bus)
+        if entered:
             yield  # entered by its owner (a test bus, say), who leaves it and runs subscribers
             return
-        setattr(app.state, STATE_KEY, bus)
         async with bus:
             if not subscribers:
                 yield

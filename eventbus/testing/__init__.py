@@ -45,6 +45,7 @@ from eventbus.dlq import DeadLetter
 from eventbus.errors import ConfigError
 from eventbus.locking.member import AsyncRedis
 from eventbus.protocol.keys import Keys
+from eventbus.testing.in_app import AppTestBus, running_in_app
 from eventbus.testing.recording import (
     Handled,
     HandlerFailed,
@@ -250,8 +251,6 @@ async def running(
         for sub, call in zip(bus.subscriptions, calls, strict=True):
             sub.call = call
 
-
-from eventbus.testing.in_app import AppTestBus, running_in_app  # noqa: E402  # uses `running`
 
 __all__ = [
     "AppTestBus",

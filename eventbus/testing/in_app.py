@@ -146,7 +146,7 @@ def running_in_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app_: Any) -> AsyncIterator[Any]:
-        from eventbus.testing import running  # the package's __init__ re-exports this module
+        from eventbus.testing import running  # not at import: the package imports this module
 
         async with running(bus, redis=redis, fail_fast=fail_fast, key_prefix=key_prefix) as tb:
             handle._attach(tb)
