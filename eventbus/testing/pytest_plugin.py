@@ -12,6 +12,11 @@ Installed with eventbus (entry point ``pytest11``: ``eventbus``), it adds:
 * where it runs: in memory (fakeredis with Lua) unless ``--eventbus-redis URL`` or the
   environment variable ``EVENTBUS_TEST_REDIS_URL`` names a real server; there each test's keys
   get their own prefix, deleted after the test (the database is not flushed).
+* the fixture ``running_app_bus`` for sync tests of a FastAPI (or Starlette) app through
+  ``TestClient``: the same bus, with the same options, started in the app's lifespan on
+  TestClient's event loop (`eventbus.testing.running_in_app`), as an `AppTestBus` whose
+  ``drain()``, ``published()``... wait from the test's thread. Define ``eventbus_asgi_app``
+  (your app) besides ``eventbus_app``, and enter ``TestClient(app)`` in the test.
 
 ::
 
@@ -39,14 +44,14 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 if TYPE_CHECKING:
     from eventbus.app import EventBus
-    from eventbus.testing import TestBus
+    from eventbus.testing import AppTestBus, TestBus
 
 ENV_URL = "EVENTBUS_TEST_REDIS_URL"
 
@@ -64,7 +69,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "eventbus(fail_fast=True): options of the running_bus fixture (fail_fast=False: the "
+        "eventbus(fail_fast=True): options of the running_bus and running_app_bus fixtures "
+        "(fail_fast=False: the "
         "subscribers' retry and dead-letter policy instead of re-raising handler errors)",
     )
 
@@ -86,18 +92,62 @@ def eventbus_app() -> EventBus:
 
 
 @pytest.fixture
+def eventbus_asgi_app() -> Any:
+    """Your FastAPI (or Starlette) application, for ``running_app_bus``: define this fixture in
+    your conftest.py."""
+    raise pytest.UsageError(
+        "the running_app_bus fixture needs your FastAPI app: define a fixture "
+        "`eventbus_asgi_app` returning it (e.g. in conftest.py)"
+    )
+
+
+def _options(request: pytest.FixtureRequest, url: str | None) -> tuple[bool, str | None]:
+    """fail_fast from the test's ``pytest.mark.eventbus``, and a key prefix of its own on a
+    real Redis (None in memory). Raises `pytest.UsageError` for an unknown mark option."""
+    marker = request.node.get_closest_marker("eventbus")
+    options: dict[str, Any] = dict(marker.kwargs) if marker is not None else {}
+    fail_fast = bool(options.pop("fail_fast", True))
+    if options:
+        raise pytest.UsageError(f"unknown options of pytest.mark.eventbus: {sorted(options)}")
+    return fail_fast, f"eventbus-test-{uuid.uuid4().hex[:12]}" if url else None
+
+
+@pytest.fixture
+def running_app_bus(
+    eventbus_app: EventBus,
+    eventbus_asgi_app: Any,
+    eventbus_redis_url: str | None,
+    request: pytest.FixtureRequest,
+) -> Iterator[AppTestBus]:
+    """`eventbus_app` running in `eventbus_asgi_app`'s lifespan while the test has
+    ``TestClient(app)`` entered; see the module docstring."""
+    import anyio
+
+    from eventbus.testing import running_in_app
+
+    fail_fast, prefix = _options(request, eventbus_redis_url)
+    try:
+        with running_in_app(
+            eventbus_app,
+            eventbus_asgi_app,
+            redis=eventbus_redis_url,
+            fail_fast=fail_fast,
+            key_prefix=prefix,
+        ) as tb:
+            yield tb
+    finally:
+        if eventbus_redis_url and prefix:
+            anyio.run(_delete_keys, eventbus_redis_url, prefix)
+
+
+@pytest.fixture
 async def running_bus(
     eventbus_app: EventBus, eventbus_redis_url: str | None, request: pytest.FixtureRequest
 ) -> AsyncIterator[TestBus]:
     """`eventbus_app` running for this test; see the module docstring."""
     from eventbus.testing import running
 
-    marker = request.node.get_closest_marker("eventbus")
-    options: dict[str, Any] = dict(marker.kwargs) if marker is not None else {}
-    fail_fast = bool(options.pop("fail_fast", True))
-    if options:
-        raise pytest.UsageError(f"unknown options of pytest.mark.eventbus: {sorted(options)}")
-    prefix = f"eventbus-test-{uuid.uuid4().hex[:12]}" if eventbus_redis_url else None
+    fail_fast, prefix = _options(request, eventbus_redis_url)
     try:
         async with running(
             eventbus_app, redis=eventbus_redis_url, fail_fast=fail_fast, key_prefix=prefix

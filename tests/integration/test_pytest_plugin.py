@@ -120,3 +120,86 @@ def test_without_an_eventbus_app_fixture_it_says_what_to_define(
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.stdout.fnmatch_lines(["*define a fixture `eventbus_app`*"])
+
+
+APP_CONFTEST = (
+    CONFTEST
+    + """
+from fastapi import FastAPI
+from eventbus.fastapi import BusDep, lifespan
+
+app = FastAPI(lifespan=lifespan(bus))
+
+
+@app.post("/orders", status_code=202)
+async def place(order: OrderPlaced, bus: BusDep) -> dict:
+    return {"entry_id": await bus.publish("orders", order, resource_id=order.order_id)}
+
+
+@pytest.fixture
+def eventbus_asgi_app():
+    return app
+"""
+)
+
+APP_TESTS = """
+import threading
+import pytest
+from fastapi.testclient import TestClient
+from conftest import Invoiced, OrderPlaced, app
+from eventbus.testing import HandlerFailed
+
+
+def test_route_handler_assertion(running_app_bus):
+    with TestClient(app) as client:
+        assert client.post("/orders", json={"order_id": "a1", "total_cents": 5}).status_code == 202
+        running_app_bus.drain()
+        assert running_app_bus.events("orders") == [OrderPlaced(order_id="a1", total_cents=5)]
+        [invoice] = running_app_bus.published("invoices")
+        assert invoice.as_(Invoiced) == Invoiced(order_id="a1")
+        assert threading.current_thread() is threading.main_thread()
+
+
+def test_fail_fast_reraises_from_drain(running_app_bus):
+    with TestClient(app) as client:
+        client.post("/orders", json={"order_id": "a2", "total_cents": -1})
+        with pytest.raises(HandlerFailed):
+            running_app_bus.drain()
+
+
+@pytest.mark.eventbus(fail_fast=False)
+def test_the_policy_on_request(running_app_bus):
+    with TestClient(app) as client:
+        client.post("/orders", json={"order_id": "a3", "total_cents": -1})
+        running_app_bus.drain()
+        [letter] = running_app_bus.dead_letters("orders", "billing")
+        assert letter.attempts == 2
+"""
+
+
+def _run_app(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    pytester.makeconftest(APP_CONFTEST)
+    pytester.makepyfile(test_app=APP_TESTS)
+    return pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", *args)
+
+
+def test_running_app_bus_in_memory(pytester: pytest.Pytester) -> None:
+    _run_app(pytester).assert_outcomes(passed=3)
+
+
+def test_running_app_bus_on_a_real_redis(pytester: pytest.Pytester, redis_db: str) -> None:
+    import redis
+
+    _run_app(pytester, f"--eventbus-redis={redis_db}").assert_outcomes(passed=3)
+    with redis.Redis.from_url(redis_db) as client:
+        assert client.keys("eventbus-test-*") == []  # each test's keys deleted after it
+        assert client.keys("eventbus:*") == []  # nothing under the bus's own prefix
+
+
+def test_running_app_bus_without_an_asgi_app_fixture_it_says_what_to_define(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile("def test_x(running_app_bus):\n    pass\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.stdout.fnmatch_lines(["*define a fixture `eventbus_asgi_app`*"])
