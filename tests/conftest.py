@@ -60,7 +60,7 @@ BOTH_TOPOLOGIES = {
     "test_outbox",
     "test_dictionaries",
     "test_metrics_health",
-    "test_hardening_acl",
+    "test_acl_roles",
 }
 """Integration modules run on both topologies (by module name)."""
 

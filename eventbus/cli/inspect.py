@@ -12,7 +12,9 @@ from rich.table import Table
 from eventbus.cli.connection import RedisUrl, open_bus, settings_from, stored_shards
 from eventbus.cli.output import cell, data_console, run_async, user_errors
 from eventbus.cli.placement import placement_table
+from eventbus.client.pipelines import execute
 from eventbus.config import Settings
+from eventbus.consumer.supervision import refused
 from eventbus.errors import EventBusError, RedisCommandRefused
 from eventbus.protocol.codec import F_DATA, decode_entry
 from eventbus.protocol.dictionaries import Dictionaries
@@ -34,7 +36,8 @@ async def _stats(settings: Settings) -> None:
     bus = await open_bus(settings)
     r, keys = bus.redis, bus.keys
     try:
-        topics = await bus.registry.stored()
+        with refused("HGETALL", keys.topics()):
+            topics = await bus.registry.stored()
         table = Table(
             "topic",
             "shards",
@@ -74,16 +77,20 @@ async def _stats(settings: Settings) -> None:
                     agg[1] += g["pending"]
             per_entry = await bytes_per_entry(r, streams, entries)
             table.add_row(cell(topic), str(shards), str(entries), per_entry, *[""] * 6)
-            secs, micros = await r.time()  # liveness deadlines are in Redis server time
+            with refused("TIME", "(no key)"):
+                secs, micros = await r.time()  # liveness deadlines are in Redis server time
             now_ms = secs * 1000 + micros // 1000
             for g, (lag, pending, estimated) in sorted(groups.items()):
-                live = await r.zcount(keys.members(topic, g), now_ms, "+inf")
-                locks = await r.hgetall(keys.locks(topic, g))
+                with refused("ZCOUNT", keys.members(topic, g)):
+                    live = await r.zcount(keys.members(topic, g), now_ms, "+inf")
+                with refused("HGETALL", keys.locks(topic, g)):
+                    locks = await r.hgetall(keys.locks(topic, g))
                 held = sum(1 for k in locks if k.isdigit())
                 shown = f"~{lag}" if estimated else str(lag)
-                trimmed = sum(
-                    int(f.get(b"count", 0)) for _, f in await r.xrange(keys.trimmed(topic, g))
-                )  # unread entries lost to MAXLEN (eventbus.consumer.trims)
+                with refused("XRANGE", keys.trimmed(topic, g)):
+                    records = await r.xrange(keys.trimmed(topic, g))
+                # unread entries lost to MAXLEN (eventbus.consumer.trims)
+                trimmed = sum(int(f.get(b"count", 0)) for _, f in records)
                 table.add_row(
                     "",
                     "",
@@ -105,13 +112,15 @@ async def _stats(settings: Settings) -> None:
 
 async def bytes_per_entry(r: Any, streams: list[str], entries: int) -> str:
     """Redis memory per entry of a topic's shard streams (``MEMORY USAGE``, all samples), as
-    text; "-" for an empty topic."""
+    text; "-" for an empty topic. Raises `RedisCommandRefused` (naming the streams and the
+    server's reason) when Redis answers an error, e.g. NOPERM under an ACL."""
     if not entries:
         return "-"
     pipe = r.pipeline(transaction=False)
     for st in streams:
         pipe.memory_usage(st, samples=0)
-    used = sum(n or 0 for n in await pipe.execute())
+    with refused("MEMORY USAGE", ",".join(streams)):
+        used = sum(n or 0 for n in await execute(pipe))
     return f"{used / entries:.0f}"
 
 
@@ -131,7 +140,9 @@ async def _tail(settings: Settings, topic: str, count: int) -> None:
     dictionaries = Dictionaries(bus.redis, bus.keys)
     try:
         for shard in range(await stored_shards(bus, topic)):
-            rows = await bus.redis.xrevrange(bus.keys.stream(topic, shard), count=count)
+            stream = bus.keys.stream(topic, shard)
+            with refused("XREVRANGE", stream):
+                rows = await bus.redis.xrevrange(stream, count=count)
             for entry_id, fields in reversed(rows):
                 out: dict[str, Any] = {"shard": shard, "entry_id": entry_id.decode()}
                 try:

@@ -63,8 +63,22 @@ class TopicRegistry:
         if stored != topic.shards:
             raise ShardCountMismatch(topic.name, stored, topic.shards)
         if topic.retention == "acked":  # the offloader reads it: never trim past the groups
-            await self._redis.hset(self._keys.retention(), topic.name, topic.retention)
+            await self._record_acked(topic.name)
         self._checked.add(topic.name)
+
+    async def _record_acked(self, name: str) -> None:
+        """Record topic `name` as ``acked`` in the retention hash, once (``HSETNX``: no role
+        needs ``HSET`` there, so none can turn a recorded topic back); raises `ConfigError`
+        when the field holds something else (written by something other than eventbus)."""
+        key = self._keys.retention()
+        if await self._redis.hsetnx(key, name, "acked"):
+            return
+        stored = await self._redis.hget(key, name)
+        if stored not in (b"acked", "acked"):
+            raise ConfigError(
+                f"topic {name!r} has retention 'acked' but {key} holds {stored!r} for it; "
+                "delete the field (HDEL) to record it again"
+            )
 
     async def stored(self) -> dict[str, int]:
         """Every registered topic with its shard count."""

@@ -197,7 +197,7 @@ async def test_the_operators_drop_and_requeue_still_work_and_use_their_request_o
 
 async def test_the_publisher_acl_cannot_record_a_control_request(redis_db: str) -> None:
     from redis.exceptions import NoPermissionError
-    from test_hardening_acl import _acl
+    from test_acl_roles import _acl
 
     from eventbus.protocol.keys import Keys
 
