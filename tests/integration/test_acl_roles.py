@@ -19,7 +19,7 @@ import redis
 import redis.asyncio
 from pydantic import BaseModel
 from redis.exceptions import NoPermissionError
-from support import Recorder, Tick, async_client, sync_client, wait_until
+from support import Recorder, Tick, async_client, running, sync_client, wait_until
 from typer.testing import CliRunner
 
 from eventbus import Context, EventBus, RedisUnavailable, Settings
@@ -559,3 +559,91 @@ async def _unparked(letters: Any) -> bool:
 
 async def _length_is(r: Any, stream: str, n: int) -> bool:
     return int(await r.xlen(stream)) == n
+
+
+async def test_dictionaries_archive_catch_up_and_broadcast_under_their_roles(
+    users: dict[str, str],
+    redis_db: str,
+    tmp_path: Path,
+    settings: Callable[..., Settings],
+    nodes: list[Any],
+) -> None:
+    """The rarer reads: the publisher compresses with the topic's zstd dictionary (HGET of
+    ``current`` and of the dictionary), the offloader archives entries and the dictionary and
+    trims, the consumer catches its group up from the archive (XGROUP SETID, XPENDING, XACK),
+    decodes with the dictionary, and a broadcast subscriber reads new entries (XREVRANGE,
+    XREAD)."""
+    from eventbus.cli.topic import sample_bodies
+    from eventbus.protocol import codec
+    from eventbus.protocol.codec import F_DATA
+    from eventbus.protocol.dictionaries import CACHE, Dictionaries, dictionary_id
+    from eventbus.tier import TierSettings, offload_until_caught_up, open_store
+
+    def forget_dictionaries() -> None:  # as a fresh process starts
+        CACHE._dicts.clear()
+        CACHE._missing.clear()
+        codec._COMPRESSORS.clear()
+        codec._DECOMPRESSORS.clear()
+
+    def ticks(seqs: range) -> list[tuple[str, Tick]]:
+        return [
+            (f"r{i % 7}", Tick(resource=f"r{i % 7}", seq=i, pad=f"pad {i % 13} " * 4)) for i in seqs
+        ]
+
+    admin = EventBus(settings(shards=2))
+    async with admin:  # the administrator: the group exists from the start, a dictionary
+        for s in range(2):
+            await admin.redis.xgroup_create(
+                admin.keys.stream("flow", s), "late", id="0", mkstream=True
+            )
+        await admin.publish_many("flow", ticks(range(400)))
+        d = Dictionaries(admin.redis, admin.keys)
+        dict_id = await d.train(
+            "flow", await sample_bodies(admin, d, "flow", 400, admin.settings), size=2048
+        )
+        forget_dictionaries()
+        publisher = EventBus(settings(redis_url=users["publisher"], shards=2))
+        async with publisher:
+            await publisher.publish_many("flow", ticks(range(400, 500)))
+        await publisher.aclose()
+        [(_, last)] = await admin.redis.xrevrange(admin.keys.stream("flow", 0), count=1)
+        assert dictionary_id(last[F_DATA]) == dict_id  # compressed with the dictionary
+    await admin.aclose()
+
+    forget_dictionaries()
+    store = open_store(f"file://{tmp_path}")
+    async with async_client(users["offloader"]) as r:
+        stats = await offload_until_caught_up(
+            r,
+            store,
+            settings=settings(redis_url=users["offloader"], shards=2),
+            tier=TierSettings(hot_window_s=0, trim_exact=True, segment_max_age_s=0),
+            timeout_s=60,
+        )
+    assert stats.entries == 500
+    with sync_client(redis_db) as admin_sync:  # trimmed: the group catches up from the archive
+        assert sum(admin_sync.xlen(K.stream("flow", s)) for s in range(2)) < 500
+
+    forget_dictionaries()
+    seen: list[int] = []
+    heard: list[int] = []
+    bus = EventBus(settings(redis_url=users["consumer"], shards=2), archive=store)
+
+    @bus.subscriber("flow", group="late")
+    async def late(event: Tick) -> None:
+        seen.append(event.seq)
+
+    @bus.subscriber("flow", broadcast=True)
+    async def everyone(event: Tick) -> None:
+        heard.append(event.seq)
+
+    publisher = EventBus(settings(redis_url=users["publisher"], shards=2))
+    async with publisher, running(bus):  # the broadcast subscriber has taken its start
+        await wait_until(lambda: len(seen) >= 500, within_s=60)
+        await publisher.publish_many("flow", ticks(range(500, 510)))
+        await wait_until(lambda: len(seen) >= 510 and set(range(500, 510)) <= set(heard))
+    await publisher.aclose()
+    await bus.aclose()
+    assert sorted(seen) == list(range(510))
+    for user in ("publisher", "offloader", "consumer"):
+        assert _refused(nodes, user) == [], user
