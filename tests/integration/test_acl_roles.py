@@ -35,6 +35,7 @@ USERS: dict[str, tuple[str, ...]] = {
     "acked_consumer": ("consumer", "retention", "trimming"),
     "offloader": ("offloader",),
     "operator": ("operator",),
+    "trainer": ("operator", "trainer"),
 }
 """ACL user -> the blocks of docs/security.md it is made of (a base role, then add-ons)."""
 
@@ -425,6 +426,11 @@ REFUSED: dict[str, list[tuple[str, ...]]] = {
         ("ZADD", MEMBERS, "1", "x"),
         ("XADD", TRIMMED, "*", "x", "y"),
     ],
+    "trainer": [  # it writes dictionaries, nothing else of the shared state
+        *[c for c in SHARED if not (c[1] == DICT and c[0] in ("HSET", "HSETNX"))],
+        ("HSET", CONTROL, "n", "x"),
+        ("XREADGROUP", "GROUP", "billing", "c", "STREAMS", STREAM, ">"),
+    ],
 }
 
 
@@ -647,3 +653,49 @@ async def test_dictionaries_archive_catch_up_and_broadcast_under_their_roles(
     assert sorted(seen) == list(range(510))
     for user in ("publisher", "offloader", "consumer"):
         assert _refused(nodes, user) == [], user
+
+
+def test_cli_publish_and_train_dict_under_their_roles(
+    users: dict[str, str], settings: Callable[..., Settings], nodes: list[Any]
+) -> None:
+    """``eventbus publish`` under the publisher role, ``eventbus topic train-dict`` under the
+    trainer's (the operator's reads and the dictionary hash)."""
+    from eventbus.cli import app
+
+    async def seed() -> None:
+        bus = EventBus(settings(shards=2))
+        async with bus:
+            await bus.publish_many(
+                "orders",
+                [
+                    (f"r{i % 7}", Tick(resource=f"r{i % 7}", seq=i, pad=f"p{i % 13} " * 4))
+                    for i in range(300)
+                ],
+            )
+        await bus.aclose()
+
+    anyio.run(seed)
+    runner = CliRunner(env={"COLUMNS": "200"})
+    published = runner.invoke(
+        app,
+        [
+            "publish",
+            "orders",
+            "--type",
+            "Tick",
+            "--resource-id",
+            "r1",
+            "--data",
+            '{"resource": "r1", "seq": 300}',
+            "--redis-url",
+            users["publisher"],
+        ],
+    )
+    assert published.exit_code == 0, published.output
+    trained = runner.invoke(
+        app, ["topic", "train-dict", "orders", "--size", "2048", "--redis-url", users["trainer"]]
+    )
+    assert trained.exit_code == 0, trained.output
+    assert "is current" in trained.output
+    assert _refused(nodes, "publisher") == []
+    assert _refused(nodes, "trainer") == []
