@@ -53,7 +53,9 @@ class TopicRegistry:
     async def ensure(self, topic: TopicConfig) -> None:
         """Register `topic`'s shard count, or check it against the stored one.
 
-        Raises `ShardCountMismatch` when Redis holds another count for the topic.
+        Raises `ShardCountMismatch` when Redis holds another count for the topic, and
+        `ConfigError` when a ``retention="acked"`` topic's field in the retention hash holds
+        anything but ``acked``.
         """
         if topic.name in self._checked:
             return
