@@ -541,7 +541,7 @@ async def test_dead_letters_parking_and_an_operator_requeue_under_their_roles(
         await wait_until(lambda: _parked(letters))
         await publisher.publish("orders", Tick(resource="bad", seq=1), resource_id="bad")
         await publisher.publish("orders", Tick(resource="ok", seq=2), resource_id="ok")
-        await seen.wait_for(1)
+        await wait_until(lambda: _letters(letters, 2))
         assert [d.reason for d in await letters.letters()] == ["failed", "parked"]
         failing.clear()
         await letters.requeue_resource("bad")
@@ -557,6 +557,10 @@ async def test_dead_letters_parking_and_an_operator_requeue_under_their_roles(
 
 async def _parked(letters: Any) -> bool:
     return "bad" in await letters.parked()
+
+
+async def _letters(letters: Any, n: int) -> bool:
+    return len(await letters.letters()) == n
 
 
 async def _unparked(letters: Any) -> bool:
