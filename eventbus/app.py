@@ -28,8 +28,8 @@ from eventbus.consumer.scope import HandlerScope, Middleware, State
 from eventbus.errors import ConfigError, RedisUnavailable, ReservedEventType
 from eventbus.lifecycle import Hook, Lifecycle
 from eventbus.locking.member import AsyncRedis
+from eventbus.profiles import WireProfile, profile_named
 from eventbus.protocol.codec import RESERVED_TYPE_PREFIX, event_type_of
-from eventbus.protocol.keys import Keys
 from eventbus.protocol.retention import Retention
 from eventbus.protocol.topics import TopicConfig
 from eventbus.request import M, reply_of, requester
@@ -54,14 +54,28 @@ class EventBus(Lifecycle):
         *,
         redis: AsyncRedis | None = None,
         archive: Any | None = None,
+        profile: str | WireProfile = "eventbus",
     ) -> None:
         """`archive`: the durable tier's segment store (`eventbus.tier.open_store(url)`). With
         one, a consumer that locks a shard whose group fell behind Redis's first entry (the
         offloader trimmed what it had not read) first handles the missing entries from the
-        segments, in order, then reads Redis: no gap. Without one, such entries are skipped."""
+        segments, in order, then reads Redis: no gap. Without one, such entries are skipped.
+
+        `profile`: the wire protocol of every topic of the bus (`eventbus.profiles`):
+        ``"eventbus"`` (docs/protocol.md) or ``"verse"``, to publish to and consume beside
+        Ruby services built on Verse: Verse's stream names, envelope, shard hash and shard
+        locks (docs/verse.md says which guarantees hold beside Verse's consumers). Its parts
+        are picked here, once. Raises `ConfigError` for another name, or for an `archive`
+        with the verse profile (the durable tier reads eventbus's own entries only)."""
         self.settings = settings or Settings()
+        self.profile = profile_named(profile)
+        if archive is not None and not self.profile.codec.native:
+            raise ConfigError(
+                f"the {self.profile.name} profile has no durable tier: the offloader, catch-up "
+                "and replay read eventbus's own entries; make the bus without archive="
+            )
         self.archive = archive
-        self.keys = Keys(self.settings.key_prefix, self.settings.hashtag)
+        self.keys = self.profile.keys(self.settings.key_prefix, self.settings.hashtag)
         self._given_redis = redis
         self._session: Session | None = None
         self._sync: SyncBus | None = None
@@ -77,9 +91,10 @@ class EventBus(Lifecycle):
         self._scope = HandlerScope(self.state, self.publish)
 
     @classmethod
-    def from_env(cls, **overrides: Any) -> EventBus:
-        """A bus configured from ``EVENTBUS_*`` / ``REDIS_URL``, with keyword overrides."""
-        return cls(Settings(**overrides))
+    def from_env(cls, *, profile: str | WireProfile = "eventbus", **overrides: Any) -> EventBus:
+        """A bus configured from ``EVENTBUS_*`` / ``REDIS_URL``, with keyword overrides of
+        the settings; `profile` as for `EventBus`."""
+        return cls(Settings(**overrides), profile=profile)
 
     # -- declaration ----------------------------------------------------------------------------
     def topic(
@@ -94,7 +109,8 @@ class EventBus(Lifecycle):
         ``"maxlen"`` or ``"acked"`` (`eventbus.protocol.retention`).
 
         Raises `ConfigError` when the topic was already declared with other values, or for an
-        invalid name (checked by `TopicConfig` when the topic is first seen, not on every call).
+        invalid name (checked by `TopicConfig` when the topic is first seen, not on every call),
+        or a shard count the bus's wire profile cannot serve (the verse profile: 1..32).
         """
         existing = self._topics.get(name)
         if existing is not None:
@@ -112,6 +128,7 @@ class EventBus(Lifecycle):
             self.settings.maxlen if maxlen is None else maxlen,
             self.settings.retention if retention is None else retention,
         )
+        self.profile.check_shards(config.shards)
         self._topics[name] = config
         return config
 
@@ -327,6 +344,7 @@ class EventBus(Lifecycle):
                 self.settings,
                 self.registry,
                 archive=self.archive,
+                profile=self.profile,
             )
             await run_consumers(self.consumers, stop, handle_signals=handle_signals)
 

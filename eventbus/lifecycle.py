@@ -30,6 +30,7 @@ from eventbus.client.loops import young_gc_threshold
 from eventbus.config import Settings
 from eventbus.errors import EventBusError, RedisUnavailable
 from eventbus.locking.member import AsyncRedis
+from eventbus.profiles import WireProfile
 from eventbus.protocol.keys import Keys
 from eventbus.protocol.topics import TopicRegistry
 from eventbus.publishing.publisher import Publisher
@@ -43,6 +44,7 @@ class Lifecycle:
 
     settings: Settings
     keys: Keys
+    profile: WireProfile
     _given_redis: AsyncRedis | None
     _session: Session | None
     _on_startup: list[Hook]
@@ -85,7 +87,7 @@ class Lifecycle:
     def publisher(self) -> Publisher:
         s = self._current()
         if s.publisher is None:
-            s.publisher = Publisher(s.redis, self.settings, self.keys, s.registry)
+            s.publisher = Publisher(s.redis, self.settings, self.keys, s.registry, self.profile)
         publisher: Publisher = s.publisher
         return publisher
 

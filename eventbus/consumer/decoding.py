@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, TypeVar
 
 import anyio.to_thread
@@ -23,9 +24,11 @@ from redis.asyncio.retry import Retry
 from eventbus.client import retry as retrying
 from eventbus.consumer.context import Subscription
 from eventbus.consumer.delivery import Delivery
+from eventbus.consumer.foreign import prepare_foreign
 from eventbus.errors import DecodeError, InvalidReply, UnknownEventType
 from eventbus.locking.member import Member
 from eventbus.ops.metrics import METRICS
+from eventbus.profiles import EVENTBUS
 from eventbus.protocol.codec import (
     F_DATA,
     FORMAT_MSGPACK,
@@ -61,6 +64,9 @@ class Decoding:
         self._skipped_types: set[str] = set()  # at most _SKIPPED_TYPES
         self._skipped_more = 0  # entries of other unknown types since the last WARNING
         self._next_skip_warning = 0.0
+        codec = (member.profile or EVENTBUS).codec  # a wire profile's own format: its codec
+        if not codec.native:
+            self.prepare = partial(prepare_foreign, self, codec)  # type: ignore[method-assign]
 
     def prepare(self, batch: Sequence[Delivery]) -> None:
         """Decode and validate the entries of one read ahead of their turn, in one pass: each

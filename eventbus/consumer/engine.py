@@ -45,10 +45,10 @@ from eventbus.consumer.shards import HeldShard, ShardTable, read_items
 from eventbus.consumer.supervision import read_loop, refused
 from eventbus.consumer.trims import TrimWatch
 from eventbus.locking.lease import Lease, heartbeat_loop
-from eventbus.locking.locks import LockClient
 from eventbus.locking.member import Member
 from eventbus.locking.scripts import Scripts
 from eventbus.ops.metrics import METRICS, ShardMetrics
+from eventbus.profiles import EVENTBUS
 from eventbus.protocol.retention import trim_held_to_acked
 from eventbus.protocol.topics import TopicRegistry
 
@@ -76,7 +76,7 @@ class Consumer:
         self.catch_up: CatchUpHook | None = None  # set by EventBus.run when it has an archive
         self.backoff = retry.backoff(settings.retry_base_s, settings.retry_max_s)
         n = self.topic.shards
-        self.locks = LockClient(member, shards=n, scripts=scripts)
+        self.locks = (member.profile or EVENTBUS).lock_client(member, n, scripts)
         self.lease = Lease(settings.lease_s)
         self.table = ShardTable([self.keys.stream(self.topic.name, s) for s in range(n)])
         self.reader = Reader(member, self.table.streams, noack=self.noack)

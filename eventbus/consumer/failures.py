@@ -22,7 +22,7 @@ from eventbus.consumer.delivery import NOT_STARTED, Delivery, Fence, Outcome, Ta
 from eventbus.errors import DecodeError, ForgedControlEntry
 from eventbus.locking.member import Member
 from eventbus.ops.metrics import METRICS
-from eventbus.protocol.codec import F_DATA, F_RESOURCE, F_TYPE
+from eventbus.profiles import EVENTBUS
 from eventbus.protocol.dead_letters import (
     DROP,
     UNPARK,
@@ -58,6 +58,7 @@ class Failures:
         self.parked: dict[str, str] = {}  # resource -> its first parked letter's ID
         self._changes = 0  # local parks and unparks, to detect a reload racing them
         self._m_dead = METRICS.dead_lettered.labels(sub.topic.name, sub.group)
+        self._kept = (member.profile or EVENTBUS).codec.fields  # what a dead letter keeps
 
     def gives_up(self, parking: bool) -> str:
         return "dead-lettering and parking the resource" if parking else "dead-lettering"
@@ -99,7 +100,7 @@ class Failures:
     ) -> bytes | None:
         """XADD `d` and why to the dead-letter stream, retrying Redis errors while the shard is
         held; its dead-letter entry ID, or None if the shard was lost meanwhile."""
-        original = {n: d.fields[n] for n in (F_RESOURCE, F_TYPE, F_DATA) if n in d.fields}
+        original = {n: d.fields[n] for n in self._kept if n in d.fields}
         fields = dead_letter_fields(
             topic=self.sub.topic.name,
             group=self.sub.group,

@@ -17,6 +17,7 @@ from eventbus.consumer.broadcast import BroadcastConsumer
 from eventbus.locking.locks import new_member_id
 from eventbus.locking.member import AsyncRedis, Member
 from eventbus.locking.scripts import Scripts
+from eventbus.profiles import WireProfile
 from eventbus.protocol.keys import Keys
 from eventbus.protocol.topics import TopicRegistry
 
@@ -34,15 +35,16 @@ def make_consumers(
     registry: TopicRegistry,
     *,
     archive: Any | None = None,
+    profile: WireProfile | None = None,
 ) -> list[Consumer | BroadcastConsumer]:
     """One `Consumer` per subscription (a `BroadcastConsumer` for a broadcast one), sharing the
     Redis client `redis`, its scripts and the topic `registry`. With `archive` (the durable
     tier's segment store), each consumer catches a lagging group up from it
-    (`eventbus.consumer.catchup`)."""
+    (`eventbus.consumer.catchup`). `profile`: the bus's wire profile (default eventbus's)."""
     scripts = Scripts.register(redis)
     consumers: list[Consumer | BroadcastConsumer] = []
     for sub in subscriptions:
-        member = Member(redis, keys, settings, sub.topic.name, sub.group, new_member_id())
+        member = Member(redis, keys, settings, sub.topic.name, sub.group, new_member_id(), profile)
         if sub.broadcast:
             consumers.append(BroadcastConsumer(member, registry, sub))
             continue

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import anyio
 
 from eventbus.client.retry import REDIS_ERRORS
-from eventbus.locking.locks import LockClient
+from eventbus.locking.locks import ShardLocks
 
 log = logging.getLogger("eventbus.consumer")
 
@@ -51,7 +51,7 @@ class Lease:
 
 
 async def heartbeat_loop(
-    locks: LockClient,
+    locks: ShardLocks,
     lease: Lease,
     ttl_s: float,
     joined: anyio.Event,

@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import Protocol
 
 from eventbus.locking.member import Member
 from eventbus.locking.scripts import Scripts
@@ -78,6 +79,24 @@ class LockRound:
         a member whose liveness had expired: the `ShardMetrics.round` counts."""
         states = [g.state for g in map(self.grants.get, shards) if g is not None]
         return states.count(LockState.TAKEN_FREE), states.count(LockState.TAKEN_FROM_DEAD)
+
+
+class ShardLocks(Protocol):
+    """What a consumer needs of a lock client: `LockClient` (eventbus's lock keys) and
+    `eventbus.locking.verse.VerseLockClient` (Verse's) both are one; a wire profile
+    (`eventbus.profiles`) says which a consumer gets."""
+
+    member_id: str
+    shards: int
+
+    @property
+    def acquiring(self) -> bool: ...
+
+    async def acquire(self, candidates: Sequence[int]) -> LockRound: ...
+
+    async def release(self, shards: Iterable[int], *, leave: bool = False) -> list[int]: ...
+
+    async def heartbeat(self) -> bool: ...
 
 
 class LockClient:

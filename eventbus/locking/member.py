@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     import redis.asyncio.cluster
 
     from eventbus.config import Settings
+    from eventbus.profiles import WireProfile
     from eventbus.protocol.keys import Keys
 
 AsyncRedis: TypeAlias = "redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster"
@@ -29,7 +30,8 @@ class Member:
     to Redis through `redis` with the key layout `keys` and the deployment's `settings`.
 
     The offloader is a member of the reserved group ``_offloader``; catch-up takes the locks of
-    the group it catches up, under its own member ID.
+    the group it catches up, under its own member ID. `profile` is the bus's wire profile
+    (`eventbus.profiles`; None: eventbus's own), whose lock client and codec the member uses.
     """
 
     redis: AsyncRedis
@@ -38,3 +40,4 @@ class Member:
     topic: str
     group: str
     consumer_id: str
+    profile: WireProfile | None = None

@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from functools import partial
 from typing import Any
 
@@ -50,6 +50,7 @@ from eventbus.errors import (
 )
 from eventbus.locking.member import AsyncRedis
 from eventbus.ops import hooks
+from eventbus.profiles import EVENTBUS, WireProfile
 from eventbus.protocol.budget import MIN_CONTAINERS
 from eventbus.protocol.codec import (
     F_DATA,
@@ -65,8 +66,8 @@ from eventbus.protocol.codec import (
 )
 from eventbus.protocol.dictionaries import Dictionaries
 from eventbus.protocol.keys import Keys
-from eventbus.protocol.sharding import shard_of
 from eventbus.protocol.topics import TopicConfig, TopicRegistry
+from eventbus.publishing.foreign import encode_foreign as _encode_foreign
 from eventbus.publishing.sending import Sender
 
 log = logging.getLogger("eventbus.publisher")
@@ -77,12 +78,23 @@ class Publisher:
     """Encodes events and appends them to their shard streams. Created by `EventBus`."""
 
     def __init__(
-        self, redis: AsyncRedis, settings: Settings, keys: Keys, registry: TopicRegistry
+        self,
+        redis: AsyncRedis,
+        settings: Settings,
+        keys: Keys,
+        registry: TopicRegistry,
+        profile: WireProfile = EVENTBUS,
     ) -> None:
+        """`keys` names the shard streams (the profile's key layout, `WireProfile.keys`);
+        `profile` gives the shard hash and the entry format, both picked here, once."""
         self._redis = redis
         self._settings = settings
         self._keys = keys
         self._registry = registry
+        self._shard_of = profile.shard_of
+        self._encode: Callable[[TopicConfig, Envelope], dict[bytes, bytes]] = self._encode_native
+        if not profile.codec.native:
+            self._encode = partial(_encode_foreign, profile.codec, settings)
         self._streams: dict[str, list[str]] = {}
         self._topic_locks: dict[str, anyio.Lock] = {}
         self.sender = Sender(redis, settings)
@@ -93,7 +105,7 @@ class Publisher:
         if streams is None:
             streams = [self._keys.stream(topic.name, s) for s in range(topic.shards)]
             self._streams[topic.name] = streams
-        return streams[shard_of(resource_id, topic.shards)]
+        return streams[self._shard_of(resource_id, topic.shards)]
 
     def prepare(
         self,
@@ -129,6 +141,12 @@ class Publisher:
             raise ReservedEventType(etype, f"publish to topic {topic.name!r}")
         if envelope.headers:
             _check_headers(topic, envelope.headers)
+        fields = self._encode(topic, envelope)  # first: it says which text is not UTF-8
+        return self._stream(topic, rid), fields
+
+    def _encode_native(self, topic: TopicConfig, envelope: Envelope) -> dict[bytes, bytes]:
+        """The fields of `envelope` in eventbus's format (`prepare_envelope`'s errors)."""
+        rid, etype = envelope.resource_id, envelope.event_type
         try:
             fields = encode_entry(
                 envelope,
@@ -145,7 +163,7 @@ class Publisher:
             raise PayloadTooLarge(topic.name, size, self._settings.max_payload_bytes)
         if data[0] != FORMAT_MSGPACK or len(data) > MIN_CONTAINERS:  # (else: always decodes)
             self._check_decodable(topic, fields)
-        return self._stream(topic, rid), fields
+        return fields
 
     def _check_decodable(self, topic: TopicConfig, fields: dict[bytes, bytes]) -> None:
         """Refuse an entry consumers could not decode: over `max_decompressed_bytes` once

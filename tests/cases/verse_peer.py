@@ -13,6 +13,7 @@ key ``EX 30`` every 15 s. Nothing fences it: a paused peer that wakes up process
 
 from __future__ import annotations
 
+import secrets
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +27,55 @@ from redis.exceptions import ResponseError
 _HERE = Path(__file__).resolve().parent
 SCRIPT_KEY = "VERSE:STREAM:SHARDLOCK"
 LIVENESS = "{VERSE:STREAM:SHARDLOCK}:SERVICE_LIVENESS:"
+
+
+def find_partition(key: str, partitions: int = 16) -> int:
+    """Verse's ``EventManager#find_partition`` (its own loop, not eventbus's function)."""
+    a = 0
+    for e in key.encode("utf-8"):
+        a = (e + a * 498_975_571 + 548_897_941) & 0xFFFFFFFF
+    return a % partitions
+
+
+def pack(content: Any, headers: dict[str, Any], reply_to: str | None = None) -> bytes:
+    """Verse's ``Message#pack`` with a new ID (``SecureRandom.random_number(2 << 48)`` in
+    base 36): zlib (default level) of MessagePack ``{i, c, h, r}``."""
+    n, digits = secrets.randbelow(2 << 48), ""
+    while True:
+        n, d = divmod(n, 36)
+        digits = "0123456789abcdefghijklmnopqrstuvwxyz"[d] + digits
+        if not n:
+            break
+    body = {"i": digits, "c": content, "h": headers, "r": reply_to}
+    return zlib.compress(msgpack.packb(body, use_bin_type=True))
+
+
+async def publish_resource_event(
+    redis: Any,
+    resource_type: str,
+    resource_id: str,
+    event: str,
+    payload: Any,
+    *,
+    headers: dict[str, Any] | None = None,
+    partitions: int = 16,
+    maxlen: int = 1_000_000,
+) -> bytes | None:
+    """Verse's ``EventManager#publish_resource_event``: ``XADD VERSE:STREAM:RESOURCE:<type>$<shard>
+    NOMKSTREAM MAXLEN ~ <maxlen> * msg <packed>`` (headers ``{event:}.merge(headers)``; the
+    resource ID is hashed, not sent), then ``PUBLISH VERSE:RESOURCE:<type>:<event>``. Returns the
+    entry ID (None when the stream does not exist: Verse does not create it)."""
+    shard = find_partition(resource_id, partitions)
+    content = pack(payload, {"event": event, **(headers or {})})
+    entry_id = await redis.xadd(
+        f"VERSE:STREAM:RESOURCE:{resource_type}${shard}",
+        {"msg": content},
+        nomkstream=True,
+        approximate=True,
+        maxlen=maxlen,
+    )
+    await redis.publish(f"VERSE:RESOURCE:{resource_type}:{event}", content)
+    return entry_id  # type: ignore[no-any-return]
 
 
 def _to_i(text: str) -> int:

@@ -28,6 +28,7 @@ COVERED_BY: dict[str, list[str]] = {
     "eventbus.consumer.decoding": ["tests/unit/consumer/test_handling.py"],
     "eventbus.consumer.engine": ["tests/cases/consume_cases.py"],
     "eventbus.consumer.failures": ["tests/cases/failure_policy_cases.py"],
+    "eventbus.consumer.foreign": ["tests/cases/verse_profile_cases.py"],
     "eventbus.consumer.raw_replies": ["tests/integration/test_cluster.py"],
     "eventbus.consumer.reading": [
         "tests/cases/consume_cases.py",

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from eventbus.protocol.keys import check_name
+from eventbus.protocol.keys import Keys, check_name
 
 LOCK_TAG = "{VERSE:STREAM:SHARDLOCK}"
 RESOURCE_STREAM = "VERSE:STREAM:RESOURCE"
@@ -63,3 +63,16 @@ class VerseKeys:
         """Hash: shard -> fencing token, incremented whenever an eventbus consumer takes the
         lock (Verse's own consumers take it without one)."""
         return f"{LOCK_TAG}:EVENTBUS:TOKENS:{channel}:{group}"
+
+
+@dataclass(frozen=True, slots=True)
+class VerseStreamKeys(Keys):
+    """eventbus's key layout (`Keys`) with Verse's shard streams: `stream` names
+    ``VERSE:STREAM:RESOURCE:<topic>$<shard>``, where Verse's publishers and consumers of
+    resource type `<topic>` write and read. Every other key (dead letters, parked resources,
+    the topic registry, de-duplication, trim records) stays eventbus's, under `prefix` and
+    `hashtag`: Verse has no such keys."""
+
+    def stream(self, topic: str, shard: int) -> str:
+        """Shard `shard`'s stream of `topic`: ``VERSE:STREAM:RESOURCE:<topic>$<shard>``."""
+        return f"{RESOURCE_STREAM}:{topic}${shard}"
