@@ -178,7 +178,8 @@ class EventBus(Lifecycle):
         With `batch`, the handler takes lists: ``async def h(events: list[Model], ctxs:
         list[Context])``, called with up to `max_batch` consecutive entries of one shard
         (`eventbus.consumer.batching`; docs/semantics.md gives the guarantees).
-        Raises `ConfigError` for a bad name, option, or handler signature, and
+        Raises `ConfigError` for a bad name, option, or handler signature (and for
+        ``on_failure="park"`` in the verse profile, which orders by shard), and
         `ReservedEventType` for a model whose event type starts with ``__eventbus.``.
         """
         options = SubscriberOptions.of(
@@ -198,6 +199,12 @@ class EventBus(Lifecycle):
             type_name=type_name,
             broadcast=broadcast,
         )
+
+        if options.on_failure == "park" and not self.profile.codec.native:
+            raise ConfigError(
+                f"subscriber of topic {topic!r}: on_failure='park' needs per-resource order, "
+                f"and the {self.profile.name} profile orders by shard (docs/verse.md)"
+            )
 
         def register(handler: H) -> H:
             add_handler(self.subscriptions, self.topic(topic), options, handler, self._scope)

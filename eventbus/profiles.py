@@ -49,8 +49,8 @@ class Codec:
     :param decode: ``decode(fields, *, max_bytes, entry_id) -> Envelope``; `max_bytes` bounds
         the decompressed body (bytes), `entry_id` (``<ms>-<seq>``) gives the event time when
         the format carries none; raises `DecodeError`, never anything else
-    :param fields: the names of the fields an entry of this format carries, as a dead letter
-        keeps them (with ``rid``, the order key the consumer reads)
+    :param fields: the names of the fields an entry of this format carries, which a dead
+        letter keeps
     """
 
     native: bool
@@ -118,7 +118,7 @@ VERSE = WireProfile(
     keys=VerseStreamKeys,
     shard_of=verse_shard_of,
     check_shards=check_verse_shards,
-    codec=Codec(False, encode_verse, decode_verse, (F_RESOURCE, F_MSG)),
+    codec=Codec(False, encode_verse, decode_verse, (F_MSG,)),
     lock_client=_verse_locks,
 )
 """Verse's protocol (docs/verse.md)."""

@@ -3,14 +3,16 @@ not native, e.g. Verse's ``msg``): what `Decoding.prepare` does for eventbus's f
 entry through the profile's codec. A `Decoding` of such a profile uses `prepare_foreign` as its
 ``prepare`` (picked once, when it is made).
 
-**The order key.** The consumer's per-resource queues, its parked check and its dead letters
-read an entry's resource ID from its plain ``rid`` field, which eventbus's format carries and a
-foreign one may not (Verse's ``msg`` is the only field of a Verse entry). So each decoded entry
-gets one, written into its field map before the read is queued: the resource ID it carries
-(eventbus's publishers of the profile send it), or, for an entry that carries none (Verse's
-publishers hash the resource ID but do not send it), `NO_RESOURCE`: the entries of a shard
-without one then run one after another in entry order, as Verse's own consumers run them,
-rather than concurrently.
+**The shard is the unit of order.** The consumer queues an entry behind the earlier entries
+of the resource named by its plain ``rid`` field, which eventbus's format carries and Verse's
+does not (``msg`` is a Verse entry's only field): Verse's publishers hash the resource ID but do
+not send it, so entries of one resource, some from Verse's publishers and some from eventbus's
+(which send it in a header), could not be told to be the same resource. Every entry of a foreign
+format is therefore queued under one key, `SHARD_ORDER`, written into its field map before the
+read is queued: a shard's entries run one after another, in entry order, as Verse's own
+consumers run them. (`Context.resource_id` is still the resource ID an entry carries, "" for
+Verse's.) A parked resource would need the per-resource key: `EventBus` refuses
+``on_failure="park"`` in such a profile.
 """
 
 from __future__ import annotations
@@ -27,17 +29,17 @@ if TYPE_CHECKING:
     from eventbus.consumer.delivery import Delivery
     from eventbus.profiles import Codec
 
-NO_RESOURCE = b"\x00"
-"""The order key of a foreign entry without resource ID (its `Context.resource_id` is "")."""
+SHARD_ORDER = b"\x00"
+"""The ``rid`` a foreign entry is queued under (the queue key is (shard, rid)): one per shard."""
 
 
 def prepare_foreign(decoding: Decoding, codec: Codec, batch: Sequence[Delivery]) -> None:
     """Decode and validate the entries of one read with `codec`, as `Decoding.prepare` does:
     sets each `Delivery`'s `env`, `event` and `call`, or `error` (undecodable, an unknown
-    type, a payload the model refuses, a bad reply address), and its ``rid`` field (the module
-    docstring). Control entries (eventbus's format, written by ``eventbus dlq``) are left to
-    their turn. The event time is the entry ID's when the format carries none. Raises
-    nothing."""
+    type, a payload the model refuses, a bad reply address), and its ``rid`` field to
+    `SHARD_ORDER` (the module docstring). Control entries (eventbus's format, written by
+    ``eventbus dlq``) are left to their turn. The event time is the entry ID's when the format
+    carries none. Raises nothing."""
     routes = decoding.sub.routes
     by_type, fallback = routes.by_type, routes.fallback
     limit = decoding.max_decoded_bytes
@@ -45,12 +47,12 @@ def prepare_foreign(decoding: Decoding, codec: Codec, batch: Sequence[Delivery])
         fields = d.fields
         if is_control(fields):
             continue
+        fields[F_RESOURCE] = SHARD_ORDER
         try:
             env = codec.decode(fields, max_bytes=limit, entry_id=d.entry_id.decode())
         except DecodeError as exc:
             d.error = exc
             continue
-        fields[F_RESOURCE] = env.resource_id.encode("utf-8") or NO_RESOURCE
         d.env = env
         if env.headers and (bad := decoding.bad_request(env)) is not None:
             d.error = bad

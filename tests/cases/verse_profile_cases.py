@@ -86,63 +86,59 @@ class VerseProfileCases:
         assert m.reply_to is None and int(m.id, 36) < 2**128
         assert await r.keys(f"{Keys().prefix}:stream:*") == []  # nothing in eventbus's streams
 
-    async def test_verse_entries_run_in_shard_order_and_ours_per_resource(
+    async def test_a_shards_entries_run_one_at_a_time_in_entry_order(
         self, backend: Backend
     ) -> None:
-        """Verse's entries carry no resource ID: a shard's run one at a time, in entry order
-        (as Verse's consumers run them), although 64 workers could run them at once; entries
-        of eventbus's publishers of the profile run per resource."""
+        """Entries of one resource, some from Verse's publishers (no resource ID sent), some
+        from ours (resource ID in a header), run in entry order: a shard's entries run one at
+        a time, as Verse's consumers run them, although 64 workers could run them at once."""
         r = backend.redis
         await create_groups(r)
         bus = verse_bus(backend)
-        verse_ids: dict[str, bytes] = {}
-        for i in range(24):  # 24 Verse events over the shards of 3 resource IDs
-            rid = f"order-{i % 3}"
-            entry_id = await publish_resource_event(
-                r, TOPIC, rid, "placed", {"order_id": rid, "seq": i}, headers={"n": str(i)}
-            )
+        entry_ids: dict[int, bytes] = {}
+        for seq in range(36):  # 6 resources, each with events from both publishers
+            rid = f"order-{seq % 6}"
+            if (seq // 6) % 2:  # each resource's events alternate between the publishers
+                entry_id = await publish_resource_event(
+                    r, TOPIC, rid, "placed", {"order_id": rid, "seq": seq}, headers={"n": "v"}
+                )
+            else:
+                entry_id = await bus.publish(TOPIC, Placed(order_id=rid, seq=seq), resource_id=rid)
             assert entry_id is not None
-            verse_ids[f"v{i}"] = entry_id
-        for i in range(12):
-            rid = f"ours-{i % 4}"
-            await bus.publish(TOPIC, Placed(order_id=rid, seq=100 + i), resource_id=rid)
+            entry_ids[seq] = entry_id.encode() if isinstance(entry_id, str) else entry_id
 
-        running_now: dict[tuple[int, str], int] = defaultdict(int)
-        overlaps: list[tuple[int, str]] = []
+        running_now: dict[int, int] = defaultdict(int)
+        overlaps: list[int] = []
         log: list[tuple[Placed, Context]] = []
 
         @bus.subscriber(TOPIC, group=GROUP)
         async def handle(event: Placed, ctx: Context) -> None:
-            key = (ctx.shard, ctx.resource_id)
-            running_now[key] += 1
-            if running_now[key] > 1:
-                overlaps.append(key)
+            running_now[ctx.shard] += 1
+            if running_now[ctx.shard] > 1:
+                overlaps.append(ctx.shard)
             for _ in range(5):  # let other workers run meanwhile
                 await anyio.lowlevel.checkpoint()
-            running_now[key] -= 1
+            running_now[ctx.shard] -= 1
             log.append((event, ctx))
 
         async with running(bus):
             await wait_until(lambda: len(log) == 36)
         assert overlaps == []
-        verse = [(e, c) for e, c in log if e.seq < 100]
-        ours = [(e, c) for e, c in log if e.seq >= 100]
-        for e, c in verse:
-            assert c.resource_id == "" and c.event_type == "placed"
-            assert c.headers == {"n": str(e.seq)}
-            assert c.shard == find_partition(e.order_id)
-            assert c.entry_id == verse_ids[f"v{e.seq}"].decode()
-            assert c.published_at_ms == int(c.entry_id.partition("-")[0])  # no time: Redis's
         by_shard: dict[int, list[str]] = defaultdict(list)
-        for _, c in verse:
-            by_shard[c.shard].append(c.entry_id)
-        assert all(ids == sorted(ids, key=_id_key) for ids in by_shard.values())
         by_resource: dict[str, list[int]] = defaultdict(list)
-        for e, c in ours:
-            assert c.resource_id == e.order_id
+        for e, c in log:
+            assert c.shard == find_partition(e.order_id) and c.event_type == "placed"
+            assert c.entry_id == entry_ids[e.seq].decode()
+            by_shard[c.shard].append(c.entry_id)
             by_resource[e.order_id].append(e.seq)
+            if (e.seq // 6) % 2:  # Verse's: no resource ID, no time (the entry ID's)
+                assert c.resource_id == "" and c.headers == {"n": "v"}
+                assert c.published_at_ms == int(c.entry_id.partition("-")[0])
+            else:
+                assert c.resource_id == e.order_id and c.headers == {}
+        assert all(ids == sorted(ids, key=_id_key) for ids in by_shard.values())
         assert all(seqs == sorted(seqs) for seqs in by_resource.values())
-        assert len(ours) == 12
+        assert sorted(e.seq for e, _ in log) == list(range(36))
 
     async def test_an_undecodable_entry_is_dead_lettered_with_its_msg(
         self, backend: Backend

@@ -87,6 +87,14 @@ def test_a_verse_topic_over_32_shards_is_refused(shards: int) -> None:
     assert EventBus().topic("orders", shards=shards).shards == shards
 
 
+def test_a_verse_bus_refuses_to_park() -> None:
+    bus = EventBus(profile="verse")
+    with pytest.raises(ConfigError, match="orders by shard"):
+        bus.subscriber("orders", group="billing", on_failure="park")
+    bus.subscriber("orders", group="billing", on_failure="continue")
+    EventBus().subscriber("orders", group="billing", on_failure="park")
+
+
 def test_a_verse_bus_has_no_archive() -> None:
     with pytest.raises(ConfigError, match="no durable tier"):
         EventBus(profile="verse", archive=object())
