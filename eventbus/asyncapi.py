@@ -23,6 +23,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from eventbus.contract import Contract, GroupContract
+from eventbus.profiles import EVENTBUS, WireProfile
 from eventbus.protocol.codec import event_type_of
 from eventbus.protocol.keys import Keys
 from eventbus.protocol.topics import TopicConfig
@@ -47,6 +48,7 @@ def asyncapi_document(
     title: str,
     version: str = "0.0.0",
     redis_url: str | None = None,
+    profile: WireProfile = EVENTBUS,
 ) -> dict[str, Any]:
     """The AsyncAPI 3.0 document of `contract` (a JSON-ready dict).
 
@@ -54,6 +56,7 @@ def asyncapi_document(
     :param title: ``info.title``; `version`: ``info.version`` (the application's, free text)
     :param redis_url: the server entry's host, port and database (its password is never
         written); None: no ``servers``
+    :param profile: the bus's wire profile (its shard rule is written with each channel)
     """
     names = _message_names(contract)
     refs, schemas = _schemas({m for t in contract.topics for m in contract.models(t).values()})
@@ -79,7 +82,7 @@ def asyncapi_document(
         if contract.takes_raw(name):
             messages[ANY] = _any_message()
             channel_messages[ANY] = {"$ref": f"#/components/messages/{ANY}"}
-        channels[_id(name)] = _channel(keys, name, topic, channel_messages)
+        channels[_id(name)] = _channel(keys, name, topic, channel_messages, profile)
     operations: dict[str, Any] = {}
     for g in contract.groups:
         for h in g.handlers:
@@ -103,17 +106,20 @@ def asyncapi_document(
     return doc
 
 
-def _channel(keys: Keys, name: str, topic: TopicConfig, messages: dict[str, Any]) -> dict[str, Any]:
+def _channel(
+    keys: Keys, name: str, topic: TopicConfig, messages: dict[str, Any], profile: WireProfile
+) -> dict[str, Any]:
+    rule = profile.shard_rule
     return {
-        "address": keys.stream(name, 0).removesuffix(":0") + ":{shard}",
+        "address": keys.stream(name, 0)[:-1] + "{shard}",  # every naming ends with the shard
         "title": name,
         "description": (
             f"Topic {name}: {topic.shards} shard streams; an event's shard is "
-            f"xxh64(utf8(resource_id)) mod {topic.shards} (docs/protocol.md)."
+            f"{rule.format(shards=topic.shards)}."
         ),
         "parameters": {
             "shard": {
-                "description": "the shard: xxh64(utf8(resource_id)) mod the shard count",
+                "description": f"the shard: {rule.format(shards='the shard count')}",
                 "enum": [str(s) for s in range(topic.shards)],
             }
         },
@@ -123,6 +129,7 @@ def _channel(keys: Keys, name: str, topic: TopicConfig, messages: dict[str, Any]
             "shards": topic.shards,
             "maxlen": topic.maxlen,
             "retention": topic.retention,
+            "profile": profile.name,
         },
     }
 

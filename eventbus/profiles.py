@@ -70,6 +70,8 @@ class WireProfile:
     :param codec: the entry format
     :param lock_client: ``lock_client(member, shards, scripts) -> ShardLocks``: the shard
         locks of one consumer (`scripts`: eventbus's registered lock scripts, to share)
+    :param shard_rule: `shard_of` in words, ``{shards}`` standing for the shard count (for
+        the contract's documents)
     """
 
     name: str
@@ -78,6 +80,7 @@ class WireProfile:
     check_shards: Callable[[int], int]
     codec: Codec
     lock_client: Callable[[Member, int, Scripts | None], ShardLocks]
+    shard_rule: str
 
 
 def _decode_entry(
@@ -110,6 +113,7 @@ EVENTBUS = WireProfile(
     check_shards=check_shards,
     codec=Codec(True, encode_entry, _decode_entry, (F_RESOURCE, F_TYPE, F_DATA)),
     lock_client=_eventbus_locks,
+    shard_rule="xxh64(utf8(resource_id)) mod {shards} (docs/protocol.md)",
 )
 """eventbus's own protocol (docs/protocol.md)."""
 
@@ -120,6 +124,8 @@ VERSE = WireProfile(
     check_shards=check_verse_shards,
     codec=Codec(False, encode_verse, decode_verse, (F_MSG,)),
     lock_client=_verse_locks,
+    shard_rule="Verse's 32-bit linear-congruential fold of utf8(resource_id) mod {shards} "
+    "(docs/verse.md)",
 )
 """Verse's protocol (docs/verse.md)."""
 

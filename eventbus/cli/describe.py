@@ -48,6 +48,7 @@ def describe(
                 title=title or target,
                 version=app_version,
                 redis_url=bus.settings.redis_url,
+                profile=bus.profile,
             )
             asyncapi.write_text(json.dumps(doc, indent=2) + "\n")
             console.print(f"AsyncAPI 3.0 document written to {cell(asyncapi)}")

@@ -9,10 +9,14 @@ import json
 import random
 from pathlib import Path
 
+import jsonschema
 import pytest
 from pydantic import BaseModel
+from unit.test_describe import SCHEMA_FILE, assert_valid
 
 from eventbus import EventBus, Settings
+from eventbus.asyncapi import asyncapi_document
+from eventbus.contract import contract_of
 from eventbus.errors import ConfigError, InvalidEvent, PayloadTooLarge
 from eventbus.locking.locks import LockClient
 from eventbus.locking.member import Member
@@ -138,3 +142,23 @@ def test_an_entry_consumers_could_not_decode_is_refused() -> None:
         foreign.encode_foreign(codec, settings, EventBus().topic("orders"), env)
     assert EVENTBUS.codec.native and not VERSE.codec.native
     assert EVENTBUS.codec.encode is encode_entry
+
+
+def test_the_asyncapi_document_of_a_verse_bus_names_verses_streams() -> None:
+    validator = jsonschema.Draft7Validator(json.loads(SCHEMA_FILE.read_text()))
+    bus = EventBus(profile="verse")
+
+    @bus.subscriber("orders", group="billing", on_unknown="skip")
+    async def on_placed(event: Placed) -> None: ...
+
+    doc = asyncapi_document(contract_of(bus), keys=bus.keys, title="t", profile=bus.profile)
+    assert_valid(validator, doc)
+    channel = doc["channels"]["orders"]
+    assert channel["address"] == "VERSE:STREAM:RESOURCE:orders${shard}"
+    assert "Verse's 32-bit" in channel["description"]
+    assert channel["x-eventbus"]["profile"] == "verse"
+    bus = EventBus()
+    bus.publishes("orders", Placed)
+    channel = asyncapi_document(contract_of(bus), keys=bus.keys, title="t")["channels"]["orders"]
+    assert channel["address"] == "eventbus:stream:orders:{shard}"
+    assert "xxh64" in channel["description"] and channel["x-eventbus"]["profile"] == "eventbus"
