@@ -187,6 +187,33 @@ class VerseProfileCases:
         assert [await r.get(k) for k in lock_keys] == [None] * 16  # released on leaving
         assert await r.exists(VerseKeys().liveness(me.decode())) == 0
 
+    async def test_batch_and_broadcast_subscribers_read_verses_entries(
+        self, backend: Backend
+    ) -> None:
+        r = backend.redis
+        await create_groups(r)
+        bus = verse_bus(backend)
+        batches: list[list[int]] = []
+        broadcast: list[int] = []
+
+        @bus.subscriber(TOPIC, group=GROUP, batch=True)
+        async def handle(events: list[Placed], ctxs: list[Context]) -> None:
+            assert {c.shard for c in ctxs} == {find_partition("o-1")}
+            batches.append([e.seq for e in events])
+
+        @bus.subscriber(TOPIC, broadcast=True)
+        async def each(event: Placed) -> None:
+            broadcast.append(event.seq)
+
+        async with running(bus) as [run]:
+            await run.drain()  # the broadcast reader starts at the streams' ends
+            for seq in range(10):
+                payload = {"order_id": "o-1", "seq": seq}
+                await publish_resource_event(r, TOPIC, "o-1", "placed", payload)
+            await wait_until(lambda: sum(map(len, batches)) == 10 and len(broadcast) == 10)
+        assert [seq for batch in batches for seq in batch] == list(range(10))
+        assert broadcast == list(range(10))
+
 
 def _id_key(entry_id: str) -> tuple[int, int]:
     ms, _, seq = entry_id.partition("-")
