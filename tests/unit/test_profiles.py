@@ -5,6 +5,7 @@ once (`publishing.foreign` is the Verse profile's encoding path)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 from pathlib import Path
@@ -16,6 +17,10 @@ from unit.test_describe import SCHEMA_FILE, assert_valid
 
 from eventbus import EventBus, Settings
 from eventbus.asyncapi import asyncapi_document
+from eventbus.consumer import Consumer
+from eventbus.consumer.decoding import Decoding
+from eventbus.consumer.foreign import prepare_foreign
+from eventbus.consumer.running import make_consumers
 from eventbus.contract import contract_of
 from eventbus.errors import ConfigError, InvalidEvent, PayloadTooLarge
 from eventbus.locking.locks import LockClient
@@ -25,6 +30,7 @@ from eventbus.profiles import EVENTBUS, PROFILES, VERSE, profile_named
 from eventbus.protocol.codec import F_DATA, F_RESOURCE, F_TYPE, Envelope, encode_entry
 from eventbus.protocol.keys import Keys
 from eventbus.protocol.sharding import shard_of
+from eventbus.protocol.topics import TopicRegistry
 from eventbus.protocol.verse import verse_shard_of
 from eventbus.protocol.verse.envelope import REPLY_TO_HEADER
 from eventbus.publishing import foreign
@@ -162,3 +168,27 @@ def test_the_asyncapi_document_of_a_verse_bus_names_verses_streams() -> None:
     channel = asyncapi_document(contract_of(bus), keys=bus.keys, title="t")["channels"]["orders"]
     assert channel["address"] == "eventbus:stream:orders:{shard}"
     assert "xxh64" in channel["description"] and channel["x-eventbus"]["profile"] == "eventbus"
+
+
+@pytest.mark.parametrize("profile", ["eventbus", "verse"])
+def test_a_consumer_gets_its_profiles_parts_once(profile: str) -> None:
+    bus = EventBus(profile=profile)
+
+    @bus.subscriber("orders", group="billing")
+    async def on_placed(event: Placed) -> None: ...
+
+    redis = memory_redis()
+    registry = TopicRegistry(redis, bus.keys)
+    [consumer] = make_consumers(
+        bus.subscriptions, redis, bus.keys, bus.settings, registry, profile=bus.profile
+    )
+    assert isinstance(consumer, Consumer)
+    prepare = consumer.handling.prepare
+    if profile == "eventbus":  # the code that ran before profiles existed
+        assert isinstance(consumer.locks, LockClient)
+        assert prepare.__func__ is Decoding.prepare  # type: ignore[attr-defined]
+        assert consumer.table.streams[3] == "eventbus:stream:orders:3"
+    else:
+        assert isinstance(consumer.locks, VerseLockClient)
+        assert isinstance(prepare, functools.partial) and prepare.func is prepare_foreign
+        assert consumer.table.streams[3] == "VERSE:STREAM:RESOURCE:orders$3"
