@@ -1,5 +1,7 @@
 """A Python re-implementation, for tests only, of Verse's stream consumer (verse-redis
-``Subscriber::Stream``, commit b37e874), to run beside eventbus's consumers in a mixed fleet.
+``Subscriber::Stream``, commit b37e874), to run beside eventbus's consumers in a mixed fleet,
+and of its publisher's ``publish_resource_event`` (`publish_resource_event`, with Verse's
+``find_partition`` and ``Message#pack``), to write the entries a Verse service writes.
 
 Verse's loop, one iteration: lock every shard it can (its lock script: free locks and locks
 whose owner has no liveness key; it releases all of them at the end of the iteration), read the
