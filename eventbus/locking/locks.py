@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Protocol
+from typing import Any, Protocol
 
 from eventbus.locking.member import Member
 from eventbus.locking.scripts import Scripts
@@ -73,6 +73,16 @@ class LockRound:
     share: int
     grants: dict[int, Grant]
     sent_at: float
+
+    @classmethod
+    def parse(cls, reply: list[Any], sent_at: float) -> LockRound:
+        """The round a lock script replied (``lock_shards.lua``, ``verse_lock_shards.lua``):
+        ``[share, [shard, token, state], ...]``; `sent_at` as the field."""
+        grants = {
+            int(s): Grant(int(s), int(token), LockState(int(state)))
+            for s, token, state in reply[1:]
+        }
+        return cls(int(reply[0]), grants, sent_at)
 
     def taken(self, shards: Iterable[int]) -> tuple[int, int]:
         """Of `shards` (newly held), how many locks were free and how many were taken over from
@@ -142,11 +152,7 @@ class LockClient:
             )
         finally:
             self._acquiring -= 1
-        grants = {
-            int(s): Grant(int(s), int(token), LockState(int(state)))
-            for s, token, state in reply[1:]
-        }
-        return LockRound(int(reply[0]), grants, sent_at)
+        return LockRound.parse(reply, sent_at)
 
     async def release(self, shards: Iterable[int], *, leave: bool = False) -> list[int]:
         """Release the locks of `shards` this member holds (others' are left alone); with

@@ -35,16 +35,18 @@ def register(redis: Any, name: str) -> Any:
 
 @dataclass(frozen=True)
 class Scripts:
-    """The registered scripts of one Redis client (`redis.asyncio.Redis` or `RedisCluster`)."""
+    """The registered scripts of one Redis client (`redis.asyncio.Redis` or `RedisCluster`):
+    ``lua/lock_shards.lua`` and the others, or with ``prefix="verse_"`` the Verse profile's
+    (``lua/verse_lock_shards.lua``, ...: `eventbus.locking.verse`)."""
 
     lock_shards: Any
     unlock_shards: Any
     heartbeat: Any
 
     @classmethod
-    def register(cls, redis: Any) -> Scripts:
+    def register(cls, redis: Any, prefix: str = "") -> Scripts:
         return cls(
-            lock_shards=register(redis, "lock_shards"),
-            unlock_shards=register(redis, "unlock_shards"),
-            heartbeat=register(redis, "heartbeat"),
+            lock_shards=register(redis, f"{prefix}lock_shards"),
+            unlock_shards=register(redis, f"{prefix}unlock_shards"),
+            heartbeat=register(redis, f"{prefix}heartbeat"),
         )

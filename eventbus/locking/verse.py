@@ -18,34 +18,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from eventbus.locking.locks import Grant, LockRound, LockState
-from eventbus.locking.scripts import register
+from eventbus.locking.locks import LockRound
+from eventbus.locking.scripts import Scripts
 
 if TYPE_CHECKING:
     from eventbus.protocol.verse.keys import VerseKeys
 
 VERSE_LOCK_TTL_S = 3200
 """The TTL Verse gives its lock keys (seconds); eventbus sets its own the same, and renews it."""
-
-
-@dataclass(frozen=True)
-class VerseScripts:
-    """The registered Verse-profile scripts of one Redis client."""
-
-    lock_shards: Any
-    unlock_shards: Any
-    heartbeat: Any
-
-    @classmethod
-    def register(cls, redis: Any) -> VerseScripts:
-        return cls(
-            lock_shards=register(redis, "verse_lock_shards"),
-            unlock_shards=register(redis, "verse_unlock_shards"),
-            heartbeat=register(redis, "verse_heartbeat"),
-        )
 
 
 class VerseLockClient:
@@ -69,12 +51,12 @@ class VerseLockClient:
         member_id: str,
         shards: int,
         liveness_ttl_s: float,
-        scripts: VerseScripts | None = None,
+        scripts: Scripts | None = None,
     ) -> None:
         self.member_id = member_id
         self.shards = shards
         self._ttl_ms = int(liveness_ttl_s * 1000)
-        self._scripts = scripts or VerseScripts.register(redis)
+        self._scripts = scripts or Scripts.register(redis, prefix="verse_")
         self._liveness = keys.liveness(member_id)
         self._members = keys.members(channel, group)
         self._tokens = keys.tokens(channel, group)
@@ -105,11 +87,7 @@ class VerseLockClient:
             )
         finally:
             self._acquiring -= 1
-        grants = {
-            int(s): Grant(int(s), int(token), LockState(int(state)))
-            for s, token, state in reply[1:]
-        }
-        return LockRound(int(reply[0]), grants, sent_at)
+        return LockRound.parse(reply, sent_at)
 
     async def release(self, shards: Iterable[int], *, leave: bool = False) -> list[int]:
         """Release the locks of `shards` this member holds (others' are left alone); with
