@@ -1,0 +1,103 @@
+"""The shop's events, bus and handlers (``eventbus run examples.shop.service:bus``).
+
+An order's events carry its order ID as resource ID: they land in one shard and each group
+handles them one after another, in publish order (a cancellation never before its placement).
+Handlers run at least once: one interrupted before its ack (a crash, Redis restarting) runs again
+with ``ctx.redelivered``; a real handler writes its effects keyed by ``ctx.event_id``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import ClassVar
+
+from pydantic import BaseModel
+
+from eventbus import Context, EventBus
+
+log = logging.getLogger("shop")
+
+bus = EventBus.from_env()  # REDIS_URL, EVENTBUS_* settings
+
+
+# Events. A stable __event_type__: renaming or moving a class changes nothing on the wire.
+class OrderPlaced(BaseModel):
+    __event_type__: ClassVar[str] = "shop.order_placed"
+    order_id: str
+    sku: str
+    quantity: int
+
+
+class OrderCancelled(BaseModel):
+    __event_type__: ClassVar[str] = "shop.order_cancelled"
+    order_id: str
+
+
+class ShipmentRequested(BaseModel):
+    __event_type__: ClassVar[str] = "shop.shipment_requested"
+    order_id: str
+    sku: str
+    quantity: int
+
+
+class PriceChanged(BaseModel):
+    __event_type__: ClassVar[str] = "shop.price_changed"
+    sku: str
+    cents: int
+
+
+class QuoteRequested(BaseModel):
+    __event_type__: ClassVar[str] = "shop.quote_requested"
+    sku: str
+    quantity: int
+
+
+class Quote(BaseModel):
+    """The reply to a `QuoteRequested`; `total_cents` is None for an unknown SKU."""
+
+    sku: str
+    quantity: int
+    total_cents: int | None
+
+
+# What this service publishes, for its contract (`eventbus describe examples.shop.service:bus`).
+bus.publishes("orders", OrderPlaced, OrderCancelled)
+bus.publishes("prices", PriceChanged)
+bus.publishes("shipments", ShipmentRequested)
+bus.publishes("quotes", QuoteRequested)
+
+
+# Broadcast: every running instance gets every price change, and keeps its own price list.
+prices: dict[str, int] = {}
+
+
+@bus.subscriber("prices", broadcast=True)
+async def price_changed(event: PriceChanged) -> None:
+    prices[event.sku] = event.cents
+
+
+# Request/reply: the handler's return value answers `bus.request` (app.py's quote route).
+@bus.subscriber("quotes", group="pricing")
+async def quote(request: QuoteRequested) -> Quote:
+    cents = prices.get(request.sku)
+    total = None if cents is None else cents * request.quantity
+    return Quote(sku=request.sku, quantity=request.quantity, total_cents=total)
+
+
+# One group, two handlers: each event type goes to its handler, and an order's events still
+# run in publish order through the group's single consumer.
+@bus.subscriber("orders", group="fulfilment", on_failure="park")
+async def order_placed(event: OrderPlaced, ctx: Context) -> None:
+    shipment = ShipmentRequested(order_id=event.order_id, sku=event.sku, quantity=event.quantity)
+    # a follow-up event, chained to this one (its causation and correlation headers)
+    await ctx.publish("shipments", shipment, resource_id=event.order_id)
+
+
+@bus.subscriber("orders", group="fulfilment")
+async def order_cancelled(event: OrderCancelled, ctx: Context) -> None:
+    log.info("order %s cancelled (event %s)", event.order_id, ctx.event_id)
+
+
+@bus.subscriber("shipments", group="shipping")
+def ship(event: ShipmentRequested, ctx: Context) -> None:  # a plain def runs in a worker thread
+    log.info("shipping %d x %s for %s", event.quantity, event.sku, event.order_id)
