@@ -85,8 +85,9 @@ async def quote(request: QuoteRequested) -> Quote:
 
 
 # One group, two handlers: each event type goes to its handler, and an order's events still
-# run in publish order through the group's single consumer.
-@bus.subscriber("orders", group="fulfilment", on_failure="park")
+# run in publish order through the group's single consumer. An event ID handled in the last day
+# is skipped (a redelivery after a lost ack, a second copy of a re-sent XADD).
+@bus.subscriber("orders", group="fulfilment", on_failure="park", dedup_window_s=24 * 3600)
 async def order_placed(event: OrderPlaced, ctx: Context) -> None:
     shipment = ShipmentRequested(order_id=event.order_id, sku=event.sku, quantity=event.quantity)
     # a follow-up event, chained to this one (its causation and correlation headers)
@@ -98,6 +99,14 @@ async def order_cancelled(event: OrderCancelled, ctx: Context) -> None:
     log.info("order %s cancelled (event %s)", event.order_id, ctx.event_id)
 
 
+# At least once: a redelivered OrderPlaced publishes a second ShipmentRequested (another event
+# ID), so shipping is idempotent by order ID (a real service: a unique key in its database).
+shipped: dict[str, int] = {}  # order ID -> quantity
+
+
 @bus.subscriber("shipments", group="shipping")
 def ship(event: ShipmentRequested, ctx: Context) -> None:  # a plain def runs in a worker thread
+    if event.order_id in shipped:  # shipped already
+        return
+    shipped[event.order_id] = event.quantity
     log.info("shipping %d x %s for %s", event.quantity, event.sku, event.order_id)
