@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from typing import Any
 
 import pytest
 import redis
@@ -54,3 +55,40 @@ def test_web_handler_publishes_and_rejects_bad_input(
             for eid, _ in r.xrange(key)
         ]
     assert stored == [entry_id]
+
+
+@pytest.fixture
+def eventbus_app() -> Any:
+    """The shop's bus, for the pytest plugin's ``running_bus`` (as a user's conftest.py has it)."""
+    from examples.shop import service
+
+    return service.bus
+
+
+async def test_shop_handlers_through_the_pytest_plugin(running_bus: Any) -> None:
+    """examples/shop's handlers as its own tests would check them, in memory: broadcast,
+    request/reply, routing by type, the follow-up chained with ``ctx.publish``, shipping once
+    per order although two requests arrive (as after a redelivered placement)."""
+    from examples.shop import service as shop
+
+    shop.prices.clear()
+    shop.shipped.clear()
+    await running_bus.publish("prices", shop.PriceChanged(sku="tea", cents=350), resource_id="tea")
+    placed = shop.OrderPlaced(order_id="o-1", sku="tea", quantity=2)
+    await running_bus.publish("orders", placed, resource_id="o-1")
+    await running_bus.publish("orders", shop.OrderCancelled(order_id="o-1"), resource_id="o-1")
+    await running_bus.drain()
+    quote = await running_bus.bus.request(
+        "quotes", shop.QuoteRequested(sku="tea", quantity=2), resource_id="tea", timeout_s=10
+    )
+    follow_up = shop.ShipmentRequested(order_id="o-1", sku="tea", quantity=2)
+    await running_bus.publish("shipments", follow_up, resource_id="o-1")  # a second request
+    await running_bus.drain()
+
+    assert quote == {"sku": "tea", "quantity": 2, "total_cents": 700}
+    assert running_bus.events("orders") == [placed, shop.OrderCancelled(order_id="o-1")]
+    first, _ = await running_bus.published("shipments")
+    assert first.as_(shop.ShipmentRequested) == follow_up
+    order = next(h.ctx for h in running_bus.handled if h.ctx.topic == "orders")
+    assert first.headers["eventbus-causation-id"] == str(order.event_id)
+    assert shop.shipped == {"o-1": 2}  # shipped once
