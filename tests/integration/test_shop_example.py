@@ -13,7 +13,8 @@ handled, and its shipment made once); an order's events are handled in publish o
 is handled once, except the redeliveries that a connection loss causes (known limit 1: the
 entries in flight then run again, with ``ctx.redelivered``), and exactly once after the restart;
 request/reply and broadcast work after it; nothing is left pending; no request failed (no raw
-redis-py error reached a route).
+redis-py error reached a route). Then a restart without persistence: the service recovers by
+itself (issue 19 item 4) and handles what comes next.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+import redis
 from sqlalchemy import select
 from support import total_pending, wait_until
 
@@ -105,8 +107,11 @@ class Journal:
 
 
 @pytest.fixture
-def server() -> Iterator[RedisServer]:
-    with RedisServer(appendonly="always") as server:
+def server(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
+    """A private redis-server, AOF ``appendfsync always`` unless the test's parameter says
+    ``"no persistence"``."""
+    persistent = getattr(request, "param", "aof") == "aof"
+    with RedisServer(appendonly="always" if persistent else None) as server:
         yield server
 
 
@@ -219,6 +224,64 @@ async def test_the_shop_runs_through_a_redis_restart(
     assert {o: [types[e] for e in dict.fromkeys(ids)] for o, ids in by_order.items()} == {
         f"o-{i}": [PLACED, CANCELLED] if i % 2 == 0 else [PLACED] for i in range(AFTER.stop)
     }
+
+
+@pytest.mark.parametrize("server", ["no persistence"], indirect=True)
+async def test_the_shop_recovers_by_itself_when_redis_lost_its_data(
+    shop: Any, server: RedisServer
+) -> None:
+    """A restart without persistence (as FLUSHALL, a failover to an empty replica): what was
+    in Redis is gone, and the service goes on without manual action: the groups come back
+    (issue 19 item 4), publishing, request/reply and broadcast work, and every order placed
+    after the loss is handled once."""
+    service = sys.modules["examples.shop.service"]
+    journal = Journal()
+    journal.release.set()  # nothing held here
+    shop.bus.middleware(journal.record)
+    transport = httpx.ASGITransport(app=shop.app)
+
+    async with (
+        shop.app.router.lifespan_context(shop.app),
+        httpx.AsyncClient(transport=transport, base_url="http://shop") as client,
+    ):
+
+        async def call(method: str, url: str, status: int, **kwargs: Any) -> Any:
+            response = await client.request(method, url, **kwargs)
+            assert response.status_code == status, response.text
+            return response.json()
+
+        async def place(i: int) -> None:
+            order = {"order_id": f"o-{i}", "sku": "tea", "quantity": i + 1}
+            await call("POST", "/orders", 201, json=order)
+
+        await wait_until(lambda: _subscribers_read(shop.bus))
+        await place(0)
+        await journal.wait(lambda: len(service.shipped) == 1)
+        await anyio.to_thread.run_sync(server.restart)  # empty
+        assert await anyio.to_thread.run_sync(_key_count, server.url) == 0
+
+        await call("PUT", "/prices/tea", 202, json={"cents": 350})
+        await journal.wait(lambda: len(journal.events("_broadcast")) == 1)
+        quote = await call("GET", "/quotes/tea", 200, params={"quantity": 2})
+        assert quote == {"sku": "tea", "quantity": 2, "total_cents": 700}
+        for i in range(1, 5):
+            await place(i)
+        await journal.wait(lambda: len(service.shipped) == 5)
+
+    later = [c for c in journal.calls if c.resource_id != "o-0"]
+    assert len({c.event_id for c in later}) == len(later)
+    assert Counter(c.group for c in later) == {
+        "_broadcast": 1,
+        "pricing": 1,
+        "fulfilment": 4,
+        "shipping": 4,
+    }
+    assert service.shipped == {f"o-{i}": i + 1 for i in range(5)}
+
+
+def _key_count(url: str) -> int:
+    with redis.Redis.from_url(url) as client:
+        return int(client.dbsize())
 
 
 def _subscribers_read(bus: Any) -> bool:
