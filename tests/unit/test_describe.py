@@ -87,6 +87,27 @@ def test_the_example_apps_document_validates(
     assert schema["properties"]["total_cents"]["type"] == "integer"
 
 
+def test_the_shop_examples_document_validates(
+    validator: jsonschema.Draft7Validator, tmp_path: Path
+) -> None:
+    """examples/shop: broadcast, request/reply and two handlers of one group routed by type."""
+    out = tmp_path / "shop.json"
+    result = CliRunner().invoke(
+        app, ["describe", "examples.shop.service:bus", "--asyncapi", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    assert_valid(validator, doc)
+    assert set(doc["channels"]) == {"orders", "prices", "quotes", "shipments"}
+    assert doc["operations"]["_broadcast.price_changed"]["x-eventbus"]["broadcast"] is True
+    fulfilment = {k: v for k, v in doc["operations"].items() if k.startswith("fulfilment.")}
+    assert {k: [m["$ref"] for m in v["messages"]] for k, v in fulfilment.items()} == {
+        "fulfilment.order_placed": ["#/channels/orders/messages/shop.order_placed"],
+        "fulfilment.order_cancelled": ["#/channels/orders/messages/shop.order_cancelled"],
+    }
+    assert fulfilment["fulfilment.order_placed"]["x-eventbus"]["dedup_window_s"] == 86400
+
+
 class Address(BaseModel):
     city: str
 
