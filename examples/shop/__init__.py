@@ -1,5 +1,5 @@
 """A shop: one small service combining what a real one uses (``pip install 'eventbus[fastapi]'
-sqlalchemy``).
+sqlalchemy uvicorn``).
 
 - `service.py`: the events (typed pydantic models), the bus and its handlers: a consumer group
   whose two handlers are routed by event type and publish a follow-up with ``ctx.publish``, a

@@ -1,9 +1,13 @@
 """The shop's web app: ``uvicorn examples.shop.app:app`` (see the package docstring).
 
 `lifespan(bus, subscribers=True)` enters the bus on the server's event loop and runs the
-handlers of `service.py` in this process until shutdown. Errors of the bus become answers:
-`PublishError` (Redis did not confirm within ``publish_timeout_s``) a 503, `RequestTimeout` (no
-reply in time) a 504; a route never sees a raw redis-py error.
+handlers of `service.py` in this process until shutdown. The orders table lives in the database
+at ``SHOP_DATABASE_URL`` (default: ``shop.db`` in the working directory).
+
+The bus raises its own errors, never redis-py's; two become answers: `PublishError` (Redis did
+not confirm within ``publish_timeout_s``: a restart longer than that) a 503, `RequestTimeout` (no
+reply in time) a 504. From ``POST /orders`` a 503 comes after the row was committed: the order
+exists without its event (docs/semantics.md, "Publish after commit", says why and what to do).
 """
 
 from __future__ import annotations
