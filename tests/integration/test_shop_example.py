@@ -116,12 +116,22 @@ def server(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
 
 
 @pytest.fixture
-def shop(server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+def shop_env() -> dict[str, str]:
+    """More environment for the shop's settings (a test parametrizes it)."""
+    return {}
+
+
+@pytest.fixture
+def shop(
+    server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shop_env: dict[str, str]
+) -> Iterator[Any]:
     """examples.shop.app imported for this test's Redis and database (both read at import)."""
     monkeypatch.setenv("REDIS_URL", server.url)
     monkeypatch.setenv("EVENTBUS_SHARDS", "4")
     monkeypatch.setenv("EVENTBUS_BLOCK_MAX_MS", "100")
     monkeypatch.setenv("SHOP_DATABASE_URL", f"sqlite:///{tmp_path / 'shop.db'}")
+    for name, value in shop_env.items():
+        monkeypatch.setenv(name, value)
     for name in MODULES:
         sys.modules.pop(name, None)
     app = importlib.import_module("examples.shop.app")
@@ -277,6 +287,37 @@ async def test_the_shop_recovers_by_itself_when_redis_lost_its_data(
         "shipping": 4,
     }
     assert service.shipped == {f"o-{i}": i + 1 for i in range(5)}
+
+
+@pytest.mark.parametrize("shop_env", [{"EVENTBUS_PUBLISH_TIMEOUT_S": "1"}])
+async def test_while_redis_is_down_every_route_answers_503(shop: Any, server: RedisServer) -> None:
+    """Redis down for longer than ``publish_timeout_s``: each route answers with the bus's own
+    error (503: `PublishError`, the request's included), never a 500 from a raw redis-py error;
+    once Redis is back (AOF: nothing lost) the same calls work and their events are handled."""
+    service = sys.modules["examples.shop.service"]
+    transport = httpx.ASGITransport(app=shop.app, raise_app_exceptions=False)
+    async with (
+        shop.app.router.lifespan_context(shop.app),
+        httpx.AsyncClient(transport=transport, base_url="http://shop") as client,
+    ):
+        calls = [
+            ("POST", "/orders", {"json": {"order_id": "o-1", "sku": "tea", "quantity": 1}}),
+            ("POST", "/orders/o-1/cancel", {}),
+            ("PUT", "/prices/tea", {"json": {"cents": 350}}),
+            ("GET", "/quotes/tea", {"params": {"quantity": 1}}),
+        ]
+        await wait_until(lambda: _subscribers_read(shop.bus))
+        await anyio.to_thread.run_sync(server.stop)
+        down = [await client.request(method, url, **kw) for method, url, kw in calls]
+        assert [r.status_code for r in down] == [503] * 4, [r.text for r in down]
+        assert all("not confirmed within 1 s" in r.json()["error"] for r in down)
+
+        await anyio.to_thread.run_sync(server.start)  # same port, AOF reloaded
+        calls[0] = ("POST", "/orders", {"json": {"order_id": "o-2", "sku": "tea", "quantity": 2}})
+        calls[1] = ("POST", "/orders/o-2/cancel", {})
+        up = [await client.request(method, url, **kw) for method, url, kw in calls]
+        assert [r.status_code for r in up] == [201, 202, 202, 200], [r.text for r in up]
+        await wait_until(lambda: "o-2" in service.shipped)
 
 
 def _key_count(url: str) -> int:
