@@ -45,7 +45,9 @@ pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 DURING = range(0, 24)  # orders placed by four clients while Redis restarts
 AFTER = range(24, 28)  # orders placed after it
 HELD = ("fulfilment", "o-3")  # this order's placement is in its handler across the restart
-MODULES = ("examples.shop.app", "examples.shop.service")
+# imported afresh for each test (the package too: `from examples.shop import service` would
+# find the old module as its attribute)
+MODULES = ("examples.shop.app", "examples.shop.service", "examples.shop")
 PLACED, CANCELLED = "shop.order_placed", "shop.order_cancelled"
 
 
