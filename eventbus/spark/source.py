@@ -28,6 +28,7 @@ from eventbus.errors import ConfigError
 from eventbus.protocol.ids import ZERO, EntryId, parse_id
 from eventbus.spark.decode import Converter
 from eventbus.spark.objects import Objects, as_objects
+from eventbus.spark.offsets import parse_start
 from eventbus.spark.options import SourceOptions
 from eventbus.spark.planning import (
     Cut,
@@ -71,10 +72,7 @@ class EventbusSource(DataSource):
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         from eventbus.spark.stream import StreamReader
 
-        opts = self._opts()
-        if len(opts.subscribed) > 1:
-            raise ConfigError("option subscribe with several topics: batch reads only, for now")
-        return StreamReader(opts, schema)
+        return StreamReader(self._opts(), schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         from eventbus.spark.writer import EventWriter
@@ -101,8 +99,8 @@ class BatchReader(DataSourceReader):
                     objects,
                     topic,
                     self.pruning,
-                    starts=batch_offsets(opts.starting_offsets, topic, "startingOffsets"),
-                    ends=batch_offsets(opts.ending_offsets, topic, "endingOffsets"),
+                    starts=batch_offsets(opts, topic, "startingOffsets"),
+                    ends=batch_offsets(opts, topic, "endingOffsets"),
                     redis=redis,
                     keys=opts.keys(),
                     shards=opts.shards,
@@ -171,13 +169,14 @@ class PruningReader(BatchReader):
         yield from filters
 
 
-def batch_offsets(text: str, topic: str, name: str) -> dict[int, EntryId] | None:
-    """A batch read's ``startingOffsets`` (``earliest`` or a JSON offset: per shard the entry
-    ID after which to read) or ``endingOffsets`` (``latest`` or a JSON offset: per shard the
-    last entry ID to read); shards left out are not bounded. Raises `ConfigError`."""
-    from eventbus.spark.stream import parse_start
-
-    value = parse_start(text, topic)
+def batch_offsets(opts: SourceOptions, topic: str, name: str) -> dict[int, EntryId] | None:
+    """`topic`'s bounds in a batch read's ``startingOffsets`` (``earliest`` or a JSON offset:
+    per shard the entry ID after which to read) or ``endingOffsets`` (``latest`` or a JSON
+    offset: per shard the last entry ID to read); shards left out are not bounded. A JSON
+    offset of several topics is keyed by topic and names each (`parse_start`). Raises
+    `ConfigError`."""
+    text = opts.starting_offsets if name == "startingOffsets" else opts.ending_offsets
+    value = parse_start(text, topic, opts.subscribed, name)
     open_end = "earliest" if name == "startingOffsets" else "latest"
     if value == open_end:
         return None

@@ -1,28 +1,30 @@
-"""``spark.readStream.format("eventbus")``: a topic as a stream, archive first, then Redis.
+"""``spark.readStream.format("eventbus")``: topics as a stream, archive first, then Redis.
 
-**Offsets** are JSON objects ``{"<topic>": {"<shard>": "<ms>-<seq>"}}``, as Kafka's: per shard,
-the last entry ID read (``"0-0"``: nothing yet). A micro-batch (start, end] reads, per shard,
-the segments up to the offloader's checkpoint, then ``XRANGE`` after it, with the re-check of
-`eventbus.spark.reading.read_range`: a query that fell behind Redis's trim point continues from
-the archive with no gap.
+**Offsets** are JSON objects ``{"<topic>": {"<shard>": "<ms>-<seq>"}}``, as Kafka's
+(`eventbus.spark.offsets`): per subscribed topic (``subscribe``, several comma-separated, or
+``topic``), per shard, the last entry ID read (``"0-0"``: nothing yet). A micro-batch (start,
+end] reads, per topic and shard, the segments up to the offloader's checkpoint, then ``XRANGE``
+after it, with the re-check of `eventbus.spark.reading.read_range`: a query that fell behind
+Redis's trim point continues from the archive with no gap. A checkpoint written for another
+topic set is refused.
 Entries are immutable, so re-running a batch after a restart gives the same rows: Spark's
 checkpoint makes delivery into exactly-once sinks exactly-once.
 
-Options: ``startingOffsets`` = ``earliest`` (default) | ``latest`` | a JSON offset (shards left
-out start at the beginning), also keyed by topic as Kafka's (``{"orders": {"0": "..."}}``) | a
-time (Unix ms, or ISO-8601; UTC when no offset is given: the first entries added at or after
-it); ``maxOffsetsPerTrigger`` (alias ``maxEntriesPerTrigger``) caps a micro-batch (split evenly
-over the shards that have entries, at least one entry per such shard).
+Options: ``startingOffsets`` = ``earliest`` (default) | ``latest`` | a JSON offset keyed by topic
+as Kafka's (``{"orders": {"0": "..."}}``, naming every subscribed topic; shards left out start
+at the beginning), or per shard only for one topic | a time (Unix ms, or ISO-8601; UTC when no
+offset is given: the first entries added at or after it); ``maxOffsetsPerTrigger`` (alias
+``maxEntriesPerTrigger``) caps a micro-batch, split evenly over every topic's shards that have
+new entries (`eventbus.spark.offsets.spread`); ``failOnDataLoss`` is checked per topic.
 """
 
 from __future__ import annotations
 
 import io
-import json
 import logging
 import warnings
 from collections.abc import Iterator, Sequence
-from datetime import UTC, datetime
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -36,10 +38,10 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from eventbus.errors import ConfigError
 from eventbus.protocol.ids import ZERO, EntryId, parse_id
 from eventbus.spark.decode import Converter
 from eventbus.spark.objects import Objects, as_objects
+from eventbus.spark.offsets import Offset, Offsets, by_topic, parse_start, spread
 from eventbus.spark.options import SourceOptions
 from eventbus.spark.planning import (
     RangePart,
@@ -54,114 +56,114 @@ from eventbus.spark.schema import arrow_schema
 from eventbus.tier.errors import TierError
 from eventbus.tier.layout import SegmentRef
 
-Offset = dict[str, str]
+__all__ = ["Offset", "Offsets", "StreamReader", "parse_start"]
+
 log = logging.getLogger("eventbus.spark")
 
 
-def parse_start(text: str, topic: str | None = None) -> str | dict[str, str] | int:
-    """``earliest``/``latest``, a JSON offset (``{"<shard>": "<entry ID>"}``, or Kafka's form
-    keyed by topic, ``{"<topic>": {"<shard>": "<entry ID>"}}``, which must name `topic`), or a
-    time as Unix ms. Raises `ConfigError`."""
-    value = text.strip()
-    if value.lower() in ("earliest", "latest"):
-        return value.lower()
-    if value.startswith("{"):
-        try:
-            raw = json.loads(value)
-            if raw and all(isinstance(v, dict) for v in raw.values()):
-                if topic not in raw:
-                    raise ConfigError(f"it names topics {sorted(raw)}, not {topic!r}")
-                raw = raw[topic]
-            return {str(int(k)): str(parse_id(str(v))) for k, v in raw.items()}
-        except (ValueError, ConfigError) as exc:
-            raise ConfigError(f"option startingOffsets: bad JSON offset {value!r}: {exc}") from None
-    if value.isdigit():
-        return int(value)
-    try:
-        when = datetime.fromisoformat(value)
-    except ValueError:
-        raise ConfigError(
-            "option startingOffsets must be earliest, latest, a JSON offset "
-            f'({{"0": "1700000000000-0"}}), Unix ms or an ISO-8601 time; got {value!r}'
-        ) from None
-    return int(when.replace(tzinfo=when.tzinfo or UTC).timestamp() * 1000)
+@dataclass
+class _Heads:
+    """What the driver sees now, per topic and shard: the offloader's checkpoints (or where
+    the archive ends, when later) and the last readable entry. `redis` is open: close it."""
+
+    objects: Objects
+    redis: Any
+    cps: dict[str, dict[int, EntryId]] = field(default_factory=dict)
+    heads: dict[str, dict[int, EntryId]] = field(default_factory=dict)
+
+    def close(self) -> None:
+        if self.redis is not None:
+            self.redis.close()
 
 
 class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Plans micro-batches on the driver, reads them in tasks (one per shard with new entries).
+    """Plans micro-batches on the driver, reads them in tasks (one per topic and shard with new
+    entries).
 
     ``Trigger.AvailableNow``: the entries present when the query starts are read, in
     micro-batches of at most ``maxOffsetsPerTrigger``, then the query stops. The streaming
-    progress reports, as ``latestOffset``, the last entry of each shard now readable (a query's
-    lag is its end offset against it)."""
+    progress reports, as ``latestOffset``, the last entry of each topic's shards now readable (a
+    query's lag is its end offset against it)."""
 
     def __init__(self, opts: SourceOptions, schema: StructType) -> None:
         self.opts = opts
         self.schema = schema
-        self.start = parse_start(opts.starting_offsets, opts.topic)
-        self.target: dict[int, EntryId] | None = None  # Trigger.AvailableNow: where to stop
-        self.latest: Offset | None = None  # for reportLatestOffset
-        self._listed: dict[int, list[SegmentRef]] = {}  # per shard, the segments seen so far
+        self.topics: tuple[str, ...] = opts.subscribed or (opts.topic,)
+        self.start = {t: parse_start(opts.starting_offsets, t, self.topics) for t in self.topics}
+        self.target: dict[str, dict[int, EntryId]] | None = None  # AvailableNow: where to stop
+        self.latest: Offsets | None = None  # for reportLatestOffset
+        self._listed: dict[tuple[str, int], list[SegmentRef]] = {}  # segments seen so far
 
     def __getstate__(self) -> dict[str, Any]:  # tasks get the reader without the listing cache
         state = dict(self.__dict__)
         state["_listed"] = {}
         return state
 
-    def _segments(self, objects: Objects, shard: int) -> list[SegmentRef]:
+    def _segments(self, objects: Objects, topic: str, shard: int) -> list[SegmentRef]:
         """The shard's segments, listing only the keys after the last one seen (segments are
         immutable and a new one's key sorts after the known ones: no full listing per batch)."""
-        known = self._listed.setdefault(shard, [])
-        known += objects.segments(self.opts.topic, shard, after=known[-1] if known else None)
+        known = self._listed.setdefault((topic, shard), [])
+        known += objects.segments(topic, shard, after=known[-1] if known else None)
         return known
 
     def prepareForTriggerAvailableNow(self) -> None:
-        _, redis, _, self.target = self._heads()
-        if redis is not None:
-            redis.close()
+        now = self._heads()
+        now.close()
+        self.target = now.heads
 
-    def reportLatestOffset(self) -> dict[str, Offset] | None:
-        return None if self.latest is None else {self.opts.topic: self.latest}
+    def reportLatestOffset(self) -> Offsets | None:
+        return self.latest
 
     # Spark sees offsets keyed by topic, as Kafka's ({"orders": {"0": "<entry ID>"}}); they are
-    # per shard inside. A checkpoint of another topic is refused; an older checkpoint's offsets,
-    # per shard only, are taken as they are.
-    def initialOffset(self) -> dict[str, Offset]:
-        return {self.opts.topic: self._initial_offset()}
+    # per shard inside. A checkpoint of another topic set is refused; an older one-topic
+    # checkpoint's offsets, per shard only, are taken as they are (`by_topic`).
+    def initialOffset(self) -> Offsets:
+        now = self._heads()
+        now.close()
+        return {t: _initial(self.start[t], now.heads[t]) for t in self.topics}
 
-    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Offset]:
-        return {self.opts.topic: self._latest_offset(self._own(start), limit)}
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> Offsets:
+        return self._latest_offset(by_topic(start, self.topics), limit)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        return self._partitions(self._own(start), self._own(end))
-
-    def _own(self, offset: dict[str, Any]) -> Offset:
-        """The per-shard offset of this query's topic. Raises `ConfigError` for a checkpoint of
-        another topic (its entry IDs would be read as this topic's: a silent misread)."""
-        if offset and all(isinstance(v, dict) for v in offset.values()):
-            if set(offset) != {self.opts.topic}:
-                raise ConfigError(
-                    f"the query's checkpoint holds offsets of topic(s) {sorted(offset)}, not "
-                    f"{self.opts.topic!r}: use a new checkpointLocation for another topic"
-                )
-            return {str(k): str(v) for k, v in offset[self.opts.topic].items()}
-        return {str(k): str(v) for k, v in offset.items()}
-
-    # -- driver side --------------------------------------------------------------------------
-    def _shards(self, objects: Objects, redis: Any) -> list[int]:
-        count = shard_count(redis, self.opts.keys(), self.opts.topic, self.opts.shards)
-        return sorted(set(objects.shards(self.opts.topic)) | set(range(count or 0)))
-
-    def _heads(self) -> tuple[Objects, Any, dict[int, EntryId], dict[int, EntryId]]:
-        """(objects, redis, checkpoints, heads): per shard the last entry now readable."""
+        begin, upto = by_topic(start, self.topics), by_topic(end, self.topics)
         objects = as_objects(self.opts.open_store())
         redis = self.opts.redis()
-        shards = self._shards(objects, redis)
+        try:
+            parts: list[InputPartition] = []
+            for t in self.topics:
+                parts += self._partitions(objects, redis, t, begin[t], upto[t])
+            return parts
+        finally:
+            if redis is not None:
+                redis.close()
+
+    # -- driver side --------------------------------------------------------------------------
+    def _shards(self, objects: Objects, redis: Any, topic: str) -> list[int]:
+        count = shard_count(redis, self.opts.keys(), topic, self.opts.shards)
+        return sorted(set(objects.shards(topic)) | set(range(count or 0)))
+
+    def _heads(self) -> _Heads:
+        """Per topic and shard: the checkpoint (where the archive ends) and the last entry now
+        readable."""
+        now = _Heads(as_objects(self.opts.open_store()), self.opts.redis())
+        try:
+            for t in self.topics:
+                now.cps[t], now.heads[t] = self._topic_heads(now.objects, now.redis, t)
+        except BaseException:
+            now.close()
+            raise
+        return now
+
+    def _topic_heads(
+        self, objects: Objects, redis: Any, topic: str
+    ) -> tuple[dict[int, EntryId], dict[int, EntryId]]:
+        shards = self._shards(objects, redis, topic)
         keys = self.opts.keys()
-        cps = checkpoints(redis, keys, self.opts.topic, shards) if redis is not None else {}
+        cps = checkpoints(redis, keys, topic, shards) if redis is not None else {}
         heads: dict[int, EntryId] = {}
         for s in shards:
-            refs = self._segments(objects, s)
+            refs = self._segments(objects, topic, s)
             if redis is not None:
                 upto = archived_upto(cps.get(s), refs)
                 if upto is not None:
@@ -170,69 +172,82 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if s in cps:
                 heads[s] = max(heads[s], cps[s])
         if redis is not None:
-            for s, last in last_ids(redis, keys, self.opts.topic, shards).items():
+            for s, last in last_ids(redis, keys, topic, shards).items():
                 heads[s] = max(heads.get(s, ZERO), last)
-        return objects, redis, cps, heads
-
-    def _initial_offset(self) -> Offset:
-        _, redis, _, heads = self._heads()
-        if redis is not None:
-            redis.close()
-        if self.start == "latest":
-            return {str(s): str(h) for s, h in heads.items()}
-        if isinstance(self.start, int):
-            at = EntryId(self.start, 0)
-            return {str(s): str(at.prev()) if self.start > 0 else "0-0" for s in heads}
-        given = self.start if isinstance(self.start, dict) else {}
-        return {str(s): given.get(str(s), "0-0") for s in heads}
+        return cps, heads
 
     def getDefaultReadLimit(self) -> ReadLimit:
         n = self.opts.max_entries_per_trigger
         return ReadMaxRows(n) if n else ReadAllAvailable()
 
-    def _latest_offset(self, start: Offset, limit: ReadLimit) -> Offset:
-        objects, redis, cps, heads = self._heads()
-        self.latest = {str(s): str(h) for s, h in heads.items()}
-        if self.target is not None:  # nothing added after the AvailableNow query started
-            heads = {s: min(h, self.target.get(s, ZERO)) for s, h in heads.items()}
+    def _latest_offset(self, start: Offsets, limit: ReadLimit) -> Offsets:
+        now = self._heads()
         try:
-            end = {str(s): str(h) for s, h in heads.items()}
-            beyond = []
-            for key, was in start.items():  # never move backwards (a shard's stream deleted)
-                if parse_id(end.get(key, "0-0")) < parse_id(was):
-                    beyond.append(f"shard {key} at {was}, last entry {end.get(key, 'none')}")
-                    end[key] = was
-            if beyond and redis is not None:  # as replay's ArchiveGap: else a silent hole
-                # (without Redis the archive may just not have caught up with the offsets yet)
-                surface_loss(self.opts.topic, beyond, self.opts.on_gap or "fail")
+            self.latest = {
+                t: {str(s): str(h) for s, h in heads.items()} for t, heads in now.heads.items()
+            }
+            heads = now.heads
+            if self.target is not None:  # nothing added after the AvailableNow query started
+                target = self.target
+                heads = {
+                    t: {s: min(h, target.get(t, {}).get(s, ZERO)) for s, h in hs.items()}
+                    for t, hs in heads.items()
+                }
+            end = {t: self._forward(t, start[t], heads[t], now.redis) for t in self.topics}
             if not isinstance(limit, ReadMaxRows):
                 return end
-            behind = [int(k) for k in end if parse_id(end[k]) > parse_id(start.get(k, "0-0"))]
-            quota = max(1, limit.max_rows // max(1, len(behind)))
-            for s in behind:
-                after = parse_id(start.get(str(s), "0-0"))
-                cut = self._nth(objects, redis, s, after, heads[s], cps.get(s), quota)
-                end[str(s)] = str(cut)
+            # the limit over every topic's shards with new entries, least advanced first
+            behind = sorted(
+                (parse_id(start[t].get(k, "0-0")), t, int(k))
+                for t in self.topics
+                for k in end[t]
+                if parse_id(end[t][k]) > parse_id(start[t].get(k, "0-0"))
+            )
+            for (after, t, s), quota in zip(
+                behind, spread(limit.max_rows, len(behind)), strict=True
+            ):
+                cut = (
+                    self._nth(
+                        now.objects, now.redis, t, s, after, heads[t][s], now.cps[t].get(s), quota
+                    )
+                    if quota
+                    else after
+                )
+                end[t][str(s)] = str(cut)
             return end
         finally:
-            if redis is not None:
-                redis.close()
+            now.close()
+
+    def _forward(self, topic: str, start: Offset, heads: dict[int, EntryId], redis: Any) -> Offset:
+        """The end offset of `topic` at `heads`, never before `start` (a shard's stream deleted):
+        offsets past the archive's and the stream's last entries fail (failOnDataLoss) or warn."""
+        end = {str(s): str(h) for s, h in heads.items()}
+        beyond = []
+        for key, was in start.items():
+            if parse_id(end.get(key, "0-0")) < parse_id(was):
+                beyond.append(f"shard {key} at {was}, last entry {end.get(key, 'none')}")
+                end[key] = was
+        if beyond and redis is not None:  # as replay's ArchiveGap: else a silent hole
+            # (without Redis the archive may just not have caught up with the offsets yet)
+            surface_loss(topic, beyond, self.opts.on_gap or "fail")
+        return end
 
     def _nth(
         self,
         objects: Objects,
         redis: Any,
+        topic: str,
         shard: int,
         after: EntryId,
         head: EntryId,
         cp: EntryId | None,
         n: int,
     ) -> EntryId:
-        """The `n`-th entry ID of `shard` after `after` (or `head` if there are fewer)."""
-        topic = self.opts.topic
+        """The `n`-th entry ID of `topic`'s `shard` after `after` (or `head` if there are
+        fewer)."""
         left = n
         last = after
-        for ref in self._segments(objects, shard):
+        for ref in self._segments(objects, topic, shard):
             if ref.last <= after or (redis is not None and (cp is None or ref.last > cp)):
                 continue
             if ref.first > after:
@@ -260,42 +275,32 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         )
         return parse_id(page[-1][0]) if page else max(last, start)
 
-    def _partitions(self, start: Offset, end: Offset) -> Sequence[InputPartition]:
-        objects = as_objects(self.opts.open_store())
-        redis = self.opts.redis()
-        try:
-            shards = sorted(int(s) for s in end)
-            cps = (
-                checkpoints(redis, self.opts.keys(), self.opts.topic, shards)
-                if redis is not None
-                else {}
+    def _partitions(
+        self, objects: Objects, redis: Any, topic: str, start: Offset, end: Offset
+    ) -> list[InputPartition]:
+        shards = sorted(int(s) for s in end)
+        cps = checkpoints(redis, self.opts.keys(), topic, shards) if redis is not None else {}
+        parts: list[InputPartition] = []
+        lost: list[dict[str, Any]] = []
+        for s in shards:
+            after = parse_id(start.get(str(s), "0-0"))
+            upto = parse_id(end[str(s)])
+            if upto <= after:
+                continue
+            listed = self._segments(objects, topic, s)
+            cp = archived_upto(cps.get(s), listed) if redis is not None else upto
+            refs = tuple(
+                r
+                for r in listed
+                if r.last > after and r.first <= upto and (cp is not None and r.last <= cp)
             )
-            parts: list[InputPartition] = []
-            lost: list[dict[str, Any]] = []
-            for s in shards:
-                after = parse_id(start.get(str(s), "0-0"))
-                upto = parse_id(end[str(s)])
-                if upto <= after:
-                    continue
-                listed = self._segments(objects, s)
-                cp = archived_upto(cps.get(s), listed) if redis is not None else upto
-                refs = tuple(
-                    r
-                    for r in listed
-                    if r.last > after and r.first <= upto and (cp is not None and r.last <= cp)
-                )
-                parts.append(
-                    RangePart(self.opts.topic, s, None if after == ZERO else after, upto, cp, refs)
-                )
-                lost += [g for g in objects.gaps(self.opts.topic, s) if _lost_in(g, after, upto)]
-            # Kafka's failOnDataLoss, default true: entries lost in this batch's range fail it
-            surface_gaps(self.opts.topic, lost, self.opts.on_gap or "fail")
-            return parts
-        finally:
-            if redis is not None:
-                redis.close()
+            parts.append(RangePart(topic, s, None if after == ZERO else after, upto, cp, refs))
+            lost += [g for g in objects.gaps(topic, s) if _lost_in(g, after, upto)]
+        # Kafka's failOnDataLoss, default true: entries lost in this batch's range fail it
+        surface_gaps(topic, lost, self.opts.on_gap or "fail")
+        return parts
 
-    def commit(self, end: Offset) -> None:
+    def commit(self, end: dict[str, Any]) -> None:
         """Nothing to do: offsets live in Spark's checkpoint, entries stay where they are."""
 
     # -- task side ----------------------------------------------------------------------------
@@ -311,6 +316,17 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         finally:
             if redis is not None:
                 redis.close()
+
+
+def _initial(start: str | Offset | int, heads: dict[int, EntryId]) -> Offset:
+    """A new query's offset of one topic: `start` (`parse_start`'s value) at `heads`."""
+    if start == "latest":
+        return {str(s): str(h) for s, h in heads.items()}
+    if isinstance(start, int):
+        at = EntryId(start, 0)
+        return {str(s): str(at.prev()) if start > 0 else "0-0" for s in heads}
+    given = start if isinstance(start, dict) else {}
+    return {str(s): given.get(str(s), "0-0") for s in heads}
 
 
 def surface_loss(topic: str, beyond: list[str], on_gap: str) -> None:

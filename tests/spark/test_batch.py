@@ -266,7 +266,7 @@ def test_subscribe_reads_several_topics(
     spark: Any, redis_db: str, tmp_path: Path, topic: str
 ) -> None:
     """Kafka's ``subscribe``: several topics in one batch read, told apart by the topic column
-    (archive and Redis tail of each); with topic, or in a stream, it is refused."""
+    (archive and Redis tail of each); with topic it is refused. (Streams: test_stream_topics.py.)"""
     store = str(tmp_path / "seg")
     other = topic + "-b"
     publish(redis_db, topic, ticks(30))
@@ -286,11 +286,3 @@ def test_subscribe_reads_several_topics(
     assert counts == {topic: 30, other: 25}
     with pytest.raises(Exception, match="topic and subscribe exclude each other"):
         read(spark, store, topic, subscribe=other).collect()
-    stream = spark.readStream.format("eventbus").option("store", store)
-    with pytest.raises(Exception, match="batch reads only"):
-        sink = stream.option("subscribe", f"{topic},{other}").load().writeStream.format("noop")
-        q = sink.option("checkpointLocation", str(tmp_path / "cp")).start()
-        try:
-            q.awaitTermination(60)
-        finally:
-            q.stop()

@@ -1,0 +1,108 @@
+"""Offsets of ``format("eventbus")``, keyed by topic as Kafka's.
+
+An offset is ``{"<topic>": {"<shard>": "<ms>-<seq>"}}``.
+
+Per subscribed topic (``subscribe``, else ``topic``), per shard, an entry ID: a stream's
+checkpointed offset is the last entry read (``"0-0"``: none); ``startingOffsets`` /
+``endingOffsets`` bound a read. `parse_start` reads the option text, `by_topic` a stream offset
+from Spark's checkpoint, refusing one written for another topic set (its entry IDs would be
+taken as this read's: a silent misread). `spread` splits ``maxOffsetsPerTrigger`` over the
+(topic, shard) pairs with new entries, least advanced first.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from eventbus.errors import ConfigError
+from eventbus.protocol.ids import parse_id
+
+Offset = dict[str, str]
+"""One topic's offset: shard (decimal text) -> entry ID text."""
+Offsets = dict[str, Offset]
+"""topic -> its `Offset`."""
+
+
+def parse_start(
+    text: str,
+    topic: str | None = None,
+    subscribed: Sequence[str] = (),
+    name: str = "startingOffsets",
+) -> str | Offset | int:
+    """Option `name`'s value for `topic`: ``earliest``/``latest``, a JSON offset (an `Offset`,
+    ``{"<shard>": "<entry ID>"}``, only when one topic is read, or Kafka's form keyed by topic,
+    ``{"<topic>": {"<shard>": "<entry ID>"}}``, which must name every topic of `subscribed`
+    (default: `topic`) and no other), or a time as Unix ms (int; from an ISO-8601 text too,
+    UTC without an offset). Raises `ConfigError` naming the option."""
+    topics = tuple(subscribed) or ((topic,) if topic is not None else ())
+    value = text.strip()
+    if value.lower() in ("earliest", "latest"):
+        return value.lower()
+    if value.startswith("{"):
+        try:
+            return _json_offset(value, topic, topics)
+        except (ValueError, ConfigError) as exc:
+            raise ConfigError(f"option {name}: bad JSON offset {value!r}: {exc}") from None
+    if value.isdigit():
+        return int(value)
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        raise ConfigError(
+            f"option {name} must be earliest, latest, a JSON offset "
+            f'({{"0": "1700000000000-0"}}), Unix ms or an ISO-8601 time; got {value!r}'
+        ) from None
+    return int(when.replace(tzinfo=when.tzinfo or UTC).timestamp() * 1000)
+
+
+def _json_offset(value: str, topic: str | None, topics: tuple[str, ...]) -> Offset:
+    raw = json.loads(value)  # an object: `value` starts with "{"
+    if raw and all(isinstance(v, dict) for v in raw.values()):
+        if topic not in raw:
+            raise ConfigError(f"it names topics {sorted(raw)}, not {topic!r}")
+        others = sorted(set(raw) - set(topics))
+        if others:
+            raise ConfigError(f"it names topics {others} the read does not subscribe to")
+        raw = raw[topic]
+    elif raw and len(topics) > 1:
+        raise ConfigError(
+            f"a read of several topics ({', '.join(topics)}) takes offsets keyed by topic, "
+            '{"<topic>": {"<shard>": "<entry ID>"}}'
+        )
+    return {str(int(k)): str(parse_id(str(v))) for k, v in raw.items()}
+
+
+def by_topic(offset: Mapping[str, Any], topics: Sequence[str]) -> Offsets:
+    """A stream offset as Spark hands it back from its checkpoint, per topic of `topics` (the
+    read's). An offset keyed by other topics raises `ConfigError` (a checkpointLocation serves
+    one topic set); one keyed by shard only (written before offsets were keyed by topic) is
+    taken as the offset of a one-topic read, and refused for several topics."""
+    if not offset:
+        return {t: {} for t in topics}
+    if all(isinstance(v, dict) for v in offset.values()):
+        if set(offset) != set(topics):
+            raise ConfigError(
+                f"the query's checkpoint holds offsets of topic(s) {sorted(offset)}, not "
+                f"{sorted(topics)}: a checkpointLocation serves one topic set; use a new "
+                "checkpointLocation for another topic or topic set"
+            )
+        return {t: {str(k): str(v) for k, v in offset[t].items()} for t in topics}
+    if len(topics) > 1:
+        raise ConfigError(
+            "the query's checkpoint holds offsets of one topic (per shard, written before "
+            f"offsets were keyed by topic), not of {sorted(topics)}: use a new checkpointLocation"
+        )
+    return {topics[0]: {str(k): str(v) for k, v in offset.items()}}
+
+
+def spread(total: int, n: int) -> list[int]:
+    """`total` entries split over `n` (topic, shard) pairs as evenly as they go: the first
+    ``total % n`` pairs get one more; with ``n > total`` the first `total` pairs get one and
+    the others none. The quotas sum to ``min(total, ...)``: never more than `total`."""
+    if n <= 0:
+        return []
+    base, extra = divmod(total, n)
+    return [base + (1 if i < extra else 0) for i in range(n)]

@@ -1,0 +1,60 @@
+"""Offsets keyed by topic then shard (issue 22 item 3): ``startingOffsets`` of a read of
+several topics, a checkpoint's offsets checked against the read's topic set, and
+``maxOffsetsPerTrigger`` split over (topic, shard) pairs."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("pyspark")
+
+from eventbus.errors import ConfigError
+from eventbus.spark.offsets import by_topic, parse_start, spread
+
+TWO = ("orders", "payments")
+
+
+def test_a_json_offset_of_several_topics_is_keyed_by_topic_and_names_each() -> None:
+    text = '{"orders": {"0": "17-0"}, "payments": {"2": "18-1"}}'
+    assert parse_start(text, "orders", TWO) == {"0": "17-0"}
+    assert parse_start(text, "payments", TWO) == {"2": "18-1"}
+    with pytest.raises(ConfigError, match=r"startingOffsets.*names topics \['orders'\], not 'pay"):
+        parse_start('{"orders": {"0": "17-0"}}', "payments", TWO)
+    with pytest.raises(
+        ConfigError, match=r"names topics \['refunds'\] the read does not subscribe"
+    ):
+        parse_start('{"orders": {}, "payments": {}, "refunds": {"0": "1-0"}}', "orders", TWO)
+    with pytest.raises(ConfigError, match=r"endingOffsets.*several topics .* keyed by topic"):
+        parse_start('{"0": "17-0"}', "orders", TWO, name="endingOffsets")
+    with pytest.raises(ConfigError, match="startingOffsets: bad JSON offset"):
+        parse_start("{[1]}", "orders", TWO)
+
+
+def test_one_topic_keeps_its_shard_keyed_offsets_and_refuses_other_topics() -> None:
+    assert parse_start('{"0": "17-0"}', "orders") == {"0": "17-0"}
+    assert parse_start('{"orders": {"1": "17-0"}}', "orders", ("orders",)) == {"1": "17-0"}
+    with pytest.raises(ConfigError, match=r"\['typo'\] the read does not subscribe"):
+        parse_start('{"orders": {"1": "17-0"}, "typo": {}}', "orders")
+    assert parse_start("latest", "orders", TWO) == "latest"
+    assert parse_start("1700000000000", "payments", TWO) == 1700000000000
+
+
+def test_a_checkpoint_is_read_for_the_same_topic_set_only() -> None:
+    offset = {"payments": {"0": "5-0"}, "orders": {"0": "7-1", "1": "8-0"}}
+    assert by_topic(offset, TWO) == {"orders": {"0": "7-1", "1": "8-0"}, "payments": {"0": "5-0"}}
+    for topics in (("orders",), ("orders", "refunds"), (*TWO, "refunds")):
+        with pytest.raises(ConfigError, match="checkpoint holds offsets of topic"):
+            by_topic(offset, topics)
+    # written before offsets were keyed by topic: one topic's, per shard
+    assert by_topic({"0": "7-1"}, ("orders",)) == {"orders": {"0": "7-1"}}
+    with pytest.raises(ConfigError, match=r"offsets of one topic .* use a new checkpointLocation"):
+        by_topic({"0": "7-1"}, TWO)
+    assert by_topic({}, TWO) == {"orders": {}, "payments": {}}
+
+
+@pytest.mark.parametrize(("total", "n"), [(48, 8), (50, 8), (7, 3), (5, 8), (1, 4), (100, 1)])
+def test_the_per_trigger_limit_is_split_without_exceeding_it(total: int, n: int) -> None:
+    quotas = spread(total, n)
+    assert len(quotas) == n and sum(quotas) == total  # all of the limit, never more
+    assert max(quotas) - min(quotas) <= 1 and quotas == sorted(quotas, reverse=True)
+    assert spread(10, 0) == []
