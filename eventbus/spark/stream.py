@@ -38,6 +38,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from eventbus.errors import ConfigError
 from eventbus.protocol.ids import ZERO, EntryId, parse_id
 from eventbus.spark.decode import Converter
 from eventbus.spark.objects import Objects, as_objects
@@ -86,6 +87,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     query's lag is its end offset against it)."""
 
     def __init__(self, opts: SourceOptions, schema: StructType) -> None:
+        if opts.ending_offsets.strip().lower() != "latest":  # as Kafka's source: not ignored
+            raise ConfigError("option endingOffsets is for batch reads: a stream has no end")
         self.opts = opts
         self.schema = schema
         self.topics: tuple[str, ...] = opts.subscribed or (opts.topic,)

@@ -234,3 +234,37 @@ def test_starting_offsets_keyed_by_topic_and_fail_on_data_loss_per_topic(
     finally:
         q.stop()
     assert sorted(seen) == sorted(keyed_a + keyed_b)
+
+
+@pytest.mark.parametrize("count", [1, 2])
+def test_a_limit_below_the_shard_count_is_never_exceeded(
+    spark: Any, redis_db: str, tmp_path: Path, topic: str, count: int
+) -> None:
+    """maxOffsetsPerTrigger=3 over one or two topics of 4 shards: every micro-batch reads at
+    most 3 entries (the least advanced shards first), all are read once. A micro-batch took at
+    least one entry from each shard with new entries (4 for one topic's 4 shards)."""
+    store = tmp_path / "seg"
+    store.mkdir()
+    topics = [topic, topic + "-b"][:count]
+    want = [k for t in topics for k in _keyed(t, ticks(10), publish(redis_db, t, ticks(10)))]
+    sizes: list[int] = []
+    seen: list[tuple[str, int, str]] = []
+
+    def collect(df: Any, batch_id: int) -> None:
+        rows = df.select("topic", "shard", "entry_id").collect()
+        sizes.append(len(rows))
+        seen.extend((r.topic, r.shard, r.entry_id) for r in rows)
+
+    q = (
+        _stream(spark, str(store), topics, redis_db, maxOffsetsPerTrigger="3")
+        .writeStream.foreachBatch(collect)
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    try:
+        assert q.awaitTermination(180)
+    finally:
+        q.stop()
+    assert sorted(seen) == sorted(want)
+    assert max(sizes) <= 3 and len(sizes) >= 4 * count

@@ -58,3 +58,16 @@ def test_the_per_trigger_limit_is_split_without_exceeding_it(total: int, n: int)
     assert len(quotas) == n and sum(quotas) == total  # all of the limit, never more
     assert max(quotas) - min(quotas) <= 1 and quotas == sorted(quotas, reverse=True)
     assert spread(10, 0) == []
+
+
+def test_a_stream_refuses_ending_offsets() -> None:
+    """Kafka's source refuses endingOffsets in a stream; it was ignored here (the stream read
+    past the given end)."""
+    from eventbus.spark.schema import read_schema
+    from eventbus.spark.source import EventbusSource
+
+    source = EventbusSource({"store": "memory://", "topic": "orders", "endingOffsets": "{}"})
+    with pytest.raises(ConfigError, match="endingOffsets is for batch reads"):
+        source.streamReader(read_schema(None))
+    source = EventbusSource({"store": "memory://", "subscribe": "orders,payments"})
+    assert source.streamReader(read_schema(None)).topics == TWO  # type: ignore[attr-defined]
