@@ -267,4 +267,4 @@ def test_a_limit_below_the_shard_count_is_never_exceeded(
     finally:
         q.stop()
     assert sorted(seen) == sorted(want)
-    assert max(sizes) <= 3 and len(sizes) >= 4 * count
+    assert max(sizes) <= 3 and sum(sizes) == len(want) == 10 * count
