@@ -93,14 +93,14 @@ class SourceOptions:
     on_gap: str | None = None  # "warn" | "fail"; None: batch reads warn, streams fail
     max_entries_per_trigger: int | None = None
     starting_offsets: str = "earliest"
-    ending_offsets: str = "latest"  # batch reads only
+    ending_offsets: str = "latest"  # batch reads only (a stream refuses another)
     resource_id_col: str | None = None
     event_id_col: str | None = None
     event_type: str | None = None
     headers_col: str | None = None
     s3_endpoint: str | None = None
     s3_region: str | None = None
-    subscribed: tuple[str, ...] = ()  # ``subscribe``'s topics (batch reads), else (topic,)
+    subscribed: tuple[str, ...] = ()  # ``subscribe``'s topics, else (topic,)
     ranges: str | None = None  # internal: the Redis-tail parts planned by `eventbus.spark.native`
 
     @classmethod
