@@ -46,8 +46,12 @@ def _dlq_call(
 
 
 async def _check_group(bus: EventBus, topic: str, shards: int, group: str) -> None:
-    """Raise `ConfigError` unless `group` reads a shard stream of `topic` or has dead letters."""
-    if await bus.redis.exists(bus.keys.dead_letter(topic, group)):
+    """Raise `ConfigError` unless `group` reads a shard stream of `topic`, has dead letters or
+    parked resources (the group may be gone: its letters are still the operator's)."""
+    keys = bus.keys  # (two calls: the keys are in different slots of a Cluster)
+    if await bus.redis.exists(keys.dead_letter(topic, group)):
+        return
+    if await bus.redis.hgetall(keys.parked(topic, group)):  # (the operator's role reads it so)
         return
     pipe = bus.redis.pipeline(transaction=False)
     for s in range(shards):

@@ -10,7 +10,6 @@ user can act on become one line on stderr and exit code 1, not a traceback (`use
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import sys
 from collections.abc import Awaitable, Callable, Iterator
@@ -19,7 +18,6 @@ from typing import Any, TypeVar
 import typer
 from pydantic import ValidationError
 from redis.exceptions import RedisError
-from rich.logging import RichHandler
 from rich.markup import escape
 
 from eventbus.client import loops
@@ -44,22 +42,6 @@ def cell(text: object) -> str:
     """User data (a resource ID, a group name, an error) as a rich table cell or markup
     fragment: `terminal_safe`, with rich markup escaped."""
     return escape(terminal_safe(text))
-
-
-class _TerminalLogFilter(logging.Filter):
-    """Makes log records safe for a terminal: passwords scrubbed, control characters escaped."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.msg = terminal_safe(record.getMessage(), newlines=True)
-        record.args = ()
-        return True
-
-
-def setup_logging(level: str) -> None:
-    """Log at `level` (a name: ``info``, ``debug``, ...) to stderr, terminal-safe."""
-    handler = RichHandler(console=console)
-    handler.addFilter(_TerminalLogFilter())
-    logging.basicConfig(level=level.upper(), format="%(message)s", handlers=[handler])
 
 
 def _message(exc: BaseException) -> str:

@@ -10,6 +10,7 @@ dictionary it had; training never overwrites a stored version.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 from pathlib import Path
@@ -219,14 +220,24 @@ def test_offloader_archives_past_a_planted_dictionary(
 ) -> None:
     """``eventbus offload --once`` archives every topic (one sorted after the damaged one
     too) and copies no damaged dictionary to the store; replay reads the damaged entries
-    back as undecodable, never as Kyoto."""
+    back as undecodable, never as Kyoto. Run after another command of the same process left
+    its log handler on a stream now closed (as a test session does): offload's own handler
+    prints the warning (it used to keep the old one: "--- Logging error ---" and a traceback)."""
     dict_id = _seed(redis_db, how, also="zz-after")
     store = tmp_path / "segs"
     env = {"EVENTBUS_TIER_HOT_WINDOW_S": "0", "EVENTBUS_TIER_TRIM_EXACT": "true"}
     args = ["--store", str(store), "--redis-url", redis_db]
-    off = CliRunner().invoke(app, ["offload", "--once", *args], env=env)
+    earlier = io.StringIO()
+    logging.basicConfig(handlers=[logging.StreamHandler(earlier)], force=True)
+    earlier.close()  # as CliRunner closes the streams of a finished invocation
+    try:
+        off = CliRunner().invoke(app, ["offload", "--once", *args], env=env)
+    finally:
+        logging.basicConfig(handlers=[logging.NullHandler()], force=True)
+        logging.root.handlers.clear()
     assert off.exit_code == 0, off.output
-    assert "Traceback" not in off.output
+    assert "Traceback" not in off.output and "Logging error" not in off.output
+    assert f"dictionary {dict_id}" in off.output  # the skip, said where the user sees it
     assert not list(store.glob(f"{TOPIC}/_dictionaries/*"))
     forget_dictionaries()  # a replaying process: the archive alone
     archive = open_store(f"file://{store}")

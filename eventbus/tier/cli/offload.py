@@ -3,15 +3,14 @@ or with ``--once`` until everything now in the streams is archived."""
 
 from __future__ import annotations
 
-import logging
 from typing import Annotated
 
 import anyio
 import typer
-from rich.logging import RichHandler
 
 from eventbus.client.loops import stop_on_signal
 from eventbus.errors import EventBusError
+from eventbus.ops.logs import configure
 from eventbus.tier.cli.common import (
     RedisUrl,
     StoreUrl,
@@ -45,9 +44,9 @@ def offload(
     """Archive shard streams to segments (until SIGTERM/SIGINT, or with --once until caught up)."""
     from eventbus.client.connection import connect
 
-    logging.basicConfig(
-        level=log_level.upper(), format="%(message)s", handlers=[RichHandler(console=console)]
-    )
+    # as `eventbus run` does: secrets scrubbed, and the handlers of an earlier configuration in
+    # this process (another command run in-process) replaced, not written to after they closed
+    configure(level=log_level)
     settings = settings_of(redis_url)
     try:
         tier = tier_settings(
