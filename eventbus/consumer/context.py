@@ -12,6 +12,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
+import msgspec
 from pydantic import BaseModel
 
 from eventbus.consumer.scope import HandlerScope, State, chained_headers
@@ -25,8 +26,9 @@ if TYPE_CHECKING:
 Handler = Callable[..., Any]  # async or sync; returns None, or a reply to a request
 
 
-@dataclass(slots=True)  # not frozen: a frozen init costs a setattr call per field, per event
-class Context:  # the fields' order is API: the consumer builds it positionally (half the cost)
+# A msgspec Struct, built per attempt: half the cost of a slotted dataclass (`stress/perf.py
+# core`). The fields' order is API: the consumer builds it positionally (half the cost again).
+class Context(msgspec.Struct):
     """What a handler knows about the entry it is processing.
 
     `fencing_token` grows on every change of the shard lock's owner: pass it to downstream stores

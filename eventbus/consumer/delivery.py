@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
+import msgspec
 
 if TYPE_CHECKING:
     from eventbus.consumer.context import HandlerCall
@@ -51,8 +52,7 @@ NOT_STARTED = NotStarted.NOT_STARTED
 """`Handling.attempt`'s answer when the fence no longer held: the handler was not called."""
 
 
-@dataclass(slots=True, eq=False)
-class Delivery:
+class Delivery(msgspec.Struct, eq=False):
     """An entry being handled: its shard and the fencing token under which it was read.
 
     `generation` identifies the lock acquisition in this process (0 for catch-up); `attempt`
@@ -63,6 +63,9 @@ class Delivery:
     and `event` (the handler's argument) and `call` (the handler its type is routed to), or
     `error` when it does not decode or validate; all None when it is left to its turn (a
     control entry, a large entry decoded in a thread, a dictionary not loaded yet).
+
+    A `msgspec.Struct` (compared by identity, like any object): one is built per entry read,
+    in half the time of a slotted dataclass or a hand-written ``__init__``.
     """
 
     shard: int

@@ -34,19 +34,26 @@ class HeldShard:
 
 class Item(Delivery):
     """An entry read by the live consumer, tied to the `HeldShard` it was read under (its shard,
-    token and generation are the held shard's). Built once per entry read, so by hand: the
-    dataclass's generated constructor with every field cost twice as much."""
+    token and generation are the held shard's): made by `read_item` or `read_items`."""
 
-    __slots__ = ("held",)
+    held: HeldShard = None  # type: ignore[assignment]  # always given (`read_item`, `read_items`)
 
-    def __init__(
-        self, held: HeldShard, entry_id: bytes, fields: dict[bytes, bytes], delivery_count: int = 1
-    ) -> None:
-        self.held = held
-        self.shard, self.token, self.generation = held.shard, held.token, held.generation
-        self.entry_id, self.fields, self.delivery_count = entry_id, fields, delivery_count
-        self.attempt = 0
-        self.segment = self.env = self.event = self.call = self.error = None
+
+def read_item(
+    held: HeldShard, entry_id: bytes, fields: dict[bytes, bytes], delivery_count: int = 1
+) -> Item:
+    """The `Item` of entry `entry_id` (`fields`) read from `held`'s stream."""
+    return Item(
+        held.shard,
+        held.token,
+        entry_id,
+        fields,
+        held.generation,
+        0,
+        None,
+        delivery_count,
+        held=held,
+    )
 
 
 def read_items(
@@ -57,13 +64,33 @@ def read_items(
     """`Item`s of the `entries` read from `held`'s stream, in order; `counts` gives the delivery
     count of entries delivered before (default 1). An entry without fields (deleted between
     read and claim) has nothing to handle and is skipped."""
+    shard, token, generation = held.shard, held.token, held.generation
+    # positionally, in `Delivery`'s field order (half the cost of keywords), `held` last
     if counts:
         return [
-            Item(held, entry_id, fields, counts.get(entry_id, 1))
+            Item(
+                shard,
+                token,
+                entry_id,
+                fields,
+                generation,
+                0,
+                None,
+                counts.get(entry_id, 1),
+                None,
+                None,
+                None,
+                None,
+                held,
+            )
             for entry_id, fields in entries
             if fields is not None
         ]
-    return [Item(held, entry_id, fields) for entry_id, fields in entries if fields is not None]
+    return [
+        Item(shard, token, entry_id, fields, generation, 0, None, 1, None, None, None, None, held)
+        for entry_id, fields in entries
+        if fields is not None
+    ]
 
 
 class ShardTable:

@@ -17,7 +17,7 @@ from redis.exceptions import ResponseError
 
 from eventbus.config import Settings
 from eventbus.consumer.acks import Acks
-from eventbus.consumer.shards import HeldShard, Item, ShardTable
+from eventbus.consumer.shards import HeldShard, Item, ShardTable, read_item
 from eventbus.locking.lease import Lease
 from eventbus.locking.locks import Grant, LockState
 from eventbus.locking.member import Member
@@ -92,7 +92,7 @@ def read(acks: Acks, held: HeldShard, *ids: int) -> list[Item]:
     """Items as the queues make them, each counted as started."""
     items = []
     for n in ids:
-        items.append(Item(held, f"{n}-0".encode(), {}))
+        items.append(read_item(held, f"{n}-0".encode(), {}))
         acks.started(held)
     return items
 
