@@ -215,6 +215,13 @@ def shard_count(redis: Any, keys: Keys, topic: str, given: int | None) -> int | 
     return int(raw) if raw is not None else None
 
 
+def unknown_topic(topic: str, objects: Objects, redis: Any) -> ConfigError:
+    """The error for `topic` found neither in the archive (`objects`) nor in Redis's topic
+    registry (`redis`, None without ``redis_url``): a misspelled topic, never an empty read."""
+    where = "nor in Redis's topic registry" if redis is not None else "(and no redis_url given)"
+    return ConfigError(f"topic {topic!r} is neither in the archive at {objects!r} {where}")
+
+
 def plan_read(
     objects: Objects,
     topic: str,
@@ -235,8 +242,7 @@ def plan_read(
     count = shard_count(redis, keys, topic, shards)
     present = set(objects.shards(topic)) | set(range(count or 0))
     if not present:  # a misspelled topic must not read as an empty one
-        where = "nor in Redis's topic registry" if redis is not None else "(and no redis_url given)"
-        raise ConfigError(f"topic {topic!r} is neither in the archive at {objects!r} {where}")
+        raise unknown_topic(topic, objects, redis)
     allowed = pruning.shard_set(count)
     chosen = sorted(s for s in present if allowed is None or s in allowed)
     cps = checkpoints(redis, keys, topic, chosen) if redis is not None else {}

@@ -51,6 +51,7 @@ from eventbus.spark.planning import (
     last_ids,
     shard_count,
     surface_gaps,
+    unknown_topic,
 )
 from eventbus.spark.reading import parquet_footer, read_range
 from eventbus.spark.schema import arrow_schema
@@ -121,8 +122,15 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # per shard inside. A checkpoint of another topic set is refused; an older one-topic
     # checkpoint's offsets, per shard only, are taken as they are (`by_topic`).
     def initialOffset(self) -> Offsets:
+        """Where a new query starts; raises `ConfigError` for a topic with no shard in the
+        archive or in Redis (a misspelled topic must not stream nothing, for ever)."""
         now = self._heads()
-        now.close()
+        try:
+            for t in self.topics:
+                if not now.heads[t]:
+                    raise unknown_topic(t, now.objects, now.redis)
+        finally:
+            now.close()
         return {t: _initial(self.start[t], now.heads[t]) for t in self.topics}
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> Offsets:

@@ -347,3 +347,19 @@ def test_micro_batches_list_only_new_segments(
     assert batches >= 4 and len(listings) > 4 * len(full)
     assert sorted({k.split(":")[1] for k in full}) == ["0", "1", "2", "3"]
     assert len(full) == 4  # one full listing per shard, however many batches
+
+
+def test_a_topic_neither_archived_nor_registered_fails_the_stream(
+    spark: Any, redis_db: str, tmp_path: Path, topic: str
+) -> None:
+    """Issue 22 item 4: a misspelled topic is an error for a stream too, as for a batch read;
+    it streamed nothing, for ever, without a word."""
+    store = tmp_path / "seg"
+    store.mkdir()
+    publish(redis_db, topic, ticks(5))
+    q = _available_now(spark, str(store), topic + "-typo", redis_db, tmp_path / "cp")
+    try:
+        with pytest.raises(Exception, match=r"-typo' is neither in the archive at .* nor in Redis"):
+            q.awaitTermination(120)
+    finally:
+        q.stop()
