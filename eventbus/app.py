@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 import anyio
+from anyio.abc import TaskStatus
 from pydantic import BaseModel
 
 from eventbus.client.connection import connect
@@ -323,9 +324,18 @@ class EventBus(Lifecycle):
             return self._sync
 
     # -- consuming ------------------------------------------------------------------------------
-    async def run(self, *, stop: anyio.Event | None = None, handle_signals: bool = False) -> None:
+    async def run(
+        self,
+        *,
+        stop: anyio.Event | None = None,
+        handle_signals: bool = False,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
         """Run every registered subscriber until `stop` is set (or SIGTERM/SIGINT arrives, with
-        `handle_signals`), then shut down gracefully (see `Consumer.run`).
+        `handle_signals`), then shut down gracefully (see `Consumer.run`). Started with anyio's
+        ``await tg.start(bus.run)``, it returns there once every subscriber is reading: an event
+        published from then on reaches broadcast subscribers too (they read from where their
+        streams ended when they started).
 
         Raises `ShardCountMismatch` before starting when a topic's stored shard count differs,
         `RedisUnavailable` when Redis cannot be reached at start (once consumers run, they retry).
@@ -353,7 +363,9 @@ class EventBus(Lifecycle):
                 archive=self.archive,
                 profile=self.profile,
             )
-            await run_consumers(self.consumers, stop, handle_signals=handle_signals)
+            await run_consumers(
+                self.consumers, stop, handle_signals=handle_signals, task_status=task_status
+            )
 
 
 __all__ = ["EventBus", "connect"]

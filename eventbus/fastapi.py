@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 from typing import Annotated, Any
 
 import anyio
@@ -67,7 +68,9 @@ def lifespan(
                 return
             stop = anyio.Event()
             async with anyio.create_task_group() as tg:
-                tg.start_soon(lambda: bus.run(stop=stop))
+                # serving starts once every subscriber reads: a broadcast subscriber must see
+                # what the first requests publish
+                await tg.start(partial(bus.run, stop=stop))
                 try:
                     yield
                 finally:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import anyio
+from anyio.abc import TaskStatus
 
 from eventbus.client.loops import stop_on_signal, young_gc_threshold
 from eventbus.config import Settings
@@ -58,10 +59,17 @@ def make_consumers(
 
 
 async def run_consumers(
-    consumers: list[Consumer | BroadcastConsumer], stop: anyio.Event, *, handle_signals: bool
+    consumers: list[Consumer | BroadcastConsumer],
+    stop: anyio.Event,
+    *,
+    handle_signals: bool,
+    task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run `consumers` until `stop` is set (set by SIGTERM/SIGINT too, with `handle_signals`);
-    returns when every consumer has shut down."""
+    returns when every consumer has shut down. Reports `task_status.started()` (anyio's
+    ``await tg.start(...)``) once every broadcast consumer has taken its start positions: an
+    event published from then on reaches every subscriber (a group reads from its group's
+    position whenever it starts)."""
     if len(consumers) > MANY_CONSUMERS:
         log.warning(
             "this process runs %d subscriptions, each its own consumer (lock rounds, heartbeats, "
@@ -78,4 +86,8 @@ async def run_consumers(
             async with anyio.create_task_group() as tg:
                 for consumer in consumers:
                     tg.start_soon(consumer.run, stop)
+                for consumer in consumers:
+                    if isinstance(consumer, BroadcastConsumer):
+                        await consumer.started.wait()
+                task_status.started()
             outer.cancel_scope.cancel()

@@ -37,6 +37,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
+from anyio.abc import TaskStatus
 from pydantic import BaseModel
 
 from eventbus.app import EventBus
@@ -214,23 +215,18 @@ async def running(
         if not hasattr(sub.call, "call_batch"):
             sub.call = Watched(sub.call, tb.handled, fail_fast=fail_fast)
 
-    async def run() -> None:
+    async def run(*, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         try:
-            await bus.run(stop=stop)
+            await bus.run(stop=stop, task_status=task_status)
         finally:
             tb.done.set()
 
     try:
         async with bus, anyio.create_task_group() as tg:
             if bus.subscriptions:
-                tg.start_soon(run)
-                # `EventBus.run` creates its consumers once connected (or fails: then the task
-                # group raises its error here)
-                while len(bus.consumers) < len(bus.subscriptions):  # noqa: ASYNC110
-                    await anyio.sleep(0.002)
-                for c in bus.consumers:  # events published from now on reach them
-                    if isinstance(c, BroadcastConsumer):
-                        await c.started.wait()
+                # returns once every subscriber reads: events published from now on reach them
+                # (or raises what the run raised)
+                await tg.start(run)
             else:
                 tb.done.set()
             try:

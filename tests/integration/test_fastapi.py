@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import importlib
 import sys
+import time
 
+import anyio
 import pytest
 import redis
 from fastapi import FastAPI
@@ -61,6 +63,32 @@ def test_lifespan_runs_subscribers_and_answers_requests(settings: type[Settings]
         assert client.get("/echo/hi").json() == {"text": "HI"}
         assert app.state.eventbus is bus
     assert not bus.running  # shut down with the app
+
+
+def test_lifespan_serves_once_broadcast_subscribers_read(settings: type[Settings]) -> None:
+    """The lifespan with subscribers yielded (the app served) before its broadcast subscriber
+    had taken its start positions: what the first request published was behind them, never
+    delivered to that instance (the examples/shop test waited on internals for it)."""
+    bus = EventBus(settings())
+    seen: list[str] = []
+
+    @bus.subscriber("prices", broadcast=True)
+    async def cache(e: Echo) -> None:
+        seen.append(e.text)
+
+    app = FastAPI(lifespan=lifespan(bus, subscribers=True))
+
+    @app.post("/prices/{text}")
+    async def route(text: str, bus: BusDep) -> None:
+        await bus.publish("prices", Echo(text=text), resource_id=text)
+
+    with TestClient(app) as client:
+        assert client.post("/prices/first").status_code == 200
+        deadline = time.monotonic() + 20
+        while not seen and time.monotonic() < deadline:
+            client.portal.call(anyio.sleep, 0.01)  # on the app's loop, where the handler runs
+        handled = list(seen)
+    assert handled == ["first"]
 
 
 def test_get_bus_without_lifespan_is_a_clear_error() -> None:
