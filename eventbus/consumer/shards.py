@@ -64,28 +64,14 @@ def read_items(
     """`Item`s of the `entries` read from `held`'s stream, in order; `counts` gives the delivery
     count of entries delivered before (default 1). An entry without fields (deleted between
     read and claim) has nothing to handle and is skipped."""
-    shard, token, generation = held.shard, held.token, held.generation
-    # positionally, in `Delivery`'s field order (half the cost of keywords), `held` last
-    if counts:
+    if counts:  # a recovery's or a claim's: not the hot path
         return [
-            Item(
-                shard,
-                token,
-                entry_id,
-                fields,
-                generation,
-                0,
-                None,
-                counts.get(entry_id, 1),
-                None,
-                None,
-                None,
-                None,
-                held,
-            )
+            read_item(held, entry_id, fields, counts.get(entry_id, 1))
             for entry_id, fields in entries
             if fields is not None
         ]
+    shard, token, generation = held.shard, held.token, held.generation
+    # positionally, in `Delivery`'s field order (half the cost of keywords), `held` last
     return [
         Item(shard, token, entry_id, fields, generation, 0, None, 1, None, None, None, None, held)
         for entry_id, fields in entries
