@@ -1,6 +1,6 @@
 """The offloader's steps on one held shard: recover, detect gaps, read, write, commit, trim.
 
-`HeldShard` is the offload state of a shard whose ``_offloader`` lock this offloader holds
+`OffloadShard` is the offload state of a shard whose ``_offloader`` lock this offloader holds
 (dropped with the lock); `ShardOffload` runs the steps of docs/tier.md on it for one topic:
 `recover` (finish a pending intent, adopt segments stored past the checkpoint), then each round
 `work` (gap detection, `fill` by ``XRANGE``, `write` as intent → put create-only → commit, `trim`).
@@ -39,7 +39,7 @@ _MAX_SEGMENTS_PER_ROUND = 8  # per shard, so one backlog does not starve the oth
 
 
 @dataclass
-class HeldShard:
+class OffloadShard:
     """The offload state of a held shard lock (`token` is its fencing token); dropped with it."""
 
     shard: int
@@ -70,7 +70,7 @@ class ShardOffload:
         self.checkpoints = Checkpoints(owner.redis, owner.keys, topic)
 
     # -- recovery -------------------------------------------------------------------------------
-    async def recover(self, sh: HeldShard) -> None:
+    async def recover(self, sh: OffloadShard) -> None:
         """Finish a pending intent, then adopt segments stored past the checkpoint."""
         cp = await self.checkpoints.read(sh.shard)
         sh.reset_to(cp.last, cp.count)
@@ -102,7 +102,7 @@ class ShardOffload:
         )
         return info.entries
 
-    async def finish(self, sh: HeldShard, intent: Intent) -> None:
+    async def finish(self, sh: OffloadShard, intent: Intent) -> None:
         """Complete a pending intent: same range, same key; adopt the object if it exists."""
         rows = await self.xrange(sh.stream, str(intent.first), str(intent.last), None)
         key = segment_key(self.topic, sh.shard, intent.first, intent.last)
@@ -130,7 +130,7 @@ class ShardOffload:
         await self.commit(sh, intent.last, stored or 0)
 
     # -- steady state ---------------------------------------------------------------------------
-    async def work(self, sh: HeldShard, now_ms: int, flush: bool) -> bool:
+    async def work(self, sh: OffloadShard, now_ms: int, flush: bool) -> bool:
         """One round on `sh`: record a gap if one opened, read, write the segments that are
         due (all buffered entries with `flush`), trim. Returns True if a segment was written or
         there is more to read right away."""
@@ -161,7 +161,7 @@ class ShardOffload:
         await self.trim(sh, now_ms)
         return written > 0 or more
 
-    async def fill(self, sh: HeldShard) -> bool:
+    async def fill(self, sh: OffloadShard) -> bool:
         """Read entries after `read_to` until the buffer is full. Returns True when the buffer
         filled up before the stream ran out (there is more to read)."""
         tier = self.o.tier
@@ -193,7 +193,7 @@ class ShardOffload:
                 return out
             start = f"({out[-1][0]}"
 
-    async def write(self, sh: HeldShard) -> None:
+    async def write(self, sh: OffloadShard) -> None:
         """Archive a prefix of the buffer as one segment: intent, put, commit."""
         tier = self.o.tier
         n, size = 0, 0
@@ -215,7 +215,9 @@ class ShardOffload:
         await self.put(sh, intent, batch, key)
         await self.commit(sh, intent.last, n)
 
-    async def put(self, sh: HeldShard, intent: Intent, rows: Sequence[RawEntry], key: str) -> int:
+    async def put(
+        self, sh: OffloadShard, intent: Intent, rows: Sequence[RawEntry], key: str
+    ) -> int:
         """Encode and put `rows` under `key` create-only; returns the rows the stored object
         holds (ours, or those of an identical-range object already there)."""
         o = self.o
@@ -261,7 +263,7 @@ class ShardOffload:
         return info.entries
 
     async def commit(
-        self, sh: HeldShard, last: EntryId, entries: int, adopted: bool = False
+        self, sh: OffloadShard, last: EntryId, entries: int, adopted: bool = False
     ) -> None:
         await self.checkpoints.commit(sh.shard, self.o.consumer_id, sh.token, last, entries)
         if adopted:
@@ -275,7 +277,7 @@ class ShardOffload:
         self.o.stats.adopted += 1
 
     async def gap(
-        self, sh: HeldShard, after: EntryId, before: EntryId, lost: int | None, reason: str
+        self, sh: OffloadShard, after: EntryId, before: EntryId, lost: int | None, reason: str
     ) -> None:
         """Record the gap first, then account its entries: a crash in between re-detects it
         (recording it again at worst), never leaves a counted but unrecorded loss."""
@@ -289,7 +291,7 @@ class ShardOffload:
         sh.count += lost or 0
         sh.gaps_seen.add(gap.key)
 
-    async def trim(self, sh: HeldShard, now_ms: int) -> None:
+    async def trim(self, sh: OffloadShard, now_ms: int) -> None:
         """``XTRIM MINID`` to the smaller of just after the checkpoint and now minus the hot
         window (`now_ms`: Redis server time, Unix ms), and, for a topic with retention "acked"
         (`eventbus.protocol.retention`), not past what a consumer group still needs."""

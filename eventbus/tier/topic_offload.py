@@ -18,7 +18,7 @@ from eventbus.locking.locks import Fenced, LockClient
 from eventbus.locking.member import Member
 from eventbus.tier.errors import StoreError
 from eventbus.tier.settings import OFFLOADER_GROUP
-from eventbus.tier.shard_offload import HeldShard, ShardOffload
+from eventbus.tier.shard_offload import OffloadShard, ShardOffload
 
 if TYPE_CHECKING:
     from eventbus.tier.offloader import Offloader
@@ -44,7 +44,7 @@ class TopicOffloader:
             owner.redis, owner.keys, owner.settings, topic, OFFLOADER_GROUP, owner.consumer_id
         )
         self.locks = LockClient(member, shards=shards, scripts=owner.scripts)
-        self.held: dict[int, HeldShard] = {}
+        self.held: dict[int, OffloadShard] = {}
         self.rotation = random.randrange(shards)
 
     # -- locks ----------------------------------------------------------------------------------
@@ -61,7 +61,7 @@ class TopicOffloader:
         for s, grant in got.grants.items():
             local = self.held.get(s)
             if local is None or grant.is_new or local.token != grant.token:
-                self.held[s] = HeldShard(s, grant.token, self.o.keys.stream(self.topic, s))
+                self.held[s] = OffloadShard(s, grant.token, self.o.keys.stream(self.topic, s))
         surplus = len(self.held) - got.share
         if surplus > 0:
             idle = sorted(self.held.values(), key=lambda sh: len(sh.buffer))[:surplus]
@@ -83,7 +83,7 @@ class TopicOffloader:
         fatal: list[BaseException] = []
         limiter = anyio.CapacityLimiter(SHARD_CONCURRENCY)
 
-        async def one(sh: HeldShard) -> None:
+        async def one(sh: OffloadShard) -> None:
             async with limiter:
                 try:
                     if not sh.recovered:
