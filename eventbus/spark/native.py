@@ -158,7 +158,6 @@ def _segments(
     typed: TypedPayloads | None,
 ) -> Any:
     """The segments `refs` through Spark's Parquet reader, as the read `schema`'s columns."""
-    from pyspark.sql import functions as F
 
     root = _root(opts.store)
     # the segments' schema given, not inferred (a Spark job reading footers): the fixed columns
@@ -168,22 +167,32 @@ def _segments(
         fields += [*typed.struct, pa.field(ERROR_COLUMN, pa.string())]
     given = from_arrow_schema(pa.schema(fields))
     raw = spark.read.schema(given).parquet(*(f"{root}/{r.key}" for r in refs))
-    have = set(raw.columns)
-    cols = []
+    have = {f.name: f.dataType for f in raw.schema.fields}
+    # one SQL expression per column, sent in one call: a Column built per field (col, cast,
+    # alias) was three Py4J round trips each, about 0.3 s of a read's planning
+    exprs = []
     for field in schema.fields:
         name = field.name
         if name == "published_at":
-            col = F.timestamp_millis("event_time_ms")
+            source = "timestamp_millis(event_time_ms)"
         elif name == "payload":
-            col = F.col("data")
+            source = "data"
         elif name == CORRUPT:
-            col = F.col(ERROR_COLUMN) if typed is not None else F.lit(None)
+            source = _quoted(ERROR_COLUMN) if typed is not None else "NULL"
         elif name in BASE_NAMES or name in have:
-            col = F.col(name)
+            source = _quoted(name)
         else:  # a typed field no segment of this read has (all its entries were of other types)
-            col = F.lit(None)
-        cols.append(col.cast(field.dataType).alias(name))
-    return raw.select(*cols)
+            source = "NULL"
+        if have.get(name) == field.dataType:  # (a typed struct: its type as the segments')
+            exprs.append(f"{source} AS {_quoted(name)}")
+        else:
+            exprs.append(f"CAST({source} AS {field.dataType.simpleString()}) AS {_quoted(name)}")
+    return raw.selectExpr(*exprs)
+
+
+def _quoted(name: str) -> str:
+    """`name` as a Spark SQL identifier (backticks, a backtick doubled)."""
+    return "`" + name.replace("`", "``") + "`"
 
 
 def _root(store: str) -> str:
