@@ -246,3 +246,28 @@ async def test_a_busy_consumer_locks_at_most_every_lock_interval(
     # lock rounds: one per 200 ms, the one in progress, and a heartbeat or an unlock at most
     assert during["EVALSHA"] <= elapsed / 0.2 + 3, (during, elapsed)
     assert during["XREADGROUP"] > 2 * during["EVALSHA"], during  # rounds without a lock round
+
+
+@pytest.mark.single_node("counts lock rounds through a client subclass (see above)")
+async def test_a_consumer_alone_in_its_group_keeps_its_idle_shards(
+    settings: SettingsFactory, redis_db: str
+) -> None:
+    """Issue 19 item 16: a consumer alone in its group let its idle shards go every
+    `idle_release_ms` and took them back at its next lock round (a lock round, an unlock and a
+    PEL claim per shard, twice a second, for every idle group of a process). Alone, nobody can
+    use them: it keeps them, under the same fencing tokens, over many lock rounds."""
+    client = CountingRedis.from_url(redis_db)
+    client.calls = Counter()
+    bus = EventBus(settings(shards=4, lock_interval_ms=50, idle_release_ms=50), redis=client)
+
+    @bus.subscriber("quiet", group="g")
+    async def handle(event: Tick) -> None: ...
+
+    locks = bus.keys.locks("quiet", "g")
+    async with running(bus):
+        await wait_until(lambda: _owners_are(client, locks, 1))
+        first = await client.hgetall(locks)
+        rounds = client.calls["EVALSHA"]
+        await wait_until(lambda: client.calls["EVALSHA"] >= rounds + 20)  # 20 lock rounds on
+        later = await client.hgetall(locks)
+    assert later == first  # the same owner and token for each of the 4 shards
