@@ -22,7 +22,7 @@ from __future__ import annotations
 import importlib
 import sys
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -150,17 +150,9 @@ async def test_the_shop_runs_through_a_redis_restart(
     service = sys.modules["examples.shop.service"]
     journal = Journal()
     shop.bus.middleware(journal.record)
-    transport = httpx.ASGITransport(app=shop.app)  # raises what the app does not answer
 
-    async with (
-        shop.app.router.lifespan_context(shop.app),
-        httpx.AsyncClient(transport=transport, base_url="http://shop") as client,
-    ):
-
-        async def call(method: str, url: str, status: int, **kwargs: Any) -> Any:
-            response = await client.request(method, url, **kwargs)
-            assert response.status_code == status, response.text
-            return response.json()
+    async with _serving(shop.app) as client:  # raises what the app does not answer
+        call = _caller(client)
 
         async def quote(quantity: int) -> Any:
             return await call("GET", "/quotes/tea", 200, params={"quantity": quantity})
@@ -248,17 +240,9 @@ async def test_the_shop_recovers_by_itself_when_redis_lost_its_data(
     journal = Journal()
     journal.release.set()  # nothing held here
     shop.bus.middleware(journal.record)
-    transport = httpx.ASGITransport(app=shop.app)
 
-    async with (
-        shop.app.router.lifespan_context(shop.app),
-        httpx.AsyncClient(transport=transport, base_url="http://shop") as client,
-    ):
-
-        async def call(method: str, url: str, status: int, **kwargs: Any) -> Any:
-            response = await client.request(method, url, **kwargs)
-            assert response.status_code == status, response.text
-            return response.json()
+    async with _serving(shop.app) as client:  # raises what the app does not answer
+        call = _caller(client)
 
         async def place(i: int) -> None:
             order = {"order_id": f"o-{i}", "sku": "tea", "quantity": i + 1}
@@ -294,11 +278,7 @@ async def test_while_redis_is_down_every_route_answers_503(shop: Any, server: Re
     error (503: `PublishError`, the request's included), never a 500 from a raw redis-py error;
     once Redis is back (AOF: nothing lost) the same calls work and their events are handled."""
     service = sys.modules["examples.shop.service"]
-    transport = httpx.ASGITransport(app=shop.app, raise_app_exceptions=False)
-    async with (
-        shop.app.router.lifespan_context(shop.app),
-        httpx.AsyncClient(transport=transport, base_url="http://shop") as client,
-    ):
+    async with _serving(shop.app, raise_app_exceptions=False) as client:
         calls = [
             ("POST", "/orders", {"json": {"order_id": "o-1", "sku": "tea", "quantity": 1}}),
             ("POST", "/orders/o-1/cancel", {}),
@@ -316,6 +296,29 @@ async def test_while_redis_is_down_every_route_answers_503(shop: Any, server: Re
         up = [await client.request(method, url, **kw) for method, url, kw in calls]
         assert [r.status_code for r in up] == [201, 202, 202, 200], [r.text for r in up]
         await wait_until(lambda: "o-2" in service.shipped)
+
+
+@asynccontextmanager
+async def _serving(app: Any, **transport: Any) -> AsyncIterator[httpx.AsyncClient]:
+    """The app's lifespan entered and an httpx client calling the app in process
+    (`httpx.ASGITransport`, given `transport`'s options)."""
+    asgi = httpx.ASGITransport(app=app, **transport)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=asgi, base_url="http://shop") as client,
+    ):
+        yield client
+
+
+def _caller(client: httpx.AsyncClient) -> Callable[..., Awaitable[Any]]:
+    """``await call(method, url, status, **kwargs)``: the JSON of a response that had `status`."""
+
+    async def call(method: str, url: str, status: int, **kwargs: Any) -> Any:
+        response = await client.request(method, url, **kwargs)
+        assert response.status_code == status, response.text
+        return response.json()
+
+    return call
 
 
 def _key_count(url: str) -> int:
