@@ -12,7 +12,7 @@ to receive from this module. Nothing here talks to Redis: the contract is the co
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel
 
@@ -112,13 +112,13 @@ def contract_of(bus: EventBus) -> Contract:
                 topic=sub.topic,
                 group=sub.group,
                 handlers=list(handlers.values()),
-                broadcast=sub.broadcast,
-                ack=sub.ack,
-                retry=sub.retry,
-                on_failure=sub.on_failure,
-                on_unknown=_on_unknown(sub),
-                dedup_window_s=sub.dedup_window_s,
-                handler_timeout_s=sub.handler_timeout_s,
+                broadcast=sub.options.broadcast,
+                ack=sub.options.ack,
+                retry=sub.options.retry,
+                on_failure=sub.options.on_failure,
+                on_unknown=sub.options.on_unknown,
+                dedup_window_s=sub.options.dedup_window_s,
+                handler_timeout_s=sub.options.handler_timeout_s,
                 max_batch=batch.max_batch if batch is not None else None,
             )
         )
@@ -145,9 +145,3 @@ def _raw(call: HandlerCall) -> Raw | None:
     if raw is None:
         return None
     return "bytes" if raw is bytes else "dict"
-
-
-def _on_unknown(sub: Any) -> str:
-    """The (topic, group)'s ``on_unknown`` (on the subscription, or on its routes)."""
-    value = getattr(sub, "on_unknown", None) or getattr(sub.routes, "on_unknown", "dead_letter")
-    return str(value)

@@ -134,7 +134,7 @@ class BatchRunner:
                 await self._single(items[i], slot)
                 i += 1
                 continue
-            await self._settle(run, self.sub.retry.max_attempts, slot)
+            await self._settle(run, self.sub.options.retry.max_attempts, slot)
             i += len(run)
 
     def _run_of(self, items: list[Item], start: int) -> list[Item]:
@@ -172,7 +172,7 @@ class BatchRunner:
                 return
             if attempt >= attempts:
                 break
-            delay = self.sub.retry.delay_s(attempt)
+            delay = self.sub.options.retry.delay_s(attempt)
             log.warning(
                 "batch handler %s failed on %d entries of shard %d from %s (attempt %d/%d): %r; "
                 "retry in %.2f s",

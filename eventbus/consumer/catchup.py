@@ -114,7 +114,7 @@ class TypedCatchUp:
         self._parked_for: ShardCatchUp | None = None
 
     async def __call__(self, entry: ArchivedEntry, sc: ShardCatchUp) -> None:
-        if self._parked_for is not sc and self.handling.sub.on_failure == "park":
+        if self._parked_for is not sc and self.handling.sub.options.on_failure == "park":
             # as a new lock owner does: the shard's resources may have been parked before
             await self.handling.failures.load_parked()
             self._parked_for = sc

@@ -20,7 +20,7 @@ from eventbus.errors import ConfigError, EventBusError
 from eventbus.protocol.topics import TopicConfig
 
 if TYPE_CHECKING:
-    from eventbus.consumer.options import Ack, OnFailure, OnUnknown, SubscriberOptions
+    from eventbus.consumer.options import SubscriberOptions
     from eventbus.consumer.routing import Routes
 
 Handler = Callable[..., Any]  # async or sync; returns None, or a reply to a request
@@ -167,7 +167,7 @@ def _check_positional(name: str, func: Callable[..., Any], n: int) -> None:
 class Subscription:
     """A (topic, group) and its handler(s), as registration leaves it (`eventbus.consumer.
     registration`): `options` is the group's one `SubscriberOptions` record (resolved against
-    the settings; the consumer reads its options through the properties below), `models` maps
+    the settings; the consumer reads its options there: ``sub.options.ack``), `models` maps
     event type name -> pydantic model, `routes` gives each event type its handler
     (`eventbus.consumer.routing`) and `call` is the handler, or the `Router` of several.
     """
@@ -181,40 +181,9 @@ class Subscription:
 
     @property
     def group(self) -> str:
+        """The consumer group (``options.group``): with the topic, what names the subscription
+        in keys, logs and metrics."""
         return self.options.group
-
-    @property
-    def ack(self) -> Ack:
-        """``"after"`` (at-least-once) or ``"before"`` (NOACK reads, at-most-once)."""
-        return self.options.ack
-
-    @property
-    def on_failure(self) -> OnFailure:
-        return self.options.on_failure
-
-    @property
-    def retry(self) -> RetryPolicy:
-        return self.options.retry
-
-    @property
-    def dedup_window_s(self) -> float | None:
-        """Seconds an event ID handled successfully is skipped if delivered again (None: off)."""
-        return self.options.dedup_window_s
-
-    @property
-    def handler_timeout_s(self) -> float | None:
-        """Seconds each handler attempt may take (None: no limit)."""
-        return self.options.handler_timeout_s
-
-    @property
-    def on_unknown(self) -> OnUnknown:
-        return self.options.on_unknown
-
-    @property
-    def broadcast(self) -> bool:
-        """Every instance gets every event (`eventbus.consumer.broadcast`); `group` is then
-        only a name for logs and metrics."""
-        return self.options.broadcast
 
     @property
     def name(self) -> str:

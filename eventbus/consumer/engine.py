@@ -72,7 +72,7 @@ class Consumer:
         self.member, self.settings, self.registry = member, settings, registry
         self.redis, self.keys, self.consumer_id = member.redis, member.keys, member.consumer_id
         self.sub, self.topic, self.group = sub, sub.topic, sub.group
-        self.noack = sub.ack == "before"
+        self.noack = sub.options.ack == "before"
         self.catch_up: CatchUpHook | None = None  # set by EventBus.run when it has an archive
         self.backoff = retry.backoff(settings.retry_base_s, settings.retry_max_s)
         n = self.topic.shards
@@ -264,7 +264,7 @@ class Consumer:
         self._m_shards.round(*grants.taken(new), len(lost), len(self.table.held))
         for s in lost:
             log.warning("consumer %s lost shard %d to another consumer", self.consumer_id, s)
-        if new and self.sub.on_failure == "park":
+        if new and self.sub.options.on_failure == "park":
             await self.handling.failures.load_parked()  # parked by a previous owner?
         # Whatever state the lock was in, a new owner claims the shard's pending entries first:
         # a free lock is not a clean shard, since a consumer that left gracefully leaves the

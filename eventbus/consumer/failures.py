@@ -255,7 +255,7 @@ class Failures:
         except DecodeError as exc:
             log.error("parked letter %s is undecodable (%s); left in place", letter.dlq_id, exc)
             return False
-        policy = self.sub.retry
+        policy = self.sub.options.retry
         attempt = 1
         while attempt <= policy.max_attempts:
             if not await fence.wait(control):

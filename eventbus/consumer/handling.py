@@ -82,7 +82,7 @@ class Handling:
         self._topic, self._group = sub.topic.name, sub.group
         self.retry = retry
         self.tally = Tally()
-        self.watchdog = Watchdog(sub.handler_timeout_s)  # run by whoever runs this handling
+        self.watchdog = Watchdog(sub.options.handler_timeout_s)  # run by whoever runs this handling
         self.stopping = anyio.Event()
         """Set by whoever runs this handling when it stops: retry waits end (`wait_retry`)."""
         self.decoding = Decoding(member, sub, retry)
@@ -92,7 +92,7 @@ class Handling:
         self.failures: FailurePolicy = (
             failures(self.tally) if failures else Failures(member, sub, retry, self.tally)
         )
-        self.dedup_s = math.ceil(sub.dedup_window_s) if sub.dedup_window_s else 0
+        self.dedup_s = math.ceil(sub.options.dedup_window_s) if sub.options.dedup_window_s else 0
         self.scope = sub.scope
         self.middlewares = tuple(sub.scope.middlewares)  # those registered when it starts
         labels = (sub.topic.name, sub.group)
@@ -122,7 +122,7 @@ class Handling:
                 d.error = self.decoding.bad_request(d.env)
         if d.error is not None:  # logged at WARNING by the dead-letter write
             bad = d.error
-            if isinstance(bad, UnknownEventType) and self.sub.on_unknown == "skip":
+            if isinstance(bad, UnknownEventType) and self.sub.options.on_unknown == "skip":
                 self.decoding.skip(bad.event_type)
                 return Outcome.ACK
             return await self.failures.dead_letter(d, bad, reason="undecodable", fence=fence)
@@ -155,7 +155,7 @@ class Handling:
         delay = self.retry_delay(d, env, error)
         if delay is not None:
             return delay
-        parking = self.sub.on_failure == "park"
+        parking = self.sub.options.on_failure == "park"
         self.gave_up(d, env, error, self.failures.gives_up(parking))
         if parking:
             return await self.failures.dead_letter_and_park(d, error, env.resource_id, fence)
@@ -166,7 +166,7 @@ class Handling:
     ) -> float | None:
         """After failed attempt `d.attempt`: the delay (s) before the next one, logged at
         WARNING with the traceback, or None when the subscription's attempts are spent."""
-        policy = self.sub.retry
+        policy = self.sub.options.retry
         if d.attempt >= policy.max_attempts:
             return None
         delay = policy.delay_s(d.attempt)
@@ -338,7 +338,7 @@ class Handling:
 
     def timeout_error(self) -> HandlerTimeout:
         """What an attempt cancelled by the watchdog failed with (`handler_timeout_s`)."""
-        timeout = self.sub.handler_timeout_s
+        timeout = self.sub.options.handler_timeout_s
         assert timeout is not None
         return HandlerTimeout(self.sub.name, timeout, abandoned=not self.sub.call.is_async)
 

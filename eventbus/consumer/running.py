@@ -46,7 +46,7 @@ def make_consumers(
     consumers: list[Consumer | BroadcastConsumer] = []
     for sub in subscriptions:
         member = Member(redis, keys, settings, sub.topic.name, sub.group, new_member_id(), profile)
-        if sub.broadcast:
+        if sub.options.broadcast:
             consumers.append(BroadcastConsumer(member, registry, sub))
             continue
         c = Consumer(member, registry, sub, scripts)

@@ -155,7 +155,7 @@ class TestBus:
             elif consumer.in_flight:
                 behind.append(f"{consumer.group}: {consumer.in_flight} in flight")
         for sub in self.bus.subscriptions:
-            if sub.broadcast:
+            if sub.options.broadcast:
                 continue
             for shard in range(sub.topic.shards):
                 stream = self.bus.keys.stream(sub.topic.name, shard)

@@ -36,7 +36,7 @@ def test_async_handler_with_context(bus: EventBus) -> None:
     assert sub.models == {"A": A}
     assert sub.call.takes_context and sub.call.is_async and sub.handler is handle
     assert (sub.topic.name, sub.topic.shards) == ("orders", 8)
-    assert (sub.group, sub.ack) == ("billing", "after")
+    assert (sub.group, sub.options.ack) == ("billing", "after")
 
 
 def test_sync_handler_without_context_and_union_of_models(bus: EventBus) -> None:
@@ -46,7 +46,7 @@ def test_sync_handler_without_context_and_union_of_models(bus: EventBus) -> None
     (sub,) = bus.subscriptions
     assert sub.models == {"A": A, "B": B}
     assert not sub.call.takes_context and not sub.call.is_async
-    assert (sub.ack, sub.retry.max_attempts) == ("before", 2)
+    assert (sub.options.ack, sub.options.retry.max_attempts) == ("before", 2)
 
 
 def test_typing_union_is_accepted(bus: EventBus) -> None:
@@ -85,7 +85,7 @@ def test_several_handlers_per_topic_and_group_share_one_subscription(bus: EventB
     bus.subscriber("payments", group="g")(second)
     assert len(bus.subscriptions) == 3
     sub = bus.subscriptions[0]
-    assert sub.models == {"A": A, "B": B} and sub.retry.max_attempts == 2
+    assert sub.models == {"A": A, "B": B} and sub.options.retry.max_attempts == 2
     assert sub.routes.get("A").call.func is first  # type: ignore[union-attr]
     assert sub.routes.get("B").call.func is second  # type: ignore[union-attr]
     assert sub.routes.get("C") is None
@@ -127,7 +127,7 @@ def test_on_unknown_is_decided_at_registration(bus: EventBus) -> None:
     with pytest.raises(ConfigError, match="on_unknown"):
         bus.subscriber("orders", group="g", on_unknown="ignore")  # type: ignore[arg-type]
     bus.subscriber("orders", group="g", on_unknown="skip")(first)
-    assert bus.subscriptions[0].on_unknown == "skip"
+    assert bus.subscriptions[0].options.on_unknown == "skip"
 
 
 def test_raw_handlers_and_type_names(bus: EventBus) -> None:
