@@ -29,7 +29,7 @@ import uuid
 import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, NotRequired, cast
 
 import anyio
 from pydantic import BaseModel
@@ -52,6 +52,7 @@ from eventbus.protocol.replies import (
 )
 from eventbus.protocol.sharding import shard_of
 from eventbus.protocol.topics import TopicConfig
+from eventbus.publishing.publisher import PublishOptions
 
 log = logging.getLogger("eventbus")
 
@@ -59,6 +60,18 @@ log = logging.getLogger("eventbus")
 M = TypeVar("M", bound=BaseModel, default=Any)
 Publish = Callable[..., Awaitable[str]]
 """``EventBus.publish``: ``await publish(topic, event, resource_id=..., headers=...)``."""
+
+
+class RequestOptions(PublishOptions):
+    """The keyword arguments of ``EventBus.request`` but `reply_model` (which fixes the return
+    type), for ``SyncBus.request`` to pass on; a unit test checks that they agree.
+
+    :param timeout_s: seconds to wait for the reply, publishing included (default 30)
+    """
+
+    timeout_s: NotRequired[float]
+
+
 _READ_COUNT = 100
 
 
@@ -193,6 +206,7 @@ __all__ = [
     "REPLY_MAXLEN",
     "REPLY_TO",
     "REPLY_TTL_S",
+    "RequestOptions",
     "Requester",
     "reply_of",
     "reply_stream",

@@ -36,14 +36,15 @@ import weakref
 from collections.abc import Awaitable, Callable, Iterable
 from functools import partial
 from types import TracebackType
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, TypeVar, Unpack
 
 from anyio.from_thread import BlockingPortal
 from pydantic import BaseModel
 
 from eventbus.client import loops
 from eventbus.errors import EventBusError
-from eventbus.request import M
+from eventbus.publishing.publisher import PublishOptions
+from eventbus.request import M, RequestOptions
 from eventbus.session import current_loop
 
 if TYPE_CHECKING:  # a SyncBus wraps the EventBus that made it (`EventBus.sync`)
@@ -118,20 +119,12 @@ class SyncBus:
         self._pinned = False  # used outside a `with` block: runs until close()
         self._local = threading.local()
 
-    # -- the API: `EventBus`'s methods, blocking (a unit test checks the signatures match) ----
-    def publish(
-        self,
-        topic: str,
-        event: BaseModel,
-        *,
-        resource_id: str,
-        headers: dict[str, str] | None = None,
-    ) -> str:
-        """`EventBus.publish`, blocking the calling thread until done."""
-        bus = self._bus
-        return self.call(
-            partial(bus.publish, topic, event, resource_id=resource_id, headers=headers)
-        )
+    # -- the API: `EventBus`'s methods, blocking; the keyword arguments are passed on as given
+    # (`PublishOptions`, `RequestOptions`: a unit test checks they match `EventBus`'s) -------
+    def publish(self, topic: str, event: BaseModel, **options: Unpack[PublishOptions]) -> str:
+        """`EventBus.publish` (``resource_id=``, ``headers=``), blocking the calling thread
+        until done."""
+        return self.call(partial(self._bus.publish, topic, event, **options))
 
     def publish_many(
         self,
@@ -148,22 +141,13 @@ class SyncBus:
         topic: str,
         event: BaseModel,
         *,
-        resource_id: str,
-        timeout_s: float = 30.0,
         reply_model: type[M] | None = None,
-        headers: dict[str, str] | None = None,
+        **options: Unpack[RequestOptions],
     ) -> M:
-        """`EventBus.request`, blocking the calling thread until done."""
+        """`EventBus.request` (``resource_id=``, ``timeout_s=``, ``reply_model=``,
+        ``headers=``), blocking the calling thread until done."""
         return self.call(
-            partial(
-                self._bus.request,
-                topic,
-                event,
-                resource_id=resource_id,
-                timeout_s=timeout_s,
-                reply_model=reply_model,
-                headers=headers,
-            )
+            partial(self._bus.request, topic, event, reply_model=reply_model, **options)
         )
 
     def call(self, fn: Callable[[], Awaitable[T]]) -> T:

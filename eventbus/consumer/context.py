@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import anyio.to_thread
 import msgspec
@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from eventbus.consumer.scope import HandlerScope, State, chained_headers
 from eventbus.errors import ConfigError, EventBusError
 from eventbus.protocol.topics import TopicConfig
+from eventbus.publishing.publisher import PublishOptions
 
 if TYPE_CHECKING:
     from eventbus.consumer.options import SubscriberOptions
@@ -73,22 +74,18 @@ class Context(msgspec.Struct):
             raise EventBusError("this Context belongs to no bus: it has no state")
         return self.scope.state
 
-    async def publish(
-        self,
-        topic: str,
-        event: BaseModel,
-        *,
-        resource_id: str,
-        headers: dict[str, str] | None = None,
-    ) -> str:
-        """`EventBus.publish` on the handler's bus, the new event carrying the handled one's
-        correlation ID and, as causation ID, the handled event's ID (`eventbus.consumer.scope`;
-        `headers` may set either). Returns the entry ID. Raises what `EventBus.publish` raises,
-        and `EventBusError` for a Context that belongs to no bus."""
+    async def publish(self, topic: str, event: BaseModel, **options: Unpack[PublishOptions]) -> str:
+        """`EventBus.publish` (``resource_id=``, ``headers=``) on the handler's bus, the new
+        event carrying the handled one's correlation ID and, as causation ID, the handled
+        event's ID (`eventbus.consumer.scope`; ``headers`` may set either). Returns the entry
+        ID. Raises what `EventBus.publish` raises, and `EventBusError` for a Context that
+        belongs to no bus."""
         if self.scope is None or self.scope.publish is None:
             raise EventBusError("this Context belongs to no bus: it cannot publish")
-        chained = chained_headers(self.headers, str(self.event_id), headers)
-        return await self.scope.publish(topic, event, resource_id=resource_id, headers=chained)
+        options["headers"] = chained_headers(
+            self.headers, str(self.event_id), options.get("headers")
+        )
+        return await self.scope.publish(topic, event, **options)
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,11 +26,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, Unpack
 
 from pydantic import BaseModel
 
 from eventbus.protocol.replies import CORRELATION_ID
+from eventbus.publishing.publisher import PublishOptions
 
 CAUSATION_ID = "eventbus-causation-id"
 """Header of an event published by a handler (`Context.publish`): the ID of the event handled."""
@@ -40,13 +41,10 @@ Middleware = Callable[[Any, Any], AbstractAsyncContextManager[object]]
 
 
 class Publish(Protocol):
+    """``EventBus.publish``, as a handler's `Context.publish` calls it."""
+
     async def __call__(
-        self,
-        topic: str,
-        event: BaseModel,
-        *,
-        resource_id: str,
-        headers: dict[str, str] | None = None,
+        self, topic: str, event: BaseModel, **options: Unpack[PublishOptions]
     ) -> str: ...
 
 

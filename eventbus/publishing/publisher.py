@@ -31,7 +31,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from functools import partial
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import anyio
 from pydantic import BaseModel
@@ -72,6 +72,20 @@ from eventbus.publishing.sending import Sender
 
 log = logging.getLogger("eventbus.publisher")
 _FIELD_NAME_BYTES = len(F_RESOURCE) + len(F_TYPE) + len(F_DATA)  # `encoded_size`'s share of names
+
+
+class PublishOptions(TypedDict):
+    """The keyword arguments of ``EventBus.publish(topic, event, **options)``, as the methods
+    that pass them on take them (``SyncBus.publish``, ``Context.publish``: ``**options:
+    Unpack[PublishOptions]``), so that they are listed once; ``EventBus.publish`` spells them
+    out, and a unit test checks that the two agree.
+
+    :param resource_id: the event's resource: its shard, and its place in per-resource order
+    :param headers: str -> str headers carried with the event (default: none)
+    """
+
+    resource_id: str
+    headers: NotRequired[dict[str, str] | None]
 
 
 class Publisher:
