@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar, Unpack
 
 import anyio
 from anyio.abc import TaskStatus
@@ -22,7 +22,7 @@ from eventbus.client.retry import LOST_REPLY
 from eventbus.config import Settings
 from eventbus.consumer import Consumer, Handler, Subscription
 from eventbus.consumer.broadcast import BroadcastConsumer
-from eventbus.consumer.options import Ack, OnFailure, OnUnknown, SubscriberOptions
+from eventbus.consumer.options import SubscriberArgs, SubscriberOptions
 from eventbus.consumer.registration import add_handler
 from eventbus.consumer.running import make_consumers, run_consumers
 from eventbus.consumer.scope import HandlerScope, Middleware, State
@@ -133,25 +133,10 @@ class EventBus(Lifecycle):
         self._topics[name] = config
         return config
 
-    def subscriber(
-        self,
-        topic: str,
-        *,
-        group: str | None = None,
-        ack: Ack | None = None,
-        max_attempts: int | None = None,
-        on_failure: OnFailure | None = None,
-        retry_base_s: float | None = None,
-        retry_max_s: float | None = None,
-        dedup_window_s: float | None = None,
-        handler_timeout_s: float | None = None,
-        batch: bool = False,
-        max_batch: int = 500,
-        on_unknown: OnUnknown | None = None,
-        type_name: str | Sequence[str] | None = None,
-        broadcast: bool = False,
-    ) -> Callable[[H], H]:
+    def subscriber(self, topic: str, **options: Unpack[SubscriberArgs]) -> Callable[[H], H]:
         """Register the decorated function as the handler of `topic` for consumer group `group`.
+        The keyword `options` are those of `SubscriberArgs` (``group=``, ``ack=``, ...; their
+        table: docs/operations.md), described below.
 
         The handler is ``async def h(event: Model, ctx: Context)`` (``ctx`` optional; a plain
         ``def`` runs in a worker thread). ``Model`` is a pydantic model or a union of models,
@@ -183,32 +168,16 @@ class EventBus(Lifecycle):
         ``on_failure="park"`` in the verse profile, which orders by shard), and
         `ReservedEventType` for a model whose event type starts with ``__eventbus.``.
         """
-        options = SubscriberOptions.of(
-            self.settings,
-            topic,
-            group=group,
-            ack=ack,
-            max_attempts=max_attempts,
-            on_failure=on_failure,
-            retry_base_s=retry_base_s,
-            retry_max_s=retry_max_s,
-            dedup_window_s=dedup_window_s,
-            handler_timeout_s=handler_timeout_s,
-            batch=batch,
-            max_batch=max_batch,
-            on_unknown=on_unknown,
-            type_name=type_name,
-            broadcast=broadcast,
-        )
+        resolved = SubscriberOptions.of(self.settings, topic, **options)
 
-        if options.on_failure == "park" and not self.profile.codec.native:
+        if resolved.on_failure == "park" and not self.profile.codec.native:
             raise ConfigError(
                 f"subscriber of topic {topic!r}: on_failure='park' needs per-resource order, "
                 f"and the {self.profile.name} profile orders by shard (docs/verse.md)"
             )
 
         def register(handler: H) -> H:
-            add_handler(self.subscriptions, self.topic(topic), options, handler, self._scope)
+            add_handler(self.subscriptions, self.topic(topic), resolved, handler, self._scope)
             return handler
 
         return register

@@ -13,8 +13,9 @@ value is a `ConfigError`. `given` names those a handler set explicitly.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict, Unpack
 
 from eventbus.config import Settings
 from eventbus.consumer.context import RetryPolicy
@@ -42,6 +43,27 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "on_failure": ("continue", "park"),
     "on_unknown": ON_UNKNOWN,
 }
+
+
+class SubscriberArgs(TypedDict, total=False):
+    """The keyword arguments of ``@bus.subscriber(topic, **options)`` as a caller gives them
+    (None or absent: unset), listed once for `EventBus.subscriber` and `SubscriberOptions.of`
+    (``**options: Unpack[SubscriberArgs]``, PEP 692). `SubscriberOptions` documents each; the
+    one name that differs is ``type_name`` (one name or several), kept as ``type_names``."""
+
+    group: str | None
+    ack: Ack | None
+    max_attempts: int | None
+    on_failure: OnFailure | None
+    retry_base_s: float | None
+    retry_max_s: float | None
+    dedup_window_s: float | None
+    handler_timeout_s: float | None
+    batch: bool
+    max_batch: int
+    on_unknown: OnUnknown | None
+    type_name: str | Sequence[str] | None
+    broadcast: bool
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -88,12 +110,16 @@ class SubscriberOptions:
     given: frozenset[str] = frozenset()
 
     @classmethod
-    def of(cls, settings: Settings, topic: str, **options: Any) -> SubscriberOptions:
-        """The options of ``@bus.subscriber(topic, **options)``, named as `EventBus.subscriber`
-        takes them (None: unset, the settings' value or the one another handler of the group
-        set). Raises `ConfigError` naming the option."""
-        get = options.get
-        unknown = set(options) - ({*FIELDS, "type_name"} - {"type_names"})
+    def of(
+        cls, settings: Settings, topic: str, **options: Unpack[SubscriberArgs]
+    ) -> SubscriberOptions:
+        """The options of ``@bus.subscriber(topic, **options)`` (None: unset, the settings'
+        value or the one another handler of the group set), checked whatever their types: a
+        caller mypy does not check may pass anything. Raises `ConfigError` naming the option,
+        or the unknown keyword."""
+        raw: dict[str, Any] = dict(options)  # checked by value, whatever the declared types
+        get = raw.get
+        unknown = set(options) - SubscriberArgs.__optional_keys__
         if unknown:
             raise ConfigError(f"subscriber of topic {topic!r}: no option {sorted(unknown)}")
         for name in ("batch", "broadcast"):

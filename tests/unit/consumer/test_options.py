@@ -4,6 +4,7 @@ across its handlers. docs/operations.md's option table lists exactly its fields.
 
 from __future__ import annotations
 
+import inspect
 import re
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ import pytest
 from pydantic import BaseModel
 
 from eventbus import ConfigError, EventBus, Settings
-from eventbus.consumer.options import FIELDS, SubscriberOptions
+from eventbus.consumer.options import FIELDS, SubscriberArgs, SubscriberOptions
 
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "operations.md"
 
@@ -94,3 +95,16 @@ def test_the_docs_option_table_lists_every_option() -> None:
     table = text[text.index("| Subscriber option | Default |") :].split("\n\n", 1)[0]
     documented = re.findall(r"^\| `(\w+)` \|", table, flags=re.M)
     assert documented == list(FIELDS)
+
+
+def test_the_keyword_record_names_every_option() -> None:
+    # `@bus.subscriber`'s keywords (`SubscriberArgs`) are the record's fields, type_name being
+    # kept as type_names: an option added to one and not the other fails here
+    keywords = set(SubscriberArgs.__optional_keys__)
+    assert keywords == {*FIELDS} - {"type_names"} | {"type_name"}
+    assert set(inspect.signature(EventBus.subscriber).parameters) == {"self", "topic", "options"}
+
+
+def test_a_misspelt_option_is_a_config_error_naming_it(bus: EventBus) -> None:
+    with pytest.raises(ConfigError, match=r"no option \['max_attempt'\]"):
+        bus.subscriber("t", group="g", max_attempt=3)  # type: ignore[call-arg]
