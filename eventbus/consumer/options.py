@@ -92,21 +92,23 @@ class SubscriberOptions:
 
     A (topic, group)'s merged record keeps its first handler's `batch`, `max_batch` and
     `type_names` (a batch handler is alone in its group; routing has used the type names).
+    The fields have no defaults: `of` resolves every option, the settings' values and the
+    defaults (docs/operations.md's table) in one place.
     """
 
     group: str
-    ack: Ack = "after"
+    ack: Ack
     max_attempts: int
-    on_failure: OnFailure = "continue"
+    on_failure: OnFailure
     retry_base_s: float
     retry_max_s: float
-    dedup_window_s: float | None = None
-    handler_timeout_s: float | None = None
-    on_unknown: OnUnknown = "dead_letter"
-    batch: bool = False
-    max_batch: int = 500
-    type_names: tuple[str, ...] = ()
-    broadcast: bool = False
+    dedup_window_s: float | None
+    handler_timeout_s: float | None
+    on_unknown: OnUnknown
+    batch: bool
+    max_batch: int
+    type_names: tuple[str, ...]
+    broadcast: bool
     given: frozenset[str] = frozenset()
 
     @classmethod

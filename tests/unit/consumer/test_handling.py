@@ -87,7 +87,7 @@ class Harness:
         models = routes.add(call, {"Tick": Tick, "Strict": Strict}, None, None)
         subscription = Subscription(
             topic=TOPIC,
-            options=SubscriberOptions(**options),
+            options=SubscriberOptions.of(Settings(handler_timeout_s=0), TOPIC.name, **options),
             call=call,
             models=models,
             routes=routes,
