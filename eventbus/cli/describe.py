@@ -18,17 +18,16 @@ from eventbus.asyncapi import asyncapi_document
 from eventbus.cli.output import cell, user_errors
 from eventbus.cli.run import load_bus
 from eventbus.contract import Contract, GroupContract, contract_of
+from eventbus.ops.cli_options import output_file
 from eventbus.protocol.codec import event_type_of
 
 
 def describe(
     target: Annotated[str, typer.Argument(help="module:attribute of the EventBus, e.g. app:bus")],
     asyncapi: Annotated[
-        Path | None, typer.Option(help="Write the AsyncAPI 3.0 document (JSON) to this file.")
+        Path | None, output_file("Write the AsyncAPI 3.0 document (JSON) to this file.")
     ] = None,
-    html: Annotated[
-        Path | None, typer.Option(help="Write the tables as HTML to this file.")
-    ] = None,
+    html: Annotated[Path | None, output_file("Write the tables as HTML to this file.")] = None,
     title: Annotated[
         str | None, typer.Option(help="The document's title (default: TARGET).")
     ] = None,

@@ -22,6 +22,7 @@ from rich.progress import (
 
 from eventbus.config import Settings
 from eventbus.errors import EventBusError
+from eventbus.ops.cli_options import output_file
 from eventbus.tier.cli.common import (
     RedisUrl,
     StoreUrl,
@@ -73,7 +74,7 @@ def replay(
     ] = False,
     output: Annotated[
         Path | None,
-        typer.Option("--output", "-o", help="Write here instead of stdout (.parquet: Parquet)."),
+        output_file("Write here instead of stdout (.parquet: Parquet).", "--output", "-o"),
     ] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar on stderr.")] = True,
     allow_gaps: Annotated[
