@@ -26,18 +26,14 @@ envelopes that decompress to more than `Settings.max_decompressed_bytes`
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable
 from functools import partial
 from typing import Any, NotRequired, TypedDict
 
 import anyio
 from pydantic import BaseModel
-from redis.exceptions import ResponseError
 
-from eventbus.client.retry import LOST_REPLY, REDIS_ERRORS
 from eventbus.config import Settings
 from eventbus.errors import (
     ConfigError,
@@ -69,6 +65,7 @@ from eventbus.protocol.keys import Keys
 from eventbus.protocol.topics import TopicConfig, TopicRegistry
 from eventbus.publishing.foreign import encode_foreign as _encode_foreign
 from eventbus.publishing.sending import Sender
+from eventbus.publishing.topic_setup import TopicSetup
 
 log = logging.getLogger("eventbus.publisher")
 _FIELD_NAME_BYTES = len(F_RESOURCE) + len(F_TYPE) + len(F_DATA)  # `encoded_size`'s share of names
@@ -110,9 +107,9 @@ class Publisher:
         if not profile.codec.native:
             self._encode = partial(_encode_foreign, profile.codec, settings)
         self._streams: dict[str, list[str]] = {}
-        self._topic_locks: dict[str, anyio.Lock] = {}
         self.sender = Sender(redis, settings)
         self.dictionaries = Dictionaries(redis, keys)  # the topics' current zstd dictionaries
+        self._setup = TopicSetup(registry, self.dictionaries, settings, self.sender.backoff)
 
     def _stream(self, topic: TopicConfig, resource_id: str) -> str:
         streams = self._streams.get(topic.name)
@@ -223,7 +220,7 @@ class Publisher:
         slot = self.sender.reserve(self._settings.publish_timeout_s)
         try:
             if not self._registry.checked(topic.name) or self.dictionaries.due(topic.name):
-                await self._prepare_topic(topic)
+                await self._setup.run(topic)
             stream, fields = self.prepare(topic, event, resource_id, headers)
         except BaseException:
             self.sender.withdraw(slot)
@@ -233,91 +230,18 @@ class Publisher:
             return await slot.future
         return await self.sender.submit(slot)
 
-    async def _prepare_topic(self, topic: TopicConfig) -> None:
-        """The topic's shard-count check and current dictionary, when due (rarely: once per
-        topic, then per dictionary refresh), within `publish_timeout_s`."""
-        with self._deadline(topic):
-            await self._check_topic(topic)
-            await self._refresh_dictionary(topic)
-
-    async def _refresh_dictionary(self, topic: TopicConfig) -> None:
-        """Look for the topic's newer current dictionary, when due; best effort: after a
-        connection error (Redis restarting) the cached one stays in use until the next refresh
-        (`dictionaries.REFRESH_S` later; the XADD retries on its own); any other Redis error is a
-        `PublishError`."""
-        if not self.dictionaries.due(topic.name):
-            return
-        try:
-            await self.dictionaries.current(topic.name)
-        except LOST_REPLY as exc:
-            log.warning(
-                "topic %s: zstd dictionary not refreshed (%s: %s); keeping the cached one",
-                topic.name,
-                type(exc).__name__,
-                exc,
-            )
-        except REDIS_ERRORS as exc:
-            raise PublishError(
-                f"topic {topic.name!r}: reading its zstd dictionary failed: {exc}"
-            ) from exc
-
     async def publish_envelope(self, topic: TopicConfig, envelope: Envelope) -> str:
         """Append a ready envelope (no model needed); returns its entry ID. Same errors and
         deadline as `publish`."""
         slot = self.sender.reserve(self._settings.publish_timeout_s)
         try:
-            await self._prepare_topic(topic)
+            await self._setup.run(topic)
             stream, fields = self.prepare_envelope(topic, envelope)
         except BaseException:
             self.sender.withdraw(slot)
             raise
         self.sender.ready(slot, stream, fields, topic.maxlen)
         return await self.sender.submit(slot)
-
-    @contextlib.contextmanager
-    def _deadline(self, topic: TopicConfig) -> Iterator[None]:
-        """Cancel the body after `publish_timeout_s` seconds and raise `PublishError` then."""
-        timeout = self._settings.publish_timeout_s
-        with anyio.move_on_after(timeout) as scope:
-            yield
-        if scope.cancelled_caught:
-            raise PublishError(
-                f"publish to topic {topic.name!r} not confirmed within {timeout:g} s "
-                "(EVENTBUS_PUBLISH_TIMEOUT_S): Redis did not answer in time; the event may or "
-                "may not be stored (its event ID tells duplicates apart)"
-            )
-
-    async def _check_topic(self, topic: TopicConfig) -> None:
-        """`TopicRegistry.ensure` under the publish retry policy: connection errors (a Redis
-        restart) are retried until `publish_timeout_s`, then raised as `PublishError`, like those
-        of the XADDs. Concurrent first publishes of a topic share one check."""
-        if self._registry.checked(topic.name):
-            return
-        async with self._topic_locks.setdefault(topic.name, anyio.Lock()):
-            deadline = time.monotonic() + self._settings.publish_timeout_s
-            failures = 0
-            while not self._registry.checked(topic.name):
-                try:
-                    await self._registry.ensure(topic)
-                except LOST_REPLY as exc:
-                    failures += 1
-                    delay = self.sender.backoff.compute(failures)  # the pipelines' backoff
-                    if time.monotonic() + delay > deadline:
-                        raise PublishError(
-                            f"shard count of topic {topic.name!r} not checked within "
-                            f"{self._settings.publish_timeout_s} s: {exc}"
-                        ) from exc
-                    log.warning(
-                        "shard count check of topic %s failed (%s); retry in %.2f s",
-                        topic.name,
-                        exc,
-                        delay,
-                    )
-                    await anyio.sleep(delay)
-                except ResponseError as exc:  # READONLY (a replica), OOM, ...: not retried
-                    raise PublishError(
-                        f"shard count of topic {topic.name!r} could not be checked: {exc}"
-                    ) from exc
 
     def publish_many(
         self,
@@ -349,9 +273,7 @@ class Publisher:
         prepared = [self.prepare(topic, ev, rid, headers) for rid, ev in pairs]
         slots = [self.sender.reserve() for _ in prepared]  # no await before: call order
         try:
-            with self._deadline(topic):
-                await self._check_topic(topic)
-                await self._refresh_dictionary(topic)
+            await self._setup.run(topic)
             if self.dictionaries.cached_current(topic.name) != used:  # encode with the new one
                 prepared = [self.prepare(topic, ev, rid, headers) for rid, ev in pairs]
             for slot, (stream, fields) in zip(slots, prepared, strict=True):

@@ -43,6 +43,10 @@ COVERED_BY: dict[str, list[str]] = {
     "eventbus.consumer.supervision": ["tests/integration/test_redis_faults.py"],
     "eventbus.protocol.dead_letters": ["tests/unit/test_dlq.py"],
     "eventbus.publishing.cluster_wait": ["tests/integration/test_cluster_replicas.py"],
+    "eventbus.publishing.topic_setup": [
+        "tests/integration/test_publish.py",
+        "tests/integration/test_publish_redis_down.py",
+    ],
     "eventbus.session": ["tests/integration/test_reentry.py"],
     "eventbus.spark.decode": ["tests/spark/test_batch.py"],
     "eventbus.spark.names": ["tests/unit/test_spark_options.py"],
