@@ -143,7 +143,7 @@ class Consumer:
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(
-                    heartbeat_loop, self.locks, self.lease, ttl, self._joined, self._expired
+                    heartbeat_loop, self.locks, ttl, self._joined, self.lease.renew, self._expired
                 )
                 tg.start_soon(self.acks.loop)
                 tg.start_soon(self.handling.watchdog.run)

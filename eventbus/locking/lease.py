@@ -5,6 +5,9 @@ liveness refresh (a lock round, or a heartbeat that found the member live with n
 flight); Redis counts the TTL from a later instant, so the lease ends before the locks can be
 taken. Without a lease the consumer starts no handler, sends no XACK and no XREADGROUP
 (docs/semantics.md).
+
+`heartbeat_loop` is the one heartbeat of every lock member: the consumer's (which renews its
+lease) and the offloader's (one per topic; it has no lease, its writes are fenced by token).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import anyio
 from eventbus.client.retry import REDIS_ERRORS
 from eventbus.locking.locks import ShardLocks
 
-log = logging.getLogger("eventbus.consumer")
+log = logging.getLogger("eventbus.locking")
 
 
 class Lease:
@@ -52,32 +55,40 @@ class Lease:
 
 async def heartbeat_loop(
     locks: ShardLocks,
-    lease: Lease,
     ttl_s: float,
     joined: anyio.Event,
+    on_live: Callable[[float], None] | None,
     on_expired: Callable[[], None],
 ) -> None:
-    """Refresh liveness every `ttl_s` / 3 seconds (every `ttl_s` / 10 after a failure) and renew
-    the lease; call `on_expired` when the liveness had expired before a refresh (the locks may be
-    someone else's now). Starts once `joined` is set: a heartbeat before the first lock round
-    would find no entry and take a joining consumer for one whose liveness expired.
+    """Refresh the liveness of `locks`' member every `ttl_s` / 3 seconds (`ttl_s`: its liveness
+    TTL in seconds) until cancelled; the one heartbeat of the consumer and of the offloader.
 
-    A heartbeat renews the lease only when it found the member live and no lock round is in
-    flight. After a lapse, the lock round that makes the member live again may run before a
-    heartbeat that is answered first: that heartbeat finds the member live, while the shards
-    the caller holds are still those from before the lapse until the round's reply is applied
-    (found by the chaos harness, stress/FINDINGS.md 10). The round renews the lease itself."""
+    A failed heartbeat (a Redis or connection error) is logged at WARNING (logger
+    ``eventbus.locking``) and retried after `ttl_s` / 10, so a short outage leaves several tries
+    before the liveness lapses; it never ends the loop. When the member was still live and no
+    lock round is in flight, `on_live(sent_at)` is called with the `time.monotonic()` send time
+    of the heartbeat (the consumer renews its `Lease`; None: nothing to renew). When its
+    liveness had expired before the heartbeat, `on_expired()` is called: the locks may be
+    someone else's now, the caller drops them until its next lock round says what it still
+    holds. Starts once `joined` is set: a heartbeat before the first lock round would find no
+    entry and take a joining member for one whose liveness expired.
+
+    `on_live` is not called while a lock round is in flight. After a lapse, the lock round that
+    makes the member live again may run before a heartbeat that is answered first: that
+    heartbeat finds the member live, while the shards the caller holds are still those from
+    before the lapse until the round's reply is applied (found by the chaos harness,
+    stress/FINDINGS.md 10). The round renews the lease itself."""
     await joined.wait()
     while True:
         sent_at = time.monotonic()
         try:
             was_live = await locks.heartbeat()
         except REDIS_ERRORS as exc:
-            log.warning("consumer %s heartbeat failed: %s", locks.member_id, exc)
+            log.warning("%s: heartbeat failed: %s", locks.member_id, exc)
             await anyio.sleep(ttl_s / 10)
             continue
         if not was_live:
             on_expired()  # lapsed until the next lock round, which says what is still held
-        elif not locks.acquiring:
-            lease.renew(sent_at)
+        elif on_live is not None and not locks.acquiring:
+            on_live(sent_at)
         await anyio.sleep(ttl_s / 3)

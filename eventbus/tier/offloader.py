@@ -23,8 +23,9 @@ The life of a shard under one offloader (docs/tier.md states the protocol and it
 6. **Trim** ``XTRIM MINID`` to the smaller of "just after the checkpoint" and "now minus
    ``hot_window_s``": only archived entries older than the hot window leave Redis.
 
-This module holds the `Offloader` (which topics, the run loop, the liveness heartbeat, "until
-caught up"); `eventbus.tier.topic_offload` takes a topic's locks and runs its rounds (step 1);
+This module holds the `Offloader` (which topics, the run loop, starting each topic's heartbeats,
+"until caught up"); `eventbus.tier.topic_offload` takes a topic's locks, keeps its liveness
+(`eventbus.locking.lease.heartbeat_loop`) and runs its rounds (step 1);
 `eventbus.tier.shard_offload` does steps 2 to 6 on one shard.
 """
 
@@ -37,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
+import anyio.abc
 
 from eventbus.client import retry
 from eventbus.client.retry import REDIS_ERRORS
@@ -128,6 +130,9 @@ class Offloader:
         self._topics: dict[str, TopicOffloader] = {}
         self._skipped: set[str] = set()
         self._hook = hook
+        # `run`'s task group for the topics' heartbeats (`TopicOffloader.heartbeats`); None
+        # outside `run`: `run_until_caught_up`'s short rounds refresh liveness by locking
+        self._heartbeats: anyio.abc.TaskGroup | None = None
         # typed segments: a model that cannot be imported fails here, not in a round
         self.typed = {
             topic: TypedPayloads(load_models(spec, f"typed_models[{topic!r}]") or {})
@@ -154,7 +159,9 @@ class Offloader:
                 continue
             problem = _unarchivable(name, stored[name])
             if problem is None:
-                self._topics[name] = TopicOffloader(self, name, int(stored[name]))
+                t = self._topics[name] = TopicOffloader(self, name, int(stored[name]))
+                if self._heartbeats is not None:  # in `run`: the topic's heartbeats start
+                    self._heartbeats.start_soon(t.heartbeats)
                 continue
             log.error("offloader %s skips topic %r: %s", self.consumer_id, name, problem)
             self._skipped.add(name)
@@ -187,7 +194,9 @@ class Offloader:
 
         try:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(self._heartbeat_loop)
+                self._heartbeats = tg
+                for t in self._topics.values():  # topics met before `run` (by `round`)
+                    tg.start_soon(t.heartbeats)
                 while not stop.is_set():
                     # Redis errors are retried with backoff (capped at one poll interval, so a
                     # stop during an outage is noticed within that)
@@ -197,6 +206,7 @@ class Offloader:
                             await stop.wait()
                 tg.cancel_scope.cancel()
         finally:
+            self._heartbeats = None
             with anyio.CancelScope(shield=True):
                 await self.close()
 
@@ -207,21 +217,6 @@ class Offloader:
                 await t.release(list(t.held), leave=True)
             except REDIS_ERRORS as exc:  # no retry: their liveness lapses after the TTL anyway
                 log.error("offloader %s could not release its locks: %s", self.consumer_id, exc)
-
-    async def _heartbeat_loop(self) -> None:
-        """Refresh liveness every TTL/3 during long rounds. A failed refresh is not retried: the
-        next tick is the retry, and the locks stay valid until the TTL runs out."""
-        while True:
-            await anyio.sleep(self.settings.liveness_ttl_s / 3)
-            for t in list(self._topics.values()):
-                try:
-                    was_live = await t.locks.heartbeat()
-                except REDIS_ERRORS as exc:
-                    log.debug("offloader %s: heartbeat failed (%s)", self.consumer_id, exc)
-                    continue
-                if not was_live and t.held:
-                    log.warning("offloader %s: liveness had expired; re-locking", self.consumer_id)
-                    t.held.clear()
 
     async def run_until_caught_up(self, timeout_s: float | None = None) -> OffloadStats:
         """Archive everything in the streams now (partial segments included), then release the

@@ -2,7 +2,8 @@
 
 `TopicOffloader.lock` takes this round's share of the topic's shard locks (through
 `eventbus.locking.locks.LockClient`) and releases any surplus; `TopicOffloader.round` runs the steps
-of `eventbus.tier.shard_offload` on every held shard, a few shards at a time.
+of `eventbus.tier.shard_offload` on every held shard, a few shards at a time;
+`TopicOffloader.heartbeats` keeps the topic's liveness between lock rounds.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from eventbus.client.retry import REDIS_ERRORS
+from eventbus.locking.lease import heartbeat_loop
 from eventbus.locking.locks import Fenced, LockClient
 from eventbus.locking.member import Member
 from eventbus.tier.errors import StoreError
@@ -46,6 +48,7 @@ class TopicOffloader:
         self.locks = LockClient(member, shards=shards, scripts=owner.scripts)
         self.held: dict[int, OffloadShard] = {}
         self.rotation = random.randrange(shards)
+        self.joined = anyio.Event()  # set by the first lock round: then heartbeats start
 
     # -- locks ----------------------------------------------------------------------------------
     async def lock(self) -> None:
@@ -55,6 +58,7 @@ class TopicOffloader:
         order = [(self.rotation + i) % self.shards for i in range(self.shards)]
         self.rotation = (self.rotation + 1) % self.shards
         got = await self.locks.acquire(order)
+        self.joined.set()
         for s in [s for s in self.held if s not in got.grants]:
             log.warning("offloader %s lost %s shard %d", self.o.consumer_id, self.topic, s)
             del self.held[s]
@@ -66,6 +70,24 @@ class TopicOffloader:
         if surplus > 0:
             idle = sorted(self.held.values(), key=lambda sh: len(sh.buffer))[:surplus]
             await self.release([sh.shard for sh in idle])
+
+    async def heartbeats(self) -> None:
+        """Refresh this topic's offloader liveness every TTL/3 until cancelled, so long rounds
+        keep the locks (`heartbeat_loop`, the consumer's loop). No lease to renew: the
+        offloader's checkpoint writes are fenced by token in Redis instead. A heartbeat that
+        finds the liveness expired drops the held shards; the next round re-locks."""
+        ttl = self.o.settings.liveness_ttl_s
+        await heartbeat_loop(self.locks, ttl, self.joined, None, self._expired)
+
+    def _expired(self) -> None:
+        if self.held:
+            log.warning(
+                "offloader %s: liveness had expired; drops %s shards %s until the next round",
+                self.o.consumer_id,
+                self.topic,
+                sorted(self.held),
+            )
+            self.held.clear()
 
     async def release(self, shards: list[int], leave: bool = False) -> None:
         await self.locks.release(shards, leave=leave)

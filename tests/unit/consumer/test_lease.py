@@ -83,7 +83,9 @@ class FakeLocks:
 async def run_heartbeats(locks: FakeLocks, lease: Lease, joined: anyio.Event) -> list[str]:
     expired: list[str] = []
     async with anyio.create_task_group() as tg:
-        tg.start_soon(heartbeat_loop, locks, lease, 0.03, joined, lambda: expired.append("expired"))
+        tg.start_soon(
+            heartbeat_loop, locks, 0.03, joined, lease.renew, lambda: expired.append("expired")
+        )
         joined.set()
         with anyio.fail_after(5):
             await locks.done.wait()
@@ -96,7 +98,7 @@ async def test_heartbeats_wait_for_the_first_lock_round() -> None:
     locks = FakeLocks(True)
     joined = anyio.Event()
     async with anyio.create_task_group() as tg:
-        tg.start_soon(heartbeat_loop, locks, Lease(1.0), 0.03, joined, lambda: None)
+        tg.start_soon(heartbeat_loop, locks, 0.03, joined, Lease(1.0).renew, lambda: None)
         await anyio.sleep(0.05)  # longer than a heartbeat period
         assert locks.calls == 0
         joined.set()
@@ -141,3 +143,18 @@ async def test_failures_alone_never_renew() -> None:
     locks = FakeLocks(RedisConnectionError("down"), RedisConnectionError("down"))
     await run_heartbeats(locks, lease, anyio.Event())
     assert not lease.ok()
+
+
+async def test_without_a_lease_heartbeats_report_an_expired_liveness_and_retry_failures() -> None:
+    """The offloader's use: no lease to renew (`on_live` None); a lapse is still reported, a
+    failure retried."""
+    locks = FakeLocks(True, RedisConnectionError("down"), False, True)
+    expired: list[str] = []
+    joined = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(heartbeat_loop, locks, 0.03, joined, None, lambda: expired.append("x"))
+        joined.set()
+        with anyio.fail_after(5):
+            await locks.done.wait()
+        tg.cancel_scope.cancel()
+    assert expired == ["x"] and locks.calls == 4
