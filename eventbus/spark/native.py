@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
+import weakref
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from eventbus.tier.typed import ERROR_COLUMN, TypedPayloads
 
 log = logging.getLogger("eventbus.spark")
 _SAID: set[str] = set()
+_REGISTERED: weakref.WeakSet[Any] = weakref.WeakSet()  # sessions `read` registered the source on
 
 
 def read(spark: Any, options: Mapping[str, Any] | None = None, **more: Any) -> Any:
@@ -46,13 +48,14 @@ def read(spark: Any, options: Mapping[str, Any] | None = None, **more: Any) -> A
     as Python values (they are passed as text; ``model`` also as a model class, or a mapping
     event type -> class, as `models_option` takes). Raises `ConfigError` for a bad option, and what
     ``load()`` raises."""
-    from eventbus.spark import register
-
-    register(spark)
     given = {**(options or {}), **more}
     strings = {k: models_option(v) if k == "model" else _text(v) for k, v in given.items()}
     opts = SourceOptions.parse(strings)
-    python = spark.read.format("eventbus").options(**strings)
+    _register_once(spark)
+
+    def python() -> Any:  # built only when used: each reader option is a Py4J round trip
+        return spark.read.format("eventbus").options(**strings)
+
     why = _python_only(opts, strings)
     if why:
         return _fallback(python, why)
@@ -85,7 +88,7 @@ def read(spark: Any, options: Mapping[str, Any] | None = None, **more: Any) -> A
     surface_gaps(opts.topic, cut.gaps, opts.on_gap)  # after the fallbacks: they say it again
     tail = [p for p in cut.parts if isinstance(p, RangePart)]
     if tail or not frames:
-        frames.append(python.option("_ranges", ranges_option(tail)).load())
+        frames.append(python().option("_ranges", ranges_option(tail)).load())
     df = frames[0]
     for other in frames[1:]:
         df = df.unionByName(other)
@@ -203,11 +206,21 @@ def _root(store: str) -> str:
     return Path(path).resolve().as_uri()
 
 
-def _fallback(python: Any, why: str) -> Any:
+def _register_once(spark: Any) -> None:
+    """`register` on a session not seen yet: registering pickles the source class and sends it
+    to the JVM (about a tenth of a second), once per session is enough."""
+    if spark not in _REGISTERED:
+        from eventbus.spark import register
+
+        register(spark)
+        _REGISTERED.add(spark)
+
+
+def _fallback(python: Callable[[], Any], why: str) -> Any:
     if why not in _SAID:
         _SAID.add(why)
         log.warning("eventbus.spark.read falls back to the Python source (said once): %s", why)
-    return python.load()
+    return python().load()
 
 
 def _first_line(exc: BaseException) -> str:
