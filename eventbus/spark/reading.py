@@ -1,4 +1,5 @@
-"""Reading planned parts: verified segments, and one shard's range across segments and Redis.
+"""Reading planned parts: verified segments (`segment_batches`), and one shard's range across
+segments and Redis.
 
 **Reading (after, upto]** (`read_range`) stays exact while an offloader runs: the checkpoint
 ``C1`` is read again *after* each ``XRANGE`` page; entries the offloader archived and trimmed
@@ -22,71 +23,21 @@ from eventbus.protocol.ids import EntryId, parse_id
 from eventbus.protocol.keys import Keys
 from eventbus.spark.objects import Objects
 from eventbus.spark.planning import RangePart, checkpoints
-from eventbus.tier.errors import CorruptSegment
 from eventbus.tier.layout import SegmentRef
-from eventbus.tier.segment import COLUMNS, SCHEMA, check_schema, entry_arrays, read_info
+from eventbus.tier.segment import SCHEMA, decode_segment, entry_arrays
 
 XRANGE_COUNT = 5000
 INT64_MAX = (1 << 63) - 1
 BATCH_ROWS = 32768
 
 
-def read_segment(
-    data: bytes, ref: SegmentRef, batch_rows: int = BATCH_ROWS
-) -> Iterator[pa.RecordBatch]:
-    """Verify segment `data` (key `ref.key`) and yield its rows as segment-schema batches.
-
-    The checks of `eventbus.tier.segment.decode_segment`, vectorised: Parquet structure and page
-    checksums, schema, metadata matching the key, row count, no nulls in required columns, entry
-    IDs strictly increasing within the key's range. Raises `CorruptSegment` naming the key.
-    """
-    key = ref.key
-    try:
-        pf = pq.ParquetFile(io.BytesIO(data), page_checksum_verification=True)
-        info = read_info(pf.schema_arrow, key)
-        check_schema(pf.schema_arrow, info, key)
-        if (info.topic, info.shard, info.first, info.last) != (
-            ref.topic,
-            ref.shard,
-            ref.first,
-            ref.last,
-        ):
-            raise CorruptSegment(
-                key,
-                f"metadata says {info.topic}/{info.shard} "
-                f"{info.first}..{info.last}, not what the key says",
-            )
-        table = pf.read(columns=list(COLUMNS))  # typed columns: `eventbus.spark.native`
-    except CorruptSegment:
-        raise
-    except Exception as exc:  # pyarrow raises ArrowInvalid, OSError, ... on damaged files
-        raise CorruptSegment(key, f"{type(exc).__name__}: {exc}") from None
-    if table.num_rows != info.entries:
-        raise CorruptSegment(key, f"{table.num_rows} rows, metadata says {info.entries}")
-    for field in SCHEMA:
-        if not field.nullable and table.column(field.name).null_count:
-            raise CorruptSegment(key, f"column {field.name} has nulls")
-    _check_order(table, info.first, info.last, key)
-    yield from table.to_batches(max_chunksize=batch_rows)
-
-
-def _check_order(table: pa.Table, first: EntryId, last: EntryId, key: str) -> None:
-    if table.num_rows == 0:
-        return
-    ms = table.column("entry_ms").combine_chunks()
-    seq = table.column("entry_seq").combine_chunks()
-    lo = (ms[0].as_py(), seq[0].as_py())
-    hi = (ms[-1].as_py(), seq[-1].as_py())
-    ok = tuple(first) <= lo and hi <= tuple(last)
-    if ok and table.num_rows > 1:
-        a_ms, b_ms = ms.slice(0, len(ms) - 1), ms.slice(1)
-        a_seq, b_seq = seq.slice(0, len(seq) - 1), seq.slice(1)
-        increasing = pc.or_(
-            pc.greater(b_ms, a_ms), pc.and_(pc.equal(b_ms, a_ms), pc.greater(b_seq, a_seq))
-        )
-        ok = pc.all(increasing).as_py()
-    if not ok:
-        raise CorruptSegment(key, f"entries out of order or outside {first}..{last}")
+def segment_batches(objects: Objects, ref: SegmentRef) -> list[pa.RecordBatch]:
+    """Segment `ref` fetched, verified against its key and cut into segment-schema batches of
+    at most `BATCH_ROWS` rows. The tier's one reader (`eventbus.tier.segment.decode_segment`)
+    makes the checks. Raises `CorruptSegment` naming the key, `StoreError`."""
+    table, _ = decode_segment(objects.get(ref.key), ref.key, expect=ref.span)
+    batches: list[pa.RecordBatch] = table.to_batches(max_chunksize=BATCH_ROWS)
+    return batches
 
 
 def entries_batch(
@@ -164,7 +115,7 @@ def read_segments(
     for ref in refs:
         if (after is not None and ref.last <= after) or (upto is not None and ref.first > upto):
             continue
-        for batch in read_segment(objects.get(ref.key), ref):
+        for batch in segment_batches(objects, ref):
             cut = (after is not None and ref.first <= after) or (
                 upto is not None and ref.last > upto
             )

@@ -38,7 +38,7 @@ from eventbus.spark.planning import (
     plan_read,
     surface_gaps,
 )
-from eventbus.spark.reading import id_mask, read_range, read_segment, stats_exclude
+from eventbus.spark.reading import id_mask, read_range, segment_batches, stats_exclude
 from eventbus.spark.schema import CORRUPT, GAPS, arrow_schema, read_schema
 from eventbus.tier.errors import CorruptSegment
 
@@ -146,7 +146,7 @@ class BatchReader(DataSourceReader):
             floor = floor if floor is not None and ref.first <= floor else None
             ceiling = partition.hi if ref.last > partition.hi else None
             try:
-                batches = list(read_segment(objects.get(ref.key), ref))
+                batches = segment_batches(objects, ref)
             except CorruptSegment as exc:
                 if opts.mode == "FAILFAST":
                     raise

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -97,23 +98,24 @@ class ReplayFilter:
         return ref.last >= self.lower and ref.first <= self.upper
 
 
-def read_segment(
-    store: Store, ref: SegmentRef, flt: ReplayFilter | None = None
-) -> list[ArchivedEntry]:
-    """The entries of one segment that match `flt`, as `ArchivedEntry`s in entry-ID order.
+class SegmentEntries(NamedTuple):
+    """What `read_segment` gives: the matching entries, and how many the segment holds."""
+
+    entries: list[ArchivedEntry]
+    """The entries that match the filter, in entry-ID order."""
+    held: int
+    """The entries the segment holds, matching or not (for `check_complete`)."""
+
+
+def read_segment(store: Store, ref: SegmentRef, flt: ReplayFilter | None = None) -> SegmentEntries:
+    """The entries of segment `ref` that match `flt`, as `ArchivedEntry`s in entry-ID order, and
+    the segment's entry count. The object is verified against its key (`decode_segment`).
 
     Raises `CorruptSegment` (naming the key) when the object is damaged, `FileNotFoundError`
     when it vanished, `StoreError` on other store failures.
     """
-    return read_segment_counted(store, ref, flt)[0]
-
-
-def read_segment_counted(
-    store: Store, ref: SegmentRef, flt: ReplayFilter | None = None
-) -> tuple[list[ArchivedEntry], int]:
-    """`read_segment`, and the number of entries the segment holds (before filtering)."""
     data = get_bytes_sync(store, ref.key)
-    table, info = decode_segment(data, ref.key, expect=(ref.topic, ref.shard, ref.first, ref.last))
+    table, info = decode_segment(data, ref.key, expect=ref.span)
     flt = flt or ReplayFilter()
     mask = None
     if flt.resource_ids is not None:
@@ -155,4 +157,4 @@ def read_segment_counted(
                 segment=ref.key,
             )
         )
-    return out, info.entries
+    return SegmentEntries(out, info.entries)

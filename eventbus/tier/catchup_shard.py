@@ -148,7 +148,7 @@ class ShardCatchUp:
         return [r for r in refs if r.last > after]
 
     async def read(self, ref: SegmentRef, flt: ReplayFilter) -> list[ArchivedEntry]:
-        return await anyio.to_thread.run_sync(read_segment, self.o.store, ref, flt)
+        return (await anyio.to_thread.run_sync(read_segment, self.o.store, ref, flt)).entries
 
     async def read_many(
         self, refs: Sequence[SegmentRef], flt: ReplayFilter

@@ -66,6 +66,12 @@ class SegmentRef:
     topic: str = ""
     shard: int = 0
 
+    @property
+    def span(self) -> tuple[str, int, EntryId, EntryId]:
+        """(topic, shard, first, last): what the key names, which the segment's metadata must
+        match (`eventbus.tier.segment.decode_segment`'s `expect`)."""
+        return self.topic, self.shard, self.first, self.last
+
 
 def parse_segment_key(key: str, size: int = 0) -> SegmentRef | None:
     """The `SegmentRef` of a segment key (with or without a store prefix), or None if `key` is

@@ -33,7 +33,7 @@ from eventbus.errors import DecodeError
 from eventbus.protocol.codec import Envelope, event_type_of
 from eventbus.protocol.ids import EntryId
 from eventbus.protocol.keys import check_name
-from eventbus.tier.archived import ArchivedEntry, ReplayFilter, read_segment, read_segment_counted
+from eventbus.tier.archived import ArchivedEntry, ReplayFilter, read_segment
 from eventbus.tier.completeness import ArchiveGap, check_complete, recorded_lost
 from eventbus.tier.dictionaries import read_from
 from eventbus.tier.layout import SegmentRef
@@ -105,7 +105,7 @@ def iter_shard(
         last: EntryId | None = None
         for ref, (entries, held) in zip(
             refs,
-            _prefetched(executor, refs, lambda r: read_segment_counted(store, r, flt), prefetch),
+            _prefetched(executor, refs, lambda r: read_segment(store, r, flt), prefetch),
             strict=True,
         ):
             if counts is not None:

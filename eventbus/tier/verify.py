@@ -84,7 +84,7 @@ def verify_archive(
         report.stored_bytes += sum(ref.size for ref in refs)
         count = 0
         for ref in refs:
-            entries = read_segment(store, ref)
+            entries = read_segment(store, ref).entries
             for entry in entries:
                 seen[(shard, entry.entry_id)] += 1
                 if entry.event_id is not None:
