@@ -312,8 +312,8 @@ def decode_segment(
 
 def _check_order(table: pa.Table, info: SegmentInfo, key: str) -> None:
     """Raise `CorruptSegment` naming the first entry that is not after the one before it or
-    lies outside ``info.first..info.last``. The order is checked on whole columns; the range by
-    bisecting the ordered prefix (a few rows read, never all)."""
+    lies outside ``info.first..info.last``. The order is checked on whole columns; the range on
+    the first and last rows, and on a fault by bisecting the ordered prefix (never row by row)."""
     n = table.num_rows
     if n == 0:
         return
@@ -334,10 +334,11 @@ def _check_order(table: pa.Table, info: SegmentInfo, key: str) -> None:
         after = pc.or_(
             pc.greater(b_ms, a_ms), pc.and_(pc.equal(b_ms, a_ms), pc.greater(b_seq, a_seq))
         )
-        i = pc.index(after, False).as_py()
-        disorder = n if i < 0 else i + 1
+        if not pc.all(after).as_py():  # where: only on a fault (`index` is the slower scan)
+            disorder = pc.index(after, False).as_py() + 1
     bad = 0 if entry(0) < info.first else None
-    if bad is None:  # rows before `disorder` increase: the first one past `last`, if any
+    if bad is None and (disorder < n or entry(n - 1) > info.last):
+        # rows before `disorder` increase: the first one past `last`, else `disorder`
         beyond = bisect.bisect_right(range(disorder), info.last, key=entry)
         bad = beyond if beyond < n else None
     if bad is not None:
