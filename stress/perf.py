@@ -3,6 +3,7 @@
     python stress/perf.py consume [--events N] [--runs 3] [--profile F.svg]
     python stress/perf.py publish [--events N] [--runs 3] [--profile F.svg]
     python stress/perf.py path|core [--events N] [--runs 5]
+    python stress/perf.py consume-redis [--events N] [--runs 1]
 
 ``--json F`` writes the last run's figures (stress/ab.py reads them).
 
@@ -13,6 +14,12 @@ pipelined XADD loop (bench step 2) and eventbus ``publish()`` from 1000 concurre
 ``path``: no Redis, the CPU cost per event of the consumer's handling path alone
 (`Handling.step` on entries decoded from bytes, with a fence that always holds: decode,
 validate, Context, timeout scope, metrics, the no-op handler), in µs per event.
+``consume-redis``: a child process publishes N events to a fresh private redis-server, then
+this process alone runs one consumer (bench step 5's) until it has handled them: this process
+does nothing else, so ``valgrind --tool=callgrind`` on it counts the consumer's instructions
+(Redis and the publisher are other processes, not traced); run at two sizes, the difference
+over the difference in events is the consumer's instructions per event, start-up cancelled.
+It also prints the consumer's Redis calls per event by command (``INFO commandstats``).
 With ``--profile``, the measured eventbus side runs under ``py-spy record`` (SVG flame graph,
 or py-spy's raw collapsed stacks when the name ends in ``.txt``); its rate is then lower.
 """
@@ -75,6 +82,40 @@ def publish(events: int, profile: str | None) -> dict[str, float]:
         rate = float(out.read_text())
         out.unlink()
     return {"raw_xadd_pipelined_per_s": raw, "publish_per_s": rate, "ratio": rate / raw}
+
+
+def consume_redis(events: int, profile: str | None) -> dict[str, float]:
+    if profile:
+        raise SystemExit("consume-redis runs in this process: profile it from outside")
+    with RedisServer() as server:
+        out = Path("/tmp") / f"perf-consume-redis-{time.time_ns()}.json"
+        cmd = [sys.executable, __file__, "_publish", server.url, str(events), str(out)]
+        subprocess.run(cmd, check=True, env=bench.child_env())  # events + 1 (a warm-up)
+        out.unlink()
+        before = asyncio.run(bench.command_calls(server.url))
+        reads = asyncio.run(_reads_processed(server.url))
+        bench.consumer_main(server.url, events + 1, str(out))
+        reads = asyncio.run(_reads_processed(server.url)) - reads - 2  # 2: the INFOs here
+        after = asyncio.run(bench.command_calls(server.url))
+        got = json.loads(out.read_text())
+        out.unlink()
+    calls = {c: n - before.get(c, 0) for c, n in after.items() if n > before.get(c, 0)}
+    calls.pop("info", None)  # the count itself
+    return {
+        "consume_per_s": got["events_per_s"],
+        "round_trips": reads,
+        "round_trips_per_1k_events": reads / (events + 1) * 1000,
+        **{f"calls_{c}": n for c, n in sorted(calls.items())},
+    }
+
+
+async def _reads_processed(url: str) -> int:
+    """The server's read events so far (``INFO stats`` total_reads_processed): one per command
+    or pipeline a client sent, i.e. per round trip, while pipelines fit one socket read."""
+    r = bench.aioredis.Redis.from_url(url)
+    stats = await r.info("stats")
+    await r.aclose()
+    return int(stats["total_reads_processed"])
 
 
 class _Open:
@@ -173,13 +214,19 @@ if __name__ == "__main__":
         _publish_child(sys.argv[2], int(sys.argv[3]), sys.argv[4])
         sys.exit(0)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=["consume", "publish", "path", "core"])
+    parser.add_argument("what", choices=["consume", "publish", "path", "core", "consume-redis"])
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--profile", default=None)
     parser.add_argument("--json", default=None, help="write the last run's figures here")
     args = parser.parse_args()
-    fn = {"consume": consume, "publish": publish, "path": path, "core": core}[args.what]
+    fn = {
+        "consume": consume,
+        "publish": publish,
+        "path": path,
+        "core": core,
+        "consume-redis": consume_redis,
+    }[args.what]
     for run in range(args.runs):
         res = fn(args.events, args.profile)
         print(json.dumps({"run": run + 1, **{k: round(v, 3) for k, v in res.items()}}), flush=True)
