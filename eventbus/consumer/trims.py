@@ -8,7 +8,8 @@ while the stream holds fewer entries after the group's last-delivered ID than th
 difference is the number of entries the group lost to trimming. The consumer computes it for
 every shard it holds, when it takes the shard and every `TrimWatch.interval_s` seconds
 (``XINFO STREAM`` + ``XINFO GROUPS``, and ``XRANGE`` to count the entries after the last-delivered
-ID when that lies inside the stream), and reports any increase:
+ID when that lies inside the stream and some entries ever left it: ``entries-added`` above
+``length``; a stream nothing left has lost nothing), and reports any increase:
 
 * **ahead**: the last-delivered ID lies before the stream's first entry: the entries are gone
   and the group has not read past them yet (with an archive, catch-up handles them from the
@@ -133,6 +134,11 @@ class TrimWatch:
         lag = group.get("lag")
         if lag is None:
             return None
+        if info.get("entries-added") == info["length"]:
+            # nothing ever left the stream, so no entry was trimmed unread: the lag is exactly
+            # the entries after the last-delivered ID (not fetched: a backlog of N entries cost
+            # N entries moved and parsed, one XRANGE round trip per shard, at every check)
+            return 0
         delivered_id = _text(group["last-delivered-id"])
         first = info.get("first-entry")
         if not first or _id(_text(first[0])) > _id(delivered_id):

@@ -5,10 +5,12 @@ group and after it read past them."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import anyio
 import pytest
 import redis.asyncio
+from redis.asyncio.cluster import RedisCluster
 from support import Recorder, Tick, running, wait_until
 from typer.testing import CliRunner
 
@@ -25,6 +27,15 @@ async def _records(r: redis.asyncio.Redis, bus: EventBus) -> list[dict[bytes, by
 
 def _metric() -> float:
     return METRICS.trimmed_unread.labels("t", "g")._value.get()
+
+
+async def _calls(r: Any, command: str) -> int:
+    """Calls of `command` so far on the server (every node of a Cluster): INFO commandstats."""
+    if isinstance(r, RedisCluster):
+        nodes = list((await r.info("commandstats", target_nodes=RedisCluster.ALL_NODES)).values())
+    else:
+        nodes = [await r.info("commandstats")]
+    return sum(int(n.get(f"cmdstat_{command}", {}).get("calls", 0)) for n in nodes)
 
 
 async def _publish(bus: EventBus, rid: str, seqs: range) -> None:
@@ -90,3 +101,35 @@ async def test_entries_trimmed_under_a_running_consumer_are_reported(
     assert _metric() - before == 23
     assert sum(int(f[b"count"]) for f in await _records(r, bus)) == 23
     assert seen == [0, 1, *range(25, 30)]
+
+
+async def test_a_backlog_nothing_was_trimmed_from_is_not_fetched_to_be_counted(
+    settings: Callable[..., Settings], r: redis.asyncio.Redis
+) -> None:
+    """A consumer taking shards with a backlog checks them for trims without ``XRANGE`` when
+    nothing ever left the streams (``entries-added`` equals ``length``): it used to fetch and
+    parse the whole backlog, one round trip per shard, at every check (the bench's 60k-entry
+    backlog: a second read of every entry)."""
+    before = _metric()
+    rec = Recorder()
+    bus = EventBus(settings(shards=2))
+    bus.subscriber("t", group="g")(rec.add)
+    async with running(bus):
+        await _publish(bus, "a", range(1))
+        await rec.wait_for(1)
+    async with bus:  # a backlog published while the group's consumers are down
+        await _publish(bus, "a", range(1, 31))
+        await _publish(bus, "b", range(30))
+    ranges = await _calls(r, "xrange")
+    rec2 = Recorder()
+    bus2 = EventBus(settings(shards=2, trim_check_s=0.01))  # checked while it reads, too
+    bus2.subscriber("t", group="g")(rec2.add)
+    async with running(bus2):
+        await rec2.wait_for(60)
+    assert await _calls(r, "xinfo|groups") >= 2  # the shards were checked
+    assert await _calls(r, "xrange") == ranges
+    assert _metric() == before
+    assert not await r.exists(bus2.keys.trimmed("t", "g"))
+    assert sorted((h.resource, h.seq) for h in rec2.log) == sorted(
+        [("a", i) for i in range(1, 31)] + [("b", i) for i in range(30)]
+    )
