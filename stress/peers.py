@@ -199,7 +199,7 @@ async def eventbus_consume(events: int, mode: str, processes: int, tmp: Path) ->
 # -- flights: bytes per entry -------------------------------------------------------------------
 async def flights_bytes(entries: int) -> dict[str, float]:
     sys.path.insert(0, ROOT)
-    from eventbus.protocol.codec import decode_entry
+    from eventbus.protocol.codec import decode_entry, dictionary_body
     from eventbus.protocol.dictionaries import Dictionaries
     from examples.flights.flightdata import load_flights
 
@@ -210,9 +210,9 @@ async def flights_bytes(entries: int) -> dict[str, float]:
         async with bus:
             for label in ("plain", "dict"):
                 topic = f"flights-{label}"
-                if label == "dict":  # trained on the plain topic's first entries
+                if label == "dict":  # trained on the plain topic's first entries, as train-dict
                     sample = [
-                        f[b"data"][1:]
+                        dictionary_body(decode_entry(f))
                         for s in range(bench.SHARDS)
                         for _, f in await bus.redis.xrange(
                             bus.keys.stream("flights-plain", s), count=5000 // bench.SHARDS

@@ -13,7 +13,7 @@ from eventbus.cli.connection import RedisUrl, open_bus, settings_from, stored_sh
 from eventbus.cli.output import run_async, user_errors
 from eventbus.config import Settings
 from eventbus.errors import ConfigError, DecodeError
-from eventbus.protocol.codec import F_DATA, decompressed_body
+from eventbus.protocol.codec import F_DATA, decode_entry, dictionary_body
 from eventbus.protocol.dictionaries import DEFAULT_SIZE, Dictionaries
 
 topic_app = typer.Typer(no_args_is_help=True, help="Per-topic settings stored in Redis.")
@@ -24,7 +24,10 @@ def train_dict(
     topic: str,
     files: Annotated[
         list[Path] | None,
-        typer.Argument(help="Sample files (one MessagePack body each) instead of the topic."),
+        typer.Argument(
+            help="Sample files instead of the topic: one MessagePack map each, as a "
+            "dictionary compresses it (docs/protocol.md)."
+        ),
     ] = None,
     sample: Annotated[int, typer.Option(help="Newest entries to sample, over all shards.")] = 5000,
     size: Annotated[int, typer.Option(help="Dictionary size in bytes.")] = DEFAULT_SIZE,
@@ -61,8 +64,8 @@ async def _train(
 async def sample_bodies(
     bus: EventBus, dictionaries: Dictionaries, topic: str, sample: int, settings: Settings
 ) -> list[bytes]:
-    """MessagePack bodies of up to `sample` newest entries of `topic`, spread over its shards
-    (entries that do not decode are skipped)."""
+    """The bodies a dictionary compresses (`dictionary_body`) of up to `sample` newest entries
+    of `topic`, spread over its shards (entries that do not decode are skipped)."""
     shards = await stored_shards(bus, topic)
     per_shard = max(1, sample // shards)
     bodies = []
@@ -70,9 +73,10 @@ async def sample_bodies(
         rows = await bus.redis.xrevrange(bus.keys.stream(topic, shard), count=per_shard)
         for _, fields in rows:
             data = fields.get(F_DATA, b"")
+            await dictionaries.ensure(topic, data)
             try:
-                await dictionaries.ensure(topic, data)
-                bodies.append(decompressed_body(data, max_bytes=settings.max_decompressed_bytes))
-            except (DecodeError, IndexError):
+                env = decode_entry(fields, max_bytes=settings.max_decompressed_bytes)
+            except DecodeError:
                 continue
+            bodies.append(dictionary_body(env))
     return bodies

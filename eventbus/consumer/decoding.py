@@ -40,7 +40,7 @@ from eventbus.protocol.codec import (
 )
 from eventbus.protocol.dictionaries import (
     CACHE,
-    FORMAT_MSGPACK_ZSTD_DICT,
+    DICT_FORMATS,
     Dictionaries,
     dictionary_id,
 )
@@ -133,7 +133,7 @@ class Decoding:
         (`_large`): decompressing, unpacking and validating it can take seconds, and the loop
         must go on refreshing the lease meanwhile. Raises `DecodeError` like `decode`."""
         data = fields.get(F_DATA)
-        if data and data[0] == FORMAT_MSGPACK_ZSTD_DICT:  # its dictionary, from Redis once
+        if data and data[0] in DICT_FORMATS:  # its dictionary, from Redis once
             topic = self.sub.topic.name  # a connection error is retried, not a dead letter
             await retrying.call(
                 self.retry, "dictionary load", lambda: self.dictionaries.ensure(topic, data)
@@ -221,7 +221,7 @@ def _decodes_now(data: bytes) -> bool:
     large (`_large`), and its dictionary (if it has one) already loaded."""
     if data[0] == FORMAT_MSGPACK:
         return len(data) < THREAD_DECODE_BYTES
-    if data[0] == FORMAT_MSGPACK_ZSTD_DICT and dictionary_id(data) not in CACHE:
+    if data[0] in DICT_FORMATS and dictionary_id(data) not in CACHE:
         return False
     return not _large({F_DATA: data})
 

@@ -5,12 +5,15 @@ A stream entry has three fields (docs/protocol.md gives the bytes):
 * ``rid``  - the resource ID, UTF-8 (plain, so tools can read it without decoding);
 * ``type`` - the event type name, UTF-8 (plain);
 * ``data`` - the envelope: one format byte, then the body.
-  ``0x01``: body is a MessagePack map; ``0x02``: body is a zstd frame holding that map;
-  ``0x04``: a dictionary ID (8 bytes, big endian: the fingerprint of the dictionary's bytes),
-  then a zstd frame of that map compressed with that dictionary
-  (`eventbus.protocol.dictionaries`); ``0x03`` (an ID not bound to the dictionary) is refused.
+  ``0x01``: body is a MessagePack map; ``0x02``: body is a zstd frame holding that map.
   Map keys: ``v`` envelope version (1), ``id`` event ID (16 bytes), ``ts`` event time (Unix ms),
   ``h`` headers (map str -> str), ``p`` payload (the event's JSON-mode fields as MessagePack).
+  ``0x05`` (with a topic's zstd dictionary, `eventbus.protocol.dictionaries`): the dictionary ID
+  (8 bytes, big endian: the fingerprint of the dictionary's bytes), the event ID (16 bytes), then
+  a zstd frame without magic number (RFC 8878 section 3.1.1 less its first 4 bytes) of the map
+  ``ts``, ``p`` and ``h`` (only when not empty), compressed with that dictionary. ``0x04`` (the
+  same map as ``0x01`` in a zstd frame with its magic number, after the dictionary ID: written
+  until 2026-11-26) is still read; ``0x03`` (an ID not bound to the dictionary) is refused.
 
 Decoding is bounded twice, because a small entry can expand a lot: by bytes (the decompressed
 body is at most `max_bytes`) and by structure (`eventbus.protocol.budget`).
@@ -37,6 +40,7 @@ from eventbus.errors import DecodeError
 from eventbus.protocol.budget import MIN_CONTAINERS, unpack_body
 from eventbus.protocol.dictionaries import (
     CACHE,
+    FORMAT_DICT_COMPACT,
     FORMAT_MSGPACK_ZSTD_DICT,
     FORMAT_RETIRED_DICT,
     ID_BYTES,
@@ -115,6 +119,22 @@ class _Body(msgspec.Struct, gc=False):
 _BODY = msgspec.msgpack.Decoder(_Body)
 
 
+class _DictBody(msgspec.Struct, gc=False, omit_defaults=True):
+    """The map of format ``0x05``: `_Body` less what the format says outside the frame (the
+    version is the format byte, the event ID precedes the frame), headers only when some
+    (`omit_defaults`). Decoding accepts any key order and ignores unknown keys."""
+
+    ts: int
+    p: Any
+    h: dict[str, str] = {}
+
+
+_DICT_BODY = msgspec.msgpack.Decoder(_DictBody)
+EVENT_ID_BYTES = 16
+_COMPACT_HEAD = 1 + ID_BYTES + EVENT_ID_BYTES
+"""Bytes of a format ``0x05`` field before its zstd frame: format, dictionary ID, event ID."""
+
+
 _IDS_AT_ONCE = 256
 
 
@@ -170,7 +190,23 @@ def encode_entry(
 ) -> dict[bytes, bytes]:
     """Encode `envelope` as the field map of one stream entry (see the module docstring).
     With `dictionary` (an ID in `eventbus.protocol.dictionaries.CACHE`), the body is compressed with
-    that dictionary whatever its size (format ``0x03``)."""
+    that dictionary whatever its size (format ``0x05``); otherwise it is compressed (format
+    ``0x02``) when its MessagePack map is at least `compress_threshold` bytes long.
+
+    :raises ValueError: for an event ID that is not 16 bytes
+    :raises UnicodeEncodeError: for a resource ID or event type that is not valid Unicode text
+    :raises UnknownDictionary: for a `dictionary` not in the cache"""
+    if len(envelope.event_id_bytes) != EVENT_ID_BYTES:
+        raise ValueError(f"event ID is {len(envelope.event_id_bytes)} bytes, not 16")
+    if dictionary is not None:
+        data = _DICT_PREFIX.get(dictionary) or _dict_prefix(dictionary)
+        data += envelope.event_id_bytes
+        data += _compressor(dictionary).compress(dictionary_body(envelope))
+        return {
+            F_RESOURCE: envelope.resource_id.encode(),
+            F_TYPE: envelope.event_type.encode(),
+            F_DATA: data,
+        }
     # the wire map through its Struct (encoded as a map in field order, the bytes a dict gives)
     body = _ENCODER.encode(
         _Body(
@@ -181,10 +217,7 @@ def encode_entry(
             envelope.payload,
         )
     )
-    if dictionary is not None:
-        data = _DICT_PREFIX.get(dictionary) or _dict_prefix(dictionary)
-        data += _compressor(dictionary).compress(body)
-    elif len(body) >= compress_threshold:
+    if len(body) >= compress_threshold:
         data = _ZSTD_PREFIX + _compressor(None).compress(body)
     else:
         data = _PLAIN_PREFIX + body
@@ -195,21 +228,31 @@ def encode_entry(
     }
 
 
+def dictionary_body(envelope: Envelope) -> bytes:
+    """The MessagePack map that format ``0x05`` compresses with a dictionary for `envelope`
+    (``ts``, ``p``, and ``h`` when not empty): what a topic's dictionary is trained on."""
+    return _ENCODER.encode(_DictBody(envelope.published_at_ms, envelope.payload, envelope.headers))
+
+
 _DICT_PREFIX: dict[int, bytes] = {}
 _ZSTD_PREFIX = bytes([FORMAT_MSGPACK_ZSTD])
 _PLAIN_PREFIX = bytes([FORMAT_MSGPACK])
 _COMPRESSORS: dict[tuple[int, int], zstandard.ZstdCompressor] = {}  # (id(dict), thread)
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+"""A zstd frame's first 4 bytes, which format 0x05 leaves out: readers put them back in front
+of its frame, which is then a whole zstd frame (the magicless format is exactly that)."""
 
 
 def _dict_prefix(dict_id: int) -> bytes:
-    prefix = bytes([FORMAT_MSGPACK_ZSTD_DICT]) + dict_id.to_bytes(ID_BYTES, "big")
+    prefix = bytes([FORMAT_DICT_COMPACT]) + dict_id.to_bytes(ID_BYTES, "big")
     _DICT_PREFIX[dict_id] = prefix
     return prefix
 
 
 def _compressor(dict_id: int | None) -> zstandard.ZstdCompressor:
-    """A compressor for dictionary `dict_id` (None: none), one per thread (they are not
-    thread-safe; making one per event cost more than compressing a small body)."""
+    """A compressor for dictionary `dict_id` (None: none; with one, its frames have no magic
+    number and no dictionary ID), one per thread (they are not thread-safe; making one per
+    event cost more than compressing a small body)."""
     d = None if dict_id is None else CACHE.get(dict_id)
     key = (id(d), threading.get_ident())
     c = _COMPRESSORS.get(key)
@@ -217,7 +260,15 @@ def _compressor(dict_id: int | None) -> zstandard.ZstdCompressor:
         c = _COMPRESSORS[key] = (
             zstandard.ZstdCompressor(level=_ZSTD_LEVEL)
             if d is None
-            else zstandard.ZstdCompressor(level=_ZSTD_LEVEL, dict_data=d, write_dict_id=False)
+            else zstandard.ZstdCompressor(
+                dict_data=d,
+                compression_params=zstandard.ZstdCompressionParameters.from_level(
+                    _ZSTD_LEVEL,
+                    format=zstandard.FORMAT_ZSTD1_MAGICLESS,
+                    write_dict_id=False,
+                    write_content_size=True,
+                ),
+            )
         )
     return c
 
@@ -289,7 +340,8 @@ def decode_entry(
         raise DecodeError(f"entry field is not UTF-8: {exc}") from None
     if not data:
         raise DecodeError("entry has an empty data field")
-    if data[0] == FORMAT_MSGPACK and len(data) <= MIN_CONTAINERS:
+    fmt = data[0]
+    if fmt == FORMAT_MSGPACK and len(data) <= MIN_CONTAINERS:
         # The common case, in one typed pass: a body this short cannot exceed its container
         # budget (a container takes at least a byte), nor claim more elements than it has bytes.
         try:
@@ -297,9 +349,20 @@ def decode_entry(
         except msgspec.MsgspecError as exc:
             raise DecodeError(f"corrupt envelope: {exc}") from None
         return Envelope(rid, etype, b.id, b.ts, b.h, b.p)
-    body = decompressed_body(data, max_bytes=max_bytes)
     if max_containers is None:
         max_containers = max(MIN_CONTAINERS, max_bytes // DECOMPRESSION_FACTOR)
+    if fmt == FORMAT_DICT_COMPACT:
+        body = decompressed_body(data, max_bytes=max_bytes)
+        try:  # typed in one pass when short, as above; else under the budget first
+            d = (
+                _DICT_BODY.decode(body)
+                if len(body) <= MIN_CONTAINERS
+                else msgspec.convert(unpack_body(body, max_containers=max_containers), _DictBody)
+            )
+        except msgspec.MsgspecError as exc:
+            raise DecodeError(f"corrupt envelope: {exc}") from None
+        return Envelope(rid, etype, data[1 + ID_BYTES : _COMPACT_HEAD], d.ts, d.h, d.p)
+    body = decompressed_body(data, max_bytes=max_bytes)
     try:
         b = msgspec.convert(unpack_body(body, max_containers=max_containers), _Body)
     except msgspec.MsgspecError as exc:
@@ -309,26 +372,39 @@ def decode_entry(
 
 def decompressed_size(data: bytes) -> int:
     """Size in bytes of the MessagePack body of an entry's ``data`` field once decompressed
-    (-1 when a zstd frame does not declare it). Cheap: reads the frame header only."""
+    (-1 when a zstd frame does not declare it or is unreadable). Cheap: reads the frame header
+    only."""
     if not data:
         return 0
-    if data[0] in (FORMAT_MSGPACK_ZSTD, FORMAT_MSGPACK_ZSTD_DICT):
-        try:
-            start = 1 if data[0] == FORMAT_MSGPACK_ZSTD else 1 + ID_BYTES
+    fmt = data[0]
+    if fmt == FORMAT_MSGPACK:
+        return len(data) - 1
+    try:
+        if fmt == FORMAT_DICT_COMPACT:  # the magic number back in front, for zstd to parse
+            return int(zstandard.frame_content_size(_ZSTD_MAGIC + data[_COMPACT_HEAD:]))
+        if fmt in (FORMAT_MSGPACK_ZSTD, FORMAT_MSGPACK_ZSTD_DICT):
+            start = 1 if fmt == FORMAT_MSGPACK_ZSTD else 1 + ID_BYTES
             return int(zstandard.frame_content_size(data[start:]))
-        except (zstandard.ZstdError, DecodeError):
-            return -1
+    except zstandard.ZstdError:
+        return -1
     return len(data) - 1
 
 
 def decompressed_body(data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
-    """The MessagePack body of an entry's ``data`` field (format byte read, zstd undone).
-    Raises `DecodeError` for an unknown format, a corrupt frame or more than `max_bytes`."""
+    """The MessagePack body of an entry's ``data`` field (format byte read, zstd undone): for
+    format ``0x05``, the map its frame holds (no ``v`` nor ``id``: module docstring). Raises
+    `DecodeError` for an unknown format, a corrupt or truncated frame, more than `max_bytes`,
+    or a dictionary that is not loaded or not valid (`UnknownDictionary`, `BadDictionary`)."""
     fmt, body = data[0], data[1:]
     if fmt == FORMAT_MSGPACK:
         return body
     dict_id = None
-    if fmt == FORMAT_MSGPACK_ZSTD_DICT:
+    if fmt == FORMAT_DICT_COMPACT:
+        if len(data) <= _COMPACT_HEAD:
+            raise DecodeError(f"truncated envelope: {len(data)} bytes of format 0x05")
+        dict_id = dictionary_id(data)
+        body = _ZSTD_MAGIC + data[_COMPACT_HEAD:]  # parsed as a whole frame, declared size first
+    elif fmt == FORMAT_MSGPACK_ZSTD_DICT:
         dict_id = dictionary_id(data)
         body = data[1 + ID_BYTES :]
     elif fmt == FORMAT_RETIRED_DICT:

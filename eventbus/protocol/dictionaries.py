@@ -15,9 +15,11 @@ the field names and common values live in the dictionary, not in every entry.
   ``<id>`` (decimal) -> the dictionary's bytes, written once (``HSETNX``: never overwritten),
   field ``current`` -> the ID new entries use. Training a new dictionary adds a version and moves
   ``current``; older versions stay, so entries written with them stay readable.
-* **Entries** say which dictionary they need: format byte ``0x04``, the ID as 8 bytes (big
-  endian), then a zstd frame without its own dictionary ID (docs/protocol.md). Format ``0x03``
-  (a counter ID not bound to the bytes, written before IDs were fingerprints) is refused.
+* **Entries** say which dictionary they need: format byte ``0x05``, the ID as 8 bytes (big
+  endian), the event ID, then a zstd frame without magic number nor dictionary ID
+  (docs/protocol.md, `eventbus.protocol.codec`). Format ``0x04`` (the ID, then a whole zstd
+  frame of the full envelope map: written before 2026-11-26) is still read. Format ``0x03`` (a
+  counter ID not bound to the bytes, written before IDs were fingerprints) is refused.
 * **Validity**: a dictionary is loaded only if it is a zstd dictionary (magic number, entropy
   tables) that zstd accepts for compressing and decompressing: a planted garbage dictionary is a
   `BadDictionary` (a `DecodeError`) for readers, and publishers keep the dictionary they had.
@@ -50,9 +52,14 @@ from eventbus.protocol.keys import Keys
 
 log = logging.getLogger("eventbus")
 
+FORMAT_DICT_COMPACT = 0x05
+"""The format byte of entries compressed with a dictionary, as written now (codec.py)."""
 FORMAT_MSGPACK_ZSTD_DICT = 0x04
+"""The format byte of entries compressed with a dictionary as written before 2026-11-26: read."""
 FORMAT_RETIRED_DICT = 0x03
 """The format byte of entries with a dictionary ID not bound to its bytes: refused."""
+DICT_FORMATS = (FORMAT_DICT_COMPACT, FORMAT_MSGPACK_ZSTD_DICT)
+"""Format bytes of entries that name a dictionary (its ID in the 8 bytes after the format byte)."""
 ID_BYTES = 8
 CURRENT = b"current"
 DEFAULT_SIZE = 16 * 1024
@@ -164,9 +171,9 @@ CACHE = DictionaryCache()
 
 
 def dictionary_id(data: bytes) -> int | None:
-    """The dictionary ID an entry's ``data`` field needs (None for other formats). Raises
+    """The dictionary ID an entry's ``data`` field needs (None for formats without one). Raises
     `DecodeError` for a field too short to hold one."""
-    if not data or data[0] != FORMAT_MSGPACK_ZSTD_DICT:
+    if not data or data[0] not in DICT_FORMATS:
         return None
     if len(data) <= ID_BYTES:
         raise DecodeError("truncated dictionary ID")

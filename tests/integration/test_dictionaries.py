@@ -1,14 +1,20 @@
 """Per-topic zstd dictionaries (`eventbus.protocol.dictionaries`) on a real redis-server: training
-from a topic's entries (library and CLI), rotation with old entries still readable, an unknown
-dictionary ID dead-lettered with its reason, and the durable tier's copies read back."""
+from a topic's entries (library and CLI), rotation with old entries still readable, entries of the
+formats written before the upgrade (0x04) consumed beside new ones, an unknown dictionary ID
+dead-lettered with its reason, and the durable tier's copies read back."""
 
 from __future__ import annotations
 
-from typing import Any
+import json
+import random
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, ClassVar
 
 import pytest
 import zstandard
 from obstore.store import MemoryStore
+from pydantic import BaseModel
 from support import Recorder, Tick, running, total_pending, wait_until
 from typer.testing import CliRunner
 
@@ -18,7 +24,8 @@ from eventbus.cli.topic import sample_bodies
 from eventbus.dlq import DeadLetters
 from eventbus.protocol import codec
 from eventbus.protocol.codec import F_DATA, F_RESOURCE, F_TYPE, decode_entry
-from eventbus.protocol.dictionaries import CACHE, Dictionaries, dictionary_id
+from eventbus.protocol.dictionaries import CACHE, FORMAT_DICT_COMPACT, Dictionaries, dictionary_id
+from eventbus.protocol.sharding import shard_of
 from eventbus.tier.dictionaries import archive_dictionaries
 from eventbus.tier.replay import plan
 
@@ -94,6 +101,79 @@ async def test_train_rotate_and_old_entries_stay_readable(r: Any, settings: Any)
 
 async def _drained(bus: EventBus, r: Any) -> bool:
     return await total_pending(bus, TOPIC, "g", r) == 0
+
+
+OLD_ENTRIES = Path(__file__).resolve().parents[1] / "fixtures" / "codec" / "entries.json"
+
+
+class Flight(BaseModel):
+    """The events of tests/fixtures/codec/entries.json."""
+
+    __event_type__: ClassVar[str] = "flights.Flight"
+    position: int
+    plane: str
+    dep_delay: int | None
+    origin: str
+    dest: str
+    distance: int
+
+
+async def test_entries_written_before_the_upgrade_are_consumed_beside_new_ones(
+    r: Any, settings: Any
+) -> None:
+    """Entries of add925e's encoder (format 0x04 with its dictionary, 0x01, 0x02) stay in the
+    shard streams across the upgrade: a fresh consumer loads their dictionary from Redis and
+    handles them with their own event IDs and times, beside entries of the new format 0x05."""
+    old = json.loads(OLD_ENTRIES.read_text())
+    bus = EventBus(settings())
+    rec = Recorder()
+    seen: dict[int, tuple[Flight, Context]] = {}
+
+    @bus.subscriber(TOPIC, group="g")
+    async def handle(event: Flight, ctx: Context) -> None:
+        seen[event.position] = (event, ctx)
+        rec.add(SimpleNamespace(resource=event.plane, seq=event.position), ctx)  # type: ignore[arg-type]
+
+    shards = bus.topic(TOPIC).shards
+    await bus.registry.ensure(bus.topic(TOPIC))
+    await r.hsetnx(
+        bus.keys.dictionaries(TOPIC), old["dictionary_id"], bytes.fromhex(old["dictionary_hex"])
+    )
+    for e in old["entries"]:  # as the old publisher wrote them
+        fields = {k.encode(): bytes.fromhex(v) for k, v in e["fields"].items()}
+        rid = e["envelope"]["resource_id"]
+        await r.xadd(bus.keys.stream(TOPIC, shard_of(rid, shards)), fields)
+    rng = random.Random(3)
+    new = [
+        Flight(
+            position=i,
+            plane=f"N{rng.randrange(100, 999)}",
+            dep_delay=rng.choice([None, rng.randrange(300)]),
+            origin=rng.choice(["EWR", "JFK"]),
+            dest=rng.choice(["ATL", "BOS"]),
+            distance=rng.randrange(100, 3000),
+        )
+        for i in range(500)
+    ]
+    async with bus:
+        await bus.publish_many(TOPIC, [(f.plane, f) for f in new[:300]])
+        dict_id = await train(bus)
+        await bus.publish_many(TOPIC, [(f.plane, f) for f in new[300:]])
+    data = await stored_data(r, bus)
+    assert sum(d[0] == FORMAT_DICT_COMPACT and dictionary_id(d) == dict_id for d in data) == 200
+    assert sum(d[0] == 0x04 for d in data) == 2
+    forget_dictionaries()  # the consumer loads both dictionaries from Redis
+    async with running(bus):
+        await rec.wait_for(500 + len(old["entries"]))
+    for e in old["entries"]:
+        want = e["envelope"]
+        event, ctx = seen[want["payload"]["position"]]
+        assert event.model_dump() == want["payload"]
+        assert ctx.event_id_bytes.hex() == want["event_id_hex"]
+        assert ctx.published_at_ms == want["published_at_ms"]
+        assert ctx.headers == want["headers"]
+    assert [seen[f.position][0] for f in new] == new
+    assert len(seen) == 500 + len(old["entries"])
 
 
 async def test_unknown_dictionary_is_dead_lettered_with_its_reason(r: Any, settings: Any) -> None:
