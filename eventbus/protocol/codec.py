@@ -193,12 +193,14 @@ def encode_entry(
     that dictionary whatever its size (format ``0x05``); otherwise it is compressed (format
     ``0x02``) when its MessagePack map is at least `compress_threshold` bytes long.
 
-    :raises ValueError: for an event ID that is not 16 bytes
+    :raises ValueError: with `dictionary`, for an event ID that is not 16 bytes (format
+        ``0x05`` has no room for another length; the other formats carry it in the map, and
+        readers refuse it)
     :raises UnicodeEncodeError: for a resource ID or event type that is not valid Unicode text
     :raises UnknownDictionary: for a `dictionary` not in the cache"""
-    if len(envelope.event_id_bytes) != EVENT_ID_BYTES:
-        raise ValueError(f"event ID is {len(envelope.event_id_bytes)} bytes, not 16")
     if dictionary is not None:
+        if len(envelope.event_id_bytes) != EVENT_ID_BYTES:
+            raise ValueError(f"event ID is {len(envelope.event_id_bytes)} bytes, not 16")
         data = _DICT_PREFIX.get(dictionary) or _dict_prefix(dictionary)
         data += envelope.event_id_bytes
         data += _compressor(dictionary).compress(dictionary_body(envelope))
