@@ -1,10 +1,11 @@
 """The native path: the archive read by Spark's own Parquet reader, the Redis tail by the source.
 
-`read` plans the consistent cut as ``format("eventbus")`` does (`plan_read`), then reads the
-cut's whole segments with ``spark.read.parquet`` (in the JVM: vectorised, with Parquet statistics
-for any pushed filter, typed payload fields included) and unions the cut's Redis tail, read by
-the Python source from the very same plan (the internal ``_ranges`` option). Rows and schema are
-those of ``format("eventbus")``.
+`read` plans the consistent cut of each topic read (``topic``, or each of ``subscribe``'s) as
+``format("eventbus")`` does (`plan_read`), then reads every cut's whole segments with one
+``spark.read.parquet`` over their files (in the JVM: vectorised, with Parquet statistics for any
+pushed filter, typed payload fields included; each segment's ``topic`` column tells the topics
+apart) and unions the cuts' Redis tails, read by the Python source from the very same plans (the
+internal ``_ranges`` option). Rows and schema are those of ``format("eventbus")``.
 
 It falls back to the Python source, and logs why once per reason, when the JVM cannot read the
 store (``memory://``, a ``store_factory``, ``s3://`` without Spark's S3A jars) or when a typed read
@@ -42,12 +43,13 @@ _REGISTERED: weakref.WeakSet[Any] = weakref.WeakSet()  # sessions `read` registe
 
 
 def read(spark: Any, options: Mapping[str, Any] | None = None, **more: Any) -> Any:
-    """A DataFrame of a topic, as ``spark.read.format("eventbus").options(...).load()`` gives
-    (same options, same schema, same rows), with the archived part read natively when it can
-    (see the module docstring). `options` and keyword options are merged; values may be given
-    as Python values (they are passed as text; ``model`` also as a model class, or a mapping
-    event type -> class, as `models_option` takes). Raises `ConfigError` for a bad option, and what
-    ``load()`` raises."""
+    """A DataFrame of a topic (or of ``subscribe``'s topics, each with its own cut), as
+    ``spark.read.format("eventbus").options(...).load()`` gives (same options, same schema, same
+    rows), with the archived part read natively when it can (see the module docstring).
+    `options` and keyword options are merged; values may be given as Python values (they are
+    passed as text; ``model`` also as a model class, or a mapping event type -> class, as
+    `models_option` takes). Raises `ConfigError` for a bad option or a topic neither archived
+    nor in Redis, and what ``load()`` raises."""
     given = {**(options or {}), **more}
     strings = {k: models_option(v) if k == "model" else _text(v) for k, v in given.items()}
     opts = SourceOptions.parse(strings)
@@ -61,16 +63,22 @@ def read(spark: Any, options: Mapping[str, Any] | None = None, **more: Any) -> A
         return _fallback(python, why)
     objects = as_objects(opts.open_store())
     redis = opts.redis()
-    try:
-        cut = plan_read(
-            objects, opts.topic, Pruning(), redis=redis, keys=opts.keys(), shards=opts.shards
-        )
+    try:  # one cut per topic read (``subscribe``'s, else ``topic``), as the Python source plans
+        cuts = {
+            topic: plan_read(
+                objects, topic, Pruning(), redis=redis, keys=opts.keys(), shards=opts.shards
+            )
+            for topic in opts.subscribed
+        }
     finally:
         if redis is not None:
             redis.close()
-    segment_parts = [p for p in cut.parts if isinstance(p, SegmentsPart)]
-    if any(p.floors for p in segment_parts):
-        return _fallback(python, f"{opts.topic} has overlapping segments (each entry read once)")
+    parts = [p for cut in cuts.values() for p in cut.parts]
+    segment_parts = [p for p in parts if isinstance(p, SegmentsPart)]
+    overlapping = sorted({r.topic for p in segment_parts if p.floors for r in p.refs})
+    if overlapping:
+        which = ", ".join(overlapping)
+        return _fallback(python, f"{which} has overlapping segments (each entry read once)")
     refs = [r for p in segment_parts for r in p.refs]
     models = opts.models()
     typed = TypedPayloads(models) if models else None
@@ -85,8 +93,9 @@ def read(spark: Any, options: Mapping[str, Any] | None = None, **more: Any) -> A
             frames.append(_segments(spark, opts, refs, schema, typed))
         except Exception as exc:  # the JVM cannot list or read the files (py4j / analysis)
             return _fallback(python, f"Spark cannot read {opts.store}: {_first_line(exc)}")
-    surface_gaps(opts.topic, cut.gaps, opts.on_gap)  # after the fallbacks: they say it again
-    tail = [p for p in cut.parts if isinstance(p, RangePart)]
+    for topic, cut in cuts.items():  # after the fallbacks: they say it again
+        surface_gaps(topic, cut.gaps, opts.on_gap)
+    tail = [p for p in parts if isinstance(p, RangePart)]
     if tail or not frames:
         frames.append(python().option("_ranges", ranges_option(tail)).load())
     df = frames[0]
@@ -115,8 +124,6 @@ def _id(value: Any) -> str | None:
 
 
 def _python_only(opts: SourceOptions, strings: Mapping[str, str]) -> str | None:
-    if len(opts.subscribed) > 1:
-        return "option subscribe with several topics"
     if opts.table != "events":
         return "option table=gaps"
     if opts.mode == "FAILFAST" or not opts.validate:

@@ -61,6 +61,38 @@ def test_native_and_python_paths_give_the_same_rows(
     assert sorted(r.seq for r in picked.collect()) == [0, 1, 2, 3, 4, 338, 339]
 
 
+def test_several_topics_are_read_natively_as_the_python_path_reads_them(
+    spark: Any, redis_db: str, tmp_path: Path, topic: str
+) -> None:
+    """``subscribe`` with two topics: each topic's cut planned, both topics' segments read by
+    Spark's Parquet reader (it fell back to the Python source), both Redis tails unioned; the
+    rows, ``topic`` column included, and the schema are the Python source's, row for row."""
+    store = str(tmp_path / "archive")
+    other = topic + "-b"
+    archive(redis_db, store, topic, typed=True)
+    publish(redis_db, other, ticks(150, start=1000))
+    offload(redis_db, store, other, typed_models={other: "spark_support:Tick"})
+    publish(redis_db, other, ticks(25, start=1150))
+    options = {"store": store, "subscribe": f"{topic},{other}", "redis_url": redis_db}
+    segments = {t: list(Path(store).glob(f"{t}/*/*.parquet")) for t in (topic, other)}
+    for extra in ({}, {"model": "spark_support:Tick"}):  # raw, then typed
+        native = read(spark, options, **extra)
+        files = native.inputFiles()
+        for t in (topic, other):  # each topic's segments, through the JVM's reader
+            assert len([f for f in files if f"/{t}/" in f]) == len(segments[t]) > 1
+        python = spark.read.format("eventbus").options(**options, **extra).load()
+        assert native.schema == python.schema
+        got = sorted(rows(native), key=lambda r: r["topic"])
+        assert got == sorted(rows(python), key=lambda r: r["topic"])
+        assert len(got) == 341 + 175
+        assert {r["topic"] for r in got} == {topic, other}
+    seqs = {
+        t: sorted(r["seq"] for r in got if r["topic"] == t and r["seq"] is not None)
+        for t in (topic, other)
+    }
+    assert seqs == {topic: list(range(340)), other: list(range(1000, 1175))}
+
+
 def test_untyped_segments_fall_back_to_the_python_path_once_said(
     spark: Any, redis_db: str, tmp_path: Path, topic: str, caplog: pytest.LogCaptureFixture
 ) -> None:
