@@ -6,8 +6,8 @@ Per subscribed topic (``subscribe``, else ``topic``), per shard, an entry ID: a 
 checkpointed offset is the last entry read (``"0-0"``: none); ``startingOffsets`` /
 ``endingOffsets`` bound a read. `parse_start` reads the option text, `by_topic` a stream offset
 from Spark's checkpoint, refusing one written for another topic set (its entry IDs would be
-taken as this read's: a silent misread). `spread` splits ``maxOffsetsPerTrigger`` over the
-(topic, shard) pairs with new entries, least advanced first.
+taken as this read's: a silent misread). `share` splits ``maxOffsetsPerTrigger`` over the
+(topic, shard) pairs with new entries in proportion to their lag, as Kafka's source does.
 """
 
 from __future__ import annotations
@@ -98,11 +98,29 @@ def by_topic(offset: Mapping[str, Any], topics: Sequence[str]) -> Offsets:
     return {topics[0]: {str(k): str(v) for k, v in offset.items()}}
 
 
-def spread(total: int, n: int) -> list[int]:
-    """`total` entries split over `n` (topic, shard) pairs as evenly as they go: the first
-    ``total % n`` pairs get one more; with ``n > total`` the first `total` pairs get one and
-    the others none. The quotas sum to ``min(total, ...)``: never more than `total`."""
-    if n <= 0:
-        return []
-    base, extra = divmod(total, n)
-    return [base + (1 if i < extra else 0) for i in range(n)]
+def share(total: int, lags: Sequence[int]) -> list[int]:
+    """``maxOffsetsPerTrigger`` = `total` entries split over (topic, shard) pairs that have
+    `lags` entries waiting each, as Kafka's source splits it over partitions: in proportion to
+    the lag, so that a shard far behind is not starved and shards nearly caught up are not
+    over-read. Each pair gets at least one entry when `total` allows (Kafka's "don't starve
+    small partitions"), the rest of `total` in proportion to the lags less that one (largest
+    remainders, earlier pairs first on ties); with fewer entries than pairs, the first `total`
+    pairs get one (the caller's order: least advanced first). A lag below 1 counts as 1. No
+    quota exceeds its pair's lag and the quotas sum to ``min(total, sum(lags))``: never more
+    than `total`. Raises `ValueError` for a negative `total`."""
+    if total < 0:
+        raise ValueError(f"a per-trigger limit must be >= 0, got {total}")
+    waiting = [max(1, lag) for lag in lags]
+    n = len(waiting)
+    if sum(waiting) <= total:
+        return waiting
+    if total < n:
+        return [1 if i < total else 0 for i in range(n)]
+    rest = total - n
+    weights = [lag - 1 for lag in waiting]
+    whole = sum(weights)  # > rest: sum(waiting) > total
+    quotas = [1 + rest * w // whole for w in weights]
+    by_remainder = sorted(range(n), key=lambda i: (-(rest * weights[i] % whole), i))
+    for i in by_remainder[: total - sum(quotas)]:
+        quotas[i] += 1
+    return quotas

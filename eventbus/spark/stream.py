@@ -14,13 +14,14 @@ Options: ``startingOffsets`` = ``earliest`` (default) | ``latest`` | a JSON offs
 as Kafka's (``{"orders": {"0": "..."}}``, naming every subscribed topic; shards left out start
 at the beginning), or per shard only for one topic | a time (Unix ms, or ISO-8601; UTC when no
 offset is given: the first entries added at or after it); ``maxOffsetsPerTrigger`` (alias
-``maxEntriesPerTrigger``) caps a micro-batch, split evenly over every topic's shards that have
-new entries (`eventbus.spark.offsets.spread`); ``failOnDataLoss`` is checked per topic.
+``maxEntriesPerTrigger``) caps a micro-batch, split over every topic's shards that have new
+entries in proportion to their lag, as Kafka's source splits it over partitions
+(`eventbus.spark.offsets.share`, lags counted by `eventbus.spark.backlog`); ``failOnDataLoss``
+is checked per topic.
 """
 
 from __future__ import annotations
 
-import io
 import logging
 import warnings
 from collections.abc import Iterator, Sequence
@@ -28,7 +29,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -40,9 +40,10 @@ from pyspark.sql.types import StructType
 
 from eventbus.errors import ConfigError
 from eventbus.protocol.ids import ZERO, EntryId, parse_id
+from eventbus.spark.backlog import Backlog, segment_ids
 from eventbus.spark.decode import Converter
 from eventbus.spark.objects import Objects, as_objects
-from eventbus.spark.offsets import Offset, Offsets, by_topic, parse_start, spread
+from eventbus.spark.offsets import Offset, Offsets, by_topic, parse_start, share
 from eventbus.spark.options import SourceOptions
 from eventbus.spark.planning import (
     RangePart,
@@ -53,7 +54,7 @@ from eventbus.spark.planning import (
     surface_gaps,
     unknown_topic,
 )
-from eventbus.spark.reading import parquet_footer, read_range
+from eventbus.spark.reading import read_range
 from eventbus.spark.schema import arrow_schema
 from eventbus.tier.errors import TierError
 from eventbus.tier.layout import SegmentRef
@@ -97,10 +98,12 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.target: dict[str, dict[int, EntryId]] | None = None  # AvailableNow: where to stop
         self.latest: Offsets | None = None  # for reportLatestOffset
         self._listed: dict[tuple[str, int], list[SegmentRef]] = {}  # segments seen so far
+        self._backlog = Backlog()  # segments' entry counts seen so far
 
     def __getstate__(self) -> dict[str, Any]:  # tasks get the reader without the listing cache
         state = dict(self.__dict__)
         state["_listed"] = {}
+        state["_backlog"] = Backlog()
         return state
 
     def _segments(self, objects: Objects, topic: str, shard: int) -> list[SegmentRef]:
@@ -207,16 +210,27 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             end = {t: self._forward(t, start[t], heads[t], now.redis) for t in self.topics}
             if not isinstance(limit, ReadMaxRows):
                 return end
-            # the limit over every topic's shards with new entries, least advanced first
+            # the limit over every topic's shards with new entries, in proportion to their lag
+            # (as Kafka's source), least advanced first
             behind = sorted(
                 (parse_id(start[t].get(k, "0-0")), t, int(k))
                 for t in self.topics
                 for k in end[t]
                 if parse_id(end[t][k]) > parse_id(start[t].get(k, "0-0"))
             )
-            for (after, t, s), quota in zip(
-                behind, spread(limit.max_rows, len(behind)), strict=True
-            ):
+            lags = [
+                self._backlog.lag(
+                    now.objects,
+                    now.redis,
+                    self.opts.keys().stream(t, s),
+                    self._segments(now.objects, t, s),
+                    after,
+                    heads[t][s],
+                    now.cps[t].get(s),
+                )
+                for after, t, s in behind
+            ]
+            for (after, t, s), quota in zip(behind, share(limit.max_rows, lags), strict=True):
                 cut = (
                     self._nth(
                         now.objects, now.redis, t, s, after, heads[t][s], now.cps[t].get(s), quota
@@ -224,7 +238,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     if quota
                     else after
                 )
-                end[t][str(s)] = str(cut)
+                end[t][str(s)] = str(min(cut, heads[t][s]))  # (AvailableNow: not past its target)
             return end
         finally:
             now.close()
@@ -262,15 +276,14 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if ref.last <= after or (redis is not None and (cp is None or ref.last > cp)):
                 continue
             if ref.first > after:
-                meta = parquet_footer(objects, ref).metadata or {}
-                count = int(meta.get(b"eventbus.entries", b"0"))
+                (count,) = self._backlog.entries(objects, [ref])
                 if count <= left:
                     left -= count
                     last = ref.last
                     if left == 0:
                         return last
                     continue
-            ids = _segment_ids(objects, ref, after)
+            ids = segment_ids(objects, ref, after)
             if len(ids) >= left:
                 return ids[left - 1]
             left -= len(ids)
@@ -358,12 +371,3 @@ def _lost_in(gap: dict[str, Any], after: EntryId, upto: EntryId) -> bool:
     """Whether gap record `gap` (entries lost strictly between its after and before) overlaps
     the range (`after`, `upto`]."""
     return parse_id(gap["before"]) > after.next() and parse_id(gap["after"]) < upto
-
-
-def _segment_ids(objects: Objects, ref: SegmentRef, after: EntryId) -> list[EntryId]:
-    """The entry IDs of segment `ref` after `after`, in order (reads its two ID columns)."""
-    table = pq.read_table(io.BytesIO(objects.get(ref.key)), columns=["entry_ms", "entry_seq"])
-    pairs = zip(
-        table.column("entry_ms").to_pylist(), table.column("entry_seq").to_pylist(), strict=True
-    )
-    return [e for e in (EntryId(ms, seq) for ms, seq in pairs) if e > after]

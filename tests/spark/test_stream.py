@@ -9,7 +9,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-from spark_support import offload, publish, ticks
+from spark_support import Tick, offload, publish, ticks
 
 from eventbus.errors import ConfigError
 from eventbus.protocol.sharding import shard_of
@@ -227,6 +227,60 @@ def test_available_now_honours_the_per_trigger_cap_and_reports_the_latest_offset
     latest, end = json.loads(source["latestOffset"]), json.loads(source["endOffset"])
     latest, end = latest[topic], end[topic]  # keyed by topic, as Kafka's
     assert sum(1 for s in latest if latest[s] != end[s]) >= 1  # the 30 later entries: lag
+
+
+def test_the_per_trigger_limit_follows_each_shards_lag(
+    spark: Any, redis_db: str, tmp_path: Path, topic: str
+) -> None:
+    """maxOffsetsPerTrigger is split in proportion to each shard's lag, as Kafka's source splits
+    it over partitions: one shard 400 entries behind (archived and in Redis), three 12 behind.
+    Each micro-batch reads the whole limit while entries wait, most of it from the far shard and
+    some from each other one, until all drain together. Split evenly (25 each) a batch read 61
+    entries, and the far shard took 16 batches to catch up."""
+    store = str(tmp_path / "seg")
+    rid = {}  # a resource of each of the 4 shards
+    for i in range(100):
+        rid.setdefault(shard_of(f"plane-{i}", 4), f"plane-{i}")
+    far = 0
+
+    def events(far_n: int, small_n: int, start: int) -> list[Any]:
+        return [
+            (rid[s], Tick(resource=rid[s], seq=start + i))
+            for s in range(4)
+            for i in range(far_n if s == far else small_n)
+        ]
+
+    first, later = events(300, 6, 0), events(100, 6, 1000)  # archived, then left in Redis
+    ids = publish(redis_db, topic, first)
+    offload(redis_db, store, topic, segment_max_entries=50)
+    ids += publish(redis_db, topic, later)
+    waiting = {s: sum(1 for r, _ in first + later if r == rid[s]) for s in range(4)}
+    assert waiting == {0: 400, 1: 12, 2: 12, 3: 12}
+    batches: list[dict[int, int]] = []
+    seen: list[tuple[int, str]] = []
+
+    def collect(df: Any, batch_id: int) -> None:
+        rows = df.select("shard", "entry_id").collect()
+        if rows:
+            seen.extend((r.shard, r.entry_id) for r in rows)
+            batches.append({s: sum(1 for r in rows if r.shard == s) for s in range(4)})
+
+    q = (
+        _stream(spark, store, topic, redis_db, maxOffsetsPerTrigger="100")
+        .writeStream.foreachBatch(collect)
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    try:
+        assert q.awaitTermination(180)
+    finally:
+        q.stop()
+    assert sorted(seen) == _keyed(first + later, ids)  # every entry once
+    assert [sum(b.values()) for b in batches] == [100, 100, 100, 100, 36]  # the limit used
+    # the first batch by lag: 1 each, the other 96 prorated over 399 : 11 : 11 : 11
+    assert batches[0][far] == 90 and [batches[0][s] for s in (1, 2, 3)] == [4, 3, 3]
+    assert all(b[s] >= 1 for b in batches[:4] for s in range(4))  # none starved, none emptied
 
 
 @pytest.mark.parametrize("fail_on_data_loss", [None, "false"])

@@ -1,6 +1,6 @@
 """Offsets keyed by topic then shard (issue 22 item 3): ``startingOffsets`` of a read of
 several topics, a checkpoint's offsets checked against the read's topic set, and
-``maxOffsetsPerTrigger`` split over (topic, shard) pairs."""
+``maxOffsetsPerTrigger`` split over (topic, shard) pairs in proportion to their lag."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("pyspark")
 
 from eventbus.errors import ConfigError
-from eventbus.spark.offsets import by_topic, parse_start, spread
+from eventbus.spark.offsets import by_topic, parse_start, share
 
 TWO = ("orders", "payments")
 
@@ -52,12 +52,39 @@ def test_a_checkpoint_is_read_for_the_same_topic_set_only() -> None:
     assert by_topic({}, TWO) == {"orders": {}, "payments": {}}
 
 
-@pytest.mark.parametrize(("total", "n"), [(48, 8), (50, 8), (7, 3), (5, 8), (1, 4), (100, 1)])
-def test_the_per_trigger_limit_is_split_without_exceeding_it(total: int, n: int) -> None:
-    quotas = spread(total, n)
-    assert len(quotas) == n and sum(quotas) == total  # all of the limit, never more
-    assert max(quotas) - min(quotas) <= 1 and quotas == sorted(quotas, reverse=True)
-    assert spread(10, 0) == []
+@pytest.mark.parametrize(
+    "lags",
+    [[400, 12, 12, 12], [1000, 1000], [5, 5, 5, 5, 5, 5, 5, 5], [1, 10_000], [3, 0, 7], [60] * 3],
+)
+@pytest.mark.parametrize("total", [1, 3, 4, 48, 100, 10_000])
+def test_the_per_trigger_limit_is_split_in_proportion_to_the_lag(
+    total: int, lags: list[int]
+) -> None:
+    """Never more than the limit, nor more than a pair's lag; all of the limit while entries
+    wait; each pair at least one when the limit allows (as Kafka's source, which does not
+    starve small partitions), the rest within one entry of its share by lag."""
+    quotas = share(total, lags)
+    waiting = [max(1, lag) for lag in lags]
+    assert len(quotas) == len(lags) and sum(quotas) == min(total, sum(waiting))
+    assert all(0 <= q <= w for q, w in zip(quotas, waiting, strict=True))
+    if total >= len(lags):
+        assert min(quotas) >= 1
+        if sum(waiting) > total:  # one each, the rest prorated by the lag beyond that one
+            rest, whole = total - len(lags), sum(waiting) - len(lags)
+            for q, w in zip(quotas, waiting, strict=True):
+                assert abs(q - 1 - rest * (w - 1) / whole) < 1
+    else:  # the first `total` pairs (least advanced first) get one
+        assert quotas == [1] * total + [0] * (len(lags) - total)
+
+
+def test_a_shard_far_behind_gets_the_most_of_the_limit() -> None:
+    """It was split evenly: 25 entries for a shard 400 behind, 25 for each 12 behind, so a
+    micro-batch of limit 100 read 61 entries and the far shard took 16 of them to catch up."""
+    assert share(100, [400, 12, 12, 12]) == [90, 4, 3, 3]
+    assert share(100, [10, 10, 10, 10]) == [10, 10, 10, 10]  # all that waits, under the limit
+    assert share(0, [5, 5]) == [0, 0] and share(10, []) == []
+    with pytest.raises(ValueError, match="must be >= 0"):
+        share(-1, [5])
 
 
 def test_a_stream_refuses_ending_offsets() -> None:

@@ -1,0 +1,93 @@
+"""A stream query's lag per shard (`eventbus.spark.backlog`), by which maxOffsetsPerTrigger is
+split: entries of a Redis stream in a range, counted from whichever side is shorter, and of a
+shard's segments from their footers (each read once) and the ID columns of a segment only
+partly in the range."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyspark")
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from fakeredis import FakeRedis
+
+from eventbus.protocol.ids import ZERO, EntryId, parse_id
+from eventbus.spark.backlog import Backlog, stream_count
+from eventbus.spark.objects import Objects
+from eventbus.tier.layout import SegmentRef
+
+
+@pytest.fixture
+def redis() -> Any:
+    return FakeRedis()
+
+
+def _ids(redis: Any, stream: str) -> list[EntryId]:
+    return [parse_id(i) for i, _ in redis.xrange(stream)]
+
+
+@pytest.mark.parametrize("page", [1, 3, 1000])
+def test_stream_count_is_the_number_of_entries_in_the_range(redis: Any, page: int) -> None:
+    for i in range(40):
+        redis.xadd("s", {"n": i}, id=f"{i + 1}-{i % 3}")
+    ids = _ids(redis, "s")
+    bounds = [ZERO, ids[0], ids[5], ids[20], ids[38], ids[39], EntryId(99, 0)]
+    for after in bounds:
+        for upto in bounds:
+            want = sum(1 for e in ids if after < e <= upto)
+            assert stream_count(redis, "s", after, upto, page=page) == want, (after, upto)
+    assert stream_count(redis, "missing", ZERO, EntryId(9, 0)) == 0
+
+
+def test_stream_count_of_a_far_range_pages_the_short_rest(redis: Any) -> None:
+    """A range holding most of the stream is counted from XLEN and the few entries outside
+    it: 3 round trips of 2-entry pages for 100 entries, where paging the range takes 50."""
+    for i in range(104):
+        redis.xadd("s", {"n": i}, id=f"{i + 1}-0")
+    calls: list[int] = []
+    real = redis.pipeline
+
+    def counting(**kw: Any) -> Any:
+        calls.append(1)
+        return real(**kw)
+
+    redis.pipeline = counting
+    assert stream_count(redis, "s", EntryId(2, 0), EntryId(102, 0), page=2) == 100
+    assert len(calls) <= 3
+
+
+def _segment(root: Path, first: int, count: int) -> SegmentRef:
+    """A segment of `count` entries with IDs first-0 .. first+count-1-0 (only the ID columns a
+    count needs), in shard 0 of topic t."""
+    ms = list(range(first, first + count))
+    key = f"t/0/{first}-0-{ms[-1]}-0.parquet"
+    path = root / key
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = pa.table({"entry_ms": pa.array(ms, pa.int64()), "entry_seq": pa.array([0] * count)})
+    pq.write_table(table, path)
+    return SegmentRef(EntryId(first, 0), EntryId(ms[-1], 0), key, path.stat().st_size, "t", 0)
+
+
+def test_lag_counts_segments_then_the_stream(tmp_path: Path, redis: Any) -> None:
+    from obstore.store import LocalStore
+
+    objects = Objects(LocalStore(str(tmp_path)))
+    refs = [_segment(tmp_path, 1, 10), _segment(tmp_path, 11, 10), _segment(tmp_path, 21, 10)]
+    for i in range(26, 41):  # the stream still holds entries 26..30 (archived) and 31..40
+        redis.xadd("s", {"n": i}, id=f"{i}-0")
+    backlog = Backlog()
+    cp = EntryId(30, 0)
+    # after 5-0: 5 of the first segment (its IDs read), 20 from footers, 10 from Redis
+    assert backlog.lag(objects, redis, "s", refs, EntryId(5, 0), EntryId(40, 0), cp) == 35
+    assert backlog.lag(objects, redis, "s", refs, ZERO, EntryId(35, 0), cp) == 35
+    assert backlog.lag(objects, redis, "s", refs, EntryId(33, 0), EntryId(40, 0), cp) == 7
+    # without Redis the archive is all there is, up to the head
+    assert backlog.lag(objects, None, "s", refs, ZERO, EntryId(25, 0), None) == 25
+    for ref in refs:  # footers are remembered: a segment's count survives its object
+        (tmp_path / ref.key).unlink()
+    assert backlog.lag(objects, redis, "s", refs[1:], EntryId(10, 0), EntryId(40, 0), cp) == 30
