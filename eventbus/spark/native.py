@@ -75,7 +75,7 @@ def read(spark: Any, options: Mapping[str, Any] | None = None, **more: Any) -> A
             redis.close()
     parts = [p for cut in cuts.values() for p in cut.parts]
     segment_parts = [p for p in parts if isinstance(p, SegmentsPart)]
-    overlapping = sorted({r.topic for p in segment_parts if p.floors for r in p.refs})
+    overlapping = [t for t, cut in cuts.items() if any(getattr(p, "floors", ()) for p in cut.parts)]
     if overlapping:
         which = ", ".join(overlapping)
         return _fallback(python, f"{which} has overlapping segments (each entry read once)")

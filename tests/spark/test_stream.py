@@ -235,8 +235,8 @@ def test_the_per_trigger_limit_follows_each_shards_lag(
     """maxOffsetsPerTrigger is split in proportion to each shard's lag, as Kafka's source splits
     it over partitions: one shard 400 entries behind (archived and in Redis), three 12 behind.
     Each micro-batch reads the whole limit while entries wait, most of it from the far shard and
-    some from each other one, until all drain together. Split evenly (25 each) a batch read 61
-    entries, and the far shard took 16 batches to catch up."""
+    some from each other one, until all drain together. Split evenly, the first batch read 61
+    entries (25 of the far shard's, the three others emptied), the last 75."""
     store = str(tmp_path / "seg")
     rid = {}  # a resource of each of the 4 shards
     for i in range(100):

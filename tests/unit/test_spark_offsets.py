@@ -78,8 +78,8 @@ def test_the_per_trigger_limit_is_split_in_proportion_to_the_lag(
 
 
 def test_a_shard_far_behind_gets_the_most_of_the_limit() -> None:
-    """It was split evenly: 25 entries for a shard 400 behind, 25 for each 12 behind, so a
-    micro-batch of limit 100 read 61 entries and the far shard took 16 of them to catch up."""
+    """It was split evenly: 25 entries for a shard 400 behind and 25 for each 12 behind, so a
+    micro-batch of limit 100 read 61 entries (and emptied the shards nearly caught up)."""
     assert share(100, [400, 12, 12, 12]) == [90, 4, 3, 3]
     assert share(100, [10, 10, 10, 10]) == [10, 10, 10, 10]  # all that waits, under the limit
     assert share(0, [5, 5]) == [0, 0] and share(10, []) == []
