@@ -69,17 +69,13 @@ class Decoding:
             self.prepare = partial(prepare_foreign, self, codec)  # type: ignore[method-assign]
 
     def prepare(self, batch: Sequence[Delivery]) -> None:
-        """Decode and validate the entries of one read ahead of their turn, in one pass: each
-        envelope (`decode_entry`), then the payloads of each model in one
-        ``TypeAdapter(list[Model])`` call, about half the cost per event of a `model_validate`
-        each (a list that does not validate is validated again entry by entry, so that each
-        entry gets its own error). Sets `Delivery.env`, `event` and `call`, or `error`; leaves
-        control entries, large entries (decoded in a thread at their turn) and entries whose
-        dictionary is not loaded yet to `step`, which decodes them as before. Raises nothing."""
-        routes = self.sub.routes
-        by_type, fallback = routes.by_type, routes.fallback
+        """Decode and validate the entries of one read ahead of their turn: each envelope
+        (`decode_entry`), then `route`. Sets `Delivery.env`, `event` and `call`, or `error`;
+        leaves control entries, large entries (decoded in a thread at their turn) and entries
+        whose dictionary is not loaded yet to `step`, which decodes them as before. Raises
+        nothing. (A wire profile's own format decodes with `prepare_foreign` instead.)"""
         limit = self.max_decoded_bytes
-        pending: dict[type[BaseModel], list[Delivery]] = {}
+        decoded: list[Delivery] = []
         for d in batch:
             fields = d.fields
             data = fields.get(F_DATA)
@@ -96,6 +92,21 @@ class Decoding:
             if env.event_type.startswith(RESERVED_TYPE_PREFIX):  # a control entry: at its turn
                 continue
             d.env = env
+            decoded.append(d)
+        self.route(decoded)
+
+    def route(self, decoded: Sequence[Delivery]) -> None:
+        """Route and validate `decoded` (deliveries whose `env` is set), whatever their wire
+        format: sets each one's `call` and `event`, or `error` (a bad reply address, an unknown
+        type, a payload its model refuses). The payloads of each model are validated in one
+        ``TypeAdapter(list[Model])`` call, about half the cost per event of a `model_validate`
+        each (a list that does not validate is validated again entry by entry, so that each
+        entry gets its own error). Raises nothing."""
+        routes = self.sub.routes
+        by_type, fallback = routes.by_type, routes.fallback
+        pending: dict[type[BaseModel], list[Delivery]] = {}
+        for d in decoded:
+            env: Envelope = d.env  # type: ignore[assignment]  # (set: the callers' contract)
             if env.headers and (bad := self.bad_request(env)) is not None:
                 d.error = bad
                 continue

@@ -34,35 +34,23 @@ SHARD_ORDER = b"\x00"
 
 
 def prepare_foreign(decoding: Decoding, codec: Codec, batch: Sequence[Delivery]) -> None:
-    """Decode and validate the entries of one read with `codec`, as `Decoding.prepare` does:
-    sets each `Delivery`'s `env`, `event` and `call`, or `error` (undecodable, an unknown
-    type, a payload the model refuses, a bad reply address), and its ``rid`` field to
-    `SHARD_ORDER` (the module docstring). Control entries (eventbus's format, written by
-    ``eventbus dlq``) are left to their turn. The event time is the entry ID's when the format
-    carries none. Raises nothing."""
-    routes = decoding.sub.routes
-    by_type, fallback = routes.by_type, routes.fallback
+    """Decode the entries of one read with `codec`, then `Decoding.route` them, as
+    `Decoding.prepare` does: sets each `Delivery`'s `env`, `event` and `call`, or `error`
+    (undecodable, an unknown type, a payload the model refuses, a bad reply address), and its
+    ``rid`` field to `SHARD_ORDER` (the module docstring). Control entries (eventbus's format,
+    written by ``eventbus dlq``) are left to their turn. The event time is the entry ID's when
+    the format carries none. Raises nothing."""
     limit = decoding.max_decoded_bytes
+    decoded: list[Delivery] = []
     for d in batch:
         fields = d.fields
         if is_control(fields):
             continue
         fields[F_RESOURCE] = SHARD_ORDER
         try:
-            env = codec.decode(fields, max_bytes=limit, entry_id=d.entry_id.decode())
+            d.env = codec.decode(fields, max_bytes=limit, entry_id=d.entry_id.decode())
         except DecodeError as exc:
             d.error = exc
             continue
-        d.env = env
-        if env.headers and (bad := decoding.bad_request(env)) is not None:
-            d.error = bad
-            continue
-        route = by_type.get(env.event_type, fallback)
-        if route is None:
-            d.error = decoding.unknown(env.event_type)
-            continue
-        d.call = route.call
-        try:
-            d.event = route.convert(env.payload)
-        except DecodeError as exc:
-            d.error = exc
+        decoded.append(d)
+    decoding.route(decoded)
