@@ -4,6 +4,7 @@
     python stress/perf.py publish [--events N] [--runs 3] [--profile F.svg]
     python stress/perf.py path|core [--events N] [--runs 5]
     python stress/perf.py consume-redis [--events N] [--runs 1]
+    python stress/perf.py publish-core [--events N] [--runs 1] [--profile F.callgrind]
 
 ``--json F`` writes the last run's figures (stress/ab.py reads them).
 
@@ -20,6 +21,11 @@ does nothing else, so ``valgrind --tool=callgrind`` on it counts the consumer's 
 (Redis and the publisher are other processes, not traced); run at two sizes, the difference
 over the difference in events is the consumer's instructions per event, start-up cancelled.
 It also prints the consumer's Redis calls per event by command (``INFO commandstats``).
+``publish-core``: CPU *instructions* per ``publish()`` (valgrind's callgrind, deterministic on a
+shared machine, unlike a rate): the bench's publish from 1000 concurrent tasks runs under
+callgrind for N and for 3 N events against a private redis-server (outside valgrind), and the
+difference of the two instruction counts over 2 N events is reported, so start-up, imports and
+warm-up cancel out. ``--profile F`` keeps the 3 N run's callgrind file (``callgrind_annotate F``).
 With ``--profile``, the measured eventbus side runs under ``py-spy record`` (SVG flame graph,
 or py-spy's raw collapsed stacks when the name ends in ``.txt``); its rate is then lower.
 """
@@ -29,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -39,6 +46,7 @@ import bench
 from bench import RedisServer  # (this checkout's, whatever eventbus is under test)
 
 PY_SPY = str(Path(sys.executable).with_name("py-spy"))
+VALGRIND = shutil.which("valgrind") or "valgrind"
 
 
 def _spy(out: str) -> list[str]:
@@ -116,6 +124,35 @@ async def _reads_processed(url: str) -> int:
     stats = await r.info("stats")
     await r.aclose()
     return int(stats["total_reads_processed"])
+
+
+def _callgrind_instructions(url: str, events: int, keep: str | None) -> int:
+    """Instructions (callgrind's ``Ir``) of one ``_publish`` child publishing `events` events."""
+    out = Path("/tmp") / f"perf-publish-core-{time.time_ns()}"
+    cg = keep or f"{out}.callgrind"
+    cmd = [VALGRIND, "--tool=callgrind", f"--callgrind-out-file={cg}", "--dump-instr=no"]
+    cmd += [sys.executable, __file__, "_publish", url, str(events), f"{out}.json"]
+    subprocess.run(cmd, check=True, capture_output=True)
+    Path(f"{out}.json").unlink()
+    text = Path(cg).read_text()
+    if not keep:
+        Path(cg).unlink()
+    totals = [line for line in text.splitlines() if line.startswith(("totals:", "summary:"))]
+    return int(totals[-1].split()[1])
+
+
+def publish_core(events: int, profile: str | None) -> dict[str, float]:
+    """Instructions per `publish()` call: callgrind runs of N and 3 N events, the difference
+    over 2 N (see the module docstring)."""
+    counts = []
+    for n, keep in ((events, None), (3 * events, profile)):
+        with RedisServer() as server:
+            counts.append(_callgrind_instructions(server.url, n, keep))
+    return {
+        "instructions_small": counts[0],
+        "instructions_large": counts[1],
+        "instructions_per_event": (counts[1] - counts[0]) / (2 * events),
+    }
 
 
 class _Open:
@@ -215,6 +252,7 @@ if __name__ == "__main__":
         sys.exit(0)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("what", choices=["consume", "publish", "path", "core", "consume-redis"])
+    parser.add_argument("what", choices=["consume", "publish", "path", "core", "publish-core"])
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--profile", default=None)
@@ -226,6 +264,7 @@ if __name__ == "__main__":
         "path": path,
         "core": core,
         "consume-redis": consume_redis,
+        "publish-core": publish_core,
     }[args.what]
     for run in range(args.runs):
         res = fn(args.events, args.profile)
