@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 import hiredis
+from redis._parsers.hiredis import NOT_ENOUGH_DATA, _AsyncHiredisParser
 from redis.exceptions import ResponseError
 
 from eventbus.client.retry import LOST_REPLY
@@ -46,15 +47,27 @@ class Wire:
         return payload
 
     async def read(self, conn: Any, batch: list[Slot]) -> None:
-        """Read the replies of `batch` (sent on `conn`) and settle its slots."""
+        """Read the replies of `batch` (sent on `conn`) and settle its slots.
+
+        Replies already in the connection's buffer are taken from its hiredis reader directly;
+        only when the buffer runs dry does ``conn.read_response()`` (two coroutines, a timeout
+        check and an error message built per call) read the socket. Both parse with the same
+        reader, so the replies and their errors are the same either way."""
         results: list[Any] = []
         refused = 0
+        gets = _buffered_replies(conn)
         for _ in batch:
-            try:
-                results.append(await conn.read_response())
-            except ResponseError as exc:  # this XADD failed; the rest of the replies follow
-                results.append(exc)
+            reply = gets() if gets is not None else _NOT_READ
+            if reply is _NOT_READ:
+                try:
+                    reply = await conn.read_response()
+                except ResponseError as exc:  # this XADD failed; the rest of the replies follow
+                    reply = exc
+            elif isinstance(reply, Exception) and not isinstance(reply, ResponseError):
+                raise reply  # e.g. a ConnectionError the reader made: as read_response raises
+            if isinstance(reply, ResponseError):
                 refused += 1
+            results.append(reply)
         short = None
         if self._settings.publish_replicas:
             try:
@@ -163,6 +176,22 @@ def _xadd(s: Slot) -> tuple[Any, ...]:
         b"*",
         *[x for kv in f.items() for x in kv],
     )
+
+
+_NOT_READ: Any = NOT_ENOUGH_DATA  # what the hiredis reader returns when no whole reply is buffered
+
+
+def _buffered_replies(conn: Any) -> Callable[[], Any] | None:
+    """The ``gets`` of `conn`'s hiredis reader (the next whole reply in its buffer, else
+    `_NOT_READ`; a reply error as a `ResponseError` value, not raised), or None where that is
+    not redis-py's RESP2 hiredis parser (RESP3 replies may be push messages: read_response)."""
+    parser = getattr(conn, "_parser", None)
+    if type(parser) is not _AsyncHiredisParser or conn.protocol in (3, "3"):
+        return None
+    if not parser._connected:  # read_response raises then, even with replies buffered
+        return None
+    reader = getattr(parser, "_reader", None)
+    return None if reader is None else cast("Callable[[], Any]", reader.gets)
 
 
 def _node_name(redis: Any, stream: str | None) -> str:

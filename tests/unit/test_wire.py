@@ -65,3 +65,65 @@ async def test_a_streams_slots_after_its_lost_reply_are_resent_even_if_confirmed
         await wire.pipeline(batch)
 
     assert [s.future.done() for s in batch] == [False, False]
+
+
+class _Conn:
+    """A redis-py connection as `Wire.read` sees it: redis-py's own RESP2 hiredis parser, its
+    reader fed `buffered` bytes; `read_response` (counted) feeds the next of `later` first, as
+    if it had read them from the socket, then parses one reply like redis-py's."""
+
+    protocol = 2
+
+    def __init__(self, buffered: bytes, later: list[bytes]) -> None:
+        from types import SimpleNamespace
+
+        from redis._parsers.hiredis import _AsyncHiredisParser
+
+        self._parser = _AsyncHiredisParser(65536)
+        self._parser.on_connect(  # type: ignore[arg-type]
+            SimpleNamespace(_reader=None, encoder=SimpleNamespace(decode_responses=False))
+        )
+        self.reader: Any = self._parser._reader
+        self.reader.feed(buffered)
+        self.later = later
+        self.calls = 0
+
+    async def read_response(self) -> Any:
+        self.calls += 1
+        reply = self.reader.gets()
+        while reply is _not_enough():
+            self.reader.feed(self.later.pop(0))
+            reply = self.reader.gets()
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+
+def _not_enough() -> Any:
+    from redis._parsers.hiredis import NOT_ENOUGH_DATA
+
+    return NOT_ENOUGH_DATA
+
+
+async def test_read_takes_buffered_replies_without_a_read_response_each() -> None:
+    """Replies already in the connection's buffer are parsed straight from its reader: no
+    ``read_response`` coroutine pair per reply (the publisher's CPU per event)."""
+    batch = _slots(["A", "B", "C"])
+    conn = _Conn(b"$3\r\n1-0\r\n-ERR no such key\r\n$3\r\n2-0\r\n", [])
+
+    await Wire(None, Settings()).read(conn, batch)
+
+    assert conn.calls == 0
+    assert [batch[i].future.result() for i in (0, 2)] == ["1-0", "2-0"]
+    assert "no such key" in str(batch[1].future.exception())
+
+
+async def test_read_waits_for_replies_not_buffered_yet_in_order() -> None:
+    batch = _slots(["A", "B", "C", "D"])
+    conn = _Conn(b"$3\r\n1-0\r\n$3\r", [b"\n2-0\r\n-ERR refused\r\n", b"$3\r\n3-0\r\n"])
+
+    await Wire(None, Settings()).read(conn, batch)
+
+    assert conn.calls == 2  # the two replies that were not whole in the buffer
+    assert [batch[i].future.result() for i in (0, 1, 3)] == ["1-0", "2-0", "3-0"]
+    assert "refused" in str(batch[2].future.exception())
