@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -132,7 +133,11 @@ def _callgrind_instructions(url: str, events: int, keep: str | None) -> int:
     cg = keep or f"{out}.callgrind"
     cmd = [VALGRIND, "--tool=callgrind", f"--callgrind-out-file={cg}", "--dump-instr=no"]
     cmd += [sys.executable, __file__, "_publish", url, str(events), f"{out}.json"]
-    subprocess.run(cmd, check=True, capture_output=True)
+    # callgrind runs the child ~50x slower: no publish may time out meanwhile
+    env = {**os.environ, "EVENTBUS_PUBLISH_TIMEOUT_S": "3600"}
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if done.returncode:
+        raise RuntimeError(f"callgrind run of {events} events failed:\n{done.stderr[-3000:]}")
     Path(f"{out}.json").unlink()
     text = Path(cg).read_text()
     if not keep:

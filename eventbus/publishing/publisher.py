@@ -103,7 +103,8 @@ class Publisher:
         self._keys = keys
         self._registry = registry
         self._shard_of = profile.shard_of
-        self._encode: Callable[[TopicConfig, Envelope], dict[bytes, bytes]] = self._encode_native
+        # None: eventbus's own format, encoded inline by `prepare_envelope`
+        self._encode: Callable[[TopicConfig, Envelope], dict[bytes, bytes]] | None = None
         if not profile.codec.native:
             self._encode = partial(_encode_foreign, profile.codec, settings)
         self._streams: dict[str, list[str]] = {}
@@ -111,11 +112,16 @@ class Publisher:
         self.dictionaries = Dictionaries(redis, keys)  # the topics' current zstd dictionaries
         self._setup = TopicSetup(registry, self.dictionaries, settings, self.sender.backoff)
 
+    def _streams_of(self, topic: TopicConfig) -> list[str]:
+        """The shard stream keys of `topic`, by shard (made once per topic)."""
+        streams = self._streams[topic.name] = [
+            self._keys.stream(topic.name, s) for s in range(topic.shards)
+        ]
+        return streams
+
     def _stream(self, topic: TopicConfig, resource_id: str) -> str:
-        streams = self._streams.get(topic.name)
-        if streams is None:
-            streams = [self._keys.stream(topic.name, s) for s in range(topic.shards)]
-            self._streams[topic.name] = streams
+        """The shard stream key of `resource_id` in `topic` (`prepare_envelope` has it inline)."""
+        streams = self._streams.get(topic.name) or self._streams_of(topic)
         return streams[self._shard_of(resource_id, topic.shards)]
 
     def prepare(
@@ -142,6 +148,9 @@ class Publisher:
         Refuses what every consumer would refuse: raises `ReservedEventType`, `InvalidEvent`
         (headers not str -> str, text that is not valid UTF-8, a body over the decoders'
         structural budget), `PayloadTooLarge`, `DecompressedTooLarge`.
+
+        One function on eventbus's own format (the common case, once per `publish()`): the
+        checks, the encoding and the stream key inline, no call per step.
         """
         rid, etype = envelope.resource_id, envelope.event_type
         if not isinstance(rid, str) or not rid:
@@ -152,29 +161,28 @@ class Publisher:
             raise ReservedEventType(etype, f"publish to topic {topic.name!r}")
         if envelope.headers:
             _check_headers(topic, envelope.headers)
-        fields = self._encode(topic, envelope)  # first: it says which text is not UTF-8
-        return self._stream(topic, rid), fields
-
-    def _encode_native(self, topic: TopicConfig, envelope: Envelope) -> dict[bytes, bytes]:
-        """The fields of `envelope` in eventbus's format (`prepare_envelope`'s errors)."""
-        rid, etype = envelope.resource_id, envelope.event_type
-        try:
-            fields = encode_entry(
-                envelope,
-                compress_threshold=self._settings.compress_threshold_bytes,
-                dictionary=self.dictionaries.cached_current(topic.name),
-            )
-        except UnicodeEncodeError:  # which text: checked again, one by one, to say it
-            _check_text(topic, "resource_id", rid)
-            _check_text(topic, "event type", etype)
-            raise
-        data = fields[F_DATA]
-        size = len(data) + len(fields[F_RESOURCE]) + len(fields[F_TYPE]) + _FIELD_NAME_BYTES
-        if size > self._settings.max_payload_bytes:
-            raise PayloadTooLarge(topic.name, size, self._settings.max_payload_bytes)
-        if data[0] != FORMAT_MSGPACK or len(data) > MIN_CONTAINERS:  # (else: always decodes)
-            self._check_decodable(topic, fields)
-        return fields
+        if self._encode is not None:  # another wire format (`WireProfile.codec`)
+            fields = self._encode(topic, envelope)
+        else:  # first: it says which text is not UTF-8
+            settings = self._settings
+            try:
+                fields = encode_entry(
+                    envelope,
+                    compress_threshold=settings.compress_threshold_bytes,
+                    dictionary=self.dictionaries.cached_current(topic.name),
+                )
+            except UnicodeEncodeError:  # which text: checked again, one by one, to say it
+                _check_text(topic, "resource_id", rid)
+                _check_text(topic, "event type", etype)
+                raise
+            data = fields[F_DATA]
+            size = len(data) + len(fields[F_RESOURCE]) + len(fields[F_TYPE]) + _FIELD_NAME_BYTES
+            if size > settings.max_payload_bytes:
+                raise PayloadTooLarge(topic.name, size, settings.max_payload_bytes)
+            if data[0] != FORMAT_MSGPACK or len(data) > MIN_CONTAINERS:  # (else: always decodes)
+                self._check_decodable(topic, fields)
+        streams = self._streams.get(topic.name) or self._streams_of(topic)
+        return streams[self._shard_of(rid, topic.shards)], fields
 
     def _check_decodable(self, topic: TopicConfig, fields: dict[bytes, bytes]) -> None:
         """Refuse an entry consumers could not decode: over `max_decompressed_bytes` once
@@ -221,7 +229,10 @@ class Publisher:
         try:
             if not self._registry.checked(topic.name) or self.dictionaries.due(topic.name):
                 await self._setup.run(topic)
-            stream, fields = self.prepare(topic, event, resource_id, headers)
+            if not isinstance(event, BaseModel):  # (`prepare`, inline: once per call)
+                raise ConfigError(f"event must be a pydantic model, got {type(event).__name__}")
+            envelope = envelope_of(resource_id, event, headers)
+            stream, fields = self.prepare_envelope(topic, envelope)
         except BaseException:
             self.sender.withdraw(slot)
             raise

@@ -145,20 +145,26 @@ class Sender:
             await self._send_alone(slots[i : i + step])
 
     def _take(self) -> list[Slot]:
-        """The ready prefix of the queue, up to `publish_batch_max` slots; cancelled callers'
-        slots are dropped."""
+        """The ready prefix of the queue, up to `publish_batch_max` slots, started (`_start`,
+        in the same pass); cancelled callers' slots are dropped."""
         batch: list[Slot] = []
+        queue = self._queue
         now = time.monotonic()
-        while self._queue and len(batch) < self._settings.publish_batch_max:
-            head = self._queue[0]
+        start_deadline = now + self._settings.publish_timeout_s
+        room = self._settings.publish_batch_max
+        while queue and room:
+            head = queue[0]
             if head.future.done():
-                self._queue.popleft()
+                queue.popleft()
             elif head.stream is None:
                 break
             elif head.deadline <= now:  # waited its whole deadline in the queue
-                self._queue.popleft().settle(self._timed_out(TimeoutError("not sent in time")))
+                queue.popleft().settle(self._timed_out(TimeoutError("not sent in time")))
             else:
-                batch.append(self._queue.popleft())
+                if head.deadline == math.inf:
+                    head.deadline = start_deadline
+                batch.append(queue.popleft())
+                room -= 1
         return batch
 
     def _timed_out(self, error: BaseException) -> PublishError:
@@ -311,7 +317,6 @@ class Sender:
         """Wait for room on the wire and a ready batch; it is appended to `inflight`."""
         while True:
             if len(inflight) < self._depth and (batch := self._take()):
-                self._start(batch)
                 inflight.append(batch)
                 return batch
             self._wake = anyio.Event()  # set by ready(), withdraw() and the reader
