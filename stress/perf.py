@@ -137,6 +137,7 @@ def _callgrind_instructions(url: str, events: int, keep: str | None) -> int:
     env = {**os.environ, "EVENTBUS_PUBLISH_TIMEOUT_S": "3600"}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if done.returncode:
+        Path(cg).unlink(missing_ok=True)
         raise RuntimeError(f"callgrind run of {events} events failed:\n{done.stderr[-3000:]}")
     Path(f"{out}.json").unlink()
     text = Path(cg).read_text()
