@@ -257,8 +257,8 @@ if __name__ == "__main__":
         _publish_child(sys.argv[2], int(sys.argv[3]), sys.argv[4])
         sys.exit(0)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=["consume", "publish", "path", "core", "consume-redis"])
-    parser.add_argument("what", choices=["consume", "publish", "path", "core", "publish-core"])
+    verbs = ["consume", "publish", "path", "core", "consume-redis", "publish-core"]
+    parser.add_argument("what", choices=verbs)
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--profile", default=None)
