@@ -9,6 +9,7 @@ reads back (`eventbus.tier.catchup` runs the shards, their locks and segments).
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -111,13 +112,13 @@ class TypedCatchUp:
 
     def __init__(self, handling: Handling) -> None:
         self.handling = handling
-        self._parked_for: ShardCatchUp | None = None
+        self._parked_for: weakref.WeakSet[ShardCatchUp] = weakref.WeakSet()  # shards run at once
 
     async def __call__(self, entry: ArchivedEntry, sc: ShardCatchUp) -> None:
-        if self._parked_for is not sc and self.handling.sub.options.on_failure == "park":
+        if sc not in self._parked_for and self.handling.sub.options.on_failure == "park":
             # as a new lock owner does: the shard's resources may have been parked before
+            self._parked_for.add(sc)
             await self.handling.failures.load_parked()
-            self._parked_for = sc
         d = Delivery(
             entry.shard,
             sc.token,

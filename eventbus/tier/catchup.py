@@ -11,13 +11,18 @@ like a consumer (so no consumer of the group reads the shard meanwhile):
 2. **After the last-delivered ID** ``D``: when the stream's first entry lies after ``D`` (so
    entries after ``D`` may be missing from Redis), every archived entry after ``D`` is handled in
    entry-ID order, reading segments (several at a time), and ``XGROUP SETID`` moves ``D`` past
-   them, segment by segment. Reading on to the end of the archive, past what Redis still holds,
-   leaves the group near the offloader's checkpoint: the entries after it stay in Redis for
-   about ``hot_window_s``.
+   them, segment by segment, on to the end of the archive (past what Redis still holds).
 3. If segments hold nothing after ``D`` while Redis lacks entries after ``D``, those entries were
    lost before archiving (see the shard's gap records): logged at ERROR level and counted.
+4. **Then Redis**: the entries after ``D`` that Redis holds, up to the stream's last entry,
+   ``XGROUP SETID`` after each page. Should the offloader trim past ``D`` meanwhile (the page
+   read may miss entries), step 2 runs again from ``D``.
 
-Sweeps over the shards repeat until one finds no shard behind (`CatchUp.run`).
+The shards run concurrently, each in its own task (`CatchUp.run`). A shard caught up keeps
+following its stream (``XREAD BLOCK``, steps 2 to 4 again) until every shard is caught up, so a
+shard with a long backlog does not make the others fall behind Redis's first entry again, and
+the catch-up ends whatever the time one shard takes, with each group position at its stream's
+last entry of a moment before.
 
 Before every ``XACK`` / ``XGROUP SETID`` the lock is re-taken (refreshing liveness) and its
 fencing token compared: a catch-up that lost its lock stops that shard at once. As on the live
@@ -31,7 +36,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 
 import anyio
-import anyio.to_thread
+import anyio.abc
 
 from eventbus.client import retry
 from eventbus.config import Settings
@@ -40,7 +45,7 @@ from eventbus.locking.member import AsyncRedis, Member
 from eventbus.protocol.keys import Keys
 from eventbus.tier.catchup_shard import CatchUpStats as CatchUpStats  # re-exported
 from eventbus.tier.catchup_shard import Handle, ShardCatchUp
-from eventbus.tier.errors import LockUnavailable, TierError
+from eventbus.tier.errors import LockUnavailable
 from eventbus.tier.layout import SegmentRef
 from eventbus.tier.replay import ArchivedEntry
 from eventbus.tier.store import Store
@@ -49,6 +54,10 @@ log = logging.getLogger("eventbus.tier")
 
 _LOCK_POLL = retry.backoff(0.05, 1.0)
 """Waits between attempts to lock shards that live consumers hold (seconds)."""
+
+_FOLLOW_BLOCK_MS = 250
+"""How long a caught-up shard's ``XREAD BLOCK`` waits for a new entry before it checks whether
+every shard is caught up (milliseconds)."""
 
 RawHandler = Callable[[ArchivedEntry, int], Awaitable[None]]
 """``await handle(entry, fencing_token)``: process one entry; raising stops the catch-up."""
@@ -71,29 +80,59 @@ class CatchUp:
         grants = (await self.locks.acquire(shards)).grants
         return {s: g.token for s, g in grants.items() if s in set(shards)}
 
-    async def _pass(
+    async def run(
         self,
         handle: Handle,
-        chosen: list[int],
-        first_pass: bool,
+        *,
+        shards: Sequence[int] | None = None,
+        lock_timeout_s: float = 30.0,
+    ) -> CatchUpStats:
+        """Catch up `shards` (default: all), calling `handle` on each entry in entry-ID order
+        per shard. Shards locked by live consumers are retried until `lock_timeout_s` seconds
+        pass, then `LockUnavailable` is raised naming them. Exceptions from `handle` propagate
+        unwrapped (the shard's position stays at the last entry handled before).
+
+        Each shard runs in its own task under its lock: its pending entries, then the archive
+        while Redis lacks entries after the group's position, then Redis up to the stream's
+        last entry. A shard caught up keeps following its stream (``XREAD BLOCK``) until every
+        shard is caught up, so the time one shard takes does not age the others: this returns
+        once each shard has caught up, with every group position at its stream's last entry
+        of a moment before, and the entries after it stay in Redis for about
+        ``hot_window_s``: start the group's consumers right away.
+        """
+        stats = CatchUpStats()
+        started = time.monotonic()
+        chosen = list(range(self.shards)) if shards is None else list(shards)
+        sweep = _Sweep(set(chosen))
+        deadline = started + lock_timeout_s
+        try:
+            async with anyio.create_task_group() as tg:
+                sweep.scope = tg.cancel_scope
+                await sweep.guard(self._lock_all(tg, handle, sweep, stats, deadline))
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.locks.release([], leave=True)
+        if sweep.errors:
+            raise sweep.errors[0]
+        stats.seconds = time.monotonic() - started
+        return stats
+
+    async def _lock_all(
+        self,
+        tg: anyio.abc.TaskGroup,
+        handle: Handle,
+        sweep: _Sweep,
         stats: CatchUpStats,
         deadline: float,
-    ) -> bool:
-        """One sweep over `chosen` shards, each under its lock. Returns whether any was behind."""
-        todo = list(chosen)
-        behind = False
+    ) -> None:
+        """Start a shard task for each shard of `sweep` as its lock is granted; raise
+        `LockUnavailable` naming those still locked by others past `deadline`."""
+        todo = sorted(sweep.shards)
         waits = 0
         while todo:
             held = await self.lock(todo)
             for s, token in held.items():
-                try:
-                    behind |= await ShardCatchUp(self, s, token, handle, stats).run(first_pass)
-                    stats.shards += first_pass
-                except Fenced:
-                    log.warning("catch-up %s lost the lock of shard %d", self.consumer_id, s)
-                    continue
-                finally:
-                    await self.locks.release([s])
+                tg.start_soon(sweep.guard, self._shard(s, token, handle, sweep, stats))
                 todo.remove(s)
             if todo and not held:
                 if time.monotonic() > deadline:
@@ -103,48 +142,55 @@ class CatchUp:
                     )
                 waits += 1
                 await anyio.sleep(_LOCK_POLL.compute(waits))
-        return behind
 
-    async def run(
-        self,
-        handle: Handle,
-        *,
-        shards: Sequence[int] | None = None,
-        lock_timeout_s: float = 30.0,
-        max_sweeps: int = 50,
-    ) -> CatchUpStats:
-        """Catch up `shards` (default: all), calling `handle` on each entry in entry-ID order
-        per shard. Shards locked by live consumers are retried until `lock_timeout_s` seconds
-        pass, then `LockUnavailable` is raised naming them. Exceptions from `handle` propagate
-        (the shard's position stays at the last entry handled before).
-
-        Sweeps over the shards repeat until a sweep finds none behind Redis's first entry: a
-        shard finished early may fall behind again (the offloader keeps trimming) while later
-        shards are caught up. Every sweep after the first also moves each shard up to the end
-        of the archive, so when this returns every shard's group position is at most one sweep
-        behind the offloader's checkpoint, and the entries after it stay in Redis for about
-        ``hot_window_s``: start the group's consumers right away. A catch-up slower than the
-        trimming (a sweep longer than the hot window, every time) raises `TierError` after
-        `max_sweeps` sweeps instead of running forever.
-        """
-        stats = CatchUpStats()
-        started = time.monotonic()
-        chosen = list(range(self.shards)) if shards is None else list(shards)
+    async def _shard(
+        self, shard: int, token: int, handle: Handle, sweep: _Sweep, stats: CatchUpStats
+    ) -> None:
+        """One shard's catch-up under its lock (token `token`): pending entries, then `sync`
+        until every shard of `sweep` is caught up, waiting for new entries in between."""
+        sc = ShardCatchUp(self, shard, token, handle, stats)
         try:
-            sweeps = 1
-            while await self._pass(handle, chosen, sweeps == 1, stats, started + lock_timeout_s):
-                sweeps += 1  # some shard was behind: sweep again until none is
-                if sweeps > max_sweeps:
-                    raise TierError(
-                        f"catch-up of {self.topic}/{self.group} does not converge: after "
-                        f"{max_sweeps} sweeps the offloader still trims entries before this "
-                        "catch-up reaches them (raise hot_window_s, or speed up the handler)"
-                    )
+            delivered = await sc.start()
+            stats.shards += 1
+            while delivered is not None:
+                delivered, _ = await sc.sync(delivered)
+                sweep.caught(shard)
+                if sweep.done.is_set():
+                    break
+                await sc.wait_entries(delivered, _FOLLOW_BLOCK_MS)
+        except Fenced:
+            log.warning("catch-up %s lost the lock of shard %d", self.consumer_id, shard)
         finally:
+            sweep.caught(shard)
             with anyio.CancelScope(shield=True):
-                await self.locks.release([], leave=True)
-        stats.seconds = time.monotonic() - started
-        return stats
+                await self.locks.release([shard])
+
+
+class _Sweep:
+    """The shards of one `CatchUp.run`: which have caught up (`done` is set once all have), and
+    the first error of any task (raised unwrapped by `run`, the others cancelled)."""
+
+    def __init__(self, shards: set[int]) -> None:
+        self.shards = shards
+        self.done = anyio.Event()
+        self.errors: list[BaseException] = []
+        self._caught: set[int] = set()
+        self.scope: anyio.CancelScope | None = None  # the task group's, once it runs
+
+    def caught(self, shard: int) -> None:
+        self._caught.add(shard)
+        if self._caught >= self.shards:
+            self.done.set()
+
+    async def guard(self, work: Awaitable[None]) -> None:
+        """Await `work`; on an exception, record it and cancel the whole catch-up."""
+        try:
+            await work
+        except Exception as exc:
+            self.errors.append(exc)
+            self.done.set()
+            if self.scope is not None:
+                self.scope.cancel()
 
 
 async def catch_up_group(

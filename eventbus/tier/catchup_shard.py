@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("eventbus.tier")
 
 READ_AHEAD = 8  # segments fetched concurrently by catch-up
+TAIL_COUNT = 500  # entries per XRANGE when catch-up reads Redis after the archive
 
 Handle = Callable[[ArchivedEntry, "ShardCatchUp"], Awaitable[None]]
 """How a shard's catch-up handles one entry: a raw handler, or the subscription's handling path
@@ -83,6 +84,7 @@ class ShardCatchUp:
         self.handle = handle
         self.stats = stats
         self.stream = owner.keys.stream(owner.topic, shard)
+        self.delivered: EntryId | None = None  # the group's position once this moved it
         self._lease_until = 0.0
 
     async def _ack_unhandled(self, ids: list[EntryId], why: str) -> None:
@@ -171,17 +173,73 @@ class ShardCatchUp:
             raise errors[0]
         return results
 
-    async def run(self, first_pass: bool) -> bool:
-        """Catch the shard up; returns whether it was behind Redis's first entry."""
+    async def start(self) -> EntryId | None:
+        """Handle the group's pending entries (`pending`); returns the group's last-delivered ID,
+        None when the group has no stream on this shard yet (nothing to do)."""
         delivered = await self.last_delivered()
         if delivered is None:
             log.info(
                 "catch-up: group %s has no stream %s yet; nothing to do", self.o.group, self.stream
             )
-            return False
-        if first_pass:
-            await self.pending()
-        return await self.after(delivered, chase=not first_pass)
+            return None
+        await self.pending()
+        return delivered
+
+    async def sync(self, delivered: EntryId) -> tuple[EntryId, bool]:
+        """Bring the group from `delivered` to the stream's last entry: while Redis lacks entries
+        after the group's position, every archived entry after it (`after`), then the entries
+        Redis holds, up to the last one when called (`tail`). Returns the group's new
+        last-delivered ID and whether Redis lacked entries after `delivered` (so the archive
+        was read). Entries trimmed and in no segment are logged and counted as lost once; the
+        group then goes on from what Redis holds."""
+        was_behind = gap_accepted = False
+        while True:
+            if not gap_accepted and await self.head() > delivered.next():
+                was_behind = True
+                if not await self.after(delivered, chase=False):
+                    gap_accepted = True  # lost before archiving (logged): Redis from its head
+                delivered = self.delivered or delivered
+                continue
+            done = await self.tail(delivered, gap_accepted)
+            delivered = self.delivered or delivered
+            if done:
+                return delivered, was_behind
+            gap_accepted = False  # trimmed while reading Redis: the archive again
+
+    async def tail(self, delivered: EntryId, gap_accepted: bool) -> bool:
+        """Handle the entries Redis holds after `delivered`, in entry-ID order, up to the
+        stream's last entry when called, ``XGROUP SETID`` after each page (`TAIL_COUNT`
+        entries) under a confirmed lock. Returns False, leaving a page unhandled, when the
+        stream's first entry lies after the group's position once the page is read (entries
+        may have been trimmed before it: read the archive first), unless `gap_accepted`."""
+        redis, group = self.o.redis, self.o.group
+        last = await self.last_entry()
+        while last is not None and delivered < last:
+            rows = await redis.xrange(self.stream, f"({delivered}", str(last), count=TAIL_COUNT)
+            if not rows:
+                break
+            if not gap_accepted and await self.head() > delivered.next():
+                return False  # checked after the read: trimming only moves the head forward
+            gap_accepted = False
+            for raw_id, fields in rows:
+                entry = _entry(self.o.topic, self.shard, parse_id(raw_id), fields)
+                await self.handle(entry, self)
+            await self.confirm()
+            delivered = parse_id(rows[-1][0])
+            await redis.xgroup_setid(self.stream, group, str(delivered))
+            self.delivered = delivered
+            self.stats.from_redis += len(rows)
+        return True
+
+    async def last_entry(self) -> EntryId | None:
+        """The ID of the stream's last entry, None when it is empty."""
+        rows = await self.o.redis.xrevrange(self.stream, count=1)
+        return parse_id(rows[0][0]) if rows else None
+
+    async def wait_entries(self, delivered: EntryId, block_ms: int) -> None:
+        """Return once the stream holds an entry after `delivered`, or after `block_ms`
+        milliseconds (``XREAD BLOCK``: a caught-up shard waits for new entries)."""
+        await self.o.redis.xread({self.stream: str(delivered)}, count=1, block=block_ms)
 
     async def pending(self) -> None:
         """Handle and ack the group's pending entries, oldest first."""
@@ -258,6 +316,7 @@ class ShardCatchUp:
                     await self.confirm()
                     delivered = entries[-1].entry_id
                     await redis.xgroup_setid(self.stream, group, str(delivered))
+                    self.delivered = delivered
                     self.stats.from_segments += len(entries)
                     TIER_METRICS.caught_up.labels(self.o.topic).inc(len(entries))
                 self.o.consumed[self.shard] = ref

@@ -123,7 +123,7 @@ async def test_catch_up_then_consume_with_no_gap_and_no_duplicate(
 
 async def test_catch_up_group_raw_and_lost_range(redis_db: str, tmp_path) -> None:
     """The raw API hands over archived entries in order; a range trimmed before archiving is
-    reported as lost, and the group then continues from what Redis has."""
+    reported as lost, and the catch-up then goes on with what Redis holds."""
     bus = make_bus(redis_db, shards=1)
     bus.topic("raw", shards=1, maxlen=100)
     store = open_store(str(tmp_path))
@@ -148,8 +148,13 @@ async def test_catch_up_group_raw_and_lost_range(redis_db: str, tmp_path) -> Non
         # now 1000 more with nobody archiving: MAXLEN ~ 100 drops most of them
         await bus.publish_many("raw", [("r", Tick(resource="r", seq=i)) for i in range(50, 1050)])
         got.clear()
+        kept = [row[0].decode() for row in await bus.redis.xrange(stream)]
         stats = await catch_up_group(bus.redis, store, "raw", "g", handle, shards=1)
-        assert stats.lost_ranges == 1 and got == []
+        # the lost range is reported, and the group goes on with what Redis holds
+        assert stats.lost_ranges == 1 and stats.from_segments == 0
+        assert [str(e.entry_id) for e in got] == kept and stats.from_redis == len(kept)
+        groups = await bus.redis.xinfo_groups(stream)
+        assert groups[0]["last-delivered-id"] == kept[-1].encode()
     await bus.aclose()
 
 
