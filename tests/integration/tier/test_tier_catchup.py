@@ -184,3 +184,81 @@ async def test_catch_up_waits_for_live_consumers_locks(redis_db: str, tmp_path) 
                 bus.redis, store, "busy", "g", handle, shards=1, lock_timeout_s=0.3
             )
     await bus.aclose()
+
+
+async def test_catch_up_ends_when_a_sweep_over_the_shards_outlasts_the_hot_window(
+    redis_db: str, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Listing a shard's segments takes 3 s (a slow store), so going over 2 shards one after
+    the other takes longer than the 2 s hot window while events keep coming: a catch-up that
+    waits for one pass over the shards to find none behind never ends. It must end, and the
+    group's consumer then sees every event once, in order per resource."""
+    from eventbus.tier import catchup_shard
+
+    real_list = catchup_shard.list_segments
+
+    async def slow_list(*args, **kwargs):  # type: ignore[no-untyped-def]
+        await anyio.sleep(3.0)  # the slow store under test, not a wait for a condition
+        r = await real_list(*args, **kwargs)
+        print("LIST", args[1:], kwargs, len(r), flush=True)
+        return r
+
+    monkeypatch.setattr(catchup_shard, "list_segments", slow_list)
+    shards = 2
+    bus = make_bus(redis_db, shards=shards)
+    store = open_store(str(tmp_path / "segments"))
+    seen: list[tuple[str, int]] = []
+
+    @bus.subscriber("slow", group="billing")
+    async def on_tick(event: Tick, ctx: Context) -> None:
+        seen.append((event.resource, event.seq))
+
+    published: list[tuple[str, int]] = []
+    stop_publishing, stop_offloading, stop_consuming = anyio.Event(), anyio.Event(), anyio.Event()
+    publisher_done = anyio.Event()
+
+    async def publisher() -> None:
+        n = 0
+        while not stop_publishing.is_set():
+            batch = [
+                (f"res-{i % 7}", Tick(resource=f"res-{i % 7}", seq=i)) for i in range(n, n + 20)
+            ]
+            await bus.publish_many("slow", batch)
+            published.extend((rid, ev.seq) for rid, ev in batch)
+            n += 20
+            await anyio.sleep(0.02)  # pacing (about 1,000 events/s), not synchronisation
+        publisher_done.set()
+
+    async def trimmed() -> bool:  # the offloader trimmed entries of every shard
+        infos = [await bus.redis.xinfo_stream(bus.keys.stream("slow", s)) for s in range(shards)]
+        return all(i["entries-added"] > i["length"] for i in infos)
+
+    tier = fast_tier(segment_max_entries=100, segment_max_age_s=0.05, hot_window_s=2.0)
+    offloader = Offloader(bus.redis, store, settings=bus.settings, tier=tier)
+    async with bus:
+        for s in range(shards):
+            await bus.redis.xgroup_create(
+                bus.keys.stream("slow", s), "billing", id="0", mkstream=True
+            )
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(publisher)
+            tg.start_soon(offloader.run, stop_offloading)
+            await wait_until(trimmed, within_s=60)  # the group's next entries: segments only
+            with anyio.fail_after(60):  # generous for a loaded machine: it ends in seconds
+                stats = await catch_up(bus, store, "slow", "billing")
+            assert stats.shards == shards and stats.from_segments > 0, stats
+            tg.start_soon(lambda: bus.run(stop=stop_consuming))
+            live_target = len(published) + 200  # the consumer handles events published live
+            await wait_until(lambda: len(seen) >= live_target, within_s=60)
+            stop_publishing.set()
+            await publisher_done.wait()
+            await wait_until(lambda: len(seen) >= len(published), within_s=60)
+            stop_consuming.set()
+            stop_offloading.set()
+    await bus.aclose()
+    assert len(seen) == len(set(seen)), "an event was handled twice"
+    assert sorted(seen) == sorted(published), "an event was never handled"
+    order: dict[str, list[int]] = defaultdict(list)
+    for rid, seq in seen:
+        order[rid].append(seq)
+    assert all(seqs == sorted(seqs) for seqs in order.values()), "out of order for a resource"
