@@ -34,6 +34,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -108,7 +109,7 @@ class CatchUp:
         try:
             async with anyio.create_task_group() as tg:
                 sweep.scope = tg.cancel_scope
-                await sweep.guard(self._lock_all(tg, handle, sweep, stats, deadline))
+                await sweep.guard(self._lock_all, tg, handle, sweep, stats, deadline)
         finally:
             with anyio.CancelScope(shield=True):
                 await self.locks.release([], leave=True)
@@ -132,7 +133,7 @@ class CatchUp:
         while todo:
             held = await self.lock(todo)
             for s, token in held.items():
-                tg.start_soon(sweep.guard, self._shard(s, token, handle, sweep, stats))
+                tg.start_soon(sweep.guard, self._shard, s, token, handle, sweep, stats)
                 todo.remove(s)
             if todo and not held:
                 if time.monotonic() > deadline:
@@ -182,10 +183,10 @@ class _Sweep:
         if self._caught >= self.shards:
             self.done.set()
 
-    async def guard(self, work: Awaitable[None]) -> None:
-        """Await `work`; on an exception, record it and cancel the whole catch-up."""
+    async def guard(self, work: Callable[..., Awaitable[None]], *args: Any) -> None:
+        """Await ``work(*args)``; on an exception, record it and cancel the whole catch-up."""
         try:
-            await work
+            await work(*args)
         except Exception as exc:
             self.errors.append(exc)
             self.done.set()
