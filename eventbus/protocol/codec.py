@@ -25,8 +25,6 @@ thread (``anyio.to_thread.run_sync``) for entries whose data field is over
 
 from __future__ import annotations
 
-import os
-import threading
 import time
 import uuid
 from typing import Annotated, Any, Final, Literal
@@ -38,14 +36,16 @@ from pydantic import BaseModel
 from eventbus.config import DECOMPRESSION_FACTOR
 from eventbus.errors import DecodeError
 from eventbus.protocol.budget import MIN_CONTAINERS, unpack_body
+from eventbus.protocol.compression import compressor as _compressor
+from eventbus.protocol.compression import decompressor as _decompressor
 from eventbus.protocol.dictionaries import (
-    CACHE,
     FORMAT_DICT_COMPACT,
     FORMAT_MSGPACK_ZSTD_DICT,
     FORMAT_RETIRED_DICT,
     ID_BYTES,
     dictionary_id,
 )
+from eventbus.protocol.event_ids import new_event_id as new_event_id  # (re-exported)
 
 FORMAT_MSGPACK = 0x01
 FORMAT_MSGPACK_ZSTD = 0x02
@@ -59,7 +59,6 @@ F_RESOURCE = b"rid"
 F_TYPE = b"type"
 F_DATA = b"data"
 
-_ZSTD_LEVEL = 3
 
 THREAD_DECODE_BYTES = 64 * 1024
 """Callers on an event loop should decode entries whose ``data`` field is larger than this
@@ -135,50 +134,6 @@ _COMPACT_HEAD = 1 + ID_BYTES + EVENT_ID_BYTES
 """Bytes of a format ``0x05`` field before its zstd frame: format, dictionary ID, event ID."""
 
 
-_IDS_AT_ONCE = 256
-
-
-class _Ids(threading.local):
-    """Random bytes drawn ahead, 16 per event ID, per thread (no lock: threads never share)."""
-
-    drawn = b""
-    at = 0
-
-
-_IDS = _Ids()
-
-
-def _forget_ids() -> None:  # a forked child must not hand out its parent's next IDs
-    _IDS.drawn, _IDS.at = b"", 0
-
-
-os.register_at_fork(after_in_child=_forget_ids)
-
-
-def new_event_id() -> bytes:
-    """A fresh 16-byte event ID, a random UUID (RFC 9562 version 4), for idempotency checks.
-
-    Drawn from `os.urandom` like `uuid.uuid4`, 256 IDs' worth at a time per thread (a
-    ``getrandom`` system call per event cost 0.7 us); the bytes drawn ahead are dropped in a
-    forked child.
-    """
-    ids = _IDS
-    at = ids.at
-    if at >= len(ids.drawn):
-        ids.drawn, at = _draw_ids(), 0
-    ids.at = at + 16
-    return ids.drawn[at : at + 16]
-
-
-def _draw_ids() -> bytes:
-    """`_IDS_AT_ONCE` random version-4 UUIDs, back to back."""
-    b = bytearray(os.urandom(16 * _IDS_AT_ONCE))
-    for i in range(0, len(b), 16):
-        b[i + 6] = (b[i + 6] & 0x0F) | 0x40  # version 4
-        b[i + 8] = (b[i + 8] & 0x3F) | 0x80  # variant RFC 9562
-    return bytes(b)
-
-
 _ENCODER = msgspec.msgpack.Encoder()
 """The envelope's MessagePack encoder: for the map of `encode_entry` (str, bytes, int, str ->
 str map, and a payload of JSON-mode values) it writes the same bytes as ``msgpack.packb(...,
@@ -239,7 +194,6 @@ def dictionary_body(envelope: Envelope) -> bytes:
 _DICT_PREFIX: dict[int, bytes] = {}
 _ZSTD_PREFIX = bytes([FORMAT_MSGPACK_ZSTD])
 _PLAIN_PREFIX = bytes([FORMAT_MSGPACK])
-_COMPRESSORS: dict[tuple[int, int], zstandard.ZstdCompressor] = {}  # (id(dict), thread)
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 """A zstd frame's first 4 bytes, which format 0x05 leaves out: readers put them back in front
 of its frame, which is then a whole zstd frame (the magicless format is exactly that)."""
@@ -249,44 +203,6 @@ def _dict_prefix(dict_id: int) -> bytes:
     prefix = bytes([FORMAT_DICT_COMPACT]) + dict_id.to_bytes(ID_BYTES, "big")
     _DICT_PREFIX[dict_id] = prefix
     return prefix
-
-
-def _compressor(dict_id: int | None) -> zstandard.ZstdCompressor:
-    """A compressor for dictionary `dict_id` (None: none; with one, its frames have no magic
-    number and no dictionary ID), one per thread (they are not thread-safe; making one per
-    event cost more than compressing a small body)."""
-    d = None if dict_id is None else CACHE.get(dict_id)
-    key = (id(d), threading.get_ident())
-    c = _COMPRESSORS.get(key)
-    if c is None:
-        c = _COMPRESSORS[key] = (
-            zstandard.ZstdCompressor(level=_ZSTD_LEVEL)
-            if d is None
-            else zstandard.ZstdCompressor(
-                dict_data=d,
-                compression_params=zstandard.ZstdCompressionParameters.from_level(
-                    _ZSTD_LEVEL,
-                    format=zstandard.FORMAT_ZSTD1_MAGICLESS,
-                    write_dict_id=False,
-                    write_content_size=True,
-                ),
-            )
-        )
-    return c
-
-
-_DECOMPRESSORS: dict[tuple[int, int], zstandard.ZstdDecompressor] = {}
-
-
-def _decompressor(dict_id: int) -> zstandard.ZstdDecompressor:
-    """A decompressor for dictionary `dict_id`, one per thread. Raises `UnknownDictionary` or
-    `BadDictionary` (the cache holds only dictionaries zstd accepted)."""
-    d = CACHE.get(dict_id)
-    key = (id(d), threading.get_ident())
-    z = _DECOMPRESSORS.get(key)
-    if z is None:
-        z = _DECOMPRESSORS[key] = zstandard.ZstdDecompressor(dict_data=d)
-    return z
 
 
 def envelope_of(

@@ -584,7 +584,7 @@ async def test_dictionaries_archive_catch_up_and_broadcast_under_their_roles(
     decodes with the dictionary, and a broadcast subscriber reads new entries (XREVRANGE,
     XREAD)."""
     from eventbus.cli.topic import sample_bodies
-    from eventbus.protocol import codec
+    from eventbus.protocol import compression
     from eventbus.protocol.codec import F_DATA
     from eventbus.protocol.dictionaries import CACHE, Dictionaries, dictionary_id
     from eventbus.tier import TierSettings, offload_until_caught_up, open_store
@@ -592,8 +592,7 @@ async def test_dictionaries_archive_catch_up_and_broadcast_under_their_roles(
     def forget_dictionaries() -> None:  # as a fresh process starts
         CACHE._dicts.clear()
         CACHE._missing.clear()
-        codec._COMPRESSORS.clear()
-        codec._DECOMPRESSORS.clear()
+        compression.clear()
 
     def ticks(seqs: range) -> list[tuple[str, Tick]]:
         return [

@@ -22,7 +22,7 @@ from eventbus import Context, EventBus, Settings
 from eventbus.cli import app
 from eventbus.cli.topic import sample_bodies
 from eventbus.dlq import DeadLetters
-from eventbus.protocol import codec
+from eventbus.protocol import compression
 from eventbus.protocol.codec import F_DATA, F_RESOURCE, F_TYPE, decode_entry
 from eventbus.protocol.dictionaries import CACHE, FORMAT_DICT_COMPACT, Dictionaries, dictionary_id
 from eventbus.protocol.sharding import shard_of
@@ -42,8 +42,7 @@ def forget_dictionaries() -> None:
     """Drop this process's cached dictionaries, as a fresh process would start."""
     CACHE._dicts.clear()
     CACHE._missing.clear()
-    codec._COMPRESSORS.clear()
-    codec._DECOMPRESSORS.clear()
+    compression.clear()
 
 
 async def publish(bus: EventBus, seqs: range) -> None:

@@ -27,7 +27,7 @@ from eventbus.cli import app
 from eventbus.cli.topic import sample_bodies
 from eventbus.dlq import DeadLetters
 from eventbus.errors import ConfigError
-from eventbus.protocol import codec, dictionaries
+from eventbus.protocol import compression, dictionaries
 from eventbus.protocol.codec import F_DATA
 from eventbus.protocol.dictionaries import CACHE, Dictionaries, dictionary_id
 from eventbus.tier.replay import iter_events
@@ -52,8 +52,7 @@ def forget_dictionaries() -> None:
     """Drop this process's cached dictionaries, as a fresh process would start."""
     CACHE._dicts.clear()
     CACHE._missing.clear()
-    codec._COMPRESSORS.clear()
-    codec._DECOMPRESSORS.clear()
+    compression.clear()
 
 
 async def trained(bus: EventBus, plain: int = 200, compressed: int = 20) -> int:

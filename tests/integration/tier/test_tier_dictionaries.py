@@ -8,7 +8,7 @@ import pytest
 from tier_support import Tick, fast_tier, make_bus, publish_ticks
 
 from eventbus.cli.topic import sample_bodies
-from eventbus.protocol import codec
+from eventbus.protocol import compression
 from eventbus.protocol.dictionaries import CACHE, Dictionaries, dictionary_id
 from eventbus.tier.layout import dictionary_key
 from eventbus.tier.offloader import offload_until_caught_up
@@ -21,8 +21,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 def forget_dictionaries() -> None:
     CACHE._dicts.clear()
     CACHE._missing.clear()
-    codec._COMPRESSORS.clear()
-    codec._DECOMPRESSORS.clear()
+    compression.clear()
 
 
 async def test_offloaded_dictionary_entries_replay_without_redis(redis_db: str, tmp_path) -> None:
