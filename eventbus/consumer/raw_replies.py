@@ -1,6 +1,7 @@
-"""Raw RESP on the connections of blocking reads on a Cluster (`cluster_reads`): commands are
-packed with hiredis and replies parsed here, in the shapes redis-py's client returns, because
-those reads bypass the client (one connection per stream, outside its pool)."""
+"""Raw RESP replies of reads, parsed here in the shapes redis-py's client returns: the blocking
+reads on a Cluster (`cluster_reads`), on connections of their own outside the client's pool, and
+a single node's read round (`reading.Reader.read`), packed with hiredis (`execute_packed`),
+which skips redis-py's pipeline and its per-command reply callbacks."""
 
 from __future__ import annotations
 
@@ -61,7 +62,10 @@ def fields_of(flat: Any) -> dict[bytes, bytes] | None:
 
 def parse_xpending(reply: Any) -> dict[str, Any]:
     """A raw ``XPENDING <stream> <group>`` summary: pending, min, max, consumers (name,
-    pending) as redis-py's client returns it."""
+    pending) as redis-py's client returns it (a reply it parsed already is returned as is:
+    `execute_packed` runs through redis-py's pipeline on a Cluster and fakeredis)."""
+    if isinstance(reply, dict):
+        return reply
     return {
         "pending": reply[0],
         "min": reply[1],

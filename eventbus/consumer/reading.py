@@ -32,8 +32,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from eventbus.client.pipelines import execute
+from eventbus.client.pipelines import execute, execute_packed
 from eventbus.consumer.cluster_reads import BlockingReads
+from eventbus.consumer.raw_replies import parse_xpending, parse_xread
 from eventbus.consumer.shards import HeldShard
 from eventbus.locking.member import Member
 from eventbus.ops.metrics import METRICS
@@ -71,6 +72,12 @@ class Reader:
         self.start_id = "0" if settings.start == "beginning" else "$"
         self._m_lost = METRICS.lost.labels(member.topic, member.group)
         self.blocking = BlockingReads(member, self.count, noack)
+        # XREADGROUP's arguments up to BLOCK's value, and NOACK's, packed once
+        self._xreadgroup: tuple[Any, ...] = (
+            *("XREADGROUP", "GROUP", self.group, self.consumer_id),
+            *("COUNT", self.count, "BLOCK"),
+        )
+        self._noack = ("NOACK",) if noack else ()
 
     async def aclose(self) -> None:
         """Close the connections of blocking reads on a Cluster (`cluster_reads`)."""
@@ -145,20 +152,15 @@ class Reader:
         merged with the entries stale reads of other consumers left pending (see the module
         docstring). `shards` must be held, and recovered, by this consumer."""
         check = not self.noack  # NOACK reads leave no pending entries
-        if not self.cluster:
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.xreadgroup(
-                self.group,
-                self.consumer_id,
-                {h.stream: ">" for h in shards},
-                count=self.count,
-                block=block_ms,
-                noack=self.noack,
-            )
-            for h in shards if check else []:
-                pipe.xpending(h.stream, self.group)
-            got, *summaries = await execute(pipe)
-            replies = got or []
+        if not self.cluster:  # one round trip, packed by hiredis, parsed in raw_replies
+            streams = [h.stream for h in shards]
+            read = (*self._xreadgroup, block_ms, *self._noack, "STREAMS", *streams)
+            commands = [(*read, *(">",) * len(streams))]
+            if check:
+                commands += [("XPENDING", stream, self.group) for stream in streams]
+            got, *pending = await execute_packed(self.redis, commands)
+            replies = parse_xread(got)
+            summaries = [parse_xpending(p) for p in pending]
         else:  # a Cluster: one blocking read per stream at once (`cluster_reads`)
             streams = [h.stream for h in shards]
             replies, summaries = await self.blocking.read(streams, block_ms)
