@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import hiredis
+from redis._parsers.hiredis import NOT_ENOUGH_DATA, _AsyncHiredisParser
 from redis.asyncio import Redis
 from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
 from redis.exceptions import ResponseError
@@ -58,11 +59,17 @@ async def execute_packed(redis: Any, commands: Sequence[tuple[Any, ...]]) -> lis
     replies: list[Any] = []
     try:
         await conn.send_packed_command(b"".join([pack(c) for c in commands]))
+        gets = buffered_replies(conn)  # replies already read: no coroutine per reply
         for _ in commands:
-            try:
-                replies.append(await conn.read_response())
-            except ResponseError as exc:  # this command's error: the others' replies follow
-                replies.append(exc)
+            reply = gets() if gets is not None else NOT_READ
+            if reply is NOT_READ:
+                try:
+                    reply = await conn.read_response()
+                except ResponseError as exc:  # this command's error: the others' replies follow
+                    reply = exc
+            elif isinstance(reply, Exception) and not isinstance(reply, ResponseError):
+                raise reply  # e.g. a ConnectionError the reader made: as read_response raises
+            replies.append(reply)
     except BaseException:
         await conn.disconnect()
         raise
@@ -72,3 +79,20 @@ async def execute_packed(redis: Any, commands: Sequence[tuple[Any, ...]]) -> lis
         if isinstance(reply, Exception):
             raise reply
     return replies
+
+
+NOT_READ: Any = NOT_ENOUGH_DATA
+"""What a hiredis reader's ``gets`` returns when no whole reply is buffered."""
+
+
+def buffered_replies(conn: Any) -> Callable[[], Any] | None:
+    """The ``gets`` of `conn`'s hiredis reader (the next whole reply in its buffer, else
+    `NOT_READ`; a reply error as a `ResponseError` value, not raised), or None where that is
+    not redis-py's RESP2 hiredis parser (RESP3 replies may be push messages: read_response)."""
+    parser = getattr(conn, "_parser", None)
+    if type(parser) is not _AsyncHiredisParser or conn.protocol in (3, "3"):
+        return None
+    if not parser._connected:  # read_response raises then, even with replies buffered
+        return None
+    reader = getattr(parser, "_reader", None)
+    return None if reader is None else cast("Callable[[], Any]", reader.gets)

@@ -15,9 +15,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 import hiredis
-from redis._parsers.hiredis import NOT_ENOUGH_DATA, _AsyncHiredisParser
 from redis.exceptions import ResponseError
 
+from eventbus.client.pipelines import NOT_READ, buffered_replies
 from eventbus.client.retry import LOST_REPLY
 from eventbus.config import Settings
 from eventbus.errors import PublishError
@@ -64,10 +64,10 @@ class Wire:
         reader, so the replies and their errors are the same either way."""
         results: list[Any] = []
         refused = 0
-        gets = _buffered_replies(conn)
+        gets = buffered_replies(conn)
         for _ in batch:
-            reply = gets() if gets is not None else _NOT_READ
-            if reply is _NOT_READ:
+            reply = gets() if gets is not None else NOT_READ
+            if reply is NOT_READ:
                 try:
                     reply = await conn.read_response()
                 except ResponseError as exc:  # this XADD failed; the rest of the replies follow
@@ -189,22 +189,6 @@ def _xadd(s: Slot) -> tuple[Any, ...]:
         b"*",
         *[x for kv in f.items() for x in kv],
     )
-
-
-_NOT_READ: Any = NOT_ENOUGH_DATA  # what the hiredis reader returns when no whole reply is buffered
-
-
-def _buffered_replies(conn: Any) -> Callable[[], Any] | None:
-    """The ``gets`` of `conn`'s hiredis reader (the next whole reply in its buffer, else
-    `_NOT_READ`; a reply error as a `ResponseError` value, not raised), or None where that is
-    not redis-py's RESP2 hiredis parser (RESP3 replies may be push messages: read_response)."""
-    parser = getattr(conn, "_parser", None)
-    if type(parser) is not _AsyncHiredisParser or conn.protocol in (3, "3"):
-        return None
-    if not parser._connected:  # read_response raises then, even with replies buffered
-        return None
-    reader = getattr(parser, "_reader", None)
-    return None if reader is None else cast("Callable[[], Any]", reader.gets)
 
 
 def _node_name(redis: Any, stream: str | None) -> str:

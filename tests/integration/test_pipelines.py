@@ -38,3 +38,34 @@ def test_only_single_node_clients_on_plain_connections_are_packed(
     settings: type[Settings], topology: str
 ) -> None:
     assert packable(connect(settings())) is (topology == "single")
+
+
+@pytest.mark.single_node("packing (and the reply buffer) is a single-node client's path")
+async def test_buffered_replies_are_taken_without_a_read_response_each(
+    settings: type[Settings],
+) -> None:
+    """Replies already in the connection's buffer come straight from its hiredis reader (no
+    ``read_response`` coroutine per reply: a read round's XPENDING summaries), in order, an
+    error reply among them included, and the connection stays in step."""
+    redis = connect(settings())
+    calls = 0
+    pool = redis.connection_pool
+    base = pool.connection_class
+
+    class Counting(base):  # type: ignore[misc, valid-type]
+        async def read_response(self, *args: object, **kwargs: object) -> object:
+            nonlocal calls
+            calls += 1
+            return await super().read_response(*args, **kwargs)
+
+    pool.connection_class = Counting
+    try:
+        commands = [("PING", f"p{i}") for i in range(20)]
+        assert await execute_packed(redis, commands) == [f"p{i}".encode() for i in range(20)]
+        assert 1 <= calls < len(commands)
+        commands[7] = ("XAUTOCLAIM", "s{1}", "nope", "c", 0, "0-0")  # NOGROUP (no stream)
+        with pytest.raises(ResponseError, match=r"^NOGROUP"):
+            await execute_packed(redis, commands)
+        assert await execute_packed(redis, [("PING", "after")]) == [b"after"]  # in step
+    finally:
+        await redis.aclose()
