@@ -79,7 +79,10 @@ class Consumer:
         self.locks = (member.profile or EVENTBUS).lock_client(member, n, scripts)
         self.lease = Lease(settings.lease_s)
         self.table = ShardTable([self.keys.stream(self.topic.name, s) for s in range(n)])
-        self.reader = Reader(member, self.table.streams, noack=self.noack)
+        count = member.settings.read_count
+        if is_batch(sub.call):  # full batches: a read as large as a batch
+            count = max(count, sub.call.max_batch)
+        self.reader = Reader(member, self.table.streams, noack=self.noack, count=count)
         redis_retry = retry.forever(settings.retry_base_s, settings.retry_max_s)
         self.handling = Handling(member, sub, redis_retry)
         self.acks = Acks(
@@ -106,7 +109,6 @@ class Consumer:
             self.queues, self._work = batch_queues(
                 self.handling, self, self.runner.process, self.acks
             )
-            self.reader.count = max(self.reader.count, sub.call.max_batch)  # full batches
         self._joined = anyio.Event()  # set by the first lock round: then heartbeats start
         self._handled_reported = 0
         self._m_handled = METRICS.handled.labels(self.topic.name, self.group)

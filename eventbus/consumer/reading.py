@@ -62,12 +62,14 @@ class Read:
 class Reader:
     """Reads for `member` over its topic's shard `streams` (``NOACK`` reads with `noack`)."""
 
-    def __init__(self, member: Member, streams: list[str], *, noack: bool) -> None:
+    def __init__(self, member: Member, streams: list[str], *, noack: bool, count: int) -> None:
+        """`count`: XREADGROUP's COUNT, entries per shard stream per read (`read_count`, or a
+        batch subscriber's `max_batch` when larger, so that its batches can fill)."""
         self.redis, self.group, self.consumer_id = member.redis, member.group, member.consumer_id
         self.streams = streams
         self.noack = noack
         settings = member.settings
-        self.count = settings.read_count
+        self.count = count
         self.cluster = settings.cluster
         self.start_id = "0" if settings.start == "beginning" else "$"
         self._m_lost = METRICS.lost.labels(member.topic, member.group)

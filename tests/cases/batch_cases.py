@@ -113,6 +113,23 @@ class BatchCases:
             assert seqs == sorted(seqs)  # per-resource order across batches
         assert bus.consumers[0].tally.handled == 40
 
+    async def test_a_batch_can_fill_past_read_count(self, backend: Backend) -> None:
+        """A read asks for ``max(read_count, max_batch)`` entries per shard, so that a batch
+        subscriber's batches fill (the read's COUNT is fixed when the consumer is built)."""
+        log = BatchLog()
+        bus = backend.bus(shards=2, read_count=10)
+
+        @bus.subscriber(TOPIC, group="g", batch=True, max_batch=50)
+        async def handle(events: list[Tick]) -> None:
+            log.calls.append([(e.resource, e.seq) for e in events])
+
+        rid = same_shard(1)[0]
+        for i in range(40):  # all there before the consumer's first read
+            await bus.publish(TOPIC, Tick(resource=rid, seq=i), resource_id=rid)
+        async with running(bus):
+            await wait_until(lambda: sum(map(len, log.calls)) == 40)
+        assert [len(c) for c in log.calls] == [40]
+
     async def test_a_failing_batch_is_retried_whole_then_acked(self, backend: Backend) -> None:
         r = backend.redis
         log = BatchLog(fail_first=1)
