@@ -25,7 +25,8 @@ the catch-up ends whatever the time one shard takes, with each group position at
 last entry of a moment before.
 
 Before every ``XACK`` / ``XGROUP SETID`` the lock is re-taken (refreshing liveness) and its
-fencing token compared: a catch-up that lost its lock stops that shard at once. As on the live
+fencing token compared: a catch-up that lost its lock stops that shard at once, and fails with
+`LockUnavailable` when the shard had not caught up yet. As on the live
 path this is at-least-once: an entry handled right before a crash is handled again.
 """
 
@@ -159,7 +160,13 @@ class CatchUp:
                 if sweep.done.is_set():
                     break
                 await sc.wait_entries(delivered, _FOLLOW_BLOCK_MS)
-        except Fenced:
+        except Fenced as exc:
+            if not sweep.is_caught(shard):  # its group may still be behind: not a success
+                raise LockUnavailable(
+                    f"catch-up of {self.topic}/{self.group}: lost the lock of shard {shard} "
+                    f"before it caught up ({exc}); its group may be behind the stream's first "
+                    "entry, with archived entries not handled"
+                ) from exc
             log.warning("catch-up %s lost the lock of shard %d", self.consumer_id, shard)
         finally:
             sweep.caught(shard)
@@ -177,6 +184,9 @@ class _Sweep:
         self.errors: list[BaseException] = []
         self._caught: set[int] = set()
         self.scope: anyio.CancelScope | None = None  # the task group's, once it runs
+
+    def is_caught(self, shard: int) -> bool:
+        return shard in self._caught
 
     def caught(self, shard: int) -> None:
         self._caught.add(shard)

@@ -181,6 +181,40 @@ async def test_catch_up_waits_for_live_consumers_locks(redis_db: str, tmp_path) 
     await bus.aclose()
 
 
+async def test_a_shard_lost_before_it_caught_up_fails_the_catch_up(redis_db: str, tmp_path) -> None:
+    """A catch-up whose lock of a shard is taken by a live consumer before that shard caught up
+    raises `LockUnavailable` naming it, rather than returning as if the group were caught up
+    (its group would stay behind the stream, the archived entries unhandled)."""
+    from eventbus.locking.scripts import Scripts
+    from eventbus.tier.errors import LockUnavailable
+
+    bus = make_bus(redis_db, shards=1)
+    bus.topic("raw", shards=1, maxlen=100)
+    store = open_store(str(tmp_path))
+    async with bus:
+        await bus.publish_many("raw", [("r", Tick(resource="r", seq=i)) for i in range(50)])
+        stream = bus.keys.stream("raw", 0)
+        await bus.redis.xgroup_create(stream, "g", id="0")
+        await Offloader(
+            bus.redis, store, settings=bus.settings, tier=fast_tier()
+        ).run_until_caught_up(20)
+        await bus.publish_many("raw", [("r", Tick(resource="r", seq=i)) for i in range(50, 1050)])
+        scripts = Scripts.register(bus.redis)
+        keys = [bus.keys.members("raw", "g"), bus.keys.locks("raw", "g")]
+        handled: list[ArchivedEntry] = []
+
+        async def handle(entry: ArchivedEntry, token: int) -> None:
+            if not handled:  # the catch-up's liveness lapses; a live consumer takes shard 0
+                await bus.redis.delete(*keys)
+                held = await scripts.lock_shards(keys=keys, args=["live-consumer", 30_000, 1, 0])
+                assert held[1][0] == 0
+            handled.append(entry)
+
+        with pytest.raises(LockUnavailable, match=r"shard 0 before it caught up"):
+            await catch_up_group(bus.redis, store, "raw", "g", handle, shards=1, lock_timeout_s=0.5)
+    await bus.aclose()
+
+
 async def test_catch_up_ends_when_a_sweep_over_the_shards_outlasts_the_hot_window(
     redis_db: str, tmp_path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
