@@ -85,7 +85,7 @@ def shard_hook(store: Store, handling: Handling) -> Callable[[int, int], Awaitab
                 return False
             if trimmed_pending:
                 await sc.pending()
-            behind = await sc.after(delivered, chase=False)
+            behind = await sc.after(delivered)
         except Fenced:
             log.warning("catch-up of shard %d by %s lost its lock", shard, consumer_id)
             return False

@@ -105,17 +105,17 @@ class CatchUp:
         stats = CatchUpStats()
         started = time.monotonic()
         chosen = list(range(self.shards)) if shards is None else list(shards)
-        sweep = _Sweep(set(chosen))
+        progress = _Progress(set(chosen))
         deadline = started + lock_timeout_s
         try:
             async with anyio.create_task_group() as tg:
-                sweep.scope = tg.cancel_scope
-                await sweep.guard(self._lock_all, tg, handle, sweep, stats, deadline)
+                progress.scope = tg.cancel_scope
+                await progress.guard(self._lock_all, tg, handle, progress, stats, deadline)
         finally:
             with anyio.CancelScope(shield=True):
                 await self.locks.release([], leave=True)
-        if sweep.errors:
-            raise sweep.errors[0]
+        if progress.errors:
+            raise progress.errors[0]
         stats.seconds = time.monotonic() - started
         return stats
 
@@ -123,18 +123,18 @@ class CatchUp:
         self,
         tg: anyio.abc.TaskGroup,
         handle: Handle,
-        sweep: _Sweep,
+        progress: _Progress,
         stats: CatchUpStats,
         deadline: float,
     ) -> None:
-        """Start a shard task for each shard of `sweep` as its lock is granted; raise
+        """Start a shard task for each shard of `progress` as its lock is granted; raise
         `LockUnavailable` naming those still locked by others past `deadline`."""
-        todo = sorted(sweep.shards)
+        todo = sorted(progress.shards)
         waits = 0
         while todo:
             held = await self.lock(todo)
             for s, token in held.items():
-                tg.start_soon(sweep.guard, self._shard, s, token, handle, sweep, stats)
+                tg.start_soon(progress.guard, self._shard, s, token, handle, progress, stats)
                 todo.remove(s)
             if todo and not held:
                 if time.monotonic() > deadline:
@@ -146,22 +146,22 @@ class CatchUp:
                 await anyio.sleep(_LOCK_POLL.compute(waits))
 
     async def _shard(
-        self, shard: int, token: int, handle: Handle, sweep: _Sweep, stats: CatchUpStats
+        self, shard: int, token: int, handle: Handle, progress: _Progress, stats: CatchUpStats
     ) -> None:
         """One shard's catch-up under its lock (token `token`): pending entries, then `sync`
-        until every shard of `sweep` is caught up, waiting for new entries in between."""
+        until every shard of `progress` is caught up, waiting for new entries in between."""
         sc = ShardCatchUp(self, shard, token, handle, stats)
         try:
             delivered = await sc.start()
             stats.shards += 1
             while delivered is not None:
-                delivered, _ = await sc.sync(delivered)
-                sweep.caught(shard)
-                if sweep.done.is_set():
+                delivered = await sc.sync(delivered)
+                progress.caught(shard)
+                if progress.done.is_set():
                     break
                 await sc.wait_entries(delivered, _FOLLOW_BLOCK_MS)
         except Fenced as exc:
-            if not sweep.is_caught(shard):  # its group may still be behind: not a success
+            if not progress.is_caught(shard):  # its group may still be behind: not a success
                 raise LockUnavailable(
                     f"catch-up of {self.topic}/{self.group}: lost the lock of shard {shard} "
                     f"before it caught up ({exc}); its group may be behind the stream's first "
@@ -169,12 +169,12 @@ class CatchUp:
                 ) from exc
             log.warning("catch-up %s lost the lock of shard %d", self.consumer_id, shard)
         finally:
-            sweep.caught(shard)
+            progress.caught(shard)
             with anyio.CancelScope(shield=True):
                 await self.locks.release([shard])
 
 
-class _Sweep:
+class _Progress:
     """The shards of one `CatchUp.run`: which have caught up (`done` is set once all have), and
     the first error of any task (raised unwrapped by `run`, the others cancelled)."""
 

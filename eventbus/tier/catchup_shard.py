@@ -1,5 +1,5 @@
 """Catching one shard up under the group's lock: its pending entries, then what was trimmed after
-the group's last-delivered ID (`eventbus.tier.catchup` describes the steps and drives the sweeps).
+the group's last-delivered ID (`eventbus.tier.catchup` describes the steps and runs the shards).
 
 `ShardCatchUp` is also the `Fence` of the entries it hands to the handling path: its lease runs
 `lease_s` from the send time of the last lock confirmation, as the live consumer's does.
@@ -144,7 +144,7 @@ class ShardCatchUp:
 
     async def segments_after(self, after: EntryId, *, resume: bool = False) -> list[SegmentRef]:
         """Segments holding entries after `after`; with `resume`, listing only the keys after
-        the last segment this catch-up consumed on the shard (cheap on later sweeps)."""
+        the last segment this catch-up consumed on the shard (cheap on later rounds)."""
         since = self.o.consumed.get(self.shard) if resume else None
         refs = await list_segments(self.o.store, self.o.topic, self.shard, after=since)
         return [r for r in refs if r.last > after]
@@ -185,25 +185,23 @@ class ShardCatchUp:
         await self.pending()
         return delivered
 
-    async def sync(self, delivered: EntryId) -> tuple[EntryId, bool]:
+    async def sync(self, delivered: EntryId) -> EntryId:
         """Bring the group from `delivered` to the stream's last entry: while Redis lacks entries
         after the group's position, every archived entry after it (`after`), then the entries
         Redis holds, up to the last one when called (`tail`). Returns the group's new
-        last-delivered ID and whether Redis lacked entries after `delivered` (so the archive
-        was read). Entries trimmed and in no segment are logged and counted as lost once; the
-        group then goes on from what Redis holds."""
-        was_behind = gap_accepted = False
+        last-delivered ID. Entries trimmed and in no segment are logged and counted as lost
+        once; the group then goes on from what Redis holds."""
+        gap_accepted = False
         while True:
             if not gap_accepted and await self.head() > delivered.next():
-                was_behind = True
-                if not await self.after(delivered, chase=False):
+                if not await self.after(delivered):
                     gap_accepted = True  # lost before archiving (logged): Redis from its head
                 delivered = self.delivered or delivered
                 continue
             done = await self.tail(delivered, gap_accepted)
             delivered = self.delivered or delivered
             if done:
-                return delivered, was_behind
+                return delivered
             gap_accepted = False  # trimmed while reading Redis: the archive again
 
     async def tail(self, delivered: EntryId, gap_accepted: bool) -> bool:
@@ -293,15 +291,14 @@ class ShardCatchUp:
         self.stats.from_redis += len(entries) - n_segment
         TIER_METRICS.caught_up.labels(self.o.topic).inc(n_segment)
 
-    async def after(self, delivered: EntryId, chase: bool) -> bool:
-        """If Redis lacks entries after `delivered` (or `chase` is set), handle every archived
-        entry after it, to the end of the archive. Returns whether Redis lacked entries after
+    async def after(self, delivered: EntryId) -> bool:
+        """If Redis lacks entries after `delivered`, handle every archived entry after it, to
+        the end of the archive. Returns whether Redis lacked entries after
         `delivered` and segments held them; False when Redis held everything after it, or the
         missing entries are in no segment (lost: logged and counted)."""
         redis, group = self.o.redis, self.o.group
         head = await self.head()
-        behind = head > delivered.next()
-        if not behind and not chase:
+        if head <= delivered.next():
             return False  # Redis holds every entry after the last-delivered ID
         handled = 0
         refs = await self.segments_after(delivered, resume=True)
@@ -320,7 +317,7 @@ class ShardCatchUp:
                     self.stats.from_segments += len(entries)
                     TIER_METRICS.caught_up.labels(self.o.topic).inc(len(entries))
                 self.o.consumed[self.shard] = ref
-        if behind and handled == 0:
+        if handled == 0:
             self.stats.lost_ranges += 1
             log.error(
                 "catch-up %s/%s shard %d: entries after %s up to %s were trimmed from Redis "
@@ -332,4 +329,4 @@ class ShardCatchUp:
                 head,
             )
             return False
-        return behind
+        return True
