@@ -43,18 +43,30 @@ async def _publish(bus: EventBus, rid: str, seqs: range) -> None:
         await bus.publish("t", Tick(resource=rid, seq=i), resource_id=rid)
 
 
-async def test_entries_trimmed_while_no_consumer_ran_are_reported_before_reading_past_them(
-    settings: Callable[..., Settings], r: redis.asyncio.Redis
-) -> None:
-    before = _metric()
+async def _backlog_while_down(
+    settings: Callable[..., Settings], shards: int, *backlog: tuple[str, range]
+) -> EventBus:
+    """Group g of topic t (`shards` shards) exists, its consumer handled event ("a", 0) and
+    stopped; then `backlog` (resource, seqs) is published while no consumer of g runs. Returns
+    the (closed) bus that published it."""
     rec = Recorder()
-    bus = EventBus(settings(shards=1))
+    bus = EventBus(settings(shards=shards))
     bus.subscriber("t", group="g")(rec.add)
     async with running(bus):
         await _publish(bus, "a", range(1))
         await rec.wait_for(1)
-    async with bus:  # publish while the group's consumers are down, then trim exactly
-        await _publish(bus, "a", range(1, 21))
+    async with bus:
+        for rid, seqs in backlog:
+            await _publish(bus, rid, seqs)
+    return bus
+
+
+async def test_entries_trimmed_while_no_consumer_ran_are_reported_before_reading_past_them(
+    settings: Callable[..., Settings], r: redis.asyncio.Redis
+) -> None:
+    before = _metric()
+    bus = await _backlog_while_down(settings, 1, ("a", range(1, 21)))
+    # trimmed exactly: 15 of the 20 entries the group never read
     await r.xtrim(bus.keys.stream("t", 0), maxlen=5, approximate=False)
     rec2 = Recorder()
     bus2 = EventBus(settings(shards=1))
@@ -111,15 +123,7 @@ async def test_a_backlog_nothing_was_trimmed_from_is_not_fetched_to_be_counted(
     parse the whole backlog, one round trip per shard, at every check (the bench's 60k-entry
     backlog: a second read of every entry)."""
     before = _metric()
-    rec = Recorder()
-    bus = EventBus(settings(shards=2))
-    bus.subscriber("t", group="g")(rec.add)
-    async with running(bus):
-        await _publish(bus, "a", range(1))
-        await rec.wait_for(1)
-    async with bus:  # a backlog published while the group's consumers are down
-        await _publish(bus, "a", range(1, 31))
-        await _publish(bus, "b", range(30))
+    await _backlog_while_down(settings, 2, ("a", range(1, 31)), ("b", range(30)))
     ranges = await _calls(r, "xrange")
     rec2 = Recorder()
     bus2 = EventBus(settings(shards=2, trim_check_s=0.01))  # checked while it reads, too

@@ -6,7 +6,7 @@ from collections import defaultdict
 
 import anyio
 import pytest
-from tier_support import Tick, fast_tier, make_bus, wait_until
+from tier_support import PacedPublisher, Tick, fast_tier, make_bus, wait_until
 
 from eventbus import Context
 from eventbus.consumer.catchup import catch_up
@@ -49,21 +49,9 @@ async def test_catch_up_then_consume_with_no_gap_and_no_duplicate(
     async def on_tick(event: Tick, ctx: Context) -> None:
         seen.append((event.resource, event.seq, ctx.shard, ctx.entry_id))
 
-    published: list[tuple[str, int]] = []
-    stop_publishing, stop_offloading, stop_consuming = anyio.Event(), anyio.Event(), anyio.Event()
-    publisher_done = anyio.Event()
-
-    async def publisher() -> None:
-        n = 0
-        while not stop_publishing.is_set():
-            batch = [
-                (f"res-{i % 17}", Tick(resource=f"res-{i % 17}", seq=i)) for i in range(n, n + 50)
-            ]
-            await bus.publish_many("flow", batch)
-            published.extend((rid, ev.seq) for rid, ev in batch)
-            n += 50
-            await anyio.sleep(0.02)  # pacing (about 2,500 events/s), not synchronisation
-        publisher_done.set()
+    publisher = PacedPublisher(bus, "flow", batch=50, resources=17)  # about 2,500 events/s
+    published = publisher.published
+    stop_offloading, stop_consuming = anyio.Event(), anyio.Event()
 
     tier = fast_tier(segment_max_entries=200, segment_max_age_s=0.05, hot_window_s=1.0)
     offloader = Offloader(bus.redis, store, settings=bus.settings, tier=tier)
@@ -85,7 +73,7 @@ async def test_catch_up_then_consume_with_no_gap_and_no_duplicate(
         assert len(crashed[0][1]) == 5
 
         async with anyio.create_task_group() as tg:
-            tg.start_soon(publisher)
+            tg.start_soon(publisher.run)
             tg.start_soon(offloader.run, stop_offloading)
             # the group falls behind: its next entries are trimmed from Redis
             await wait_until(lambda: _head_past_group(bus, "flow", "billing"), within_s=30)
@@ -96,8 +84,7 @@ async def test_catch_up_then_consume_with_no_gap_and_no_duplicate(
             tg.start_soon(lambda: bus.run(stop=stop_consuming))
             live_target = len(published) + 500  # the consumer handles events published live
             await wait_until(lambda: len(seen) >= live_target, within_s=30)
-            stop_publishing.set()
-            await publisher_done.wait()
+            await publisher.stop()
             await wait_until(lambda: len(seen) >= len(published), within_s=30)
             stop_consuming.set()
             stop_offloading.set()
@@ -228,9 +215,7 @@ async def test_catch_up_ends_when_a_sweep_over_the_shards_outlasts_the_hot_windo
 
     async def slow_list(*args, **kwargs):  # type: ignore[no-untyped-def]
         await anyio.sleep(3.0)  # the slow store under test, not a wait for a condition
-        r = await real_list(*args, **kwargs)
-        print("LIST", args[1:], kwargs, len(r), flush=True)
-        return r
+        return await real_list(*args, **kwargs)
 
     monkeypatch.setattr(catchup_shard, "list_segments", slow_list)
     shards = 2
@@ -242,21 +227,9 @@ async def test_catch_up_ends_when_a_sweep_over_the_shards_outlasts_the_hot_windo
     async def on_tick(event: Tick, ctx: Context) -> None:
         seen.append((event.resource, event.seq))
 
-    published: list[tuple[str, int]] = []
-    stop_publishing, stop_offloading, stop_consuming = anyio.Event(), anyio.Event(), anyio.Event()
-    publisher_done = anyio.Event()
-
-    async def publisher() -> None:
-        n = 0
-        while not stop_publishing.is_set():
-            batch = [
-                (f"res-{i % 7}", Tick(resource=f"res-{i % 7}", seq=i)) for i in range(n, n + 20)
-            ]
-            await bus.publish_many("slow", batch)
-            published.extend((rid, ev.seq) for rid, ev in batch)
-            n += 20
-            await anyio.sleep(0.02)  # pacing (about 1,000 events/s), not synchronisation
-        publisher_done.set()
+    publisher = PacedPublisher(bus, "slow", batch=20, resources=7)  # about 1,000 events/s
+    published = publisher.published
+    stop_offloading, stop_consuming = anyio.Event(), anyio.Event()
 
     async def trimmed() -> bool:  # the offloader trimmed entries of every shard
         infos = [await bus.redis.xinfo_stream(bus.keys.stream("slow", s)) for s in range(shards)]
@@ -270,7 +243,7 @@ async def test_catch_up_ends_when_a_sweep_over_the_shards_outlasts_the_hot_windo
                 bus.keys.stream("slow", s), "billing", id="0", mkstream=True
             )
         async with anyio.create_task_group() as tg:
-            tg.start_soon(publisher)
+            tg.start_soon(publisher.run)
             tg.start_soon(offloader.run, stop_offloading)
             await wait_until(trimmed, within_s=60)  # the group's next entries: segments only
             with anyio.fail_after(60):  # generous for a loaded machine: it ends in seconds
@@ -279,8 +252,7 @@ async def test_catch_up_ends_when_a_sweep_over_the_shards_outlasts_the_hot_windo
             tg.start_soon(lambda: bus.run(stop=stop_consuming))
             live_target = len(published) + 200  # the consumer handles events published live
             await wait_until(lambda: len(seen) >= live_target, within_s=60)
-            stop_publishing.set()
-            await publisher_done.wait()
+            await publisher.stop()
             await wait_until(lambda: len(seen) >= len(published), within_s=60)
             stop_consuming.set()
             stop_offloading.set()

@@ -85,3 +85,36 @@ async def wait_until(
             if result:
                 return
             await anyio.sleep(interval)
+
+
+class PacedPublisher:
+    """Publishes `Tick` events to `topic` while a test runs: batches of `batch` events over
+    `resources` resources (``res-<i mod resources>``, ``seq`` counting up from 0), `pause_s`
+    seconds after each batch (pacing, not synchronisation), until `stop`. `published` holds
+    (resource, seq) of every event published, in order (a test may add its own first)."""
+
+    def __init__(
+        self, bus: EventBus, topic: str, *, batch: int, resources: int, pause_s: float = 0.02
+    ) -> None:
+        self.bus, self.topic = bus, topic
+        self.batch, self.resources, self.pause_s = batch, resources, pause_s
+        self.published: list[tuple[str, int]] = []
+        self._stopping, self._done = anyio.Event(), anyio.Event()
+
+    async def run(self) -> None:
+        n = 0
+        try:
+            while not self._stopping.is_set():
+                names = [f"res-{i % self.resources}" for i in range(n, n + self.batch)]
+                batch = [(r, Tick(resource=r, seq=n + k)) for k, r in enumerate(names)]
+                await self.bus.publish_many(self.topic, batch)
+                self.published.extend((r, ev.seq) for r, ev in batch)
+                n += self.batch
+                await anyio.sleep(self.pause_s)
+        finally:
+            self._done.set()
+
+    async def stop(self) -> None:
+        """Stop publishing; returns once the batch in flight is published."""
+        self._stopping.set()
+        await self._done.wait()
