@@ -53,19 +53,87 @@ class Lease:
         await self._changed.wait()
 
 
+FAILURE_LOG_EVERY_S = 60.0
+"""During a run of failed heartbeats (a Redis outage), at most one WARNING per this many
+seconds after the first (seconds)."""
+
+
+class FailureLog:
+    """Logs a run of failed heartbeats of member `member_id` on logger ``eventbus.locking``
+    without flooding it (a heartbeat is retried every TTL/10 during an outage): the first
+    failure at WARNING; then at most one WARNING per `every_s` seconds (`clock` seconds,
+    default `time.monotonic`), giving the time since the first failure and how many failures
+    were not logged since the previous message; the first success after failures once at INFO,
+    with the run's failures and length."""
+
+    def __init__(
+        self,
+        member_id: str,
+        every_s: float = FAILURE_LOG_EVERY_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if every_s < 0:
+            raise ValueError(f"every_s must be >= 0 seconds, got {every_s}")
+        self.member_id, self.every_s, self.clock = member_id, every_s, clock
+        self.failures = 0  # in the current run
+        self.suppressed = 0  # failures not logged since the last message
+        self._first = self._logged = 0.0
+
+    def failed(self, exc: BaseException) -> None:
+        """Count a failed heartbeat (`exc`: its error); log it if due."""
+        now = self.clock()
+        self.failures += 1
+        if self.failures == 1:
+            self._first = self._logged = now
+            log.warning(
+                "%s: heartbeat failed: %s (retried; further failures logged at most every %g s)",
+                self.member_id,
+                exc,
+                self.every_s,
+            )
+        elif now - self._logged >= self.every_s:
+            log.warning(
+                "%s: heartbeat failed again: %s (failing for %.1f s, %d failures; %d not logged "
+                "since the last message)",
+                self.member_id,
+                exc,
+                now - self._first,
+                self.failures,
+                self.suppressed,
+            )
+            self._logged, self.suppressed = now, 0
+        else:
+            self.suppressed += 1
+
+    def succeeded(self) -> None:
+        """A heartbeat was answered: log the recovery once, if it follows failures."""
+        if self.failures:
+            log.info(
+                "%s: heartbeat answered again after %d failed in %.1f s",
+                self.member_id,
+                self.failures,
+                self.clock() - self._first,
+            )
+            self.failures = self.suppressed = 0
+
+
 async def heartbeat_loop(
     locks: ShardLocks,
     ttl_s: float,
     joined: anyio.Event,
     on_live: Callable[[float], None] | None,
     on_expired: Callable[[], None],
+    *,
+    log_every_s: float = FAILURE_LOG_EVERY_S,
 ) -> None:
     """Refresh the liveness of `locks`' member every `ttl_s` / 3 seconds (`ttl_s`: its liveness
     TTL in seconds) until cancelled; the one heartbeat of the consumer and of the offloader.
 
-    A failed heartbeat (a Redis or connection error) is logged at WARNING (logger
-    ``eventbus.locking``) and retried after `ttl_s` / 10, so a short outage leaves several tries
-    before the liveness lapses; it never ends the loop. When the member was still live and no
+    A failed heartbeat (a Redis or connection error) is retried after `ttl_s` / 10, so a short
+    outage leaves several tries before the liveness lapses; it never ends the loop. Failures are
+    logged by `FailureLog` (logger ``eventbus.locking``): the first at WARNING, then at most one
+    WARNING per `log_every_s` seconds with the number of failures not logged, and the recovery
+    once at INFO. When the member was still live and no
     lock round is in flight, `on_live(sent_at)` is called with the `time.monotonic()` send time
     of the heartbeat (the consumer renews its `Lease`; None: nothing to renew). When its
     liveness had expired before the heartbeat, `on_expired()` is called: the locks may be
@@ -78,15 +146,17 @@ async def heartbeat_loop(
     heartbeat finds the member live, while the shards the caller holds are still those from
     before the lapse until the round's reply is applied (found by the chaos harness,
     stress/FINDINGS.md 10). The round renews the lease itself."""
+    failures = FailureLog(locks.member_id, log_every_s)
     await joined.wait()
     while True:
         sent_at = time.monotonic()
         try:
             was_live = await locks.heartbeat()
         except REDIS_ERRORS as exc:
-            log.warning("%s: heartbeat failed: %s", locks.member_id, exc)
+            failures.failed(exc)
             await anyio.sleep(ttl_s / 10)
             continue
+        failures.succeeded()
         if not was_live:
             on_expired()  # lapsed until the next lock round, which says what is still held
         elif on_live is not None and not locks.acquiring:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 import anyio
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from eventbus.locking.lease import Lease, heartbeat_loop
+from eventbus.locking.lease import FailureLog, Lease, heartbeat_loop
 
 pytestmark = pytest.mark.anyio
 
@@ -158,3 +159,36 @@ async def test_without_a_lease_heartbeats_report_an_expired_liveness_and_retry_f
             await locks.done.wait()
         tg.cancel_scope.cancel()
     assert expired == ["x"] and locks.calls == 4
+
+
+def test_a_run_of_failures_is_logged_at_warning_once_then_at_most_every_interval(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A Redis outage fails a heartbeat every TTL/10: the first failure is a WARNING, then at
+    most one per `every_s` with the count of failures not logged; the recovery is one INFO; a
+    new outage starts a new run."""
+    now = [100.0]
+    failures = FailureLog("c-1", every_s=30.0, clock=lambda: now[0])
+    with caplog.at_level(logging.DEBUG, logger="eventbus.locking"):
+        for _ in range(30):  # 30 failures, 1 s apart: t = 100 .. 129
+            failures.failed(RedisConnectionError("down"))
+            now[0] += 1.0
+        assert [r.levelno for r in caplog.records] == [logging.WARNING]
+        assert "c-1: heartbeat failed: down" in caplog.records[0].getMessage()
+        failures.failed(RedisConnectionError("still down"))  # t = 130: 30 s after the first
+        failures.failed(RedisConnectionError("still down"))  # t = 130 again: not logged
+        now[0] = 135.0
+        failures.succeeded()
+        failures.succeeded()  # logged once
+        failures.failed(OSError("reset"))  # a new outage
+    levels = [r.levelno for r in caplog.records]
+    assert levels == [logging.WARNING, logging.WARNING, logging.INFO, logging.WARNING]
+    again, recovered, new = (r.getMessage() for r in caplog.records[1:])
+    assert "still down" in again and "failing for 30.0 s, 31 failures; 29 not logged" in again
+    assert recovered == "c-1: heartbeat answered again after 32 failed in 35.0 s"
+    assert "c-1: heartbeat failed: reset" in new
+
+
+def test_a_negative_log_interval_is_refused() -> None:
+    with pytest.raises(ValueError, match="every_s must be >= 0 seconds, got -1"):
+        FailureLog("c-1", every_s=-1)
