@@ -21,7 +21,7 @@ from eventbus.errors import ConfigError
 from eventbus.locking.locks import Fenced
 from eventbus.protocol.ids import parse_id
 from eventbus.tier.catchup import CatchUp, CatchUpStats, _member
-from eventbus.tier.catchup_shard import ShardCatchUp
+from eventbus.tier.catchup_shard import MAX_ROUNDS, ShardCatchUp
 from eventbus.tier.replay import ArchivedEntry
 from eventbus.tier.store import Store
 
@@ -36,14 +36,16 @@ async def catch_up(
     *,
     only: Sequence[int] | None = None,
     lock_timeout_s: float = 30.0,
+    max_rounds: int = MAX_ROUNDS,
 ) -> CatchUpStats:
     """Catch up the group's subscriber registered on `bus` (an `EventBus`) with
     ``@bus.subscriber(topic, group=group)`` through the live consumer's handling path
     (`eventbus.consumer.handling`): typed events and a `Context`, the subscriber's retry policy,
     de-duplication, dead letters, parking and the operator's control entries, and no handler
     started without a confirmed lock. Run it before starting the group's consumers (it needs
-    their shard locks). Raises `ConfigError` if no such subscriber is registered,
-    `LockUnavailable`.
+    their shard locks). `lock_timeout_s` (seconds) and `max_rounds` as in `CatchUp.run`.
+    Raises `ConfigError` if no such subscriber is registered, `LockUnavailable`,
+    `CatchUpOutpaced`.
     """
     sub = next((s for s in bus.subscriptions if s.topic.name == topic and s.group == group), None)
     if sub is None:
@@ -54,7 +56,10 @@ async def catch_up(
     runner = CatchUp(member, store, shards=shards)
     handling = Handling(member, sub, retry.forever(settings.retry_base_s, settings.retry_max_s))
     async with handling.watchdog.watching():  # the subscription's handler_timeout_s
-        return await runner.run(TypedCatchUp(handling), shards=only, lock_timeout_s=lock_timeout_s)
+        typed = TypedCatchUp(handling)
+        return await runner.run(
+            typed, shards=only, lock_timeout_s=lock_timeout_s, max_rounds=max_rounds
+        )
 
 
 def shard_hook(store: Store, handling: Handling) -> Callable[[int, int], Awaitable[bool]]:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
     "CatchUp": "catchup",
+    "CatchUpOutpaced": "errors",
     "CatchUpStats": "catchup",
     "catch_up": "eventbus.consumer.catchup",  # typed: through the consumer's handling path
     "catch_up_group": "catchup",
@@ -43,6 +44,7 @@ __all__ = [
     "ArchiveReport",
     "ArchivedEntry",
     "CatchUp",
+    "CatchUpOutpaced",
     "CatchUpStats",
     "CorruptSegment",
     "EntryId",
@@ -81,7 +83,13 @@ if TYPE_CHECKING:
     from eventbus.consumer.catchup import catch_up
     from eventbus.protocol.ids import EntryId, parse_id
     from eventbus.tier.catchup import CatchUp, CatchUpStats, catch_up_group
-    from eventbus.tier.errors import CorruptSegment, LockUnavailable, StoreError, TierError
+    from eventbus.tier.errors import (
+        CatchUpOutpaced,
+        CorruptSegment,
+        LockUnavailable,
+        StoreError,
+        TierError,
+    )
     from eventbus.tier.offloader import Offloader, OffloadStats, offload_until_caught_up
     from eventbus.tier.replay import (
         ArchivedEntry,

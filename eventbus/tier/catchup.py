@@ -16,7 +16,12 @@ like a consumer (so no consumer of the group reads the shard meanwhile):
    lost before archiving (see the shard's gap records): logged at ERROR level and counted.
 4. **Then Redis**: the entries after ``D`` that Redis holds, up to the stream's last entry,
    ``XGROUP SETID`` after each page. Should the offloader trim past ``D`` meanwhile (the page
-   read may miss entries), step 2 runs again from ``D``.
+   read may miss entries), step 2 runs again from ``D``: a new round. A shard still behind
+   after ``max_rounds`` rounds (`MAX_ROUNDS`) fails the catch-up with `CatchUpOutpaced`.
+
+Whether Redis lacks entries after ``D`` comes from the stream's accounting when the offloader's
+checkpoint is at or before ``D`` (`ShardCatchUp.behind`): a first entry after ``D``'s
+successor may be a gap in entry IDs (times), not in entries.
 
 The shards run concurrently, each in its own task (`CatchUp.run`). A shard caught up keeps
 following its stream (``XREAD BLOCK``, steps 2 to 4 again) until every shard is caught up, so a
@@ -45,8 +50,9 @@ from eventbus.config import Settings
 from eventbus.locking.locks import Fenced, LockClient, new_member_id
 from eventbus.locking.member import AsyncRedis, Member
 from eventbus.protocol.keys import Keys
+from eventbus.tier.catchup_shard import MAX_ROUNDS, Handle, ShardCatchUp
 from eventbus.tier.catchup_shard import CatchUpStats as CatchUpStats  # re-exported
-from eventbus.tier.catchup_shard import Handle, ShardCatchUp
+from eventbus.tier.checkpoint import Checkpoints
 from eventbus.tier.errors import LockUnavailable
 from eventbus.tier.layout import SegmentRef
 from eventbus.tier.replay import ArchivedEntry
@@ -76,6 +82,7 @@ class CatchUp:
         self.shards = shards
         self.locks = LockClient(member, shards=shards)
         self.consumed: dict[int, SegmentRef] = {}  # last segment handled, per shard
+        self.checkpoints = Checkpoints(self.redis, self.keys, self.topic)  # the offloader's
 
     async def lock(self, shards: Sequence[int]) -> dict[int, int]:
         """Take (or keep) the locks of `shards` that are free; returns shard -> token held."""
@@ -88,11 +95,16 @@ class CatchUp:
         *,
         shards: Sequence[int] | None = None,
         lock_timeout_s: float = 30.0,
+        max_rounds: int = MAX_ROUNDS,
     ) -> CatchUpStats:
         """Catch up `shards` (default: all), calling `handle` on each entry in entry-ID order
         per shard. Shards locked by live consumers are retried until `lock_timeout_s` seconds
         pass, then `LockUnavailable` is raised naming them. Exceptions from `handle` propagate
         unwrapped (the shard's position stays at the last entry handled before).
+        A shard still behind its stream's first entry after `max_rounds` passes over the
+        archive (default `MAX_ROUNDS`, 10: the offloader keeps trimming past a group that
+        catches up slower than its stream grows) fails the catch-up with `CatchUpOutpaced`
+        naming it and how far behind it is; ``ValueError`` if `max_rounds` < 1.
 
         Each shard runs in its own task under its lock: its pending entries, then the archive
         while Redis lacks entries after the group's position, then Redis up to the stream's
@@ -104,13 +116,17 @@ class CatchUp:
         """
         stats = CatchUpStats()
         started = time.monotonic()
+        if max_rounds < 1:
+            raise ValueError(f"max_rounds must be >= 1, got {max_rounds}")
         chosen = list(range(self.shards)) if shards is None else list(shards)
         progress = _Progress(set(chosen))
         deadline = started + lock_timeout_s
         try:
             async with anyio.create_task_group() as tg:
                 progress.scope = tg.cancel_scope
-                await progress.guard(self._lock_all, tg, handle, progress, stats, deadline)
+                await progress.guard(
+                    self._lock_all, tg, handle, progress, stats, deadline, max_rounds
+                )
         finally:
             with anyio.CancelScope(shield=True):
                 await self.locks.release([], leave=True)
@@ -126,6 +142,7 @@ class CatchUp:
         progress: _Progress,
         stats: CatchUpStats,
         deadline: float,
+        max_rounds: int,
     ) -> None:
         """Start a shard task for each shard of `progress` as its lock is granted; raise
         `LockUnavailable` naming those still locked by others past `deadline`."""
@@ -134,7 +151,9 @@ class CatchUp:
         while todo:
             held = await self.lock(todo)
             for s, token in held.items():
-                tg.start_soon(progress.guard, self._shard, s, token, handle, progress, stats)
+                tg.start_soon(
+                    progress.guard, self._shard, s, token, handle, progress, stats, max_rounds
+                )
                 todo.remove(s)
             if todo and not held:
                 if time.monotonic() > deadline:
@@ -146,11 +165,18 @@ class CatchUp:
                 await anyio.sleep(_LOCK_POLL.compute(waits))
 
     async def _shard(
-        self, shard: int, token: int, handle: Handle, progress: _Progress, stats: CatchUpStats
+        self,
+        shard: int,
+        token: int,
+        handle: Handle,
+        progress: _Progress,
+        stats: CatchUpStats,
+        max_rounds: int,
     ) -> None:
         """One shard's catch-up under its lock (token `token`): pending entries, then `sync`
-        until every shard of `progress` is caught up, waiting for new entries in between."""
-        sc = ShardCatchUp(self, shard, token, handle, stats)
+        (at most `max_rounds` passes over the archive) until every shard of `progress` is
+        caught up, waiting for new entries in between."""
+        sc = ShardCatchUp(self, shard, token, handle, stats, max_rounds=max_rounds)
         try:
             delivered = await sc.start()
             stats.shards += 1
@@ -215,11 +241,15 @@ async def catch_up_group(
     settings: Settings | None = None,
     only: Sequence[int] | None = None,
     lock_timeout_s: float = 30.0,
+    max_rounds: int = MAX_ROUNDS,
 ) -> CatchUpStats:
     """Catch up consumer group `group` of `topic` (`shards` shards) from `store`, calling
-    ``await handle(entry, fencing_token)`` on raw `ArchivedEntry`s. See `CatchUp.run`."""
+    ``await handle(entry, fencing_token)`` on raw `ArchivedEntry`s. See `CatchUp.run` (for
+    `lock_timeout_s`, seconds, and `max_rounds`)."""
     runner = CatchUp(_member(redis, settings, topic, group), store, shards=shards)
-    return await runner.run(_raw(handle), shards=only, lock_timeout_s=lock_timeout_s)
+    return await runner.run(
+        _raw(handle), shards=only, lock_timeout_s=lock_timeout_s, max_rounds=max_rounds
+    )
 
 
 def _member(redis: AsyncRedis, settings: Settings | None, topic: str, group: str) -> Member:

@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.to_thread
@@ -20,6 +20,7 @@ from redis.exceptions import ResponseError
 from eventbus.locking.locks import Fenced
 from eventbus.protocol.codec import F_DATA, F_RESOURCE, F_TYPE
 from eventbus.protocol.ids import EntryId, parse_id
+from eventbus.tier.errors import CatchUpOutpaced
 from eventbus.tier.layout import SegmentRef
 from eventbus.tier.metrics import TIER_METRICS
 from eventbus.tier.replay import ArchivedEntry, ReplayFilter, read_segment
@@ -32,6 +33,11 @@ log = logging.getLogger("eventbus.tier")
 
 READ_AHEAD = 8  # segments fetched concurrently by catch-up
 TAIL_COUNT = 500  # entries per XRANGE when catch-up reads Redis after the archive
+MAX_ROUNDS = 10
+"""Default bound on a shard's rounds in one catch-up: passes over the archive (then Redis)
+begun because the group's position lay before the stream's first entry. The first is the
+catch-up itself; each other means the offloader trimmed past the group again while it caught
+up (a handler slower than the publishers for longer than ``hot_window_s``)."""
 
 Handle = Callable[[ArchivedEntry, "ShardCatchUp"], Awaitable[None]]
 """How a shard's catch-up handles one entry: a raw handler, or the subscription's handling path
@@ -49,6 +55,14 @@ class CatchUpStats:
     lost_ranges: int = 0
     shards: int = 0
     seconds: float = 0.0
+
+
+def _head(info: dict[str, Any]) -> EntryId:
+    """The first entry ID of an ``XINFO STREAM`` reply (the next ID when the stream is empty)."""
+    first = info.get("first-entry")
+    if first is not None:
+        return parse_id(first[0])
+    return parse_id(info.get("last-generated-id") or b"0-0").next()
 
 
 def _entry(topic: str, shard: int, entry_id: EntryId, fields: dict[bytes, bytes]) -> ArchivedEntry:
@@ -73,12 +87,24 @@ def _entry(topic: str, shard: int, entry_id: EntryId, fields: dict[bytes, bytes]
 class ShardCatchUp:
     """The catch-up of one shard under the group's lock (token `token`); it is the `Fence` of
     the entries it handles: its lease runs `lease_s` from the send time of the last lock
-    confirmation, as the live consumer's does."""
+    confirmation, as the live consumer's does. `sync` makes at most `max_rounds` passes over
+    the archive (`MAX_ROUNDS`)."""
 
     def __init__(
-        self, owner: CatchUp, shard: int, token: int, handle: Handle, stats: CatchUpStats
+        self,
+        owner: CatchUp,
+        shard: int,
+        token: int,
+        handle: Handle,
+        stats: CatchUpStats,
+        *,
+        max_rounds: int = MAX_ROUNDS,
     ) -> None:
+        if max_rounds < 1:
+            raise ValueError(f"max_rounds must be >= 1, got {max_rounds}")
         self.o = owner
+        self.max_rounds = max_rounds
+        self.rounds = 0  # passes over the archive begun by `sync`
         self.shard = shard
         self.token = token
         self.handle = handle
@@ -125,11 +151,26 @@ class ShardCatchUp:
 
     async def head(self) -> EntryId:
         """The first entry ID in Redis (the next ID to be generated when the stream is empty)."""
+        return _head(await self.o.redis.xinfo_stream(self.stream))
+
+    async def behind(self, delivered: EntryId) -> bool:
+        """Whether Redis may lack entries right after the group's position `delivered`: its
+        first entry lies after `delivered`'s successor, and entries after `delivered` were
+        removed. Entry IDs are times, so a first entry after the successor alone proves
+        nothing; the offloader trims only what it archived, so when its checkpoint is at or
+        before `delivered` the stream's accounting decides (as the offloader's own gap check,
+        `eventbus.tier.gaps.find_gap`): entries ever added, less those in Redis, less those the
+        checkpoint accounts for (all at or before `delivered`) were removed otherwise
+        (``MAXLEN``, ``XDEL``)."""
+        checkpoint = await self.o.checkpoints.read_all(self.shard)  # first: it only grows
         info = await self.o.redis.xinfo_stream(self.stream)
-        first = info.get("first-entry")
-        if first is not None:
-            return parse_id(first[0])
-        return parse_id(info.get("last-generated-id") or b"0-0").next()
+        if _head(info) <= delivered.next():
+            return False
+        if checkpoint.last is None or checkpoint.last > delivered:
+            return True  # archived entries after the group's position (or lost ones)
+        removed = int(info.get("entries-added") or 0) - int(info.get("length") or 0)
+        deleted = parse_id(info.get("max-deleted-entry-id") or b"0-0")
+        return removed > checkpoint.count or deleted > delivered
 
     async def last_delivered(self) -> EntryId | None:
         try:
@@ -190,10 +231,15 @@ class ShardCatchUp:
         after the group's position, every archived entry after it (`after`), then the entries
         Redis holds, up to the last one when called (`tail`). Returns the group's new
         last-delivered ID. Entries trimmed and in no segment are logged and counted as lost
-        once; the group then goes on from what Redis holds."""
+        once; the group then goes on from what Redis holds. Raises `CatchUpOutpaced` instead
+        of beginning a pass over the archive past `max_rounds` (counted over this object's
+        life): the offloader keeps trimming past the group faster than it catches up."""
         gap_accepted = False
         while True:
-            if not gap_accepted and await self.head() > delivered.next():
+            if not gap_accepted and await self.behind(delivered):
+                if self.rounds >= self.max_rounds:
+                    raise await self.outpaced(delivered)
+                self.rounds += 1
                 if not await self.after(delivered):
                     gap_accepted = True  # lost before archiving (logged): Redis from its head
                 delivered = self.delivered or delivered
@@ -204,20 +250,32 @@ class ShardCatchUp:
                 return delivered
             gap_accepted = False  # trimmed while reading Redis: the archive again
 
+    async def outpaced(self, delivered: EntryId) -> CatchUpOutpaced:
+        """The error of a shard still behind the stream's first entry after `max_rounds`."""
+        first, last = await self.head(), await self.last_entry()
+        behind_s = max(0, (last or first).ms - delivered.ms) / 1000
+        o = self.o
+        return CatchUpOutpaced(
+            o.topic, o.group, self.shard, self.rounds, delivered, first, last, behind_s
+        )
+
     async def tail(self, delivered: EntryId, gap_accepted: bool) -> bool:
         """Handle the entries Redis holds after `delivered`, in entry-ID order, up to the
         stream's last entry when called, ``XGROUP SETID`` after each page (`TAIL_COUNT`
-        entries) under a confirmed lock. Returns False, leaving a page unhandled, when the
-        stream's first entry lies after the group's position once the page is read (entries
-        may have been trimmed before it: read the archive first), unless `gap_accepted`."""
+        entries) under a confirmed lock. Returns whether the group is caught up: False, leaving
+        a page unhandled, when the stream's first entry lies after the group's position once
+        the page is read, or after the last page (entries may have been trimmed before it: read
+        the archive first), unless `gap_accepted` and no page was handled yet."""
         redis, group = self.o.redis, self.o.group
         last = await self.last_entry()
         while last is not None and delivered < last:
             rows = await redis.xrange(self.stream, f"({delivered}", str(last), count=TAIL_COUNT)
+            if not gap_accepted and await self.behind(delivered):
+                # checked after the read (trimming only moves the head forward), before an
+                # empty page ends the tail: the rest may have been trimmed, not handled
+                return False
             if not rows:
                 break
-            if not gap_accepted and await self.head() > delivered.next():
-                return False  # checked after the read: trimming only moves the head forward
             gap_accepted = False
             for raw_id, fields in rows:
                 entry = _entry(self.o.topic, self.shard, parse_id(raw_id), fields)
@@ -227,7 +285,9 @@ class ShardCatchUp:
             await redis.xgroup_setid(self.stream, group, str(delivered))
             self.delivered = delivered
             self.stats.from_redis += len(rows)
-        return True
+        # done unless the offloader trimmed past the group meanwhile (entries added after the
+        # last one read, archived and trimmed): then the archive again
+        return gap_accepted or not await self.behind(delivered)
 
     async def last_entry(self) -> EntryId | None:
         """The ID of the stream's last entry, None when it is empty."""
@@ -297,9 +357,9 @@ class ShardCatchUp:
         `delivered` and segments held them; False when Redis held everything after it, or the
         missing entries are in no segment (lost: logged and counted)."""
         redis, group = self.o.redis, self.o.group
-        head = await self.head()
-        if head <= delivered.next():
+        if not await self.behind(delivered):
             return False  # Redis holds every entry after the last-delivered ID
+        head = await self.head()
         handled = 0
         refs = await self.segments_after(delivered, resume=True)
         flt = ReplayFilter(start_id=delivered.next())

@@ -58,13 +58,15 @@ class Checkpoints:
         last, pending, count = await self.redis.hmget(
             self.key, [str(shard), f"{shard}:pending", f"{shard}:count"]
         )
-        intent = None
-        if pending is not None:
-            first, end, n = pending.decode().split()
-            intent = Intent(parse_id(first), parse_id(end), int(n))
-        return ShardCheckpoint(
-            parse_id(last) if last is not None else None, intent, int(count or 0)
-        )
+        return _state(last, pending, count)
+
+    async def read_all(self, shard: int) -> ShardCheckpoint:
+        """`read`, with ``HGETALL`` of the topic's hash: the one read of checkpoints that the
+        consumer's ACL role has (docs/security.md), for its catch-up."""
+        fields = await self.redis.hgetall(self.key)
+        names = (str(shard), f"{shard}:pending", f"{shard}:count")
+        last, pending, count = (fields.get(name.encode()) for name in names)
+        return _state(last, pending, count)
 
     async def begin(self, shard: int, me: str, token: int, intent: Intent) -> bool:
         """Record `intent` under the lock. Returns False, recording nothing, when another intent
@@ -89,6 +91,15 @@ class Checkpoints:
     async def _call(self, shard: int, me: str, token: int, op: str, *args: str | int) -> Any:
         """``lua/checkpoint.lua`` operation `op` on `shard`, as `me` holding `token`."""
         return await self._script(keys=[self.locks, self.key], args=[shard, me, token, op, *args])
+
+
+def _state(last: bytes | None, pending: bytes | None, count: bytes | None) -> ShardCheckpoint:
+    """A shard's `ShardCheckpoint` from its three fields (None: absent)."""
+    intent = None
+    if pending is not None:
+        first, end, n = pending.decode().split()
+        intent = Intent(parse_id(first), parse_id(end), int(n))
+    return ShardCheckpoint(parse_id(last) if last is not None else None, intent, int(count or 0))
 
 
 def _fenced_unless(reply: Any) -> bool:

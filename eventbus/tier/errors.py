@@ -33,3 +33,34 @@ class CorruptGapRecord(TierError):
 
 class LockUnavailable(TierError):
     """Shard locks needed by catch-up stayed held by live consumers past the timeout."""
+
+
+class CatchUpOutpaced(TierError):
+    """A shard's catch-up fell behind the stream's first entry (the offloader trimmed past the
+    group's position) again and again: `rounds` passes over the archive then Redis did not
+    catch it up, because its stream grows faster than the handler keeps up while the
+    offloader trims what is older than ``hot_window_s``. Names `topic`, `group`, `shard`, the
+    group's position `delivered`, the stream's `first` and `last` entry IDs (None: empty) and
+    `behind_s`, the seconds of entry time from the group's position to the stream's last
+    entry. The group keeps its progress: a later catch-up goes on from `delivered`."""
+
+    def __init__(
+        self,
+        topic: str,
+        group: str,
+        shard: int,
+        rounds: int,
+        delivered: object,
+        first: object,
+        last: object,
+        behind_s: float,
+    ) -> None:
+        super().__init__(
+            f"catch-up of {topic}/{group}: shard {shard} is still behind its stream's first "
+            f"entry after {rounds} rounds (archive, then Redis): the group is at {delivered}, "
+            f"the stream holds {first} .. {last}, {behind_s:.1f} s of entries behind its last "
+            "entry. The stream grows faster than the handler catches up while the offloader "
+            "trims past the group: handle faster, raise hot_window_s, or raise max_rounds"
+        )
+        self.topic, self.group, self.shard, self.rounds = topic, group, shard, rounds
+        self.delivered, self.first, self.last, self.behind_s = delivered, first, last, behind_s

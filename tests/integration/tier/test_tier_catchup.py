@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 
 import anyio
 import pytest
-from tier_support import PacedPublisher, Tick, fast_tier, make_bus, wait_until
+from tier_support import PacedPublisher, Tick, fast_tier, make_bus, publish_ticks, wait_until
 
 from eventbus import Context
 from eventbus.consumer.catchup import catch_up
@@ -263,3 +264,113 @@ async def test_catch_up_ends_when_a_sweep_over_the_shards_outlasts_the_hot_windo
     for rid, seq in seen:
         order[rid].append(seq)
     assert all(seqs == sorted(seqs) for seqs in order.values()), "out of order for a resource"
+
+
+class Growing:
+    """A raw catch-up handler under a stream that grows while the offloader trims behind it:
+    each of the first `feeds` entries it gets from Redis (not from a segment) publishes 10
+    entries, archives and trims everything (hot window 0), then publishes 10 more, which
+    Redis holds; `got` lists the entry IDs handled, `published` those published."""
+
+    def __init__(self, bus, offloader: Offloader, published: list[str], feeds: int) -> None:
+        self.bus, self.offloader, self.published, self.feeds = bus, offloader, published, feeds
+        self.got: list[str] = []
+
+    async def feed(self, then: int = 10) -> None:
+        self.published += await publish_ticks(self.bus, "grow", 10, start=len(self.published))
+        await self.offloader.run_until_caught_up(30)  # archived, then trimmed from Redis
+        self.published += await publish_ticks(self.bus, "grow", then, start=len(self.published))
+
+    async def __call__(self, entry: ArchivedEntry, token: int) -> None:
+        self.got.append(str(entry.entry_id))
+        if not entry.segment and self.feeds > 0:
+            self.feeds -= 1
+            await self.feed()
+
+
+async def _growing(bus, tmp_path, feeds: int) -> Growing:
+    """Group g of topic grow (1 shard) at 0-0; 10 entries archived and trimmed, 10 in Redis."""
+    await bus.redis.xgroup_create(bus.keys.stream("grow", 0), "g", id="0", mkstream=True)
+    store = open_store(str(tmp_path))
+    offloader = Offloader(bus.redis, store, settings=bus.settings, tier=fast_tier())
+    growing = Growing(bus, offloader, [], feeds)
+    await growing.feed()
+    return growing
+
+
+async def _delivered(bus, topic: str, group: str) -> str:
+    groups = await bus.redis.xinfo_groups(bus.keys.stream(topic, 0))
+    return next(g["last-delivered-id"].decode() for g in groups if g["name"] == group.encode())
+
+
+async def test_a_group_at_the_archives_end_is_not_behind_a_later_first_entry(
+    redis_db: str, tmp_path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The offloader archived and trimmed everything up to C; the group reaches C from the
+    archive while Redis's first entry lies after C's successor (entry IDs are times, so there
+    is a gap in IDs, not in entries): nothing is lost. Catch-up used to take the ID gap for
+    trimmed entries and log them at ERROR as lost before archiving (lost_ranges 1)."""
+    bus = make_bus(redis_db, shards=1)
+    async with bus:
+        growing = await _growing(bus, tmp_path, feeds=0)
+        store = growing.offloader.store
+        stats = await catch_up_group(bus.redis, store, "grow", "g", growing, shards=1)
+        assert growing.got == growing.published
+        assert stats.lost_ranges == 0 and (stats.from_segments, stats.from_redis) == (10, 10)
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+        assert await _delivered(bus, "grow", "g") == growing.published[-1]
+    await bus.aclose()
+
+
+async def test_entries_trimmed_while_catch_up_reads_redis_are_not_left_behind(
+    redis_db: str, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While catch-up handles a page of Redis entries (pages of 2 here), the offloader archives
+    and trims the rest of what it was reading: the next page comes back empty. That is not
+    the end of the stream: catch-up goes back to the archive, and hands every entry over once,
+    in order. It used to stop there, the group left behind the stream's first entry."""
+    from eventbus.tier import catchup_shard
+
+    monkeypatch.setattr(catchup_shard, "TAIL_COUNT", 2)
+    bus = make_bus(redis_db, shards=1)
+    async with bus:
+        growing = await _growing(bus, tmp_path, feeds=1)
+        store = growing.offloader.store
+        stats = await catch_up_group(bus.redis, store, "grow", "g", growing, shards=1)
+        assert growing.got == growing.published and len(growing.got) == 40
+        assert stats.lost_ranges == 0
+        assert await _delivered(bus, "grow", "g") == growing.published[-1]
+    await bus.aclose()
+
+
+async def test_a_catch_up_the_offloader_keeps_trimming_past_stops_after_max_rounds(
+    redis_db: str, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stream grows faster than catch-up handles it and the offloader trims behind it: each
+    entry handled from Redis brings 20 more, and every pass over the archive then Redis ends
+    behind the stream's first entry again. Catch-up must stop after `MAX_ROUNDS` passes with
+    `CatchUpOutpaced` naming the shard and how far behind it is, not run on for ever; the
+    group keeps the progress it made."""
+    from eventbus.tier import catchup_shard
+    from eventbus.tier.catchup_shard import MAX_ROUNDS
+    from eventbus.tier.errors import CatchUpOutpaced
+
+    monkeypatch.setattr(catchup_shard, "TAIL_COUNT", 2)
+    bus = make_bus(redis_db, shards=1)
+    async with bus:
+        # 3 x MAX_ROUNDS feeds: an unbounded catch-up would end (wrongly) after them
+        growing = await _growing(bus, tmp_path, feeds=3 * MAX_ROUNDS)
+        store = growing.offloader.store
+        with pytest.raises(CatchUpOutpaced) as caught:
+            await catch_up_group(bus.redis, store, "grow", "g", growing, shards=1)
+        err = caught.value
+        assert (err.topic, err.group, err.shard, err.rounds) == ("grow", "g", 0, MAX_ROUNDS)
+        assert f"shard 0 is still behind its stream's first entry after {MAX_ROUNDS}" in str(err)
+        assert str(err.delivered) == await _delivered(bus, "grow", "g") == growing.got[-1]
+        assert err.first > err.delivered.next() and err.last == parse_id(growing.published[-1])
+        assert err.behind_s == (err.last.ms - err.delivered.ms) / 1000
+        assert growing.got == growing.published[: len(growing.got)]  # in order, none twice
+        assert growing.feeds > 0  # stopped by the bound, not by the stream
+        with pytest.raises(ValueError, match="max_rounds must be >= 1"):
+            await catch_up_group(bus.redis, store, "grow", "g", growing, shards=1, max_rounds=0)
+    await bus.aclose()
