@@ -9,14 +9,23 @@ segments never change) and, for a segment only partly in the range, from its ent
 the ones in Redis after the archive's end with `stream_count`, whose cost is the shorter of the
 range and the rest of the stream. The counts are exact while nothing is added, archived or
 trimmed during the count, else close: they only weigh the split, which never exceeds the limit.
+
+A segment's entry IDs, needed when a query's offset lies inside it, are read once per process
+(`segment_ids`: segments are immutable, so they are cached by store, key and size, least
+recently used evicted past `IDS_CACHED` IDs) and searched by bisection, not re-read at every
+trigger. ``XRANGE`` pages start at `FIRST_PAGE` entries and double up to `PAGE`: a shard nearly
+caught up (the usual case) is counted from a few entries, not from pages of a thousand.
 """
 
 from __future__ import annotations
 
 import io
+import threading
+from array import array
+from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, overload
 
 import pyarrow.parquet as pq
 
@@ -24,38 +33,153 @@ from eventbus.protocol.ids import ZERO, EntryId, parse_id
 from eventbus.spark.objects import Objects
 from eventbus.spark.reading import parquet_footer
 from eventbus.tier.layout import SegmentRef
+from eventbus.tier.store import describe
 
 PAGE = 1000
-"""Entries per ``XRANGE`` page when counting a stream's entries."""
+"""Entries per ``XRANGE`` page when counting a stream's entries, at most."""
+FIRST_PAGE = 32
+"""Entries of the first ``XRANGE`` page of each range counted (then doubled up to `PAGE`)."""
+IDS_CACHED = 2_000_000
+"""Segment entry IDs kept per process (16 bytes each: 32 MB), least recently used evicted."""
 
 
-def segment_ids(objects: Objects, ref: SegmentRef, after: EntryId) -> list[EntryId]:
-    """The entry IDs of segment `ref` after `after`, in order (reads its two ID columns)."""
+class SegmentIds:
+    """The entry IDs of one segment, in order, as two compact arrays (ms, seq)."""
+
+    __slots__ = ("ms", "seq")
+
+    def __init__(self, ms: array[int], seq: array[int]) -> None:
+        self.ms, self.seq = ms, seq
+
+    def __len__(self) -> int:
+        return len(self.ms)
+
+    def at(self, i: int) -> EntryId:
+        return EntryId(self.ms[i], self.seq[i])
+
+    def index_after(self, e: EntryId) -> int:
+        """The index of the first ID after `e` (the length when none is), by bisection."""
+        lo, hi = 0, len(self.ms)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if (self.ms[mid], self.seq[mid]) <= e:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+
+class IdsAfter(Sequence[EntryId]):
+    """The entry IDs of a segment after a given one, in order: a view of its `SegmentIds`."""
+
+    def __init__(self, ids: SegmentIds, start: int) -> None:
+        self.ids, self.start = ids, start
+
+    def __len__(self) -> int:
+        return len(self.ids) - self.start
+
+    @overload
+    def __getitem__(self, i: int) -> EntryId: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[EntryId]: ...
+    def __getitem__(self, i: int | slice) -> EntryId | list[EntryId]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"index {i} out of range for {n} entry IDs")
+        return self.ids.at(self.start + (i % n))
+
+    def count_upto(self, head: EntryId) -> int:
+        """How many of these IDs are at or before `head`."""
+        return max(0, self.ids.index_after(head) - self.start)
+
+
+class _IdsCache:
+    """Segments' `SegmentIds` by (store, key, size), at most `limit` IDs in all (LRU)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._ids: OrderedDict[tuple[str, str, int], SegmentIds] = OrderedDict()
+        self._size = 0
+
+    def get(self, objects: Objects, ref: SegmentRef) -> SegmentIds:
+        """The IDs of segment `ref`, its two ID columns read on a miss. Raises `StoreError`,
+        pyarrow's errors for a damaged segment."""
+        key = (_store_name(objects.store), ref.key, ref.size)
+        with self._lock:
+            ids = self._ids.get(key)
+            if ids is not None:
+                self._ids.move_to_end(key)
+                return ids
+        ids = _read_ids(objects, ref)
+        with self._lock:
+            if key not in self._ids:
+                self._ids[key] = ids
+                self._size += len(ids)
+            while self._size > self.limit and len(self._ids) > 1:
+                _, old = self._ids.popitem(last=False)
+                self._size -= len(old)
+        return ids
+
+    def clear(self) -> None:
+        with self._lock:
+            self._ids.clear()
+            self._size = 0
+
+
+_CACHE = _IdsCache(IDS_CACHED)
+
+
+def _store_name(store: Any) -> str:
+    """Names `store` for the cache: its location (folder, bucket and endpoint), or the object
+    itself for another kind (a memory store)."""
+    name = describe(store)
+    if name.startswith("s3://"):
+        return f"{name} at {store.config.get('endpoint', '')}"
+    if name.startswith("file://"):
+        return name
+    return f"{name}@{id(store):x}"
+
+
+def _read_ids(objects: Objects, ref: SegmentRef) -> SegmentIds:
     table = pq.read_table(io.BytesIO(objects.get(ref.key)), columns=["entry_ms", "entry_seq"])
-    pairs = zip(
-        table.column("entry_ms").to_pylist(), table.column("entry_seq").to_pylist(), strict=True
+    return SegmentIds(
+        array("q", table.column("entry_ms").to_pylist()),
+        array("q", table.column("entry_seq").to_pylist()),
     )
-    return [e for e in (EntryId(ms, seq) for ms, seq in pairs) if e > after]
+
+
+def segment_ids(objects: Objects, ref: SegmentRef, after: EntryId) -> IdsAfter:
+    """The entry IDs of segment `ref` after `after`, in order (a `Sequence`). The segment's two
+    ID columns are read once per process (segments are immutable: cached by store, key and
+    size). Raises `StoreError`, pyarrow's errors for a damaged segment."""
+    ids = _CACHE.get(objects, ref)
+    return IdsAfter(ids, ids.index_after(after))
 
 
 def stream_count(redis: Any, stream: str, after: EntryId, upto: EntryId, page: int = PAGE) -> int:
     """The number of entries of `stream` in (`after`, `upto`] (`after` ZERO: from the start).
 
-    Pages through the range with ``XRANGE ... COUNT page`` and, in the same round trips, through
-    the entries outside it (up to `after`, and after `upto`); whichever finishes first gives the
-    count (the range's entries, or ``XLEN`` less those outside), so a shard far behind costs the
-    pages of the short rest of its stream, not of its backlog. Raises redis-py's errors."""
+    Pages through the range with ``XRANGE ... COUNT`` (`FIRST_PAGE`, doubled each round up to
+    `page`) and, in the same round trips, through the entries outside it (up to `after`, and
+    after `upto`); whichever finishes first gives the count (the range's entries, or ``XLEN``
+    less those outside), so a shard far behind costs the pages of the short rest of its
+    stream, not of its backlog, and a shard nearly caught up a page of a few entries per
+    walk. Raises redis-py's errors."""
     if upto <= after:
         return 0
-    inside = _Pager(f"({after}" if after > ZERO else "-", str(upto))
-    below = _Pager("-", str(after), done=after == ZERO)
-    above = _Pager(f"({upto}", "+")
+    first = min(FIRST_PAGE, page)
+    inside = _Pager(f"({after}" if after > ZERO else "-", str(upto), first)
+    below = _Pager("-", str(after), first, done=after == ZERO)
+    above = _Pager(f"({upto}", "+", first)
     while True:
         pipe = redis.pipeline(transaction=False)
         pipe.xlen(stream)
         pagers = [p for p in (inside, below, above) if not p.done]
         for p in pagers:
-            pipe.xrange(stream, p.low, p.high, count=page)
+            pipe.xrange(stream, p.low, p.high, count=p.count_next)
         length, *replies = pipe.execute()
         for p, reply in zip(pagers, replies, strict=True):
             p.take(reply, page)
@@ -66,17 +190,20 @@ def stream_count(redis: Any, stream: str, after: EntryId, upto: EntryId, page: i
 
 
 class _Pager:
-    """One ``XRANGE`` walk: the next page's bounds, the entries counted so far."""
+    """One ``XRANGE`` walk: the next page's bounds and COUNT, the entries counted so far."""
 
-    def __init__(self, low: str, high: str, done: bool = False) -> None:
+    def __init__(self, low: str, high: str, first: int, done: bool = False) -> None:
         self.low, self.high, self.done, self.count = low, high, done, 0
+        self.count_next = first
 
     def take(self, reply: Sequence[Any], page: int) -> None:
+        """Count `reply`, the page asked for; the next is twice as long, up to `page`."""
         self.count += len(reply)
-        if len(reply) < page:
+        if len(reply) < self.count_next:
             self.done = True
         else:
             self.low = f"({parse_id(reply[-1][0])}"
+            self.count_next = min(page, 2 * self.count_next)
 
 
 class Backlog:
@@ -129,7 +256,7 @@ class Backlog:
         count = sum(self.entries(objects, whole))
         for ref in archived:
             if ref.first <= after or ref.last > head:  # partly in the range
-                count += sum(1 for e in segment_ids(objects, ref, after) if e <= head)
+                count += segment_ids(objects, ref, after).count_upto(head)
         if redis is None:
             return count
         low = max(after, cp) if cp is not None else after

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 from fakeredis import FakeRedis
 
 from eventbus.protocol.ids import ZERO, EntryId, parse_id
-from eventbus.spark.backlog import Backlog, stream_count
+from eventbus.spark.backlog import FIRST_PAGE, PAGE, Backlog, segment_ids, stream_count
 from eventbus.spark.objects import Objects
 from eventbus.tier.layout import SegmentRef
 
@@ -91,3 +91,95 @@ def test_lag_counts_segments_then_the_stream(tmp_path: Path, redis: Any) -> None
     for ref in refs:  # footers are remembered: a segment's count survives its object
         (tmp_path / ref.key).unlink()
     assert backlog.lag(objects, redis, "s", refs[1:], EntryId(10, 0), EntryId(40, 0), cp) == 30
+
+
+class CountingObjects(Objects):
+    """An `Objects` that counts its reads per key (``get`` and ``get_range``), as a
+    ``store_factory`` wrapper would."""
+
+    def __init__(self, store: Any, reads: dict[str, int]) -> None:
+        super().__init__(store)
+        self.reads = reads
+
+    def get(self, key: str) -> bytes:
+        self.reads[key] = self.reads.get(key, 0) + 1
+        return super().get(key)
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        self.reads[key] = self.reads.get(key, 0) + 1
+        return super().get_range(key, start, end)
+
+
+def test_a_second_trigger_reads_no_segment_again(tmp_path: Path, redis: Any) -> None:
+    """A query's offset inside a segment: its entry IDs are read at the first trigger, then
+    remembered (segments are immutable), also by a reader that opens the store again (each
+    trigger does) and by `segment_ids` (the n-th entry of a trigger's quota). They used to be
+    downloaded at every trigger, twice (the lag, then the quota's end)."""
+    from obstore.store import LocalStore
+
+    refs = [_segment(tmp_path, 1, 10), _segment(tmp_path, 11, 10), _segment(tmp_path, 21, 10)]
+    cp = EntryId(30, 0)
+    for i in range(31, 41):
+        redis.xadd("s", {"n": i}, id=f"{i}-0")
+    backlog = Backlog()
+    reads: dict[str, int] = {}
+    trigger = CountingObjects(LocalStore(str(tmp_path)), reads)
+    assert backlog.lag(trigger, redis, "s", refs, EntryId(5, 0), EntryId(40, 0), cp) == 35
+    assert list(segment_ids(trigger, refs[0], EntryId(5, 0))) == [
+        EntryId(i, 0) for i in (6, 7, 8, 9, 10)
+    ]
+    assert reads[refs[0].key] == 1 and sum(reads.values()) == 3  # IDs once, two footers
+    reads.clear()
+    again = CountingObjects(LocalStore(str(tmp_path)), reads)  # the next trigger's store
+    assert backlog.lag(again, redis, "s", refs, EntryId(5, 0), EntryId(40, 0), cp) == 35
+    assert reads == {}
+    # the head inside the last segment: its IDs are read, once
+    assert backlog.lag(again, redis, "s", refs, EntryId(7, 0), EntryId(25, 0), cp) == 18
+    assert segment_ids(again, refs[2], EntryId(24, 0))[0] == EntryId(25, 0)
+    assert reads == {refs[2].key: 1}
+    # another folder's segment of the same key is another segment
+    other = tmp_path / "other"
+    twin = _segment(other, 1, 10)
+    elsewhere = CountingObjects(LocalStore(str(other)), reads)
+    assert len(segment_ids(elsewhere, twin, ZERO)) == 10 and reads[twin.key] == 1
+
+
+def test_segment_ids_after_an_entry_are_a_sequence(tmp_path: Path) -> None:
+    from obstore.store import LocalStore
+
+    ref = _segment(tmp_path, 1, 10)
+    ids = segment_ids(Objects(LocalStore(str(tmp_path))), ref, EntryId(6, 5))
+    assert len(ids) == 4 and ids[0] == EntryId(7, 0) and ids[-1] == EntryId(10, 0)
+    assert ids[1:3] == [EntryId(8, 0), EntryId(9, 0)] and list(ids)[2] == EntryId(9, 0)
+    assert ids.count_upto(EntryId(8, 0)) == 2 and ids.count_upto(EntryId(1, 0)) == 0
+    with pytest.raises(IndexError, match="index 4 out of range for 4 entry IDs"):
+        ids[4]
+    assert len(segment_ids(Objects(LocalStore(str(tmp_path))), ref, EntryId(10, 0))) == 0
+
+
+def test_a_shard_nearly_caught_up_is_counted_from_small_pages(redis: Any) -> None:
+    """3 entries waiting at the end of a 3,000-entry stream: the count asks Redis for a few
+    entries, not for a 1,000-entry page of the stream before them (as it used to, at every
+    trigger and shard)."""
+    for i in range(3000):
+        redis.xadd("s", {"n": i}, id=f"{i + 1}-0")
+    asked: list[int] = []
+    real = redis.pipeline
+
+    def recording(**kw: Any) -> Any:
+        pipe = real(**kw)
+        xrange = pipe.xrange
+
+        def counted(*args: Any, count: int | None = None, **kws: Any) -> Any:
+            asked.append(count or 0)
+            return xrange(*args, count=count, **kws)
+
+        pipe.xrange = counted
+        return pipe
+
+    redis.pipeline = recording
+    assert stream_count(redis, "s", EntryId(2997, 0), EntryId(3000, 0)) == 3
+    assert sum(asked) <= 3 * FIRST_PAGE, asked
+    asked.clear()  # a long range in a long stream still ends in pages of up to PAGE
+    assert stream_count(redis, "s", EntryId(1500, 0), EntryId(3000, 0)) == 1500
+    assert max(asked) == PAGE
