@@ -101,7 +101,8 @@ class _IdsCache:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self._lock = threading.Lock()
-        self._ids: OrderedDict[tuple[str, str, int], SegmentIds] = OrderedDict()
+        # each entry keeps the store named by its id (a memory store) alive: no id reuse
+        self._ids: OrderedDict[tuple[str, str, int], tuple[SegmentIds, Any]] = OrderedDict()
         self._size = 0
 
     def get(self, objects: Objects, ref: SegmentRef) -> SegmentIds:
@@ -109,32 +110,27 @@ class _IdsCache:
         pyarrow's errors for a damaged segment."""
         key = (_store_name(objects.store), ref.key, ref.size)
         with self._lock:
-            ids = self._ids.get(key)
-            if ids is not None:
+            cached = self._ids.get(key)
+            if cached is not None:
                 self._ids.move_to_end(key)
-                return ids
+                return cached[0]
         ids = _read_ids(objects, ref)
         with self._lock:
             if key not in self._ids:
-                self._ids[key] = ids
+                self._ids[key] = (ids, objects.store)
                 self._size += len(ids)
             while self._size > self.limit and len(self._ids) > 1:
-                _, old = self._ids.popitem(last=False)
+                _, (old, _store) = self._ids.popitem(last=False)
                 self._size -= len(old)
         return ids
-
-    def clear(self) -> None:
-        with self._lock:
-            self._ids.clear()
-            self._size = 0
 
 
 _CACHE = _IdsCache(IDS_CACHED)
 
 
 def _store_name(store: Any) -> str:
-    """Names `store` for the cache: its location (folder, bucket and endpoint), or the object
-    itself for another kind (a memory store)."""
+    """Names `store` for the cache: its location (folder, bucket and endpoint), or the object's
+    id for another kind (a memory store; the cache keeps it alive, so the id is not reused)."""
     name = describe(store)
     if name.startswith("s3://"):
         return f"{name} at {store.config.get('endpoint', '')}"

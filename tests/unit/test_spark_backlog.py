@@ -183,3 +183,17 @@ def test_a_shard_nearly_caught_up_is_counted_from_small_pages(redis: Any) -> Non
     asked.clear()  # a long range in a long stream still ends in pages of up to PAGE
     assert stream_count(redis, "s", EntryId(1500, 0), EntryId(3000, 0)) == 1500
     assert max(asked) == PAGE
+
+
+def test_the_id_cache_evicts_the_least_recently_used_past_its_limit(tmp_path: Path) -> None:
+    from obstore.store import LocalStore
+
+    from eventbus.spark.backlog import _IdsCache
+
+    cache = _IdsCache(limit=25)  # IDs: two 10-entry segments fit, a third evicts the oldest
+    reads: dict[str, int] = {}
+    objects = CountingObjects(LocalStore(str(tmp_path)), reads)
+    a, b, c = _segment(tmp_path, 1, 10), _segment(tmp_path, 11, 10), _segment(tmp_path, 21, 10)
+    for ref in (a, b, a, c, a, b):  # a used again before c comes: b is the one evicted
+        assert len(cache.get(objects, ref)) == 10
+    assert reads == {a.key: 1, b.key: 2, c.key: 1}
