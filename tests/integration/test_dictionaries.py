@@ -1,16 +1,22 @@
 """Per-topic zstd dictionaries (`eventbus.protocol.dictionaries`) on a real redis-server: training
 from a topic's entries (library and CLI), rotation with old entries still readable, entries of the
-formats written before the upgrade (0x04) consumed beside new ones, an unknown dictionary ID
+formats written before the upgrade (0x04) consumed beside new ones, publishers that keep writing
+0x04 for a rolling upgrade (entry_format=4) read by add925e's decoder, an unknown dictionary ID
 dead-lettered with its reason, and the durable tier's copies read back."""
 
 from __future__ import annotations
 
+import io
 import json
 import random
+import subprocess
+import sys
+import tarfile
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, ClassVar
 
+import anyio
 import pytest
 import zstandard
 from obstore.store import MemoryStore
@@ -23,7 +29,7 @@ from eventbus.cli import app
 from eventbus.cli.topic import sample_bodies
 from eventbus.dlq import DeadLetters
 from eventbus.protocol import compression
-from eventbus.protocol.codec import F_DATA, F_RESOURCE, F_TYPE, decode_entry
+from eventbus.protocol.codec import F_DATA, F_RESOURCE, F_TYPE, Envelope, decode_entry
 from eventbus.protocol.dictionaries import CACHE, FORMAT_DICT_COMPACT, Dictionaries, dictionary_id
 from eventbus.protocol.sharding import shard_of
 from eventbus.tier.dictionaries import archive_dictionaries
@@ -173,6 +179,131 @@ async def test_entries_written_before_the_upgrade_are_consumed_beside_new_ones(
         assert ctx.headers == want["headers"]
     assert [seen[f.position][0] for f in new] == new
     assert len(seen) == 500 + len(old["entries"])
+
+
+def _old_envelope(want: dict[str, Any]) -> Envelope:
+    return Envelope(
+        want["resource_id"],
+        want["event_type"],
+        bytes.fromhex(want["event_id_hex"]),
+        want["published_at_ms"],
+        want["headers"],
+        want["payload"],
+    )
+
+
+async def _published_in_both_formats(r: Any, settings: Any) -> tuple[dict[str, Any], list[Any]]:
+    """(the fixture, the entries stored): the events of the fixture's 0x04 cases published
+    with entry_format=4, then one event published with the default format, all with the
+    fixture's dictionary current, stored in Redis as `train` stores it."""
+    old = json.loads(OLD_ENTRIES.read_text())
+    bus4 = EventBus(settings(entry_format=4))
+    await r.hset(
+        bus4.keys.dictionaries(TOPIC),
+        mapping={old["dictionary_id"]: bytes.fromhex(old["dictionary_hex"])},
+    )
+    await r.hset(bus4.keys.dictionaries(TOPIC), "current", old["dictionary_id"])
+    async with bus4:
+        for e in old["entries"]:
+            if e["case"].startswith("0x04"):
+                await bus4.publisher.publish_envelope(
+                    bus4.topic(TOPIC), _old_envelope(e["envelope"])
+                )
+    await bus4.aclose()
+    bus5 = EventBus(settings())
+    new = Flight(position=7, plane="N5", dep_delay=None, origin="JFK", dest="BOS", distance=187)
+    async with bus5:
+        await bus5.publish(TOPIC, new, resource_id=new.plane)
+    await bus5.aclose()
+    entries = []
+    for s in range(bus5.topic(TOPIC).shards):
+        entries += [f for _, f in await r.xrange(bus5.keys.stream(TOPIC, s))]
+    return old, sorted(entries, key=lambda f: f[F_DATA][0])
+
+
+async def test_publishers_with_entry_format_4_write_add925e_s_entries(
+    r: Any, settings: Any
+) -> None:
+    """A rolling upgrade's first step (docs/operations.md): publishers with entry_format=4 write
+    format 0x04 with the topic's current dictionary, every field byte for byte what add925e's
+    encoder wrote for the same event (tests/fixtures/codec/entries.json); a publisher left at
+    the default writes 0x05. Both are read by this release."""
+    old, entries = await _published_in_both_formats(r, settings)
+    want = [e for e in old["entries"] if e["case"].startswith("0x04")]
+
+    assert [f[F_DATA][0] for f in entries] == [0x04, 0x04, 0x05]
+    got = [{k.decode(): v.hex() for k, v in f.items()} for f in entries[:2]]
+    assert sorted(got, key=str) == sorted((e["fields"] for e in want), key=str)
+    assert {dictionary_id(f[F_DATA]) for f in entries} == {int(old["dictionary_id"])}
+    assert sorted(decode_entry(f).payload["position"] for f in entries) == sorted(
+        [7] + [e["envelope"]["payload"]["position"] for e in want]
+    )
+
+
+REPO = Path(__file__).resolve().parents[2]
+OLD_RELEASE = "add925e"
+"""The last commit before format 0x05: its readers know 0x01, 0x02 and 0x04."""
+OLD_DECODER = """
+import json, sys
+import eventbus
+from eventbus.protocol.codec import decode_entry
+from eventbus.protocol.dictionaries import CACHE
+given = json.load(sys.stdin)
+CACHE.add(int(given["dictionary_id"]), bytes.fromhex(given["dictionary_hex"]))
+out = {"eventbus": eventbus.__file__, "decoded": []}
+for fields in given["entries"]:
+    try:
+        env = decode_entry({k.encode(): bytes.fromhex(v) for k, v in fields.items()})
+        out["decoded"].append({"event_id_hex": env.event_id_bytes.hex(), "headers": env.headers,
+                               "published_at_ms": env.published_at_ms, "payload": env.payload})
+    except Exception as exc:
+        out["decoded"].append(f"{type(exc).__name__}: {exc}")
+json.dump(out, sys.stdout)
+"""
+
+
+@pytest.fixture(scope="module")
+def old_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """add925e's eventbus package, from this clone's history (skipped without it)."""
+    done = subprocess.run(
+        ["git", "-C", str(REPO), "archive", OLD_RELEASE, "eventbus"], capture_output=True
+    )
+    if done.returncode:
+        pytest.skip(f"{OLD_RELEASE} is not in this clone: {done.stderr.decode()[:200]}")
+    out = tmp_path_factory.mktemp(OLD_RELEASE)
+    with tarfile.open(fileobj=io.BytesIO(done.stdout)) as tar:
+        tar.extractall(out, filter="data")
+    return out
+
+
+async def test_add925e_s_decoder_reads_format_4_and_refuses_0x05(
+    r: Any, settings: Any, old_release: Path
+) -> None:
+    """The entries of publishers with entry_format=4, read from Redis, decoded by add925e's own
+    code in a child process: every event as published. The default format 0x05 is an unknown
+    format byte to it (a `DecodeError`: its consumers dead-letter such entries as undecodable,
+    docs/operations.md)."""
+    old, entries = await _published_in_both_formats(r, settings)
+    given = {
+        "dictionary_id": old["dictionary_id"],
+        "dictionary_hex": old["dictionary_hex"],
+        "entries": [{k.decode(): v.hex() for k, v in f.items()} for f in entries],
+    }
+    done = await anyio.run_process(  # in its folder: not this checkout's eventbus first
+        [sys.executable, "-c", OLD_DECODER],
+        input=json.dumps(given).encode(),
+        cwd=old_release,
+        env={"PYTHONPATH": str(old_release), "PATH": "/usr/bin:/bin"},
+    )
+    out = json.loads(done.stdout)
+
+    assert Path(out["eventbus"]).is_relative_to(old_release)
+    *old_reads, refused = out["decoded"]
+    want = [e["envelope"] for e in old["entries"] if e["case"].startswith("0x04")]
+    for w in want:
+        del w["resource_id"], w["event_type"]
+    assert sorted(old_reads, key=str) == sorted(want, key=str)
+    assert refused == "DecodeError: unknown envelope format byte 0x05"
 
 
 async def test_unknown_dictionary_is_dead_lettered_with_its_reason(r: Any, settings: Any) -> None:
