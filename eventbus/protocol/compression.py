@@ -51,7 +51,7 @@ _FRAMED: dict[tuple[int, int], zstandard.ZstdCompressor] = {}  # (id(dict), thre
 def framed_compressor(dict_id: int) -> zstandard.ZstdCompressor:
     """A compressor for dictionary `dict_id` whose frames keep their magic number (no
     dictionary ID, content size written): format ``0x04``'s, for publishers that write it
-    during a rolling upgrade (`eventbus.protocol.codec.encode_entry_0x04`). One per thread.
+    during a rolling upgrade (`eventbus.protocol.entry_formats.encode_entry_0x04`). One per thread.
     Raises `UnknownDictionary` for a dictionary not in `CACHE`."""
     d = CACHE.get(dict_id)
     key = (id(d), threading.get_ident())

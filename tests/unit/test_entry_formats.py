@@ -16,6 +16,7 @@ import pytest
 import zstandard
 
 from eventbus import Settings
+from eventbus.config.settings import ENTRY_FORMATS
 from eventbus.errors import ConfigError
 from eventbus.protocol import compression
 from eventbus.protocol.codec import (
@@ -28,7 +29,7 @@ from eventbus.protocol.codec import (
     new_event_id,
 )
 from eventbus.protocol.dictionaries import CACHE, UnknownDictionary, dictionary_id, fingerprint
-from eventbus.protocol.entry_formats import encode_entry_0x04, entry_encoder
+from eventbus.protocol.entry_formats import ENTRY_ENCODERS, encode_entry_0x04, entry_encoder
 from eventbus.protocol.keys import Keys
 from eventbus.protocol.topics import TopicConfig
 from eventbus.publishing.publisher import Publisher
@@ -110,6 +111,7 @@ def test_format_4_with_a_dictionary_not_in_the_cache_raises() -> None:
 def test_the_encoders_by_format() -> None:
     assert entry_encoder(5) is encode_entry
     assert entry_encoder(4) is encode_entry_0x04
+    assert set(ENTRY_ENCODERS) == set(ENTRY_FORMATS)  # every value the settings accept
 
 
 @pytest.mark.parametrize("bad", [3, 6, "4", None, True])
