@@ -30,10 +30,13 @@ async def test_entries_stay_until_every_group_acked_them(
     b = EventBus(settings(shards=1, **RETAIN))
     b.subscriber("t", group="slow")(slow.add)
     stream = a.keys.stream("t", 0)
-    async with running(b):  # the slow group exists, reads 10 events, then stops
+    # both groups exist before the first event: a group created later starts after what was
+    # trimmed by then (the slow group's consumer may trim 0..9 before it stops)
+    async with running(a, b):  # the slow group reads 10 events, then stops
         for i in range(10):
             await b.publish("t", Tick(resource="x", seq=i), resource_id="x")
         await slow.wait_for(10)
+        await fast.wait_for(10)
     async with running(a):
         for i in range(10, 40):
             await a.publish("t", Tick(resource="x", seq=i), resource_id="x")
@@ -73,7 +76,10 @@ async def test_the_offloader_does_not_trim_what_a_group_still_needs(
     """With the durable tier, retention "acked" also bounds the offloader's trim: it archives
     everything, and trims only what every group acked."""
     rec = Recorder()
-    bus = EventBus(settings(shards=1, **RETAIN))
+    store = open_store(f"file://{tmp_path}")
+    # the bus knows the topic is archived: its consumer trims nothing the offloader has not
+    # archived (without `archive` it may trim 0..9, acked by the only group, before it stops)
+    bus = EventBus(settings(shards=1, **RETAIN), archive=store)
     bus.subscriber("t", group="g")(rec.add)
     stream = bus.keys.stream("t", 0)
     async with running(bus):
@@ -83,7 +89,6 @@ async def test_the_offloader_does_not_trim_what_a_group_still_needs(
     async with bus:  # more events, unread by the group (its consumers are down)
         for i in range(10, 30):
             await bus.publish("t", Tick(resource="x", seq=i), resource_id="x")
-    store = open_store(f"file://{tmp_path}")
     tier = TierSettings(hot_window_s=0, trim_exact=True, segment_max_entries=5)
     stats = await offload_until_caught_up(r, store, settings=bus.settings, tier=tier, timeout_s=60)
     assert stats.entries == 30  # everything archived...
