@@ -21,6 +21,13 @@ pytestmark = pytest.mark.anyio
 
 RESOURCES = [f"r{i}" for i in range(6)]
 
+PATIENT_S = 240.0
+"""`publish_timeout_s` of the tests that send thousands of calls at once: what they check is
+the order the calls land in, not how fast. Each call's deadline starts when it is made, so with
+the default 10 s the last of 12,000 queued calls failed with `PublishError` whenever the machine
+was busy (two CPU hogs on two cores); the deadline is kept only as an overall bound on a hung
+publisher, under pytest's 300 s timeout."""
+
 
 async def _first_copies(r: redis.asyncio.Redis, bus: EventBus, topic: str) -> dict[str, list[int]]:
     """Per resource, the seqs in stream order (first copy of each seq only: a retry may append
@@ -46,7 +53,9 @@ async def test_concurrent_publishes_land_in_call_order(
 ) -> None:
     """Many concurrent calls over few resources, with several pipelines in flight: every
     resource's events are in its stream in call order."""
-    bus = EventBus(settings(shards=4, publish_batch_max=50, publish_pipelines=4))
+    bus = EventBus(
+        settings(shards=4, publish_batch_max=50, publish_pipelines=4, publish_timeout_s=PATIENT_S)
+    )
     calls = 12_000
     async with bus:
         await asyncio.gather(
@@ -67,7 +76,9 @@ async def test_call_order_holds_across_retries_after_connection_errors(
     """The publisher's connections are killed while calls are in flight: the batches that
     failed are sent again ahead of later ones, so the first copy of every event is still in
     call order, and every call returns its entry ID."""
-    bus = EventBus(settings(shards=4, publish_batch_max=20, publish_pipelines=4))
+    bus = EventBus(
+        settings(shards=4, publish_batch_max=20, publish_pipelines=4, publish_timeout_s=PATIENT_S)
+    )
     calls = 6_000
     killed = 0
     async with bus:
