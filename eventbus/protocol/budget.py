@@ -6,7 +6,8 @@ at most one container (array, map or extension) per `CONTAINER_BYTES` of its dec
 (at least `MIN_CONTAINERS`, at most `max_containers`: `eventbus.protocol.codec.decode_entry`
 passes ``max_bytes // DECOMPRESSION_FACTOR``), and no string, array or map header may claim
 more elements than the body has bytes. Past the budget, decoding stops with `DecodeError`,
-having allocated at most about 150 bytes per container allowed.
+having allocated at most about 160 bytes per container allowed (8 of them for the list that
+lets a refused body be freed a slice at a time, off the event loop's way).
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ CONTAINER_BYTES = 8
 MIN_CONTAINERS = 4096
 """Containers always allowed, whatever the body's size: no body under 4 KiB is refused for its
 structure (a container takes at least one byte)."""
+
+
+FREE_SLICE = 65_536
+"""Containers of a refused body freed at a time (a few milliseconds with the GIL held)."""
 
 
 class _OverBudget(Exception):
@@ -49,12 +54,19 @@ def unpack_body(body: bytes, *, max_containers: int) -> Any:
         except Exception as exc:  # msgpack raises several unrelated exception types
             raise DecodeError(f"corrupt envelope: {type(exc).__name__}: {exc}") from None
     left = budget
+    # every container built, also referenced here: when decoding stops (the budget ran out, or
+    # a corrupt byte), msgpack's own clean-up (one C call, holding the GIL) then frees none of
+    # them, and `finally` frees them a slice at a time, so that the event loop's thread gets
+    # the GIL in between (freeing millions of containers at once stopped it for 2 s and more
+    # under CPU load, past the lease: tests/integration/test_consumer_safety.py's bomb)
+    built: list[Any] = []
 
     def count(obj: Any) -> Any:
         nonlocal left
         left -= 1
         if left < 0:
             raise _OverBudget
+        built.append(obj)
         return obj
 
     def ext(code: int, data: bytes) -> Any:
@@ -82,3 +94,6 @@ def unpack_body(body: bytes, *, max_containers: int) -> Any:
         ) from None
     except Exception as exc:  # msgpack raises several unrelated exception types
         raise DecodeError(f"corrupt envelope: {type(exc).__name__}: {exc}") from None
+    finally:
+        while built:
+            del built[-FREE_SLICE:]
