@@ -5,6 +5,7 @@
     python stress/perf.py path|core [--events N] [--runs 5]
     python stress/perf.py consume-redis [--events N] [--runs 1]
     python stress/perf.py publish-core [--events N] [--runs 1] [--profile F.callgrind]
+    python stress/perf.py flights-publish [--events N] [--runs 1] [--batch]
 
 ``--json F`` writes the last run's figures (stress/ab.py reads them).
 
@@ -26,6 +27,14 @@ shared machine, unlike a rate): the bench's publish from 1000 concurrent tasks r
 callgrind for N and for 3 N events against a private redis-server (outside valgrind), and the
 difference of the two instruction counts over 2 N events is reported, so start-up, imports and
 warm-up cancel out. ``--profile F`` keeps the 3 N run's callgrind file (``callgrind_annotate F``).
+``flights-publish``: the same N / 3 N callgrind difference for the flights demo's publish step
+(`examples.flights.pipeline.publish_flights` over the first rows in publish order, 16 shards, no
+consumers), split in three runs: ``events`` builds each row's `Flight` only, ``direct`` runs
+the step's 2,000 tasks calling ``bus.publish`` without its per-plane waits (+ ``bus.publish``,
+its flusher, the tasks), ``full`` the step itself (+ its per-plane futures and waits);
+instructions per event of each part (the differences) and in all. ``--batch``: ``full`` is the
+step's ``publish_many`` option (``--batch 500``), the other parts as before. The rows are loaded
+once, outside callgrind.
 With ``--profile``, the measured eventbus side runs under ``py-spy record`` (SVG flame graph,
 or py-spy's raw collapsed stacks when the name ends in ``.txt``); its rate is then lower.
 """
@@ -40,6 +49,7 @@ import shutil
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -127,19 +137,22 @@ async def _reads_processed(url: str) -> int:
     return int(stats["total_reads_processed"])
 
 
-def _callgrind_instructions(url: str, events: int, keep: str | None) -> int:
-    """Instructions (callgrind's ``Ir``) of one ``_publish`` child publishing `events` events."""
+def _callgrind_instructions(
+    url: str, events: int, keep: str | None, child: list[str] | None = None
+) -> int:
+    """Instructions (callgrind's ``Ir``) of one ``_publish`` child publishing `events` events
+    (or of the `child` command line given to this script)."""
     out = Path("/tmp") / f"perf-publish-core-{time.time_ns()}"
     cg = keep or f"{out}.callgrind"
     cmd = [VALGRIND, "--tool=callgrind", f"--callgrind-out-file={cg}", "--dump-instr=no"]
-    cmd += [sys.executable, __file__, "_publish", url, str(events), f"{out}.json"]
+    cmd += [sys.executable, __file__, *(child or ["_publish", url, str(events), f"{out}.json"])]
     # callgrind runs the child ~50x slower: no publish may time out meanwhile
     env = {**os.environ, "EVENTBUS_PUBLISH_TIMEOUT_S": "3600"}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if done.returncode:
         Path(cg).unlink(missing_ok=True)
         raise RuntimeError(f"callgrind run of {events} events failed:\n{done.stderr[-3000:]}")
-    Path(f"{out}.json").unlink()
+    Path(f"{out}.json").unlink(missing_ok=True)
     text = Path(cg).read_text()
     if not keep:
         Path(cg).unlink()
@@ -158,6 +171,79 @@ def publish_core(events: int, profile: str | None) -> dict[str, float]:
         "instructions_small": counts[0],
         "instructions_large": counts[1],
         "instructions_per_event": (counts[1] - counts[0]) / (2 * events),
+    }
+
+
+def _flights_child(variant: str, url: str, events: int, rows_file: str) -> None:
+    """Run the flights publish step's `variant` (see `flights_publish`) over `events` rows."""
+    import pickle
+
+    import anyio
+
+    from eventbus.app import EventBus
+    from examples.flights import pipeline
+    from examples.flights.workers import DemoKeys, settings_for
+
+    rows = pickle.loads(Path(rows_file).read_bytes())[:events]
+    if variant == "events":
+        for row in rows:
+            row.event()
+        return
+    settings = settings_for(url, 16)
+    batch = variant.endswith("-batch")
+    options = pipeline.DemoOptions(batch=500) if batch else pipeline.DemoOptions()
+    run = pipeline.Run(options, settings, "flights-perf", DemoKeys(settings.key_prefix, "x"))
+    run.rows = rows
+
+    async def direct(bus: EventBus) -> None:  # the step's tasks without its per-plane waits
+        it = iter(rows)
+
+        async def task() -> None:
+            for row in it:
+                await bus.publish(run.topic, row.event(), resource_id=row.plane)
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(min(options.window, len(rows))):
+                tg.start_soon(task)
+
+    async def main() -> None:
+        bus = EventBus(settings)
+        async with bus:
+            if variant == "direct":
+                await direct(bus)
+            else:
+                await pipeline.publish_flights(bus, run)
+        await bus.aclose()
+
+    asyncio.run(main())
+
+
+def flights_publish(events: int, profile: str | None, batch: bool = False) -> dict[str, float]:
+    """Instructions per event of the flights publish step and its parts (module docstring)."""
+    import pickle
+
+    from examples.flights.flightdata import load_flights
+
+    rows_file = Path("/tmp") / f"perf-flights-rows-{time.time_ns()}.pickle"
+    rows_file.write_bytes(pickle.dumps(load_flights(limit=3 * events)))
+    suffix = "-batch" if batch else ""
+    per_event: dict[str, float] = {}
+    try:
+        for variant in ("events", "direct", "full" + suffix):
+            counts = []
+            for n in (events, 3 * events):
+                with RedisServer() as server:
+                    child = ["_flights", variant, server.url, str(n), str(rows_file)]
+                    counts.append(_callgrind_instructions(server.url, n, None, child))
+            per_event[variant] = (counts[1] - counts[0]) / (2 * events)
+    finally:
+        rows_file.unlink()
+    flight, direct, full = per_event.values()
+    return {
+        "flight_construction": flight,
+        "bus_publish": direct - flight,
+        "step_own_waits": full - direct,
+        "total_per_event": full,
     }
 
 
@@ -256,13 +342,18 @@ if __name__ == "__main__":
     if sys.argv[1] == "_publish":
         _publish_child(sys.argv[2], int(sys.argv[3]), sys.argv[4])
         sys.exit(0)
+    if sys.argv[1] == "_flights":
+        _flights_child(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
+        sys.exit(0)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     verbs = ["consume", "publish", "path", "core", "consume-redis", "publish-core"]
+    verbs += ["flights-publish"]
     parser.add_argument("what", choices=verbs)
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--profile", default=None)
     parser.add_argument("--json", default=None, help="write the last run's figures here")
+    parser.add_argument("--batch", action="store_true", help="flights-publish: publish_many")
     args = parser.parse_args()
     fn = {
         "consume": consume,
@@ -271,6 +362,7 @@ if __name__ == "__main__":
         "core": core,
         "consume-redis": consume_redis,
         "publish-core": publish_core,
+        "flights-publish": partial(flights_publish, batch=args.batch),
     }[args.what]
     for run in range(args.runs):
         res = fn(args.events, args.profile)
