@@ -1,0 +1,121 @@
+"""The flights demo's publish step (`examples.flights.pipeline.publish_flights`) on a real Redis:
+per-plane order with concurrent ``publish()`` calls (a plane's flight is published only once its
+previous one is confirmed), and the bulk-load option (``--batch N``: ``publish_many`` calls)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis.asyncio
+
+from eventbus import EventBus, Settings
+from eventbus.protocol.codec import decode_entry
+from examples.flights.flightdata import FlightRow
+from examples.flights.pipeline import DemoOptions, Run, publish_flights
+from examples.flights.workers import DemoKeys
+
+pytestmark = pytest.mark.anyio
+
+TOPIC = "flights-test"
+PLANES = [f"N{i}" for i in range(5)]
+
+
+def _rows(n: int) -> list[FlightRow]:
+    """`n` flights of few planes (most flights find their plane's previous one in flight)."""
+    seqs: dict[str, int] = defaultdict(int)
+    rows = []
+    for position in range(n):
+        plane = PLANES[position * 7 % 11 % len(PLANES)]
+        seqs[plane] += 1
+        rows.append(
+            FlightRow(
+                position, seqs[plane], plane, 2013, 1, 1, "2013-01-01T05:00:00Z", 515, 517, 2,
+                11, "UA", 1545, plane, "EWR", "IAH", 227, 1400,
+            )
+        )  # fmt: skip
+    return rows
+
+
+class _Recording:
+    """`bus` with each `publish` call's start and confirmation recorded per plane, and each
+    `publish_many` call's size."""
+
+    def __init__(self, bus: EventBus) -> None:
+        self.bus = bus
+        self.events: list[tuple[str, str, int]] = []  # ("call" | "done", plane, seq)
+        self.many: list[int] = []
+        self.inflight = 0
+
+    async def publish(self, topic: str, event: Any, *, resource_id: str) -> str:
+        self.events.append(("call", resource_id, event.seq))
+        entry_id = await self.bus.publish(topic, event, resource_id=resource_id)
+        self.events.append(("done", resource_id, event.seq))
+        return entry_id
+
+    async def publish_many(self, topic: str, events: Any) -> list[str]:
+        pairs = list(events)
+        self.many.append(len(pairs))
+        self.inflight += 1
+        assert self.inflight == 1  # one call at a time
+        try:
+            return await self.bus.publish_many(topic, pairs)
+        finally:
+            self.inflight -= 1
+
+
+async def _stream_seqs(r: redis.asyncio.Redis, bus: EventBus) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = defaultdict(list)
+    for shard in range(bus.topic(TOPIC).shards):
+        for _, fields in await r.xrange(bus.keys.stream(TOPIC, shard)):
+            payload = decode_entry(fields).payload
+            out[payload["plane"]].append(payload["seq"])
+    return dict(out)
+
+
+def _run(settings: Settings, rows: list[FlightRow], **options: Any) -> Run:
+    run = Run(DemoOptions(**options), settings, TOPIC, DemoKeys(settings.key_prefix, TOPIC))
+    run.rows = rows
+    return run
+
+
+async def test_a_planes_flight_is_published_once_its_previous_one_is_confirmed(
+    settings: Callable[..., Settings], r: redis.asyncio.Redis
+) -> None:
+    rows = _rows(1500)
+    bus = EventBus(settings(publish_batch_max=20))
+    run = _run(bus.settings, rows, window=200)
+    recording = _Recording(bus)
+    async with bus:
+        await publish_flights(recording, run)  # type: ignore[arg-type]
+
+    assert run.published == len(rows) == len(run.confirm_ms)
+    confirmed: dict[str, int] = defaultdict(int)  # plane -> its last confirmed seq
+    for what, plane, seq in recording.events:
+        if what == "call":
+            assert confirmed[plane] == seq - 1, (plane, seq)  # the previous one confirmed
+        else:
+            confirmed[plane] = seq
+    seqs = await _stream_seqs(r, bus)
+    assert seqs == {p: list(range(1, len(seqs[p]) + 1)) for p in PLANES}
+    assert sum(map(len, seqs.values())) == len(rows)
+
+
+async def test_the_batch_option_publishes_every_flight_in_order_with_publish_many(
+    settings: Callable[..., Settings], r: redis.asyncio.Redis
+) -> None:
+    rows = _rows(1000)
+    bus = EventBus(settings(publish_batch_max=64))
+    run = _run(bus.settings, rows, batch=300)
+    recording = _Recording(bus)
+    async with bus:
+        await publish_flights(recording, run)  # type: ignore[arg-type]
+
+    assert recording.many == [300, 300, 300, 100]
+    assert not [e for e in recording.events if e[0] == "call"]  # no publish() call
+    assert run.published == len(rows) == len(run.confirm_ms)
+    seqs = await _stream_seqs(r, bus)
+    assert seqs == {p: list(range(1, len(seqs[p]) + 1)) for p in PLANES}
+    assert sum(map(len, seqs.values())) == len(rows)
