@@ -119,3 +119,15 @@ async def test_the_batch_option_publishes_every_flight_in_order_with_publish_man
     seqs = await _stream_seqs(r, bus)
     assert seqs == {p: list(range(1, len(seqs[p]) + 1)) for p in PLANES}
     assert sum(map(len, seqs.values())) == len(rows)
+
+
+def test_a_rows_event_is_the_flight_of_its_fields() -> None:
+    from pydantic import ValidationError
+
+    from examples.flights.flightdata import Flight
+
+    for row in _rows(3):
+        assert row.event() == Flight(**row._asdict())
+        assert row.event().model_dump() == row._asdict()
+    with pytest.raises(ValidationError):  # validated, not constructed
+        _rows(1)[0]._replace(distance="far").event()
