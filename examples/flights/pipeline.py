@@ -27,7 +27,6 @@ deletes its keys at the end unless ``--keep``, so reruns never mix.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import gc
 import json
@@ -40,6 +39,7 @@ import tempfile
 import time
 import uuid
 from array import array
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -253,46 +253,43 @@ async def publish_flights(bus: EventBus, run: Run) -> None:
     queued in publish order) and awaits its confirmation; the bus coalesces the concurrent calls
     into pipelines. Per-plane order needs more than that: the bus keeps a caller's order only if
     the caller awaited its previous publish (pipelines overlap and retry), so a flight whose
-    plane still has an unconfirmed one waits for that confirmation first. ``rate`` (events/s)
-    paces the hand-out when set.
+    plane still has an unconfirmed one is queued behind it, and the task that sees that one
+    confirmed publishes it next. ``rate`` (events/s) paces the hand-out when set.
     """
     opts = run.options
     if opts.batch:
         await _publish_batches(bus, run)
         return
     flights = enumerate(run.rows)
-    # plane -> the cell of its latest flight not yet confirmed: a later flight of the plane puts
-    # a future in it and waits on that, so a flight whose plane has none ahead costs no future
-    # (asyncio futures: an anyio.Event finds its backend on every creation)
-    unconfirmed: dict[str, list[asyncio.Future[None] | None]] = {}
-    loop = asyncio.get_running_loop()
+    # plane -> the flights waiting for its one in flight (None: one in flight, none waiting).
+    # The task that sees a plane's flight confirmed publishes the plane's next one itself, so a
+    # flight behind another costs no future and no extra task switch.
+    waiting: dict[str, deque[tuple[int, FlightRow]] | None] = {}
     start = time.perf_counter()
 
     async def publisher() -> None:
         for i, row in flights:
-            # Claim the plane's place in line before any await, so that no later flight of the
-            # plane can overtake this one (e.g. while this task sleeps for the pacing).
             plane = row.plane
-            mine: list[asyncio.Future[None] | None] = [None]
-            before, unconfirmed[plane] = unconfirmed.get(plane), mine
-            if before is not None:
-                before[0] = loop.create_future()  # the flight ahead sets it once confirmed
-            try:
+            if plane in waiting:  # claimed before any await: no later flight can overtake it
+                queue = waiting[plane]
+                if queue is None:
+                    queue = waiting[plane] = deque()
+                queue.append((i, row))
+                continue
+            waiting[plane] = None
+            while True:
                 if opts.rate:
                     ahead_s = start + i / opts.rate - time.perf_counter()
                     if ahead_s > 0:
                         await anyio.sleep(ahead_s)
-                if before is not None:
-                    await before[0]  # (a cancelled waiter cancels it: the one ahead checks)
                 called = time.perf_counter()
                 await bus.publish(run.topic, row.event(), resource_id=plane)
                 run.confirm_ms.append((time.perf_counter() - called) * 1000)
                 run.published += 1
-            finally:
-                if (after := mine[0]) is not None and not after.done():
-                    after.set_result(None)
-                if unconfirmed.get(plane) is mine:
-                    del unconfirmed[plane]
+                if not (queue := waiting[plane]):
+                    del waiting[plane]
+                    break
+                i, row = queue.popleft()
 
     run.publish_start_ms = time.time() * 1000
     cpu_before = time.process_time()
