@@ -7,8 +7,11 @@
 
 Starts a private redis-server (or uses REDIS_URL, whose database it FLUSHES), publishes the
 flights with ``bus.publish_many`` (timed: the writer's reference), archives them with the
-offloader to a temporary folder, starts a local SparkSession (``local[2]``), then measures, each
-run twice and the faster kept (Spark is warm by then):
+offloader to a temporary folder, starts a local SparkSession (``local[2]``, adaptive query
+execution off: a small-data setting, docs/spark.md), then measures every read the same way
+(`measure`): one untimed warm-up run of the same query on the same data and session, then
+``--runs`` timed runs (default 3), of which the median is kept; a run includes building the
+DataFrame (planning the cut, listing, analysis) and the job, and rows are counted each time:
 
 * ``pyarrow``: ``pq.read_table`` of every segment file, in this process, one thread: the ceiling
   of reading these files at all;
@@ -19,12 +22,18 @@ run twice and the faster kept (Spark is warm by then):
   ``typed_arrow`` with ``validate=false`` (payload maps converted by Arrow);
 * ``typed_agg`` / ``typed_native``: a typed aggregate (``count(*)``, ``sum(dep_delay)``) through
   the Python source and through `eventbus.spark.read`'s native path (Spark's Parquet reader on
-  the typed segment columns), same cut; ``duckdb_typed``: the same aggregate in DuckDB with one
+  the typed segment columns), same cut; ``plain_parquet``: the same aggregate over a plain
+  ``spark.read.parquet`` of the same files (schema inferred, as a user writes it) and
+  ``plain_parquet_schema`` (schema given: no inference job), the reference the native path's
+  cost is compared with; these four also give ``plan_s`` (building the DataFrame) and
+  ``exec_s`` (the job), medians; ``duckdb_typed``: the same aggregate in DuckDB with one
   ``read_parquet`` of the archive;
 * ``offload_us_per_event``: `encode_segment` of 50,000 of the entries, raw and with typed columns;
-* ``writer``: ``df.write.format("eventbus")`` of the same flights to another topic.
+* ``writer``: ``df.write.format("eventbus")`` of the same flights to another topic (one run, no
+  warm-up: it publishes).
 
-All rates are events/s. Prints one JSON object (and writes it to ``--out``).
+All rates are events/s. ``method`` in the output states the above. Prints one JSON object (and
+writes it to ``--out``). The machine's load moves every figure: compare paths of one run.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ import contextlib
 import json
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -62,16 +72,39 @@ def redis_url() -> Iterator[str]:
         yield server.url
 
 
-def best(fn: Callable[[], int], n: int, runs: int = 2) -> dict[str, Any]:
-    """Run `fn` (which returns the rows it saw) `runs` times; the faster run's rate."""
-    times = []
-    for _ in range(runs):
+WARMUP_RUNS = 1
+SPARK_CONF = {"spark.sql.adaptive.enabled": "false"}  # docs/spark.md: settings for small data
+
+
+def measure(fn: Callable[[], Any], n: int, runs: int, warmup: int = WARMUP_RUNS) -> dict[str, Any]:
+    """Run `fn` `warmup` times untimed, then `runs` times timed; the median run's seconds and
+    rate (events/s), the fastest and slowest seconds. `fn` returns the rows it saw, or (rows,
+    seconds spent building the DataFrame): then ``plan_s`` and ``exec_s`` (the rest) are the
+    medians of the two phases. Exits when a run sees other than `n` rows."""
+    times, plans = [], []
+    for i in range(warmup + runs):
         started = time.perf_counter()
-        rows = fn()
-        times.append(time.perf_counter() - started)
+        got = fn()
+        took = time.perf_counter() - started
+        rows, plan = got if isinstance(got, tuple) else (got, None)
         if rows != n:
             raise SystemExit(f"expected {n} rows, got {rows}")
-    return {"seconds": round(min(times), 3), "events_per_s": round(n / min(times), 1)}
+        if i >= warmup:
+            times.append(took)
+            if plan is not None:
+                plans.append(plan)
+    median = statistics.median(times)
+    out: dict[str, Any] = {
+        "seconds": round(median, 3),
+        "events_per_s": round(n / median, 1),
+        "min_s": round(min(times), 3),
+        "max_s": round(max(times), 3),
+    }
+    if plans:
+        out["plan_s"] = round(statistics.median(plans), 3)
+        jobs = [t - p for t, p in zip(times, plans, strict=True)]
+        out["exec_s"] = round(statistics.median(jobs), 3)
+    return out
 
 
 async def publish_and_archive(url: str, topic: str, rows: list[Any], store: str) -> float:
@@ -103,9 +136,9 @@ async def publish_and_archive(url: str, topic: str, rows: list[Any], store: str)
     return publish_s
 
 
-def offload_cost(topic: str, n: int) -> dict[str, float]:
+def offload_cost(topic: str, n: int, runs: int) -> dict[str, float]:
     """`encode_segment` (the offloader's CPU per segment) of `n` flights as published:
-    microseconds per event, raw and with typed columns (best of 2)."""
+    microseconds per event, raw and with typed columns (`measure`'s median)."""
     from eventbus.protocol.codec import Envelope, encode_entry, new_event_id
     from eventbus.protocol.ids import EntryId
     from eventbus.tier.segment import encode_segment
@@ -119,12 +152,12 @@ def offload_cost(topic: str, n: int) -> dict[str, float]:
     typed = TypedPayloads(load_models(MODEL) or {})
     out = {}
     for name, t in (("raw", None), ("typed", typed)):
-        times = []
-        for _ in range(2):
-            started = time.perf_counter()
+
+        def encode(t: TypedPayloads | None = t) -> int:
             encode_segment(topic, 0, entries[0][0], entries[-1][0], entries, typed=t)
-            times.append(time.perf_counter() - started)
-        out[name] = round(min(times) / n * 1e6, 2)
+            return n
+
+        out[name] = round(measure(encode, n, runs)["seconds"] / n * 1e6, 2)
     return out
 
 
@@ -132,7 +165,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--runs", type=int, default=3, help="timed runs per read (median kept)")
     args = parser.parse_args()
+    runs = args.runs
 
     rows = load_flights(None, args.events)
     n = len(rows)
@@ -140,6 +175,14 @@ def main() -> None:
         "events": n,
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
+        "method": {
+            "warmup_runs": WARMUP_RUNS,
+            "timed_runs": args.runs,
+            "statistic": "median",
+            "timed": "building the DataFrame (planning, listing, analysis) and the job, every "
+            "read path alike; writer: one run, no warm-up",
+            "spark_conf": SPARK_CONF,
+        },
     }
     with redis_url() as url, tempfile.TemporaryDirectory(prefix="spark-bench-") as store:
         import redis
@@ -153,13 +196,14 @@ def main() -> None:
 
         import pyarrow.parquet as pq
 
-        pq.read_table(files[0])  # warm-up (imports)
-        result["pyarrow"] = best(lambda: sum(pq.read_table(f).num_rows for f in files), n)
+        result["pyarrow"] = measure(lambda: sum(pq.read_table(f).num_rows for f in files), n, runs)
 
         started = time.perf_counter()
         from examples.flights.spark_step import start_spark
 
         spark = start_spark()
+        for key, value in SPARK_CONF.items():
+            spark.conf.set(key, value)
         result["spark_startup_s"] = round(time.perf_counter() - started, 1)
 
         def arrow_in_spark() -> int:
@@ -177,7 +221,7 @@ def main() -> None:
             paths = spark.createDataFrame([(f,) for f in files], "path string")
             return paths.repartition(len(files)).mapInArrow(read, schema).count()
 
-        result["pyarrow_in_spark"] = best(arrow_in_spark, n)
+        result["pyarrow_in_spark"] = measure(arrow_in_spark, n, runs)
 
         def source(**options: str) -> Callable[[], int]:
             def run() -> int:
@@ -195,10 +239,28 @@ def main() -> None:
         def typed_agg(df: Any) -> int:
             return int(df.agg(F.count("*"), F.sum("dep_delay")).first()[0])
 
+        def phased(build: Callable[[], Any]) -> Callable[[], tuple[int, float]]:
+            """The typed aggregate of the DataFrame `build` gives, and the seconds `build` took."""
+
+            def run() -> tuple[int, float]:
+                started = time.perf_counter()
+                df = build()
+                planned = time.perf_counter() - started
+                return typed_agg(df), planned
+
+            return run
+
         opts = {"store": store, "topic": "bench-a", "model": MODEL}
-        python_df = spark.read.format("eventbus").options(**opts)
-        result["typed_agg"] = best(lambda: typed_agg(python_df.load()), n)
-        result["typed_native"] = best(lambda: typed_agg(read(spark, opts)), n)
+        uris = [Path(f).as_uri() for f in files]
+        result["typed_agg"] = measure(
+            phased(lambda: spark.read.format("eventbus").options(**opts).load()), n, runs
+        )
+        result["typed_native"] = measure(phased(lambda: read(spark, opts)), n, runs)
+        result["plain_parquet"] = measure(phased(lambda: spark.read.parquet(*uris)), n, runs)
+        inferred = spark.read.parquet(*uris).schema
+        result["plain_parquet_schema"] = measure(
+            phased(lambda: spark.read.schema(inferred).parquet(*uris)), n, runs
+        )
         result["typed_native"]["vs_typed_python"] = round(
             result["typed_native"]["events_per_s"] / result["typed_agg"]["events_per_s"], 2
         )
@@ -206,12 +268,12 @@ def main() -> None:
 
         glob = f"{store}/bench-a/*/*.parquet"
         query = f"SELECT count(*), sum(dep_delay) FROM read_parquet('{glob}', union_by_name=1)"
-        result["duckdb_typed"] = best(lambda: int(duckdb.sql(query).fetchall()[0][0]), n)
-        result["offload_us_per_event"] = offload_cost("bench-a", min(n, 50_000))
+        result["duckdb_typed"] = measure(lambda: int(duckdb.sql(query).fetchall()[0][0]), n, runs)
+        result["offload_us_per_event"] = offload_cost("bench-a", min(n, 50_000), runs)
 
-        result["raw"] = best(source(), n)
-        result["typed"] = best(source(model=MODEL), n)
-        result["typed_arrow"] = best(source(model=MODEL, validate="false"), n)
+        result["raw"] = measure(source(), n, runs)
+        result["typed"] = measure(source(model=MODEL), n, runs)
+        result["typed_arrow"] = measure(source(model=MODEL, validate="false"), n, runs)
         for name in ("raw", "typed", "typed_arrow"):
             result[name]["vs_pyarrow"] = round(
                 result[name]["events_per_s"] / result["pyarrow"]["events_per_s"], 3
@@ -245,13 +307,16 @@ def main() -> None:
             )
             return n
 
-        result["writer"] = best(write, n, runs=1)
+        result["writer"] = measure(write, n, runs=1, warmup=0)
         result["writer"]["vs_publish_many"] = round(
             result["writer"]["events_per_s"] / result["publish_many"]["events_per_s"], 3
         )
         result["targets"] = {
             "raw_at_least_half_pyarrow_in_spark": result["raw"]["vs_pyarrow_in_spark"] >= 0.5,
             "typed_at_least_200k": result["typed"]["events_per_s"] >= 200_000,
+            "typed_native_at_least_10x_typed_python": result["typed_native"]["vs_typed_python"]
+            >= 10,
+            "typed_native_at_least_1m": result["typed_native"]["events_per_s"] >= 1_000_000,
         }
         spark.stop()
     text = json.dumps(result, indent=2)
