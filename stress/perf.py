@@ -3,7 +3,7 @@
     python stress/perf.py consume [--events N] [--runs 3] [--profile F.svg]
     python stress/perf.py publish [--events N] [--runs 3] [--profile F.svg]
     python stress/perf.py path|core [--events N] [--runs 5]
-    python stress/perf.py consume-redis [--events N] [--runs 1]
+    python stress/perf.py consume-redis [--events N] [--runs 1] [--rate R]
     python stress/perf.py publish-core [--events N] [--runs 1] [--profile F.callgrind]
     python stress/perf.py flights-publish [--events N] [--runs 1] [--batch]
 
@@ -22,6 +22,11 @@ does nothing else, so ``valgrind --tool=callgrind`` on it counts the consumer's 
 (Redis and the publisher are other processes, not traced); run at two sizes, the difference
 over the difference in events is the consumer's instructions per event, start-up cancelled.
 It also prints the consumer's Redis calls per event by command (``INFO commandstats``).
+With ``--rate R`` the child publishes at R events/s while the consumer runs (after it joined its
+group), as the bench's latency step does: read rounds then carry a few events each, and the
+callgrind difference of two sizes over the difference in ``calls_xreadgroup`` gives the
+instructions per read round (under callgrind the consumer runs ~50 x slower: scale R down so
+that rounds carry as many events as at the real rate).
 ``publish-core``: CPU *instructions* per ``publish()`` (valgrind's callgrind, deterministic on a
 shared machine, unlike a rate): the bench's publish from 1000 concurrent tasks runs under
 callgrind for N and for 3 N events against a private redis-server (outside valgrind), and the
@@ -43,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import shutil
@@ -103,17 +109,48 @@ def publish(events: int, profile: str | None) -> dict[str, float]:
     return {"raw_xadd_pipelined_per_s": raw, "publish_per_s": rate, "ratio": rate / raw}
 
 
-def consume_redis(events: int, profile: str | None) -> dict[str, float]:
+def _paced_child(url: str, events: int, rate: float) -> None:
+    """Publish `events` events at `rate` events/s once the bench group has a live consumer."""
+    import anyio
+
+    async def run() -> None:
+        bus = bench.EventBus(bench.Settings(redis_url=url, shards=bench.SHARDS))
+        async with bus:
+            members = bus.keys.members(bench.TOPIC, "bench")
+            while not await bus.redis.zcard(members):  # noqa: ASYNC110 (state in Redis)
+                await anyio.sleep(0.05)
+            start = time.perf_counter()
+            async with anyio.create_task_group() as tg:
+                for i in range(events):
+                    event = bench._event(i)
+                    tg.start_soon(
+                        lambda e=event, i=i: bus.publish(bench.TOPIC, e, resource_id=f"r{i % 500}")
+                    )
+                    delay = start + (i + 1) / rate - time.perf_counter()
+                    if delay > 0:
+                        await anyio.sleep(delay)
+
+    anyio.run(run)
+
+
+def consume_redis(events: int, profile: str | None, rate: float = 0) -> dict[str, float]:
     if profile:
         raise SystemExit("consume-redis runs in this process: profile it from outside")
     with RedisServer() as server:
         out = Path("/tmp") / f"perf-consume-redis-{time.time_ns()}.json"
-        cmd = [sys.executable, __file__, "_publish", server.url, str(events), str(out)]
-        subprocess.run(cmd, check=True, env=bench.child_env())  # events + 1 (a warm-up)
-        out.unlink()
+        paced = None
+        if rate:  # published while the consumer runs, at `rate`
+            cmd = [sys.executable, __file__, "_paced", server.url, str(events + 1), str(rate)]
+            paced = subprocess.Popen(cmd, env=bench.child_env())
+        else:
+            cmd = [sys.executable, __file__, "_publish", server.url, str(events), str(out)]
+            subprocess.run(cmd, check=True, env=bench.child_env())  # events + 1 (a warm-up)
+            out.unlink()
         before = asyncio.run(bench.command_calls(server.url))
         reads = asyncio.run(_reads_processed(server.url))
         bench.consumer_main(server.url, events + 1, str(out))
+        if paced is not None and paced.wait():
+            raise RuntimeError(f"the paced publisher failed ({paced.returncode})")
         reads = asyncio.run(_reads_processed(server.url)) - reads - 2  # 2: the INFOs here
         after = asyncio.run(bench.command_calls(server.url))
         got = json.loads(out.read_text())
@@ -351,6 +388,9 @@ if __name__ == "__main__":
     if sys.argv[1] == "_flights":
         _flights_child(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
         sys.exit(0)
+    if sys.argv[1] == "_paced":
+        _paced_child(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))
+        sys.exit(0)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     verbs = ["consume", "publish", "path", "core", "consume-redis", "publish-core"]
     verbs += ["flights-publish"]
@@ -360,6 +400,7 @@ if __name__ == "__main__":
     parser.add_argument("--profile", default=None)
     parser.add_argument("--json", default=None, help="write the last run's figures here")
     parser.add_argument("--batch", action="store_true", help="flights-publish: publish_many")
+    parser.add_argument("--rate", type=float, default=0, help="consume-redis: publish at R/s")
     args = parser.parse_args()
     fn = {
         "consume": consume,
@@ -370,6 +411,10 @@ if __name__ == "__main__":
         "publish-core": publish_core,
         "flights-publish": partial(flights_publish, batch=args.batch),
     }[args.what]
+    if args.rate:
+        if args.what != "consume-redis":
+            parser.error("--rate applies to consume-redis only")
+        fn = functools.partial(consume_redis, rate=args.rate)
     for run in range(args.runs):
         res = fn(args.events, args.profile)
         print(json.dumps({"run": run + 1, **{k: round(v, 3) for k, v in res.items()}}), flush=True)
