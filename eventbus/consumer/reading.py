@@ -13,9 +13,11 @@ connection of its own to its node, the first to return entries ending the others
 Fenced delivery: Redis does not fence XREADGROUP, so a stale consumer's read that lands late (a
 process paused between its lease check and the send, a request delayed in the network past the
 TTL) delivers entries into *its* pending entries list while this consumer holds the shard. Every
-read is therefore followed, in the same pipeline (so after the read on the server), by an
-``XPENDING`` summary of each shard read: entries pending for any other consumer are claimed
-(``XCLAIM ... 0``) and merged, by entry ID, with what was read, before anything is dispatched.
+read is therefore followed, in the same round trip (so after the read on the server), by an
+``XPENDING`` summary of each shard read (on a single node inside one script, ``lua/strays.lua``,
+which returns only the shards where another consumer has entries pending: usually nothing):
+entries pending for any other consumer are claimed (``XCLAIM ... 0``) and merged, by entry ID,
+with what was read, before anything is dispatched.
 A late read that lands after that summary took entries newer than those just read; the next
 read's summary claims them, and they are still older than that read's entries. So no later
 entry of a resource is dispatched before an earlier one, on a single node and on a Cluster (the
@@ -32,11 +34,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, ResponseError
+
 from eventbus.client.pipelines import execute, execute_packed
 from eventbus.consumer.cluster_reads import BlockingReads
-from eventbus.consumer.raw_replies import parse_xpending, parse_xread
+from eventbus.consumer.raw_replies import parse_xread
 from eventbus.consumer.shards import HeldShard
 from eventbus.locking.member import Member
+from eventbus.locking.scripts import register
 from eventbus.ops.metrics import METRICS
 from eventbus.protocol.ids import parse_id as id_key
 
@@ -80,6 +86,8 @@ class Reader:
             *("COUNT", self.count, "BLOCK"),
         )
         self._noack = ("NOACK",) if noack else ()
+        self._strays = register(self.redis, "strays")  # a single node's summaries, server-side
+        self._strays_args = (self.group, self.consumer_id)
 
     async def aclose(self) -> None:
         """Close the connections of blocking reads on a Cluster (`cluster_reads`)."""
@@ -154,30 +162,67 @@ class Reader:
         merged with the entries stale reads of other consumers left pending (see the module
         docstring). `shards` must be held, and recovered, by this consumer."""
         check = not self.noack  # NOACK reads leave no pending entries
+        streams = [h.stream for h in shards]
         if not self.cluster:  # one round trip, packed by hiredis, parsed in raw_replies
-            streams = [h.stream for h in shards]
-            read = (*self._xreadgroup, block_ms, *self._noack, "STREAMS", *streams)
-            commands = [(*read, *(">",) * len(streams))]
-            if check:
-                commands += [("XPENDING", stream, self.group) for stream in streams]
-            got, *pending = await execute_packed(self.redis, commands)
-            replies = parse_xread(got)
-            summaries = [parse_xpending(p) for p in pending]
+            replies, strays = await self._read_round(streams, block_ms, check)
         else:  # a Cluster: one blocking read per stream at once (`cluster_reads`)
-            streams = [h.stream for h in shards]
             replies, summaries = await self.blocking.read(streams, block_ms)
+            me = self.consumer_id.encode()
+            strays = {i: others_of(s, me) for i, s in enumerate(summaries)}
         reads = {stream: Read(stream, entries) for stream, entries in replies if entries}
-        for h, summary in zip(shards, summaries, strict=False):
-            await self._claim_strays(h, summary, reads)
+        for i, names in strays.items():
+            if names:
+                await self._claim_strays(shards[i], names, reads)
         return list(reads.values())
 
-    async def _claim_strays(self, h: HeldShard, summary: Any, reads: dict[bytes, Read]) -> None:
-        """Claim the entries of `h`'s stream pending for other consumers and merge them into
-        `reads` by entry ID."""
-        me = self.consumer_id.encode()
-        others = [
-            c["name"] for c in summary.get("consumers") or [] if c["name"] != me and c["pending"]
-        ]
+    async def _read_round(
+        self, streams: list[str], block_ms: int, check: bool
+    ) -> tuple[list[tuple[bytes, Any]], dict[int, list[bytes]]]:
+        """A single node's read round: ``XREADGROUP`` then, with `check`, ``lua/strays.lua``
+        over the streams read, in one round trip. Returns the read's reply (`parse_xread`'s
+        shape) and, by index in `streams`, the names of other consumers with entries pending.
+        A flushed script cache (NOSCRIPT: Redis restarted, failed over, ``SCRIPT FLUSH``) costs
+        one more round trip: the script is loaded and run then, still after the read, and the
+        read's entries are kept. An error reply to the read is raised; one to the script too, or,
+        when the read delivered entries, a `redis.exceptions.ConnectionError` (the read loop then
+        forgets the shards and claims their PELs again, as after a lost reply)."""
+        read = (*self._xreadgroup, block_ms, *self._noack, "STREAMS", *streams)
+        commands = [(*read, *(">",) * len(streams))]
+        if check:
+            script = self._strays
+            commands.append(("EVALSHA", script.sha, len(streams), *streams, *self._strays_args))
+        got, *rest = await execute_packed(self.redis, commands, raise_on_error=False)
+        if isinstance(got, Exception):
+            raise got
+        replies = parse_xread(got)
+        if not check:
+            return replies, {}
+        found = rest[0]
+        try:
+            if isinstance(found, NoScriptError) or (
+                isinstance(found, ResponseError) and str(found).startswith("NOSCRIPT")
+            ):  # loaded and run again by redis-py's script object
+                found = await self._strays(keys=streams, args=self._strays_args)
+            elif isinstance(found, Exception):
+                raise found
+        except ResponseError as exc:
+            if any(rows for _, rows in replies):
+                # entries were read but cannot be checked: not dispatched, the round fails like
+                # a lost reply, so the shards' PELs are claimed again, in order, before reading on
+                raise RedisConnectionError(
+                    f"entries read, then the strays script failed ({type(exc).__name__}: "
+                    f"{exc}): the PELs are claimed again"
+                ) from exc
+            raise
+        return replies, {
+            int(i) - 1: list(names) for i, names in zip(found[::2], found[1::2], strict=True)
+        }
+
+    async def _claim_strays(
+        self, h: HeldShard, others: list[bytes], reads: dict[bytes, Read]
+    ) -> None:
+        """Claim the entries of `h`'s stream pending for the consumers `others` and merge them
+        into `reads` by entry ID."""
         for name in others:
             rows = await self._pending_of(h.stream, name)
             if not rows:
@@ -218,3 +263,9 @@ class Reader:
             stream, self.group, entries[0][0], entries[-1][0], len(entries), self.consumer_id
         )
         return {row["message_id"]: int(row["times_delivered"]) for row in rows}
+
+
+def others_of(summary: Any, me: bytes) -> list[bytes]:
+    """The consumers other than `me` with entries pending in an ``XPENDING`` summary
+    (`raw_replies.parse_xpending`'s shape)."""
+    return [c["name"] for c in summary.get("consumers") or [] if c["name"] != me and c["pending"]]
