@@ -11,7 +11,7 @@ raises the first of those instead.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import hiredis
 from redis._parsers.hiredis import NOT_ENOUGH_DATA, _AsyncHiredisParser
@@ -43,26 +43,41 @@ def packable(redis: Any) -> bool:
     return type(redis) is Redis and issubclass(getattr(pool, "connection_class", object), _PACKED)
 
 
+class Packed(NamedTuple):
+    """A command packed once, to be sent many times (`execute_packed` writes `data` on a single
+    node, and sends `args` through a pipeline elsewhere)."""
+
+    args: tuple[Any, ...]
+    data: bytes
+
+    @classmethod
+    def of(cls, *args: Any) -> Packed:
+        return cls(args, pack(args))
+
+
 async def execute_packed(
-    redis: Any, commands: Sequence[tuple[Any, ...]], *, raise_on_error: bool = True
+    redis: Any, commands: Sequence[tuple[Any, ...] | Packed], *, raise_on_error: bool = True
 ) -> list[Any]:
     """Run `commands` in one round trip, as `execute` runs a pipeline: the replies, or the first
     error reply raised with the server's message (with `raise_on_error` False, error replies
     are returned in their places, as `ResponseError` values). On a single node they are packed with
     hiredis's C packer and written on a pooled connection (redis-py's asyncio client packs in
     Python, about half a microsecond per argument: an XACK of 500 entry IDs); elsewhere (a
-    Cluster, fakeredis) through a redis-py pipeline. A connection error drops the connection
+    Cluster, fakeredis) through a redis-py pipeline. A `Packed` command is sent as packed
+    before. A connection error drops the connection
     (its replies may be half read) and propagates."""
     if not packable(redis):
         pipe = redis.pipeline(transaction=False)
         for command in commands:
-            pipe.execute_command(*command)
+            pipe.execute_command(*(command.args if isinstance(command, Packed) else command))
         return await execute(pipe, raise_on_error=raise_on_error)
     pool = redis.connection_pool
     conn = await pool.get_connection()
     replies: list[Any] = []
     try:
-        await conn.send_packed_command(b"".join([pack(c) for c in commands]))
+        await conn.send_packed_command(
+            b"".join([pack(c) if type(c) is tuple else c.data for c in commands])  # type: ignore[union-attr]
+        )
         gets = buffered_replies(conn)  # replies already read: no coroutine per reply
         for _ in commands:
             reply = gets() if gets is not None else NOT_READ

@@ -14,10 +14,9 @@ Fenced delivery: Redis does not fence XREADGROUP, so a stale consumer's read tha
 process paused between its lease check and the send, a request delayed in the network past the
 TTL) delivers entries into *its* pending entries list while this consumer holds the shard. Every
 read is therefore followed, in the same round trip (so after the read on the server), by an
-``XPENDING`` summary of each shard read (on a single node inside one script, ``lua/strays.lua``,
-which returns only the shards where another consumer has entries pending: usually nothing):
-entries pending for any other consumer are claimed (``XCLAIM ... 0``) and merged, by entry ID,
-with what was read, before anything is dispatched.
+``XPENDING`` summary of each shard read (packed once per shard; a summary with nothing pending,
+or only ours, is passed over with two tests): entries pending for any other consumer are claimed
+(``XCLAIM ... 0``) and merged, by entry ID, with what was read, before anything is dispatched.
 A late read that lands after that summary took entries newer than those just read; the next
 read's summary claims them, and they are still older than that read's entries. So no later
 entry of a resource is dispatched before an earlier one, on a single node and on a Cluster (the
@@ -35,14 +34,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ResponseError
 
-from eventbus.client.pipelines import execute, execute_packed
+from eventbus.client.pipelines import Packed, execute, execute_packed
 from eventbus.consumer.cluster_reads import BlockingReads
-from eventbus.consumer.raw_replies import parse_xread
+from eventbus.consumer.raw_replies import parse_xpending, parse_xread
 from eventbus.consumer.shards import HeldShard
 from eventbus.locking.member import Member
-from eventbus.locking.scripts import register
 from eventbus.ops.metrics import METRICS
 from eventbus.protocol.ids import parse_id as id_key
 
@@ -86,8 +83,9 @@ class Reader:
             *("COUNT", self.count, "BLOCK"),
         )
         self._noack = ("NOACK",) if noack else ()
-        self._strays = register(self.redis, "strays")  # a single node's summaries, server-side
-        self._strays_args = (self.group, self.consumer_id)
+        self._me = self.consumer_id.encode()
+        # a single node's XPENDING summaries, packed once per shard stream
+        self._summaries = {s: Packed.of("XPENDING", s, self.group) for s in streams}
 
     async def aclose(self) -> None:
         """Close the connections of blocking reads on a Cluster (`cluster_reads`)."""
@@ -167,8 +165,7 @@ class Reader:
             replies, strays = await self._read_round(streams, block_ms, check)
         else:  # a Cluster: one blocking read per stream at once (`cluster_reads`)
             replies, summaries = await self.blocking.read(streams, block_ms)
-            me = self.consumer_id.encode()
-            strays = {i: others_of(s, me) for i, s in enumerate(summaries)}
+            strays = {i: others_of(s, self._me) for i, s in enumerate(summaries)}
         reads = {stream: Read(stream, entries) for stream, entries in replies if entries}
         for i, names in strays.items():
             if names:
@@ -178,45 +175,31 @@ class Reader:
     async def _read_round(
         self, streams: list[str], block_ms: int, check: bool
     ) -> tuple[list[tuple[bytes, Any]], dict[int, list[bytes]]]:
-        """A single node's read round: ``XREADGROUP`` then, with `check`, ``lua/strays.lua``
-        over the streams read, in one round trip. Returns the read's reply (`parse_xread`'s
-        shape) and, by index in `streams`, the names of other consumers with entries pending.
-        A flushed script cache (NOSCRIPT: Redis restarted, failed over, ``SCRIPT FLUSH``) costs
-        one more round trip: the script is loaded and run then, still after the read, and the
-        read's entries are kept. An error reply to the read is raised; one to the script too, or,
-        when the read delivered entries, a `redis.exceptions.ConnectionError` (the read loop then
-        forgets the shards and claims their PELs again, as after a lost reply)."""
+        """A single node's read round: ``XREADGROUP`` then, with `check`, the ``XPENDING``
+        summary of each stream read (packed once per stream), in one round trip. Returns the
+        read's reply (`parse_xread`'s shape) and, by index in `streams`, the names of the other
+        consumers with entries pending there. An error reply to the read is raised; one to a
+        summary too, or, when the read delivered entries, a `redis.exceptions.ConnectionError`
+        (the read loop then forgets the shards and claims their PELs again, as after a lost
+        reply: the entries read cannot be checked, so they are not dispatched)."""
         read = (*self._xreadgroup, block_ms, *self._noack, "STREAMS", *streams)
-        commands = [(*read, *(">",) * len(streams))]
+        commands: list[Any] = [(*read, *(">",) * len(streams))]
         if check:
-            script = self._strays
-            commands.append(("EVALSHA", script.sha, len(streams), *streams, *self._strays_args))
+            summaries = self._summaries
+            commands += [summaries[stream] for stream in streams]
         got, *rest = await execute_packed(self.redis, commands, raise_on_error=False)
         if isinstance(got, Exception):
             raise got
         replies = parse_xread(got)
-        if not check:
-            return replies, {}
-        found = rest[0]
-        try:
-            if isinstance(found, NoScriptError) or (
-                isinstance(found, ResponseError) and str(found).startswith("NOSCRIPT")
-            ):  # loaded and run again by redis-py's script object
-                found = await self._strays(keys=streams, args=self._strays_args)
-            elif isinstance(found, Exception):
-                raise found
-        except ResponseError as exc:
+        bad = next((r for r in rest if isinstance(r, Exception)), None)
+        if bad is not None:
             if any(rows for _, rows in replies):
-                # entries were read but cannot be checked: not dispatched, the round fails like
-                # a lost reply, so the shards' PELs are claimed again, in order, before reading on
                 raise RedisConnectionError(
-                    f"entries read, then the strays script failed ({type(exc).__name__}: "
-                    f"{exc}): the PELs are claimed again"
-                ) from exc
-            raise
-        return replies, {
-            int(i) - 1: list(names) for i, names in zip(found[::2], found[1::2], strict=True)
-        }
+                    f"entries read, then an XPENDING summary failed ({type(bad).__name__}: "
+                    f"{bad}): the PELs are claimed again"
+                ) from bad
+            raise bad
+        return replies, strays(rest, self._me)
 
     async def _claim_strays(
         self, h: HeldShard, others: list[bytes], reads: dict[bytes, Read]
@@ -263,6 +246,23 @@ class Reader:
             stream, self.group, entries[0][0], entries[-1][0], len(entries), self.consumer_id
         )
         return {row["message_id"]: int(row["times_delivered"]) for row in rows}
+
+
+def strays(summaries: list[Any], me: bytes) -> dict[int, list[bytes]]:
+    """By index in `summaries` (``XPENDING`` summary replies, raw or as redis-py parses them),
+    the names of the consumers other than `me` with entries pending; only the indexes that have
+    some. A raw summary with nothing pending, or only `me`'s, costs two tests."""
+    found: dict[int, list[bytes]] = {}
+    for i, reply in enumerate(summaries):
+        if type(reply) is list:  # raw: [count, min, max, [[name, count], ...]]
+            if not reply[0] or (len(reply[3]) == 1 and reply[3][0][0] == me):
+                continue
+            names = [name for name, n in reply[3] if name != me and int(n)]
+        else:
+            names = others_of(parse_xpending(reply), me)
+        if names:
+            found[i] = names
+    return found
 
 
 def others_of(summary: Any, me: bytes) -> list[bytes]:

@@ -5,7 +5,6 @@ fakeredis and on redis-server alike: `tests/cases/consume_cases.py`."""
 
 from __future__ import annotations
 
-import hashlib
 import random
 from collections import Counter
 from collections.abc import Callable
@@ -24,7 +23,6 @@ from support import (
 )
 
 from eventbus import Context, EventBus, Settings
-from eventbus.locking.scripts import source
 
 pytestmark = pytest.mark.anyio
 
@@ -166,16 +164,6 @@ async def test_sixty_four_shards(settings: SettingsFactory, r: redis.asyncio.Red
     assert {h.ctx.shard for h in rec.log} == set(range(64))
 
 
-STRAYS_SHA = hashlib.sha1(source("strays").encode()).hexdigest()
-
-
-def _name(args: tuple[Any, ...]) -> str:
-    """A command's name; ``EVALSHA strays`` for the read round's `lua/strays.lua`, so that
-    ``EVALSHA`` counts the lock scripts only."""
-    name = str(args[0]).upper()
-    return "EVALSHA strays" if name == "EVALSHA" and args[1] == STRAYS_SHA else name
-
-
 class CountingRedis(redis.asyncio.Redis):
     """A real client that counts the commands it sends (the server's own statistics are
     shared with whatever else uses the test server)."""
@@ -183,7 +171,7 @@ class CountingRedis(redis.asyncio.Redis):
     calls: Counter[str]
 
     async def execute_command(self, *args: Any, **options: Any) -> Any:
-        self.calls[_name(args)] += 1
+        self.calls[str(args[0]).upper()] += 1
         return await super().execute_command(*args, **options)
 
     def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Any:
@@ -192,7 +180,7 @@ class CountingRedis(redis.asyncio.Redis):
 
         async def execute(raise_on_error: bool = True) -> Any:
             for args, _ in pipe.command_stack:
-                self.calls[_name(args)] += 1
+                self.calls[str(args[0]).upper()] += 1
             return await sent(raise_on_error)
 
         pipe.execute = execute  # type: ignore[method-assign]
@@ -258,44 +246,6 @@ async def test_a_busy_consumer_locks_at_most_every_lock_interval(
     # lock rounds: one per 200 ms, the one in progress, and a heartbeat or an unlock at most
     assert during["EVALSHA"] <= elapsed / 0.2 + 3, (during, elapsed)
     assert during["XREADGROUP"] > 2 * during["EVALSHA"], during  # rounds without a lock round
-
-
-@pytest.mark.single_node(
-    "counts commands through a client subclass; a Cluster sends an XPENDING summary per stream "
-    "on that stream's node (cluster_reads)"
-)
-async def test_a_read_round_checks_every_shard_read_in_one_script(
-    settings: SettingsFactory, redis_db: str
-) -> None:
-    """Issue 18: a single node's read round is the XREADGROUP and one ``lua/strays.lua`` over
-    the shards read (their XPENDING summaries on the server), not an XPENDING per shard: with 4
-    shards, one script per read and no XPENDING from the client while nothing is stray."""
-    client = CountingRedis.from_url(redis_db)
-    client.calls = Counter()
-    s = settings(shards=4, lock_interval_ms=200, idle_release_ms=60_000)
-    bus = EventBus(s, redis=client)
-    rec = Recorder()
-
-    @bus.subscriber("trickle", group="g")
-    async def handle(event: Tick, ctx: Context) -> None:
-        rec.add(event, ctx)
-
-    publisher = EventBus(s)
-    async with publisher, running(bus):
-        await wait_until(lambda: _owners_are(client, bus.keys.locks("trickle", "g"), 1))
-        before = client.calls.copy()
-        for seq in range(50):
-            await publisher.publish(
-                "trickle", Tick(resource=f"r{seq % 7}", seq=seq), resource_id=f"r{seq % 7}"
-            )
-            await rec.wait_for(seq + 1)  # a round per event at least
-        during = client.calls - before
-    assert rec.by_resource() == {
-        f"r{k}": [seq for seq in range(50) if seq % 7 == k] for k in range(7)
-    }
-    assert during["XREADGROUP"] >= 50, during
-    assert during["EVALSHA strays"] == during["XREADGROUP"], during
-    assert during["XPENDING"] == 0, during
 
 
 @pytest.mark.single_node("counts lock rounds through a client subclass (see above)")

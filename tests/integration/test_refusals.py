@@ -112,5 +112,42 @@ async def test_a_refused_recovery_is_reported_and_the_shard_not_read_past(
     )
 
 
+async def test_entries_read_before_a_refused_summary_are_not_read_past(
+    settings: Callable[..., Settings],
+    restricted: Callable[..., str],
+    redis_db: str,
+) -> None:
+    """Issue 18: the read round's XPENDING summary (fenced delivery) is refused after the
+    XREADGROUP delivered A. A is not dispatched (it cannot be checked), and it must not stay
+    stranded in the consumer's PEL while the next round reads B, a later entry of the same
+    resource: the round fails like a lost reply, the shard's PEL is claimed again, and once the
+    operator allows XPENDING, A is handled, then B. (Before, the summary's error was raised as
+    a refusal and the next round read B past A.)"""
+    url = restricted("-xpending")
+    rec = Recorder()
+    bus = EventBus(settings(redis_url=url, shards=1, retry_max_s=0.2))
+    bus.subscriber("t", group="g")(rec.add)
+    admin = redis.asyncio.Redis.from_url(redis_db)
+    stop = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: bus.run(stop=stop))
+        await wait_until(lambda: bus.consumers and bus.running)
+        stream = bus.keys.stream("t", 0)
+        await bus.publish("t", Tick(resource="a", seq=1), resource_id="a")
+        await wait_until(lambda: _pending_is(admin, stream, 1))  # A read, not handled
+        await bus.publish("t", Tick(resource="a", seq=2), resource_id="a")
+        assert rec.log == []
+        await admin.execute_command("ACL", "SETUSER", "limited", "+xpending")  # the fix
+        await rec.wait_for(2)
+        await wait_until(lambda: _pending_zero(admin, stream))
+        stop.set()
+    await admin.aclose()
+    assert rec.by_resource() == {"a": [1, 2]}
+
+
+async def _pending_is(r: redis.asyncio.Redis, stream: str, n: int) -> bool:
+    return bool((await r.xpending(stream, "g"))["pending"] == n)
+
+
 async def _pending_zero(r: redis.asyncio.Redis, stream: str) -> bool:
     return not (await r.xpending(stream, "g"))["pending"]
