@@ -56,7 +56,11 @@ class Packed(NamedTuple):
 
 
 async def execute_packed(
-    redis: Any, commands: Sequence[tuple[Any, ...] | Packed], *, raise_on_error: bool = True
+    redis: Any,
+    commands: Sequence[tuple[Any, ...] | Packed],
+    *,
+    raise_on_error: bool = True,
+    conn: Any = None,
 ) -> list[Any]:
     """Run `commands` in one round trip, as `execute` runs a pipeline: the replies, or the first
     error reply raised with the server's message (with `raise_on_error` False, error replies
@@ -64,7 +68,8 @@ async def execute_packed(
     hiredis's C packer and written on a pooled connection (redis-py's asyncio client packs in
     Python, about half a microsecond per argument: an XACK of 500 entry IDs); elsewhere (a
     Cluster, fakeredis) through a redis-py pipeline. A `Packed` command is sent as packed
-    before. A connection error drops the connection
+    before. `conn`: a connection of `redis`'s pool the caller holds (`HeldConnection`), used
+    instead of one taken from the pool for this call. A connection error drops the connection
     (its replies may be half read) and propagates."""
     if not packable(redis):
         pipe = redis.pipeline(transaction=False)
@@ -72,7 +77,9 @@ async def execute_packed(
             pipe.execute_command(*(command.args if isinstance(command, Packed) else command))
         return await execute(pipe, raise_on_error=raise_on_error)
     pool = redis.connection_pool
-    conn = await pool.get_connection()
+    pooled = conn is None  # else the caller's own connection (`HeldConnection`)
+    if pooled:
+        conn = await pool.get_connection()
     replies: list[Any] = []
     try:
         await conn.send_packed_command(
@@ -93,11 +100,45 @@ async def execute_packed(
         await conn.disconnect()
         raise
     finally:
-        await pool.release(conn)
+        if pooled:
+            await pool.release(conn)
     for reply in replies if raise_on_error else ():
         if isinstance(reply, Exception):
             raise reply
     return replies
+
+
+class HeldConnection:
+    """One connection of `redis`'s pool kept by one caller for its repeated round trips
+    (`execute` as `execute_packed`): no pool checkout per round trip, whose health check
+    (redis-py's ``can_read_destructive``: a zero timeout around a socket read, a cancelled
+    read per checkout) costs more than a small round trip's own Python work. A round trip that
+    fails drops the connection (`execute_packed`); the next one connects it again. Elsewhere
+    than a single node's plain connections (`packable`), every call goes through
+    `execute_packed` as before. Not for concurrent use: one round trip at a time."""
+
+    def __init__(self, redis: Any) -> None:
+        self.redis = redis
+        self.packable = packable(redis)
+        self.conn: Any = None
+
+    async def execute(
+        self, commands: Sequence[tuple[Any, ...] | Packed], *, raise_on_error: bool = True
+    ) -> list[Any]:
+        """`execute_packed` on the held connection (taken from the pool at the first call)."""
+        if not self.packable:
+            return await execute_packed(self.redis, commands, raise_on_error=raise_on_error)
+        if self.conn is None:
+            self.conn = await self.redis.connection_pool.get_connection()
+        return await execute_packed(
+            self.redis, commands, raise_on_error=raise_on_error, conn=self.conn
+        )
+
+    async def aclose(self) -> None:
+        """Give the connection back to the pool."""
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            await self.redis.connection_pool.release(conn)
 
 
 NOT_READ: Any = NOT_ENOUGH_DATA

@@ -16,7 +16,7 @@ import anyio
 from redis.backoff import AbstractBackoff
 from redis.exceptions import ResponseError
 
-from eventbus.client.pipelines import execute_packed
+from eventbus.client.pipelines import HeldConnection
 from eventbus.client.retry import REDIS_ERRORS
 from eventbus.consumer.shards import HeldShard, Item, ShardTable
 from eventbus.locking.lease import Lease
@@ -58,6 +58,7 @@ class Acks:
         self.in_flight = 0
         self._batches: dict[int, _Batch] = {}
         self._sending: dict[int, _Batch] = {}  # the batches of the XACK pipeline on its way
+        self._conn = HeldConnection(self.redis)  # the XACK pipelines, one at a time
         self._wake = anyio.Event()
         self._capacity = anyio.Event()
         self._idle = anyio.Event()
@@ -139,7 +140,15 @@ class Acks:
         self._batches[head.shard].ids.extend([item.entry_id for item in items[1:]])
 
     async def loop(self) -> None:
-        """Send queued acks, one pipeline per wake-up; put them back and back off on errors."""
+        """Send queued acks, one pipeline per wake-up; put them back and back off on errors.
+        Holds one pool connection for its pipelines until it ends (cancelled)."""
+        try:
+            await self._loop()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._conn.aclose()
+
+    async def _loop(self) -> None:
         failures = 0
         while True:
             await self._wake.wait()
@@ -155,8 +164,8 @@ class Acks:
                 if current:
                     self.before_send()
                     group = self.group
-                    await execute_packed(
-                        self.redis, [("XACK", b.held.stream, group, *b.ids) for b in current]
+                    await self._conn.execute(
+                        [("XACK", b.held.stream, group, *b.ids) for b in current]
                     )
             except REDIS_ERRORS as exc:
                 failures += 1

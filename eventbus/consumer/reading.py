@@ -35,7 +35,7 @@ from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from eventbus.client.pipelines import Packed, execute, execute_packed
+from eventbus.client.pipelines import HeldConnection, Packed, execute
 from eventbus.consumer.cluster_reads import BlockingReads
 from eventbus.consumer.raw_replies import parse_xpending, parse_xread
 from eventbus.consumer.shards import HeldShard
@@ -77,6 +77,7 @@ class Reader:
         self.start_id = "0" if settings.start == "beginning" else "$"
         self._m_lost = METRICS.lost.labels(member.topic, member.group)
         self.blocking = BlockingReads(member, self.count, noack)
+        self._conn = HeldConnection(self.redis)  # a single node's read rounds, one at a time
         # XREADGROUP's arguments up to BLOCK's value, and NOACK's, packed once
         self._xreadgroup: tuple[Any, ...] = (
             *("XREADGROUP", "GROUP", self.group, self.consumer_id),
@@ -88,8 +89,10 @@ class Reader:
         self._summaries = {s: Packed.of("XPENDING", s, self.group) for s in streams}
 
     async def aclose(self) -> None:
-        """Close the connections of blocking reads on a Cluster (`cluster_reads`)."""
+        """Close the connections of blocking reads on a Cluster (`cluster_reads`), and give a
+        single node's read connection back to the pool."""
         await self.blocking.aclose()
+        await self._conn.aclose()
 
     async def ensure_groups(self, streams: list[str] | None = None, start: str = "") -> None:
         """``XGROUP CREATE ... MKSTREAM`` on every shard stream, or on `streams`, at `start`
@@ -187,7 +190,7 @@ class Reader:
         if check:
             summaries = self._summaries
             commands += [summaries[stream] for stream in streams]
-        got, *rest = await execute_packed(self.redis, commands, raise_on_error=False)
+        got, *rest = await self._conn.execute(commands, raise_on_error=False)
         if isinstance(got, Exception):
             raise got
         replies = parse_xread(got)

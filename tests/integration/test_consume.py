@@ -271,3 +271,46 @@ async def test_a_consumer_alone_in_its_group_keeps_its_idle_shards(
         await wait_until(lambda: client.calls["EVALSHA"] >= rounds + 20)  # 20 lock rounds on
         later = await client.hgetall(locks)
     assert later == first  # the same owner and token for each of the 4 shards
+
+
+@pytest.mark.single_node(
+    "a single node's read rounds and XACK pipelines; on a Cluster reads go over the consumer's "
+    "own connections (cluster_reads)"
+)
+async def test_read_and_ack_rounds_take_no_pool_connection_each(
+    settings: SettingsFactory, redis_db: str
+) -> None:
+    """Issue 18: a read round and an XACK pipeline each ran on a connection taken from the
+    pool, whose checkout health check (a zero-timeout socket read, cancelled) cost more than
+    the round's own Python work at a few entries per round. The reader and the ack loop each
+    hold one connection now: 50 events handled one by one (50 read rounds and ~50 XACK
+    pipelines) take a handful of checkouts (lock rounds, heartbeats), not 100."""
+    s = settings(shards=4, lock_interval_ms=1000, idle_release_ms=60_000)
+    bus = EventBus(s)
+    pool = bus.redis.connection_pool
+    checkouts = Counter[str]()
+    take = pool.get_connection
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        checkouts["n"] += 1
+        return await take(*args, **kwargs)
+
+    pool.get_connection = counted  # type: ignore[method-assign]
+    rec = Recorder()
+
+    @bus.subscriber("trickle", group="g")
+    async def handle(event: Tick, ctx: Context) -> None:
+        rec.add(event, ctx)
+
+    publisher = EventBus(s)
+    async with publisher, running(bus):
+        await wait_until(lambda: _owners_are(bus.redis, bus.keys.locks("trickle", "g"), 1))
+        await publisher.publish("trickle", Tick(resource="r", seq=0), resource_id="r")
+        await rec.wait_for(1)
+        before = checkouts["n"]
+        for seq in range(1, 51):
+            await publisher.publish("trickle", Tick(resource="r", seq=seq), resource_id="r")
+            await rec.wait_for(seq + 1)  # a read round (and an XACK pipeline) per event
+        during = checkouts["n"] - before
+    assert rec.by_resource() == {"r": list(range(51))}
+    assert during < 25, during

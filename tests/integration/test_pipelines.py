@@ -6,11 +6,12 @@ an unfilled template, which hid NOGROUP from the consumer: issue 19 items 4 and 
 from __future__ import annotations
 
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
 from eventbus import Settings
 from eventbus.client.connection import connect
-from eventbus.client.pipelines import execute, execute_packed, packable
+from eventbus.client.pipelines import HeldConnection, Packed, execute, execute_packed, packable
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
@@ -69,3 +70,37 @@ async def test_buffered_replies_are_taken_without_a_read_response_each(
         assert await execute_packed(redis, [("PING", "after")]) == [b"after"]  # in step
     finally:
         await redis.aclose()
+
+
+async def test_a_held_connection_is_reused_and_connects_again_after_it_was_lost(
+    settings: type[Settings], topology: str
+) -> None:
+    """`HeldConnection`: one pool connection for every round trip (no checkout each), error
+    replies returned in place with ``raise_on_error=False``; a round trip on a connection the
+    server closed raises a connection error, and the next one connects again."""
+    redis = connect(settings())
+    held = HeldConnection(redis)
+    try:
+        await redis.set("h{1}", "a")
+        assert await held.execute([("GET", "h{1}"), Packed.of("STRLEN", "h{1}")]) == [b"a", 1]
+        first = held.conn
+        got = await held.execute([("GET", "h{1}"), ("XLEN", "h{1}")], raise_on_error=False)
+        assert got[0] == b"a" and isinstance(got[1], ResponseError)  # WRONGTYPE, in place
+        assert held.conn is first
+        if topology == "single":
+            assert first is not None
+            await redis.client_kill_filter(_id=await _client_id(held))
+            with pytest.raises(RedisConnectionError):
+                await held.execute([("GET", "h{1}")])
+            assert await held.execute([("GET", "h{1}")]) == [b"a"]  # connected again
+            assert held.conn is first
+    finally:
+        await held.aclose()
+        await redis.delete("h{1}")
+        await redis.aclose()
+    assert held.conn is None
+
+
+async def _client_id(held: HeldConnection) -> int:
+    [got] = await held.execute([("CLIENT", "ID")])
+    return int(got)
