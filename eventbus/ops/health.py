@@ -22,6 +22,7 @@ idle ones giving way to new ones (`serve`, `eventbus.ops.http_server`).
 
 from __future__ import annotations
 
+import struct
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -104,13 +105,18 @@ class ChildrenHealth:
         self.registry = registry
         self.stall_s = stall_s
 
-    def _gauge(self, name: str) -> dict[str, float]:
-        """pid -> value of the liveall gauge `name`."""
+    def _gauge(self, name: str) -> dict[str, float] | str:
+        """pid -> value of the liveall gauge `name`, or why the children's metric files could
+        not be read: a child that is creating its file leaves it empty for a moment, and
+        prometheus_client's reader then fails with ``struct.error`` (a 503, not a traceback)."""
         out: dict[str, float] = {}
-        for family in self.registry.collect():
-            for sample in family.samples:
-                if sample.name == name and "pid" in sample.labels:
-                    out[sample.labels["pid"]] = sample.value
+        try:
+            for family in self.registry.collect():
+                for sample in family.samples:
+                    if sample.name == name and "pid" in sample.labels:
+                        out[sample.labels["pid"]] = sample.value
+        except (struct.error, OSError) as exc:
+            return f"the children's metric files could not be read ({exc}): a child is writing one"
         return out
 
     def _dead(self) -> list[str]:
@@ -120,6 +126,8 @@ class ChildrenHealth:
         if dead := self._dead():
             return False, f"child processes exited: {', '.join(dead)}"
         ticks = self._gauge("eventbus_loop_tick_timestamp_seconds")
+        if isinstance(ticks, str):
+            return False, ticks
         now = time.time()
         stale = [str(p.pid) for p in self.procs if now - ticks.get(str(p.pid), 0) > self.stall_s]
         if stale:
@@ -130,6 +138,8 @@ class ChildrenHealth:
         if dead := self._dead():
             return False, f"child processes exited: {', '.join(dead)}"
         ready = self._gauge("eventbus_ready")
+        if isinstance(ready, str):
+            return False, ready
         waiting = [str(p.pid) for p in self.procs if ready.get(str(p.pid)) != 1]
         if waiting:
             return False, f"processes not ready: {', '.join(waiting)}"
