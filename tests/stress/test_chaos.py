@@ -267,11 +267,12 @@ def test_redis_restart_with_aof(tmp_path: Path) -> None:
     assert {f["detail"] for f in faults} == {"SIGTERM", "SIGKILL"}
     last = max(f["end_ns"] for f in faults)
     assert res["plan"]["aof"]
-    # consumers came back after the last restart: events were handled after it
-    assert any(
-        t > (last - res["t0_ns"]) / 1e9 and n > 0
-        for t, n in zip(res["timeline"]["t_s"], res["timeline"]["handled_per_s"], strict=True)
-    )
+    # Consumers came back after the last restart: the publisher went on after it (the plan
+    # injects it at 90 % published), and the last event was handled after it. (The timeline's
+    # one-second bins cannot tell: the bin holding the restart's end starts before it.)
+    last_s = (last - res["t0_ns"]) / 1e9
+    assert res["published_s"] > last_s, (res["published_s"], last_s)
+    assert res["handling_s"] > last_s, (res["handling_s"], last_s)
 
 
 def test_client_kill(tmp_path: Path) -> None:
