@@ -20,6 +20,7 @@ from eventbus.app import EventBus
 from eventbus.cli.output import remember_url, run_async, user_errors
 from eventbus.errors import ConfigError
 from eventbus.ops import logs
+from eventbus.ops.children_metrics import ChildrenMetrics
 from eventbus.ops.health import ChildrenHealth, Health, run_with_health, serve
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -115,7 +116,8 @@ def _run_processes(
         procs: list[subprocess.Popen[bytes]] = []
         if port is not None:  # first: a taken port fails before any child starts
             registry = CollectorRegistry()
-            multiprocess.MultiProcessCollector(registry, path=env[MULTIPROC_ENV])  # type: ignore[no-untyped-call]
+            # a metric file a child is still creating is left out of a scrape, not a 500
+            ChildrenMetrics(registry, path=env[MULTIPROC_ENV])
             server = serve(host, port, ChildrenHealth(procs, registry), registry)
             stack.callback(server.shutdown)
         cmd = [sys.executable, "-m", "eventbus.cli", "run", target, *logging_args]

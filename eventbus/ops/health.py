@@ -96,7 +96,9 @@ async def run_with_health(run: Callable[[], Awaitable[None]], health: Health) ->
 
 class ChildrenHealth:
     """The health of ``eventbus run --processes N``'s children, read by the parent from the
-    children's multiprocess metric files (`registry` holds a ``MultiProcessCollector``)."""
+    children's multiprocess metric files (`registry` holds a ``MultiProcessCollector``, or the
+    `eventbus.ops.children_metrics.ChildrenMetrics` of ``eventbus run``, which leaves out a file
+    a child is still creating: that child's gauges are missing, so it is not live or ready)."""
 
     def __init__(
         self, procs: Sequence[Any], registry: CollectorRegistry, *, stall_s: float = STALL_S

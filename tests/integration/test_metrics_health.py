@@ -4,6 +4,7 @@ health of both children, served by the parent."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -14,7 +15,9 @@ import textwrap
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -135,7 +138,13 @@ async def handle(event: Tick) -> None:
 """
 
 
-def test_processes_share_one_metrics_port(redis_db: str, tmp_path: Path) -> None:
+@contextlib.contextmanager
+def _two_processes(
+    redis_db: str, tmp_path: Path, multiproc_dir: Path | None = None
+) -> Iterator[tuple[int, subprocess.Popen[str], list[dict[str, Any]]]]:
+    """``eventbus run --processes 2 --metrics-port`` (JSON logs) on `multiproc_dir` (None: its
+    own temporary folder); yields its port, its process and its stderr's log records (filled
+    once the run stopped: SIGTERM, exit 0)."""
     (tmp_path / "multi_app.py").write_text(textwrap.dedent(APP))
     port = free_port()
     env = {
@@ -145,31 +154,67 @@ def test_processes_share_one_metrics_port(redis_db: str, tmp_path: Path) -> None
         "EVENTBUS_BLOCK_MAX_MS": "100",
     }
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    if multiproc_dir is not None:
+        env["PROMETHEUS_MULTIPROC_DIR"] = str(multiproc_dir)
     cmd = [sys.executable, "-m", "eventbus.cli", "run", "multi_app:bus", "--processes", "2"]
     cmd += ["--metrics-port", str(port), "--log-format", "json"]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+    records: list[dict[str, Any]] = []
     try:
-        deadline = time.monotonic() + 60
-        while _get(port, "/readyz")[0] != 200:
-            assert proc.poll() is None, proc.communicate()[1]
-            assert time.monotonic() < deadline, _get(port, "/readyz")
-            time.sleep(0.1)
-        # liveness: every child ticked lately (a starved CI machine may miss one tick: wait)
-        while _get(port, "/healthz") != (200, "ok\n"):
-            assert time.monotonic() < deadline, _get(port, "/healthz")
-            time.sleep(0.1)
+        yield port, proc, records
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    records += [json.loads(line) for line in err.splitlines() if line.strip()]
+
+
+def _wait_ready_and_live(port: int, proc: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 60
+    while _get(port, "/readyz")[0] != 200:
+        assert proc.poll() is None, proc.communicate()[1]
+        assert time.monotonic() < deadline, _get(port, "/readyz")
+        time.sleep(0.1)
+    # liveness: every child ticked lately (a starved CI machine may miss one tick: wait)
+    while _get(port, "/healthz") != (200, "ok\n"):
+        assert time.monotonic() < deadline, _get(port, "/healthz")
+        time.sleep(0.1)
+
+
+def test_processes_share_one_metrics_port(redis_db: str, tmp_path: Path) -> None:
+    with _two_processes(redis_db, tmp_path) as (port, proc, records):
+        _wait_ready_and_live(port, proc)
         text = _get(port, "/metrics")[1]
         ready = [line for line in text.splitlines() if line.startswith("eventbus_ready{")]
         assert len(ready) == 2, text  # one per child process (pid label)
         held = _value(text, 'eventbus_shards_held{group="g",topic="multi"}')
         assert held >= 1  # summed over the live children
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
-    records = [json.loads(line) for line in err.splitlines() if line.strip()]
     assert {r["logger"] for r in records} >= {"eventbus.consumer"}
     assert len({r["pid"] for r in records}) == 2
+
+
+def test_a_metric_file_being_created_does_not_fail_the_scrape(
+    redis_db: str, tmp_path: Path
+) -> None:
+    # a child between creating a metric file and writing its header: the file is empty (here
+    # for the whole run), and prometheus-client's reader fails on it with struct.error
+    (folder := tmp_path / "metrics").mkdir()
+    (folder / "counter_4242.db").write_bytes(b"")
+    with _two_processes(redis_db, tmp_path, folder) as (port, proc, records):
+        deadline = time.monotonic() + 60
+        while (scrape := _get(port, "/metrics"))[0] == 0:  # not listening yet
+            assert time.monotonic() < deadline, scrape
+            time.sleep(0.1)
+        assert scrape[0] == 200, scrape  # a 500 with a traceback on main
+        _wait_ready_and_live(port, proc)  # the file does not hold the health probes at 503 either
+        status, text = _get(port, "/metrics")
+        assert status == 200
+        ready = [line for line in text.splitlines() if line.startswith("eventbus_ready{")]
+        assert len([r for r in ready if r.endswith(" 1.0")]) == 2, text  # both children's
+    skipped = [r for r in records if r["logger"] == "eventbus.ops.children_metrics"]
+    assert len(skipped) == 1, skipped  # logged once, for all the scrapes
+    assert skipped[0]["level"] == "WARNING"
+    assert "counter_4242.db" in skipped[0]["message"]
 
 
 def _metered_lags(text: str) -> list[str]:

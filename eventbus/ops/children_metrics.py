@@ -1,0 +1,78 @@
+"""`ChildrenMetrics`: the ``/metrics`` collector of ``eventbus run --processes N``, reading the
+children's multiprocess metric files as prometheus-client's ``MultiProcessCollector`` does, but
+skipping a file it cannot read instead of failing the whole scrape.
+
+A child creates each of its metric files (``<type>_<pid>.db`` in ``PROMETHEUS_MULTIPROC_DIR``)
+empty and writes its header a moment later; prometheus-client's reader fails on it with
+``struct.error`` (a truncated or corrupted file: ``RuntimeError``, ``ValueError``), and
+``MultiProcessCollector.collect`` fails with it: the scrape answered 500 with a traceback while a
+child was starting. Here that file is left out of that scrape (its values come back at the next
+one) and the reason is logged once per file.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import struct
+from collections.abc import Iterable
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.metrics_core import Metric
+from prometheus_client.multiprocess import MultiProcessCollector
+
+log = logging.getLogger(__name__)
+
+UNREADABLE = (struct.error, RuntimeError, ValueError, OSError)
+"""What prometheus-client's reader raises on a metric file being created (empty: ``struct.error``),
+corrupted (``RuntimeError``: an entry past the used size; ``ValueError``: a key that is not JSON
+or UTF-8) or removed (``OSError``)."""
+
+
+class ChildrenMetrics(MultiProcessCollector):
+    """The metrics of the processes writing to the folder `path` (``PROMETHEUS_MULTIPROC_DIR``),
+    merged as ``MultiProcessCollector`` merges them (counters and histograms summed, gauges by
+    their ``multiprocess_mode``), each file read once per `collect`; a file that cannot be read
+    (`UNREADABLE`) is left out of that collection and logged at WARNING, once per file name.
+
+    :param registry: registers the collector there (None: not registered)
+    :param path: the folder of the ``*.db`` files; `ValueError` if it is not a folder
+    """
+
+    def __init__(self, registry: CollectorRegistry | None, path: str) -> None:
+        super().__init__(registry, path=path)  # type: ignore[no-untyped-call]
+        self._reported: set[str] = set()  # file names whose skip was logged
+
+    def collect(self) -> Iterable[Metric]:
+        """The merged metrics of every readable file (a fresh list of `Metric` per call)."""
+        merged: dict[str, Any] = {}
+        for path in sorted(glob.glob(os.path.join(self._path, "*.db"))):
+            try:
+                # one file per call: a file that fails leaves the others' metrics intact
+                metrics = MultiProcessCollector._read_metrics([path])  # type: ignore[no-untyped-call]
+            except UNREADABLE as exc:
+                self._skipped(path, exc)
+                continue
+            for name, metric in metrics.items():
+                if name in merged:
+                    merged[name].samples.extend(metric.samples)
+                else:
+                    merged[name] = metric
+        accumulate: Any = MultiProcessCollector._accumulate_metrics
+        return accumulate(merged, accumulate=True)  # type: ignore[no-any-return]
+
+    def _skipped(self, path: str, exc: BaseException) -> None:
+        name = os.path.basename(path)
+        if name in self._reported:
+            return
+        self._reported.add(name)
+        log.warning(
+            "metrics: left out the metric file %s, which could not be read (%s: %s): a child "
+            "process creating it (its values are back at the next scrape), or a corrupted file "
+            "(left out of every scrape; logged once)",
+            name,
+            type(exc).__name__,
+            exc,
+        )
