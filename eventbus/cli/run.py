@@ -120,6 +120,9 @@ def _run_processes(
             ChildrenMetrics(registry, path=env[MULTIPROC_ENV])
             server = serve(host, port, ChildrenHealth(procs, registry), registry)
             stack.callback(server.shutdown)
+            # with PROMETHEUS_MULTIPROC_DIR set by the user, this process (no bus, no tick)
+            # wrote its own eventbus_ready and tick gauges there at import: 0, not a child's
+            multiprocess.mark_process_dead(os.getpid(), env[MULTIPROC_ENV])  # type: ignore[no-untyped-call]
         cmd = [sys.executable, "-m", "eventbus.cli", "run", target, *logging_args]
         procs += [subprocess.Popen(cmd, env=env) for _ in range(n)]
 

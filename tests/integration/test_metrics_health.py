@@ -210,7 +210,9 @@ def test_a_metric_file_being_created_does_not_fail_the_scrape(
         status, text = _get(port, "/metrics")
         assert status == 200
         ready = [line for line in text.splitlines() if line.startswith("eventbus_ready{")]
-        assert len([r for r in ready if r.endswith(" 1.0")]) == 2, text  # both children's
+        assert len(ready) == 2, text  # both children's, the empty file left out
+        assert all(r.endswith(" 1.0") for r in ready), text
+        assert f'pid="{proc.pid}"' not in text  # nor the parent's own gauges (not a child)
     skipped = [r for r in records if r["logger"] == "eventbus.ops.children_metrics"]
     assert len(skipped) == 1, skipped  # logged once, for all the scrapes
     assert skipped[0]["level"] == "WARNING"
