@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 import anyio
 import pytest
 import zstandard
+from cases import add925e_entries
 from obstore.store import MemoryStore
 from pydantic import BaseModel
 from support import Recorder, Tick, running, total_pending, wait_until
@@ -29,7 +30,7 @@ from eventbus.cli import app
 from eventbus.cli.topic import sample_bodies
 from eventbus.dlq import DeadLetters
 from eventbus.protocol import compression
-from eventbus.protocol.codec import F_DATA, F_RESOURCE, F_TYPE, Envelope, decode_entry
+from eventbus.protocol.codec import F_DATA, F_RESOURCE, F_TYPE, decode_entry
 from eventbus.protocol.dictionaries import CACHE, FORMAT_DICT_COMPACT, Dictionaries, dictionary_id
 from eventbus.protocol.sharding import shard_of
 from eventbus.tier.dictionaries import archive_dictionaries
@@ -108,9 +109,6 @@ async def _drained(bus: EventBus, r: Any) -> bool:
     return await total_pending(bus, TOPIC, "g", r) == 0
 
 
-OLD_ENTRIES = Path(__file__).resolve().parents[1] / "fixtures" / "codec" / "entries.json"
-
-
 class Flight(BaseModel):
     """The events of tests/fixtures/codec/entries.json."""
 
@@ -129,7 +127,7 @@ async def test_entries_written_before_the_upgrade_are_consumed_beside_new_ones(
     """Entries of add925e's encoder (format 0x04 with its dictionary, 0x01, 0x02) stay in the
     shard streams across the upgrade: a fresh consumer loads their dictionary from Redis and
     handles them with their own event IDs and times, beside entries of the new format 0x05."""
-    old = json.loads(OLD_ENTRIES.read_text())
+    old = add925e_entries.load()
     bus = EventBus(settings())
     rec = Recorder()
     seen: dict[int, tuple[Flight, Context]] = {}
@@ -145,9 +143,8 @@ async def test_entries_written_before_the_upgrade_are_consumed_beside_new_ones(
         bus.keys.dictionaries(TOPIC), old["dictionary_id"], bytes.fromhex(old["dictionary_hex"])
     )
     for e in old["entries"]:  # as the old publisher wrote them
-        fields = {k.encode(): bytes.fromhex(v) for k, v in e["fields"].items()}
         rid = e["envelope"]["resource_id"]
-        await r.xadd(bus.keys.stream(TOPIC, shard_of(rid, shards)), fields)
+        await r.xadd(bus.keys.stream(TOPIC, shard_of(rid, shards)), add925e_entries.fields(e))
     rng = random.Random(3)
     new = [
         Flight(
@@ -181,22 +178,11 @@ async def test_entries_written_before_the_upgrade_are_consumed_beside_new_ones(
     assert len(seen) == 500 + len(old["entries"])
 
 
-def _old_envelope(want: dict[str, Any]) -> Envelope:
-    return Envelope(
-        want["resource_id"],
-        want["event_type"],
-        bytes.fromhex(want["event_id_hex"]),
-        want["published_at_ms"],
-        want["headers"],
-        want["payload"],
-    )
-
-
 async def _published_in_both_formats(r: Any, settings: Any) -> tuple[dict[str, Any], list[Any]]:
     """(the fixture, the entries stored): the events of the fixture's 0x04 cases published
     with entry_format=4, then one event published with the default format, all with the
     fixture's dictionary current, stored in Redis as `train` stores it."""
-    old = json.loads(OLD_ENTRIES.read_text())
+    old = add925e_entries.load()
     bus4 = EventBus(settings(entry_format=4))
     await r.hset(
         bus4.keys.dictionaries(TOPIC),
@@ -207,7 +193,7 @@ async def _published_in_both_formats(r: Any, settings: Any) -> tuple[dict[str, A
         for e in old["entries"]:
             if e["case"].startswith("0x04"):
                 await bus4.publisher.publish_envelope(
-                    bus4.topic(TOPIC), _old_envelope(e["envelope"])
+                    bus4.topic(TOPIC), add925e_entries.envelope(e)
                 )
     await bus4.aclose()
     bus5 = EventBus(settings())

@@ -4,15 +4,14 @@ tests/fixtures/codec/entries.json were written by add925e's encoder (see its gen
 
 from __future__ import annotations
 
-import json
 import random
 import statistics
-from pathlib import Path
 from typing import Any
 
 import msgpack
 import pytest
 import zstandard
+from cases import add925e_entries
 
 from eventbus.errors import DecodeError
 from eventbus.protocol.codec import (
@@ -33,8 +32,7 @@ from eventbus.protocol.dictionaries import (
     fingerprint,
 )
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "codec" / "entries.json"
-OLD: dict[str, Any] = json.loads(FIXTURE.read_text())
+OLD = add925e_entries.load()
 
 
 def _flight(rng: random.Random, i: int, headers: dict[str, str] | None = None) -> Envelope:
@@ -78,20 +76,12 @@ def trained() -> tuple[int, list[Envelope], list[Envelope]]:
 
 @pytest.mark.parametrize("entry", OLD["entries"], ids=lambda e: e["case"])
 def test_entries_written_before_the_upgrade_decode_as_written(entry: dict[str, Any]) -> None:
-    CACHE.add(int(OLD["dictionary_id"]), bytes.fromhex(OLD["dictionary_hex"]))
-    fields = {k.encode(): bytes.fromhex(v) for k, v in entry["fields"].items()}
-    want = entry["envelope"]
+    add925e_entries.add_dictionary(OLD)
+    fields = add925e_entries.fields(entry)
 
     env = decode_entry(fields)
 
-    assert env == Envelope(
-        want["resource_id"],
-        want["event_type"],
-        bytes.fromhex(want["event_id_hex"]),
-        want["published_at_ms"],
-        want["headers"],
-        want["payload"],
-    )
+    assert env == add925e_entries.envelope(entry)
     assert decompressed_size(fields[F_DATA]) > 0
 
 

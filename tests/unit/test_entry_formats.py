@@ -6,14 +6,13 @@ with both, and an unknown format is a `ConfigError`. Redis: tests/integration/te
 
 from __future__ import annotations
 
-import json
 import random
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 import zstandard
+from cases import add925e_entries
 
 from eventbus import Settings
 from eventbus.config.settings import ENTRY_FORMATS
@@ -34,8 +33,7 @@ from eventbus.protocol.keys import Keys
 from eventbus.protocol.topics import TopicConfig
 from eventbus.publishing.publisher import Publisher
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "codec" / "entries.json"
-OLD: dict[str, Any] = json.loads(FIXTURE.read_text())
+OLD = add925e_entries.load()
 HOW = {  # how add925e's generate.py called its encoder for each case
     "0x04, no headers": {"dictionary": int(OLD["dictionary_id"])},
     "0x04, headers": {"dictionary": int(OLD["dictionary_id"])},
@@ -46,18 +44,7 @@ HOW = {  # how add925e's generate.py called its encoder for each case
 
 @pytest.fixture(autouse=True)
 def _old_dictionary() -> None:
-    CACHE.add(int(OLD["dictionary_id"]), bytes.fromhex(OLD["dictionary_hex"]))
-
-
-def _envelope(want: dict[str, Any]) -> Envelope:
-    return Envelope(
-        want["resource_id"],
-        want["event_type"],
-        bytes.fromhex(want["event_id_hex"]),
-        want["published_at_ms"],
-        want["headers"],
-        want["payload"],
-    )
+    add925e_entries.add_dictionary(OLD)
 
 
 @pytest.mark.parametrize("entry", OLD["entries"], ids=lambda e: e["case"])
@@ -65,7 +52,7 @@ def test_format_4_writes_add925e_s_bytes(entry: dict[str, Any]) -> None:
     """What add925e's encoder wrote for the same event and dictionary, every field byte for
     byte: so every reader of add925e's release reads it as it read its own entries."""
     compression.clear()  # a compressor made afresh, as in a new publisher process
-    env = _envelope(entry["envelope"])
+    env = add925e_entries.envelope(entry)
 
     fields = entry_encoder(4)(env, **HOW[entry["case"]])
 
