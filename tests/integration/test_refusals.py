@@ -5,8 +5,9 @@ it never reads a shard past pending entries whose recovery was refused."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import anyio
 import pytest
@@ -41,81 +42,82 @@ def _refusals(command: str) -> float:
     return METRICS.redis_refusals.labels("t", "g", command)._value.get()
 
 
+def _logged_with_its_reason(caplog: pytest.LogCaptureFixture, command: str) -> bool:
+    """A record names the refused `command` and the server's reason (redis-py names it by the
+    exception type inside pipelines)."""
+    return any(
+        command in m and ("NOPERM" in m or "NoPermissionError" in m) for m in caplog.messages
+    )
+
+
+@contextlib.asynccontextmanager
+async def _consuming(
+    settings: Callable[..., Settings], url: str
+) -> AsyncIterator[tuple[EventBus, Recorder]]:
+    """A bus on `url` (one shard, backing off 0.2 s at most) whose consumer of topic "t", group
+    "g" records what it handles, running until the block ends (then stopped gracefully)."""
+    rec = Recorder()
+    bus = EventBus(settings(redis_url=url, shards=1, retry_max_s=0.2))
+    bus.subscriber("t", group="g")(rec.add)
+    stop = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: bus.run(stop=stop))
+        yield bus, rec
+        stop.set()
+
+
 async def test_a_refused_xack_is_reported_and_retried_until_allowed(
     settings: Callable[..., Settings],
     restricted: Callable[..., str],
-    redis_db: str,
+    r: redis.asyncio.Redis,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     url = restricted("-xack")
     before = _refusals("XACK")
-    rec = Recorder()
-    bus = EventBus(settings(redis_url=url, shards=1, retry_max_s=0.2))
-    bus.subscriber("t", group="g")(rec.add)
-    admin = redis.asyncio.Redis.from_url(redis_db)
-    stop = anyio.Event()
     with caplog.at_level(logging.ERROR, logger="eventbus.consumer"):
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(lambda: bus.run(stop=stop))
+        async with _consuming(settings, url) as (bus, rec):
             await wait_until(lambda: bus.consumers and bus.running)
             await bus.publish("t", Tick(resource="a", seq=1), resource_id="a")
             await rec.wait_for(1)
             await wait_until(lambda: _refusals("XACK") - before >= 2)  # retried, loudly
             stream = bus.keys.stream("t", 0)
-            assert (await admin.xpending(stream, "g"))["pending"] == 1
-            await admin.execute_command("ACL", "SETUSER", "limited", "+xack")  # the fix
-            await wait_until(lambda: _pending_zero(admin, stream))
-            stop.set()
-    await admin.aclose()
-    # the server's reason: redis-py names it by the exception type inside pipelines
-    assert any(
-        "XACK" in m and ("NOPERM" in m or "NoPermissionError" in m)
-        for m in (r.getMessage() for r in caplog.records)
-    )
+            assert (await r.xpending(stream, "g"))["pending"] == 1
+            await r.execute_command("ACL", "SETUSER", "limited", "+xack")  # the fix
+            await wait_until(lambda: _pending_zero(r, stream))
+    assert _logged_with_its_reason(caplog, "XACK")
 
 
 async def test_a_refused_recovery_is_reported_and_the_shard_not_read_past(
     settings: Callable[..., Settings],
     restricted: Callable[..., str],
-    redis_db: str,
+    r: redis.asyncio.Redis,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Entry A is pending (delivered to a consumer that died); XAUTOCLAIM is refused: B, a later
     entry of the same resource, must not be handled before A."""
-    admin = redis.asyncio.Redis.from_url(redis_db)
     seed = EventBus(settings(shards=1))
     async with seed:
         stream = seed.keys.stream("t", 0)
-        await admin.xgroup_create(stream, "g", id="0", mkstream=True)
+        await r.xgroup_create(stream, "g", id="0", mkstream=True)
         await seed.publish("t", Tick(resource="a", seq=1), resource_id="a")
-        await admin.xreadgroup("g", "dead", {stream: ">"}, count=1)  # A pending for "dead"
+        await r.xreadgroup("g", "dead", {stream: ">"}, count=1)  # A pending for "dead"
         await seed.publish("t", Tick(resource="a", seq=2), resource_id="a")
     url = restricted("-xautoclaim")
     before = _refusals("XAUTOCLAIM")
-    rec = Recorder()
-    bus = EventBus(settings(redis_url=url, shards=1, retry_max_s=0.2))
-    bus.subscriber("t", group="g")(rec.add)
-    stop = anyio.Event()
     with caplog.at_level(logging.ERROR, logger="eventbus.consumer"):
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(lambda: bus.run(stop=stop))
+        async with _consuming(settings, url) as (_, rec):
             await wait_until(lambda: _refusals("XAUTOCLAIM") - before >= 2)
             assert rec.log == []  # B was not read past A
-            await admin.execute_command("ACL", "SETUSER", "limited", "+xautoclaim")
+            await r.execute_command("ACL", "SETUSER", "limited", "+xautoclaim")
             await rec.wait_for(2)
-            stop.set()
-    await admin.aclose()
     assert rec.by_resource() == {"a": [1, 2]}
-    assert any(
-        "XAUTOCLAIM" in m and ("NOPERM" in m or "NoPermissionError" in m)
-        for m in (r.getMessage() for r in caplog.records)
-    )
+    assert _logged_with_its_reason(caplog, "XAUTOCLAIM")
 
 
 async def test_entries_read_before_a_refused_summary_are_not_read_past(
     settings: Callable[..., Settings],
     restricted: Callable[..., str],
-    redis_db: str,
+    r: redis.asyncio.Redis,
 ) -> None:
     """Issue 18: the read round's XPENDING summary (fenced delivery) is refused after the
     XREADGROUP delivered A. A is not dispatched (it cannot be checked), and it must not stay
@@ -124,24 +126,16 @@ async def test_entries_read_before_a_refused_summary_are_not_read_past(
     operator allows XPENDING, A is handled, then B. (Before, the summary's error was raised as
     a refusal and the next round read B past A.)"""
     url = restricted("-xpending")
-    rec = Recorder()
-    bus = EventBus(settings(redis_url=url, shards=1, retry_max_s=0.2))
-    bus.subscriber("t", group="g")(rec.add)
-    admin = redis.asyncio.Redis.from_url(redis_db)
-    stop = anyio.Event()
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(lambda: bus.run(stop=stop))
+    async with _consuming(settings, url) as (bus, rec):
         await wait_until(lambda: bus.consumers and bus.running)
         stream = bus.keys.stream("t", 0)
         await bus.publish("t", Tick(resource="a", seq=1), resource_id="a")
-        await wait_until(lambda: _pending_is(admin, stream, 1))  # A read, not handled
+        await wait_until(lambda: _pending_is(r, stream, 1))  # A read, not handled
         await bus.publish("t", Tick(resource="a", seq=2), resource_id="a")
         assert rec.log == []
-        await admin.execute_command("ACL", "SETUSER", "limited", "+xpending")  # the fix
+        await r.execute_command("ACL", "SETUSER", "limited", "+xpending")  # the fix
         await rec.wait_for(2)
-        await wait_until(lambda: _pending_zero(admin, stream))
-        stop.set()
-    await admin.aclose()
+        await wait_until(lambda: _pending_zero(r, stream))
     assert rec.by_resource() == {"a": [1, 2]}
 
 
