@@ -5,9 +5,10 @@ fakeredis and on redis-server alike: `tests/cases/consume_cases.py`."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
@@ -212,6 +213,18 @@ async def test_idle_consumer_backs_off_instead_of_spinning(
     assert during["EVALSHA"] <= 2 * during["XREADGROUP"] + 4, during  # + heartbeats
 
 
+@contextlib.asynccontextmanager
+async def _trickle(bus: EventBus, s: Settings) -> AsyncIterator[tuple[EventBus, Recorder]]:
+    """`bus` running, its consumer of topic "trickle" (group "g") recording what it handles and
+    holding every shard, and a publisher on `s`: yields (the publisher, the recorder)."""
+    rec = Recorder()
+    bus.subscriber("trickle", group="g")(rec.add)
+    publisher = EventBus(s)
+    async with publisher, running(bus):
+        await wait_until(lambda: _owners_are(bus.redis, bus.keys.locks("trickle", "g"), 1))
+        yield publisher, rec
+
+
 @pytest.mark.single_node(
     "counts commands through a client subclass; on a cluster reads go over the consumer's own "
     "connections (cluster_reads)"
@@ -226,15 +239,7 @@ async def test_a_busy_consumer_locks_at_most_every_lock_interval(
     client.calls = Counter()
     s = settings(shards=4, lock_interval_ms=200, idle_release_ms=60_000)
     bus = EventBus(s, redis=client)
-    rec = Recorder()
-
-    @bus.subscriber("trickle", group="g")
-    async def handle(event: Tick, ctx: Context) -> None:
-        rec.add(event, ctx)
-
-    publisher = EventBus(s)
-    async with publisher, running(bus):
-        await wait_until(lambda: _owners_are(client, bus.keys.locks("trickle", "g"), 1))
+    async with _trickle(bus, s) as (publisher, rec):
         before, start = client.calls.copy(), anyio.current_time()
         for seq in range(300):
             await publisher.publish(
@@ -296,15 +301,7 @@ async def test_read_and_ack_rounds_take_no_pool_connection_each(
         return await take(*args, **kwargs)
 
     pool.get_connection = counted  # type: ignore[method-assign]
-    rec = Recorder()
-
-    @bus.subscriber("trickle", group="g")
-    async def handle(event: Tick, ctx: Context) -> None:
-        rec.add(event, ctx)
-
-    publisher = EventBus(s)
-    async with publisher, running(bus):
-        await wait_until(lambda: _owners_are(bus.redis, bus.keys.locks("trickle", "g"), 1))
+    async with _trickle(bus, s) as (publisher, rec):
         await publisher.publish("trickle", Tick(resource="r", seq=0), resource_id="r")
         await rec.wait_for(1)
         before = checkouts["n"]
