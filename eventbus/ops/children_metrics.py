@@ -17,7 +17,6 @@ import logging
 import os
 import struct
 from collections.abc import Iterable
-from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
@@ -46,22 +45,29 @@ class ChildrenMetrics(MultiProcessCollector):
         self._reported: set[str] = set()  # file names whose skip was logged
 
     def collect(self) -> Iterable[Metric]:
-        """The merged metrics of every readable file (a fresh list of `Metric` per call)."""
-        merged: dict[str, Any] = {}
-        for path in sorted(glob.glob(os.path.join(self._path, "*.db"))):
+        """The merged metrics of every readable file (a fresh list of `Metric` per call).
+
+        Through prometheus-client's public ``merge`` only: all files at once, as the library's
+        collector does; if that fails, each file alone to find the unreadable ones (a scrape
+        while a child starts reads the files twice), then the others at once."""
+        files = sorted(glob.glob(os.path.join(self._path, "*.db")))
+        try:
+            return self._merge(files)
+        except UNREADABLE:
+            pass
+        readable = []
+        for path in files:
             try:
-                # one file per call: a file that fails leaves the others' metrics intact
-                metrics = MultiProcessCollector._read_metrics([path])  # type: ignore[no-untyped-call]
+                self._merge([path])
             except UNREADABLE as exc:
                 self._skipped(path, exc)
-                continue
-            for name, metric in metrics.items():
-                if name in merged:
-                    merged[name].samples.extend(metric.samples)
-                else:
-                    merged[name] = metric
-        accumulate: Any = MultiProcessCollector._accumulate_metrics
-        return accumulate(merged, accumulate=True)  # type: ignore[no-any-return]
+            else:
+                readable.append(path)
+        return self._merge(readable)
+
+    @staticmethod
+    def _merge(files: list[str]) -> list[Metric]:
+        return list(MultiProcessCollector.merge(files, accumulate=True))  # type: ignore[no-untyped-call]
 
     def _skipped(self, path: str, exc: BaseException) -> None:
         name = os.path.basename(path)
