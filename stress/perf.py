@@ -6,6 +6,7 @@
     python stress/perf.py consume-redis [--events N] [--runs 1] [--rate R]
     python stress/perf.py publish-core [--events N] [--runs 1] [--profile F.callgrind]
     python stress/perf.py flights-publish [--events N] [--runs 1] [--batch]
+    python stress/perf.py flights-consume [--events N] [--runs 1] [--group G] [--profile F]
 
 ``--json F`` writes the last run's figures (stress/ab.py reads them).
 
@@ -40,6 +41,14 @@ its flusher, the tasks), ``full`` the step itself (+ its per-plane futures and w
 instructions per event of each part (the differences) and in all. ``--batch``: the step's
 ``publish_many`` option (``--batch 500``) against ``events``. The rows are loaded once, outside
 callgrind.
+``flights-consume``: callgrind instructions per handled event of one flights worker
+(`examples.flights.workers.run_worker`, unchanged: its handler awaits the coalesced ``EVALSHA``,
+so it suspends per event; ``read_linger_ms`` 30) consuming N and then 3 N flights that a child
+published beforehand (the publish step, 16 shards) to a private redis-server: the difference over
+2 N. ``--group`` order-check, aggregate or both (default: both, one pair of runs each). The worker
+stops once its group's counters say N were handled (polled every 0.5 s; SIGTERM to itself, so
+the graceful shutdown drains the acks). ``--profile F`` keeps each group's 3 N callgrind file
+as F.<group> (``callgrind_annotate --inclusive=yes``).
 With ``--profile``, the measured eventbus side runs under ``py-spy record`` (SVG flame graph,
 or py-spy's raw collapsed stacks when the name ends in ``.txt``); its rate is then lower.
 """
@@ -290,6 +299,60 @@ def flights_publish(events: int, profile: str | None, batch: bool = False) -> di
     }
 
 
+def _flights_consume_child(group: str, url: str, events: int) -> None:
+    """Run one flights worker of `group` over the topic `_flights_child` published to, until
+    its group has handled `events` flights (callgrind counts this process only)."""
+    import signal
+
+    import anyio
+
+    from examples.flights.workers import DemoKeys, WorkerConfig, run_worker, settings_for
+
+    settings = settings_for(url, 16)
+    counters = DemoKeys(settings.key_prefix, "flights-perf").counters(group)
+    read_end, _write_end = os.pipe()  # the worker stops when its stdin closes: keep it open
+    os.dup2(read_end, 0)
+
+    async def stop_when_handled() -> None:
+        r = bench.aioredis.Redis.from_url(url)
+        while int(await r.hget(counters, "handled") or 0) < events:  # noqa: ASYNC110 (in Redis)
+            await anyio.sleep(0.5)
+        await r.aclose()
+        os.kill(os.getpid(), signal.SIGTERM)  # the worker's graceful shutdown
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(stop_when_handled)
+            await run_worker(WorkerConfig(f"{group}-perf", group, url, "flights-perf", 16))
+
+    anyio.run(main)
+
+
+def flights_consume(events: int, profile: str | None, group: str = "both") -> dict[str, float]:
+    """Instructions per handled event of one flights worker (module docstring)."""
+    import pickle
+
+    from examples.flights.flightdata import load_flights
+    from examples.flights.workers import GROUPS
+
+    rows_file = Path("/tmp") / f"perf-flights-rows-{time.time_ns()}.pickle"
+    rows_file.write_bytes(pickle.dumps(load_flights(limit=3 * events)))
+    result: dict[str, float] = {}
+    try:
+        for g in GROUPS if group == "both" else (group,):
+            counts = []
+            for n, keep in ((events, None), (3 * events, profile and f"{profile}.{g}")):
+                with RedisServer() as server:
+                    publish = [sys.executable, __file__, "_flights", "full", server.url, str(n)]
+                    subprocess.run([*publish, str(rows_file)], check=True, env=bench.child_env())
+                    child = ["_flights_consume", g, server.url, str(n)]
+                    counts.append(_callgrind_instructions(server.url, n, keep, child))
+            result[f"{g}_instructions_per_event"] = (counts[1] - counts[0]) / (2 * events)
+    finally:
+        rows_file.unlink()
+    return result
+
+
 class _Open:
     """A fence that always holds (the path measured without the lease)."""
 
@@ -388,18 +451,22 @@ if __name__ == "__main__":
     if sys.argv[1] == "_flights":
         _flights_child(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
         sys.exit(0)
+    if sys.argv[1] == "_flights_consume":
+        _flights_consume_child(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        sys.exit(0)
     if sys.argv[1] == "_paced":
         _paced_child(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))
         sys.exit(0)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     verbs = ["consume", "publish", "path", "core", "consume-redis", "publish-core"]
-    verbs += ["flights-publish"]
+    verbs += ["flights-publish", "flights-consume"]
     parser.add_argument("what", choices=verbs)
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--profile", default=None)
     parser.add_argument("--json", default=None, help="write the last run's figures here")
     parser.add_argument("--batch", action="store_true", help="flights-publish: publish_many")
+    parser.add_argument("--group", default="both", help="flights-consume: a group or both")
     parser.add_argument("--rate", type=float, default=0, help="consume-redis: publish at R/s")
     args = parser.parse_args()
     fn = {
@@ -410,6 +477,7 @@ if __name__ == "__main__":
         "consume-redis": consume_redis,
         "publish-core": publish_core,
         "flights-publish": partial(flights_publish, batch=args.batch),
+        "flights-consume": partial(flights_consume, group=args.group),
     }[args.what]
     if args.rate:
         if args.what != "consume-redis":
