@@ -12,10 +12,16 @@ handler that does not suspend does not leave the worker), takes the next ready r
 plain deque, and waits only when there is none. So that a busy worker does not starve the
 other tasks of the event loop (heartbeats, reads, acks), it yields to the loop every
 `eventbus.consumer.runner.YIELD_EVERY` entries.
+
+An idle worker waits on a future of its own: resources that become ready wake as many idle
+workers as there are ready resources, not every idle worker (with one shared event, a read of
+one entry woke all `concurrency` idle workers, 64 task steps where one does the work: at a
+trickle of events, rounds of one or two entries, that was most of a consumer's CPU per event).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -42,7 +48,7 @@ class ResourceQueues:
         self._started = started
         self._queues: dict[Key, deque[Item]] = {}
         self._ready: deque[Key] = deque()
-        self._wake = anyio.Event()  # set when resources become ready while workers wait
+        self._idle: deque[asyncio.Future[None]] = deque()  # one future per idle worker
 
     def dispatch(self, held: HeldShard, items: Sequence[Item]) -> None:
         """Queue `items` read from `held`'s stream, in order, behind their resources' earlier
@@ -59,13 +65,32 @@ class ResourceQueues:
                 ready.append(key)
             else:
                 queue.append(item)
-        self._wake.set()
+        if self._idle:
+            self._wake()
+
+    def _wake(self) -> None:
+        """Wake one idle worker per ready resource (fewer when fewer are idle); a busy worker
+        takes the next ready resource itself when it finishes its own."""
+        idle, n = self._idle, len(self._ready)
+        while n and idle:
+            waiter = idle.popleft()
+            if not waiter.done():  # (cancelled meanwhile)
+                waiter.set_result(None)
+                n -= 1
 
     async def _next(self) -> Key:
+        """The next ready resource, waiting as an idle worker while there is none."""
         while not self._ready:
-            if self._wake.is_set():
-                self._wake = anyio.Event()
-            await self._wake.wait()
+            waiter = asyncio.get_running_loop().create_future()
+            self._idle.append(waiter)
+            try:
+                await waiter
+            except BaseException:  # cancelled: a wake-up it took goes to another idle worker
+                if waiter.done() and not waiter.cancelled():
+                    self._wake()
+                elif waiter in self._idle:
+                    self._idle.remove(waiter)
+                raise
         return self._ready.popleft()
 
     async def worker(
@@ -89,4 +114,4 @@ class ResourceQueues:
     async def _retry_later(self, key: Key, delay: float, stopped: anyio.Event) -> None:
         await wait_retry(delay, stopped)
         self._ready.append(key)
-        self._wake.set()
+        self._wake()

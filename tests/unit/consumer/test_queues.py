@@ -3,10 +3,12 @@ test double that records what it was given and when."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -217,3 +219,38 @@ async def test_a_resource_emptied_and_refilled_is_scheduled_again() -> None:
             queues.dispatch(HELD, items(HELD, ("a", 2)))
             while calls != ["a1", "a2"]:
                 await changed.wait()
+
+
+async def test_a_ready_resource_wakes_one_idle_worker_not_every_idle_worker() -> None:
+    """16 idle workers, one entry dispatched: one worker task is woken to run it (a shared
+    event woke all 16, each a task step for nothing: most of a consumer's CPU at a trickle)."""
+    handled = anyio.Event()
+
+    async def process(item: Item) -> None:
+        handled.set()
+
+    queues = ResourceQueues(lambda h, n: None)
+    loop = asyncio.get_running_loop()
+    me = asyncio.current_task()
+    woken: list[object] = []  # the other tasks scheduled to resume (futures' wake-ups)
+    call_soon = loop.call_soon
+
+    def counting(callback: Callable[..., object], *args: object, **kw: Any) -> asyncio.Handle:
+        task = getattr(callback, "__self__", None)
+        if isinstance(task, asyncio.Task) and task is not me:
+            woken.append(task)
+        return call_soon(callback, *args, **kw)
+
+    async with workers(queues, process, 16):
+        for _ in range(3):  # every worker waits for work
+            await anyio.lowlevel.checkpoint()
+        loop.call_soon = counting  # type: ignore[method-assign]
+        try:
+            queues.dispatch(HELD, items(HELD, ("a", 1)))
+            with anyio.fail_after(5):
+                await handled.wait()
+            for _ in range(3):  # whatever else was woken runs now
+                await anyio.lowlevel.checkpoint()
+        finally:
+            del loop.call_soon
+    assert len(woken) == 1
