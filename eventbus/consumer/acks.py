@@ -8,6 +8,7 @@ of an older generation is dropped (its entry stays pending for the current owner
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -59,9 +60,11 @@ class Acks:
         self._batches: dict[int, _Batch] = {}
         self._sending: dict[int, _Batch] = {}  # the batches of the XACK pipeline on its way
         self._conn = HeldConnection(self.redis)  # the XACK pipelines, one at a time
-        self._wake = anyio.Event()
-        self._capacity = anyio.Event()
-        self._idle = anyio.Event()
+        # asyncio's events (the consumer runs on asyncio): an `anyio.Event` looks its backend
+        # up on every creation, ~8x the cost, and one is made per ack round and per idle spell
+        self._wake = asyncio.Event()
+        self._capacity = asyncio.Event()
+        self._idle = asyncio.Event()
 
     # -- in flight --------------------------------------------------------------------------------
     def started(self, held: HeldShard, n: int = 1) -> None:
@@ -81,11 +84,11 @@ class Acks:
             self.wake_capacity()
         if self.in_flight == 0:
             self._idle.set()
-            self._idle = anyio.Event()
+            self._idle = asyncio.Event()
 
     def wake_capacity(self) -> None:
         self._capacity.set()
-        self._capacity = anyio.Event()
+        self._capacity = asyncio.Event()
 
     async def wait_capacity(self) -> None:
         await self._capacity.wait()
@@ -152,7 +155,7 @@ class Acks:
         failures = 0
         while True:
             await self._wake.wait()
-            self._wake = anyio.Event()
+            self._wake = asyncio.Event()
             batches, self._batches = self._batches, {}
             self._sending = batches
             while not self.lease.ok() and self.table.held:
