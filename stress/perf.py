@@ -7,6 +7,7 @@
     python stress/perf.py publish-core [--events N] [--runs 1] [--profile F.callgrind]
     python stress/perf.py flights-publish [--events N] [--runs 1] [--batch]
     python stress/perf.py flights-consume [--events N] [--runs 1] [--group G] [--profile F]
+    python stress/perf.py trickle [--events N] [--runs 1]
 
 ``--json F`` writes the last run's figures (stress/ab.py reads them).
 
@@ -49,6 +50,11 @@ published beforehand (the publish step, 16 shards) to a private redis-server: th
 stops once its group's counters say N were handled (polled every 0.5 s; SIGTERM to itself, so
 the graceful shutdown drains the acks). ``--profile F`` keeps each group's 3 N callgrind file
 as F.<group> (``callgrind_annotate --inclusive=yes``).
+``trickle``: the consumer's in-process path (as ``core``) at a trickle: its `concurrency`
+workers running as in a consumer, and reads of one entry each, every one handled before the
+next is dispatched, so that every read finds the workers idle (a consumer's rounds at a low
+rate); µs per event. No Redis and no timing: run it under callgrind at N and 3 N events for
+instructions per read of one entry.
 With ``--profile``, the measured eventbus side runs under ``py-spy record`` (SVG flame graph,
 or py-spy's raw collapsed stacks when the name ends in ``.txt``); its rate is then lower.
 """
@@ -444,6 +450,45 @@ def core(events: int, profile: str | None) -> dict[str, float]:
         return {"us_per_event": anyio.run(run)}
 
 
+def trickle(events: int, profile: str | None) -> dict[str, float]:
+    """The consumer's path at a trickle: reads of one entry, idle workers (module docstring)."""
+    import anyio
+    import anyio.lowlevel
+
+    from eventbus.client.loops import young_gc_threshold
+    from eventbus.consumer.shards import HeldShard
+    from eventbus.protocol.codec import encode_entry, envelope_of
+
+    bus, consumer = _consumer()
+    entries = [
+        (b"1-%d" % i, encode_entry(envelope_of(f"r{i % 1000}", bench._event(i))))
+        for i in range(500)
+    ]
+
+    async def run() -> float:
+        held = HeldShard(0, "s", 1, 1)
+        consumer.table.held[0] = held
+        consumer.lease.until = float("inf")
+        tally = consumer.tally
+        async with anyio.create_task_group() as tg:
+            for _ in range(consumer.settings.concurrency):
+                tg.start_soon(consumer._worker, tg)
+            for _ in range(3):  # every worker waits for work
+                await anyio.lowlevel.checkpoint()
+            start = time.perf_counter()
+            for i in range(events):
+                consumer._dispatch(held, [entries[i % 500]], {})
+                while tally.handled <= i:  # the workers run it
+                    await anyio.lowlevel.checkpoint()
+                consumer.acks._batches.clear()
+            took = time.perf_counter() - start
+            tg.cancel_scope.cancel()
+        return took / events * 1e6
+
+    with young_gc_threshold(bus.settings.gc_threshold):  # as while consumers run
+        return {"us_per_event": anyio.run(run)}
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "_publish":
         _publish_child(sys.argv[2], int(sys.argv[3]), sys.argv[4])
@@ -459,7 +504,7 @@ if __name__ == "__main__":
         sys.exit(0)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     verbs = ["consume", "publish", "path", "core", "consume-redis", "publish-core"]
-    verbs += ["flights-publish", "flights-consume"]
+    verbs += ["flights-publish", "flights-consume", "trickle"]
     parser.add_argument("what", choices=verbs)
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--runs", type=int, default=3)
@@ -478,6 +523,7 @@ if __name__ == "__main__":
         "publish-core": publish_core,
         "flights-publish": partial(flights_publish, batch=args.batch),
         "flights-consume": partial(flights_consume, group=args.group),
+        "trickle": trickle,
     }[args.what]
     if args.rate:
         if args.what != "consume-redis":
