@@ -53,11 +53,21 @@ def parse_xread(reply: Any) -> list[tuple[bytes, Any]]:
 
 
 def fields_of(flat: Any) -> dict[bytes, bytes] | None:
+    """An entry's fields from its flat RESP2 list ``[name, value, ...]`` (or a RESP3 map);
+    None for an entry deleted while pending. Raises ValueError for a list of odd length.
+    Per entry read: an entry of eventbus's three fields is built as a dict display (a
+    ``dict(zip(...[::2], ...[1::2], strict=True))`` cost ~2,600 instructions per entry, the
+    ``strict`` keyword's parsing alone ~1,000)."""
     if flat is None:
         return None
+    if type(flat) is list and len(flat) == 6:  # rid, type, data: every entry eventbus writes
+        return {flat[0]: flat[1], flat[2]: flat[3], flat[4]: flat[5]}
     if isinstance(flat, dict):
         return dict(flat)
-    return dict(zip(flat[::2], flat[1::2], strict=True))
+    if len(flat) % 2:
+        raise ValueError(f"an entry's field list has an odd length ({len(flat)})")
+    pairs = iter(flat)
+    return dict(zip(pairs, pairs, strict=True))
 
 
 def parse_xpending(reply: Any) -> dict[str, Any]:
