@@ -17,6 +17,7 @@ segments are not verified (checksums, metadata against the key) and a corrupt fi
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import weakref
@@ -26,13 +27,14 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+from pydantic import BaseModel
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from eventbus.spark.objects import Objects, as_objects
 from eventbus.spark.options import SourceOptions, models_option
 from eventbus.spark.planning import Pruning, RangePart, SegmentsPart, plan_read, surface_gaps
 from eventbus.spark.reading import parquet_footer
-from eventbus.spark.schema import BASE_NAMES, CORRUPT, read_schema
+from eventbus.spark.schema import CORRUPT, read_schema
 from eventbus.tier.layout import SegmentRef
 from eventbus.tier.segment import SCHEMA as SEGMENT_SCHEMA
 from eventbus.tier.typed import ERROR_COLUMN, TypedPayloads
@@ -81,7 +83,7 @@ def read(spark: Any, options: Mapping[str, Any] | None = None, **more: Any) -> A
         return _fallback(python, f"{which} has overlapping segments (each entry read once)")
     refs = [r for p in segment_parts for r in p.refs]
     models = opts.models()
-    typed = TypedPayloads(models) if models else None
+    typed = _typed_payloads(tuple(models.items())) if models else None
     if refs and typed is not None:
         why = _untyped(objects, refs, typed)
         if why:
@@ -149,8 +151,7 @@ def _untyped(objects: Objects, refs: Sequence[SegmentRef], typed: TypedPayloads)
         found = meta.get(b"eventbus.typed_version")
         return (models.decode() if models else None, found.decode() if found else None)
 
-    with ThreadPoolExecutor(8) as pool:
-        found = list(pool.map(version, refs))
+    found = list(_footer_pool().map(version, refs)) if len(refs) > 1 else [version(refs[0])]
     other = sum(1 for f in found if f != (typed.spec, typed.version))
     if other:
         return (
@@ -160,6 +161,21 @@ def _untyped(objects: Objects, refs: Sequence[SegmentRef], typed: TypedPayloads)
     return None
 
 
+@functools.lru_cache(maxsize=32)
+def _typed_payloads(models: tuple[tuple[str | None, type[BaseModel]], ...]) -> TypedPayloads:
+    """`TypedPayloads` of `models` (event type, class pairs), built once per models: only its
+    struct, spec and version are used here, and building its validators is most of a read's
+    Python time."""
+    return TypedPayloads(dict(models))
+
+
+@functools.cache
+def _footer_pool() -> ThreadPoolExecutor:
+    """The threads that fetch footers (ranged GETs, S3's latency in parallel), started once:
+    starting 8 threads per read cost more than reading 16 local footers."""
+    return ThreadPoolExecutor(8, thread_name_prefix="eventbus-footers")
+
+
 def _segments(
     spark: Any,
     opts: SourceOptions,
@@ -167,36 +183,38 @@ def _segments(
     schema: Any,
     typed: TypedPayloads | None,
 ) -> Any:
-    """The segments `refs` through Spark's Parquet reader, as the read `schema`'s columns."""
-
-    root = _root(opts.store)
-    # the segments' schema given, not inferred (a Spark job reading footers): the fixed columns
-    # are in every segment, and a typed read gets here only when all have the same typed ones
-    fields = [pa.field("topic", pa.string()), *list(SEGMENT_SCHEMA)[1:]]
+    """The segments `refs` through Spark's Parquet reader, as the read `schema`'s columns: one
+    relation with the segments' schema given (no inference job), then one projection that
+    renames three columns and turns ``event_time_ms`` into ``published_at``."""
+    # the fixed columns are in every segment, and a typed read gets here only when all have the
+    # same typed ones; the columns are given in the read's order, so that the projection is
+    # plain names and renames (a cast, even to the same type, costs the analyzer)
+    fields = {f.name: f for f in [pa.field("topic", pa.string()), *list(SEGMENT_SCHEMA)[1:]]}
     if typed is not None:
-        fields += [*typed.struct, pa.field(ERROR_COLUMN, pa.string())]
-    given = from_arrow_schema(pa.schema(fields))
+        fields |= {f.name: f for f in [*typed.struct, pa.field(ERROR_COLUMN, pa.string())]}
+    renamed = {"published_at": "event_time_ms", "payload": "data"}
+    if typed is not None:
+        renamed[CORRUPT] = ERROR_COLUMN
+    wanted = [
+        fields[n] for n in (renamed.get(f.name, f.name) for f in schema.fields) if n in fields
+    ]
+    given = from_arrow_schema(pa.schema(wanted))
+    have = {f.name: f.dataType for f in given.fields}
+    root = _root(opts.store)
     raw = spark.read.schema(given).parquet(*(f"{root}/{r.key}" for r in refs))
-    have = {f.name: f.dataType for f in raw.schema.fields}
     # one SQL expression per column, sent in one call: a Column built per field (col, cast,
-    # alias) was three Py4J round trips each, about 0.3 s of a read's planning
+    # alias) was three Py4J round trips each
     exprs = []
     for field in schema.fields:
-        name = field.name
+        name, source = field.name, renamed.get(field.name, field.name)
         if name == "published_at":
-            source = "timestamp_millis(event_time_ms)"
-        elif name == "payload":
-            source = "data"
-        elif name == CORRUPT:
-            source = _quoted(ERROR_COLUMN) if typed is not None else "NULL"
-        elif name in BASE_NAMES or name in have:
-            source = _quoted(name)
-        else:  # a typed field no segment of this read has (all its entries were of other types)
-            source = "NULL"
-        if have.get(name) == field.dataType:  # (a typed struct: its type as the segments')
-            exprs.append(f"{source} AS {_quoted(name)}")
-        else:
-            exprs.append(f"CAST({source} AS {field.dataType.simpleString()}) AS {_quoted(name)}")
+            exprs.append(f"timestamp_millis({source}) AS {_quoted(name)}")
+        elif have.get(source) == field.dataType:
+            alias = "" if source == name else f" AS {_quoted(name)}"
+            exprs.append(_quoted(source) + alias)
+        else:  # another type (not seen: the types are the read's), or a column no segment has
+            value = _quoted(source) if source in have else "NULL"  # (``_corrupt`` of a raw read)
+            exprs.append(f"CAST({value} AS {field.dataType.simpleString()}) AS {_quoted(name)}")
     return raw.selectExpr(*exprs)
 
 
