@@ -134,3 +134,61 @@ def test_a_store_the_jvm_cannot_read_falls_back(
     said = [r.getMessage() for r in caplog.records if "falls back" in r.getMessage()]
     assert len(said) == 1 and "Spark cannot read" in said[0]
     assert sorted(r.seq for r in df.collect()) == list(range(120))
+
+
+def test_a_typed_read_is_one_relation_in_the_read_order_renamed_without_a_cast(
+    spark: Any, redis_db: str, tmp_path: Path, topic: str
+) -> None:
+    """The segments' schema is given in the read's column order: the projection over the
+    Parquet relation is column names, three renames and ``timestamp_millis``, no ``CAST``
+    (a cast per renamed column, even to the same type, was most of the analyzer's work)."""
+    store = str(tmp_path / "archive")
+    archive(redis_db, store, topic, typed=True)
+    df = read(spark, store=store, topic=topic, model=Tick)  # no redis_url: the archive alone
+    python = spark.read.format("eventbus").options(
+        store=store, topic=topic, model="spark_support:Tick"
+    )
+    assert df.schema == python.load().schema
+    plan = df._jdf.queryExecution().analyzed()
+    assert "cast(" not in plan.toString().lower()
+    relation = plan.collectLeaves().apply(0).output()
+    columns = [relation.apply(i).name() for i in range(relation.size())]
+    renamed = {"published_at": "event_time_ms", "payload": "data", "_corrupt": "typed_error"}
+    assert columns == [renamed.get(n, n) for n in df.schema.fieldNames()]
+    assert rows(df) == rows(python.load())
+
+
+def test_reads_share_the_footer_threads_and_the_models_typed_columns(
+    spark: Any, redis_db: str, tmp_path: Path, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a first typed read, further reads of the same models start no thread to fetch the
+    segments' footers (one pool for every read; a pool was started per read) and do not build
+    the models' `TypedPayloads` again (its validators: most of a read's Python time)."""
+    import threading
+
+    import eventbus.spark.native as native
+
+    store = str(tmp_path / "archive")
+    archive(redis_db, store, topic, typed=True)
+    assert len(list(Path(store).glob(f"{topic}/*/*.parquet"))) > 1
+    options = {"store": store, "topic": topic, "model": Tick}
+    want = rows(read(spark, options))  # the first read: the pool and the typed columns made
+    started: list[str] = []
+    built: list[Any] = []
+    thread_start, typed_payloads = threading.Thread.start, native.TypedPayloads
+
+    def start(self: threading.Thread) -> None:  # a pool's worker runs concurrent.futures' _worker
+        started.append(getattr(getattr(self, "_target", None), "__module__", ""))
+        thread_start(self)
+
+    def build(*args: Any, **kwargs: Any) -> Any:
+        built.append(args)
+        return typed_payloads(*args, **kwargs)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    monkeypatch.setattr(native, "TypedPayloads", build)
+    frames = [read(spark, options) for _ in range(3)]
+    monkeypatch.undo()
+    assert "concurrent.futures.thread" not in started
+    assert built == []
+    assert all(rows(f) == want for f in frames)
