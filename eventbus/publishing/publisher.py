@@ -285,17 +285,21 @@ class Publisher:
     ) -> list[str]:
         used = self.dictionaries.cached_current(topic.name)
         prepared = [self.prepare(topic, ev, rid, headers) for rid, ev in pairs]
-        slots = [self.sender.reserve() for _ in prepared]  # no await before: call order
+        slots = self.sender.reserve_many(len(prepared))  # no await before: call order
         try:
-            await self._setup.run(topic)
-            if self.dictionaries.cached_current(topic.name) != used:  # encode with the new one
-                prepared = [self.prepare(topic, ev, rid, headers) for rid, ev in pairs]
+            if not self._registry.checked(topic.name) or self.dictionaries.due(topic.name):
+                await self._setup.run(topic)
+                if self.dictionaries.cached_current(topic.name) != used:  # the new dictionary
+                    prepared = [self.prepare(topic, ev, rid, headers) for rid, ev in pairs]
             for slot, (stream, fields) in zip(slots, prepared, strict=True):
                 self.sender.ready(slot, stream, fields, topic.maxlen)
             if slots and not self.sender.sends(slots[0]):  # (all reserved at once)
                 await self.sender.send_now(slots)
-            if slots:
-                await asyncio.wait([s.future for s in slots])
+            # Each future in turn, not `asyncio.wait` (a done-callback, so a `call_soon`, per
+            # future): one wake-up per pipeline of replies, the settled ones return at once.
+            for slot in slots:
+                if not slot.future.done():
+                    await asyncio.wait((slot.future,))
         finally:
             for slot in slots:
                 self.sender.withdraw(slot)

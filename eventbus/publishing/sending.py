@@ -111,9 +111,21 @@ class Sender:
             self._queue.append(slot)
         return slot
 
+    def reserve_many(self, count: int) -> list[Slot]:
+        """`count` new slots at the end of the queue, in order, their deadlines running from
+        when each is first sent (`publish_many`); as `reserve()` `count` times, in one pass."""
+        loop = (self._running_loop if self.running else None) or asyncio.get_running_loop()
+        slots = [Slot(loop.create_future()) for _ in range(count)]
+        if self.running:
+            for slot in slots:
+                slot.queued = True
+            self._queue.extend(slots)
+        return slots
+
     def ready(self, slot: Slot, stream: str, fields: dict[bytes, bytes], maxlen: int) -> None:
         slot.stream, slot.fields, slot.maxlen = stream, fields, maxlen
         if self._idle:  # the flusher waits for work (else its next batch takes this slot)
+            self._idle = False  # woken once: the calls ready before it runs need not set it
             self._wake.set()
 
     def withdraw(self, slot: Slot) -> None:
@@ -320,7 +332,9 @@ class Sender:
                 inflight.append(batch)
                 return batch
             self._wake = anyio.Event()  # set by ready(), withdraw() and the reader
-            self._idle = True
+            # `ready` wakes it only when a ready slot can be sent: not while the wire is full
+            # (the reader wakes it when a batch is answered)
+            self._idle = len(inflight) < self._depth
             try:
                 await self._wake.wait()
             finally:
