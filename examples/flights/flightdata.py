@@ -126,9 +126,86 @@ def _csv_rows(path: Path) -> tuple[dict[str, int], list[list[str]]]:
 
 def load_flights(path: Path | None = None, limit: int | None = None) -> list[FlightRow]:
     """The flights in publish order (see the module docstring), the first `limit` of them if set,
-    each with its `position` and per-plane `seq`. Takes about 3 s for the whole year."""
+    each with its `position` and per-plane `seq`.
+
+    With pyarrow installed (the ``tier`` extra) the CSV is parsed and sorted by pyarrow's C++
+    reader, and only the first `limit` rows become Python objects: about 0.5 s of CPU for the
+    year (any `limit`) against 2.8 s with the `csv` module, which parses every row whatever
+    `limit` (36 us per flight of the publisher process at ``--limit 50000``). Same rows."""
     with _gc_paused():
-        return _load(path or flights_csv_path(), limit)
+        if _arrow_csv() is None:
+            return _load(path or flights_csv_path(), limit)
+        return _load_arrow(path or flights_csv_path(), limit)
+
+
+def _arrow_csv() -> object | None:
+    """pyarrow's CSV module, or None when pyarrow is not installed."""
+    try:
+        import pyarrow.csv
+    except ImportError:
+        return None
+    return pyarrow.csv
+
+
+_INT_COLUMNS = ("year", "month", "day", "sched_dep_time", "flight", "distance")
+_OPTIONAL_INT_COLUMNS = ("dep_time", "dep_delay", "arr_delay", "air_time")
+_TEXT_COLUMNS = ("time_hour", "carrier", "tailnum", "origin", "dest")
+_ROW_COLUMNS = (
+    "year", "month", "day", "time_hour", "sched_dep_time", "dep_time", "dep_delay",
+    "arr_delay", "carrier", "flight", "tailnum", "origin", "dest", "air_time", "distance",
+)  # fmt: skip
+"""`FlightRow`'s fields from the CSV, in its order (after position, seq, plane)."""
+
+
+def _load_arrow(path: Path, limit: int | None) -> list[FlightRow]:
+    """`_load` with pyarrow: the text columns read as text (``NA`` kept, as `csv` gives it),
+    the integer ones as integers (``NA``: null, None in Python), sorted by the publish order
+    (ties by CSV position), the first `limit` rows converted to Python column by column."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.csv as pa_csv
+
+    with zipfile.ZipFile(path) as zf:
+        data = zf.read("flights.csv")
+    types = {name: pa.int64() for name in _INT_COLUMNS + _OPTIONAL_INT_COLUMNS}
+    types |= {name: pa.string() for name in _TEXT_COLUMNS}
+    table = pa_csv.read_csv(
+        pa.py_buffer(data),
+        read_options=pa_csv.ReadOptions(use_threads=False),  # CPU, not wall time, counts here
+        convert_options=pa_csv.ConvertOptions(
+            column_types=types,
+            include_columns=list(types),
+            null_values=[_NA],
+            strings_can_be_null=False,
+        ),
+    )
+    for name in _INT_COLUMNS:  # never NA in the CSV (`_load`'s int() would raise)
+        if table.column(name).null_count:
+            raise ValueError(f"flights.csv: column {name} has NA values")
+    table = table.append_column("csv_position", pa.array(range(table.num_rows), pa.int64()))
+    order = pc.sort_indices(
+        table,
+        sort_keys=[
+            ("time_hour", "ascending"),
+            ("sched_dep_time", "ascending"),
+            ("csv_position", "ascending"),
+        ],
+    )
+    if limit is not None:
+        order = order[:limit]
+    cols = [table.column(name).take(order).to_pylist() for name in _ROW_COLUMNS]
+    seqs: dict[str, int] = {}
+    rows = []
+    for position, values in enumerate(zip(*cols, strict=True)):
+        y, mo, d, th, sched, dep, ddel, adel, car, fl, tail, orig, dest, air, dist = values
+        tailnum = None if tail in (_NA, "") else tail
+        plane = tailnum or f"{car}{fl}"
+        seq = seqs[plane] = seqs.get(plane, 0) + 1
+        rows.append(
+            FlightRow(position, seq, plane, y, mo, d, th, sched, dep, ddel, adel, car, fl,
+                      tailnum, orig, dest, air, dist)
+        )  # fmt: skip
+    return rows
 
 
 @contextlib.contextmanager
