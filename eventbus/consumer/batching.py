@@ -70,7 +70,7 @@ class BatchQueues(ResourceQueues):
         if queue is None:
             self._queues[key] = deque(items)
             self._ready.append(key)
-            self._wake()
+            self._wake(1)
         else:
             queue.extend(items)
 

@@ -57,6 +57,7 @@ class ResourceQueues:
             return
         self._started(held, len(items))
         queues, ready, shard = self._queues, self._ready, held.shard
+        before = len(ready)
         for item in items:
             key = (shard, item.fields.get(F_RESOURCE) or b"\x00" + item.entry_id)
             queue = queues.get(key)
@@ -66,13 +67,15 @@ class ResourceQueues:
             else:
                 queue.append(item)
         if self._idle:
-            self._wake()
+            self._wake(len(ready) - before)
 
-    def _wake(self) -> None:
-        """Wake one idle worker per ready resource (fewer when fewer are idle); a busy worker
-        takes the next ready resource itself when it finishes its own."""
-        idle, n = self._idle, len(self._ready)
-        while n and idle:
+    def _wake(self, n: int) -> None:
+        """Wake one idle worker for each of `n` resources that became ready (fewer when fewer
+        are idle), not one per resource in the ready queue: those already there had theirs. A
+        busy worker takes the next ready resource itself when it finishes its own, and a worker
+        waits only when the ready queue is empty, so no ready resource is left unattended."""
+        idle = self._idle
+        while n > 0 and idle:
             waiter = idle.popleft()
             if not waiter.done():  # (cancelled meanwhile)
                 waiter.set_result(None)
@@ -87,7 +90,7 @@ class ResourceQueues:
                 await waiter
             except BaseException:  # cancelled: a wake-up it took goes to another idle worker
                 if waiter.done() and not waiter.cancelled():
-                    self._wake()
+                    self._wake(1)
                 elif waiter in self._idle:
                     self._idle.remove(waiter)
                 raise
@@ -114,4 +117,4 @@ class ResourceQueues:
     async def _retry_later(self, key: Key, delay: float, stopped: anyio.Event) -> None:
         await wait_retry(delay, stopped)
         self._ready.append(key)
-        self._wake()
+        self._wake(1)

@@ -221,13 +221,29 @@ async def test_a_resource_emptied_and_refilled_is_scheduled_again() -> None:
                 await changed.wait()
 
 
-async def test_a_ready_resource_wakes_one_idle_worker_not_every_idle_worker() -> None:
-    """16 idle workers, one entry dispatched: one worker task is woken to run it (a shared
-    event woke all 16, each a task step for nothing: most of a consumer's CPU at a trickle)."""
+@pytest.mark.parametrize(
+    "dispatches",
+    [
+        pytest.param([(0, ("a", 1))], id="one-resource"),
+        # a read round dispatches each shard's entries in turn, before any worker runs: the
+        # resources of the first shard must not be counted again for the second
+        pytest.param([(0, ("a", 1), ("b", 1)), (1, ("c", 1), ("d", 1))], id="two-shards"),
+    ],
+)
+async def test_a_ready_resource_wakes_one_idle_worker_not_every_idle_worker(
+    dispatches: list[tuple[Any, ...]],
+) -> None:
+    """16 idle workers, entries of N resources dispatched: N worker tasks are woken to run them
+    (a shared event woke all 16, each a task step for nothing: most of a consumer's CPU at a
+    trickle; waking one per resource in the ready queue woke 2 + 4 for two shards' 4)."""
+    expected = sum(len(d) - 1 for d in dispatches)
+    seen: list[Item] = []
     handled = anyio.Event()
 
     async def process(item: Item) -> None:
-        handled.set()
+        seen.append(item)
+        if len(seen) == expected:
+            handled.set()
 
     queues = ResourceQueues(lambda h, n: None)
     loop = asyncio.get_running_loop()
@@ -246,11 +262,13 @@ async def test_a_ready_resource_wakes_one_idle_worker_not_every_idle_worker() ->
             await anyio.lowlevel.checkpoint()
         loop.call_soon = counting  # type: ignore[method-assign]
         try:
-            queues.dispatch(HELD, items(HELD, ("a", 1)))
+            for shard, *pairs in dispatches:
+                held = HeldShard(shard=shard, stream=f"s:{shard}", token=1, generation=1)
+                queues.dispatch(held, items(held, *pairs))
             with anyio.fail_after(5):
                 await handled.wait()
             for _ in range(3):  # whatever else was woken runs now
                 await anyio.lowlevel.checkpoint()
         finally:
             del loop.call_soon
-    assert len(woken) == 1
+    assert len(woken) == expected
