@@ -33,8 +33,8 @@ or UTF-8) or removed (``OSError``)."""
 class ChildrenMetrics(MultiProcessCollector):
     """The metrics of the processes writing to the folder `path` (``PROMETHEUS_MULTIPROC_DIR``),
     merged as ``MultiProcessCollector`` merges them (counters and histograms summed, gauges by
-    their ``multiprocess_mode``), each file read once per `collect`; a file that cannot be read
-    (`UNREADABLE`) is left out of that collection and logged at WARNING, once per file name.
+    their ``multiprocess_mode``); a file that cannot be read (`UNREADABLE`) is left out of that
+    collection and logged at WARNING, once per file name.
 
     :param registry: registers the collector there (None: not registered)
     :param path: the folder of the ``*.db`` files; `ValueError` if it is not a folder
@@ -42,15 +42,19 @@ class ChildrenMetrics(MultiProcessCollector):
 
     def __init__(self, registry: CollectorRegistry | None, path: str) -> None:
         super().__init__(registry, path=path)  # type: ignore[no-untyped-call]
+        self._folder = path  # (the base class keeps it in a private attribute)
         self._reported: set[str] = set()  # file names whose skip was logged
 
     def collect(self) -> Iterable[Metric]:
         """The merged metrics of every readable file (a fresh list of `Metric` per call).
 
         Through prometheus-client's public ``merge`` only: all files at once, as the library's
-        collector does; if that fails, each file alone to find the unreadable ones (a scrape
-        while a child starts reads the files twice), then the others at once."""
-        files = sorted(glob.glob(os.path.join(self._path, "*.db")))
+        collector does; if that fails, each file alone to find the unreadable ones, then the
+        others at once (each file is read twice while a child starts, three times while a
+        corrupted file stays). A dead child's live-gauge files, removed by ``eventbus run``'s
+        main thread (``mark_process_dead``) during a scrape, are skipped by the library's own
+        reader; no other file is removed while the children run."""
+        files = sorted(glob.glob(os.path.join(self._folder, "*.db")))
         try:
             return self._merge(files)
         except UNREADABLE:
