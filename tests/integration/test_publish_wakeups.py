@@ -56,7 +56,8 @@ async def test_concurrent_calls_wake_the_flusher_once_per_wait(
     assert len(set(ids)) == calls
     shards = range(bus.topic("w").shards)
     assert sum([await r.xlen(bus.keys.stream("w", s)) for s in shards]) == calls + 1
-    assert sets <= calls // 10, f"{sets} wake-ups for {calls} calls"
+    # the flusher sleeps on anyio events: some were set (the count measures the wake-ups)
+    assert 1 <= sets <= calls // 10, f"{sets} wake-ups for {calls} calls"
 
 
 async def test_publish_many_schedules_no_callback_per_event(
@@ -88,4 +89,5 @@ async def test_publish_many_schedules_no_callback_per_event(
     ]
     assert len(ids) == 500 and len(stored) == 501
     assert set(ids) <= {i for _, i in stored}
-    assert scheduled < 100, f"{scheduled} callbacks scheduled for 500 events"
+    # the replies' wake-ups pass through call_soon (the count measures them)
+    assert 1 <= scheduled < 100, f"{scheduled} callbacks scheduled for 500 events"
