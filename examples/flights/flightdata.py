@@ -3,7 +3,8 @@ and the per-carrier aggregates computed straight from the CSV (the reference the
 match).
 
 The package is found with `importlib.util.find_spec` and never imported: its ``__init__`` pulls in
-pandas, which the demo does not need. ``flights.csv.zip`` is read with `zipfile` and `csv`.
+pandas, which the demo does not need. ``flights.csv.zip`` is read with `zipfile` and pyarrow's
+CSV reader (`csv` without pyarrow).
 
 **Publish order** (stable, documented): by ``time_hour`` (the scheduled departure hour in UTC,
 ISO 8601, so it sorts as text), then ``sched_dep_time`` (local ``HHMM``), then the row's position
@@ -129,9 +130,9 @@ def load_flights(path: Path | None = None, limit: int | None = None) -> list[Fli
     each with its `position` and per-plane `seq`.
 
     With pyarrow installed (the ``tier`` extra) the CSV is parsed and sorted by pyarrow's C++
-    reader, and only the first `limit` rows become Python objects: about 0.5 s of CPU for the
-    year (any `limit`) against 2.8 s with the `csv` module, which parses every row whatever
-    `limit` (36 us per flight of the publisher process at ``--limit 50000``). Same rows."""
+    reader, and only the first `limit` rows become Python objects; the `csv` module parses every
+    row whatever `limit`. Same rows. Process CPU for the year, a fresh process, imports included:
+    3.2-4.1 s against 4.4-5.9 s (docs/performance.md)."""
     with _gc_paused():
         if _arrow_csv() is None:
             return _load(path or flights_csv_path(), limit)
@@ -194,10 +195,17 @@ def _load_arrow(path: Path, limit: int | None) -> list[FlightRow]:
     if limit is not None:
         order = order[:limit]
     cols = [table.column(name).take(order).to_pylist() for name in _ROW_COLUMNS]
+    return _rows(zip(*cols, strict=True))
+
+
+def _rows(values: Iterable[tuple[object, ...]]) -> list[FlightRow]:
+    """`FlightRow`s of the flights' `_ROW_COLUMNS` values, in publish order: each with its
+    `position`, its plane (the tail number, or carrier + flight number where it is ``NA`` or
+    empty) and the plane's `seq`."""
     seqs: dict[str, int] = {}
     rows = []
-    for position, values in enumerate(zip(*cols, strict=True)):
-        y, mo, d, th, sched, dep, ddel, adel, car, fl, tail, orig, dest, air, dist = values
+    for position, row in enumerate(values):
+        y, mo, d, th, sched, dep, ddel, adel, car, fl, tail, orig, dest, air, dist = row
         tailnum = None if tail in (_NA, "") else tail
         plane = tailnum or f"{car}{fl}"
         seq = seqs[plane] = seqs.get(plane, 0) + 1
@@ -227,43 +235,16 @@ def _load(path: Path, limit: int | None) -> list[FlightRow]:
     order = sorted(range(len(raw)), key=lambda i: (raw[i][time_hour], int(raw[i][sched]), i))
     if limit is not None:
         order = order[:limit]
-    c = [
-        col[name]
-        for name in (
-            "year", "month", "day", "dep_time", "dep_delay", "arr_delay", "carrier", "flight",
-            "tailnum", "origin", "dest", "air_time", "distance",
+    c = [col[name] for name in _ROW_COLUMNS]
+    ints = [name in _INT_COLUMNS for name in _ROW_COLUMNS]
+    optional = [name in _OPTIONAL_INT_COLUMNS for name in _ROW_COLUMNS]
+    return _rows(
+        tuple(
+            int(v) if whole else _int(v) if maybe else v
+            for v, whole, maybe in zip((raw[i][k] for k in c), ints, optional, strict=True)
         )
-    ]  # fmt: skip
-    seqs: dict[str, int] = {}
-    rows = []
-    for position, i in enumerate(order):
-        r = raw[i]
-        tailnum = None if r[c[8]] in (_NA, "") else r[c[8]]
-        plane = tailnum or r[c[6]] + r[c[7]]
-        seq = seqs[plane] = seqs.get(plane, 0) + 1
-        rows.append(
-            FlightRow(
-                position,
-                seq,
-                plane,
-                int(r[c[0]]),
-                int(r[c[1]]),
-                int(r[c[2]]),
-                r[time_hour],
-                int(r[sched]),
-                _int(r[c[3]]),
-                _int(r[c[4]]),
-                _int(r[c[5]]),
-                r[c[6]],
-                int(r[c[7]]),
-                tailnum,
-                r[c[9]],
-                r[c[10]],
-                _int(r[c[11]]),
-                int(r[c[12]]),
-            )
-        )
-    return rows
+        for i in order
+    )
 
 
 @dataclass(slots=True)
