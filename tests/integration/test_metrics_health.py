@@ -210,7 +210,11 @@ def test_a_metric_file_being_created_does_not_fail_the_scrape(
         status, text = _get(port, "/metrics")
         assert status == 200
         ready = [line for line in text.splitlines() if line.startswith("eventbus_ready{")]
-        assert len(ready) == 2, text  # both children's, the empty file left out
+        # both children's, the empty file left out (one CI run of 75bb274's tree saw none here,
+        # right after /readyz answered 200; not reproduced in 16 runs: the parent's log lines
+        # and the folder's files are in the message for the next one)
+        files = sorted(p.name for p in folder.iterdir())
+        assert len(ready) == 2, (text, files, records)
         assert all(r.endswith(" 1.0") for r in ready), text
         assert f'pid="{proc.pid}"' not in text  # nor the parent's own gauges (not a child)
     skipped = [r for r in records if r["logger"] == "eventbus.ops.children_metrics"]
