@@ -105,6 +105,33 @@ async def test_a_decompression_bomb_does_not_block_heartbeats(
     assert longest_gap < s.lease_s / 2, longest_gap
 
 
+def test_a_large_decode_shortens_the_gil_switch_interval_until_it_ends() -> None:
+    # the loop's thread waits a switch interval for the GIL after each select/send/recv while a
+    # decode computes: 5 ms each stopped the loop 0.3-0.65 s under load (the bomb's test above)
+    import gc
+    import sys
+
+    from eventbus.consumer.decoding import _without_gc
+
+    before = sys.getswitchinterval()
+    assert before == 0.005  # Python's default
+    seen: list[tuple[float, bool]] = []
+
+    def decode(fields: dict[bytes, bytes]) -> int:
+        seen.append((sys.getswitchinterval(), gc.isenabled()))
+        if fields:  # a nested decode (another worker thread) restores nothing when it ends
+            _without_gc(decode, {})
+            seen.append((sys.getswitchinterval(), gc.isenabled()))
+        return len(fields)
+
+    assert _without_gc(decode, {b"d": b"x"}) == 1
+    assert seen == [(0.0005, False)] * 3  # decoding.DECODE_SWITCH_INTERVAL_S
+    assert (sys.getswitchinterval(), gc.isenabled()) == (before, True)
+    with pytest.raises(ValueError, match="bad bytes"):  # restored when the decode raises too
+        _without_gc(lambda fields: (_ for _ in ()).throw(ValueError("bad bytes")), {})
+    assert (sys.getswitchinterval(), gc.isenabled()) == (before, True)
+
+
 def test_the_consumer_decodes_up_to_the_shared_cap(settings: SettingsFactory) -> None:
     s = settings(max_payload_bytes=1 << 16)
     bus = EventBus(s)
