@@ -114,7 +114,7 @@ def test_a_large_decode_shortens_the_gil_switch_interval_until_it_ends() -> None
     from eventbus.consumer.decoding import _without_gc
 
     before = sys.getswitchinterval()
-    assert before == 0.005  # Python's default
+    assert before > 0.0005  # Python's default is 5 ms
     seen: list[tuple[float, bool]] = []
 
     def decode(fields: dict[bytes, bytes]) -> int:
