@@ -389,6 +389,28 @@ def _consumer() -> tuple[Any, Any]:
     return bus, make_consumers(*parts)[0]
 
 
+
+def _core_consumer() -> tuple[Any, Any, list[tuple[bytes, bytes]]]:
+    """`_consumer()` and 500 encoded entries of 1,000 resources (``(entry ID, data)``)."""
+    from eventbus.protocol.codec import encode_entry, envelope_of
+
+    bus, consumer = _consumer()
+    entries = [
+        (b"1-%d" % i, encode_entry(envelope_of(f"r{i % 1000}", bench._event(i))))
+        for i in range(500)
+    ]
+    return bus, consumer, entries
+
+
+def _hold_shard_0(consumer: Any) -> Any:
+    """Shard 0 held by `consumer`, with a lease that never ends: its fence always holds."""
+    from eventbus.consumer.shards import HeldShard
+
+    held = HeldShard(0, "s", 1, 1)
+    consumer.table.held[0] = held
+    consumer.lease.until = float("inf")
+    return held
+
 def path(events: int, profile: str | None) -> dict[str, float]:
     import anyio
 
@@ -422,19 +444,11 @@ def core(events: int, profile: str | None) -> dict[str, float]:
     import anyio
 
     from eventbus.client.loops import young_gc_threshold
-    from eventbus.consumer.shards import HeldShard
-    from eventbus.protocol.codec import encode_entry, envelope_of
 
-    bus, consumer = _consumer()
-    entries = [
-        (b"1-%d" % i, encode_entry(envelope_of(f"r{i % 1000}", bench._event(i))))
-        for i in range(500)
-    ]
+    bus, consumer, entries = _core_consumer()
 
     async def run() -> float:
-        held = HeldShard(0, "s", 1, 1)
-        consumer.table.held[0] = held
-        consumer.lease.until = float("inf")
+        held = _hold_shard_0(consumer)
         slot = consumer.handling.watchdog.slot()
         queues = consumer.queues
         start = time.perf_counter()
@@ -456,19 +470,11 @@ def trickle(events: int, profile: str | None) -> dict[str, float]:
     import anyio.lowlevel
 
     from eventbus.client.loops import young_gc_threshold
-    from eventbus.consumer.shards import HeldShard
-    from eventbus.protocol.codec import encode_entry, envelope_of
 
-    bus, consumer = _consumer()
-    entries = [
-        (b"1-%d" % i, encode_entry(envelope_of(f"r{i % 1000}", bench._event(i))))
-        for i in range(500)
-    ]
+    bus, consumer, entries = _core_consumer()
 
     async def run() -> float:
-        held = HeldShard(0, "s", 1, 1)
-        consumer.table.held[0] = held
-        consumer.lease.until = float("inf")
+        held = _hold_shard_0(consumer)
         tally = consumer.tally
         async with anyio.create_task_group() as tg:
             for _ in range(consumer.settings.concurrency):
