@@ -81,15 +81,23 @@ def _run(settings: Settings, rows: list[FlightRow], **options: Any) -> Run:
     return run
 
 
+async def _published(
+    settings: Settings, rows: list[FlightRow], **options: Any
+) -> tuple[EventBus, Run, _Recording]:
+    """The demo's publish step over `rows` with `options`, through a `_Recording` bus."""
+    bus = EventBus(settings)
+    run = _run(bus.settings, rows, **options)
+    recording = _Recording(bus)
+    async with bus:
+        await publish_flights(recording, run)  # type: ignore[arg-type]
+    return bus, run, recording
+
+
 async def test_a_planes_flight_is_published_once_its_previous_one_is_confirmed(
     settings: Callable[..., Settings], r: redis.asyncio.Redis
 ) -> None:
     rows = _rows(1500)
-    bus = EventBus(settings(publish_batch_max=20))
-    run = _run(bus.settings, rows, window=200)
-    recording = _Recording(bus)
-    async with bus:
-        await publish_flights(recording, run)  # type: ignore[arg-type]
+    bus, run, recording = await _published(settings(publish_batch_max=20), rows, window=200)
 
     assert run.published == len(rows) == len(run.confirm_ms)
     confirmed: dict[str, int] = defaultdict(int)  # plane -> its last confirmed seq
@@ -107,11 +115,7 @@ async def test_the_batch_option_publishes_every_flight_in_order_with_publish_man
     settings: Callable[..., Settings], r: redis.asyncio.Redis
 ) -> None:
     rows = _rows(1000)
-    bus = EventBus(settings(publish_batch_max=64))
-    run = _run(bus.settings, rows, batch=300)
-    recording = _Recording(bus)
-    async with bus:
-        await publish_flights(recording, run)  # type: ignore[arg-type]
+    bus, run, recording = await _published(settings(publish_batch_max=64), rows, batch=300)
 
     assert recording.many == [300, 300, 300, 100]
     assert not [e for e in recording.events if e[0] == "call"]  # no publish() call
