@@ -8,6 +8,7 @@
     python stress/perf.py flights-publish [--events N] [--runs 1] [--batch]
     python stress/perf.py flights-consume [--events N] [--runs 1] [--group G] [--profile F]
     python stress/perf.py trickle [--events N] [--runs 1]
+    python stress/perf.py batch-redis [--events N] [--runs 1] [--profile F.callgrind]
 
 ``--json F`` writes the last run's figures (stress/ab.py reads them).
 
@@ -55,6 +56,12 @@ workers running as in a consumer, and reads of one entry each, every one handled
 next is dispatched, so that every read finds the workers idle (a consumer's rounds at a low
 rate); µs per event. No Redis and no timing: run it under callgrind at N and 3 N events for
 instructions per read of one entry.
+``batch-redis``: a batch subscriber (``max_batch=500``, no-op) draining N events published
+beforehand, in a child process: once plainly (its rate, CPU share of the handled window, time
+its event loop sat in ``epoll_wait`` within that window per 1,000 events, i.e. waiting for
+Redis, and Redis calls per 1,000 events by command), then under callgrind at N / 25 and
+3 N / 25 events (instructions per event, the difference over their difference). ``--profile F``
+keeps the larger run's callgrind file.
 With ``--profile``, the measured eventbus side runs under ``py-spy record`` (SVG flame graph,
 or py-spy's raw collapsed stacks when the name ends in ``.txt``); its rate is then lower.
 """
@@ -359,6 +366,88 @@ def flights_consume(events: int, profile: str | None, group: str = "both") -> di
     return result
 
 
+def _batch_consume_child(url: str, expect: int, out: str) -> None:
+    """One batch subscriber (``max_batch=500``, a no-op handler that counts, as peers.py's)
+    over what the topic holds, until `expect` events are handled; writes its rate, its CPU
+    share of the handled window and the time its event loop spent blocked in ``epoll_wait``
+    within it (a consumer waiting for Redis: a read's reply, an XACK's) to `out`."""
+    import re
+    import selectors
+
+    import anyio
+
+    bus = bench.EventBus(bench.Settings(redis_url=url, shards=bench.SHARDS))
+    state = {"n": 0, "first": 0.0, "last": 0.0, "cpu0": 0.0, "cpu1": 0.0, "wait": 0.0}
+    stop = anyio.Event()
+
+    async def handle_batch(events: list[bench.Tick]) -> None:
+        if state["n"] == 0:
+            state["first"], state["cpu0"] = time.perf_counter(), time.process_time()
+        state["n"] += len(events)
+        if state["n"] >= expect:
+            state["last"], state["cpu1"] = time.perf_counter(), time.process_time()
+            stop.set()
+
+    bus.subscriber(bench.TOPIC, group="bench", batch=True, max_batch=500)(handle_batch)
+    select = selectors.EpollSelector.select
+
+    def timed_select(self: Any, timeout: float | None = None) -> Any:
+        start = time.perf_counter()
+        ready = select(self, timeout)
+        if state["n"] and not state["last"]:
+            state["wait"] += time.perf_counter() - start
+        return ready
+
+    selectors.EpollSelector.select = timed_select  # type: ignore[method-assign]
+    anyio.run(lambda: bus.run(stop=stop))
+    window = max(1e-9, state["last"] - state["first"])
+    rss_kb = int(re.search(r"VmHWM:\s+(\d+)", Path("/proc/self/status").read_text())[1])  # type: ignore[index]
+    Path(out).write_text(
+        json.dumps(
+            {
+                "batch_per_s": (state["n"] - 1) / window,
+                "cpu_share": (state["cpu1"] - state["cpu0"]) / window,
+                "wait_ms_per_1k_events": state["wait"] / state["n"] * 1e6,
+                "peak_rss_mb": rss_kb / 1024,
+            }
+        )
+    )
+
+
+def batch_redis(events: int, profile: str | None) -> dict[str, float]:
+    """A batch subscriber's costs (issue 18: batch handler >= 0.7 x raw read+ack): one plain
+    run over N events published beforehand (rate, CPU share of the handled window, time blocked
+    waiting for Redis per 1,000 events, Redis calls per 1,000 events by command, INFO
+    commandstats), then callgrind runs over N / 25 and 3 N / 25 events, the difference over
+    their difference: instructions per event. ``--profile F`` keeps the 3 N run's callgrind file."""
+    result: dict[str, float] = {}
+    with RedisServer() as server:
+        out = Path("/tmp") / f"perf-batch-redis-{time.time_ns()}.json"
+        cmd = [sys.executable, __file__, "_publish", server.url, str(events), str(out)]
+        subprocess.run(cmd, check=True, env=bench.child_env())  # events + 1 (a warm-up)
+        before = asyncio.run(bench.command_calls(server.url))
+        child = [sys.executable, __file__, "_batch_consume", server.url, str(events + 1), str(out)]
+        subprocess.run(child, check=True, env=bench.child_env())
+        after = asyncio.run(bench.command_calls(server.url))
+        result |= json.loads(out.read_text())
+        out.unlink()
+    for c, n in sorted(after.items()):
+        if n > before.get(c, 0) and c != "info":
+            result[f"calls_{c}_per_1k_events"] = (n - before.get(c, 0)) / (events + 1) * 1000
+    counts = []
+    small = max(1, events // 25)  # callgrind runs the child ~50 x slower
+    for n, keep in ((small, None), (3 * small, profile)):
+        with RedisServer() as server:
+            out = Path("/tmp") / f"perf-batch-redis-{time.time_ns()}.json"
+            cmd = [sys.executable, __file__, "_publish", server.url, str(n), str(out)]
+            subprocess.run(cmd, check=True, env=bench.child_env())
+            child = ["_batch_consume", server.url, str(n + 1), str(out)]
+            counts.append(_callgrind_instructions(server.url, n, keep, child))
+            out.unlink(missing_ok=True)
+    result["instructions_per_event"] = (counts[1] - counts[0]) / (2 * small)
+    return result
+
+
 class _Open:
     """A fence that always holds (the path measured without the lease)."""
 
@@ -389,7 +478,6 @@ def _consumer() -> tuple[Any, Any]:
     return bus, make_consumers(*parts)[0]
 
 
-
 def _core_consumer() -> tuple[Any, Any, list[tuple[bytes, bytes]]]:
     """`_consumer()` and 500 encoded entries of 1,000 resources (``(entry ID, data)``)."""
     from eventbus.protocol.codec import encode_entry, envelope_of
@@ -410,6 +498,7 @@ def _hold_shard_0(consumer: Any) -> Any:
     consumer.table.held[0] = held
     consumer.lease.until = float("inf")
     return held
+
 
 def path(events: int, profile: str | None) -> dict[str, float]:
     import anyio
@@ -505,12 +594,15 @@ if __name__ == "__main__":
     if sys.argv[1] == "_flights_consume":
         _flights_consume_child(sys.argv[2], sys.argv[3], int(sys.argv[4]))
         sys.exit(0)
+    if sys.argv[1] == "_batch_consume":
+        _batch_consume_child(sys.argv[2], int(sys.argv[3]), sys.argv[4])
+        sys.exit(0)
     if sys.argv[1] == "_paced":
         _paced_child(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))
         sys.exit(0)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     verbs = ["consume", "publish", "path", "core", "consume-redis", "publish-core"]
-    verbs += ["flights-publish", "flights-consume", "trickle"]
+    verbs += ["flights-publish", "flights-consume", "trickle", "batch-redis"]
     parser.add_argument("what", choices=verbs)
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--runs", type=int, default=3)
@@ -530,6 +622,7 @@ if __name__ == "__main__":
         "flights-publish": partial(flights_publish, batch=args.batch),
         "flights-consume": partial(flights_consume, group=args.group),
         "trickle": trickle,
+        "batch-redis": batch_redis,
     }[args.what]
     if args.rate:
         if args.what != "consume-redis":

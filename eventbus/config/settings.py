@@ -160,8 +160,11 @@ class Settings(BaseSettings):
     lock round before every read."""
     idle_release_ms: NonNegativeInt = 500
     """A held shard idle this long is released for others to take."""
-    max_in_flight: PositiveInt = 2000
-    """Entries read but not yet acked, at most."""
+    max_in_flight: PositiveInt = 16_000
+    """Entries read but not yet acked, at most (a round can overshoot by one read). The default
+    holds two full reads of 16 shards at a batch subscriber's ``max_batch`` of 500 (five at
+    `read_count` 200): a draining consumer sends its next read while its workers handle the
+    last one, rather than after that one's XACKs are confirmed."""
     concurrency: PositiveInt = 64
     """Handlers running at once, at most."""
     gc_threshold: NonNegativeInt = 50_000

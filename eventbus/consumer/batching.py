@@ -121,8 +121,10 @@ class BatchRunner:
         self.stopping = handling.stopping
 
     async def run(self, items: list[Item], slot: Slot) -> None:
-        """Finish `items` (consecutive entries of one shard, one acquisition), in order; `slot`
-        is the calling worker's watchdog slot."""
+        """Finish `items` (consecutive entries of one shard, one acquisition, queued as read:
+        decoded and validated here, in one pass, `Handling.prepare`), in order; `slot` is the
+        calling worker's watchdog slot."""
+        self.handling.prepare(items)
         i = 0
         while i < len(items):
             if not await self.fence.wait(items[i]):
@@ -139,7 +141,7 @@ class BatchRunner:
 
     def _run_of(self, items: list[Item], start: int) -> list[Item]:
         """The longest run of `items` from `start` that can go to the handler as one batch:
-        decoded and validated ahead of their turn (`Handling.prepare`), of no parked resource."""
+        decoded and validated by `run`'s `Handling.prepare`, of no parked resource."""
         is_parked, parked = self.handling.failures.is_parked, self.handling.failures.parked
         run = []
         for item in items[start:]:

@@ -105,7 +105,8 @@ class Consumer:
         self._stopped = self.handling.stopping  # set once no more handlers start
         self.runner = QueueRunner(self.handling, self, self.acks)
         self._work: Any = self.runner.run  # a worker's step: a resource's queue, or a batch
-        if is_batch(sub.call):
+        self._batch = is_batch(sub.call)
+        if self._batch:
             self.queues, self._work = batch_queues(
                 self.handling, self, self.runner.process, self.acks
             )
@@ -321,9 +322,13 @@ class Consumer:
 
     def _dispatch(self, held: HeldShard, entries: Entries, counts: Counts) -> None:
         """Queue what one read (or one page of recovery) got from `held`'s stream, decoded and
-        validated in one pass first (`Handling.prepare`)."""
+        validated in one pass first (`Handling.prepare`). A batch subscription's entries are
+        queued as read and prepared by the worker, one batch at a time (`BatchRunner.run`):
+        its queues are keyed by shard, not by the resource the decode finds, and the read loop
+        sends its next read while the workers decode, instead of after."""
         items = read_items(held, entries, counts)
-        self.handling.prepare(items)
+        if not self._batch:
+            self.handling.prepare(items)
         self.queues.dispatch(held, items)
 
     async def _check_trims(self) -> None:

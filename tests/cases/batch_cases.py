@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+import anyio
 import pytest
 from cases.backends import Backend
 from support import Tick, running, total_pending, wait_until
@@ -129,6 +130,42 @@ class BatchCases:
         async with running(bus):
             await wait_until(lambda: sum(map(len, log.calls)) == 40)
         assert [len(c) for c in log.calls] == [40]
+
+    async def test_the_next_read_is_on_its_way_while_a_full_read_runs(
+        self, backend: Backend
+    ) -> None:
+        """With the default `max_in_flight`, a consumer whose read filled every shard's batch
+        (4 shards x 500 = 2,000 entries) reads again while those batches are still in the
+        handler: Redis builds the next reply while the workers decode and handle, rather than
+        after their XACKs are confirmed (with the old default, 2,000, the read loop waited
+        for capacity until the handlers returned)."""
+        r = backend.redis
+        bus = backend.bus(shards=4)
+        release = anyio.Event()
+        sizes: list[int] = []
+
+        @bus.subscriber(TOPIC, group=GROUP, batch=True, max_batch=500)
+        async def handle(events: list[Tick]) -> None:
+            sizes.append(len(events))
+            await release.wait()
+
+        pairs = [(f"r{i % 64}", Tick(resource=f"r{i % 64}", seq=i)) for i in range(8000)]
+        for i in range(0, len(pairs), 1000):
+            await bus.publish_many(TOPIC, pairs[i : i + 1000])
+        per_shard = [await r.xlen(bus.keys.stream(TOPIC, s)) for s in range(4)]
+        assert min(per_shard) >= 1000  # two full reads of every shard at least
+        async with running(bus):
+            await wait_until(lambda: len(sizes) == 4)  # one batch of each shard, held
+
+            # every shard's second 500 delivered while the first four batches are held
+            async def read_ahead() -> bool:
+                return await total_pending(bus, TOPIC, GROUP, r) >= 4000
+
+            await wait_until(read_ahead)
+            release.set()
+            await wait_until(lambda: sum(sizes) == 8000)
+            await wait_until(lambda: drained(bus, r))
+        assert sizes[:4] == [500] * 4
 
     async def test_a_failing_batch_is_retried_whole_then_acked(self, backend: Backend) -> None:
         r = backend.redis
