@@ -99,6 +99,7 @@ class Consumer:
         self.tally = self.handling.tally  # handled, dead-lettered, duplicates skipped
         self._rotation = random.randrange(n)
         self._next_lock = 0.0  # monotonic time of the next lock round (`_lock_due`)
+        self._share = 0  # the fair share of the last lock round
         self.read_full = False  # the last read filled a shard's read_count (`read_linger_ms`)
         self.catching_up = CatchUpSchedule(self.backoff)
         self._stopping = False
@@ -278,6 +279,7 @@ class Consumer:
         if recover:
             await self._recover(recover)
         self.table.mark_surplus(grants.share)
+        self._share = grants.share
 
     async def _recover(self, shards: list[int]) -> None:
         """Recover the PEL of newly held `shards`. If it fails, they are forgotten, so that they
@@ -303,7 +305,7 @@ class Consumer:
         without one, skip the read and re-lock in the next round."""
         readable = self.table.readable()
         if not readable:  # nothing to read (all draining, or none held): wait a poll
-            await anyio.sleep(block_ms / 1000)
+            await anyio.sleep(self._poll_ms(block_ms) / 1000)
             return set()
         lease_ms = self.lease.remaining_ms() - 5
         if lease_ms < 1:
@@ -319,6 +321,16 @@ class Consumer:
                 got.add(held.shard)
                 self._dispatch(held, read.entries, read.counts)
         return got
+
+    def _poll_ms(self, block_ms: int) -> int:
+        """How long a round that has no shard to read waits before the next: the read loop's
+        BLOCK, which doubles while rounds get nothing, but no more than `lock_interval_ms` while
+        this consumer holds none and the last lock round gave it a share (a consumer joining a
+        busy group: the others release its shards once they have drained them, and it took
+        them up to the 1 s of `block_max_ms` late)."""
+        if not self.table.held and self._share:
+            return min(block_ms, self.settings.lock_interval_ms or block_ms)
+        return block_ms
 
     def _dispatch(self, held: HeldShard, entries: Entries, counts: Counts) -> None:
         """Queue what one read (or one page of recovery) got from `held`'s stream, decoded and

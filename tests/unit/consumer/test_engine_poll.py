@@ -1,0 +1,44 @@
+"""How long a consumer's round waits when it has no shard to read (`Consumer._poll_ms`): a
+consumer joining a busy group polls for the shards of its fair share at least every
+`lock_interval_ms`, not at the read loop's doubling BLOCK (up to `block_max_ms`)."""
+
+from __future__ import annotations
+
+from eventbus import EventBus, Settings
+from eventbus.consumer import Consumer
+from eventbus.consumer.running import make_consumers
+from eventbus.consumer.shards import HeldShard
+from eventbus.protocol.topics import TopicRegistry
+from eventbus.testing import memory_redis
+
+
+def consumer(**settings: int) -> Consumer:
+    bus = EventBus(Settings(redis_url="redis://in-memory", shards=16, **settings))
+
+    @bus.subscriber("orders", group="billing")
+    async def handle(event: dict) -> None:  # type: ignore[type-arg]
+        pass
+
+    redis = memory_redis()
+    [c] = make_consumers(
+        bus.subscriptions, redis, bus.keys, bus.settings, TopicRegistry(redis, bus.keys)
+    )
+    assert isinstance(c, Consumer)
+    return c
+
+
+def test_a_consumer_owed_shards_it_does_not_hold_polls_every_lock_interval() -> None:
+    c = consumer(lock_interval_ms=100, block_max_ms=1000)
+    assert c._poll_ms(1000) == 1000  # before any lock round: no share known
+    c._share = 8  # a lock round gave it a share of 8 and no lock (others hold them all)
+    assert c._poll_ms(1000) == 100
+    assert c._poll_ms(40) == 40  # the BLOCK still starts short
+    c.table.held[3] = HeldShard(3, c.table.streams[3], 1, 1)  # some of its share held
+    c.table.held[3].draining = True
+    assert c._poll_ms(1000) == 1000  # nothing readable, but its own shards: backs off
+
+
+def test_with_lock_rounds_before_every_read_the_poll_is_the_block() -> None:
+    c = consumer(lock_interval_ms=0)
+    c._share = 8
+    assert c._poll_ms(640) == 640
