@@ -9,6 +9,7 @@
     python stress/perf.py flights-consume [--events N] [--runs 1] [--group G] [--profile F]
     python stress/perf.py trickle [--events N] [--runs 1]
     python stress/perf.py batch-redis [--events N] [--runs 1] [--profile F.callgrind]
+    python stress/perf.py batch-core [--events N] [--runs 1]
 
 ``--json F`` writes the last run's figures (stress/ab.py reads them).
 
@@ -62,6 +63,9 @@ its event loop sat in ``epoll_wait`` within that window per 1,000 events, i.e. w
 Redis, and Redis calls per 1,000 events by command), then under callgrind at N / 25 and
 3 N / 25 events (instructions per event, the difference over their difference). ``--profile F``
 keeps the larger run's callgrind file.
+``batch-core``: a batch subscription's in-process path (as ``core``, with a no-op
+``max_batch=500`` handler and one of its workers running), µs per event; under callgrind at N
+and 3 N events, instructions per event.
 With ``--profile``, the measured eventbus side runs under ``py-spy record`` (SVG flame graph,
 or py-spy's raw collapsed stacks when the name ends in ``.txt``); its rate is then lower.
 """
@@ -553,6 +557,53 @@ def core(events: int, profile: str | None) -> dict[str, float]:
         return {"us_per_event": anyio.run(run)}
 
 
+def batch_core(events: int, profile: str | None) -> dict[str, float]:
+    """A batch subscription's whole path without Redis, as `core` is the per-event one's: read
+    batches of 500 entries of shard 0 dispatched (`Consumer._dispatch`) and run by one of its
+    workers (`BatchQueues.worker`: cut, `BatchRunner.run`: decode and validate, fence, the
+    no-op ``max_batch=500`` handler, acks queued), in µs per event. No timing decides: run it
+    under callgrind at N and 3 N events for instructions per event."""
+    import anyio
+
+    from eventbus import EventBus, Settings
+    from eventbus.client.loops import young_gc_threshold
+    from eventbus.consumer.running import make_consumers
+    from eventbus.testing import memory_redis
+
+    bus = EventBus(
+        Settings(redis_url="redis://in-memory", shards=bench.SHARDS), redis=memory_redis()
+    )
+    handled = [0]
+
+    async def handle_batch(events: list[bench.Tick]) -> None:
+        handled[0] += len(events)
+
+    handle_batch.__annotations__ = {"events": list[bench.Tick], "return": None}
+    bus.subscriber(bench.TOPIC, group="bench", batch=True, max_batch=500)(handle_batch)
+    parts = bus.subscriptions, bus.redis, bus.keys, bus.settings, bus.registry
+    consumer = make_consumers(*parts)[0]
+    _, _, entries = _core_consumer()
+
+    async def run() -> float:
+        held = _hold_shard_0(consumer)
+        slot = consumer.handling.watchdog.slot()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(consumer.queues.worker, consumer._work, slot, tg, anyio.Event())
+            start = time.perf_counter()
+            for i in range(events // 500):
+                consumer._dispatch(held, entries, {})
+                while handled[0] < (i + 1) * 500:
+                    await anyio.lowlevel.checkpoint()
+                consumer.acks._batches.clear()
+                consumer._report_handled()
+            elapsed = time.perf_counter() - start
+            tg.cancel_scope.cancel()
+        return elapsed / events * 1e6
+
+    with young_gc_threshold(bus.settings.gc_threshold):  # as while consumers run
+        return {"us_per_event": anyio.run(run)}
+
+
 def trickle(events: int, profile: str | None) -> dict[str, float]:
     """The consumer's path at a trickle: reads of one entry, idle workers (module docstring)."""
     import anyio
@@ -602,7 +653,7 @@ if __name__ == "__main__":
         sys.exit(0)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     verbs = ["consume", "publish", "path", "core", "consume-redis", "publish-core"]
-    verbs += ["flights-publish", "flights-consume", "trickle", "batch-redis"]
+    verbs += ["flights-publish", "flights-consume", "trickle", "batch-redis", "batch-core"]
     parser.add_argument("what", choices=verbs)
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--runs", type=int, default=3)
@@ -623,6 +674,7 @@ if __name__ == "__main__":
         "flights-consume": partial(flights_consume, group=args.group),
         "trickle": trickle,
         "batch-redis": batch_redis,
+        "batch-core": batch_core,
     }[args.what]
     if args.rate:
         if args.what != "consume-redis":

@@ -29,7 +29,9 @@ import time
 import typing
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import cast
+from itertools import islice, repeat
+from operator import is_
+from typing import Any, cast
 
 import anyio
 import anyio.abc
@@ -87,15 +89,17 @@ class BatchQueues(ResourceQueues):
             queue = self._queues[key]
             try:
                 while queue:
-                    generation = queue[0].generation
-                    batch: list[Item] = []
-                    for item in queue:
-                        if item.generation != generation or len(batch) == self.max_batch:
-                            break
-                        batch.append(item)
+                    batch = list(islice(queue, self.max_batch))
+                    generation = batch[0].generation
+                    if batch[-1].generation != generation:  # up to the next acquisition's
+                        # (a queue's generations never decrease: it is filled in read order)
+                        batch = [item for item in batch if item.generation == generation]
                     await run(batch, slot)
-                    for _ in batch:
-                        queue.popleft()
+                    if len(batch) == len(queue):  # nothing queued meanwhile
+                        queue.clear()
+                    else:
+                        for _ in range(len(batch)):
+                            queue.popleft()
             finally:
                 del self._queues[key]
 
@@ -125,6 +129,17 @@ class BatchRunner:
         decoded and validated here, in one pass, `Handling.prepare`), in order; `slot` is the
         calling worker's watchdog slot."""
         self.handling.prepare(items)
+        if not self.handling.failures.parked:  # the common case: the whole batch in one call
+            events = [item.event for item in items]
+            # every entry decoded and validated (by identity: `None in events` would call each
+            # model's __eq__, pydantic's, in Python)
+            if not any(map(is_, events, repeat(None))):
+                if not await self.fence.wait(items[0]):
+                    for item in items:
+                        self.acks.finish(item)
+                    return
+                await self._settle(items, self.sub.options.retry.max_attempts, slot, events)
+                return
         i = 0
         while i < len(items):
             if not await self.fence.wait(items[i]):
@@ -155,8 +170,11 @@ class BatchRunner:
         while (delay := await self.process(item, slot)) is not None:
             await wait_retry(delay, self.stopping)
 
-    async def _settle(self, entries: list[Item], attempts: int, slot: Slot) -> None:
-        """Call the handler on `entries` up to `attempts` times; then split them."""
+    async def _settle(
+        self, entries: list[Item], attempts: int, slot: Slot, events: list[Any] | None = None
+    ) -> None:
+        """Call the handler on `entries` (their `events`, when the caller has them) up to
+        `attempts` times; then split them."""
         attempt = 0
         while True:
             head = entries[0]
@@ -165,7 +183,7 @@ class BatchRunner:
                     self.acks.finish(e)
                 return
             attempt += 1
-            error = await self._call(entries, attempt, slot)
+            error = await self._call(entries, attempt, slot, events)
             if error is NOT_STARTED:
                 attempt -= 1
                 continue
@@ -211,9 +229,10 @@ class BatchRunner:
             await self._settle(run, 1, slot)
 
     async def _call(
-        self, entries: list[Item], attempt: int, slot: Slot
+        self, entries: list[Item], attempt: int, slot: Slot, events: list[Any] | None = None
     ) -> Exception | NotStarted | None:
-        """One call of the batch handler; its exception, None, or `NOT_STARTED` (fence lost)."""
+        """One call of the batch handler (on `entries`' `events`, made here when None); its
+        exception, None, or `NOT_STARTED` (fence lost)."""
         h = self.handling
         ctxs = [
             h.context(e, e.env, e.entry_id, attempt)  # type: ignore[arg-type]
@@ -221,7 +240,8 @@ class BatchRunner:
             # none built for a handler of events alone, unless a middleware reads them
             if self.call.takes_context or h.middlewares
         ]
-        events = [e.event for e in entries]
+        if events is None:
+            events = [e.event for e in entries]
         if not self.fence.holds(entries[0]):  # no await between this check and the call
             return NOT_STARTED
         call = self.call.call_batch
