@@ -164,7 +164,9 @@ class Settings(BaseSettings):
     """Entries read but not yet acked, at most (a round can overshoot by one read). The default
     holds two full reads of 16 shards at a batch subscriber's ``max_batch`` of 500 (five at
     `read_count` 200): a draining consumer sends its next read while its workers handle the
-    last one, rather than after that one's XACKs are confirmed."""
+    last one, rather than after that one's XACKs are confirmed. A shard is read only while
+    at most one read's worth of its own entries is in flight (two at most, whatever this cap:
+    a hot shard's hand-over does not grow with it)."""
     concurrency: PositiveInt = 64
     """Handlers running at once, at most."""
     gc_threshold: NonNegativeInt = 50_000

@@ -52,6 +52,7 @@ class Acks:
         self.redis, self.group, self.consumer_id = member.redis, member.group, member.consumer_id
         self.table, self.lease = table, lease
         self.max_in_flight = member.settings.max_in_flight
+        self.shard_room = self.max_in_flight  # a shard is read at most this many in flight
         self.noack = noack
         self.backoff = backoff
         self.before_send = before_send
@@ -77,7 +78,10 @@ class Acks:
 
     def _finish(self, held: HeldShard, n: int = 1) -> None:
         """`n` entries of `held` finished."""
-        held.in_flight -= n
+        after = held.in_flight - n
+        held.in_flight = after
+        if after <= self.shard_room < after + n:  # `held` is readable again
+            self.wake_capacity()
         before = self.in_flight
         self.in_flight = before - n
         if before >= self.max_in_flight > self.in_flight:  # crossed back under the cap

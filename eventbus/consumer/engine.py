@@ -94,6 +94,13 @@ class Consumer:
             before_send=self.handling.flush_metrics,  # an entry's metrics before its ack
         )
         self.acks.on_refused = self.refused_metric
+        # The per-shard read-ahead bound: a shard is read only while at most one read's worth
+        # (`count`) of its entries is in flight, so at most two reads' worth is: one handled,
+        # the next read meanwhile. One hot shard cannot take all of `max_in_flight`, and what
+        # a draining shard must finish before its release, or a crash leaves to XAUTOCLAIM,
+        # does not grow with `max_in_flight` (docs/operations.md, max_in_flight).
+        self.shard_room = count
+        self.acks.shard_room = self.shard_room
         self.queues = ResourceQueues(self.acks.started)
         self.trims = TrimWatch(member)
         self.tally = self.handling.tally  # handled, dead-lettered, duplicates skipped
@@ -303,10 +310,17 @@ class Consumer:
         past its TTL) would pull entries of shards now owned by others into our PEL, and their
         owner would read past them. So read only with a lease, blocking no longer than it lasts;
         without one, skip the read and re-lock in the next round."""
-        readable = self.table.readable()
-        if not readable:  # nothing to read (all draining, or none held): wait a poll
-            await anyio.sleep(self._poll_ms(block_ms) / 1000)
+        readable = self.table.readable(self.shard_room)
+        active = len(self.table.readable())  # held and not draining
+        if not readable:  # nothing to read (all draining or full, or none held): wait a poll
+            with anyio.move_on_after(self._poll_ms(block_ms) / 1000):
+                if active:  # full shards: until one has room again (`Acks._finish`)
+                    await self.acks.wait_capacity()
+                else:
+                    await anyio.sleep_forever()
             return set()
+        if len(readable) < active:  # a full shard gets room while the read blocks: not long
+            block_ms = min(block_ms, self.settings.block_min_ms)
         lease_ms = self.lease.remaining_ms() - 5
         if lease_ms < 1:
             return None

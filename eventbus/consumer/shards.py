@@ -113,8 +113,12 @@ class ShardTable:
     def of_stream(self, stream: bytes) -> HeldShard | None:
         return self.held.get(self._by_stream[stream])
 
-    def readable(self) -> list[HeldShard]:
-        return [h for h in self.held.values() if not h.draining]
+    def readable(self, room: int | None = None) -> list[HeldShard]:
+        """The held shards to read: not draining and, given `room`, with at most `room`
+        entries in flight (the per-shard read-ahead bound, `Consumer.shard_room`)."""
+        if room is None:
+            return [h for h in self.held.values() if not h.draining]
+        return [h for h in self.held.values() if not h.draining and h.in_flight <= room]
 
     def mark_surplus(self, share: int) -> None:
         """Above the fair share `share`, mark the least busy shards draining. A share of every
