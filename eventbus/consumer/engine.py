@@ -98,8 +98,11 @@ class Consumer:
         # (`count`) of its entries is in flight, so at most two reads' worth is: one handled,
         # the next read meanwhile. One hot shard cannot take all of `max_in_flight`, and what
         # a draining shard must finish before its release, or a crash leaves to XAUTOCLAIM,
-        # does not grow with `max_in_flight` (docs/operations.md, max_in_flight).
-        self.shard_room = count
+        # does not grow with `max_in_flight` (docs/operations.md, max_in_flight). NOACK reads
+        # lose what they read ahead when the consumer stops or loses its lease: a shard of
+        # theirs is read again only once its last read is finished, so at most `count` x held
+        # shards are lost (docs/semantics.md, at-most-once).
+        self.shard_room = 0 if self.noack else count
         self.acks.shard_room = self.shard_room
         self.queues = ResourceQueues(self.acks.started)
         self.trims = TrimWatch(member)
