@@ -110,6 +110,7 @@ class Consumer:
         self._rotation = random.randrange(n)
         self._next_lock = 0.0  # monotonic time of the next lock round (`_lock_due`)
         self._share = 0  # the fair share of the last lock round
+        self._owed_until = 0.0  # monotonic time until which a consumer holding none polls fast
         self.read_full = False  # the last read filled a shard's read_count (`read_linger_ms`)
         self.catching_up = CatchUpSchedule(self.backoff)
         self._stopping = False
@@ -273,8 +274,10 @@ class Consumer:
             grants = await self.locks.acquire([(self._rotation + i) % n for i in range(n)])
         self._rotation = (self._rotation + 1) % n
         self.lease.renew(grants.sent_at)
-        self._joined.set()
         lost, new = self.table.apply(grants.grants)
+        if new or not self._joined.is_set():  # joined, or shards are coming: more may follow
+            self._owed_until = time.monotonic() + self.settings.block_max_ms / 1000
+        self._joined.set()
         self._m_shards.round(*grants.taken(new), len(lost), len(self.table.held))
         for s in lost:
             log.warning("consumer %s lost shard %d to another consumer", self.consumer_id, s)
@@ -342,10 +345,14 @@ class Consumer:
     def _poll_ms(self, block_ms: int) -> int:
         """How long a round that has no shard to read waits before the next: the read loop's
         BLOCK, which doubles while rounds get nothing, but no more than `lock_interval_ms` while
-        this consumer holds none and the last lock round gave it a share (a consumer joining a
-        busy group: the others release its shards once they have drained them, and it took
-        them up to the 1 s of `block_max_ms` late)."""
-        if not self.table.held and self._share:
+        this consumer holds none, the last lock round gave it a share, and it joined or was
+        granted a shard less than `block_max_ms` ago (a consumer joining a busy group: the
+        others release its shards once they have drained them, and it took them up to the 1 s
+        of `block_max_ms` late). The lock round does not tell whether any shard is owed to it:
+        a share of 1 is also every standby's when members outnumber shards, and a standby that
+        kept polling every `lock_interval_ms` ran 10 lock rounds a second for ever (review30
+        F2); after the window it backs off with the BLOCK, never later than it was."""
+        if not self.table.held and self._share and time.monotonic() < self._owed_until:
             return min(block_ms, self.settings.lock_interval_ms or block_ms)
         return block_ms
 

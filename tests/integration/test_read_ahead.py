@@ -98,3 +98,30 @@ async def test_an_at_most_once_stop_loses_at_most_one_read_per_shard(
 
 async def _at_least(r: Any, command: str, n: int) -> bool:
     return await _calls(r, command) >= n
+
+
+@pytest.mark.single_node("INFO commandstats of one server")
+async def test_a_permanent_standby_backs_off_its_lock_rounds(
+    settings: SettingsFactory, r: Any
+) -> None:
+    # review30 F2: two consumers of an idle group on a 1-shard topic; one holds the shard, the
+    # other can never get one (members > shards). The standby polls fast only for
+    # `block_max_ms` after it joined, then at the doubling BLOCK (up to `block_max_ms`), like
+    # the holder, whose reads block that long; before, it ran a lock round every
+    # `lock_interval_ms` for ever (~50 a second here).
+    s = settings(shards=1, lock_interval_ms=20, block_max_ms=500)
+    buses = [EventBus(s), EventBus(s)]
+    for bus in buses:
+
+        @bus.subscriber("standby", group="g")
+        async def handle(event: Tick) -> None:
+            pass
+
+    async with running(*buses):
+        await wait_until(lambda: _at_least(r, "evalsha", 2))  # both joined
+        await anyio.sleep(1.0)  # past the standby's window of fast polls after its join
+        await r.config_resetstat()
+        await anyio.sleep(2.0)  # the idle period measured: a window, not an assertion
+        calls = await _calls(r, "evalsha")
+    # holder and standby: a lock round per 500 ms BLOCK each, plus heartbeats: ~10, not ~100
+    assert calls <= 30, calls

@@ -4,6 +4,8 @@ consumer joining a busy group polls for the shards of its fair share at least ev
 
 from __future__ import annotations
 
+import time
+
 from eventbus import EventBus, Settings
 from eventbus.consumer import Consumer
 from eventbus.consumer.running import make_consumers
@@ -31,6 +33,8 @@ def test_a_consumer_owed_shards_it_does_not_hold_polls_every_lock_interval() -> 
     c = consumer(lock_interval_ms=100, block_max_ms=1000)
     assert c._poll_ms(1000) == 1000  # before any lock round: no share known
     c._share = 8  # a lock round gave it a share of 8 and no lock (others hold them all)
+    assert c._poll_ms(1000) == 1000  # ... but longer ago than the window of a join
+    c._owed_until = time.monotonic() + 60  # it joined (or was granted a shard) just now
     assert c._poll_ms(1000) == 100
     assert c._poll_ms(40) == 40  # the BLOCK still starts short
     c.table.held[3] = HeldShard(3, c.table.streams[3], 1, 1)  # some of its share held
@@ -41,4 +45,5 @@ def test_a_consumer_owed_shards_it_does_not_hold_polls_every_lock_interval() -> 
 def test_with_lock_rounds_before_every_read_the_poll_is_the_block() -> None:
     c = consumer(lock_interval_ms=0)
     c._share = 8
+    c._owed_until = time.monotonic() + 60
     assert c._poll_ms(640) == 640
