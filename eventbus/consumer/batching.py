@@ -127,7 +127,12 @@ class BatchRunner:
     async def run(self, items: list[Item], slot: Slot) -> None:
         """Finish `items` (consecutive entries of one shard, one acquisition, queued as read:
         decoded and validated here, in one pass, `Handling.prepare`), in order; `slot` is the
-        calling worker's watchdog slot."""
+        calling worker's watchdog slot. A lost shard's batch, or any once the consumer stops,
+        is let go undecoded (the fence would let it go after the decode)."""
+        if items[0].held.lost or self.stopping.is_set():
+            for item in items:
+                self.acks.finish(item)
+            return
         self.handling.prepare(items)
         if not self.handling.failures.parked:  # the common case: the whole batch in one call
             events = [item.event for item in items]
