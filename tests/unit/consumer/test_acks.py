@@ -137,6 +137,31 @@ async def test_capacity_wakes_when_in_flight_falls_back_under_the_cap() -> None:
     assert woke == [1]
 
 
+async def test_capacity_wakes_when_a_shard_falls_back_to_its_read_ahead_room() -> None:
+    # the per-shard bound (`Consumer.shard_room`): a shard with more than `shard_room` entries
+    # in flight is not read; the read loop waits until one has room again
+    acks, _, table, _ = setup(max_in_flight=100)
+    acks.shard_room = 1
+    held = table.held[0]
+    items = read(acks, held, 1, 2, 3)
+    woke: list[int] = []
+
+    async def waiter() -> None:
+        await acks.wait_capacity()
+        woke.append(held.in_flight)
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter)
+            await anyio.lowlevel.checkpoint()
+            acks.finish(items[0])  # 2 in flight: still above the room
+            await anyio.lowlevel.checkpoint()
+            assert woke == []
+            acks.finish(items[1])  # 1: readable again
+    assert woke == [1]
+    assert table.readable(acks.shard_room) == table.readable()
+
+
 async def test_idle_wakes_when_nothing_is_in_flight() -> None:
     acks, _, table, _ = setup()
     items = read(acks, table.held[0], 1, 2)
