@@ -22,7 +22,7 @@ import json
 import logging
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ import pyarrow as pa
 from pydantic import BaseModel
 from pyspark.sql.pandas.types import from_arrow_schema
 
+from eventbus.spark.jvm import parquet_select
 from eventbus.spark.objects import Objects, as_objects
 from eventbus.spark.options import SourceOptions, models_option
 from eventbus.spark.planning import Pruning, RangePart, SegmentsPart, plan_read, surface_gaps
@@ -42,6 +43,7 @@ from eventbus.tier.typed import ERROR_COLUMN, TypedPayloads
 log = logging.getLogger("eventbus.spark")
 _SAID: set[str] = set()
 _REGISTERED: weakref.WeakSet[Any] = weakref.WeakSet()  # sessions `read` registered the source on
+_Version = tuple[str | None, str | None]  # a segment footer's typed models and typed version
 
 
 def read(spark: Any, options: Mapping[str, Any] | None = None, **more: Any) -> Any:
@@ -84,17 +86,23 @@ def read(spark: Any, options: Mapping[str, Any] | None = None, **more: Any) -> A
     refs = [r for p in segment_parts for r in p.refs]
     models = opts.models()
     typed = _typed_payloads(tuple(models.items())) if models else None
-    if refs and typed is not None:
-        why = _untyped(objects, refs, typed)
-        if why:
-            return _fallback(python, why)
+    # the footers' typed versions are fetched while the JVM builds the relation (it waits for
+    # Spark most of that time): checked before the frame is returned, never skipped
+    footers = _typed_versions(objects, refs) if refs and typed is not None else None
     schema = read_schema(models)
     frames = []
+    failed = None
     if refs:
         try:
             frames.append(_segments(spark, opts, refs, schema, typed))
         except Exception as exc:  # the JVM cannot list or read the files (py4j / analysis)
-            return _fallback(python, f"Spark cannot read {opts.store}: {_first_line(exc)}")
+            failed = f"Spark cannot read {opts.store}: {_first_line(exc)}"
+    if footers is not None and typed is not None:
+        why = _untyped([f.result() for f in footers], typed)
+        if why:
+            return _fallback(python, why)
+    if failed:
+        return _fallback(python, failed)
     for topic, cut in cuts.items():  # after the fallbacks: they say it again
         surface_gaps(topic, cut.gaps, opts.on_gap)
     tail = [p for p in parts if isinstance(p, RangePart)]
@@ -141,21 +149,28 @@ def _python_only(opts: SourceOptions, strings: Mapping[str, str]) -> str | None:
     return None
 
 
-def _untyped(objects: Objects, refs: Sequence[SegmentRef], typed: TypedPayloads) -> str | None:
-    """Why some of `refs` cannot give the typed columns of `typed` natively (None: all can):
-    each segment's footer must name the same models and typed version."""
+def _typed_versions(objects: Objects, refs: Sequence[SegmentRef]) -> list[Future[_Version]]:
+    """Each of `refs`' footer's (typed models, typed version), fetched and parsed by the footer
+    threads (`_footer_pool`): futures, in `refs`' order, whose result raises what
+    `parquet_footer` raises."""
+    pool = _footer_pool()
+    return [pool.submit(_typed_version, objects, ref) for ref in refs]
 
-    def version(ref: SegmentRef) -> tuple[str | None, str | None]:
-        meta = parquet_footer(objects, ref).metadata or {}
-        models = meta.get(b"eventbus.typed_models")
-        found = meta.get(b"eventbus.typed_version")
-        return (models.decode() if models else None, found.decode() if found else None)
 
-    found = list(_footer_pool().map(version, refs)) if len(refs) > 1 else [version(refs[0])]
+def _typed_version(objects: Objects, ref: SegmentRef) -> _Version:
+    meta = parquet_footer(objects, ref).metadata or {}
+    models = meta.get(b"eventbus.typed_models")
+    found = meta.get(b"eventbus.typed_version")
+    return (models.decode() if models else None, found.decode() if found else None)
+
+
+def _untyped(found: Sequence[_Version], typed: TypedPayloads) -> str | None:
+    """Why segments whose footers name `found` (models, typed version) cannot give the typed
+    columns of `typed` natively (None: all can): each must name the same models and version."""
     other = sum(1 for f in found if f != (typed.spec, typed.version))
     if other:
         return (
-            f"{other} of {len(refs)} segments have no typed columns for models {typed.spec} "
+            f"{other} of {len(found)} segments have no typed columns for models {typed.spec} "
             "(written before the topic's models were registered, or with other models)"
         )
     return None
@@ -201,9 +216,8 @@ def _segments(
     given = from_arrow_schema(pa.schema(wanted))
     have = {f.name: f.dataType for f in given.fields}
     root = _root(opts.store)
-    raw = spark.read.schema(given).parquet(*(f"{root}/{r.key}" for r in refs))
-    # one SQL expression per column, sent in one call: a Column built per field (col, cast,
-    # alias) was three Py4J round trips each
+    # one SQL expression per column, sent with the paths in a fixed number of Py4J round trips
+    # (`parquet_select`): a Column built per field (col, cast, alias) was three round trips each
     exprs = []
     for field in schema.fields:
         name, source = field.name, renamed.get(field.name, field.name)
@@ -215,7 +229,7 @@ def _segments(
         else:  # another type (not seen: the types are the read's), or a column no segment has
             value = _quoted(source) if source in have else "NULL"  # (``_corrupt`` of a raw read)
             exprs.append(f"CAST({value} AS {field.dataType.simpleString()}) AS {_quoted(name)}")
-    return raw.selectExpr(*exprs)
+    return parquet_select(spark, given, [f"{root}/{r.key}" for r in refs], exprs)
 
 
 def _quoted(name: str) -> str:

@@ -25,6 +25,17 @@ class Tick(BaseModel):
     tags: list[str] = []
 
 
+class TickV2(BaseModel):
+    """`Tick` evolved: a field added with a default (another typed version of the segments)."""
+
+    __event_type__ = "Tick"
+    resource: str
+    seq: int
+    price: float = 1.5
+    tags: list[str] = []
+    venue: str | None = None
+
+
 class Tock(BaseModel):
     resource: str
     n: int

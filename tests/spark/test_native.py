@@ -192,3 +192,134 @@ def test_reads_share_the_footer_threads_and_the_models_typed_columns(
     assert "concurrent.futures.thread" not in started
     assert built == []
     assert all(rows(f) == want for f in frames)
+
+
+def test_a_read_sends_few_py4j_commands_however_many_segments_and_columns(
+    spark: Any, redis_db: str, tmp_path: Path, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Building the native DataFrame sends the same few Py4J commands for 4 segments as for
+    16, and for a typed read as for a raw one: the paths and the projection's expressions go to
+    the JVM as one JSON text each (py4j's list conversion was a round trip per path and per
+    column: 60 and more commands a read)."""
+    store = str(tmp_path / "archive")
+    client = spark.sparkContext._gateway._gateway_client
+    send = client.send_command
+    sent: list[str] = []
+
+    def counted(command: str, *args: Any, **kwargs: Any) -> Any:
+        if not command.startswith("m\n"):  # not a release of a Java object Python dropped
+            sent.append(command)
+        return send(command, *args, **kwargs)
+
+    counts = {}
+    for shards in (4, 16):
+        name = f"{topic}-{shards}"
+        publish(redis_db, name, ticks(200, resources=200), shards=shards)
+        offload(redis_db, store, name, shards=shards, typed_models={name: "spark_support:Tick"})
+        files = list(Path(store).glob(f"{name}/*/*.parquet"))
+        assert len(files) >= shards
+        for extra in ({}, {"model": Tick}):
+            options = {"store": store, "topic": name, **extra}
+            want = rows(read(spark, options))  # a first read: the session's Java helpers made
+            monkeypatch.setattr(client, "send_command", counted)
+            sent.clear()
+            df = read(spark, options)
+            counts[shards, bool(extra)] = len(sent)
+            monkeypatch.undo()
+            assert len(df.inputFiles()) == len(files)
+            assert rows(df) == want
+    assert max(counts.values()) <= 10, counts
+    assert len(set(counts.values())) == 1, counts
+
+
+def test_the_footers_are_checked_while_spark_builds_the_relation(
+    spark: Any, redis_db: str, tmp_path: Path, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The segments' typed versions are read from their footers by the footer threads while
+    the JVM builds the Parquet relation (each footer here waits until that has started), and
+    still decide the path: the frame is the native one only once all of them matched."""
+    import threading
+
+    import eventbus.spark.native as native
+
+    store = str(tmp_path / "archive")
+    archive(redis_db, store, topic, typed=True)
+    options = {"store": store, "topic": topic, "model": Tick}
+    building = threading.Event()
+    overlapped: list[bool] = []
+    footer, select = native.parquet_footer, getattr(native, "parquet_select", None)
+
+    def slow_footer(*args: Any) -> Any:
+        overlapped.append(building.wait(timeout=10))  # a bound for a failure only
+        return footer(*args)
+
+    def noted_select(*args: Any) -> Any:
+        building.set()
+        return select(*args)  # type: ignore[misc]
+
+    monkeypatch.setattr(native, "parquet_footer", slow_footer)
+    monkeypatch.setattr(native, "parquet_select", noted_select, raising=False)
+    df = read(spark, options)
+    monkeypatch.undo()
+    segments = list(Path(store).glob(f"{topic}/*/*.parquet"))
+    assert len(overlapped) == len(segments) > 1 and all(overlapped)
+    assert len(df.inputFiles()) == len(segments)
+
+
+def test_segments_of_another_typed_version_are_detected_among_matching_ones(
+    spark: Any,
+    redis_db: str,
+    tmp_path: Path,
+    topic: str,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Schema evolution: segments written for `Tick`, then more for `TickV2` (a field added).
+    A typed read of either model finds the other's segments by their footers' typed version
+    and reads through the Python source (which decodes ``data``), saying how many segments;
+    the rows are the Python path's."""
+    import eventbus.spark.native as native
+
+    monkeypatch.setattr(native, "_SAID", set())  # each reason said once: another test's too
+    store = str(tmp_path / "archive")
+    publish(redis_db, topic, ticks(200))
+    offload(redis_db, store, topic, typed_models={topic: "spark_support:Tick"})
+    old = set(Path(store).glob(f"{topic}/*/*.parquet"))
+    publish(redis_db, topic, ticks(30, start=200))
+    offload(redis_db, store, topic, typed_models={topic: "spark_support:TickV2"})
+    new = set(Path(store).glob(f"{topic}/*/*.parquet")) - old
+    assert old and new
+    for model, other in (("spark_support:TickV2", old), ("spark_support:Tick", new)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, "eventbus.spark"):
+            df = read(spark, store=store, topic=topic, model=model)
+        said = [r.getMessage() for r in caplog.records if "falls back" in r.getMessage()]
+        total = len(old) + len(new)
+        assert len(said) == 1 and f"{len(other)} of {total} segments have no typed" in said[0]
+        python = spark.read.format("eventbus").options(store=store, topic=topic, model=model)
+        got = rows(df)
+        assert got == rows(python.load())
+        assert sorted(r["seq"] for r in got) == list(range(230))
+
+
+def test_without_a_jvm_in_this_process_the_frame_is_built_through_the_public_api(
+    spark: Any, redis_db: str, tmp_path: Path, topic: str
+) -> None:
+    """`parquet_select` on a session with no ``_jsparkSession`` (Spark Connect's) builds the
+    same DataFrame with ``spark.read...selectExpr``: same schema, same rows."""
+    from eventbus.spark.jvm import parquet_select
+
+    store = tmp_path / "archive"
+    archive(redis_db, str(store), topic, typed=False)
+    paths = sorted(p.as_uri() for p in store.glob(f"{topic}/*/*.parquet"))
+    schema = spark.read.parquet(*paths).schema
+    exprs = ["`resource_id` AS `rid`", "timestamp_millis(event_time_ms) AS `at`", "data"]
+
+    class Public:  # a session of the public API only
+        read = spark.read
+
+    made = [parquet_select(s, schema, paths, exprs) for s in (spark, Public())]
+    assert made[0].schema == made[1].schema
+    assert made[0].columns == ["rid", "at", "data"]
+    assert sorted(made[0].collect()) == sorted(made[1].collect())
+    assert len(made[0].collect()) == 301

@@ -52,6 +52,7 @@ COVERED_BY: dict[str, list[str]] = {
     ],
     "eventbus.session": ["tests/integration/test_reentry.py"],
     "eventbus.spark.decode": ["tests/spark/test_batch.py"],
+    "eventbus.spark.jvm": ["tests/spark/test_native.py"],
     "eventbus.spark.names": ["tests/unit/test_spark_options.py"],
     "eventbus.spark.schema": ["tests/spark/test_batch.py"],
     "eventbus.spark.source": ["tests/spark/test_batch.py"],
