@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -89,12 +90,11 @@ def read(spark: Any, options: Mapping[str, Any] | None = None, **more: Any) -> A
     # the footers' typed versions are fetched while the JVM builds the relation (it waits for
     # Spark most of that time): checked before the frame is returned, never skipped
     footers = _typed_versions(objects, refs) if refs and typed is not None else None
-    schema = read_schema(models)
     frames = []
     failed = None
     if refs:
         try:
-            frames.append(_segments(spark, opts, refs, schema, typed))
+            frames.append(_segments(spark, opts, refs, tuple((models or {}).items())))
         except Exception as exc:  # the JVM cannot list or read the files (py4j / analysis)
             failed = f"Spark cannot read {opts.store}: {_first_line(exc)}"
     if footers is not None and typed is not None:
@@ -195,12 +195,25 @@ def _segments(
     spark: Any,
     opts: SourceOptions,
     refs: Sequence[SegmentRef],
-    schema: Any,
-    typed: TypedPayloads | None,
+    models: tuple[tuple[str | None, type[BaseModel]], ...],
 ) -> Any:
-    """The segments `refs` through Spark's Parquet reader, as the read `schema`'s columns: one
-    relation with the segments' schema given (no inference job), then one projection that
-    renames three columns and turns ``event_time_ms`` into ``published_at``."""
+    """The segments `refs` through Spark's Parquet reader, as the columns of a read of `models`
+    (event type, class pairs; none: a raw read): one relation with the segments' schema given
+    (no inference job), then one projection that renames three columns and turns
+    ``event_time_ms`` into ``published_at`` (`_columns`)."""
+    given, exprs = _columns(models)
+    root = _root(opts.store)
+    return parquet_select(spark, given, [f"{root}/{r.key}" for r in refs], exprs)
+
+
+@functools.lru_cache(maxsize=32)
+def _columns(
+    models: tuple[tuple[str | None, type[BaseModel]], ...],
+) -> tuple[Any, tuple[str, ...]]:
+    """The segments' schema to give Spark's reader and the projection to the read's columns
+    (`read_schema`), for `models` (event type, class pairs): built once per models."""
+    typed = _typed_payloads(models) if models else None
+    schema = read_schema(dict(models) if models else None)
     # the fixed columns are in every segment, and a typed read gets here only when all have the
     # same typed ones; the columns are given in the read's order, so that the projection is
     # plain names and renames (a cast, even to the same type, costs the analyzer)
@@ -215,7 +228,6 @@ def _segments(
     ]
     given = from_arrow_schema(pa.schema(wanted))
     have = {f.name: f.dataType for f in given.fields}
-    root = _root(opts.store)
     # one SQL expression per column, sent with the paths in a fixed number of Py4J round trips
     # (`parquet_select`): a Column built per field (col, cast, alias) was three round trips each
     exprs = []
@@ -229,7 +241,7 @@ def _segments(
         else:  # another type (not seen: the types are the read's), or a column no segment has
             value = _quoted(source) if source in have else "NULL"  # (``_corrupt`` of a raw read)
             exprs.append(f"CAST({value} AS {field.dataType.simpleString()}) AS {_quoted(name)}")
-    return parquet_select(spark, given, [f"{root}/{r.key}" for r in refs], exprs)
+    return given, tuple(exprs)
 
 
 def _quoted(name: str) -> str:
@@ -242,7 +254,14 @@ def _root(store: str) -> str:
     if store.startswith(("s3://", "s3a://")):
         return "s3a://" + store.split("://", 1)[1].rstrip("/")
     path = store.removeprefix("file://") if store.startswith("file://") else store
-    return Path(path).resolve().as_uri()
+    return _folder_uri(path, "" if os.path.isabs(path) else os.getcwd())
+
+
+@functools.lru_cache(maxsize=64)
+def _folder_uri(path: str, cwd: str) -> str:
+    """The ``file:`` URI of folder `path` (relative to `cwd` when not absolute), symbolic links
+    resolved once: resolving is a system call per path component."""
+    return Path(cwd, path).resolve().as_uri()
 
 
 def _register_once(spark: Any) -> None:

@@ -161,9 +161,10 @@ def test_a_typed_read_is_one_relation_in_the_read_order_renamed_without_a_cast(
 def test_reads_share_the_footer_threads_and_the_models_typed_columns(
     spark: Any, redis_db: str, tmp_path: Path, topic: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """After a first typed read, further reads of the same models start no thread to fetch the
-    segments' footers (one pool for every read; a pool was started per read) and do not build
-    the models' `TypedPayloads` again (its validators: most of a read's Python time)."""
+    """After a first typed read, further reads of the same models share its pool of threads
+    that fetch the segments' footers (a pool was started per read) and do not build
+    the models' `TypedPayloads` again (its validators: most of a read's Python time), nor the
+    segments' Spark schema and projection (`_columns`)."""
     import threading
 
     import eventbus.spark.native as native
@@ -173,23 +174,27 @@ def test_reads_share_the_footer_threads_and_the_models_typed_columns(
     assert len(list(Path(store).glob(f"{topic}/*/*.parquet"))) > 1
     options = {"store": store, "topic": topic, "model": Tick}
     want = rows(read(spark, options))  # the first read: the pool and the typed columns made
-    started: list[str] = []
+    pool = native._footer_pool()
     built: list[Any] = []
-    thread_start, typed_payloads = threading.Thread.start, native.TypedPayloads
-
-    def start(self: threading.Thread) -> None:  # a pool's worker runs concurrent.futures' _worker
-        started.append(getattr(getattr(self, "_target", None), "__module__", ""))
-        thread_start(self)
+    typed_payloads = native.TypedPayloads
 
     def build(*args: Any, **kwargs: Any) -> Any:
         built.append(args)
         return typed_payloads(*args, **kwargs)
 
-    monkeypatch.setattr(threading.Thread, "start", start)
+    def convert(*args: Any) -> Any:
+        built.append(args)
+        return from_arrow(*args)
+
+    from_arrow = native.from_arrow_schema
     monkeypatch.setattr(native, "TypedPayloads", build)
+    monkeypatch.setattr(native, "from_arrow_schema", convert)
     frames = [read(spark, options) for _ in range(3)]
     monkeypatch.undo()
-    assert "concurrent.futures.thread" not in started
+    # the one pool's threads start as its tasks find none idle: at most its 8 in all
+    footers = [t for t in threading.enumerate() if t.name.startswith("eventbus-footers")]
+    assert native._footer_pool() is pool
+    assert len(footers) <= 8
     assert built == []
     assert all(rows(f) == want for f in frames)
 
