@@ -26,8 +26,10 @@ DataFrame (planning the cut, listing, analysis) and the job, and rows are counte
   ``spark.read.parquet`` of the same files (schema inferred, as a user writes it) and
   ``plain_parquet_schema`` (schema given: no inference job), the reference the native path's
   cost is compared with; these four also give ``plan_s`` (building the DataFrame) and
-  ``exec_s`` (the job), medians; ``duckdb_typed``: the same aggregate in DuckDB with one
-  ``read_parquet`` of the archive;
+  ``exec_s`` (the job), medians; ``typed_native`` and the two ``plain_parquet`` runs alternate
+  round by round (`measure_alternated`: measured one after the other, the first ran its jobs
+  in a JVM less warmed up than the next); ``duckdb_typed``: the same aggregate in DuckDB with
+  one ``read_parquet`` of the archive;
 * ``offload_us_per_event``: `encode_segment` of 50,000 of the entries, raw and with typed columns;
 * ``writer``: ``df.write.format("eventbus")`` of the same flights to another topic (one run, no
   warm-up: it publishes).
@@ -81,18 +83,33 @@ def measure(fn: Callable[[], Any], n: int, runs: int, warmup: int = WARMUP_RUNS)
     rate (events/s), the fastest and slowest seconds. `fn` returns the rows it saw, or (rows,
     seconds spent building the DataFrame): then ``plan_s`` and ``exec_s`` (the rest) are the
     medians of the two phases. Exits when a run sees other than `n` rows."""
-    times, plans = [], []
+    return measure_alternated({"fn": fn}, n, runs, warmup)["fn"]
+
+
+def measure_alternated(
+    fns: dict[str, Callable[[], Any]], n: int, runs: int, warmup: int = WARMUP_RUNS
+) -> dict[str, dict[str, Any]]:
+    """`measure` of each of `fns`, their runs alternated round by round (A B C A B C ...), so
+    that the JVM's warming up (JIT) and the machine's load move them alike: per name, what
+    `measure` gives."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    plans: dict[str, list[float]] = {name: [] for name in fns}
     for i in range(warmup + runs):
-        started = time.perf_counter()
-        got = fn()
-        took = time.perf_counter() - started
-        rows, plan = got if isinstance(got, tuple) else (got, None)
-        if rows != n:
-            raise SystemExit(f"expected {n} rows, got {rows}")
-        if i >= warmup:
-            times.append(took)
-            if plan is not None:
-                plans.append(plan)
+        for name, fn in fns.items():
+            started = time.perf_counter()
+            got = fn()
+            took = time.perf_counter() - started
+            rows, plan = got if isinstance(got, tuple) else (got, None)
+            if rows != n:
+                raise SystemExit(f"{name}: expected {n} rows, got {rows}")
+            if i >= warmup:
+                times[name].append(took)
+                if plan is not None:
+                    plans[name].append(plan)
+    return {name: _summary(times[name], plans[name], n) for name in fns}
+
+
+def _summary(times: list[float], plans: list[float], n: int) -> dict[str, Any]:
     median = statistics.median(times)
     out: dict[str, Any] = {
         "seconds": round(median, 3),
@@ -255,11 +272,15 @@ def main() -> None:
         result["typed_agg"] = measure(
             phased(lambda: spark.read.format("eventbus").options(**opts).load()), n, runs
         )
-        result["typed_native"] = measure(phased(lambda: read(spark, opts)), n, runs)
-        result["plain_parquet"] = measure(phased(lambda: spark.read.parquet(*uris)), n, runs)
         inferred = spark.read.parquet(*uris).schema
-        result["plain_parquet_schema"] = measure(
-            phased(lambda: spark.read.schema(inferred).parquet(*uris)), n, runs
+        result |= measure_alternated(
+            {
+                "typed_native": phased(lambda: read(spark, opts)),
+                "plain_parquet": phased(lambda: spark.read.parquet(*uris)),
+                "plain_parquet_schema": phased(lambda: spark.read.schema(inferred).parquet(*uris)),
+            },
+            n,
+            runs,
         )
         result["typed_native"]["vs_typed_python"] = round(
             result["typed_native"]["events_per_s"] / result["typed_agg"]["events_per_s"], 2
