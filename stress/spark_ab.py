@@ -4,12 +4,14 @@ rounds first; per variant the median wall seconds (of which building the DataFra
 seconds (the JVM process and this Python process, from /proc: less moved by a busy machine).
 
     STORE=/tmp/archive python stress/spark_ab.py 6 \\
-        '{"native": ["native", {}], "plain": ["plain", {}],
+        '{"native": ["native", {}], "main": ["native@main", {}], "plain": ["plain", {}],
           "one_task": ["native", {"spark.sql.files.minPartitionNum": "1"}]}'
 
 The store must hold topic ``bench-a`` archived with typed columns for the flights model
 (``stress/spark_bench.py`` writes one in its temporary folder); ``native`` is
-`eventbus.spark.read`, ``plain`` ``spark.read.schema(s).parquet(files)``. Each variant's settings
+`eventbus.spark.read`, ``native@REV`` the same function of ``eventbus/spark/native.py`` as of
+git revision ``REV`` (the rest of the package as checked out: before / after a change in one
+session), ``plain`` ``spark.read.schema(s).parquet(files)``. Each variant's settings
 are set before its run and reset after; adaptive query execution is off for all.
 """
 
@@ -19,9 +21,12 @@ import glob
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
+import types
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -29,6 +34,21 @@ sys.path.insert(0, str(ROOT))
 from examples.flights.spark_step import start_spark  # noqa: E402
 
 MODEL = "examples.flights.flightdata:Flight"
+
+
+def native_at(rev: str) -> Any:
+    """``eventbus/spark/native.py`` as of git revision `rev`, loaded as a module of its own."""
+    source = subprocess.run(
+        ["git", "show", f"{rev}:eventbus/spark/native.py"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    module = types.ModuleType(f"native_at_{rev}")
+    module.__file__ = f"{rev}:eventbus/spark/native.py"
+    exec(compile(source, module.__file__, "exec"), module.__dict__)
+    return module
 
 
 def main() -> None:
@@ -54,6 +74,10 @@ def main() -> None:
         "native": lambda: read(spark, opts),
         "plain": lambda: spark.read.schema(schema).parquet(*files),
     }
+    for path, _ in variants.values():
+        if path.startswith("native@"):
+            other = native_at(path.split("@", 1)[1])
+            build[path] = lambda other=other: other.read(spark, opts)
     keys = {k for _, conf in variants.values() for k in conf}
     base = {k: spark.conf.get(k, None) for k in keys}
     runs: dict[str, list[tuple[float, float, float]]] = {k: [] for k in variants}
