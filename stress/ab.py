@@ -1,15 +1,22 @@
 """A/B of two revisions: the same benchmark on both trees, alternated, medians and ratios.
 
-    stress/ab.sh REV_A REV_B [--pairs 3] [--what bench|flights|consume|publish] [--json F] [-- ARGS]
+    stress/ab.sh REV_A REV_B [--pairs 3] [--what bench|flights|consume|publish] [--whole-tree]
+                 [--json F] [-- ARGS]
 
 Each revision is checked out once into a git worktree under ``.cache/ab/`` (``.`` means this
-checkout as it is, uncommitted changes included). Both are measured by the same harness, this
-checkout's (stress/, examples/, its virtual environment), with the revision's ``eventbus``
-package first on ``PYTHONPATH`` (a folder holding only a link to it): the trees differ in the
-library only, not in how they are measured. The runs alternate, A B A B ..., so that a machine
-whose speed drifts during the session drifts for both trees alike. For each numeric figure of
-the runs' JSON it prints the median per tree and the ratio B/A of the medians; with ``--json``
-it also writes every run.
+checkout as it is, uncommitted changes included). By default both are measured by the same
+harness, this checkout's (stress/, examples/), with the revision's ``eventbus`` package first on
+``PYTHONPATH`` (a folder holding only a link to it): the trees differ in the library only, not
+in how they are measured. With ``--whole-tree`` each revision runs its *own* tree: the command
+runs in the revision's checkout with it alone on ``PYTHONPATH``, so its ``stress/`` and
+``examples/`` are the ones measured (``--what flights --whole-tree`` compares the flights job as
+each tree ships it, example code included). Either way the interpreter and the installed
+packages are this checkout's virtual environment, and runs get ``PYTHONSAFEPATH=1``: ``python
+-m`` puts the working directory first on ``sys.path``, which before 2026-11-26 (s30) made every
+``--what flights`` run import this checkout's ``eventbus`` on both sides. The runs alternate,
+A B A B ..., so that a machine whose speed drifts during the session drifts for both trees
+alike. For each numeric figure of the runs' JSON it prints the median per tree and the ratio
+B/A of the medians; with ``--json`` it also writes every run.
 
 ``--what``:
 
@@ -32,6 +39,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +47,26 @@ ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".cache" / "ab"
 
 
-def tree(rev: str) -> tuple[Path, str]:
-    """A folder whose only entry links to `rev`'s ``eventbus`` package (its checkout is a
-    worktree made once per commit), and a label for it."""
+@dataclass(frozen=True, slots=True)
+class Tree:
+    """One side of the A/B: `checkout` is the revision's tree (a worktree made once per commit,
+    or this checkout for ``.``), `pkg` a folder whose only entry links to its ``eventbus``."""
+
+    checkout: Path
+    pkg: Path
+    label: str
+
+    def where(self, whole_tree: bool) -> tuple[Path, str]:
+        """(working directory, ``PYTHONPATH``) of a run: the revision's own checkout with
+        `whole_tree`, else this checkout with the revision's ``eventbus`` first."""
+        if whole_tree:
+            return self.checkout, str(self.checkout)
+        return ROOT, os.pathsep.join((str(self.pkg), str(ROOT)))
+
+
+def tree(rev: str) -> Tree:
+    """The `Tree` of `rev` (``.``: this checkout as it is); makes its worktree and package link
+    on first use. Raises `subprocess.CalledProcessError` for an unknown revision."""
     if rev == ".":
         sha, path = "worktree", ROOT
     else:
@@ -66,10 +91,12 @@ def tree(rev: str) -> tuple[Path, str]:
     link = pkg / "eventbus"
     if not link.is_symlink():
         link.symlink_to(path / "eventbus")
-    return pkg, f"{rev} ({sha[:8]})"
+    return Tree(path, pkg, f"{rev} ({sha[:8]})")
 
 
 def command(what: str, out: Path, args: list[str]) -> list[str]:
+    """The command line of one run of `what` writing its JSON to `out` (paths relative to the
+    run's working directory), with this checkout's interpreter."""
     py = str(ROOT / ".venv" / "bin" / "python")
     if what == "bench":
         return [py, "stress/bench.py", "--json", str(out), *(args or ["--events", "100000"])]
@@ -87,16 +114,24 @@ def command(what: str, out: Path, args: list[str]) -> list[str]:
     return [py, "stress/perf.py", what, "--runs", "1", "--json", str(out), *args]
 
 
-def run_once(pkg: Path, what: str, args: list[str]) -> dict[str, Any]:
+def run_once(side: Tree, what: str, args: list[str], whole_tree: bool = False) -> dict[str, Any]:
+    """One run of `what` on `side` (`Tree.where` says which code); its JSON result. Raises
+    `SystemExit` with the run's output when it wrote no result."""
+    cwd, pythonpath = side.where(whole_tree)
     with tempfile.TemporaryDirectory(prefix="ab-") as tmp:
         out = Path(tmp) / "result.json"
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(pkg), str(ROOT)))}
+        # PYTHONSAFEPATH: ``python -m`` (and the processes it starts the same way, such as the
+        # flights workers) would put the working directory first on ``sys.path``, ahead of
+        # ``PYTHONPATH``, so that this checkout's ``eventbus`` shadowed the revision's.
+        env = {**os.environ, "PYTHONPATH": pythonpath, "PYTHONSAFEPATH": "1"}
         proc = subprocess.run(
-            command(what, out, args), cwd=ROOT, env=env, capture_output=True, text=True
+            command(what, out, args), cwd=cwd, env=env, capture_output=True, text=True
         )
         if not out.exists():
             sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
-            raise SystemExit(f"run with {pkg} wrote no result (exit code {proc.returncode})")
+            raise SystemExit(
+                f"run of {side.label} in {cwd} wrote no result (exit code {proc.returncode})"
+            )
         result: dict[str, Any] = json.loads(out.read_text())
     if what == "flights":
         derive_cpu(result)
@@ -145,6 +180,12 @@ def main() -> None:
     p.add_argument("rev_b")
     p.add_argument("--pairs", type=int, default=3, help="A B pairs (at least 3 for a verdict)")
     p.add_argument("--what", choices=["bench", "flights", "consume", "publish"], default="bench")
+    p.add_argument(
+        "--whole-tree",
+        action="store_true",
+        help="run each revision's own tree (its stress/ and examples/ too), not this "
+        "checkout's harness with the revision's eventbus",
+    )
     p.add_argument("--json", help="write every run's figures here")
     p.add_argument(
         "--only",
@@ -155,9 +196,9 @@ def main() -> None:
     trees = [tree(a.rev_a), tree(a.rev_b)]
     runs: list[list[dict[str, float]]] = [[], []]
     for i in range(a.pairs):
-        for side, (where, label) in enumerate(trees):
-            print(f"pair {i + 1}/{a.pairs}: {'AB'[side]} = {label} ...", flush=True)
-            runs[side].append(numbers(run_once(where, a.what, extra)))
+        for side, t in enumerate(trees):
+            print(f"pair {i + 1}/{a.pairs}: {'AB'[side]} = {t.label} ...", flush=True)
+            runs[side].append(numbers(run_once(t, a.what, extra, a.whole_tree)))
     keys = [k for k in runs[0][0] if all(k in r for side in runs for r in side)]
     only = [s for s in a.only.split(",") if s]
     rows = []
@@ -172,10 +213,11 @@ def main() -> None:
 
     t = Table(
         "figure",
-        f"A: {trees[0][1]}",
-        f"B: {trees[1][1]}",
+        f"A: {trees[0].label}",
+        f"B: {trees[1].label}",
         "B/A",
-        title=f"A/B, {a.what}, medians of {a.pairs} alternated runs each",
+        title=f"A/B, {a.what}{', whole trees' if a.whole_tree else ''}, medians of "
+        f"{a.pairs} alternated runs each",
     )
     for k, ma, mb, ratio in rows:
         t.add_row(k, _fmt(ma), _fmt(mb), f"{ratio:.3f}")
@@ -185,9 +227,10 @@ def main() -> None:
             json.dumps(
                 {
                     "what": a.what,
+                    "whole_tree": a.whole_tree,
                     "args": extra,
-                    "a": trees[0][1],
-                    "b": trees[1][1],
+                    "a": trees[0].label,
+                    "b": trees[1].label,
                     "runs_a": runs[0],
                     "runs_b": runs[1],
                     "medians": {
