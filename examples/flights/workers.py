@@ -2,7 +2,8 @@
 ``python -m examples.flights.workers '<config JSON>'`` with a pipe from the parent as stdin (the
 worker stops when it closes).
 
-Each process runs one `EventBus` with one subscriber, in one of two consumer groups:
+Each process runs one `EventBus` with one *batch* subscriber (``batch=True``), in one of two
+consumer groups:
 
 * ``order-check``: checks that each plane's flights arrive strictly in ``seq`` order;
 * ``aggregate``: per-carrier flight counts and departure-delay sums.
@@ -12,18 +13,22 @@ atomically per event and *idempotently*: a bitmap of handled publish indices (``
 the old bit) tells a first delivery from a redelivery, so a duplicate is counted, never applied
 twice. The order check must be shared by all
 processes of the group, because a plane's shard moves between them (idle shards are released, the
-fair share changes): Redis holds each plane's highest handled ``seq``. A handler awaits its script
-call, and the consumer starts a plane's next event only after that, so the order Redis sees is
-the order the handlers ran in, whichever process ran them.
+fair share changes): Redis holds each plane's highest handled ``seq``.
 
-Concurrent handlers' script calls are coalesced into one ``EVALSHA`` per batch (`Batcher`), as the
-publisher coalesces XADDs. On SIGTERM the bus shuts down gracefully, then the process writes its
-report (handler calls, first/last handling time, every publish-to-handler latency) to Redis.
+One handler call gets up to `MAX_BATCH` consecutive entries of one shard, in stream order, and
+makes one ``EVALSHA`` with all of them (one JSON argument: redis-py packs arguments in pure
+Python, which costs more than the script); the script still checks and records each event on
+its own, in that order. A shard's batches run one after another and are acked after the handler
+returned (docs/semantics.md, "Batch handlers"), and a plane's flights are all in its shard, so
+the order Redis sees is the order of each plane's stream entries, whichever process handled
+them: a takeover hands the next owner the unacked entries first. A failed or retried call is
+safe: the bitmap makes every re-applied event a duplicate. On SIGTERM the bus shuts down
+gracefully, then the process writes its report (events delivered, first/last handling time,
+every publish-to-handler latency) to Redis.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
@@ -97,6 +102,9 @@ class DemoKeys:
         ]
 
 
+MAX_BATCH = 500
+"""`max_batch` of the workers' batch subscribers: entries per handler call (one ``EVALSHA``)."""
+
 LINGER_MS = 30
 """`read_linger_ms` of the job's consumers (unless ``EVENTBUS_READ_LINGER_MS`` says otherwise):
 a batch job trades a few ms of latency for fewer, larger reads, acks and Lua batches (consumer
@@ -131,77 +139,20 @@ class WorkerConfig:
 
 
 @dataclass(slots=True)
-class _Call:
-    args: tuple[str | int | None, ...]
-    done: asyncio.Future[int]  # its code, or the batch's Redis error
-
-
-class Batcher:
-    """Coalesces concurrent calls of one Lua script into one ``EVALSHA`` per batch.
-
-    Calls queue while a batch is on the wire; the next batch carries all of them (up to
-    `max_batch`), in call order, as one JSON argument (the script decodes it with ``cjson``):
-    redis-py packs arguments in pure Python, which cost more than the script itself.
-    `run` must be running (in the worker's task group).
-    """
-
-    def __init__(self, script: Any, keys: list[str], max_batch: int = 500) -> None:
-        self._script = script
-        self._keys = keys
-        self._max = max_batch
-        self._queue: list[_Call] = []
-        self._wake = anyio.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None  # `run`'s
-
-    async def call(self, *args: str | int | None) -> int:
-        """Queue one event's arguments; returns its code once the batch ran. Raises the Redis
-        error of a failed batch (the handler then fails and the consumer retries it). An
-        asyncio future per call: an `anyio.Event` finds its backend on every creation, which
-        cost half of a worker's CPU here."""
-        assert self._loop is not None, "Batcher.run is not running"
-        call = _Call(args, self._loop.create_future())
-        if not self._queue:
-            self._wake.set()
-        self._queue.append(call)
-        return await call.done
-
-    async def run(
-        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
-    ) -> None:
-        self._loop = asyncio.get_running_loop()
-        task_status.started()
-        while True:
-            await self._wake.wait()
-            self._wake = anyio.Event()
-            while self._queue:
-                batch, self._queue = self._queue[: self._max], self._queue[self._max :]
-                try:
-                    codes = await self._script(
-                        keys=self._keys, args=[json.dumps([call.args for call in batch])]
-                    )
-                except (RedisError, OSError) as exc:
-                    for call in batch:
-                        if not call.done.done():  # (its handler may have been cancelled)
-                            call.done.set_exception(exc)
-                    continue
-                for call, code in zip(batch, codes, strict=True):
-                    if not call.done.done():
-                        call.done.set_result(int(code))
-
-
-@dataclass(slots=True)
 class Report:
     """What a worker tells the parent when it stops. Times are Unix ms (wall clock)."""
 
     name: str
     group: str
     pid: int
-    calls: int = 0  # handler calls, duplicates included
+    calls: int = 0  # events delivered to the handler, duplicates included
+    batches: int = 0  # handler calls (batches)
     duplicates: int = 0
     violations: int = 0
     first_ms: float = 0.0  # first handler call
     last_ms: float = 0.0  # last handler completion
     cpu_s: float = 0.0  # CPU time of the whole process (user + system), seconds
+    setup_cpu_s: float = 0.0  # of which before the first handler call (imports, start-up)
     latencies_ms: array[float] = field(default_factory=lambda: array("d"))
 
     def to_redis(self) -> dict[str, bytes | str]:
@@ -221,43 +172,45 @@ async def run_worker(cfg: WorkerConfig) -> None:
     keys = DemoKeys(bus.settings.key_prefix, cfg.topic)
     report = Report(cfg.name, cfg.group, os.getpid())
     if cfg.group == ORDER_GROUP:
-        batcher = Batcher(
-            bus.redis.register_script(ORDER_LUA),
-            [keys.last_seq, keys.seen(cfg.group), keys.counters(cfg.group)],
-        )
+        script = bus.redis.register_script(ORDER_LUA)
+        script_keys = [keys.last_seq, keys.seen(cfg.group), keys.counters(cfg.group)]
 
         def script_args(ev: Flight) -> tuple[str | int | None, ...]:
             return ev.plane, ev.seq, ev.position
 
     else:
-        batcher = Batcher(
-            bus.redis.register_script(AGGREGATE_LUA),
-            [keys.seen(cfg.group), keys.aggregates, keys.counters(cfg.group)],
-        )
+        script = bus.redis.register_script(AGGREGATE_LUA)
+        script_keys = [keys.seen(cfg.group), keys.aggregates, keys.counters(cfg.group)]
 
         def script_args(ev: Flight) -> tuple[str | int | None, ...]:
             return ev.position, ev.carrier, ev.dep_delay
 
-    @bus.subscriber(cfg.topic, group=cfg.group)
-    async def on_flight(event: Flight, ctx: Context) -> None:
+    latencies = report.latencies_ms
+
+    @bus.subscriber(cfg.topic, group=cfg.group, batch=True, max_batch=MAX_BATCH)
+    async def on_flights(events: list[Flight], ctxs: list[Context]) -> None:
         now_ms = time.time() * 1000
-        if ctx.attempt == 1:  # latency of the delivery, not of a retry
-            report.latencies_ms.append(now_ms - ctx.published_at_ms)
+        if ctxs[0].attempt == 1:  # latency of the delivery, not of a retry
+            latencies.extend(array("d", [now_ms - ctx.published_at_ms for ctx in ctxs]))
         if not report.first_ms:
             report.first_ms = now_ms
-        report.calls += 1
-        code = await batcher.call(*script_args(event))
-        if code == DUPLICATE:
-            report.duplicates += 1
-        elif code == OUT_OF_ORDER:
-            report.violations += 1
-            log.error("plane %s: seq %d handled after a later flight", event.plane, event.seq)
+            report.setup_cpu_s = time.process_time()
+        report.calls += len(events)
+        report.batches += 1
+        codes = await script(
+            keys=script_keys, args=[json.dumps([script_args(ev) for ev in events])]
+        )
+        for ev, code in zip(events, codes, strict=True):
+            if code == DUPLICATE:
+                report.duplicates += 1
+            elif code == OUT_OF_ORDER:
+                report.violations += 1
+                log.error("plane %s: seq %d handled after a later flight", ev.plane, ev.seq)
         report.last_ms = time.time() * 1000
 
     stop = anyio.Event()
     try:
         async with anyio.create_task_group() as tg:
-            await tg.start(batcher.run)
             tg.start_soon(_stop_when_orphaned, stop)
             await bus.run(stop=stop, handle_signals=True)  # returns after a graceful shutdown
             tg.cancel_scope.cancel()

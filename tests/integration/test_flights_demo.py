@@ -47,6 +47,11 @@ def test_flights_demo_small_run(tmp_path: Path) -> None:
     assert summary["duplicates"] == 0  # no crash in this run, so no redelivery
     assert summary["aggregates_match"] is True
     assert summary["groups"]["order-check"]["processes"] == 3
+    assert summary["options"]["batch"] == 500  # the default: a bulk load with publish_many
+    # CPU per event, and the fixed part of it (before the first event) that --limit inflates
+    assert summary["publisher_cpu_us_per_event"] > summary["publish_step_cpu_us_per_event"] > 0
+    assert 0 < summary["publisher_setup_cpu_s"] < summary["cpu_s"]["publisher_process"]
+    assert 0 < summary["consumer_setup_cpu_s"] < summary["cpu_s"]["consumer_processes"]
     for key in ("publish_events_per_s", "consume_events_per_s"):
         assert summary[key] > 0
     assert 0 <= summary["latency_ms_p50"] <= summary["latency_ms_p99"]

@@ -1,6 +1,7 @@
 """The flights demo's publish step (`examples.flights.pipeline.publish_flights`) on a real Redis:
-per-plane order with concurrent ``publish()`` calls (a plane's flight is published only once its
-previous one is confirmed), and the bulk-load option (``--batch N``: ``publish_many`` calls)."""
+the bulk load (the default, ``--batch N``: sequential ``publish_many`` calls), and per-plane order
+with concurrent ``publish()`` calls (``--batch 0``: a plane's flight is published only once its
+previous one is confirmed)."""
 
 from __future__ import annotations
 
@@ -97,9 +98,12 @@ async def test_a_planes_flight_is_published_once_its_previous_one_is_confirmed(
     settings: Callable[..., Settings], r: redis.asyncio.Redis
 ) -> None:
     rows = _rows(1500)
-    bus, run, recording = await _published(settings(publish_batch_max=20), rows, window=200)
+    bus, run, recording = await _published(
+        settings(publish_batch_max=20), rows, window=200, batch=0
+    )
 
     assert run.published == len(rows) == len(run.confirm_ms)
+    assert not recording.many  # no publish_many() call
     confirmed: dict[str, int] = defaultdict(int)  # plane -> its last confirmed seq
     for what, plane, seq in recording.events:
         if what == "call":
@@ -123,6 +127,24 @@ async def test_the_batch_option_publishes_every_flight_in_order_with_publish_man
     seqs = await _stream_seqs(r, bus)
     assert seqs == {p: list(range(1, len(seqs[p]) + 1)) for p in PLANES}
     assert sum(map(len, seqs.values())) == len(rows)
+
+
+async def test_the_job_bulk_loads_by_default(settings: Callable[..., Settings]) -> None:
+    _, run, recording = await _published(settings(), _rows(1200))
+
+    assert recording.many == [500, 500, 200]
+    assert run.published == 1200 and run.options.window == 2000  # window unused here
+
+
+async def test_a_paced_bulk_load_publishes_at_most_a_hundredth_of_the_rate_per_call(
+    settings: Callable[..., Settings], r: redis.asyncio.Redis
+) -> None:
+    rows = _rows(95)
+    bus, _, recording = await _published(settings(), rows, rate=2000.0)
+
+    assert recording.many == [20, 20, 20, 20, 15]  # --rate used to be ignored with --batch
+    seqs = await _stream_seqs(r, bus)
+    assert seqs == {p: list(range(1, len(seqs[p]) + 1)) for p in PLANES}
 
 
 def test_a_rows_event_is_the_flight_of_its_fields() -> None:
