@@ -460,7 +460,7 @@ async def summarize(bus: EventBus, run: Run) -> dict[str, Any]:
             "processes": len(reports),
             "handled": handled,
             "handled_per_process": {r.name: r.calls for r in reports},
-            "batches_per_process": {r.name: r.batches for r in reports},  # handler calls
+            "batches_per_process": {r.name: r.batches for r in reports},  # EVALSHAs
             "cpu_s_per_process": {r.name: round(r.cpu_s, 2) for r in reports},
             "lost": published - handled,
             "duplicates": counters[group].get("duplicates", 0),

@@ -2,39 +2,45 @@
 ``python -m examples.flights.workers '<config JSON>'`` with a pipe from the parent as stdin (the
 worker stops when it closes).
 
-Each process runs one `EventBus` with one *batch* subscriber (``batch=True``), in one of two
-consumer groups:
+Each process runs one `EventBus` with one subscriber, in one of two consumer groups:
 
-* ``order-check``: checks that each plane's flights arrive strictly in ``seq`` order;
-* ``aggregate``: per-carrier flight counts and departure-delay sums.
+* ``order-check``: checks that each plane's flights arrive strictly in ``seq`` order. A
+  *per-event* subscriber (one handler call per flight): the path most subscribers take, where
+  per-resource order is the consumer's work (64 workers, a queue per shard and resource, retry
+  timers), so an order bug of that path shows here;
+* ``aggregate``: per-carrier flight counts and departure-delay sums. A *batch* subscriber
+  (``batch=True``): one handler call per run of a shard's consecutive entries.
 
 Both record their effect in Redis with a Lua script (``order_check.lua``, ``aggregate.lua``),
 atomically per event and *idempotently*: a bitmap of handled publish indices (``SETBIT`` returns
 the old bit) tells a first delivery from a redelivery, so a duplicate is counted, never applied
 twice. The order check must be shared by all
 processes of the group, because a plane's shard moves between them (idle shards are released, the
-fair share changes): Redis holds each plane's highest handled ``seq``.
+fair share changes): Redis holds each plane's highest handled ``seq``. A per-event handler awaits
+its script call, and the consumer starts a plane's next event only after that, so the order Redis
+sees is the order the handlers ran in, whichever process ran them. The per-event handlers'
+concurrent script calls are coalesced into one ``EVALSHA`` per batch (`Batcher`), as the
+publisher coalesces XADDs; the batch handler makes one ``EVALSHA`` per call with all its
+entries (one JSON argument: redis-py packs arguments in pure Python, which costs more than the
+script).
 
-One handler call gets up to `MAX_BATCH` consecutive entries of one shard, in stream order, and
-makes one ``EVALSHA`` with all of them (one JSON argument: redis-py packs arguments in pure
-Python, which costs more than the script); the script still checks and records each event on
-its own, in that order. A shard's batches run one after another and are acked after the handler
-returned (docs/semantics.md, "Batch handlers"), and a plane's flights are all in its shard, so
-the order Redis sees is the order of each plane's stream entries, whichever process handled
-them: a takeover hands the next owner the unacked entries first. A failed or retried call is
-safe: the bitmap makes every re-applied event a duplicate. On SIGTERM the bus shuts down
-gracefully, then the process writes its report (events delivered, first/last handling time,
-every publish-to-handler latency) to Redis.
+A process counts each event it is given once (`Deliveries`, by publish position), whatever its
+handler attempts: a retried call, or the halves of a failed batch (whose ``ctx.attempt``
+restarts at 1), are not new deliveries. On SIGTERM the bus shuts down gracefully, then the
+process writes its report (events delivered, first/last handling time, every publish-to-handler
+latency) to Redis.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
 import sys
 import time
 from array import array
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -103,7 +109,8 @@ class DemoKeys:
 
 
 MAX_BATCH = 500
-"""`max_batch` of the workers' batch subscribers: entries per handler call (one ``EVALSHA``)."""
+"""`max_batch` of the ``aggregate`` batch subscriber (entries per handler call, one ``EVALSHA``)
+and of the ``order-check`` `Batcher` (script calls per ``EVALSHA``)."""
 
 LINGER_MS = 30
 """`read_linger_ms` of the job's consumers (unless ``EVENTBUS_READ_LINGER_MS`` says otherwise):
@@ -139,14 +146,82 @@ class WorkerConfig:
 
 
 @dataclass(slots=True)
+class _Call:
+    args: tuple[str | int | None, ...]
+    done: asyncio.Future[int]  # its code, or the batch's Redis error
+
+
+class Batcher:
+    """Coalesces concurrent calls of one Lua script into one ``EVALSHA`` per batch.
+
+    Calls queue while a batch is on the wire; the next batch carries all of them (up to
+    `max_batch`), in call order, as one JSON argument (the script decodes it with ``cjson``):
+    redis-py packs arguments in pure Python, which cost more than the script itself.
+    `run` must be running (in the worker's task group).
+    """
+
+    def __init__(
+        self,
+        script: Any,
+        keys: list[str],
+        max_batch: int = MAX_BATCH,
+        report: Report | None = None,
+    ) -> None:
+        self._script = script
+        self._report = report  # its ``batches`` counts the EVALSHAs
+        self._keys = keys
+        self._max = max_batch
+        self._queue: list[_Call] = []
+        self._wake = anyio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None  # `run`'s
+
+    async def call(self, *args: str | int | None) -> int:
+        """Queue one event's arguments; returns its code once the batch ran. Raises the Redis
+        error of a failed batch (the handler then fails and the consumer retries it). An
+        asyncio future per call: an `anyio.Event` finds its backend on every creation, which
+        cost half of a worker's CPU here."""
+        assert self._loop is not None, "Batcher.run is not running"
+        call = _Call(args, self._loop.create_future())
+        if not self._queue:
+            self._wake.set()
+        self._queue.append(call)
+        return await call.done
+
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        self._loop = asyncio.get_running_loop()
+        task_status.started()
+        while True:
+            await self._wake.wait()
+            self._wake = anyio.Event()
+            while self._queue:
+                batch, self._queue = self._queue[: self._max], self._queue[self._max :]
+                if self._report is not None:
+                    self._report.batches += 1
+                try:
+                    codes = await self._script(
+                        keys=self._keys, args=[json.dumps([call.args for call in batch])]
+                    )
+                except (RedisError, OSError) as exc:
+                    for call in batch:
+                        if not call.done.done():  # (its handler may have been cancelled)
+                            call.done.set_exception(exc)
+                    continue
+                for call, code in zip(batch, codes, strict=True):
+                    if not call.done.done():
+                        call.done.set_result(int(code))
+
+
+@dataclass(slots=True)
 class Report:
     """What a worker tells the parent when it stops. Times are Unix ms (wall clock)."""
 
     name: str
     group: str
     pid: int
-    calls: int = 0  # events delivered to the handler, duplicates included
-    batches: int = 0  # handler calls (batches)
+    calls: int = 0  # events given to the handler, each once (`Deliveries`), redeliveries included
+    batches: int = 0  # EVALSHAs: batch handler calls, or the order-check `Batcher`'s script calls
     duplicates: int = 0
     violations: int = 0
     first_ms: float = 0.0  # first handler call
@@ -166,51 +241,108 @@ class Report:
         return report
 
 
+class Deliveries:
+    """Counts each event a process is given once, in its `Report`: ``calls``, the
+    publish-to-handler latency of its first handler attempt, and the first handling time.
+
+    A bitmap by publish position (``Flight.position``, 0-based): a retried per-event call, or a
+    batch handler's call on a half of a failed batch (``ctx.attempt`` starts again at 1 there),
+    finds the event's bit set and counts nothing. A redelivery to another process (after a
+    crash) is counted there: the group's ``duplicates`` come from the Lua scripts."""
+
+    def __init__(self, report: Report) -> None:
+        self._report = report
+        self._bits = bytearray()
+
+    def count(self, position: int, published_at_ms: int, now_ms: float) -> None:
+        """Count the event at `position` (>= 0) given to the handler at `now_ms` (Unix ms),
+        unless this process counted it already. Raises `ValueError` on a negative position."""
+        if position < 0:
+            raise ValueError(f"position must be >= 0, got {position}")
+        byte, mask = position >> 3, 1 << (position & 7)
+        if byte >= len(self._bits):
+            self._bits.extend(bytes(byte + 1 - len(self._bits) + 4096))
+        if self._bits[byte] & mask:
+            return
+        self._bits[byte] |= mask
+        report = self._report
+        report.calls += 1
+        report.latencies_ms.append(now_ms - published_at_ms)
+        if not report.first_ms:
+            report.first_ms = now_ms
+            report.setup_cpu_s = time.process_time()
+
+
+Script = Callable[..., Awaitable[Any]]
+"""A registered Lua script (redis-py's `AsyncScript`): ``await script(keys=[...], args=[...])``."""
+
+
+def order_check_handler(
+    batcher: Batcher, report: Report, deliveries: Deliveries
+) -> Callable[[Flight, Context], Awaitable[None]]:
+    """The ``order-check`` per-event handler: records one flight through `batcher`'s coalesced
+    ``order_check.lua`` call and counts a duplicate or an order violation in `report`. Raises
+    the batch's Redis error (the consumer then retries the event)."""
+
+    async def on_flight(event: Flight, ctx: Context) -> None:
+        deliveries.count(event.position, ctx.published_at_ms, time.time() * 1000)
+        code = await batcher.call(event.plane, event.seq, event.position)
+        if code == DUPLICATE:
+            report.duplicates += 1
+        elif code == OUT_OF_ORDER:
+            report.violations += 1
+            log.error("plane %s: seq %d handled after a later flight", event.plane, event.seq)
+        report.last_ms = time.time() * 1000
+
+    return on_flight
+
+
+def aggregate_handler(
+    script: Script, script_keys: list[str], report: Report, deliveries: Deliveries
+) -> Callable[[list[Flight], list[Context]], Awaitable[None]]:
+    """The ``aggregate`` batch handler: one ``aggregate.lua`` call (``EVALSHA``) with all of a
+    call's flights, in order, as one JSON argument; counts the duplicates in `report`. Raises
+    the script call's Redis error (the consumer retries the batch, then splits it)."""
+
+    async def on_flights(events: list[Flight], ctxs: list[Context]) -> None:
+        now_ms = time.time() * 1000
+        for ev, ctx in zip(events, ctxs, strict=True):
+            deliveries.count(ev.position, ctx.published_at_ms, now_ms)
+        report.batches += 1
+        args = json.dumps([(ev.position, ev.carrier, ev.dep_delay) for ev in events])
+        codes = await script(keys=script_keys, args=[args])
+        report.duplicates += sum(1 for code in codes if code == DUPLICATE)
+        report.last_ms = time.time() * 1000
+
+    return on_flights
+
+
 async def run_worker(cfg: WorkerConfig) -> None:
     """Consume the demo topic in `cfg.group` until SIGTERM/SIGINT, then write the `Report`."""
     bus = EventBus(settings_for(cfg.redis_url, cfg.shards))
     keys = DemoKeys(bus.settings.key_prefix, cfg.topic)
     report = Report(cfg.name, cfg.group, os.getpid())
+    deliveries = Deliveries(report)
+    batcher: Batcher | None = None
     if cfg.group == ORDER_GROUP:
-        script = bus.redis.register_script(ORDER_LUA)
-        script_keys = [keys.last_seq, keys.seen(cfg.group), keys.counters(cfg.group)]
-
-        def script_args(ev: Flight) -> tuple[str | int | None, ...]:
-            return ev.plane, ev.seq, ev.position
-
+        batcher = Batcher(
+            bus.redis.register_script(ORDER_LUA),
+            [keys.last_seq, keys.seen(cfg.group), keys.counters(cfg.group)],
+            report=report,
+        )
+        bus.subscriber(cfg.topic, group=cfg.group)(order_check_handler(batcher, report, deliveries))
     else:
         script = bus.redis.register_script(AGGREGATE_LUA)
         script_keys = [keys.seen(cfg.group), keys.aggregates, keys.counters(cfg.group)]
-
-        def script_args(ev: Flight) -> tuple[str | int | None, ...]:
-            return ev.position, ev.carrier, ev.dep_delay
-
-    latencies = report.latencies_ms
-
-    @bus.subscriber(cfg.topic, group=cfg.group, batch=True, max_batch=MAX_BATCH)
-    async def on_flights(events: list[Flight], ctxs: list[Context]) -> None:
-        now_ms = time.time() * 1000
-        if ctxs[0].attempt == 1:  # latency of the delivery, not of a retry
-            latencies.extend(array("d", [now_ms - ctx.published_at_ms for ctx in ctxs]))
-        if not report.first_ms:
-            report.first_ms = now_ms
-            report.setup_cpu_s = time.process_time()
-        report.calls += len(events)
-        report.batches += 1
-        codes = await script(
-            keys=script_keys, args=[json.dumps([script_args(ev) for ev in events])]
+        bus.subscriber(cfg.topic, group=cfg.group, batch=True, max_batch=MAX_BATCH)(
+            aggregate_handler(script, script_keys, report, deliveries)
         )
-        for ev, code in zip(events, codes, strict=True):
-            if code == DUPLICATE:
-                report.duplicates += 1
-            elif code == OUT_OF_ORDER:
-                report.violations += 1
-                log.error("plane %s: seq %d handled after a later flight", ev.plane, ev.seq)
-        report.last_ms = time.time() * 1000
 
     stop = anyio.Event()
     try:
         async with anyio.create_task_group() as tg:
+            if batcher is not None:
+                await tg.start(batcher.run)
             tg.start_soon(_stop_when_orphaned, stop)
             await bus.run(stop=stop, handle_signals=True)  # returns after a graceful shutdown
             tg.cancel_scope.cancel()
