@@ -38,20 +38,24 @@ difference of the two instruction counts over 2 N events is reported, so start-u
 warm-up cancel out. ``--profile F`` keeps the 3 N run's callgrind file (``callgrind_annotate F``).
 ``flights-publish``: the same N / 3 N callgrind difference for the flights demo's publish step
 (`examples.flights.pipeline.publish_flights` over the first rows in publish order, 16 shards, no
-consumers), split in three runs: ``events`` builds each row's `Flight` only, ``direct`` runs
-the step's 2,000 tasks calling ``bus.publish`` without its per-plane waits (+ ``bus.publish``,
-its flusher, the tasks), ``full`` the step itself (+ its per-plane futures and waits);
-instructions per event of each part (the differences) and in all. ``--batch``: the step's
-``publish_many`` option (``--batch 500``) against ``events``. The rows are loaded once, outside
-callgrind.
+consumers). Without ``--batch`` it measures the job's concurrent mode (``--batch 0``: 2,000
+tasks calling ``bus.publish``), split in three runs: ``events`` builds each row's `Flight` only,
+``direct`` runs the 2,000 tasks calling ``bus.publish`` without the step's per-plane waits
+(+ ``bus.publish``, its flusher, the tasks), ``full`` the step itself (+ its per-plane futures and
+waits); instructions per event of each part (the differences) and in all. ``--batch``: the
+job's default bulk load (sequential ``publish_many`` calls of 500 flights) against ``events``.
+The rows are loaded once, outside callgrind.
 ``flights-consume``: callgrind instructions per handled event of one flights worker
-(`examples.flights.workers.run_worker`, unchanged: its handler awaits the coalesced ``EVALSHA``,
-so it suspends per event; ``read_linger_ms`` 30) consuming N and then 3 N flights that a child
-published beforehand (the publish step, 16 shards) to a private redis-server: the difference over
-2 N. ``--group`` order-check, aggregate or both (default: both, one pair of runs each). The worker
-stops once its group's counters say N were handled (polled every 0.5 s; SIGTERM to itself, so
-the graceful shutdown drains the acks). ``--profile F`` keeps each group's 3 N callgrind file
-as F.<group> (``callgrind_annotate --inclusive=yes``).
+(`examples.flights.workers.run_worker`, unchanged) consuming N and then 3 N flights that a
+child published beforehand (the job's bulk load, 16 shards) to a private redis-server: the
+difference over 2 N. ``--group`` order-check, aggregate or both (default: both, one pair of
+runs each): ``order-check`` measures the per-event consumer path (one handler call per flight,
+the handlers' script calls coalesced into one ``EVALSHA`` per batch by the example's
+`Batcher`), ``aggregate`` the batch path (one handler call and one ``EVALSHA`` per batch of a
+shard's entries); both with ``read_linger_ms`` 30. The worker stops once its group's counters
+say N were handled (polled every 0.5 s; SIGTERM to itself, so the graceful shutdown drains the
+acks). ``--profile F`` keeps each group's 3 N callgrind file as F.<group>
+(``callgrind_annotate --inclusive=yes``).
 ``trickle``: the consumer's in-process path (as ``core``) at a trickle: its `concurrency`
 workers running as in a consumer, and reads of one entry each, every one handled before the
 next is dispatched, so that every read finds the workers idle (a consumer's rounds at a low
@@ -253,8 +257,8 @@ def _flights_child(variant: str, url: str, events: int, rows_file: str) -> None:
             row.event()
         return
     settings = settings_for(url, 16)
-    batch = variant.endswith("-batch")
-    options = pipeline.DemoOptions(batch=500) if batch else pipeline.DemoOptions()
+    # "full-batch": the job's default bulk load; "direct"/"full": its concurrent mode (batch 0)
+    options = pipeline.DemoOptions(batch=500 if variant.endswith("-batch") else 0)
     run = pipeline.Run(options, settings, "flights-perf", DemoKeys(settings.key_prefix, "x"))
     run.rows = rows
 
@@ -360,7 +364,8 @@ def flights_consume(events: int, profile: str | None, group: str = "both") -> di
             counts = []
             for n, keep in ((events, None), (3 * events, profile and f"{profile}.{g}")):
                 with RedisServer() as server:
-                    publish = [sys.executable, __file__, "_flights", "full", server.url, str(n)]
+                    publish = [sys.executable, __file__, "_flights", "full-batch", server.url]
+                    publish.append(str(n))
                     subprocess.run([*publish, str(rows_file)], check=True, env=bench.child_env())
                     child = ["_flights_consume", g, server.url, str(n)]
                     counts.append(_callgrind_instructions(server.url, n, keep, child))
