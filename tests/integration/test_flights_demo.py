@@ -71,3 +71,55 @@ def test_flights_demo_small_run(tmp_path: Path) -> None:
     assert summary["spark_read_path"] == "native"  # typed segments, Spark's Parquet reader
     assert summary["spark_startup_s"] > 0
     assert summary["checks"]["spark_aggregates_match"] and summary["checks"]["spark_order_ok"]
+
+
+KILL_LIMIT, KILL_AFTER = 3000, 1000
+
+
+def test_flights_demo_survives_a_consumer_killed_mid_run(tmp_path: Path) -> None:
+    """``--kill-after``: one order-check process is SIGKILLed after its group handled 1,000 of
+    3,000 flights; the others take its shards over once its liveness (2 s here) expires. The
+    publisher is paced (``--rate 1000``: 3 s of publishing), so the kill falls mid-run
+    whatever the load: the watcher polls every 0.1 s while 2 s of flights are still to come."""
+    summary_file = tmp_path / "summary.json"
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "EVENTBUS_REDIS_URL")}
+    env["EVENTBUS_LIVENESS_TTL_S"] = "2"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "examples.flights",
+            "--limit",
+            str(KILL_LIMIT),
+            "--kill-after",
+            str(KILL_AFTER),
+            "--rate",
+            "1000",
+            "--no-spark",
+            "--no-archive",
+            "--summary-json",
+            str(summary_file),
+            "--no-progress",
+        ],
+        env=env,
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    said = " ".join((proc.stdout + proc.stderr).split())  # rich wraps its lines
+    assert f"killing order-check-1 (SIGKILL) after {KILL_AFTER:,} events" in said
+    summary = json.loads(summary_file.read_text())
+    assert summary["exited_early"] == ["order-check-1"]  # the kill happened, and only it
+    assert summary["events_published"] == KILL_LIMIT
+    assert summary["lost"] == 0
+    assert summary["order_violations"] == 0
+    assert summary["aggregates_match"] is True
+    assert summary["dead_lettered"] == 0
+    order = summary["groups"]["order-check"]
+    assert order["handled"] == KILL_LIMIT
+    # the killed process wrote no report: the survivors handled the rest, its shards included
+    assert sorted(order["handled_per_process"]) == ["order-check-2", "order-check-3"]
+    assert sum(order["handled_per_process"].values()) >= KILL_LIMIT - KILL_AFTER
+    assert all(summary["checks"].values()), summary["checks"]
