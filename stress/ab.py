@@ -123,6 +123,10 @@ def run_once(side: Tree, what: str, args: list[str], whole_tree: bool = False) -
         # PYTHONSAFEPATH: ``python -m`` (and the processes it starts the same way, such as the
         # flights workers) would put the working directory first on ``sys.path``, ahead of
         # ``PYTHONPATH``, so that this checkout's ``eventbus`` shadowed the revision's.
+        # It also keeps a script's own folder off ``sys.path``: the stress scripts import their
+        # neighbours (``import bench``), so that folder goes on ``PYTHONPATH``, last.
+        if what != "flights":
+            pythonpath = os.pathsep.join((pythonpath, str(Path(cwd) / "stress")))
         env = {**os.environ, "PYTHONPATH": pythonpath, "PYTHONSAFEPATH": "1"}
         proc = subprocess.run(
             command(what, out, args), cwd=cwd, env=env, capture_output=True, text=True

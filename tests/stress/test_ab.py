@@ -81,6 +81,25 @@ def test_the_default_runs_this_checkouts_harness_with_the_revisions_eventbus(
     assert got["examples"] == str(ROOT / "examples" / "__init__.py")
 
 
+def test_a_stress_script_run_imports_its_neighbours(tmp_path: Path) -> None:
+    """`--what consume|publish` run ``stress/perf.py`` by path, which imports ``bench`` beside
+    it: a run must find it although ``PYTHONSAFEPATH`` keeps the script's folder off
+    ``sys.path`` (it failed with ``ModuleNotFoundError: bench``). The real command line."""
+    side = _stub_tree(tmp_path, "rev-a")
+    (stress := side.checkout / "stress").mkdir()
+    (stress / "bench.py").write_text("WHO = 'rev-a bench'\n")
+    (stress / "perf.py").write_text(
+        "import json, sys, bench\n"
+        "json.dump({'bench': bench.WHO, 'argv': sys.argv[1:]},"
+        " open(sys.argv[sys.argv.index('--json') + 1], 'w'))\n"
+    )
+
+    got = ab.run_once(side, "consume", ["--events", "10"], whole_tree=True)
+
+    assert got["bench"] == "rev-a bench"
+    assert got["argv"][0] == "consume" and got["argv"][-2:] == ["--events", "10"]
+
+
 def test_a_run_that_writes_no_result_stops_the_ab_with_its_label(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
