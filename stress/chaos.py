@@ -100,7 +100,7 @@ class Plan:
     max_attempts: int = 4
     retry_base_s: float = 0.02
     concurrency: int = 64
-    max_in_flight: int = 2000
+    max_in_flight: int | None = None  # None: the library's default (16,000 since 2026-11-27)
     respawn_after_s: float = 0.5
     seed: int = 1
     drain_stall_s: float = 0.0  # 0: 15 s + 5 x TTL
@@ -209,9 +209,11 @@ class Chaos:
                 **self.conn(f"con-{index}"), "shards": SHARDS, "liveness_ttl_s": p.ttl_s,
                 "block_max_ms": 100, "max_attempts": p.max_attempts,
                 "retry_base_s": p.retry_base_s, "retry_max_s": max(0.5, p.retry_base_s),
-                "concurrency": p.concurrency, "max_in_flight": p.max_in_flight,
+                "concurrency": p.concurrency,
             },
         }
+        if p.max_in_flight is not None:
+            cfg["settings"]["max_in_flight"] = p.max_in_flight
         proc = Proc(index, self._spawn("_consumer", cfg, self.dir / f"con-{index}.out"))
         self.consumers.append(proc)
         return proc
