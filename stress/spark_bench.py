@@ -89,13 +89,16 @@ def measure(fn: Callable[[], Any], n: int, runs: int, warmup: int = WARMUP_RUNS)
 def measure_alternated(
     fns: dict[str, Callable[[], Any]], n: int, runs: int, warmup: int = WARMUP_RUNS
 ) -> dict[str, dict[str, Any]]:
-    """`measure` of each of `fns`, their runs alternated round by round (A B C A B C ...), so
-    that the JVM's warming up (JIT) and the machine's load move them alike: per name, what
+    """`measure` of each of `fns`, their runs alternated round by round, each round starting
+    with the next one (A B C, B C A, C A B, ...), so that the JVM's warming up (JIT), the
+    machine's load and a run's place after another read move them alike: per name, what
     `measure` gives."""
     times: dict[str, list[float]] = {name: [] for name in fns}
     plans: dict[str, list[float]] = {name: [] for name in fns}
+    names = list(fns)
     for i in range(warmup + runs):
-        for name, fn in fns.items():
+        for name in names[i % len(names) :] + names[: i % len(names)]:
+            fn = fns[name]
             started = time.perf_counter()
             got = fn()
             took = time.perf_counter() - started
