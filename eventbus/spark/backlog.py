@@ -185,6 +185,32 @@ def stream_count(redis: Any, stream: str, after: EntryId, upto: EntryId, page: i
             return max(0, int(length) - below.count - above.count)
 
 
+def stream_nth(
+    redis: Any, stream: str, after: EntryId, upto: EntryId, n: int, page: int = PAGE
+) -> EntryId | None:
+    """The ID of the `n`-th entry (``n >= 1``) of `stream` in (`after`, `upto`] (`after` ZERO:
+    from the start), the range's last entry when it holds fewer, None when it holds none.
+
+    ``XRANGE ... COUNT`` pages of at most `page` entries, each starting after the last one's
+    ID, so a trigger limit of millions never holds more than a page of entries in memory
+    (Redis has no ID-only range read: the entries come with their fields). Raises redis-py's
+    errors."""
+    found = None
+    low = f"({after}" if after > ZERO else "-"
+    left = n
+    while left > 0:
+        count = min(left, page)
+        reply = redis.xrange(stream, low, str(upto), count=count)
+        if not reply:
+            break
+        found = parse_id(reply[-1][0])
+        left -= len(reply)
+        if len(reply) < count:
+            break
+        low = f"({found}"
+    return found
+
+
 class _Pager:
     """One ``XRANGE`` walk: the next page's bounds and COUNT, the entries counted so far."""
 

@@ -40,7 +40,7 @@ from pyspark.sql.types import StructType
 
 from eventbus.errors import ConfigError
 from eventbus.protocol.ids import ZERO, EntryId, parse_id
-from eventbus.spark.backlog import Backlog, segment_ids
+from eventbus.spark.backlog import Backlog, segment_ids, stream_nth
 from eventbus.spark.decode import Converter
 from eventbus.spark.objects import Objects, as_objects
 from eventbus.spark.offsets import Offset, Offsets, by_topic, parse_start, share
@@ -291,13 +291,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if redis is None:
             return min(last, head) if left < n else head
         start = max(after, cp) if cp is not None else after
-        page = redis.xrange(
-            self.opts.keys().stream(topic, shard),
-            f"({start}" if start > ZERO else "-",
-            str(head),
-            count=left,
-        )
-        return parse_id(page[-1][0]) if page else max(last, start)
+        found = stream_nth(redis, self.opts.keys().stream(topic, shard), start, head, left)
+        return found if found is not None else max(last, start)
 
     def _partitions(
         self, objects: Objects, redis: Any, topic: str, start: Offset, end: Offset

@@ -17,7 +17,14 @@ import pyarrow.parquet as pq
 from fakeredis import FakeRedis
 
 from eventbus.protocol.ids import ZERO, EntryId, parse_id
-from eventbus.spark.backlog import FIRST_PAGE, PAGE, Backlog, segment_ids, stream_count
+from eventbus.spark.backlog import (
+    FIRST_PAGE,
+    PAGE,
+    Backlog,
+    segment_ids,
+    stream_count,
+    stream_nth,
+)
 from eventbus.spark.objects import Objects
 from eventbus.tier.layout import SegmentRef
 
@@ -197,3 +204,37 @@ def test_the_id_cache_evicts_the_least_recently_used_past_its_limit(tmp_path: Pa
     for ref in (a, b, a, c, a, b):  # a used again before c comes: b is the one evicted
         assert len(cache.get(objects, ref)) == 10
     assert reads == {a.key: 1, b.key: 2, c.key: 1}
+
+
+@pytest.mark.parametrize("page", [1, 3, 1000])
+def test_stream_nth_is_the_nth_entry_id_in_the_range(redis: Any, page: int) -> None:
+    for i in range(40):
+        redis.xadd("s", {"n": i}, id=f"{i + 1}-{i % 3}")
+    ids = _ids(redis, "s")
+    bounds = [ZERO, ids[0], ids[5], ids[20], ids[38], ids[39], EntryId(99, 0)]
+    for after in bounds:
+        for upto in bounds:
+            inside = [e for e in ids if after < e <= upto]
+            for n in (1, 2, 3, 7, 40, 41):
+                want = inside[min(n, len(inside)) - 1] if inside else None
+                assert stream_nth(redis, "s", after, upto, n, page=page) == want, (after, upto, n)
+    assert stream_nth(redis, "missing", ZERO, EntryId(9, 0), 5) is None
+
+
+def test_stream_nth_of_a_large_quota_holds_one_page_at_a_time(redis: Any) -> None:
+    """A trigger limit of 2,500 entries is found in XRANGE pages of at most `page` entries, not
+    one reply of 2,500 (issue 22 item 5: a shard's tail is never held in memory at once)."""
+    for i in range(3000):
+        redis.xadd("s", {"n": i}, id=f"{i + 1}-0")
+    counts: list[int] = []
+    real = redis.xrange
+
+    def recording(*args: Any, count: int | None = None, **kw: Any) -> Any:
+        counts.append(count or 0)
+        return real(*args, count=count, **kw)
+
+    redis.xrange = recording
+    assert stream_nth(redis, "s", EntryId(10, 0), EntryId(2900, 0), 2500, page=1000) == EntryId(
+        2510, 0
+    )
+    assert counts == [1000, 1000, 500]
