@@ -28,7 +28,10 @@ DataFrame (planning the cut, listing, analysis) and the job, and rows are counte
   cost is compared with; these four also give ``plan_s`` (building the DataFrame) and
   ``exec_s`` (the job), medians; ``typed_native`` and the two ``plain_parquet`` runs alternate
   round by round (`measure_alternated`: measured one after the other, the first ran its jobs
-  in a JVM less warmed up than the next); ``duckdb_typed``: the same aggregate in DuckDB with
+  in a JVM less warmed up than the next), each round starting with the next of them, after
+  ``NATIVE_WARMUP`` untimed rounds and for at least ``NATIVE_RUNS`` timed ones (a read of
+  these takes about 0.3 s, and its median over 3 runs moved by ±20 % between two quiet runs);
+  ``duckdb_typed``: the same aggregate in DuckDB with
   one ``read_parquet`` of the archive;
 * ``offload_us_per_event``: `encode_segment` of 50,000 of the entries, raw and with typed columns;
 * ``writer``: ``df.write.format("eventbus")`` of the same flights to another topic (one run, no
@@ -75,6 +78,7 @@ def redis_url() -> Iterator[str]:
 
 
 WARMUP_RUNS = 1
+NATIVE_WARMUP, NATIVE_RUNS = 3, 9  # the alternated native / plain Parquet reads (see above)
 SPARK_CONF = {"spark.sql.adaptive.enabled": "false"}  # docs/spark.md: settings for small data
 
 
@@ -198,6 +202,11 @@ def main() -> None:
         "method": {
             "warmup_runs": WARMUP_RUNS,
             "timed_runs": args.runs,
+            "native_and_plain_parquet": {
+                "warmup_rounds": NATIVE_WARMUP,
+                "timed_rounds": max(args.runs, NATIVE_RUNS),
+                "order": "alternated, each round starting with the next read",
+            },
             "statistic": "median",
             "timed": "building the DataFrame (planning, listing, analysis) and the job, every "
             "read path alike; writer: one run, no warm-up",
@@ -283,7 +292,8 @@ def main() -> None:
                 "plain_parquet_schema": phased(lambda: spark.read.schema(inferred).parquet(*uris)),
             },
             n,
-            runs,
+            max(runs, NATIVE_RUNS),
+            NATIVE_WARMUP,
         )
         result["typed_native"]["vs_typed_python"] = round(
             result["typed_native"]["events_per_s"] / result["typed_agg"]["events_per_s"], 2
