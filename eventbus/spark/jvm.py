@@ -7,48 +7,164 @@ segment paths, 31 projection expressions: about 50 of a read's 60 round trips), 
 that Jackson (on Spark's class path) turns into a ``java.util.List`` in the JVM, and keeps the
 few Java objects it needs per session: eight round trips, however many files and columns.
 
+That fast route uses PySpark internals of a classic session: ``SparkSession._jvm`` and
+``_jsparkSession``, ``pyspark.sql.classic.dataframe.DataFrame``, Spark's
+``org.apache.spark.api.python.PythonUtils.toSeq`` and Jackson's ``ObjectMapper`` on Spark's class
+path. When a PySpark or Spark upgrade has moved or changed one of them (an ``ImportError``, an
+``AttributeError``, py4j's ``TypeError`` for a class it cannot find, a ``Py4JError`` for a Java
+method that does not exist), the same DataFrame is built through the public API, the session
+remembers it (the internals are probed once per session, not per read) and logger
+``eventbus.spark`` says so once per process and missing piece. Errors of the read itself (a path
+Spark cannot list, an analysis error) are raised as before, whichever route built the frame.
+
 On a session without a JVM in this process (Spark Connect) it builds the same DataFrame through
-the public API.
+the public API, without a warning.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
-_TOOLS: weakref.WeakKeyDictionary[Any, _Tools] = weakref.WeakKeyDictionary()
+log = logging.getLogger("eventbus.spark")
+
+# a session's Java objects, or the missing piece that sent its reads to the public API
+_TOOLS: weakref.WeakKeyDictionary[Any, _Tools | str] = weakref.WeakKeyDictionary()
+_SAID: set[str] = set()  # the missing pieces already logged in this process
+
+
+class _Moved(Exception):
+    """A PySpark internal the fast route uses is missing or changed: `piece` names it."""
+
+    def __init__(self, piece: str, error: BaseException) -> None:
+        self.piece, self.error = piece, _first_line(error)
+        super().__init__(f"{piece}: {self.error}")
 
 
 class _Tools:
-    """A session's Java objects: a Jackson mapper, ``java.util.List``'s class, ``toSeq``."""
+    """A session's internals and Java objects: the JVM session, PySpark's classic ``DataFrame``,
+    a Jackson mapper, ``java.util.List``'s class, ``toSeq``. Raises `_Moved` naming the first
+    one missing or changed (about six Py4J round trips, once per session)."""
 
-    def __init__(self, spark: Any) -> None:
-        jvm = spark._jvm
-        self.mapper = jvm.com.fasterxml.jackson.databind.ObjectMapper()
-        self.list_class = jvm.java.lang.Class.forName("java.util.List")
-        # the method itself: each attribute of a Java class is a round trip to look it up
-        self.to_seq = jvm.org.apache.spark.api.python.PythonUtils.toSeq
+    def __init__(self, spark: Any, jsession: Any) -> None:
+        self.jsession = jsession  # (not `spark`: the cache's value must not keep its key alive)
+        with _piece("SparkSession._jvm"):
+            jvm = spark._jvm
+        with _piece("pyspark.sql.classic.dataframe.DataFrame"):
+            from pyspark.sql.classic.dataframe import DataFrame
+
+            self.frame = DataFrame
+        with _piece("Jackson's com.fasterxml.jackson.databind.ObjectMapper on Spark's class path"):
+            self.mapper = jvm.com.fasterxml.jackson.databind.ObjectMapper()
+            self.list_class = jvm.java.lang.Class.forName("java.util.List")
+        with _piece("org.apache.spark.api.python.PythonUtils.toSeq"):
+            # the method itself: each attribute of a Java class is a round trip to look it up
+            self.to_seq = jvm.org.apache.spark.api.python.PythonUtils.toSeq
 
     def seq(self, items: Sequence[str]) -> Any:
         """`items` as a Scala ``Seq[String]``: two round trips (JSON parsed, then wrapped)."""
-        return self.to_seq(self.mapper.readValue(json.dumps(list(items)), self.list_class))
+        text = json.dumps(list(items))
+        with _piece("Jackson's ObjectMapper.readValue / PythonUtils.toSeq"):
+            return self.to_seq(self.mapper.readValue(text, self.list_class))
+
+    def select(self, spark: Any, schema: str, paths: Sequence[str], exprs: Sequence[str]) -> Any:
+        """`parquet_select`'s DataFrame of session `spark` built in the JVM, `schema` as its
+        JSON text. Raises `_Moved` for a changed internal, and the read's own errors as they
+        come."""
+        with _piece("SparkSession._jsparkSession.parseDataType"):
+            jschema = self.jsession.parseDataType(schema)
+        with _piece("the JVM DataFrameReader's schema(StructType).parquet(Seq)"):
+            raw = self.jsession.read().schema(jschema).parquet(self.seq(paths))
+        with _piece("the JVM Dataset's selectExpr(Seq)"):
+            selected = raw.selectExpr(self.seq(exprs))
+        with _piece("pyspark.sql.classic.dataframe.DataFrame(jdf, session)"):
+            return self.frame(selected, spark)
 
 
 def parquet_select(spark: Any, schema: Any, paths: Sequence[str], exprs: Sequence[str]) -> Any:
     """``spark.read.schema(schema).parquet(*paths).selectExpr(*exprs)``: `schema` a
     `StructType` (the files' columns to read, no inference job), `paths` Hadoop URIs, `exprs`
-    Spark SQL expressions. Raises what those raise (py4j / analysis errors: a path Spark cannot
+    Spark SQL expressions. Built in the JVM in a fixed number of Py4J round trips, or through
+    that public API when the session has no JVM here (Spark Connect) or an internal the fast
+    route uses is missing (see the module docstring: one warning per process and missing
+    piece). Raises what the public API raises (py4j / analysis errors: a path Spark cannot
     list, an expression naming no column)."""
-    jsession = getattr(spark, "_jsparkSession", None)
-    if jsession is None:  # Spark Connect: no JVM here
-        return spark.read.schema(schema).parquet(*paths).selectExpr(*exprs)
-    from pyspark.sql.classic.dataframe import DataFrame
+    route = _route(spark)
+    if isinstance(route, _Tools):
+        text = schema.json()  # bad input fails here, not as a missing internal
+        try:
+            return route.select(spark, text, paths, exprs)
+        except _Moved as moved:
+            _TOOLS[spark] = moved.piece
+            _say(moved)
+    return spark.read.schema(schema).parquet(*paths).selectExpr(*exprs)
 
-    tools = _TOOLS.get(spark)
-    if tools is None:
-        tools = _TOOLS[spark] = _Tools(spark)
-    jschema = jsession.parseDataType(schema.json())
-    raw = jsession.read().schema(jschema).parquet(tools.seq(paths))
-    return DataFrame(raw.selectExpr(tools.seq(exprs)), spark)
+
+def _route(spark: Any) -> _Tools | str:
+    """`spark`'s `_Tools`, or why its reads use the public API: probed once per session."""
+    known = _TOOLS.get(spark)
+    if known is not None:
+        return known
+    jsession = getattr(spark, "_jsparkSession", None)
+    if jsession is None:
+        if type(spark).__module__.startswith("pyspark.sql.connect"):
+            return "Spark Connect"  # no JVM in this process: the public API is the route
+        moved = _Moved("SparkSession._jsparkSession", AttributeError("no _jsparkSession"))
+        _say(moved)
+        return moved.piece
+    try:
+        found: _Tools | str = _Tools(spark, jsession)
+    except _Moved as moved:
+        _say(moved)
+        found = moved.piece
+    _TOOLS[spark] = found
+    return found
+
+
+@contextmanager
+def _piece(name: str) -> Iterator[None]:
+    """Turns what a missing or changed internal raises into `_Moved` naming `name`; lets any
+    other error through (a Java exception, a converted analysis error, a lost connection)."""
+    try:
+        yield
+    except Exception as exc:
+        if _is_moved(exc):
+            raise _Moved(name, exc) from exc
+        raise
+
+
+def _is_moved(exc: BaseException) -> bool:
+    """Whether `exc` is what a moved internal raises: an import or attribute error, py4j's
+    ``TypeError`` (``'JavaPackage' object is not callable``: no such Java class), or a
+    ``Py4JError`` that is neither a Java exception nor a lost connection (no such method)."""
+    from py4j.protocol import (  # type: ignore[import-untyped]
+        Py4JError,
+        Py4JJavaError,
+        Py4JNetworkError,
+    )
+
+    if isinstance(exc, Py4JJavaError | Py4JNetworkError):
+        return False
+    return isinstance(exc, AttributeError | ImportError | TypeError | Py4JError)
+
+
+def _say(moved: _Moved) -> None:
+    if moved.piece in _SAID:
+        return
+    _SAID.add(moved.piece)
+    log.warning(
+        "eventbus.spark builds the native path's Parquet DataFrame through PySpark's public "
+        "API from now on (said once): %s is missing or changed in this PySpark (%s); a read "
+        "then costs about one Py4J round trip per segment path and per column",
+        moved.piece,
+        moved.error,
+    )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:300]}" if text else type(exc).__name__
