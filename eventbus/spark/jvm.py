@@ -65,16 +65,16 @@ class _Tools:
             # the method itself: each attribute of a Java class is a round trip to look it up
             self.to_seq = jvm.org.apache.spark.api.python.PythonUtils.toSeq
 
-    def seq(self, items: Sequence[str]) -> Any:
-        """`items` as a Scala ``Seq[String]``: two round trips (JSON parsed, then wrapped)."""
-        text = json.dumps(list(items))
+    def seq(self, text: str) -> Any:
+        """`text`, a JSON list of strings, as a Scala ``Seq[String]``: two round trips (JSON
+        parsed, then wrapped)."""
         with _piece("Jackson's ObjectMapper.readValue / PythonUtils.toSeq"):
             return self.to_seq(self.mapper.readValue(text, self.list_class))
 
-    def select(self, spark: Any, schema: str, paths: Sequence[str], exprs: Sequence[str]) -> Any:
+    def select(self, spark: Any, schema: str, paths: str, exprs: str) -> Any:
         """`parquet_select`'s DataFrame of session `spark` built in the JVM, `schema` as its
-        JSON text. Raises `_Moved` for a changed internal, and the read's own errors as they
-        come."""
+        JSON text, `paths` and `exprs` as JSON lists. Raises `_Moved` for a changed internal,
+        and the read's own errors as they come."""
         with _piece("SparkSession._jsparkSession.parseDataType"):
             jschema = self.jsession.parseDataType(schema)
         with _piece("the JVM DataFrameReader's schema(StructType).parquet(Seq)"):
@@ -95,9 +95,10 @@ def parquet_select(spark: Any, schema: Any, paths: Sequence[str], exprs: Sequenc
     list, an expression naming no column)."""
     route = _route(spark)
     if isinstance(route, _Tools):
-        text = schema.json()  # bad input fails here, not as a missing internal
+        # bad input fails here, not as if an internal were missing
+        texts = schema.json(), json.dumps(list(paths)), json.dumps(list(exprs))
         try:
-            return route.select(spark, text, paths, exprs)
+            return route.select(spark, *texts)
         except _Moved as moved:
             _TOOLS[spark] = moved.piece
             _say(moved)
@@ -106,9 +107,6 @@ def parquet_select(spark: Any, schema: Any, paths: Sequence[str], exprs: Sequenc
 
 def _route(spark: Any) -> _Tools | str:
     """`spark`'s `_Tools`, or why its reads use the public API: probed once per session."""
-    known = _TOOLS.get(spark)
-    if known is not None:
-        return known
     jsession = getattr(spark, "_jsparkSession", None)
     if jsession is None:
         if type(spark).__module__.startswith("pyspark.sql.connect"):
@@ -116,6 +114,9 @@ def _route(spark: Any) -> _Tools | str:
         moved = _Moved("SparkSession._jsparkSession", AttributeError("no _jsparkSession"))
         _say(moved)
         return moved.piece
+    known = _TOOLS.get(spark)
+    if known is not None:
+        return known
     try:
         found: _Tools | str = _Tools(spark, jsession)
     except _Moved as moved:
