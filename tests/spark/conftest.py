@@ -45,11 +45,36 @@ def spark() -> Iterator[Any]:
     )
     session.sparkContext.setLogLevel("ERROR")
     register(session)
-    yield session
+    with pytest.MonkeyPatch.context() as patched:
+        _keep_pytest_formatters(patched)
+        yield session
     session.stop()
     # py4j logs "Closing down clientserver connection" (INFO) from __del__ at interpreter exit,
     # after pytest has closed the stream its handler writes to: a "--- Logging error ---" trace
     logging.getLogger("py4j").setLevel(logging.WARNING)
+
+
+def _keep_pytest_formatters(patched: pytest.MonkeyPatch) -> None:
+    """Keep PySpark from restyling pytest's log handlers for the rest of the test session.
+
+    An `AnalysisException` with a query context (a column that does not exist) is logged by
+    PySpark 4 through ``SQLQueryContextLogger``, a `PySparkLogger` with ``propagate = False``
+    whose ``addHandler`` gives every handler PySpark's JSON formatter. pytest 9 attaches its
+    capture handlers to every non-propagating logger at the start of each test phase, so from
+    then on the session's ``caplog`` handler formatted every later test's records as PySpark
+    JSON, which sets no ``record.message`` (tests/unit's routing case failed in CI on
+    2026-11-27, after tests/spark/test_jvm.py). pytest's own handlers keep their formatter."""
+    from pyspark.logger.logger import PySparkLogger
+
+    restyle = PySparkLogger.addHandler
+
+    def add_handler(self: Any, handler: logging.Handler) -> None:
+        if type(handler).__module__.startswith("_pytest."):
+            logging.Logger.addHandler(self, handler)
+        else:
+            restyle(self, handler)
+
+    patched.setattr(PySparkLogger, "addHandler", add_handler)
 
 
 @pytest.fixture

@@ -221,3 +221,24 @@ def test_errors_of_the_read_itself_still_raise(
             assert df.count() == 200
             route = jvm._TOOLS[spark]
             assert isinstance(route, jvm._Tools) if upgrade is None else isinstance(route, str)
+
+
+def test_a_query_context_error_leaves_pytests_log_capture_as_it_was(
+    spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """PySpark logs an analysis error with a query context through a non-propagating
+    `PySparkLogger`, to which pytest attaches its capture handler at each test phase: the
+    handler keeps pytest's formatter (tests/spark/conftest.py), so that later tests' records
+    are still formatted by pytest (with ``record.message``)."""
+    before = caplog.handler.formatter
+    with pytest.raises(AnalysisException, match="no_such_column"):
+        spark.range(1).selectExpr("no_such_column + 1")
+    context_logger = logging.getLogger("SQLQueryContextLogger")
+    assert not context_logger.propagate  # the logger pytest attaches its handlers to
+    context_logger.addHandler(caplog.handler)  # what pytest does at the next test phase
+    try:
+        assert caplog.handler.formatter is before
+    finally:
+        context_logger.removeHandler(caplog.handler)
+    logging.getLogger("eventbus.spark").warning("after %s", "it")
+    assert [r.message for r in caplog.records if r.name == "eventbus.spark"] == ["after it"]
