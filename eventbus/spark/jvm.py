@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -35,6 +36,7 @@ log = logging.getLogger("eventbus.spark")
 # a session's Java objects, or the missing piece that sent its reads to the public API
 _TOOLS: weakref.WeakKeyDictionary[Any, _Tools | str] = weakref.WeakKeyDictionary()
 _SAID: set[str] = set()  # the missing pieces already logged in this process
+_SAY_LOCK = threading.Lock()
 
 
 class _Moved(Exception):
@@ -140,8 +142,10 @@ def _piece(name: str) -> Iterator[None]:
 
 def _is_moved(exc: BaseException) -> bool:
     """Whether `exc` is what a moved internal raises: an import or attribute error, py4j's
-    ``TypeError`` (``'JavaPackage' object is not callable``: no such Java class), or a
-    ``Py4JError`` that is neither a Java exception nor a lost connection (no such method)."""
+    ``TypeError`` (``'JavaPackage' object is not callable``: no such Java class), or py4j's
+    ``Py4JError`` for a name the JVM does not have (``... does not exist``, ``Trying to call a
+    package``). Not a Java exception, a lost connection, a failed authentication or a JVM
+    object that is gone ("Target Object ID does not exist": a stopped session)."""
     from py4j.protocol import (  # type: ignore[import-untyped]
         Py4JError,
         Py4JJavaError,
@@ -150,22 +154,33 @@ def _is_moved(exc: BaseException) -> bool:
 
     if isinstance(exc, Py4JJavaError | Py4JNetworkError):
         return False
-    return isinstance(exc, AttributeError | ImportError | TypeError | Py4JError)
+    if isinstance(exc, Py4JError):  # only py4j's answers for a name the JVM does not have
+        text = str(exc)
+        if "Target Object ID" in text:  # a JVM object gone (session stopped), not a move
+            return False
+        return "does not exist" in text or "Trying to call a package" in text
+    return isinstance(exc, AttributeError | ImportError | TypeError)
 
 
 def _say(moved: _Moved) -> None:
-    if moved.piece in _SAID:
-        return
-    _SAID.add(moved.piece)
+    with _SAY_LOCK:  # footer threads and a user's threads may read at once
+        if moved.piece in _SAID:
+            return
+        _SAID.add(moved.piece)
     log.warning(
-        "eventbus.spark builds the native path's Parquet DataFrame through PySpark's public "
-        "API from now on (said once): %s is missing or changed in this PySpark (%s); a read "
-        "then costs about one Py4J round trip per segment path and per column",
+        "eventbus.spark: %s is missing or changed in this PySpark / Spark (%s); this session's "
+        "native reads build their Parquet DataFrame through PySpark's public API instead (same "
+        "rows, about one Py4J round trip per segment path and per column; said once per "
+        "process)",
         moved.piece,
         moved.error,
     )
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:300]}" if text else type(exc).__name__
+    """`exc`'s type and the line of its text that says what is wrong: for py4j's errors the
+    Java exception's line ("... does not exist"), which follows "An error occurred while
+    calling ...", else the first line."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    said = next((line for line in lines if "Exception:" in line), lines[0] if lines else "")
+    return f"{type(exc).__name__}: {said[:300]}" if said else type(exc).__name__

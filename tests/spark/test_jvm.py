@@ -161,6 +161,8 @@ def test_a_moved_internal_still_reads_natively_with_the_fast_routes_rows(
         df = read(spark, options)
     assert len(said(caplog)) == 1
     assert piece in said(caplog)[0] and ROUND_TRIPS in said(caplog)[0]
+    if upgrade is TO_SEQ_CHANGED:  # the Java line that says what moved, not py4j's preamble
+        assert "does not exist" in said(caplog)[0]
     assert len(df.inputFiles()) == len(segments)
     assert df.schema == fast.schema
     assert rows(df) == want
@@ -242,3 +244,54 @@ def test_a_query_context_error_leaves_pytests_log_capture_as_it_was(
         context_logger.removeHandler(caplog.handler)
     logging.getLogger("eventbus.spark").warning("after %s", "it")
     assert [r.message for r in caplog.records if r.name == "eventbus.spark"] == ["after it"]
+
+
+def test_bad_input_raises_and_keeps_the_fast_route(
+    spark: Any,
+    redis_db: str,
+    tmp_path: Path,
+    topic: str,
+    fresh: None,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A path that is not text is the caller's error: it raises `TypeError`, the session keeps
+    its fast route and nothing is said (before 29c4412 the route was given up for the session,
+    with a warning naming an internal that had not moved)."""
+    options, segments = archived(redis_db, tmp_path, topic)
+    schema = spark.read.parquet(*[p.as_uri() for p in segments]).schema
+    with caplog.at_level(logging.WARNING, "eventbus.spark"):
+        with pytest.raises(TypeError):
+            jvm.parquet_select(spark, schema, [Path(p) for p in segments], ["resource_id"])
+        assert isinstance(jvm._TOOLS[spark], jvm._Tools)
+        assert len(rows(read(spark, options))) == 200
+    assert said(caplog) == []
+
+
+def test_only_py4j_answers_for_a_missing_name_count_as_a_moved_internal() -> None:
+    """A stopped session's object, a failed authentication or a Java exception are not a moved
+    internal: taking them for one would send the session's reads to the slow route for good."""
+    from py4j.protocol import Py4JAuthenticationError, Py4JError, Py4JNetworkError
+
+    moved = [
+        AttributeError("'SparkSession' object has no attribute '_jvm'"),
+        ImportError("No module named 'pyspark.sql.classic.dataframe'"),
+        TypeError("'JavaPackage' object is not callable"),
+        Py4JError(
+            "An error occurred while calling o57.parquet. Trace:\n"
+            "py4j.Py4JException: Method parquet([class java.util.ArrayList]) does not exist"
+        ),
+        Py4JError("org.apache.spark.api.python.PythonUtils.toSeq does not exist in the JVM"),
+        Py4JError("Trying to call a package."),
+    ]
+    not_moved = [
+        Py4JError(
+            "An error occurred while calling o12.read. Trace:\n"
+            "py4j.Py4JException: Target Object ID does not exist for this gateway :o12"
+        ),
+        Py4JAuthenticationError("Authentication error: unexpected response"),
+        Py4JNetworkError("Answer from Java side is empty"),
+        ValueError("something else"),
+    ]
+    assert [jvm._is_moved(e) for e in moved] == [True] * len(moved)
+    assert [jvm._is_moved(e) for e in not_moved] == [False] * len(not_moved)
+    assert "does not exist" in jvm._first_line(moved[3])
