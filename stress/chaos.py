@@ -100,7 +100,7 @@ class Plan:
     max_attempts: int = 4
     retry_base_s: float = 0.02
     concurrency: int = 64
-    max_in_flight: int | None = None  # None: the library's default (16,000 since 2026-11-27)
+    max_in_flight: int | None = None  # None: the library's default (16,000 since da8bd4a)
     respawn_after_s: float = 0.5
     seed: int = 1
     drain_stall_s: float = 0.0  # 0: 15 s + 5 x TTL

@@ -193,8 +193,13 @@ def stream_nth(
 
     ``XRANGE ... COUNT`` pages of at most `page` entries, each starting after the last one's
     ID, so a trigger limit of millions never holds more than a page of entries in memory
-    (Redis has no ID-only range read: the entries come with their fields). Raises redis-py's
-    errors."""
+    (Redis has no ID-only range read: the entries come with their fields). Entries trimmed
+    between two pages are not seen, so the ID found is then past the `n`-th of the range as it
+    was: the offloader trims only what it archived, and those entries are read from its
+    segments, so a micro-batch cut here holds them too (docs/spark.md, ``maxOffsetsPerTrigger``).
+    Raises `ValueError` for `n` or `page` below 1, and redis-py's errors."""
+    if n < 1 or page < 1:
+        raise ValueError(f"stream_nth: n and page must be at least 1, got n={n}, page={page}")
     found = None
     low = f"({after}" if after > ZERO else "-"
     left = n

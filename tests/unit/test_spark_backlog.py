@@ -219,6 +219,9 @@ def test_stream_nth_is_the_nth_entry_id_in_the_range(redis: Any, page: int) -> N
                 want = inside[min(n, len(inside)) - 1] if inside else None
                 assert stream_nth(redis, "s", after, upto, n, page=page) == want, (after, upto, n)
     assert stream_nth(redis, "missing", ZERO, EntryId(9, 0), 5) is None
+    for n, page in ((0, 10), (5, 0)):
+        with pytest.raises(ValueError, match="at least 1"):
+            stream_nth(redis, "s", ZERO, EntryId(99, 0), n, page=page)
 
 
 def test_stream_nth_of_a_large_quota_holds_one_page_at_a_time(redis: Any) -> None:
@@ -238,3 +241,32 @@ def test_stream_nth_of_a_large_quota_holds_one_page_at_a_time(redis: Any) -> Non
         2510, 0
     )
     assert counts == [1000, 1000, 500]
+
+
+def test_a_stream_cut_in_redis_is_found_page_by_page(redis: Any, tmp_path: Path) -> None:
+    """`StreamReader._nth`, maxOffsetsPerTrigger's cut in a shard's Redis tail: 2,500 entries
+    found in XRANGE pages of at most `PAGE` (one XRANGE COUNT 2500 before: the whole quota held
+    at once, issue 22 item 5)."""
+    from eventbus.spark.objects import as_objects
+    from eventbus.spark.options import SourceOptions
+    from eventbus.spark.schema import read_schema
+    from eventbus.spark.stream import StreamReader
+
+    (tmp_path / "archive").mkdir()
+    opts = SourceOptions.parse({"store": str(tmp_path / "archive"), "topic": "t"})
+    reader = StreamReader(opts, read_schema(None))
+    stream = opts.keys().stream("t", 0)
+    for i in range(3000):
+        redis.xadd(stream, {"n": i}, id=f"{i + 1}-0")
+    counts: list[int] = []
+    real = redis.xrange
+
+    def recording(*args: Any, count: int | None = None, **kw: Any) -> Any:
+        counts.append(count or 0)
+        return real(*args, count=count, **kw)
+
+    redis.xrange = recording
+    objects = as_objects(opts.open_store())
+    cut = reader._nth(objects, redis, "t", 0, EntryId(10, 0), EntryId(3000, 0), None, 2500)
+    assert cut == EntryId(2510, 0)
+    assert counts and max(counts) <= PAGE
