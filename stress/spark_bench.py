@@ -124,10 +124,13 @@ def _summary(times: list[float], plans: list[float], n: int) -> dict[str, Any]:
         "min_s": round(min(times), 3),
         "max_s": round(max(times), 3),
     }
+    out["runs_s"] = [round(t, 3) for t in times]  # every timed run, in order
     if plans:
         out["plan_s"] = round(statistics.median(plans), 3)
         jobs = [t - p for t, p in zip(times, plans, strict=True)]
         out["exec_s"] = round(statistics.median(jobs), 3)
+        out["plans_s"] = [round(p, 3) for p in plans]
+        out["execs_s"] = [round(j, 3) for j in jobs]
     return out
 
 
