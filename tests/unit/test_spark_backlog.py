@@ -38,12 +38,31 @@ def _ids(redis: Any, stream: str) -> list[EntryId]:
     return [parse_id(i) for i, _ in redis.xrange(stream)]
 
 
-@pytest.mark.parametrize("page", [1, 3, 1000])
-def test_stream_count_is_the_number_of_entries_in_the_range(redis: Any, page: int) -> None:
+def _forty(redis: Any) -> tuple[list[EntryId], list[EntryId]]:
+    """Stream ``s`` of 40 entries (IDs 1-0 .. 40-2, sequence parts varied): its IDs, and range
+    bounds before, inside, at the ends of and past it."""
     for i in range(40):
         redis.xadd("s", {"n": i}, id=f"{i + 1}-{i % 3}")
     ids = _ids(redis, "s")
-    bounds = [ZERO, ids[0], ids[5], ids[20], ids[38], ids[39], EntryId(99, 0)]
+    return ids, [ZERO, ids[0], ids[5], ids[20], ids[38], ids[39], EntryId(99, 0)]
+
+
+def _xrange_counts(redis: Any) -> list[int]:
+    """The COUNT of every ``XRANGE`` `redis` sends from now on (0: none), recorded in order."""
+    counts: list[int] = []
+    real = redis.xrange
+
+    def recording(*args: Any, count: int | None = None, **kw: Any) -> Any:
+        counts.append(count or 0)
+        return real(*args, count=count, **kw)
+
+    redis.xrange = recording
+    return counts
+
+
+@pytest.mark.parametrize("page", [1, 3, 1000])
+def test_stream_count_is_the_number_of_entries_in_the_range(redis: Any, page: int) -> None:
+    ids, bounds = _forty(redis)
     for after in bounds:
         for upto in bounds:
             want = sum(1 for e in ids if after < e <= upto)
@@ -208,10 +227,7 @@ def test_the_id_cache_evicts_the_least_recently_used_past_its_limit(tmp_path: Pa
 
 @pytest.mark.parametrize("page", [1, 3, 1000])
 def test_stream_nth_is_the_nth_entry_id_in_the_range(redis: Any, page: int) -> None:
-    for i in range(40):
-        redis.xadd("s", {"n": i}, id=f"{i + 1}-{i % 3}")
-    ids = _ids(redis, "s")
-    bounds = [ZERO, ids[0], ids[5], ids[20], ids[38], ids[39], EntryId(99, 0)]
+    ids, bounds = _forty(redis)
     for after in bounds:
         for upto in bounds:
             inside = [e for e in ids if after < e <= upto]
@@ -229,14 +245,7 @@ def test_stream_nth_of_a_large_quota_holds_one_page_at_a_time(redis: Any) -> Non
     one reply of 2,500 (issue 22 item 5: a shard's tail is never held in memory at once)."""
     for i in range(3000):
         redis.xadd("s", {"n": i}, id=f"{i + 1}-0")
-    counts: list[int] = []
-    real = redis.xrange
-
-    def recording(*args: Any, count: int | None = None, **kw: Any) -> Any:
-        counts.append(count or 0)
-        return real(*args, count=count, **kw)
-
-    redis.xrange = recording
+    counts = _xrange_counts(redis)
     assert stream_nth(redis, "s", EntryId(10, 0), EntryId(2900, 0), 2500, page=1000) == EntryId(
         2510, 0
     )
@@ -258,14 +267,7 @@ def test_a_stream_cut_in_redis_is_found_page_by_page(redis: Any, tmp_path: Path)
     stream = opts.keys().stream("t", 0)
     for i in range(3000):
         redis.xadd(stream, {"n": i}, id=f"{i + 1}-0")
-    counts: list[int] = []
-    real = redis.xrange
-
-    def recording(*args: Any, count: int | None = None, **kw: Any) -> Any:
-        counts.append(count or 0)
-        return real(*args, count=count, **kw)
-
-    redis.xrange = recording
+    counts = _xrange_counts(redis)
     objects = as_objects(opts.open_store())
     cut = reader._nth(objects, redis, "t", 0, EntryId(10, 0), EntryId(3000, 0), None, 2500)
     assert cut == EntryId(2510, 0)
