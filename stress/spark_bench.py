@@ -28,7 +28,8 @@ DataFrame (planning the cut, listing, analysis) and the job, and rows are counte
   cost is compared with; these four also give ``plan_s`` (building the DataFrame) and
   ``exec_s`` (the job), medians; ``typed_native`` and the two ``plain_parquet`` runs alternate
   round by round (`measure_alternated`: measured one after the other, the first ran its jobs
-  in a JVM less warmed up than the next), each round starting with the next of them, after
+  in a JVM less warmed up than the next), each round in the next of their orders (all 3! of
+  them in turn, so each read runs first, second and last, and after each other one), after
   ``NATIVE_WARMUP`` untimed rounds and for at least ``NATIVE_RUNS`` timed ones (a read of
   these takes about 0.3 s, and its median over 3 runs moved by ±20 % between two quiet runs);
   ``duckdb_typed``: the same aggregate in DuckDB with
@@ -45,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import platform
@@ -93,15 +95,16 @@ def measure(fn: Callable[[], Any], n: int, runs: int, warmup: int = WARMUP_RUNS)
 def measure_alternated(
     fns: dict[str, Callable[[], Any]], n: int, runs: int, warmup: int = WARMUP_RUNS
 ) -> dict[str, dict[str, Any]]:
-    """`measure` of each of `fns`, their runs alternated round by round, each round starting
-    with the next one (A B C, B C A, C A B, ...), so that the JVM's warming up (JIT), the
+    """`measure` of each of `fns`, their runs alternated round by round, each round in the
+    next of their orders (A B C, A C B, B A C, ...: every permutation in turn, so that each
+    runs after each other one as often as it can), so that the JVM's warming up (JIT), the
     machine's load and a run's place after another read move them alike: per name, what
     `measure` gives."""
     times: dict[str, list[float]] = {name: [] for name in fns}
     plans: dict[str, list[float]] = {name: [] for name in fns}
-    names = list(fns)
+    orders = list(itertools.permutations(fns))
     for i in range(warmup + runs):
-        for name in names[i % len(names) :] + names[: i % len(names)]:
+        for name in orders[i % len(orders)]:
             fn = fns[name]
             started = time.perf_counter()
             got = fn()
@@ -208,7 +211,7 @@ def main() -> None:
             "native_and_plain_parquet": {
                 "warmup_rounds": NATIVE_WARMUP,
                 "timed_rounds": max(args.runs, NATIVE_RUNS),
-                "order": "alternated, each round starting with the next read",
+                "order": "alternated, each round in the next permutation of the reads",
             },
             "statistic": "median",
             "timed": "building the DataFrame (planning, listing, analysis) and the job, every "
