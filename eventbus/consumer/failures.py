@@ -6,6 +6,13 @@ group's dead-letter stream (`eventbus.dlq` documents the record) and only then a
 ``parked``, in order, until an operator's control entry (``eventbus dlq requeue|drop``, written to
 the resource's own shard stream) replays or drops them and unparks it. The parked set is a hash
 in Redis; this process keeps a copy for the shards it holds (`load_parked` on every new lock).
+
+Every write to the parked set and to the operator's control requests is fenced in Redis
+(``lua/fenced_hash.lua``: applied only while the caller holds the entry's shard lock with the
+entry's fencing token). The lease check before a write is the client's; a process paused after it
+(or a request delayed past the liveness TTL) would otherwise park, re-park or unpark a resource
+after the shard's new owner handled its entries. A write refused there lets the entry go unacked
+(`Outcome.LET_GO`): the new owner handles it again.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from eventbus.consumer.context import Subscription
 from eventbus.consumer.delivery import NOT_STARTED, Delivery, Fence, Outcome, Tally, wait_retry
 from eventbus.errors import DecodeError, ForgedControlEntry
 from eventbus.locking.member import Member
+from eventbus.locking.scripts import register
 from eventbus.ops.metrics import METRICS
 from eventbus.profiles import EVENTBUS
 from eventbus.protocol.dead_letters import (
@@ -55,6 +63,12 @@ class Failures:
         self._dlq = keys.dead_letter(sub.topic.name, sub.group)
         self.parked_key = keys.parked(sub.topic.name, sub.group)
         self._control = keys.control(sub.topic.name, sub.group)
+        self._locks = keys.locks(sub.topic.name, sub.group)
+        self._me = member.consumer_id
+        # parking exists in eventbus's profile only (Verse's refuses it, docs/verse.md), and the
+        # script reads eventbus's lock hash: another profile's writes go as plain commands
+        self._fence_in_redis = (member.profile or EVENTBUS) is EVENTBUS
+        self._fenced_hash: Any = None  # the script, registered on first use
         self.parked: dict[str, str] = {}  # resource -> its first parked letter's ID
         self._changes = 0  # local parks and unparks, to detect a reload racing them
         self._m_dead = METRICS.dead_lettered.labels(sub.topic.name, sub.group)
@@ -88,9 +102,8 @@ class Failures:
         dlq_id = await self._write(d, exc, reason="failed", fence=fence)
         if dlq_id is None:
             return Outcome.LET_GO
-        await retrying.call(
-            self.retry, "park", lambda: self.redis.hsetnx(self.parked_key, resource_id, dlq_id)
-        )
+        if not await self._fenced(d, "park", self.parked_key, "HSETNX", resource_id, dlq_id):
+            return Outcome.LET_GO  # its dead letter stays: the new owner writes its own
         self.parked.setdefault(resource_id, dlq_id.decode())
         self._changes += 1
         return Outcome.ACK
@@ -129,6 +142,34 @@ class Failures:
         self.tally.dead_lettered += 1
         self._m_dead.inc()
         return dlq_id
+
+    async def _fenced(self, d: Delivery, what: str, key: str, op: str, *args: Any) -> bool:
+        """`op` (``HSETNX``, ``HSET``, ``HDEL``) on hash `key` with `args`, applied by Redis only
+        while this consumer holds `d`'s shard lock with `d`'s fencing token
+        (``lua/fenced_hash.lua``); Redis errors are retried (`retry`). False, logged, when the
+        lock had moved on: nothing was written."""
+        if not self._fence_in_redis:
+            await retrying.call(
+                self.retry, what, lambda: getattr(self.redis, op.lower())(key, *args)
+            )
+            return True
+        if self._fenced_hash is None:
+            self._fenced_hash = register(self.redis, "fenced_hash")
+        script = self._fenced_hash
+        keys, argv = [self._locks, key], [d.shard, self._me, d.token, op, *args]
+        reply = await retrying.call(self.retry, what, lambda: script(keys, argv))
+        if int(reply[0]):
+            return True
+        log.warning(
+            "consumer %s: %s for entry %s of shard %d refused: the shard's lock moved on "
+            "(fencing token %d superseded); the entry is left to the shard's owner",
+            self._me,
+            what,
+            d.entry_id.decode(),
+            d.shard,
+            d.token,
+        )
+        return False
 
     # -- parked resources -----------------------------------------------------------------------
     def is_parked(self, resource_id: str) -> bool:
@@ -169,8 +210,7 @@ class Failures:
             self.retry, "parked lookup", lambda: self.redis.hget(self.parked_key, rid)
         )
         if first is None:  # unparked meanwhile (or a redelivery after the unpark)
-            await self._request_done(nonce)
-            return Outcome.ACK
+            return await self._request_done(d, nonce)
         letters = await self._letters(rid, first.decode())
         if env.event_type == DROP:
             if letters:
@@ -181,19 +221,19 @@ class Failures:
             for letter in letters:
                 if await self._replay(d, letter, fence, handling):
                     continue
-                if not await fence.wait(d):
-                    return Outcome.LET_GO  # the control entry stays pending: the next owner resumes
-                await self._set_parked(rid, letter.dlq_id)  # parked again, from this letter on
-                await self._request_done(nonce)
-                return Outcome.ACK
+                # parked again, from this letter on; the control entry stays pending when the
+                # shard was lost meanwhile (the next owner resumes)
+                if not await fence.wait(d) or not await self._set_parked(d, rid, letter.dlq_id):
+                    return Outcome.LET_GO
+                return await self._request_done(d, nonce)
             log.info("resource %r unparked after replaying %d events", rid, len(letters))
-        if not await fence.wait(d):
+        if not await fence.wait(d) or not await self._fenced(
+            d, "unpark", self.parked_key, "HDEL", rid
+        ):
             return Outcome.LET_GO
-        await retrying.call(self.retry, "unpark", lambda: self.redis.hdel(self.parked_key, rid))
         self.parked.pop(rid, None)
         self._changes += 1
-        await self._request_done(nonce)
-        return Outcome.ACK
+        return await self._request_done(d, nonce)
 
     async def _forgery(
         self, d: Delivery, nonce: object, kind: str, rid: str
@@ -214,18 +254,18 @@ class Failures:
             return ForgedControlEntry(entry, "no request recorded for this kind and resource")
         return None
 
-    async def _request_done(self, nonce: str) -> None:
-        """Delete the operator's request: its control entry has been executed."""
-        await retrying.call(
-            self.retry, "control request delete", lambda: self.redis.hdel(self._control, nonce)
-        )
+    async def _request_done(self, d: Delivery, nonce: str) -> Outcome:
+        """Delete the operator's request: its control entry `d` has been executed (ACK), or the
+        shard was lost first (LET_GO: the next owner finds the work done and deletes it)."""
+        done = await self._fenced(d, "control request delete", self._control, "HDEL", nonce)
+        return Outcome.ACK if done else Outcome.LET_GO
 
-    async def _set_parked(self, rid: str, dlq_id: str) -> None:
-        await retrying.call(
-            self.retry, "re-park", lambda: self.redis.hset(self.parked_key, rid, dlq_id)
-        )
+    async def _set_parked(self, d: Delivery, rid: str, dlq_id: str) -> bool:
+        if not await self._fenced(d, "re-park", self.parked_key, "HSET", rid, dlq_id):
+            return False
         self.parked[rid] = dlq_id
         self._changes += 1
+        return True
 
     async def _letters(self, rid: str, first_id: str) -> list[DeadLetter]:
         """The resource's parked letters (failed or parked, not undecodable), in order."""

@@ -32,6 +32,7 @@ KEYS = Keys()
 TOPIC = TopicConfig("orders", 2, 10_000)
 DLQ = KEYS.dead_letter("orders", "g")
 PARKED = KEYS.parked("orders", "g")
+LOCKS = KEYS.locks("orders", "g")
 
 
 class Tick(BaseModel):
@@ -97,6 +98,11 @@ class Harness:
 
     async def letters(self) -> list[DeadLetter]:
         return [DeadLetter.parse(i, f) for i, f in await self.redis.xrange(DLQ)]
+
+    async def hold(self, owner: str = "c-1", token: int = 7) -> None:
+        """The group's lock of shard 1 (`delivery`'s) as `owner` holds it with `token`: the
+        writes to the parked set and control requests are fenced by it (lua/fenced_hash.lua)."""
+        await self.redis.hset(LOCKS, mapping={"1": owner, "1:token": token})
 
 
 def entry(rid: str = "r1", event_type: str = "Tick", payload: Any = None, **kw: Any) -> Envelope:
@@ -228,6 +234,7 @@ async def test_the_last_failure_is_dead_lettered_and_acked(h: Harness) -> None:
 
 async def test_park_dead_letters_then_holds_back_the_resource(fake_redis: Any) -> None:
     h = Harness(fake_redis, on_failure="park", max_attempts=1, retry_base_s=0.01, retry_max_s=0.01)
+    await h.hold()
     h.fail_with = RuntimeError("boom")
     assert await h.handling.step(delivery(encode_entry(entry()), 1), Fence()) is Outcome.ACK
     h.fail_with = None
@@ -248,6 +255,7 @@ async def test_an_unpark_control_entry_replays_the_parked_letters_in_order(
     fake_redis: Any,
 ) -> None:
     h = Harness(fake_redis, on_failure="park", max_attempts=1, retry_base_s=0.01, retry_max_s=0.01)
+    await h.hold()
     h.fail_with = RuntimeError("boom")
     await h.handling.step(delivery(encode_entry(entry()), 1), Fence())
     h.fail_with = None
@@ -263,6 +271,45 @@ async def test_an_unpark_control_entry_replays_the_parked_letters_in_order(
     assert [e.seq for e, _ in h.calls] == [1, 2]
     assert [ctx.entry_id for _, ctx in h.calls] == ["1-0", "2-0"]  # the original entry IDs
     assert await h.letters() == [] and await fake_redis.hgetall(PARKED) == {}
+
+
+@pytest.mark.parametrize(
+    ("owner", "token"), [("c-2", 8), ("c-1", 8), (None, 7)], ids=["taken", "retaken", "released"]
+)
+async def test_a_park_is_refused_by_redis_once_the_shard_lock_moved_on(
+    fake_redis: Any, owner: str | None, token: int
+) -> None:
+    """The client's fence passes (a process paused after its lease check), but the shard's lock
+    in Redis has another owner, a newer token, or none: the park is not written, the entry is
+    let go unacked (its new owner handles it), and this process does not hold the resource
+    back."""
+    h = Harness(fake_redis, on_failure="park", max_attempts=1, retry_base_s=0.01, retry_max_s=0.01)
+    if owner is not None:
+        await h.hold(owner, token)
+    h.fail_with = RuntimeError("boom")
+    assert await h.handling.step(delivery(encode_entry(entry()), 1), Fence()) is Outcome.LET_GO
+    assert await fake_redis.hgetall(PARKED) == {}
+    assert not h.handling.failures.is_parked("r1")
+
+
+async def test_an_unpark_is_refused_by_redis_once_the_shard_lock_moved_on(
+    fake_redis: Any,
+) -> None:
+    """The operator's requeue runs (the letters replay), but the shard's lock was taken by
+    another consumer before the unpark: the resource stays parked in Redis, the request stays
+    recorded, and the control entry is let go unacked for the new owner to finish."""
+    h = Harness(fake_redis, on_failure="park", max_attempts=1, retry_base_s=0.01, retry_max_s=0.01)
+    await h.hold()
+    h.fail_with = RuntimeError("boom")
+    await h.handling.step(delivery(encode_entry(entry()), 1), Fence())
+    h.fail_with = None
+    request = control_request("__eventbus.unpark", "r1")
+    await fake_redis.hsetnx(KEYS.control("orders", "g"), "n1", request)
+    await h.hold("c-2", 8)  # another consumer took shard 1
+    control = delivery(control_entry("__eventbus.unpark", "r1", "g", nonce="n1"), 3)
+    assert await h.handling.step(control, Fence()) is Outcome.LET_GO
+    assert list(await fake_redis.hgetall(PARKED)) == [b"r1"]
+    assert await fake_redis.hget(KEYS.control("orders", "g"), "n1") == request
 
 
 async def test_a_dead_letter_is_not_written_when_the_shard_is_lost_first(h: Harness) -> None:
