@@ -80,8 +80,8 @@ class Acks:
         """`n` entries of `held` finished."""
         after = held.in_flight - n
         held.in_flight = after
-        if after <= self.shard_room < after + n:  # `held` is readable again
-            self.wake_capacity()
+        if after <= self.shard_room < after + n or (held.behind and not after):
+            self.wake_capacity()  # `held` is readable again, or drained for its catch-up
         before = self.in_flight
         self.in_flight = before - n
         if before >= self.max_in_flight > self.in_flight:  # crossed back under the cap

@@ -1,9 +1,11 @@
 """When the consumer asks the durable tier to catch a newly locked shard up (`CatchUpHook`).
 
-A shard is checked for a gap behind the archive when its lock is taken, at most every
-`CATCH_UP_CHECK_S` seconds. A check that fails (archive unreachable, a damaged segment) leaves
-the shard unread, since reading it would skip the missing entries, and the shard is not taken
-again before a backoff that starts at the check interval: ``max(CATCH_UP_CHECK_S,
+A shard is checked for a gap behind the archive every time its lock is taken (a few Redis
+commands; the archive is read only when the group is behind it): a shard released and taken
+again seconds later may have had its unread entries archived and trimmed meanwhile, and a check
+skipped then read past them (hunt32). A check that fails (archive unreachable, a damaged
+segment) leaves the shard unread, since reading it would skip the missing entries, and the shard
+is not taken again before a backoff that starts at the check interval: ``max(CATCH_UP_CHECK_S,
 retry.backoff(retry_base_s, retry_max_s).compute(n))`` seconds after its n-th failure in a row
 (equal jitter, as for Redis errors), reset by a success. Without it, each lock round (about 1.5
 per second) would send the archive a request per shard: a request storm on an S3 that is
@@ -20,11 +22,12 @@ from redis.backoff import AbstractBackoff
 
 from eventbus.client.retry import LOST_REPLY
 from eventbus.consumer.shards import ShardTable
+from eventbus.locking.locks import Fenced
 
 log = logging.getLogger("eventbus.consumer")
 
 CATCH_UP_CHECK_S = 10.0
-"""A shard is checked for a gap behind the archive at most this often (seconds)."""
+"""The least time (seconds) before a shard whose catch-up failed is locked and tried again."""
 
 
 CatchUpHook = Callable[[int, int], Awaitable[object]]
@@ -34,8 +37,8 @@ consumer has just locked, from the durable tier's segments
 
 
 class CatchUpSchedule:
-    """Per shard: when it was last caught up, and its failures in a row with the time before
-    which it is not tried (nor locked) again. `clock` gives monotonic seconds."""
+    """Per shard: its failed catch-ups in a row, and the time before which it is not tried
+    (nor locked) again. `clock` gives monotonic seconds."""
 
     def __init__(
         self,
@@ -47,30 +50,20 @@ class CatchUpSchedule:
         self.backoff = backoff
         self.check_s = check_s
         self.clock = clock
-        self._checked_at: dict[int, float] = {}
         self._failures: dict[int, int] = {}
         self._not_before: dict[int, float] = {}
-
-    def due(self, shard: int) -> bool:
-        """Whether `shard` is to be checked now: not checked in the last `check_s` seconds and
-        not backing off after a failure."""
-        now = self.clock()
-        if now < self._not_before.get(shard, now):
-            return False
-        return now - self._checked_at.get(shard, -self.check_s) >= self.check_s
 
     def backing_off(self, shard: int) -> bool:
         """Whether `shard`'s last check failed and its backoff has not run out: do not lock it."""
         return self.clock() < self._not_before.get(shard, 0.0)
 
     def succeeded(self, shard: int) -> None:
-        self._checked_at[shard] = self.clock()
         self._failures.pop(shard, None)
         self._not_before.pop(shard, None)
 
     def failed(self, shard: int) -> float:
         """Record a failed check of `shard`; returns the backoff in seconds (at least
-        `check_s`: a failed check is not retried sooner than a good one is repeated)."""
+        `check_s`)."""
         n = self._failures[shard] = self._failures.get(shard, 0) + 1
         delay = max(self.check_s, float(self.backoff.compute(n)))
         self._not_before[shard] = self.clock() + delay
@@ -83,9 +76,11 @@ class CatchUpSchedule:
         table: ShardTable,
         release: Callable[[list[int]], Awaitable[None]],
     ) -> list[int]:
-        """Call `hook` on the newly locked `shards` of `table` that are due. A shard whose
-        catch-up fails, or that is backing off after a failure, is given to `release` unread
-        rather than read past its gap; returns the shards still held. Connection errors to
+        """Call `hook` on `shards` of `table`, newly locked or found behind the archive by the
+        trim check: each must be caught up before it is read. A shard whose catch-up fails, or
+        that is backing off after a failure, is given to `release` unread rather than read past
+        its gap; one whose lock was lost meanwhile (`Fenced`) is forgotten, neither recovered
+        nor read: its new owner has it. Returns the shards still held. Connection errors to
         Redis propagate (the round is retried)."""
         kept = []
         for s in shards:
@@ -95,13 +90,13 @@ class CatchUpSchedule:
             if self.backing_off(s):
                 await release([s])
                 continue
-            if not self.due(s):
-                kept.append(s)
-                continue
             try:
                 await hook(s, held.token)
             except LOST_REPLY:  # the consumer's round handles them
                 raise
+            except Fenced:
+                table.forget([s])
+                continue
             except Exception as exc:
                 delay = self.failed(s)
                 log.error(

@@ -67,10 +67,10 @@ def shard_hook(store: Store, handling: Handling) -> Callable[[int, int], Awaitab
     catches one shard the consumer has just locked up to Redis's first entry, under that same
     lock (re-taken with the consumer's ID, so the token must stay `token`), through the
     consumer's own `handling` (same parked set, counters and policy), before the consumer reads
-    the shard. Returns whether the shard was behind. A lost lock ends it quietly (the new owner
-    catches up)."""
+    the shard. Returns whether the shard was behind. Raises `Fenced` when the lock was lost
+    meanwhile (the new owner catches up; this consumer must let the shard go)."""
     sub, redis, consumer_id = handling.sub, handling.redis, handling.consumer_id
-    runner = CatchUp(handling.member, store, shards=sub.topic.shards)
+    runner = CatchUp(handling.member, store, shards=sub.topic.shards, revive=False)
     typed = TypedCatchUp(handling)
 
     async def hook(shard: int, token: int) -> bool:
@@ -93,7 +93,7 @@ def shard_hook(store: Store, handling: Handling) -> Callable[[int, int], Awaitab
             behind = await sc.after(delivered)
         except Fenced:
             log.warning("catch-up of shard %d by %s lost its lock", shard, consumer_id)
-            return False
+            raise  # the shard is not this consumer's any more: it must not recover or read it
         if behind or stats.pending_acked:
             log.info(
                 "consumer %s caught shard %d of %s/%s up: %d entries from segments, %d from Redis",

@@ -319,8 +319,9 @@ class Consumer:
         readable = self.table.readable(self.shard_room)
         active = len(self.table.readable())  # held and not draining
         if not readable:  # nothing to read (all draining or full, or none held): wait a poll
+            behind = any(h.behind for h in self.table.held.values())
             with anyio.move_on_after(self._poll_ms(block_ms) / 1000):
-                if active:  # full shards: until one has room again (`Acks._finish`)
+                if active or behind:  # until a full shard has room, or one behind drained
                     await self.acks.wait_capacity()
                 else:
                     await anyio.sleep_forever()
@@ -370,13 +371,21 @@ class Consumer:
     async def _check_trims(self) -> None:
         """Check the held shards that are due for entries trimmed before the group read them
         (`trims`), before reading past them; with an archive, a shard found trimmed ahead is
-        caught up from the segments first."""
+        marked `behind`: not read again until its entries in flight (all older than the gap)
+        are finished and the catch-up hook has handled the gap, one after the other, as the
+        resources' order needs (`_catch_up_behind`)."""
         due = self.trims.due(list(self.table.held.values()), time.monotonic())
-        if not due:
-            return
+        if due:
+            await self._check_due(due)
+        if self.catch_up is not None:
+            await self._catch_up_behind()
+
+    async def _check_due(self, due: list[HeldShard]) -> None:
         ahead = [t.shard for t in await self.trims.check(due) if t.ahead]
-        if ahead and self.catch_up is not None:
-            await self._catch_up([s for s in ahead if s in self.table.held])
+        if self.catch_up is not None:
+            for s in ahead:
+                if (held := self.table.held.get(s)) is not None:
+                    held.behind = True
         if self.topic.retention == "acked":
             await trim_held_to_acked(
                 self.redis,
@@ -385,6 +394,17 @@ class Consumer:
                 archived=self.catch_up is not None,  # the bus has an archive
                 exact=self.settings.retention_trim_exact,
             )
+
+    async def _catch_up_behind(self) -> None:
+        """Catch up the shards marked `behind` whose entries in flight are all finished (the
+        hook handles their PEL too: nothing of it may still be queued or running), whatever
+        their last check (`CatchUpSchedule.run`); they are read again after."""
+        ready = [h.shard for h in self.table.held.values() if h.behind and not h.in_flight]
+        if not ready:
+            return
+        assert self.catch_up is not None
+        for s in await self.catching_up.run(self.catch_up, ready, self.table, self._release):
+            self.table.held[s].behind = False
 
     async def _release(self, shards: list[int]) -> None:
         with refused("EVALSHA unlock_shards", self.topic.name):

@@ -18,9 +18,11 @@ from eventbus.locking.locks import Grant
 class HeldShard:
     """Local state of a held shard lock: `token` is its fencing token, `in_flight` the entries
     read and not yet finished, `draining` set above the fair share (no more reads; released
-    once drained), `idle_since` the monotonic time (s) of the first empty read in a row, `lost`
-    set once the table no longer holds it under this acquisition (the one flag the per-event
-    fence checks: `ShardTable.current` without a lookup)."""
+    once drained), `behind` set when the trim check found entries the group had not read trimmed
+    to the archive (no more reads until its entries in flight are finished and it is caught up),
+    `idle_since` the monotonic time (s) of the first empty read in a row, `lost` set once the
+    table no longer holds it under this acquisition (the one flag the per-event fence checks:
+    `ShardTable.current` without a lookup)."""
 
     shard: int
     stream: str
@@ -28,6 +30,7 @@ class HeldShard:
     generation: int
     in_flight: int = 0
     draining: bool = False
+    behind: bool = False
     idle_since: float | None = None
     lost: bool = False
 
@@ -114,11 +117,13 @@ class ShardTable:
         return self.held.get(self._by_stream[stream])
 
     def readable(self, room: int | None = None) -> list[HeldShard]:
-        """The held shards to read: not draining and, given `room`, with at most `room`
-        entries in flight (the per-shard read-ahead bound, `Consumer.shard_room`)."""
+        """The held shards to read: not draining nor behind and, given `room`, with at most
+        `room` entries in flight (the per-shard read-ahead bound, `Consumer.shard_room`)."""
         if room is None:
-            return [h for h in self.held.values() if not h.draining]
-        return [h for h in self.held.values() if not h.draining and h.in_flight <= room]
+            return [h for h in self.held.values() if not (h.draining or h.behind)]
+        return [
+            h for h in self.held.values() if not (h.draining or h.behind) and h.in_flight <= room
+        ]
 
     def mark_surplus(self, share: int) -> None:
         """Above the fair share `share`, mark the least busy shards draining. A share of every

@@ -22,7 +22,7 @@ from enum import IntEnum
 from typing import Any, Protocol
 
 from eventbus.locking.member import Member
-from eventbus.locking.scripts import Scripts
+from eventbus.locking.scripts import Scripts, register
 
 
 def new_member_id() -> str:
@@ -126,6 +126,7 @@ class LockClient:
         topic, group = member.topic, member.group
         self._keys = [member.keys.members(topic, group), member.keys.locks(topic, group)]
         self._acquiring = 0  # `acquire` calls awaiting their reply
+        self._confirm_lock = register(member.redis, "confirm_lock")
 
     @property
     def acquiring(self) -> bool:
@@ -162,6 +163,16 @@ class LockClient:
             keys=self._keys, args=[self.member_id, int(leave), *shards]
         )
         return [int(s) for s in released]
+
+    async def confirm(self, shard: int, token: int) -> bool:
+        """Refresh liveness if the member is still live and holds `shard`'s lock with fencing
+        token `token` (``lua/confirm_lock.lua``); never revives a lapsed member nor takes a lock,
+        unlike `acquire`. Returns whether it held it: False means drop the shard."""
+        return bool(
+            await self._confirm_lock(
+                keys=self._keys, args=[self.member_id, self._ttl_ms, shard, token]
+            )
+        )
 
     async def heartbeat(self) -> bool:
         """Refresh liveness if the member is still live. Returns whether it was; False means

@@ -142,7 +142,10 @@ def dead_letter_fields(
         b"entry_id": entry_id if isinstance(entry_id, bytes) else entry_id.encode(),
         b"reason": reason.encode(),
         b"error_type": type(exc).__name__.encode() if exc else b"",
-        b"error": str(exc).encode()[:4096] if exc else b"resource is parked",
+        # (backslashreplace: a message may hold lone surrogates, os.fsdecode's for one)
+        b"error": str(exc).encode("utf-8", "backslashreplace")[:4096]
+        if exc
+        else b"resource is parked",
         b"traceback": traceback_tail(exc) if exc else b"",
         b"attempts": str(attempts).encode(),
         b"failed_at_ms": str(time.time_ns() // 1_000_000).encode(),

@@ -73,14 +73,18 @@ RawHandler = Callable[[ArchivedEntry, int], Awaitable[None]]
 
 class CatchUp:
     """Catch-up of `member`'s group from `store` (a topic of `shards` shards); see the module
-    docstring. The member's ID names the catch-up in the group's locks."""
+    docstring. The member's ID names the catch-up in the group's locks. `revive`: its lock
+    confirmations may make the member live again (`LockClient.acquire`: a catch-up of its own,
+    whose shards each confirm their lock before handling); a live consumer's catch-up passes
+    False (`LockClient.confirm`: the consumer's own lock round alone revives it)."""
 
-    def __init__(self, member: Member, store: Store, *, shards: int) -> None:
+    def __init__(self, member: Member, store: Store, *, shards: int, revive: bool = True) -> None:
         self.redis, self.keys, self.settings = member.redis, member.keys, member.settings
         self.topic, self.group, self.consumer_id = member.topic, member.group, member.consumer_id
         self.store = store
         self.shards = shards
         self.locks = LockClient(member, shards=shards)
+        self.revive = revive
         self.consumed: dict[int, SegmentRef] = {}  # last segment handled, per shard
         self.checkpoints = Checkpoints(self.redis, self.keys, self.topic)  # the offloader's
 

@@ -129,13 +129,19 @@ class ShardCatchUp:
         await self.o.redis.xack(self.stream, self.o.group, *map(str, ids))
 
     async def confirm(self) -> None:
-        """Re-take (refresh) the lock; raise `Fenced` unless the token is unchanged."""
-        grants = await self.o.locks.acquire([self.shard])
-        grant = grants.grants.get(self.shard)
-        if grant is None or grant.token != self.token:
+        """Re-take (refresh) the lock, or with the owner's `revive` False only confirm it
+        (`LockClient.confirm`); raise `Fenced` unless it is held with the same token."""
+        if self.o.revive:
+            grants = await self.o.locks.acquire([self.shard])
+            grant = grants.grants.get(self.shard)
+            held, sent_at = grant is not None and grant.token == self.token, grants.sent_at
+        else:
+            sent_at = time.monotonic()
+            held = await self.o.locks.confirm(self.shard, self.token)
+        if not held:
             self._lease_until = 0.0
             raise Fenced
-        self._lease_until = grants.sent_at + self.o.settings.lease_s
+        self._lease_until = sent_at + self.o.settings.lease_s
 
     def holds(self, d: object) -> bool:
         return time.monotonic() < self._lease_until
@@ -158,19 +164,22 @@ class ShardCatchUp:
         first entry lies after `delivered`'s successor, and entries after `delivered` were
         removed. Entry IDs are times, so a first entry after the successor alone proves
         nothing; the offloader trims only what it archived, so when its checkpoint is at or
-        before `delivered` the stream's accounting decides (as the offloader's own gap check,
-        `eventbus.tier.gaps.find_gap`): entries ever added, less those in Redis, less those the
-        checkpoint accounts for (all at or before `delivered`) were removed otherwise
-        (``MAXLEN``, ``XDEL``)."""
+        before `delivered`, or there is none, the stream's accounting decides (as the
+        offloader's own gap check, `eventbus.tier.gaps.find_gap`): entries ever added, less those
+        in Redis, less those the checkpoint accounts for (all at or before `delivered`) were
+        removed otherwise (``MAXLEN``, ``XDEL``)."""
         checkpoint = await self.o.checkpoints.read_all(self.shard)  # first: it only grows
         info = await self.o.redis.xinfo_stream(self.stream)
         if _head(info) <= delivered.next():
             return False
-        if checkpoint.last is None or checkpoint.last > delivered:
-            return True  # archived entries after the group's position (or lost ones)
+        if checkpoint.last is not None and checkpoint.last > delivered:
+            return True  # archived entries after the group's position
+        # nothing archived after it (or nothing archived yet: a new group at ``0`` on a stream
+        # nothing ever left is not behind, hunt32)
+        archived = checkpoint.count if checkpoint.last is not None else 0
         removed = int(info.get("entries-added") or 0) - int(info.get("length") or 0)
         deleted = parse_id(info.get("max-deleted-entry-id") or b"0-0")
-        return removed > checkpoint.count or deleted > delivered
+        return removed > archived or deleted > delivered
 
     async def last_delivered(self) -> EntryId | None:
         try:

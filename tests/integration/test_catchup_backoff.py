@@ -27,7 +27,7 @@ def test_a_failed_catch_up_waits_the_check_interval() -> None:
     )
     tries = []
     while now[0] < 12.0:  # 12 s of lock rounds, 20 per second
-        if schedule.due(0):
+        if not schedule.backing_off(0):
             tries.append(now[0])
             schedule.failed(0)
         now[0] = round(now[0] + 0.05, 2)

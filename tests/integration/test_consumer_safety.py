@@ -421,19 +421,17 @@ def test_catch_up_backoff_grows_per_shard_and_resets_on_success() -> None:
     now = [0.0]
     # a check interval under the backoff's: the backoff's own growth shows
     schedule = CatchUpSchedule(backoff(1.0, 100.0), check_s=0.5, clock=lambda: now[0])
-    assert schedule.due(0) and schedule.due(1)
+    assert not schedule.backing_off(0) and not schedule.backing_off(1)
     schedule.failed(0)
-    assert not schedule.due(0) and schedule.due(1)  # per shard
+    assert schedule.backing_off(0) and not schedule.backing_off(1)  # per shard
     now[0] = 2.0  # compute(1) is within [1, 2] s
-    assert schedule.due(0)
+    assert not schedule.backing_off(0)
     schedule.failed(0)
     now[0] = 3.9  # compute(2) is within [2, 4] s from 2.0
-    assert not schedule.due(0)
+    assert schedule.backing_off(0)
     now[0] = 6.0
     schedule.succeeded(0)
-    assert not schedule.due(0)  # checked: not again before CATCH_UP_CHECK_S
-    now[0] = 6.0 + schedule.check_s
-    assert schedule.due(0)
+    assert not schedule.backing_off(0)  # a success: checked again at its next lock (hunt32)
     schedule.failed(0)  # the count restarted: compute(1) again, within [1, 2] s
     now[0] += 2.0
-    assert schedule.due(0)
+    assert not schedule.backing_off(0)
