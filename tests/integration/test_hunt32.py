@@ -1,0 +1,542 @@
+"""Correctness hunt (helper hunt32): interleavings the chaos harness does not produce.
+
+Each test drives an interleaving that once violated a promise of docs/semantics.md against a
+real redis-server, with events and hooks, never with sleeps; each failed on the code before its
+fix (a029e58..4eb8527 held them as strict xfails).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import redis.asyncio
+from support import Tick, resources_per_shard, running, wait_until
+
+from eventbus import Context, EventBus, Settings
+from eventbus.consumer.engine import Consumer
+from eventbus.tier.offloader import Offloader
+from eventbus.tier.settings import TierSettings
+from eventbus.tier.store import open_store
+
+pytestmark = [pytest.mark.anyio, pytest.mark.integration]
+
+
+def _fast_tier() -> TierSettings:
+    """Small segments, no hot window, exact trims (as tests/integration/tier/tier_support.py)."""
+    return TierSettings(
+        segment_max_entries=300,
+        segment_max_age_s=0.0,
+        hot_window_s=0.0,
+        trim_exact=True,
+        poll_interval_s=0.02,
+    )
+
+
+@pytest.mark.single_node("one shard stream read with COUNT 1; the interleaving is the same")
+async def test_catch_up_of_a_held_shard_waits_for_its_entries_in_flight(
+    settings: Callable[..., Settings], r: redis.asyncio.Redis, tmp_path: Path
+) -> None:
+    """Per-resource order (semantics.md: "sees event n+1 only after event n has finished").
+
+    A consumer with an archive holds shard 0 and is handling x:0 (its handler is slow); x:1 is
+    queued behind it (read ahead). The offloader archives and trims the shard past the group's
+    last-delivered ID, as it does in normal operation once entries are older than
+    `hot_window_s`. The consumer's periodic trim check (`Consumer._check_trims`) then finds the
+    shard "ahead" and runs the catch-up hook on it right away (engine.py `_check_trims` ->
+    `_catch_up`), although the shard has entries in flight: the hook handles the group's pending
+    entries (x:0 again, x:1) and the archived x:2..x:5 through `Handling.step` directly, beside
+    the resource queues. So x:0 runs twice at once and x:1..x:5 run before x:0 has finished.
+    """
+    store = open_store(str(tmp_path / "segments"))
+    s = settings(shards=1, read_count=1, trim_check_s=0.05, block_max_ms=50)
+    bus = EventBus(s, archive=store)
+    gate = anyio.Event()
+    starts: list[int] = []
+    done: list[int] = []
+    first_x0 = anyio.Event()
+
+    @bus.subscriber("t", group="g")
+    async def handle(event: Tick, ctx: Context) -> None:
+        starts.append(event.seq)
+        if event.seq == 0 and not first_x0.is_set():
+            first_x0.set()
+            await gate.wait()  # the slow handler of x:0
+        done.append(event.seq)
+
+    stream = bus.keys.stream("t", 0)
+    records = bus.keys.trimmed("t", "g")
+    async with running(bus):
+        consumer = next(c for c in bus.consumers if isinstance(c, Consumer))
+        # the shard was just locked and checked: compress the 10 s catch-up check interval
+        # (`CATCH_UP_CHECK_S`) so the test need not wait it out; the bug does not depend on it
+        consumer.catching_up.check_s = 0.0
+        checks = [0]
+        check_trims = consumer._check_trims
+
+        async def counted() -> None:
+            await check_trims()
+            checks[0] += 1
+
+        consumer._check_trims = counted  # type: ignore[method-assign]
+        for seq in range(6):
+            await bus.publish("t", Tick(resource="x", seq=seq), resource_id="x")
+        with anyio.fail_after(20):
+            await first_x0.wait()
+        # x:0 running, x:1 read ahead and queued: two entries pending, no more reads
+        await wait_until(lambda: _pending(r, stream, 2))
+        offloader = Offloader(bus.redis, store, settings=s, tier=_fast_tier())
+        await offloader.run_until_caught_up(timeout_s=30)
+        assert await r.xlen(stream) == 0  # every entry now lives only in the archive
+        # the consumer's trim check finds the shard trimmed ahead of the group; then let one
+        # whole `_check_trims` call finish after that record (the one that found it, or later)
+        await wait_until(lambda: _has_entries(r, records))
+        seen = checks[0]
+        await wait_until(lambda: checks[0] > seen)
+        # x:0's handler is still running: nothing else of x may have started
+        in_flight_view = list(starts)
+        gate.set()
+        await wait_until(lambda: set(done) >= set(range(6)))
+    assert in_flight_view == [0], (
+        f"while x:0 was still being handled, the consumer started x:{in_flight_view[1:]}"
+    )
+    firsts = list(dict.fromkeys(done))
+    assert firsts == list(range(6)), f"x handled out of order: {done}"
+
+
+class _FreezeBeforePark:
+    """Stands in for a consumer's Redis client in its `Failures` (every command passes through)
+    but freezes the consumer's whole event loop, synchronously, right before the park's write
+    (an ``HSETNX``, or the fenced script that makes it: the first of them sent): a process
+    stopped (SIGSTOP, a VM freeze) between its dead-letter write and its park, as one process of
+    its own would be. `resume` lets it go on; `parked` is set once the write has been
+    answered."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.frozen = threading.Event()
+        self.resume = threading.Event()
+        self.parked = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+    def _frozen_then(self, send: Callable[[], Any]) -> Any:
+        self.frozen.set()
+        self.resume.wait(60)  # blocks the consumer's event loop: the whole "process" stops
+
+        async def sent() -> Any:
+            try:
+                return await send()
+            finally:
+                self.parked.set()
+
+        return sent()
+
+    def hsetnx(self, *args: Any) -> Any:
+        return self._frozen_then(lambda: self.real.hsetnx(*args))
+
+    def register_script(self, text: str) -> Any:
+        script = self.real.register_script(text)
+        return lambda *a, **kw: self._frozen_then(lambda: script(*a, **kw))
+
+
+@pytest.mark.single_node("a second event loop in a thread; the interleaving is the same")
+async def test_a_consumer_that_lost_its_shard_does_not_park_the_resource(
+    settings: Callable[..., Settings], r: redis.asyncio.Redis
+) -> None:
+    """Park (semantics.md "Park"; failures.py `dead_letter_and_park`): the HSETNX of the parked
+    hash is sent, and retried, without any check of the lease or the lock acquisition (only the
+    dead-letter XADD before it waits for the fence). Consumer A fails x:1 for good, writes its
+    dead letter and stops (a pause past the TTL) before the HSETNX. B takes the shard, recovers
+    x:1, handles it successfully, and handles x:2. A wakes: its HSETNX parks resource x in
+    Redis, naming a letter of an event that was handled. B's own copy of the parked set was
+    loaded when it took the lock, so B goes on; but every later owner of the shard (B after a
+    restart, a scale-out, a takeover) dead-letters x's events as ``parked``, and an operator's
+    requeue replays x:1 after x:2: order broken, by a consumer that held no lock any more.
+    """
+    s = settings(shards=1, liveness_ttl_s=1.0)  # a short TTL: A's pause outlasts it quickly
+    frozen: dict[str, Any] = {}
+    started_a = threading.Event()
+    stop_a = threading.Event()
+
+    async def run_a() -> None:  # consumer A, in an event loop of its own (its own "process")
+        bus_a = EventBus(s)
+
+        @bus_a.subscriber("t", group="g", on_failure="park", max_attempts=1)
+        async def fails(event: Tick) -> None:
+            raise RuntimeError(f"A cannot handle {event.resource}:{event.seq}")
+
+        async with running(bus_a):
+            consumer = next(c for c in bus_a.consumers if isinstance(c, Consumer))
+            hook = _FreezeBeforePark(consumer.handling.failures.redis)
+            consumer.handling.failures.redis = hook  # type: ignore[attr-defined]
+            frozen.update(consumer=consumer, hook=hook)
+            started_a.set()
+            await anyio.to_thread.run_sync(stop_a.wait)
+
+    thread = threading.Thread(target=lambda: asyncio.run(run_a()), daemon=True)
+    thread.start()
+    bus_b = EventBus(s)
+    parked_key, stream = bus_b.keys.parked("t", "g"), bus_b.keys.stream("t", 0)
+    handled_b: list[int] = []
+
+    @bus_b.subscriber("t", group="g", on_failure="park", max_attempts=1)
+    async def works(event: Tick) -> None:
+        handled_b.append(event.seq)
+
+    try:
+        assert await anyio.to_thread.run_sync(started_a.wait, 20)
+        hook: _FreezeBeforePark = frozen["hook"]
+        await bus_b.publish("t", Tick(resource="x", seq=1), resource_id="x")
+        assert await anyio.to_thread.run_sync(hook.frozen.wait, 20)  # A: letter written, frozen
+        assert await r.xlen(bus_b.keys.dead_letter("t", "g")) == 1
+        # A stays stopped past its lease (and Redis's TTL), as after a long pause
+        await wait_until(lambda: not frozen["consumer"].lease.ok())
+        async with running(bus_b):
+            await wait_until(lambda: handled_b == [1])  # B took the shard, recovered x:1
+            await bus_b.publish("t", Tick(resource="x", seq=2), resource_id="x")
+            await wait_until(lambda: handled_b == [1, 2])
+            await wait_until(lambda: _pending(r, stream, 0))
+            hook.resume.set()  # A wakes up
+            assert await anyio.to_thread.run_sync(hook.parked.wait, 20)
+            parked = await r.hget(parked_key, "x")
+    finally:
+        if "hook" in frozen:
+            frozen["hook"].resume.set()
+        stop_a.set()
+        await anyio.to_thread.run_sync(thread.join, 30)
+    assert parked is None, (
+        "resource x was parked (by the consumer that had lost the shard) after the shard's new "
+        f"owner handled x:1 and x:2: {parked!r}"
+    )
+
+
+async def _pause_in_catch_up(
+    settings: Callable[..., Settings], r: redis.asyncio.Redis, tmp_path: Path
+) -> dict[str, Any]:
+    """Consumer C (archive, its own event loop, member ID ``consumer-c``) takes shards 0 and 1;
+    shard 1 was trimmed past the group, so its first lock round runs the catch-up hook on it.
+    C stops (a pause past the 1 s liveness TTL) while handling an archived entry. B (another
+    bus, this loop) takes both shards and reads y:1 of shard 1; its handler is slow, so y:1
+    stays pending for B. Then C wakes up.
+
+    Hooks (interleavings, no behaviour changed): C's heartbeats are held from the pause until
+    that lock round is over (a heartbeat answered late, so that one finding C lapsed does not
+    run first); C's next lock round is held until a heartbeat after it was answered (the
+    heartbeat answered between two lock rounds). Returns what C's paused lock round queued of
+    each shard (``claimed``), y:1's entry ID, shard 1's lock owner then, and C's fence as the
+    next lock round starts (``lease_ok``, ``held``) with the lock owners of shards 0 and 1."""
+    from eventbus.consumer.catchup import shard_hook
+    from eventbus.locking.member import Member
+
+    store = open_store(str(tmp_path / "segments"))
+    s = settings(shards=2, liveness_ttl_s=1.0)
+    x, y = resources_per_shard(2, 2)[2:]  # two resources of shard 1
+    bus_b = EventBus(s)
+    s1 = bus_b.keys.stream("t", 1)
+    locks_key = bus_b.keys.locks("t", "g")
+    # shard 1: the group's first entries were archived and trimmed before anyone read them
+    for seq in range(3):
+        await bus_b.publish("t", Tick(resource=x, seq=seq), resource_id=x)
+    for shard in range(2):
+        await r.xgroup_create(bus_b.keys.stream("t", shard), "g", id="0", mkstream=True)
+    offloader = Offloader(bus_b.redis, store, settings=s, tier=_fast_tier())
+    await offloader.run_until_caught_up(timeout_s=30)
+    assert await r.xlen(s1) == 0
+
+    frozen, resume, round_done, viewed, stop_c = (threading.Event() for _ in range(5))
+    claimed: list[tuple[int, bytes]] = []  # what C's first lock round recovered and queued
+    view: dict[str, Any] = {}
+
+    async def run_c() -> None:  # consumer C, in an event loop of its own (its own "process")
+        bus_c = EventBus(s, archive=store)
+
+        @bus_c.subscriber("t", group="g")
+        async def on_c(event: Tick) -> None:
+            if not frozen.is_set():
+                frozen.set()
+                resume.wait(60)  # blocks C's event loop: the whole "process" stops
+
+        await bus_c.registry.ensure(bus_c.subscriptions[0].topic)
+        member = Member(bus_c.redis, bus_c.keys, s, "t", "g", "consumer-c")
+        c = Consumer(member, bus_c.registry, bus_c.subscriptions[0])
+        c.catch_up = shard_hook(store, c.handling)
+        rounds, answered = anyio.Event(), anyio.Event()
+        lock_round, heartbeat, acquire = c._lock_round, c.locks.heartbeat, c.locks.acquire
+
+        async def first_lock_round() -> None:
+            try:
+                await lock_round()
+            finally:
+                if not rounds.is_set():
+                    rounds.set()
+                    round_done.set()
+
+        async def late_heartbeat() -> bool:
+            if frozen.is_set():
+                await rounds.wait()  # answered after the lock round of the pause
+            try:
+                return await heartbeat()
+            finally:
+                if rounds.is_set():
+                    answered.set()
+
+        async def next_acquire(candidates: Any) -> Any:
+            if rounds.is_set() and not viewed.is_set():
+                await answered.wait()  # (the heartbeat loop has applied its answer by now)
+                view.update(lease_ok=c.lease.ok(), held=sorted(c.table.held))
+                viewed.set()
+            return await acquire(candidates)
+
+        dispatch = c._dispatch
+
+        def recording(held: Any, entries: Any, counts: Any) -> None:
+            if not round_done.is_set():
+                claimed.extend((held.shard, entry_id) for entry_id, _ in entries)
+            dispatch(held, entries, counts)
+
+        c._dispatch = recording  # type: ignore[method-assign]
+        c._lock_round = first_lock_round  # type: ignore[method-assign]
+        c.locks.heartbeat = late_heartbeat  # type: ignore[method-assign]
+        c.locks.acquire = next_acquire  # type: ignore[method-assign]
+        stop = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: c.run(stop))
+            await anyio.to_thread.run_sync(stop_c.wait)
+            stop.set()
+        await bus_c.aclose()
+
+    thread = threading.Thread(target=lambda: asyncio.run(run_c()), daemon=True)
+    thread.start()
+    gate = anyio.Event()
+    handled_b: list[tuple[str, int]] = []
+
+    @bus_b.subscriber("t", group="g")
+    async def on_b(event: Tick) -> None:
+        handled_b.append((event.resource, event.seq))
+        await gate.wait()  # slow: y:1 stays pending for B
+
+    try:
+        assert await anyio.to_thread.run_sync(frozen.wait, 30)  # C stopped in the catch-up
+        async with running(bus_b):
+            await wait_until(lambda: _owner(r, locks_key, 1, b"consumer-c", negate=True))
+            y1 = await bus_b.publish("t", Tick(resource=y, seq=1), resource_id=y)
+            await wait_until(lambda: handled_b == [(y, 1)])
+            resume.set()  # C wakes up
+            assert await anyio.to_thread.run_sync(round_done.wait, 30)
+            lock_owner = await r.hget(locks_key, "1")
+            assert await anyio.to_thread.run_sync(viewed.wait, 30)
+            owners = [await r.hget(locks_key, str(shard)) for shard in range(2)]
+            gate.set()
+    finally:
+        resume.set()
+        stop_c.set()
+        await anyio.to_thread.run_sync(thread.join, 30)
+    return {"claimed": claimed, "y1": y1, "lock_owner": lock_owner, "owners": owners, **view}
+
+
+@pytest.mark.single_node("a second event loop in a thread; the interleaving is the same")
+async def test_a_catch_up_that_lost_its_lock_does_not_claim_the_shard(
+    settings: Callable[..., Settings], r: redis.asyncio.Redis, tmp_path: Path
+) -> None:
+    """One lock owner per shard (semantics.md "Why it holds" 2 and 6; protocol.md rules 1 and
+    3: only the lock's new owner claims a shard's PEL). Scenario: `_pause_in_catch_up`.
+
+    When C wakes, the catch-up's next `confirm` re-takes nothing (B holds shard 1) and raises
+    `Fenced`, which `shard_hook` turns into a quiet False (consumer/catchup.py);
+    `CatchUpSchedule.run` counts that as a success and keeps the shard, and
+    `Consumer._lock_round` goes on to `_recover` it: XAUTOCLAIM ... 0 0-0, sent without any
+    lease or lock check, moves y:1 into C's PEL and C queues it, while B holds the lock.
+    """
+    seen = await _pause_in_catch_up(settings, r, tmp_path)
+    assert seen["lock_owner"] != b"consumer-c"
+    # (B's next read claims y:1 back, by its fenced-delivery check, and queues it a second
+    # time: so what C's round claimed is recorded as C queued it, not read from the PEL later)
+    assert (1, seen["y1"].encode()) not in seen["claimed"], (
+        f"C claimed (XAUTOCLAIM) and queued y:1 of shard 1 while {seen['lock_owner']!r} held it"
+    )
+
+
+@pytest.mark.single_node("a second event loop in a thread; the interleaving is the same")
+async def test_a_lapsed_consumer_revived_by_its_catch_up_gets_no_lease_on_lost_shards(
+    settings: Callable[..., Settings], r: redis.asyncio.Redis, tmp_path: Path
+) -> None:
+    """The lease (semantics.md "The lease"; protocol.md rule 2: "a heartbeat succeeds only when
+    ... no lock_shards call of the consumer was awaiting its reply meanwhile"; FINDINGS 10).
+    Scenario: `_pause_in_catch_up`.
+
+    The catch-up runs ``lock_shards`` through a lock client of its own (`CatchUp.locks`, for
+    the one shard it catches up); its `confirm` after the pause makes C live again, and its
+    reply (nothing held) never reaches the consumer's shard table. FINDINGS 10's rule, "only
+    the next lock round revives a lapsed member, and its reply says which locks it still
+    holds", is broken: the next heartbeat finds C live and renews its lease (its guard only
+    knows the consumer's own lock client, and no lock round is in flight anyway), while C's
+    table still holds shards 0 and 1 from before the lapse, both B's now. C's fence
+    (`Consumer.holds`) then admits handlers, and acks, on B's shards (y:1, which C claimed,
+    or anything queued) until C's next lock round.
+    """
+    seen = await _pause_in_catch_up(settings, r, tmp_path)
+    theirs = [
+        shard
+        for shard in seen["held"]
+        if seen["owners"][shard] is not None and seen["owners"][shard] != b"consumer-c"
+    ]
+    assert not (seen["lease_ok"] and theirs), (
+        f"C's lease was renewed while its table holds shards {theirs} that "
+        f"{[seen['owners'][s] for s in theirs]} hold"
+    )
+
+
+async def test_a_shard_retaken_soon_after_its_check_is_caught_up_before_it_is_read(
+    settings: Callable[..., Settings], r: redis.asyncio.Redis, tmp_path: Path
+) -> None:
+    """No loss with an archive (semantics.md "Stream caps": "with an archive, catches the
+    shard up from the segments before reading past the gap"; tier.md).
+
+    `CatchUpSchedule.due` skips a shard checked less than `CATCH_UP_CHECK_S` (10 s) ago, and
+    `CatchUpSchedule.run` then keeps it as if it had been caught up. But the schedule is per
+    shard, not per lock acquisition: C takes shard 0 (checked: nothing missing), releases it
+    when idle, and takes it again a few seconds later, after the group's next entries were
+    archived and trimmed meanwhile (a backlog older than `hot_window_s`, while nobody held the
+    shard). The new acquisition is not caught up; the trim check of the same round finds the
+    shard trimmed ahead and logs it, but `_catch_up` again finds it "not due"; the read then
+    goes on from the stream's first entry, past x:0..x:4, which only the archive holds. They
+    are never handled by the group.
+    """
+    from eventbus.consumer.catchup import shard_hook
+    from eventbus.locking.member import Member
+
+    store = open_store(str(tmp_path / "segments"))
+    s = settings(shards=1)
+    bus = EventBus(s, archive=store)
+    seen: list[int] = []
+
+    @bus.subscriber("t", group="g")
+    async def handle(event: Tick) -> None:
+        seen.append(event.seq)
+
+    stream = bus.keys.stream("t", 0)
+    await bus.registry.ensure(bus.subscriptions[0].topic)
+    member = Member(bus.redis, bus.keys, s, "t", "g", "consumer-c")
+    c = Consumer(member, bus.registry, bus.subscriptions[0])
+    c.catch_up = shard_hook(store, c.handling)
+    await c.reader.ensure_groups()
+    try:
+        await c.round(1)  # takes shard 0, checks it: nothing behind
+        assert list(c.table.held) == [0]
+        await c._release([0])  # idle: released (as `round` does after idle_release_ms)
+        for seq in range(5):  # the group's next entries, archived and trimmed unread
+            await bus.publish("t", Tick(resource="x", seq=seq), resource_id="x")
+        offloader = Offloader(bus.redis, store, settings=s, tier=_fast_tier())
+        await offloader.run_until_caught_up(timeout_s=30)
+        assert await r.xlen(stream) == 0
+        x5 = await bus.publish("t", Tick(resource="x", seq=5), resource_id="x")
+        dispatched: list[bytes] = []
+        dispatch = c._dispatch
+
+        def recording(held: Any, entries: Any, counts: Any) -> None:
+            dispatched.extend(entry_id for entry_id, _ in entries)
+            dispatch(held, entries, counts)
+
+        c._dispatch = recording  # type: ignore[method-assign]
+        await c.round(1)  # takes shard 0 again (a few seconds at most after its check)
+        assert list(c.table.held) == [0]
+    finally:
+        await c._leave()
+        await bus.aclose()
+    assert x5.encode() in dispatched  # the read went on past the gap, to x:5
+    assert seen == [0, 1, 2, 3, 4], (
+        f"x:5 was read (queued for its handler) although x:0..x:4, in the archive, were never "
+        f"handled: handled {seen}"
+    )
+
+
+async def test_no_loss_is_reported_for_a_new_group_when_nothing_was_trimmed(
+    settings: Callable[..., Settings], caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    """Loss is never silent, and never invented (semantics.md "Stream caps"; tier.md gaps).
+
+    `ShardCatchUp.behind` returns True whenever the stream's first entry lies after the
+    successor of the group's last-delivered ID and the offloader has no checkpoint for the
+    shard (catchup_shard.py: ``if checkpoint.last is None ...: return True``). A group created
+    at ``0`` (``start="beginning"``, the default) has last-delivered ``0-0``, and any entry ID
+    lies after ``0-1``; so the first consumer with an archive that takes the shard before the
+    offloader archived anything logs at ERROR that the entries up to the stream's first one
+    "were trimmed from Redis and are not in any segment: lost before archiving", although
+    nothing ever left the stream (``entries-added`` equals its length).
+    """
+    store = open_store(str(tmp_path / "segments"))
+    bus = EventBus(settings(shards=1), archive=store)
+    seen: list[int] = []
+
+    @bus.subscriber("t", group="g")
+    async def handle(event: Tick) -> None:
+        seen.append(event.seq)
+
+    for seq in range(3):  # published before the group's consumers start; nothing trimmed
+        await bus.publish("t", Tick(resource="x", seq=seq), resource_id="x")
+    caplog.set_level("ERROR", logger="eventbus")
+    async with running(bus):
+        await wait_until(lambda: seen == [0, 1, 2])
+    false_alarms = [r.getMessage() for r in caplog.records if "lost before" in r.getMessage()]
+    assert not false_alarms, false_alarms
+
+
+async def test_a_failure_with_an_unencodable_message_still_parks_the_resource(
+    settings: Callable[..., Settings], r: redis.asyncio.Redis
+) -> None:
+    """Park (semantics.md "Park": "Every later event of that resource in the group is then
+    dead-lettered with reason parked, in order").
+
+    `dead_letter_fields` stores ``str(exc).encode()`` (protocol/dead_letters.py), which raises
+    `UnicodeEncodeError` for a message with a lone surrogate (text decoded with
+    ``surrogateescape``: file names from `os.fsdecode`, bytes from a peer). The error escapes
+    `Failures.dead_letter_and_park` before the park; `QueueRunner._settle` takes it for an
+    internal error and writes a plain ``failed`` dead letter (of the UnicodeEncodeError, the
+    handler's own error lost), acks, and the resource is not parked: x:2 runs while x:1 sits in
+    the dead-letter stream, and a requeue by resource finds nothing parked.
+    """
+    bus = EventBus(settings(shards=1))
+    handled: list[int] = []
+
+    @bus.subscriber("t", group="g", on_failure="park", max_attempts=1)
+    async def handle(event: Tick) -> None:
+        if event.seq == 1:
+            raise RuntimeError("cannot open " + b"caf\xe9.txt".decode("utf-8", "surrogateescape"))
+        handled.append(event.seq)
+
+    dlq = bus.keys.dead_letter("t", "g")
+    async with running(bus):
+        for seq in (1, 2):
+            await bus.publish("t", Tick(resource="x", seq=seq), resource_id="x")
+        # x:2 is settled either way: handled (the bug) or dead-lettered as parked
+        await wait_until(lambda: _settled(r, dlq, handled, 2))
+        parked = await r.hget(bus.keys.parked("t", "g"), "x")
+        letters = await r.xrange(dlq)
+    reasons = [fields[b"reason"] for _, fields in letters]
+    assert parked is not None and handled == [], (
+        f"x was not parked after x:1 failed: x:2 handled={handled}, dead letters {reasons}"
+    )
+
+
+async def _settled(r: Any, dlq: str, handled: list[int], n: int) -> bool:
+    return bool(handled) or await r.xlen(dlq) >= n
+
+
+async def _owner(r: Any, key: str, shard: int, who: bytes, *, negate: bool = False) -> bool:
+    owner = await r.hget(key, str(shard))
+    return (owner is not None and owner != who) if negate else owner == who
+
+
+async def _pending(r: Any, stream: str, n: int) -> bool:
+    return int((await r.xpending(stream, "g"))["pending"]) == n
+
+
+async def _has_entries(r: Any, key: str) -> bool:
+    return bool(await r.xlen(key))
