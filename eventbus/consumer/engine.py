@@ -282,7 +282,12 @@ class Consumer:
         for s in lost:
             log.warning("consumer %s lost shard %d to another consumer", self.consumer_id, s)
         if new and self.sub.options.on_failure == "park":
-            await self.handling.failures.load_parked()  # parked by a previous owner?
+            try:  # parked by a previous owner? Not known: the new shards are not read
+                with refused("HGETALL", self.keys.parked(self.topic.name, self.group)):
+                    await self.handling.failures.load_parked()
+            except BaseException:
+                self.table.forget(new)
+                raise
         # Whatever state the lock was in, a new owner claims the shard's pending entries first:
         # a free lock is not a clean shard, since a consumer that left gracefully leaves the
         # entries it had read but not started pending. (NOACK reads leave no pending entries.)
@@ -295,8 +300,14 @@ class Consumer:
         self._share = grants.share
 
     async def _recover(self, shards: list[int]) -> None:
-        """Recover the PEL of newly held `shards`. If it fails, they are forgotten, so that they
-        are not read past their pending entries and the next round recovers them again."""
+        """Recover the PEL of newly held `shards`, only under a valid lease (``XAUTOCLAIM`` is
+        not fenced by Redis: a lock round answered after its lease ran out could take entries of
+        a shard someone else holds by then). If the lease ran out or the recovery fails, they
+        are forgotten, so that they are not read past their pending entries and the next round
+        recovers them again."""
+        if not self.lease.ok():  # the lock round's reply came after its lease: claim nothing
+            self.table.forget(shards)  # (the next lock round takes them again, then recovers)
+            return
         held = [self.table.held[s] for s in shards if s in self.table.held]
         try:
             with refused("XAUTOCLAIM", ",".join(h.stream for h in held)):
@@ -306,7 +317,7 @@ class Consumer:
             raise
 
     def _still_held(self, h: HeldShard) -> bool:
-        return self.table.held.get(h.shard) is h
+        return self.table.held.get(h.shard) is h and self.lease.ok()
 
     async def _read(self, block_ms: int) -> set[int] | None:
         """Read the readable shards into the queues; the shards that had entries, or None when
@@ -381,7 +392,8 @@ class Consumer:
             await self._catch_up_behind()
 
     async def _check_due(self, due: list[HeldShard]) -> None:
-        ahead = [t.shard for t in await self.trims.check(due) if t.ahead]
+        with refused("XINFO / XADD (trim check)", ",".join(h.stream for h in due)):
+            ahead = [t.shard for t in await self.trims.check(due) if t.ahead]
         if self.catch_up is not None:
             for s in ahead:
                 if (held := self.table.held.get(s)) is not None:

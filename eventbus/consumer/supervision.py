@@ -11,6 +11,9 @@
 * ``NOGROUP`` (the group was deleted, or Redis lost its data): it is created again; every
   shard is forgotten (its PEL is claimed again when re-locked). When the shard streams are gone
   too, Redis lost its data: said once at ERROR, with where the group restarts.
+* Any other error reply no `refused` names is an error reply all the same (not a missing group):
+  every shard is forgotten, as after a lost reply, and the loop backs off and logs it at ERROR,
+  counted under the command ``unnamed``.
 """
 
 from __future__ import annotations
@@ -72,8 +75,13 @@ async def read_loop(c: Consumer, stop: anyio.Event) -> None:
             c.refused_metric(exc.command)
             await _back_off(c, stop, failures, f"{exc.command} refused", exc, logging.ERROR)
             continue
-        except ResponseError as exc:  # NOGROUP
+        except ResponseError as exc:
             failures += 1
+            if "NOGROUP" not in str(exc):  # a reply no `refused` names: never taken for NOGROUP
+                c.drop_all(f"error reply during a round: {exc}", lease=False)
+                c.refused_metric("unnamed")
+                await _back_off(c, stop, failures, "error reply", exc, logging.ERROR)
+                continue
             c.drop_all(f"its consumer group is missing ({exc})", lease=False)
             try:
                 vanished = await c.reader.regroup()

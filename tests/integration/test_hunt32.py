@@ -540,3 +540,53 @@ async def _pending(r: Any, stream: str, n: int) -> bool:
 
 async def _has_entries(r: Any, key: str) -> bool:
     return bool(await r.xlen(key))
+
+
+async def test_a_lock_round_answered_after_its_lease_claims_no_pending_entries(
+    settings: Callable[..., Settings], r: redis.asyncio.Redis
+) -> None:
+    """hunt32 (suspected there): `_recover` sent ``XAUTOCLAIM ... 0 0-0`` without looking at the
+    lease. A lock round whose reply arrives after the lease it grants has run out (a reply
+    delayed past the TTL: another consumer may hold the shard by then) must claim nothing; the
+    next round, answered in time, recovers the pending entry."""
+    from eventbus.locking.locks import LockRound
+
+    s = settings(shards=1)
+    bus = EventBus(s)
+    seen: list[int] = []
+
+    @bus.subscriber("t", group="g")
+    async def handle(event: Tick) -> None:
+        seen.append(event.seq)
+
+    stream = bus.keys.stream("t", 0)
+    await bus.registry.ensure(bus.subscriptions[0].topic)
+    await r.xgroup_create(stream, "g", id="0", mkstream=True)
+    await bus.publish("t", Tick(resource="x", seq=0), resource_id="x")
+    await r.xreadgroup("g", "gone", {stream: ">"}, count=1)  # pending for a consumer that died
+    from eventbus.locking.member import Member
+
+    member = Member(bus.redis, bus.keys, s, "t", "g", "consumer-c")
+    c = Consumer(member, bus.registry, bus.subscriptions[0])
+    acquire = c.locks.acquire
+    late = [True]
+
+    async def answered(candidates: Any) -> LockRound:
+        got = await acquire(candidates)
+        if late[0]:  # the reply arrived a whole lease after it was sent
+            return LockRound(got.share, got.grants, got.sent_at - 2 * s.lease_s)
+        return got
+
+    c.locks.acquire = answered  # type: ignore[method-assign]
+    try:
+        await c.round(1)
+        owners = [row["consumer"] for row in await r.xpending_range(stream, "g", "-", "+", 10)]
+        assert owners == [b"gone"], f"claimed without a lease: {owners}"
+        assert c.table.held == {}  # not read either
+        late[0] = False
+        await c.round(1)
+        owners = [row["consumer"] for row in await r.xpending_range(stream, "g", "-", "+", 10)]
+        assert owners == [b"consumer-c"]
+    finally:
+        await c._leave()
+        await bus.aclose()

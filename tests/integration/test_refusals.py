@@ -145,3 +145,31 @@ async def _pending_is(r: redis.asyncio.Redis, stream: str, n: int) -> bool:
 
 async def _pending_zero(r: redis.asyncio.Redis, stream: str) -> bool:
     return not (await r.xpending(stream, "g"))["pending"]
+
+
+async def test_an_error_reply_of_the_parked_set_read_is_a_refusal_not_a_missing_group(
+    settings: Callable[..., Settings], r: redis.asyncio.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """hunt32: the read loop took every error reply that no `refused` named for NOGROUP. The
+    parked set's ``HGETALL`` (a new lock of a ``park`` subscriber) answered WRONGTYPE: the loop
+    said "group missing ... created again", dropped every shard and went on without backing
+    off. Now it is a refusal like the others: named with the server's reason, counted, retried,
+    and the shard is not read while its parked set is unknown; once fixed, the event runs."""
+    rec = Recorder()
+    bus = EventBus(settings(shards=1, retry_max_s=0.2))
+    bus.subscriber("t", group="g", on_failure="park")(rec.add)
+    parked = bus.keys.parked("t", "g")
+    await r.set(parked, b"not a hash")  # an operator's mistake, say
+    before = _refusals("HGETALL")
+    stop = anyio.Event()
+    with caplog.at_level(logging.WARNING, logger="eventbus.consumer"):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: bus.run(stop=stop))
+            await bus.publish("t", Tick(resource="a", seq=1), resource_id="a")
+            await wait_until(lambda: _refusals("HGETALL") - before >= 2)
+            assert rec.log == []  # its parked set unknown: the shard was not read
+            await r.delete(parked)  # the fix
+            await rec.wait_for(1)
+            stop.set()
+    assert not [m for m in caplog.messages if "group missing" in m]
+    assert [m for m in caplog.messages if "HGETALL" in m and "WRONGTYPE" in m]
