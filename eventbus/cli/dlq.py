@@ -98,7 +98,8 @@ def dlq_list(
 def _error_text(d: DeadLetter) -> str:
     if d.problems:
         return "malformed: " + "; ".join(d.problems)
-    return f"{d.error_type}: {d.error}"
+    # (a parked letter has no error type: "resource is parked", not ": resource is parked")
+    return f"{d.error_type}: {d.error}" if d.error_type else d.error
 
 
 @dlq_app.command("show")
@@ -138,7 +139,8 @@ def _ids_or_resource_command(
     help: str,
 ) -> None:
     """Add ``eventbus dlq NAME TOPIC GROUP [DLQ_IDS]... [--resource R]``: it prints what
-    `by_resource` returns for R if given, else what `by_ids` returns for the IDs."""
+    `by_resource` returns for R, or what `by_ids` returns for the IDs; neither or both is a
+    one-line error (exit code 1)."""
 
     def command(
         topic: str,
@@ -149,6 +151,12 @@ def _ids_or_resource_command(
         resource: str | None = typer.Option(None, help=resource_help),
         redis_url: RedisUrl = None,
     ) -> None:
+        with user_errors():  # (neither did nothing, both ignored the IDs)
+            if resource is not None and dlq_ids:
+                raise ConfigError(f"dlq {name}: give dead-letter IDs or --resource, not both")
+            if resource is None and not dlq_ids:
+                raise ConfigError(f"dlq {name}: give dead-letter IDs or --resource R")
+
         async def action(dl: DeadLetters) -> Any:
             if resource is not None:
                 return await by_resource(dl, resource)

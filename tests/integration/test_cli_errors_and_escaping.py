@@ -266,3 +266,51 @@ def test_tail_into_a_pipe_closed_early_exits_quietly(redis_db: str) -> None:
     err = tail.stderr.read().decode()
     assert tail.wait(timeout=60) == 0, err
     assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+# -- docwalk32: the README's dlq commands, followed by hand ----------------------------------
+@pytest.mark.parametrize("command", ["requeue", "drop"])
+def test_dlq_requeue_and_drop_need_ids_or_a_resource_not_both(redis_db: str, command: str) -> None:
+    """Without dead-letter IDs or ``--resource`` the command did nothing and printed ``[]``
+    (or ``0``) with exit code 0; with both it ignored the IDs."""
+    _publish(redis_db)
+    keys = Keys()
+    with redis.Redis.from_url(redis_db) as r:
+        _dead_letter(r, keys, "o-1", "boom")
+        dlq_id = r.xrange(keys.dead_letter("orders", "billing"))[0][0].decode()
+    url = ["--redis-url", redis_db]
+    neither = RUNNER.invoke(app, ["dlq", command, "orders", "billing", *url])
+    _one_line_error(neither, f"dlq {command}: give dead-letter IDs or --resource R")
+    both = [dlq_id, "--resource", "o-1"]
+    _one_line_error(
+        RUNNER.invoke(app, ["dlq", command, "orders", "billing", *both, *url]), "not both"
+    )
+    with redis.Redis.from_url(redis_db) as r:
+        assert r.xlen(keys.dead_letter("orders", "billing")) == 1  # nothing was done
+        assert not r.exists(keys.parked("orders", "billing"))
+    done = RUNNER.invoke(app, ["dlq", command, "orders", "billing", dlq_id, *url])
+    assert done.exit_code == 0, done.output
+    with redis.Redis.from_url(redis_db) as r:
+        assert r.xlen(keys.dead_letter("orders", "billing")) == 0
+
+
+def test_dlq_list_shows_a_parked_letter_s_error_without_a_leading_colon(redis_db: str) -> None:
+    """A ``parked`` letter has no error type: its error column read ": resource is parked"."""
+    _publish(redis_db)
+    keys = Keys()
+    fields = dead_letter_fields(
+        topic="orders",
+        group="billing",
+        shard=0,
+        entry_id="1-0",
+        reason="parked",
+        exc=None,
+        attempts=0,
+        original=encode_entry(Envelope("o-1", "T", b"\1" * 16, 0, {}, {"n": 1})),
+    )
+    with redis.Redis.from_url(redis_db) as r:
+        r.xadd(keys.dead_letter("orders", "billing"), fields)
+    result = RUNNER.invoke(app, ["dlq", "list", "orders", "billing", "--redis-url", redis_db])
+    assert result.exit_code == 0, result.output
+    row = next(line for line in result.output.splitlines() if "o-1" in line)
+    assert [c.strip() for c in row.split("│") if c.strip()][-1] == "resource is parked"
