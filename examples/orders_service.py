@@ -78,6 +78,8 @@ async def bill(event: OrderPlaced | OrderCancelled, ctx: Context) -> None:
     )
 
 
-@bus.subscriber("orders", group="shipping")
+# shipping does not care about cancellations: skip them (acked, counted) rather than
+# dead-letter every one as an unknown event type
+@bus.subscriber("orders", group="shipping", on_unknown="skip")
 def ship(event: OrderPlaced) -> None:  # a plain function runs in a worker thread
     ledger["shipping"].append(f"ship {event.order_id} to {event.customer}")

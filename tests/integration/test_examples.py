@@ -26,6 +26,10 @@ async def test_orders_service_handlers_through_the_test_bus() -> None:
         await tb.publish("orders", svc.OrderCancelled(order_id="o-1"), resource_id="o-1")
         await tb.drain()
         [invoice] = await tb.published("invoices")  # billing's own event, as declared
+        # shipping takes OrderPlaced only: a cancellation is skipped, not dead-lettered as an
+        # UnknownEventType (what every cancellation did before, found walking the docs)
+        assert await tb.dead_letters("orders", "shipping") == []
+        assert await tb.dead_letters("orders", "billing") == []
     assert svc.ledger["billing"] == ["charge o-1 4200", "refund o-1"]
     assert svc.ledger["shipping"] == ["ship o-1 to c-9"]  # cancellation: not its event type
     assert invoice.as_(svc.Invoiced) == svc.Invoiced(order_id="o-1", total_cents=4200)
