@@ -1,4 +1,5 @@
-"""Publishing from FastAPI, and answering a request/reply call (``pip install eventbus[fastapi]``)::
+"""Publishing from FastAPI, and answering a request/reply call (``pip install eventbus[fastapi]
+uvicorn``)::
 
     uvicorn examples.fastapi_app:app
 
