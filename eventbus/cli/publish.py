@@ -18,7 +18,7 @@ def publish(
     topic: str,
     event_type: Annotated[str, typer.Option("--type", help="Event type name.")],
     resource_id: Annotated[str, typer.Option(help="Resource ID (chooses the shard).")],
-    data: Annotated[str, typer.Option(help="Payload as a JSON object.")] = "{}",
+    data: Annotated[str, typer.Option(help="Payload as JSON, not validated.")] = "{}",
     redis_url: RedisUrl = None,
 ) -> None:
     """Publish one event with a JSON payload; prints its entry ID."""
