@@ -124,14 +124,24 @@ def _run_processes(
             # wrote its own eventbus_ready and tick gauges there at import: 0, not a child's
             multiprocess.mark_process_dead(os.getpid(), env[MULTIPROC_ENV])  # type: ignore[no-untyped-call]
         cmd = [sys.executable, "-m", "eventbus.cli", "run", target, *logging_args]
-        procs += [subprocess.Popen(cmd, env=env) for _ in range(n)]
+        # each signal, with how many children it reached: one that comes while a child is
+        # being started still reaches that child, and no further child is started (installed
+        # after the children, a signal meanwhile killed this process and orphaned them)
+        received: list[tuple[int, int]] = []
 
         def forward(signum: int, _frame: Any) -> None:
+            received.append((signum, len(procs)))
             for p in procs:
                 p.send_signal(signum)
 
         signal.signal(signal.SIGTERM, forward)
         signal.signal(signal.SIGINT, forward)
+        while len(procs) < n and not received:
+            child = subprocess.Popen(cmd, env=env)
+            procs.append(child)  # from here, `forward` reaches it
+            for signum, reached in list(received):
+                if reached < len(procs):  # (came during Popen: before the append)
+                    child.send_signal(signum)
         codes = []
         for p in procs:
             codes.append(p.wait())
