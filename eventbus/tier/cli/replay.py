@@ -194,22 +194,24 @@ def _check_gaps(
 
 
 def _checkpoint_counts(settings: Settings, topic: str, shards: list[int]) -> dict[int, int]:
-    """Per shard, the entries the offloader checkpoint accounts for (``<shard>:count``).
+    """Per shard, the entries the offloader checkpoint accounts for (``<shard>:count``), asked
+    of Redis as the settings reach it (`eventbus.client.connection.connect`: a Cluster, the
+    Sentinel primary, TLS; a plain client of ``redis_url`` missed the checkpoint hash on another
+    Cluster node, ``MovedError``, and asked ``redis_url`` instead of the sentinels' primary).
     Raises `redis.exceptions.RedisError` / `OSError` when Redis cannot be asked."""
-    import redis
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
+    import anyio
 
-    from eventbus.client.credentials import from_url
+    from eventbus.client.connection import connect
     from eventbus.protocol.keys import Keys
 
     key = Keys(settings.key_prefix, settings.hashtag).checkpoints(topic)
-    with from_url(
-        redis.Redis,
-        settings.redis_url,
-        socket_connect_timeout=settings.redis_connect_timeout_s,
-        socket_timeout=settings.redis_read_timeout_s,
-        retry=Retry(NoBackoff(), 0),
-    ) as client:
-        values = client.hmget(key, [f"{s}:count" for s in shards])
+
+    async def ask() -> list[bytes | None]:
+        client = connect(settings)
+        try:
+            return list(await client.hmget(key, [f"{s}:count" for s in shards]))
+        finally:
+            await client.aclose()
+
+    values = anyio.run(ask)
     return {s: int(v) for s, v in zip(shards, values, strict=True) if v is not None}

@@ -17,6 +17,7 @@ from tier_support import make_bus, publish_ticks
 from typer.testing import CliRunner
 
 from eventbus.cli import app
+from eventbus.testing.cluster import ReplicatedCluster
 from eventbus.tier.gaps import Gap
 from eventbus.tier.replay import ArchiveGap, check_complete
 from eventbus.tier.store import StoreNotFound, open_store
@@ -74,6 +75,46 @@ def test_a_deleted_middle_segment_fails_replay_unless_gaps_are_allowed(
     assert "warning" in allowed.output and "missing from the archive" in allowed.output
     events = [json.loads(x) for x in allowed.stdout.splitlines() if x.startswith("{")]
     assert len(events) == 40
+
+
+def test_replay_checks_the_checkpoints_on_a_cluster(
+    redis_cluster: ReplicatedCluster, tmp_path: Path
+) -> None:
+    """With ``EVENTBUS_CLUSTER=true`` replay asked a plain client of the URL's node for the
+    checkpoint hash, which lives on the ``{eventbus}`` slot's node: ``MovedError``, "not checked
+    for missing segments", and a holed archive replayed with exit code 0."""
+    coordination = redis_cluster.primary_of("{eventbus}")
+    other = next(p for p in redis_cluster.primary_ports() if p != coordination)
+    url = f"redis://127.0.0.1:{other}/0"  # a seed node without the checkpoints
+    topic = "holes-cluster"
+
+    async def publish() -> None:
+        bus = make_bus(url, shards=1, cluster=True)
+        async with bus:
+            await publish_ticks(bus, topic, 60, resources=3)
+        await bus.aclose()
+
+    anyio.run(publish)
+    store = tmp_path / "segs"
+    env = {
+        "EVENTBUS_CLUSTER": "true",
+        "EVENTBUS_TIER_HOT_WINDOW_S": "0",
+        "EVENTBUS_TIER_TRIM_EXACT": "true",
+    }
+    args = ["--store", str(store), "--redis-url", url]
+    off = RUNNER.invoke(app, ["offload", "--once", *args, "--segment-max-entries", "20"], env=env)
+    assert off.exit_code == 0, off.output
+    segments = sorted((store / topic / "0").glob("*.parquet"))
+    assert len(segments) == 3
+
+    whole = RUNNER.invoke(app, ["replay", topic, *args, "--no-progress"], env=env)
+    assert whole.exit_code == 0, whole.output
+    assert "not checked" not in whole.output and "missing" not in whole.output
+
+    segments[1].unlink()
+    holed = RUNNER.invoke(app, ["replay", topic, *args, "--no-progress"], env=env)
+    assert holed.exit_code == 1, holed.output
+    assert "20 entries are missing from the archive" in holed.output
 
 
 def test_check_complete_counts_gap_records_as_accounted(tmp_path: Path) -> None:
