@@ -6,7 +6,10 @@ liveness TTL) comes from `eventbus.config.Settings`.
 
 from __future__ import annotations
 
-from pydantic import Field
+import json
+from typing import Any
+
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 OFFLOADER_GROUP = "_offloader"
@@ -62,3 +65,14 @@ class TierSettings(BaseSettings):
         '{"<event type>": "pkg.mod:Model"}: segments of these topics also hold the payload as '
         "typed columns (docs/protocol.md). Env: a JSON object.",
     )
+
+    @field_validator("typed_models", mode="before")
+    @classmethod
+    def _per_type_objects_as_json(cls, value: Any) -> Any:
+        """A topic's per-type models may be given as an object (docs/tier.md's
+        ``{"orders": {"OrderPlaced": "pkg.mod:OrderPlaced"}}``, in JSON or in code): kept as its
+        JSON text, the form `eventbus.tier.typed.load_models` reads. (Before, only the text was
+        accepted: the documented object was a ValidationError.)"""
+        if isinstance(value, dict):
+            return {k: json.dumps(v) if isinstance(v, dict) else v for k, v in value.items()}
+        return value

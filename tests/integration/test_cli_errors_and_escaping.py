@@ -314,3 +314,12 @@ def test_dlq_list_shows_a_parked_letter_s_error_without_a_leading_colon(redis_db
     assert result.exit_code == 0, result.output
     row = next(line for line in result.output.splitlines() if "o-1" in line)
     assert [c.strip() for c in row.split("│") if c.strip()][-1] == "resource is parked"
+
+
+def test_offload_with_invalid_settings_is_one_line(tmp_path: Path) -> None:
+    """A setting pydantic refuses (the tier's or Redis's) printed a rich traceback."""
+    args = ["offload", "--once", "--store", str(tmp_path)]
+    bad_tier = RUNNER.invoke(app, args, env={"EVENTBUS_TIER_TYPED_MODELS": '{"orders": 5}'})
+    _one_line_error(bad_tier, "typed_models.orders")
+    bad_redis = RUNNER.invoke(app, args, env={"EVENTBUS_SHARDS": "0"})
+    _one_line_error(bad_redis, "shards")

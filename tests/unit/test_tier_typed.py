@@ -175,3 +175,23 @@ def test_schema_evolution_new_column_and_new_version(tmp_path) -> None:  # type:
     assert [(r[1], r[2]) for r in got] == [(i, None) for i in range(3)] + [
         (i, "app") for i in range(3)
     ]
+
+
+def test_per_type_models_as_docs_tier_md_writes_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/tier.md's ``EVENTBUS_TIER_TYPED_MODELS='{"orders": {"OrderPlaced": "..."}}'`` (a
+    nested object) was a ValidationError: only the per-type object as JSON *text* was taken."""
+    from eventbus.tier.settings import TierSettings
+    from eventbus.tier.typed import load_models
+
+    here = f"{__name__}:Placed"
+    monkeypatch.setenv(
+        "EVENTBUS_TIER_TYPED_MODELS",
+        json.dumps({"orders": {"Placed": here, "Cancelled": f"{__name__}:Cancelled"}}),
+    )
+    nested = TierSettings().typed_models["orders"]
+    assert load_models(nested) == {"Placed": Placed, "Cancelled": Cancelled}
+    # the other forms still work: one model for every type, and the object as text
+    monkeypatch.setenv("EVENTBUS_TIER_TYPED_MODELS", json.dumps({"orders": here}))
+    assert load_models(TierSettings().typed_models["orders"]) == {None: Placed}
+    as_text = TierSettings(typed_models={"orders": json.dumps({"Placed": here})})
+    assert load_models(as_text.typed_models["orders"]) == {"Placed": Placed}

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import anyio
 import typer
+from pydantic import ValidationError
 
 from eventbus.client.loops import stop_on_signal
 from eventbus.errors import EventBusError
@@ -15,6 +16,7 @@ from eventbus.tier.cli.common import (
     RedisUrl,
     StoreUrl,
     console,
+    error_exit,
     open_tier_store,
     settings_of,
     tier_settings,
@@ -47,8 +49,8 @@ def offload(
     # as `eventbus run` does: secrets scrubbed, and the handlers of an earlier configuration in
     # this process (another command run in-process) replaced, not written to after they closed
     configure(level=log_level)
-    settings = settings_of(redis_url)
     try:
+        settings = settings_of(redis_url)
         tier = tier_settings(
             store,
             segment_max_entries=segment_max_entries,
@@ -57,9 +59,8 @@ def offload(
             hot_window_s=hot_window_s,
         )
         target = open_tier_store(tier)
-    except EventBusError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(1) from None
+    except (EventBusError, ValidationError) as exc:  # (ValidationError: a traceback before)
+        raise error_exit(exc) from None
     if metrics_port is not None:
         from prometheus_client import start_http_server
 
