@@ -51,6 +51,7 @@ from eventbus.ops.metrics import METRICS, ShardMetrics
 from eventbus.profiles import EVENTBUS
 from eventbus.protocol.retention import trim_held_to_acked
 from eventbus.protocol.topics import TopicRegistry
+from eventbus.tier.settings import OFFLOADER_GROUP
 
 log = logging.getLogger("eventbus.consumer")
 
@@ -405,6 +406,7 @@ class Consumer:
                 {h.shard: h.stream for h in due},
                 archived=self.catch_up is not None,  # the bus has an archive
                 exact=self.settings.retention_trim_exact,
+                offloader_locks=self.keys.locks(self.topic.name, OFFLOADER_GROUP),
             )
 
     async def _catch_up_behind(self) -> None:

@@ -73,16 +73,23 @@ async def trim_held_to_acked(
     *,
     archived: bool = False,
     exact: bool = False,
+    offloader_locks: str | None = None,
 ) -> None:
     """`trim_to_acked` for the shard `streams` (shard -> stream key) a consumer holds, each
     bounded by its offloader checkpoint in `checkpoints_key`. A topic the durable tier archives
     (`archived`, or any checkpoint recorded) keeps every entry of a shard with no checkpoint
-    yet: the offloader has archived nothing of it."""
+    yet: the offloader has archived nothing of it. So does a shard an offloader has ever locked
+    (a ``<shard>:token`` field in `offloader_locks`, the offloader group's locks hash: tokens
+    are never deleted): an offloader that ran while the topic was empty recorded no checkpoint,
+    and the entries acked before its next round were trimmed unarchived (a recorded gap)."""
     checkpoints = await redis.hgetall(checkpoints_key)
     archived = archived or bool(checkpoints)
     for shard, stream in streams.items():
         raw = checkpoints.get(str(shard).encode())
         if raw is None and archived:
+            continue
+        no_checkpoint = raw is None and offloader_locks is not None
+        if no_checkpoint and await redis.hget(offloader_locks, f"{shard}:token") is not None:
             continue
         checkpoint = parse_id(raw) if raw else None
         await trim_to_acked(redis, stream, checkpoint=checkpoint, exact=exact)

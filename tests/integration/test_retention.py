@@ -13,8 +13,8 @@ from support import Recorder, Tick, running, wait_until
 from eventbus import EventBus, Settings
 from eventbus.protocol.codec import decode_entry
 from eventbus.protocol.ids import parse_id
-from eventbus.protocol.retention import acked_point
-from eventbus.tier import TierSettings, offload_until_caught_up, open_store
+from eventbus.protocol.retention import acked_point, trim_held_to_acked
+from eventbus.tier import OFFLOADER_GROUP, TierSettings, offload_until_caught_up, open_store
 
 pytestmark = pytest.mark.anyio
 
@@ -95,3 +95,48 @@ async def test_the_offloader_does_not_trim_what_a_group_still_needs(
     [(_, first)] = await r.xrange(stream, count=1)
     assert decode_entry(first).payload["seq"] == 10  # ...but 10.. stay for the group
     assert await r.xlen(stream) == 20
+
+
+async def test_a_shard_an_offloader_has_locked_keeps_what_it_has_not_archived(
+    settings: Callable[..., Settings], r: redis.asyncio.Redis, tmp_path: Path
+) -> None:
+    """An offloader that ran while the topic was empty recorded no checkpoint, so consumers
+    whose bus has no archive trimmed what they acked before its next round, and it recorded a
+    gap (walked: ``eventbus offload --once``, then ``eventbus run``, 4 events published and
+    acked: "2 gaps (4 entries lost)"). Its shard locks (tokens are never deleted) say that it
+    archives the topic: the consumers' acked trim, as the consumer runs it, keeps the entries."""
+    rec = Recorder()
+    store = open_store(f"file://{tmp_path}")
+    bus = EventBus(settings(shards=1, **RETAIN))  # no archive
+    bus.subscriber("t", group="g")(rec.add)
+    stream, checkpoints = bus.keys.stream("t", 0), bus.keys.checkpoints("t")
+    async with running(bus):  # the topic and its group exist, empty
+        pass
+    tier = TierSettings(hot_window_s=0, trim_exact=True)
+    stats = await offload_until_caught_up(r, store, settings=bus.settings, tier=tier, timeout_s=60)
+    assert stats.entries == 0 and not await r.hgetall(checkpoints)
+    offloader_locks = bus.keys.locks("t", OFFLOADER_GROUP)
+    assert await r.hget(offloader_locks, "0:token") is not None
+    async with bus:
+        for i in range(10):
+            await bus.publish("t", Tick(resource="x", seq=i), resource_id="x")
+    async with running(bus):
+        await rec.wait_for(10)
+    await wait_until(lambda: _acked_all(r, stream))
+    assert await r.xlen(stream) == 10  # the consumer's own trims (trim_check_s) kept them too
+    await trim_held_to_acked(
+        r, checkpoints, {0: stream}, exact=True, offloader_locks=offloader_locks
+    )
+    assert await r.xlen(stream) == 10  # kept for the offloader
+    stats = await offload_until_caught_up(r, store, settings=bus.settings, tier=tier, timeout_s=60)
+    assert (stats.entries, stats.gaps, stats.lost) == (10, 0, 0)
+    await trim_held_to_acked(
+        r, checkpoints, {0: stream}, exact=True, offloader_locks=offloader_locks
+    )
+    assert await r.xlen(stream) == 0  # archived and acked: now it goes
+
+
+async def _acked_all(r: redis.asyncio.Redis, stream: str) -> bool:
+    return (
+        await acked_point(r, stream) == parse_id((await r.xrevrange(stream, count=1))[0][0]).next()
+    )
