@@ -323,3 +323,13 @@ def test_offload_with_invalid_settings_is_one_line(tmp_path: Path) -> None:
     _one_line_error(bad_tier, "typed_models.orders")
     bad_redis = RUNNER.invoke(app, args, env={"EVENTBUS_SHARDS": "0"})
     _one_line_error(bad_redis, "shards")
+
+
+def test_offload_once_without_redis_is_one_line(tmp_path: Path) -> None:
+    """``eventbus offload --once`` with Redis down printed redis-py's ConnectionError as a
+    280-line rich traceback; the other commands say it in one line."""
+    url = "redis://u:secret@127.0.0.1:1/0"  # nothing listens on port 1
+    args = ["offload", "--once", "--store", str(tmp_path), "--redis-url", url]
+    result = RUNNER.invoke(app, args)
+    _one_line_error(result, "cannot reach Redis at redis://u:***@127.0.0.1:1/0")
+    assert "secret" not in result.output

@@ -8,9 +8,12 @@ from typing import Annotated
 import anyio
 import typer
 from pydantic import ValidationError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from eventbus.client.loops import stop_on_signal
-from eventbus.errors import EventBusError
+from eventbus.errors import EventBusError, RedisUnavailable
 from eventbus.ops.logs import configure
 from eventbus.tier.cli.common import (
     RedisUrl,
@@ -96,3 +99,6 @@ def offload(
     except EventBusError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from None
+    except (RedisError, OSError) as exc:  # Redis unreachable or refusing: was a rich traceback
+        down = isinstance(exc, RedisConnectionError | RedisTimeoutError | OSError)
+        raise error_exit(RedisUnavailable.of(settings, exc) if down else exc) from None
