@@ -9,6 +9,7 @@ one-line error with a non-zero exit, never a traceback.
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -333,3 +334,15 @@ def test_offload_once_without_redis_is_one_line(tmp_path: Path) -> None:
     result = RUNNER.invoke(app, args)
     _one_line_error(result, "cannot reach Redis at redis://u:***@127.0.0.1:1/0")
     assert "secret" not in result.output
+
+
+def test_offload_on_a_metrics_port_in_use_is_one_line(tmp_path: Path) -> None:
+    """``eventbus offload --metrics-port`` on a taken port printed an 80-line traceback."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        args = ["offload", "--once", "--store", str(tmp_path), "--metrics-port", str(port)]
+        result = RUNNER.invoke(app, args)
+    _one_line_error(result, f"--metrics-port {port}: ")
+    assert "in use" in result.output

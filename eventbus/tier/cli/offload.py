@@ -13,7 +13,7 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from eventbus.client.loops import stop_on_signal
-from eventbus.errors import EventBusError, RedisUnavailable
+from eventbus.errors import ConfigError, EventBusError, RedisUnavailable
 from eventbus.ops.logs import configure
 from eventbus.tier.cli.common import (
     RedisUrl,
@@ -67,7 +67,10 @@ def offload(
     if metrics_port is not None:
         from prometheus_client import start_http_server
 
-        start_http_server(metrics_port, addr="127.0.0.1")
+        try:
+            start_http_server(metrics_port, addr="127.0.0.1")
+        except OSError as exc:  # a port in use: was a traceback
+            raise error_exit(ConfigError(f"--metrics-port {metrics_port}: {exc}")) from None
 
     from eventbus.tier.offloader import Offloader
     from eventbus.tier.store import describe
