@@ -249,7 +249,9 @@ class Publisher:
         deadline as `publish`."""
         slot = self.sender.reserve(self._settings.publish_timeout_s)
         try:
-            await self._setup.run(topic)
+            # rarely, as in `_publish`: run per call, its cancel scope cost more than the rest
+            if not self._registry.checked(topic.name) or self.dictionaries.due(topic.name):
+                await self._setup.run(topic)
             stream, fields = self.prepare_envelope(topic, envelope)
         except BaseException:
             self.sender.withdraw(slot)
@@ -277,20 +279,40 @@ class Publisher:
             return hooks.tracing.publish(send, topic.name, headers, len(pairs))
         return self._publish_many(topic, pairs, headers)
 
-    async def _publish_many(
+    def _publish_many(
         self,
         topic: TopicConfig,
         pairs: list[tuple[str, BaseModel]],
         headers: dict[str, str] | None,
+    ) -> Awaitable[list[str]]:
+        return self._send_many(
+            topic, lambda: [self.prepare(topic, ev, rid, headers) for rid, ev in pairs]
+        )
+
+    def publish_envelopes(
+        self, topic: TopicConfig, envelopes: list[Envelope]
+    ) -> Awaitable[list[str]]:
+        """Append ready envelopes (no model needed) as `publish_many` appends events: in list
+        order, in pipelines of `publish_batch_max`, every envelope encoded and checked before
+        the first is sent (a bad one raises `publish_envelope`'s errors with nothing of the call
+        published). Returns the entry IDs in list order; raises `PublishError` with
+        ``entry_ids`` as `publish_many` does. Used by the Spark writer, one call per chunk of
+        rows."""
+        return self._send_many(topic, lambda: [self.prepare_envelope(topic, e) for e in envelopes])
+
+    async def _send_many(
+        self, topic: TopicConfig, prepare: Callable[[], list[tuple[str, dict[bytes, bytes]]]]
     ) -> list[str]:
+        """`publish_many`'s body: `prepare()` encodes every entry (again if the topic's
+        dictionary changed during the topic's setup)."""
         used = self.dictionaries.cached_current(topic.name)
-        prepared = [self.prepare(topic, ev, rid, headers) for rid, ev in pairs]
+        prepared = prepare()
         slots = self.sender.reserve_many(len(prepared))  # no await before: call order
         try:
             if not self._registry.checked(topic.name) or self.dictionaries.due(topic.name):
                 await self._setup.run(topic)
                 if self.dictionaries.cached_current(topic.name) != used:  # the new dictionary
-                    prepared = [self.prepare(topic, ev, rid, headers) for rid, ev in pairs]
+                    prepared = prepare()
             for slot, (stream, fields) in zip(slots, prepared, strict=True):
                 self.sender.ready(slot, stream, fields, topic.maxlen)
             if slots and not self.sender.sends(slots[0]):  # (all reserved at once)

@@ -20,7 +20,6 @@ are different events.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import uuid
@@ -154,7 +153,7 @@ class EventWriter(DataSourceArrowWriter):
                     for i in range(0, batch.num_rows, CHUNK):
                         rows = batch.slice(i, CHUNK).to_pylist()
                         envelopes = self._envelopes(rows, adapter, etype)
-                        count += await _in_order(bus.publisher, topic, envelopes)
+                        count += len(await bus.publisher.publish_envelopes(topic, envelopes))
         finally:
             await bus.aclose()
         return count
@@ -171,18 +170,3 @@ class EventWriter(DataSourceArrowWriter):
             self.opts.topic,
             done,
         )
-
-
-async def _in_order(publisher: Any, topic: Any, envelopes: list[Envelope]) -> int:
-    """Publish `envelopes` concurrently but queued in list order, so that the running bus's
-    flusher sends them in order, in pipelines of ``publish_batch_max``: `asyncio.gather` starts
-    one task per call in argument order, and each call queues its XADD before it first
-    suspends. (asyncio's gather, not an anyio task group: a third of the cost per event.)
-    Raises the first `PublishError`, after every call has settled."""
-    results = await asyncio.gather(
-        *[publisher.publish_envelope(topic, env) for env in envelopes], return_exceptions=True
-    )
-    errors = [r for r in results if isinstance(r, BaseException)]
-    if errors:
-        raise errors[0]
-    return len(envelopes)

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 
 import pytest
 import redis
 
+from eventbus.errors import PayloadTooLarge
 from eventbus.protocol.codec import decode_entry
 from eventbus.protocol.keys import Keys
-from eventbus.spark.writer import derived_event_id
+from eventbus.spark.options import SourceOptions
+from eventbus.spark.writer import EventWriter, derived_event_id
 
 pytestmark = pytest.mark.integration
 
@@ -98,3 +101,28 @@ def test_row_that_does_not_validate_fails_the_write(spark: Any, redis_db: str, t
             .save()
         )
     assert _entries(redis_db, topic, 16) == []
+
+
+def test_a_row_over_the_size_limit_fails_the_task_with_nothing_of_its_chunk_published(
+    redis_db: str, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One task (`EventWriter.write`, no JVM needed) over two Arrow batches, the second with a
+    row over `max_payload_bytes` (random text: compression does not bring it under): the
+    first batch's rows stay published, none of the second's is (a chunk of rows is encoded and
+    checked before any of it is sent); before, the other rows of the chunk were published."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    monkeypatch.setenv("EVENTBUS_MAX_PAYLOAD_BYTES", "4096")
+    blobs = ["small"] * 10
+    blobs[7] = secrets.token_hex(8192)
+    table = pa.table({"rid": [f"r{i % 3}" for i in range(10)], "k": range(10), "blob": blobs})
+    opts = SourceOptions.parse(
+        {"topic": topic, "redis_url": redis_db, "resource_id_col": "rid", "event_type": "Raw"},
+        need_store=False,
+    )
+    writer = EventWriter(opts, from_arrow_schema(table.schema))
+    with pytest.raises(PayloadTooLarge):
+        writer.write(iter([table.slice(0, 4).to_batches()[0], table.slice(4).to_batches()[0]]))
+    published = sorted(env.payload["k"] for _, _, env in _entries(redis_db, topic, 16))
+    assert published == [0, 1, 2, 3]
