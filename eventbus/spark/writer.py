@@ -20,6 +20,7 @@ are different events.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 import uuid
@@ -36,6 +37,7 @@ from pyspark.sql.types import StructType
 from eventbus.config import Settings
 from eventbus.errors import ConfigError
 from eventbus.protocol.codec import Envelope, event_type_of
+from eventbus.protocol.event_ids import new_event_id
 from eventbus.spark.options import SourceOptions
 
 log = logging.getLogger("eventbus.spark")
@@ -46,10 +48,26 @@ NAMESPACE = uuid.UUID("6f0e7c52-8d0f-4b59-9a57-3c1f1e0b5e11")
 CHUNK = 5000
 
 
+_NAMESPACE_BYTES = NAMESPACE.bytes
+
+
 def derived_event_id(topic: str, key: Any) -> bytes:
     """The 16-byte event ID of the row whose ``event_id_col`` is `key`: UUID version 5 of
-    ``"<topic>/<key>"``, so the same row always gets the same ID."""
-    return uuid.uuid5(NAMESPACE, f"{topic}/{key}").bytes
+    ``"<topic>/<key>"``, so the same row always gets the same ID.
+
+    The bytes of ``uuid.uuid5(NAMESPACE, f"{topic}/{key}")`` (a test checks), computed as
+    RFC 9562 section 5.5 says (SHA-1 of namespace and name, then the version and variant bits)
+    without building a `uuid.UUID`: about 1.6 us instead of 6 per row (timeit, 2 shared
+    cores), a fifth of the writer's time per row once the per-row tasks were gone. Raises
+    `UnicodeEncodeError` for a key whose text is not valid UTF-8 (a lone surrogate), as
+    `uuid.uuid5` does."""
+    digest = hashlib.sha1(
+        _NAMESPACE_BYTES + f"{topic}/{key}".encode(), usedforsecurity=False
+    ).digest()
+    out = bytearray(digest[:16])
+    out[6] = (out[6] & 0x0F) | 0x50  # version 5
+    out[8] = (out[8] & 0x3F) | 0x80  # variant 10 (RFC 9562)
+    return bytes(out)
 
 
 @dataclass
@@ -115,7 +133,7 @@ class EventWriter(DataSourceArrowWriter):
             rid = values.get(rcol)
             if rid is None or rid == "":
                 raise ConfigError(f"row without a resource ID in column {rcol!r}: {values}")
-            eid = derived_event_id(opts.topic, values[kcol]) if kcol else uuid.uuid4().bytes
+            eid = derived_event_id(opts.topic, values[kcol]) if kcol else new_event_id()
             env = Envelope(
                 resource_id=str(rid),
                 event_type=etype,

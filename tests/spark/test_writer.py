@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+import uuid
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ from eventbus.errors import PayloadTooLarge
 from eventbus.protocol.codec import decode_entry
 from eventbus.protocol.keys import Keys
 from eventbus.spark.options import SourceOptions
-from eventbus.spark.writer import EventWriter, derived_event_id
+from eventbus.spark.writer import NAMESPACE, EventWriter, derived_event_id
 
 pytestmark = pytest.mark.integration
 
@@ -126,3 +127,15 @@ def test_a_row_over_the_size_limit_fails_the_task_with_nothing_of_its_chunk_publ
         writer.write(iter([table.slice(0, 4).to_batches()[0], table.slice(4).to_batches()[0]]))
     published = sorted(env.payload["k"] for _, _, env in _entries(redis_db, topic, 16))
     assert published == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    "key", [0, 7, -3, 2**70, "a", "flight-1545", "élan ✈", "", 1.5, True, None, b"raw"]
+)
+def test_derived_event_ids_are_uuid5_of_topic_and_key(key: Any) -> None:
+    """The IDs a retried task must reproduce: the bytes of `uuid.uuid5`, whatever the key's
+    type (computed without `uuid.UUID` since the writer's throughput work)."""
+    for topic in ("flights", "t-é"):
+        assert derived_event_id(topic, key) == uuid.uuid5(NAMESPACE, f"{topic}/{key}").bytes
+    with pytest.raises(UnicodeEncodeError):
+        derived_event_id("t", "\udc80")
