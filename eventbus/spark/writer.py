@@ -1,10 +1,12 @@
 """``df.write.format("eventbus")``: publish DataFrame rows as events (backfill).
 
 Each Spark task publishes its partition's rows **in row order** through the normal publisher
-(`eventbus.publishing.publisher.Publisher`: shard hash, ``MAXLEN ~``, size limit, coalesced
-pipelines) with one pipeline in flight at a time, so the XADDs reach Redis in row order. Sort within
-partitions (``df.repartition("plane").sortWithinPartitions("position")``) to fix each resource's
-order.
+(`eventbus.publishing.publisher.Publisher.publish_envelopes`: shard hash, ``MAXLEN ~``, size
+limit, coalesced pipelines) with one pipeline in flight at a time, so the XADDs reach Redis in row
+order. Sort within partitions (``df.repartition("plane").sortWithinPartitions("position")``) to
+fix each resource's order. Rows go in chunks of `CHUNK`, one ``publish_envelopes`` call each:
+a chunk is validated, encoded and size-checked whole before any of it is sent, so a bad row
+fails the task with nothing of its chunk published (earlier chunks stay published).
 
 Options: ``topic``, ``redis_url``, ``resource_id_col`` (required); ``model`` (rows validated into
 it: payload ``model_dump(mode="json")``, type ``__event_type__`` or the class name) or
@@ -46,6 +48,7 @@ NAMESPACE = uuid.UUID("6f0e7c52-8d0f-4b59-9a57-3c1f1e0b5e11")
 """Namespace of the UUID version 5 event IDs derived from ``event_id_col``."""
 
 CHUNK = 5000
+"""Rows per `Publisher.publish_envelopes` call (per Arrow slice turned into Python rows)."""
 
 
 _NAMESPACE_BYTES = NAMESPACE.bytes
