@@ -1,7 +1,7 @@
 """A/B of two revisions: the same benchmark on both trees, alternated, medians and ratios.
 
-    stress/ab.sh REV_A REV_B [--pairs 3] [--what bench|flights|consume|publish] [--whole-tree]
-                 [--json F] [-- ARGS]
+    stress/ab.sh REV_A REV_B [--pairs 3] [--what bench|flights|consume|publish|spark-writer]
+                 [--whole-tree] [--json F] [-- ARGS]
 
 Each revision is checked out once into a git worktree under ``.cache/ab/`` (``.`` means this
 checkout as it is, uncommitted changes included). By default both are measured by the same
@@ -28,6 +28,8 @@ B/A of the medians; with ``--json`` it also writes every run.
   them.
 * ``consume`` / ``publish``: only the consumer (or publisher) step of the bench with its raw
   ceiling, in a fresh ``redis-server`` each (``stress/perf.py``); faster, for quick iterations.
+* ``spark-writer``: one task of the Spark writer (`EventWriter.write`, no Spark) next to
+  ``publish_many`` of the same flights (``stress/spark_writer.py``; ARGS e.g. ``--events 50000``).
 """
 
 from __future__ import annotations
@@ -111,6 +113,8 @@ def command(what: str, out: Path, args: list[str]) -> list[str]:
             str(out),
             *args,
         ]
+    if what == "spark-writer":
+        return [py, "stress/spark_writer.py", "--runs", "1", "--json", str(out), *args]
     return [py, "stress/perf.py", what, "--runs", "1", "--json", str(out), *args]
 
 
@@ -183,7 +187,11 @@ def main() -> None:
     p.add_argument("rev_a")
     p.add_argument("rev_b")
     p.add_argument("--pairs", type=int, default=3, help="A B pairs (at least 3 for a verdict)")
-    p.add_argument("--what", choices=["bench", "flights", "consume", "publish"], default="bench")
+    p.add_argument(
+        "--what",
+        choices=["bench", "flights", "consume", "publish", "spark-writer"],
+        default="bench",
+    )
     p.add_argument(
         "--whole-tree",
         action="store_true",
