@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import secrets
-import uuid
 from typing import Any
 
 import pytest
 import redis
 
-from eventbus.errors import PayloadTooLarge
+from eventbus.errors import ConfigError, PayloadTooLarge
 from eventbus.protocol.codec import decode_entry
 from eventbus.protocol.keys import Keys
 from eventbus.spark.options import SourceOptions
-from eventbus.spark.writer import NAMESPACE, EventWriter, derived_event_id
+from eventbus.spark.writer import EventWriter, derived_event_id
 
 pytestmark = pytest.mark.integration
 
@@ -129,13 +128,9 @@ def test_a_row_over_the_size_limit_fails_the_task_with_nothing_of_its_chunk_publ
     assert published == [0, 1, 2, 3]
 
 
-@pytest.mark.parametrize(
-    "key", [0, 7, -3, 2**70, "a", "flight-1545", "élan ✈", "", 1.5, True, None, b"raw"]
-)
-def test_derived_event_ids_are_uuid5_of_topic_and_key(key: Any) -> None:
-    """The IDs a retried task must reproduce: the bytes of `uuid.uuid5`, whatever the key's
-    type (computed without `uuid.UUID` since the writer's throughput work)."""
-    for topic in ("flights", "t-é"):
-        assert derived_event_id(topic, key) == uuid.uuid5(NAMESPACE, f"{topic}/{key}").bytes
-    with pytest.raises(UnicodeEncodeError):
-        derived_event_id("t", "\udc80")
+def test_a_null_event_id_key_is_an_error_not_one_id_for_every_such_row() -> None:
+    """A null ``event_id_col`` gave every such row the ID of ``"<topic>/None"`` (the string key
+    "None"'s too): a subscriber's de-duplication window then dropped all but the first."""
+    assert derived_event_id("t", "None") != derived_event_id("t", "none")
+    with pytest.raises(ConfigError, match="no event ID key"):
+        derived_event_id("t", None)
