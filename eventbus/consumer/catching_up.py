@@ -110,5 +110,6 @@ class CatchUpSchedule:
                 await release([s])
                 continue
             self.succeeded(s)
-            kept.append(s)
+            if table.held.get(s) is held:  # not dropped (a lapse) while the hook ran
+                kept.append(s)
         return kept

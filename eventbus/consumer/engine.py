@@ -44,6 +44,7 @@ from eventbus.consumer.runner import QueueRunner
 from eventbus.consumer.shards import HeldShard, ShardTable, read_items
 from eventbus.consumer.supervision import read_loop, refused
 from eventbus.consumer.trims import TrimWatch
+from eventbus.errors import RedisCommandRefused
 from eventbus.locking.lease import Lease, heartbeat_loop
 from eventbus.locking.member import Member
 from eventbus.locking.scripts import Scripts
@@ -400,14 +401,27 @@ class Consumer:
                 if (held := self.table.held.get(s)) is not None:
                     held.behind = True
         if self.topic.retention == "acked":
-            await trim_held_to_acked(
-                self.redis,
-                self.keys.checkpoints(self.topic.name),
-                {h.shard: h.stream for h in due},
-                archived=self.catch_up is not None,  # the bus has an archive
-                exact=self.settings.retention_trim_exact,
-                offloader_locks=self.keys.locks(self.topic.name, OFFLOADER_GROUP),
-            )
+            await self._trim_to_acked(due)
+
+    async def _trim_to_acked(self, due: list[HeldShard]) -> None:
+        """Trim the `due` shards to what every group acked (``retention="acked"``). A refused
+        trim (NOPERM without the trimming role, OOM...) is logged at ERROR and counted, and the
+        round goes on: the reads do not depend on it, and failing the round for it kept every
+        shard unread while the error lasted (review32 F3)."""
+        streams = {h.shard: h.stream for h in due}
+        try:
+            with refused("XTRIM (retention=acked)", ",".join(streams.values())):
+                await trim_held_to_acked(
+                    self.redis,
+                    self.keys.checkpoints(self.topic.name),
+                    streams,
+                    archived=self.catch_up is not None,  # the bus has an archive
+                    exact=self.settings.retention_trim_exact,
+                    offloader_locks=self.keys.locks(self.topic.name, OFFLOADER_GROUP),
+                )
+        except RedisCommandRefused as exc:
+            self.refused_metric(exc.command)
+            log.error("consumer %s: %s; the shards are read on, untrimmed", self.consumer_id, exc)
 
     async def _catch_up_behind(self) -> None:
         """Catch up the shards marked `behind` whose entries in flight are all finished (the
@@ -418,7 +432,8 @@ class Consumer:
             return
         assert self.catch_up is not None
         for s in await self.catching_up.run(self.catch_up, ready, self.table, self._release):
-            self.table.held[s].behind = False
+            if (held := self.table.held.get(s)) is not None:  # (not dropped meanwhile)
+                held.behind = False
 
     async def _release(self, shards: list[int]) -> None:
         with refused("EVALSHA unlock_shards", self.topic.name):

@@ -38,6 +38,7 @@ from eventbus.protocol.dead_letters import (
     control_request,
     dead_letter_fields,
 )
+from eventbus.protocol.ids import EntryId, parse_id
 
 if TYPE_CHECKING:
     from eventbus.consumer.handling import Handling
@@ -103,7 +104,12 @@ class Failures:
         if dlq_id is None:
             return Outcome.LET_GO
         if not await self._fenced(d, "park", self.parked_key, "HSETNX", resource_id, dlq_id):
-            return Outcome.LET_GO  # its dead letter stays: the new owner writes its own
+            # its letter is not the resource's any more: the new owner handles the entry again
+            # (`_letters` passes over one that could not be deleted)
+            await retrying.call(
+                self.retry, "stale letter", lambda: self.redis.xdel(self._dlq, dlq_id)
+            )
+            return Outcome.LET_GO
         self.parked.setdefault(resource_id, dlq_id.decode())
         self._changes += 1
         return Outcome.ACK
@@ -158,7 +164,7 @@ class Failures:
         script = self._fenced_hash
         keys, argv = [self._locks, key], [d.shard, self._me, d.token, op, *args]
         reply = await retrying.call(self.retry, what, lambda: script(keys, argv))
-        if int(reply[0]):
+        if int(reply[0]) or await self._already(key, op, *args):
             return True
         log.warning(
             "consumer %s: %s for entry %s of shard %d refused: the shard's lock moved on "
@@ -170,6 +176,19 @@ class Failures:
             d.token,
         )
         return False
+
+    async def _already(self, key: str, op: str, field: Any, value: Any = None) -> bool:
+        """Whether a refused `_fenced` write is in place all the same: an earlier try of it was
+        applied and its reply lost, then the lock moved on (review32 F5). The field holds
+        `value` (``HSETNX``, ``HSET``), or is gone (``HDEL``: also when another consumer did it,
+        which is the same outcome)."""
+        got = await retrying.call(
+            self.retry, "fenced write check", lambda: self.redis.hget(key, field)
+        )
+        if op == "HDEL":
+            return got is None
+        want = value if isinstance(value, bytes) else str(value).encode()
+        return bool(got == want)
 
     # -- parked resources -----------------------------------------------------------------------
     def is_parked(self, resource_id: str) -> bool:
@@ -268,8 +287,14 @@ class Failures:
         return True
 
     async def _letters(self, rid: str, first_id: str) -> list[DeadLetter]:
-        """The resource's parked letters (failed or parked, not undecodable), in order."""
+        """The resource's parked letters (failed or parked, not undecodable), in order: each
+        of an entry after the last one kept (a resource's entries lie in one shard stream, so
+        entry-ID order is publish order). A letter of an earlier or the same entry is passed
+        over, logged: written late by a consumer that had lost the shard (its dead-letter XADD
+        is fenced by the client only), or twice for one entry redelivered; replaying it would
+        run that event again after later ones (review32 F1)."""
         letters: list[DeadLetter] = []
+        last: EntryId | None = None
         start = first_id
         while True:
             rows = await retrying.call(
@@ -279,8 +304,24 @@ class Failures:
             )
             for dlq_id, fields in rows:
                 letter = DeadLetter.parse(dlq_id, fields)
-                if letter.resource_id == rid and letter.reason in ("failed", "parked"):
-                    letters.append(letter)
+                if letter.resource_id != rid or letter.reason not in ("failed", "parked"):
+                    continue
+                try:
+                    entry = parse_id(letter.entry_id)
+                except ValueError:
+                    entry = None  # (a malformed letter: replayed where it stands)
+                if entry is not None and last is not None and entry <= last:
+                    log.warning(
+                        "parked letter %s of entry %s (resource %r) passed over: not after "
+                        "entry %s, replayed before it",
+                        letter.dlq_id,
+                        letter.entry_id,
+                        rid,
+                        last,
+                    )
+                    continue
+                last = entry or last
+                letters.append(letter)
             if len(rows) < _LETTERS_PAGE:
                 return letters
             start = "(" + rows[-1][0].decode()

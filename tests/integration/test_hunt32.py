@@ -590,3 +590,45 @@ async def test_a_lock_round_answered_after_its_lease_claims_no_pending_entries(
     finally:
         await c._leave()
         await bus.aclose()
+
+
+async def test_a_lapse_during_the_catch_up_of_shards_behind_leaves_the_round_standing(
+    settings: Callable[..., Settings], r: redis.asyncio.Redis
+) -> None:
+    """review32 F2: two held shards behind the archive; while the second one's catch-up runs,
+    the heartbeat finds the consumer lapsed and drops every shard. `_catch_up_behind` then
+    cleared the `behind` flag of shards no longer in the table (KeyError: the read loop does
+    not catch it, so `bus.run` failed). Now the round ends with nothing held."""
+    from eventbus.locking.member import Member
+
+    s = settings(shards=2)
+    bus = EventBus(s)
+
+    @bus.subscriber("t", group="g")
+    async def handle(event: Tick) -> None:
+        pass
+
+    await bus.registry.ensure(bus.subscriptions[0].topic)
+    member = Member(bus.redis, bus.keys, s, "t", "g", "consumer-k")
+    c = Consumer(member, bus.registry, bus.subscriptions[0])
+    caught: list[int] = []
+
+    async def hook(shard: int, token: int) -> bool:
+        caught.append(shard)
+        if len(caught) == 2:  # the heartbeat found the member lapsed meanwhile
+            c.drop_all("liveness had expired before this heartbeat")
+        return False
+
+    for shard in range(2):
+        await r.xgroup_create(bus.keys.stream("t", shard), "g", id="0", mkstream=True)
+    try:
+        await c._lock_round()
+        c.catch_up = hook
+        assert sorted(c.table.held) == [0, 1]
+        for h in c.table.held.values():
+            h.behind = True
+        await c._catch_up_behind()
+        assert sorted(caught) == [0, 1] and c.table.held == {}
+    finally:
+        await c._leave()
+        await bus.aclose()

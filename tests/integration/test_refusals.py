@@ -173,3 +173,33 @@ async def test_an_error_reply_of_the_parked_set_read_is_a_refusal_not_a_missing_
             stop.set()
     assert not [m for m in caplog.messages if "group missing" in m]
     assert [m for m in caplog.messages if "HGETALL" in m and "WRONGTYPE" in m]
+
+
+async def test_a_refused_acked_trim_is_reported_and_the_shards_are_read_on(
+    settings: Callable[..., Settings],
+    restricted: Callable[..., str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """review32 F3: a ``retention="acked"`` consumer whose user may not XTRIM (the trimming rules
+    of docs/security.md left out). The trim failed the round every time it was due, before the
+    read, so the shard stayed unread while the error lasted (before the hunt32 fixes as a hot
+    "group missing" loop). Now the refused trim is named, counted and logged, and the events
+    are handled all the same."""
+    url = restricted("-xtrim")
+    rec = Recorder()
+    s = settings(redis_url=url, shards=1, retention="acked", trim_check_s=0.01, retry_max_s=0.2)
+    bus = EventBus(s)
+    bus.subscriber("t", group="g")(rec.add)
+    command = "XTRIM (retention=acked)"
+    before = _refusals(command)
+    stop = anyio.Event()
+    with caplog.at_level(logging.ERROR, logger="eventbus.consumer"):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: bus.run(stop=stop))
+            for seq in range(5):
+                await bus.publish("t", Tick(resource="a", seq=seq), resource_id="a")
+            await rec.wait_for(5)
+            await wait_until(lambda: _refusals(command) - before >= 2)
+            stop.set()
+    assert rec.by_resource() == {"a": [0, 1, 2, 3, 4]}
+    assert _logged_with_its_reason(caplog, "XTRIM")

@@ -23,6 +23,7 @@ from eventbus.dlq import DeadLetter, control_entry, control_request
 from eventbus.errors import DecodeError, UnknownEventType
 from eventbus.locking.member import Member
 from eventbus.protocol.codec import F_DATA, F_RESOURCE, F_TYPE, Envelope, encode_entry, new_event_id
+from eventbus.protocol.dead_letters import dead_letter_fields
 from eventbus.protocol.keys import Keys
 from eventbus.protocol.topics import TopicConfig
 
@@ -310,6 +311,63 @@ async def test_an_unpark_is_refused_by_redis_once_the_shard_lock_moved_on(
     assert await h.handling.step(control, Fence()) is Outcome.LET_GO
     assert list(await fake_redis.hgetall(PARKED)) == [b"r1"]
     assert await fake_redis.hget(KEYS.control("orders", "g"), "n1") == request
+
+
+async def test_a_refused_park_deletes_its_own_dead_letter(fake_redis: Any) -> None:
+    """review32 F1: a consumer whose lock moved on wrote its letter (the XADD is fenced by the
+    client only) and is refused the park: its letter is deleted, since the new owner handles
+    the entry again; left, a requeue would replay it after the owner's later letters."""
+    h = Harness(fake_redis, on_failure="park", max_attempts=1, retry_base_s=0.01, retry_max_s=0.01)
+    await h.hold("c-2", 8)
+    h.fail_with = RuntimeError("boom")
+    assert await h.handling.step(delivery(encode_entry(entry()), 1), Fence()) is Outcome.LET_GO
+    assert await h.letters() == []
+
+
+async def test_a_requeue_passes_over_a_late_letter_of_an_earlier_entry(fake_redis: Any) -> None:
+    """review32 F1: the owner parked r1 at its letter of entry 5-0 (seq 2); then a letter of
+    entry 1-0 (seq 1, which the owner had handled) lands, written late by a consumer that had
+    lost the shard and never got to delete it. A requeue replays seq 2 only, not seq 2 then 1."""
+    h = Harness(fake_redis, on_failure="park", max_attempts=1, retry_base_s=0.01, retry_max_s=0.01)
+    await h.hold()
+    h.fail_with = RuntimeError("boom")
+    later = encode_entry(entry(payload={"resource": "r1", "seq": 2}))
+    assert await h.handling.step(delivery(later, 5), Fence()) is Outcome.ACK
+    earlier = encode_entry(entry(payload={"resource": "r1", "seq": 1}))
+    stale = dead_letter_fields(
+        topic="orders",
+        group="g",
+        shard=1,
+        entry_id=b"1-0",
+        reason="failed",
+        exc=RuntimeError("boom"),
+        attempts=1,
+        original=earlier,
+    )
+    await fake_redis.xadd(DLQ, stale)
+    h.fail_with = None
+    h.calls.clear()
+    await fake_redis.hsetnx(
+        KEYS.control("orders", "g"), "n1", control_request("__eventbus.unpark", "r1")
+    )
+    control = delivery(control_entry("__eventbus.unpark", "r1", "g", nonce="n1"), 9)
+    assert await h.handling.step(control, Fence()) is Outcome.ACK
+    assert [e.seq for e, _ in h.calls] == [2]
+
+
+async def test_a_fenced_write_applied_before_its_reply_was_lost_counts_as_done(
+    fake_redis: Any,
+) -> None:
+    """review32 F5: a park applied, its reply lost with the connection, the lock moved on, and
+    the retry refused: the resource is parked at this consumer's letter all the same, so the
+    write is done (not let go: the new owner would dead-letter the entry a second time)."""
+    h = Harness(fake_redis, on_failure="park")
+    await h.hold("c-2", 8)  # the lock moved on after the first try was applied
+    await fake_redis.hset(PARKED, "r1", "3-0")
+    failures = h.handling.failures
+    d = delivery(encode_entry(entry()), 1)
+    assert await failures._fenced(d, "park", PARKED, "HSETNX", "r1", b"3-0")
+    assert not await failures._fenced(d, "park", PARKED, "HSETNX", "r1", b"4-0")
 
 
 async def test_a_dead_letter_is_not_written_when_the_shard_is_lost_first(h: Harness) -> None:
