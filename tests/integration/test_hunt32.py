@@ -38,6 +38,28 @@ def _fast_tier() -> TierSettings:
     )
 
 
+def _recording(s: Settings, archive: Any = None) -> tuple[EventBus, list[int]]:
+    """A bus whose subscriber of topic "t", group "g" records the seq of each event handled."""
+    bus = EventBus(s, archive=archive)
+    seen: list[int] = []
+
+    @bus.subscriber("t", group="g")
+    async def handle(event: Tick) -> None:
+        seen.append(event.seq)
+
+    return bus, seen
+
+
+async def _driven(bus: EventBus, s: Settings, member_id: str = "consumer-c") -> Consumer:
+    """A `Consumer` of `bus`'s subscription, its topic registered, driven round by round by
+    the test (no read loop, no heartbeats)."""
+    from eventbus.locking.member import Member
+
+    await bus.registry.ensure(bus.subscriptions[0].topic)
+    member = Member(bus.redis, bus.keys, s, "t", "g", member_id)
+    return Consumer(member, bus.registry, bus.subscriptions[0])
+
+
 @pytest.mark.single_node("one shard stream read with COUNT 1; the interleaving is the same")
 async def test_catch_up_of_a_held_shard_waits_for_its_entries_in_flight(
     settings: Callable[..., Settings], r: redis.asyncio.Redis, tmp_path: Path
@@ -410,21 +432,12 @@ async def test_a_shard_retaken_soon_after_its_check_is_caught_up_before_it_is_re
     are never handled by the group.
     """
     from eventbus.consumer.catchup import shard_hook
-    from eventbus.locking.member import Member
 
     store = open_store(str(tmp_path / "segments"))
     s = settings(shards=1)
-    bus = EventBus(s, archive=store)
-    seen: list[int] = []
-
-    @bus.subscriber("t", group="g")
-    async def handle(event: Tick) -> None:
-        seen.append(event.seq)
-
+    bus, seen = _recording(s, store)
     stream = bus.keys.stream("t", 0)
-    await bus.registry.ensure(bus.subscriptions[0].topic)
-    member = Member(bus.redis, bus.keys, s, "t", "g", "consumer-c")
-    c = Consumer(member, bus.registry, bus.subscriptions[0])
+    c = await _driven(bus, s)
     c.catch_up = shard_hook(store, c.handling)
     await c.reader.ensure_groups()
     try:
@@ -450,7 +463,7 @@ async def test_a_shard_retaken_soon_after_its_check_is_caught_up_before_it_is_re
     finally:
         await c._leave()
         await bus.aclose()
-    assert x5.encode() in dispatched  # the read went on past the gap, to x:5
+    assert x5.encode() in dispatched  # the read went on to x:5, after the catch-up
     assert seen == [0, 1, 2, 3, 4], (
         f"x:5 was read (queued for its handler) although x:0..x:4, in the archive, were never "
         f"handled: handled {seen}"
@@ -552,22 +565,12 @@ async def test_a_lock_round_answered_after_its_lease_claims_no_pending_entries(
     from eventbus.locking.locks import LockRound
 
     s = settings(shards=1)
-    bus = EventBus(s)
-    seen: list[int] = []
-
-    @bus.subscriber("t", group="g")
-    async def handle(event: Tick) -> None:
-        seen.append(event.seq)
-
+    bus, _ = _recording(s)
     stream = bus.keys.stream("t", 0)
-    await bus.registry.ensure(bus.subscriptions[0].topic)
+    c = await _driven(bus, s)
     await r.xgroup_create(stream, "g", id="0", mkstream=True)
     await bus.publish("t", Tick(resource="x", seq=0), resource_id="x")
     await r.xreadgroup("g", "gone", {stream: ">"}, count=1)  # pending for a consumer that died
-    from eventbus.locking.member import Member
-
-    member = Member(bus.redis, bus.keys, s, "t", "g", "consumer-c")
-    c = Consumer(member, bus.registry, bus.subscriptions[0])
     acquire = c.locks.acquire
     late = [True]
 
@@ -599,18 +602,9 @@ async def test_a_lapse_during_the_catch_up_of_shards_behind_leaves_the_round_sta
     the heartbeat finds the consumer lapsed and drops every shard. `_catch_up_behind` then
     cleared the `behind` flag of shards no longer in the table (KeyError: the read loop does
     not catch it, so `bus.run` failed). Now the round ends with nothing held."""
-    from eventbus.locking.member import Member
-
     s = settings(shards=2)
-    bus = EventBus(s)
-
-    @bus.subscriber("t", group="g")
-    async def handle(event: Tick) -> None:
-        pass
-
-    await bus.registry.ensure(bus.subscriptions[0].topic)
-    member = Member(bus.redis, bus.keys, s, "t", "g", "consumer-k")
-    c = Consumer(member, bus.registry, bus.subscriptions[0])
+    bus, _ = _recording(s)
+    c = await _driven(bus, s)
     caught: list[int] = []
 
     async def hook(shard: int, token: int) -> bool:
