@@ -11,6 +11,7 @@ import pytest
 from support import Tick, pending_count, running, wait_until
 
 from eventbus import EventBus, Settings
+from eventbus.consumer.engine import Consumer
 
 pytestmark = pytest.mark.anyio
 SettingsFactory = Callable[..., Settings]
@@ -94,6 +95,46 @@ async def test_an_at_most_once_stop_loses_at_most_one_read_per_shard(
     read = await _entries_read(r, streams, "g")
     # one read per shard at most is lost (the consumer-wide cap alone let it read all 2,000)
     assert read - started <= s.shards * 50, (read, started)
+
+
+@pytest.mark.single_node("XINFO GROUPS entries-read of one server's streams")
+async def test_a_stop_during_a_lock_round_reads_nothing_more(
+    settings: SettingsFactory, r: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The interleaving of stop 32's CI failure of the test above, made certain: the stop comes
+    # while the read loop is in a lock round; the workers let go every queued entry at once
+    # (nothing in flight), and the round went on to read each shard once more: NOACK entries
+    # acknowledged on read and never handled, one more read per shard lost.
+    s = settings(read_count=50, concurrency=8, max_in_flight=100_000, lock_interval_ms=10)
+    bus, publisher = EventBus(s), EventBus(s)
+    streams = [bus.keys.stream("once", i) for i in range(s.shards)]
+    gate, stop = anyio.Event(), anyio.Event()
+    started = 0
+
+    @bus.subscriber("once", group="g", ack="before")
+    async def handle(event: Tick) -> None:
+        nonlocal started
+        started += 1
+        await gate.wait()
+
+    lock_round = Consumer._lock_round
+
+    async def stopped_in_a_lock_round(self: Consumer) -> None:
+        await lock_round(self)
+        if started == s.concurrency and not stop.is_set():
+            stop.set()
+            gate.set()
+            await wait_until(lambda: self.acks.in_flight == 0)  # every queued entry let go
+
+    monkeypatch.setattr(Consumer, "_lock_round", stopped_in_a_lock_round)
+    async with publisher:
+        events = [(f"r{i}", Tick(resource=f"r{i}", seq=i)) for i in range(2000)]
+        await publisher.publish_many("once", events)
+    with anyio.fail_after(60):
+        await bus.run(stop=stop)
+    await bus.aclose()
+    assert stop.is_set() and started == s.concurrency
+    assert await _entries_read(r, streams, "g") == s.shards * 50  # the first read of each shard
 
 
 async def _at_least(r: Any, command: str, n: int) -> bool:
