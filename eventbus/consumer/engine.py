@@ -251,6 +251,8 @@ class Consumer:
         if self._lock_due():
             await self._lock_round()
         await self._check_trims()
+        if self._stopping:  # stopped meanwhile: the workers let the queued entries go, so every
+            return False  # shard looks readable; a read now is lost with NOACK, pending without
         got = await self._read(block_ms)
         if got is None:  # no lease: re-lock in the next round
             return False
