@@ -86,7 +86,7 @@ class Consumer:
             count = max(count, sub.call.max_batch)
         self.reader = Reader(member, self.table.streams, noack=self.noack, count=count)
         redis_retry = retry.forever(settings.retry_base_s, settings.retry_max_s)
-        self.handling = Handling(member, sub, redis_retry)
+        self.handling = Handling(member, sub, redis_retry, fenced_off=self._fenced_off)
         self.acks = Acks(
             member,
             self.table,
@@ -218,6 +218,20 @@ class Consumer:
 
     def _current(self, d: Delivery) -> bool:
         return not self._stopping and not d.held.lost  # type: ignore[attr-defined]
+
+    def _fenced_off(self, d: Delivery) -> None:
+        """Redis refused a fenced write for `d` (``fenced_hash.lua``): the lock of its shard
+        moved on. Forget the shard now if it is still held under `d`'s acquisition, so that
+        nothing more of it is read or started (review32 F4); the next lock round sees who
+        holds it."""
+        if self.table.current(d.shard, d.generation):
+            log.warning(
+                "consumer %s drops shard %d: Redis refused a fenced write, its lock moved on",
+                self.consumer_id,
+                d.shard,
+            )
+            self.table.forget([d.shard])
+            self._wake_all()
 
     def _expired(self) -> None:
         self.drop_all("liveness had expired before this heartbeat")

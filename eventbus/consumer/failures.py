@@ -12,12 +12,14 @@ Every write to the parked set and to the operator's control requests is fenced i
 entry's fencing token). The lease check before a write is the client's; a process paused after it
 (or a request delayed past the liveness TTL) would otherwise park, re-park or unpark a resource
 after the shard's new owner handled its entries. A write refused there lets the entry go unacked
-(`Outcome.LET_GO`): the new owner handles it again.
+(`Outcome.LET_GO`): the new owner handles it again, and the consumer is told (`fenced_off`), so
+that it stops reading that shard at once rather than at its next lock round (review32 F4).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -55,8 +57,20 @@ class _ShardLost(Exception):
 class Failures:
     """Dead-letter writes and the parked set of (topic, group); see the module docstring."""
 
-    def __init__(self, member: Member, sub: Subscription, retry: Retry, tally: Tally) -> None:
+    def __init__(
+        self,
+        member: Member,
+        sub: Subscription,
+        retry: Retry,
+        tally: Tally,
+        *,
+        fenced_off: Callable[[Delivery], None] | None = None,
+    ) -> None:
+        """`fenced_off(d)` is called when Redis refused a fenced write for delivery `d`: the
+        lock of `d`'s shard has moved on (the live consumer forgets the shard if it still holds
+        it under `d`'s acquisition)."""
         self.sub, self.retry, self.tally = sub, retry, tally
+        self._fenced_off = fenced_off
         # Any: redis-py types replies for its sync and async clients at once (``int |
         # Awaitable[int]``), and as str although eventbus's clients answer bytes
         self.redis: Any = member.redis
@@ -175,6 +189,8 @@ class Failures:
             d.shard,
             d.token,
         )
+        if self._fenced_off is not None:
+            self._fenced_off(d)
         return False
 
     async def _already(self, key: str, op: str, field: Any, value: Any = None) -> bool:

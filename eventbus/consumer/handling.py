@@ -73,9 +73,13 @@ class Handling:
         sub: Subscription,
         retry: Retry,
         failures: Callable[[Tally], FailurePolicy] | None = None,
+        *,
+        fenced_off: Callable[[Delivery], None] | None = None,
     ) -> None:
         """`failures` makes the policy for entries that cannot be handled from the tally
-        (default: `Failures`, dead letters and parking; a broadcast drops them instead)."""
+        (default: `Failures`, dead letters and parking; a broadcast drops them instead).
+        `fenced_off(d)` is told when Redis refused the default policy's fenced write for `d`
+        (`Failures`: the lock of `d`'s shard moved on)."""
         self.member = member
         self.redis, self.keys, self.consumer_id = member.redis, member.keys, member.consumer_id
         self.sub = sub
@@ -90,7 +94,9 @@ class Handling:
         self.prepare, self.decoded = self.decoding.prepare, self.decoding.decoded
         self.envelope, self.decode = self.decoding.envelope, self.decoding.decode
         self.failures: FailurePolicy = (
-            failures(self.tally) if failures else Failures(member, sub, retry, self.tally)
+            failures(self.tally)
+            if failures
+            else Failures(member, sub, retry, self.tally, fenced_off=fenced_off)
         )
         self.dedup_s = math.ceil(sub.options.dedup_window_s) if sub.options.dedup_window_s else 0
         self.scope = sub.scope
