@@ -86,7 +86,13 @@ class Consumer:
             count = max(count, sub.call.max_batch)
         self.reader = Reader(member, self.table.streams, noack=self.noack, count=count)
         redis_retry = retry.forever(settings.retry_base_s, settings.retry_max_s)
-        self.handling = Handling(member, sub, redis_retry, fenced_off=self._fenced_off)
+        self.handling = Handling(
+            member,
+            sub,
+            redis_retry,
+            fenced_off=self._fenced_off,
+            fence_in_redis=self.locks.fences_writes,
+        )
         self.acks = Acks(
             member,
             self.table,

@@ -28,7 +28,7 @@ from redis.asyncio.retry import Retry
 from eventbus.client import retry as retrying
 from eventbus.consumer.context import Subscription
 from eventbus.consumer.delivery import NOT_STARTED, Delivery, Fence, Outcome, Tally, wait_retry
-from eventbus.errors import DecodeError, ForgedControlEntry
+from eventbus.errors import ConfigError, DecodeError, ForgedControlEntry
 from eventbus.locking.member import Member
 from eventbus.locking.scripts import register
 from eventbus.ops.metrics import METRICS
@@ -65,10 +65,15 @@ class Failures:
         tally: Tally,
         *,
         fenced_off: Callable[[Delivery], None] | None = None,
+        fence_in_redis: bool = True,
     ) -> None:
         """`fenced_off(d)` is called when Redis refused a fenced write for delivery `d`: the
         lock of `d`'s shard has moved on (the live consumer forgets the shard if it still holds
-        it under `d`'s acquisition)."""
+        it under `d`'s acquisition). `fence_in_redis`: the consumer's shard locks are kept in
+        eventbus's lock hash, which ``lua/fenced_hash.lua`` checks (`ShardLocks.fences_writes`;
+        catch-up's `LockClient` does). Without it a request delete goes as a plain ``HDEL``,
+        and ``on_failure="park"`` raises `ConfigError`: a park could not be fenced (review32
+        F6)."""
         self.sub, self.retry, self.tally = sub, retry, tally
         self._fenced_off = fenced_off
         # Any: redis-py types replies for its sync and async clients at once (``int |
@@ -80,9 +85,16 @@ class Failures:
         self._control = keys.control(sub.topic.name, sub.group)
         self._locks = keys.locks(sub.topic.name, sub.group)
         self._me = member.consumer_id
-        # parking exists in eventbus's profile only (Verse's refuses it, docs/verse.md), and the
-        # script reads eventbus's lock hash: another profile's writes go as plain commands
-        self._fence_in_redis = (member.profile or EVENTBUS) is EVENTBUS
+        self._fence_in_redis = fence_in_redis
+        if sub.options.on_failure == "park" and not fence_in_redis:
+            raise ConfigError(
+                f"subscriber of topic {sub.topic.name!r}, group {sub.group!r}: "
+                f"on_failure='park' needs its writes to the parked set fenced by the shard "
+                f"locks (lua/fenced_hash.lua checks eventbus's lock hash), and the "
+                f"{(member.profile or EVENTBUS).name} profile's lock client keeps its locks "
+                f"elsewhere (its fences_writes is False): use eventbus's lock client "
+                f"(profiles.EVENTBUS.lock_client) or on_failure='continue'"
+            )
         self._fenced_hash: Any = None  # the script, registered on first use
         self.parked: dict[str, str] = {}  # resource -> its first parked letter's ID
         self._changes = 0  # local parks and unparks, to detect a reload racing them

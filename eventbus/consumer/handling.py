@@ -75,11 +75,13 @@ class Handling:
         failures: Callable[[Tally], FailurePolicy] | None = None,
         *,
         fenced_off: Callable[[Delivery], None] | None = None,
+        fence_in_redis: bool = True,
     ) -> None:
         """`failures` makes the policy for entries that cannot be handled from the tally
         (default: `Failures`, dead letters and parking; a broadcast drops them instead).
         `fenced_off(d)` is told when Redis refused the default policy's fenced write for `d`
-        (`Failures`: the lock of `d`'s shard moved on)."""
+        (`Failures`: the lock of `d`'s shard moved on); `fence_in_redis` as for `Failures`
+        (raises its `ConfigError`)."""
         self.member = member
         self.redis, self.keys, self.consumer_id = member.redis, member.keys, member.consumer_id
         self.sub = sub
@@ -96,7 +98,14 @@ class Handling:
         self.failures: FailurePolicy = (
             failures(self.tally)
             if failures
-            else Failures(member, sub, retry, self.tally, fenced_off=fenced_off)
+            else Failures(
+                member,
+                sub,
+                retry,
+                self.tally,
+                fenced_off=fenced_off,
+                fence_in_redis=fence_in_redis,
+            )
         )
         self.dedup_s = math.ceil(sub.options.dedup_window_s) if sub.options.dedup_window_s else 0
         self.scope = sub.scope

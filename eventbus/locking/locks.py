@@ -98,6 +98,10 @@ class ShardLocks(Protocol):
 
     member_id: str
     shards: int
+    fences_writes: bool
+    """Whether ``lua/fenced_hash.lua`` can fence a consumer's writes by these locks: they are
+    kept in eventbus's lock hash (`Keys.locks` of the member's topic and group: ``"<shard>"`` ->
+    member ID, ``"<shard>:token"`` -> fencing token). Parking needs it (`Failures`)."""
 
     @property
     def acquiring(self) -> bool: ...
@@ -117,6 +121,8 @@ class LockClient:
     :param scripts: the registered scripts to share (default: registered on `member.redis`); on
         a Cluster the scripts' keys share one hashtag, so they run on one node
     """
+
+    fences_writes = True  # its locks are eventbus's lock hash (`ShardLocks.fences_writes`)
 
     def __init__(self, member: Member, *, shards: int, scripts: Scripts | None = None) -> None:
         self.member_id = member.consumer_id

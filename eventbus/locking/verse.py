@@ -53,6 +53,7 @@ class VerseLockClient:
         liveness_ttl_s: float,
         scripts: Scripts | None = None,
     ) -> None:
+        self.fences_writes = False  # Verse's lock keys, not eventbus's lock hash
         self.member_id = member_id
         self.shards = shards
         self._ttl_ms = int(liveness_ttl_s * 1000)

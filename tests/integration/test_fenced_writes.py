@@ -5,16 +5,19 @@ heartbeats), the lock moved on in Redis as after a pause past the liveness TTL."
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import anyio
 import pytest
 import redis.asyncio
-from support import Tick, wait_until
+from support import Tick
 
 from eventbus import EventBus, Settings
 from eventbus.consumer.engine import Consumer
+from eventbus.errors import ConfigError
 from eventbus.locking.member import Member
+from eventbus.profiles import EVENTBUS, VERSE
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
@@ -38,10 +41,13 @@ async def _driven(bus: EventBus, s: Settings, member_id: str) -> Consumer:
 
 
 async def _work(c: Consumer) -> None:
-    """Run one worker of `c` until every entry it read is finished (acked or let go)."""
+    """Run one worker and the acks of `c` until every entry it read is finished (acked or
+    let go)."""
     async with anyio.create_task_group() as tg:
+        tg.start_soon(c.acks.loop)
         tg.start_soon(c._worker, tg)
-        await wait_until(lambda: c.in_flight == 0)
+        while c.in_flight:
+            await c.acks.wait_idle()
         tg.cancel_scope.cancel()
 
 
@@ -81,5 +87,39 @@ async def test_a_refused_park_drops_the_shard_at_once(
         mine = await r.xpending_range(stream, "g", "-", "+", 10, "consumer-c")
         assert mine == [], f"C read the shard after its park was refused: {mine}"
         assert c.table.held == {}  # D holds it, live: C's lock round took nothing
+    finally:
+        await bus.aclose()
+
+
+@pytest.mark.single_node("one shard; the interleaving is the same")
+async def test_a_custom_profile_with_eventbus_locks_parks_fenced(
+    settings: Callable[..., Settings], r: redis.asyncio.Redis
+) -> None:
+    """review32 F6: a profile of its own (here eventbus's, renamed) keeps its shard locks in
+    eventbus's lock hash, so its parks are fenced like eventbus's. `Failures` decided by the
+    profile's identity (``is EVENTBUS``) and sent a plain HSETNX: x was parked by a consumer
+    whose lock had moved on."""
+    s = settings(shards=1, lock_interval_ms=60_000)
+    bus = _failing_bus(s, profile=replace(EVENTBUS, name="mine"))
+    try:
+        await _park_after_the_lock_moved_on(bus, s, r)
+        parked = await r.hget(bus.keys.parked("t", "g"), "x")
+        assert parked is None, f"parked, unfenced, after the lock moved on: {parked!r}"
+    finally:
+        await bus.aclose()
+
+
+async def test_park_is_refused_for_a_profile_whose_locks_cannot_fence(
+    settings: Callable[..., Settings],
+) -> None:
+    """review32 F6: a profile with eventbus's entries and Verse's shard locks (no lock hash that
+    ``fenced_hash.lua`` can check) would park and unpark unfenced: its consumer refuses
+    ``on_failure="park"`` with a `ConfigError` naming what is missing (it used to start, its
+    writes silently unfenced)."""
+    s = settings(shards=1)
+    bus = _failing_bus(s, profile=replace(EVENTBUS, name="mixed", lock_client=VERSE.lock_client))
+    try:
+        with pytest.raises(ConfigError, match=r"on_failure='park'.*mixed profile's lock client"):
+            await _driven(bus, s, "consumer-c")
     finally:
         await bus.aclose()
