@@ -58,7 +58,7 @@ async def _stats(settings: Settings) -> None:
                 pipe.xinfo_groups(st)
             replies = await pipe.execute(raise_on_error=False)
             entries = 0
-            groups: dict[str, list[int]] = {}  # group -> [lag, pending, estimated]
+            groups: dict[str, list[int]] = {}  # group -> [lag, pending, estimated, unknown]
             for st, info, infos in zip(streams, replies[0::2], replies[1::2], strict=True):
                 for command, reply in (("XINFO STREAM", info), ("XINFO GROUPS", infos)):
                     if isinstance(reply, Exception) and not _no_stream(reply):
@@ -67,26 +67,29 @@ async def _stats(settings: Settings) -> None:
                     continue  # the shard stream does not exist yet
                 entries += info["length"]
                 for g in infos:
-                    agg = groups.setdefault(g["name"].decode("utf-8", "replace"), [0, 0, 0])
+                    agg = groups.setdefault(g["name"].decode("utf-8", "replace"), [0, 0, 0, 0])
                     # Redis's lag is exact only while it knows the group's entries-read (after
-                    # an AOF reload it estimates): a group that has delivered the stream's last
-                    # ID has no lag, whatever the estimate says.
+                    # an AOF reload it estimates), and null when it cannot tell (an entry deleted
+                    # after the group's last-delivered ID): unknown then, not 0. A group that
+                    # has delivered the stream's last ID has no lag, whatever Redis says.
                     if g["last-delivered-id"] != info["last-generated-id"]:
-                        agg[0] += g.get("lag") or 0
-                        agg[2] |= g.get("entries-read") is None
+                        if g.get("lag") is None:
+                            agg[3] = 1
+                        else:
+                            agg[0] += g["lag"]
+                            agg[2] |= g.get("entries-read") is None
                     agg[1] += g["pending"]
             per_entry = await bytes_per_entry(r, streams, entries)
             table.add_row(cell(topic), str(shards), str(entries), per_entry, *[""] * 6)
             with refused("TIME", "(no key)"):
                 secs, micros = await r.time()  # liveness deadlines are in Redis server time
             now_ms = secs * 1000 + micros // 1000
-            for g, (lag, pending, estimated) in sorted(groups.items()):
+            for g, (lag, pending, estimated, unknown) in sorted(groups.items()):
                 with refused("ZCOUNT", keys.members(topic, g)):
                     live = await r.zcount(keys.members(topic, g), now_ms, "+inf")
                 with refused("HGETALL", keys.locks(topic, g)):
                     locks = await r.hgetall(keys.locks(topic, g))
                 held = sum(1 for k in locks if k.isdigit())
-                shown = f"~{lag}" if estimated else str(lag)
                 with refused("XRANGE", keys.trimmed(topic, g)):
                     records = await r.xrange(keys.trimmed(topic, g))
                 # unread entries lost to MAXLEN (eventbus.consumer.trims)
@@ -97,7 +100,7 @@ async def _stats(settings: Settings) -> None:
                     "",
                     "",
                     cell(g),
-                    shown,
+                    lag_cell(lag, estimated=bool(estimated), unknown=bool(unknown)),
                     str(pending),
                     str(live),
                     f"{held}/{shards}",
@@ -108,6 +111,16 @@ async def _stats(settings: Settings) -> None:
             data_console().print(placed)
     finally:
         await bus.aclose()
+
+
+def lag_cell(lag: int, *, estimated: bool, unknown: bool) -> str:
+    """The stats table's lag of a group: `lag` entries summed over the shard streams whose lag
+    Redis knows; ``~`` when part of it is Redis's estimate; with `unknown` (Redis's lag was null
+    for a stream) ``?`` alone, or ``>=`` before the known part, a lower bound."""
+    shown = f"~{lag}" if estimated else str(lag)
+    if not unknown:
+        return shown
+    return f">={shown}" if lag else "?"
 
 
 async def bytes_per_entry(r: Any, streams: list[str], entries: int) -> str:
