@@ -98,8 +98,22 @@ def run(
         remember_url(bus.settings.redis_url)
         health = Health(lambda: bus.consumers)
         if metrics_port is not None:
-            serve(metrics_host, metrics_port, health)
+            _serve(metrics_host, metrics_port, health)
     run_async(run_with_health, partial(bus.run, handle_signals=True), health)
+
+
+def _serve(host: str, port: int, probe: Any, registry: Any = None) -> Any:
+    """`eventbus.ops.health.serve` on `host`:`port`; raises `ConfigError` naming the port and
+    the option to change when it cannot listen there (a port in use, an address not of this
+    host), rather than the socket's bare `OSError`."""
+    try:
+        return serve(host, port, probe, registry)
+    except OSError as exc:
+        raise ConfigError(
+            f"--metrics-port {port}: cannot serve the metrics on {host}:{port} "
+            f"({exc.strerror or exc}); pick another port with --metrics-port "
+            f"(or another address with --metrics-host)"
+        ) from None
 
 
 def _run_processes(
@@ -118,7 +132,7 @@ def _run_processes(
             registry = CollectorRegistry()
             # a metric file a child is still creating is left out of a scrape, not a 500
             ChildrenMetrics(registry, path=env[MULTIPROC_ENV])
-            server = serve(host, port, ChildrenHealth(procs, registry), registry)
+            server = _serve(host, port, ChildrenHealth(procs, registry), registry)
             stack.callback(server.shutdown)
             # with PROMETHEUS_MULTIPROC_DIR set by the user, this process (no bus, no tick)
             # wrote its own eventbus_ready and tick gauges there at import: 0, not a child's

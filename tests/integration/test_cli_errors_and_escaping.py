@@ -336,6 +336,25 @@ def test_offload_once_without_redis_is_one_line(tmp_path: Path) -> None:
     assert "secret" not in result.output
 
 
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_run_on_a_metrics_port_in_use_names_the_port(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, processes: str
+) -> None:
+    """``eventbus run --metrics-port`` on a taken port said only "OSError: [Errno 98] Address
+    already in use": not which port, nor what to change. One process, or the parent of
+    several (which serves before any child starts)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "svc.py").write_text("from eventbus import EventBus\n\nbus = EventBus()\n")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        args = ["run", "svc:bus", "--processes", processes, "--metrics-port", str(port)]
+        result = RUNNER.invoke(app, args)
+    _one_line_error(result, f"--metrics-port {port}: cannot serve the metrics on 127.0.0.1:{port}")
+    assert "in use" in result.output and "pick another port with --metrics-port" in result.output
+
+
 def test_offload_on_a_metrics_port_in_use_is_one_line(tmp_path: Path) -> None:
     """``eventbus offload --metrics-port`` on a taken port printed an 80-line traceback."""
     with socket.socket() as taken:
