@@ -95,7 +95,10 @@ class Harness:
             routes=routes,
         )
         member = Member(redis, KEYS, Settings(), TOPIC.name, "g", "c-1")
-        self.handling = Handling(member, subscription, retry.forever(0.001, 0.01))
+        self.fenced_off: list[Delivery] = []  # deliveries whose fenced write Redis refused
+        self.handling = Handling(
+            member, subscription, retry.forever(0.001, 0.01), fenced_off=self.fenced_off.append
+        )
 
     async def letters(self) -> list[DeadLetter]:
         return [DeadLetter.parse(i, f) for i, f in await self.redis.xrange(DLQ)]
@@ -250,6 +253,7 @@ async def test_park_dead_letters_then_holds_back_the_resource(fake_redis: Any) -
     ]
     assert await fake_redis.hgetall(PARKED) == {b"r1": letters[0].dlq_id.encode()}
     assert [e.resource for e, _ in h.calls] == ["r1", "r2"]  # r1's first attempt, then r2
+    assert h.fenced_off == []
 
 
 async def test_an_unpark_control_entry_replays_the_parked_letters_in_order(
@@ -283,14 +287,16 @@ async def test_a_park_is_refused_by_redis_once_the_shard_lock_moved_on(
     """The client's fence passes (a process paused after its lease check), but the shard's lock
     in Redis has another owner, a newer token, or none: the park is not written, the entry is
     let go unacked (its new owner handles it), and this process does not hold the resource
-    back."""
+    back; the consumer is told (review32 F4: it drops the shard)."""
     h = Harness(fake_redis, on_failure="park", max_attempts=1, retry_base_s=0.01, retry_max_s=0.01)
     if owner is not None:
         await h.hold(owner, token)
     h.fail_with = RuntimeError("boom")
-    assert await h.handling.step(delivery(encode_entry(entry()), 1), Fence()) is Outcome.LET_GO
+    d = delivery(encode_entry(entry()), 1)
+    assert await h.handling.step(d, Fence()) is Outcome.LET_GO
     assert await fake_redis.hgetall(PARKED) == {}
     assert not h.handling.failures.is_parked("r1")
+    assert h.fenced_off == [d]
 
 
 async def test_an_unpark_is_refused_by_redis_once_the_shard_lock_moved_on(
@@ -311,6 +317,7 @@ async def test_an_unpark_is_refused_by_redis_once_the_shard_lock_moved_on(
     assert await h.handling.step(control, Fence()) is Outcome.LET_GO
     assert list(await fake_redis.hgetall(PARKED)) == [b"r1"]
     assert await fake_redis.hget(KEYS.control("orders", "g"), "n1") == request
+    assert h.fenced_off == [control]
 
 
 async def test_a_refused_park_deletes_its_own_dead_letter(fake_redis: Any) -> None:
