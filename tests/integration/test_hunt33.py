@@ -1,0 +1,137 @@
+"""Correctness hunt (helper hunt33): interleavings at the seams of the consumer and the durable
+tier that the chaos harness does not produce.
+
+Each test drives, against a real redis-server with events and hooks (never sleeps), a sequence
+of ordinary operations that breaks a promise of docs/semantics.md or docs/tier.md. They are
+strict xfails until the library is fixed: each names the bug in its ``reason``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis.asyncio
+from support import Tick
+
+from eventbus import EventBus, Settings
+from eventbus.consumer.engine import Consumer
+from eventbus.tier.offloader import Offloader
+from eventbus.tier.settings import TierSettings
+from eventbus.tier.store import open_store
+
+pytestmark = [pytest.mark.anyio, pytest.mark.integration]
+
+
+def _fast_tier() -> TierSettings:
+    """Small segments, no hot window, exact trims (as tests/integration/tier/tier_support.py)."""
+    return TierSettings(
+        segment_max_entries=300,
+        segment_max_age_s=0.0,
+        hot_window_s=0.0,
+        trim_exact=True,
+        poll_interval_s=0.02,
+    )
+
+
+def _recording(s: Settings, archive: Any = None, **options: Any) -> tuple[EventBus, list[int]]:
+    """A bus whose subscriber of topic "t", group "g" (subscriber `options`) records the seq of
+    each event handled."""
+    bus = EventBus(s, archive=archive)
+    seen: list[int] = []
+
+    @bus.subscriber("t", group="g", **options)
+    async def handle(event: Tick) -> None:
+        seen.append(event.seq)
+
+    return bus, seen
+
+
+async def _driven(bus: EventBus, s: Settings, member_id: str = "consumer-c") -> Consumer:
+    """A `Consumer` of `bus`'s subscription, its topic registered, driven round by round by
+    the test (no read loop, no workers, no heartbeats)."""
+    from eventbus.locking.member import Member
+
+    await bus.registry.ensure(bus.subscriptions[0].topic)
+    member = Member(bus.redis, bus.keys, s, "t", "g", member_id)
+    return Consumer(member, bus.registry, bus.subscriptions[0])
+
+
+async def _offload(bus: EventBus, s: Settings, store: Any) -> None:
+    """Archive everything in Redis and trim it (no hot window): what the offloader does to
+    entries older than `hot_window_s`."""
+    await Offloader(bus.redis, store, settings=s, tier=_fast_tier()).run_until_caught_up(30)
+
+
+def _recording_dispatch(c: Consumer) -> list[bytes]:
+    """Make `c` record the entry IDs its reads queue for the workers; returns that list."""
+    dispatched: list[bytes] = []
+    dispatch = c._dispatch
+
+    def recording(held: Any, entries: Any, counts: Any) -> None:
+        dispatched.extend(entry_id for entry_id, _ in entries)
+        dispatch(held, entries, counts)
+
+    c._dispatch = recording  # type: ignore[method-assign]
+    return dispatched
+
+
+@pytest.mark.single_node("one shard, a consumer driven round by round; the same on a cluster")
+@pytest.mark.xfail(
+    strict=True,
+    reason="trim check blind after the catch-up's XGROUP SETID: a held shard trimmed past the "
+    "group is read from Redis's head, archived entries skipped silently",
+)
+async def test_a_held_shard_trimmed_past_a_group_the_catch_up_moved_is_caught_up(
+    settings: Callable[..., Settings], r: redis.asyncio.Redis, tmp_path: Path
+) -> None:
+    """No loss with an archive, loss never silent (semantics.md "Stream caps"; tier.md "While a
+    consumer holds a shard, its trim check ... also finds the group trimmed past its position").
+
+    The trim check (consumer/trims.py `TrimWatch._lost`) computes the entries a group lost as
+    its ``lag`` minus the entries after its last-delivered ID. The catch-up moves the group with
+    ``XGROUP SETID`` without ``ENTRIESREAD`` (catchup_shard.py `tail` and `after`), so Redis
+    forgets the group's ``entries-read``; once the group's position lies before the stream's
+    first entry, Redis then *estimates* it as ``entries-added - length``, so ``lag`` equals the
+    stream's length and the check computes 0 lost, whatever was trimmed. Scenario: consumer C
+    (archive) takes shard 0, whose first entries were archived and trimmed unread: its catch-up
+    handles x:0..x:4 (the group now at x:4, moved by XGROUP SETID). C holds the shard; x:5..x:7
+    are published and, before C reads them (a consumer slower than the publishers for longer
+    than `hot_window_s`), archived and trimmed. x:8 is published. C's next round checks the
+    shard (its trim check is due), finds nothing, and reads x:8: x:5..x:7, only in the
+    archive, are never handled, and no ERROR or trim record says so.
+    """
+    from eventbus.consumer.catchup import shard_hook
+
+    store = open_store(str(tmp_path / "segments"))
+    s = settings(shards=1, trim_check_s=0.001)  # every round checks the held shard
+    bus, seen = _recording(s, store)
+    stream = bus.keys.stream("t", 0)
+    c = await _driven(bus, s)
+    c.catch_up = shard_hook(store, c.handling)
+    await c.reader.ensure_groups()
+    try:
+        for seq in range(3):  # archived and trimmed before the group read them
+            await bus.publish("t", Tick(resource="x", seq=seq), resource_id="x")
+        await _offload(bus, s, store)
+        await c.round(1)  # takes shard 0; its catch-up handles x:0..x:2 (XGROUP SETID to x:2)
+        assert list(c.table.held) == [0] and seen == [0, 1, 2]
+        for seq in range(3, 8):  # C holds the shard; these leave Redis before C reads them
+            await bus.publish("t", Tick(resource="x", seq=seq), resource_id="x")
+        await _offload(bus, s, store)
+        assert await r.xlen(stream) == 0
+        x8 = await bus.publish("t", Tick(resource="x", seq=8), resource_id="x")
+        dispatched = _recording_dispatch(c)
+        await c.round(1)  # trim check (due), then the read
+        assert list(c.table.held) == [0]
+        records = await r.xlen(bus.keys.trimmed("t", "g"))
+    finally:
+        await c._leave()
+        await bus.aclose()
+    assert x8.encode() in dispatched  # the read went on to x:8
+    assert seen == [0, 1, 2, 3, 4, 5, 6, 7], (
+        f"x:8 was read although x:3..x:7, in the archive, were never handled (handled {seen}; "
+        f"trim records: {records})"
+    )
