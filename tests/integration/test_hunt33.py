@@ -135,3 +135,71 @@ async def test_a_held_shard_trimmed_past_a_group_the_catch_up_moved_is_caught_up
         f"x:8 was read although x:3..x:7, in the archive, were never handled (handled {seen}; "
         f"trim records: {records})"
     )
+
+
+async def _new_shard_behind_the_archive(
+    settings: Callable[..., Settings], r: redis.asyncio.Redis, tmp_path: Path, ack: str
+) -> tuple[list[int], list[bytes], bytes]:
+    """Group g is created at ``0`` (its consumers' start); x:0..x:2 are published and, before
+    any consumer of g read them, archived and trimmed; x:3 is published. Consumer C (subscriber
+    `ack`, with the archive) then takes shard 0 in one round. Returns what C handled, what its
+    read queued, and x:3's entry ID."""
+    from eventbus.consumer.catchup import shard_hook
+
+    store = open_store(str(tmp_path / "segments"))
+    s = settings(shards=1)
+    bus, seen = _recording(s, store, ack=ack)
+    c = await _driven(bus, s)
+    c.catch_up = shard_hook(store, c.handling)
+    await c.reader.ensure_groups()
+    try:
+        for seq in range(3):
+            await bus.publish("t", Tick(resource="x", seq=seq), resource_id="x")
+        await _offload(bus, s, store)
+        assert await r.xlen(bus.keys.stream("t", 0)) == 0
+        x3 = await bus.publish("t", Tick(resource="x", seq=3), resource_id="x")
+        dispatched = _recording_dispatch(c)
+        await c.round(1)  # takes shard 0: catch-up (with an archive), trim check, read
+        assert list(c.table.held) == [0]
+    finally:
+        await c._leave()
+        await bus.aclose()
+    return seen, dispatched, x3.encode()
+
+
+@pytest.mark.single_node("one shard, a consumer driven round by round; the same on a cluster")
+@pytest.mark.xfail(
+    strict=True,
+    reason="an ack='before' consumer never runs the catch-up hook on a newly locked shard "
+    "(engine.py `_lock_round`: recover = [] if noack gates _catch_up too): archive skipped",
+)
+async def test_an_at_most_once_consumer_catches_a_new_shard_up_from_the_archive(
+    settings: Callable[..., Settings], r: redis.asyncio.Redis, tmp_path: Path
+) -> None:
+    """No loss with an archive (tier.md "Inside the live consumer": "Every consumer then runs
+    the shard catch-up ... on each shard it has just locked ... before its first XREADGROUP
+    there"; semantics.md "Stream caps"). At-most-once only allows losing what was read and not
+    handled (semantics.md "At-most-once"), not entries the group never read.
+
+    `Consumer._lock_round` computes ``recover = [] if self.noack else new`` (NOACK reads leave
+    no PEL to recover) and runs the catch-up hook only ``if recover``: so an ``ack="before"``
+    consumer never catches a newly locked shard up. The trim check of the same round does not
+    make up for it here: the group never read, so Redis has no ``entries-read`` for it and
+    estimates its lag as the stream's length (0 lost). The read then delivers x:3 from Redis's
+    head; x:0..x:2, only in the archive, are never handled, silently. The same scenario with
+    ``ack="after"`` (the control below) handles x:0..x:2 from the archive first.
+    """
+    seen, dispatched, x3 = await _new_shard_behind_the_archive(settings, r, tmp_path, "before")
+    assert x3 in dispatched  # the read went on to x:3
+    assert seen == [0, 1, 2], f"x:3 was read but archived x:0..x:2 were not handled: {seen}"
+
+
+@pytest.mark.single_node("one shard, a consumer driven round by round; the same on a cluster")
+async def test_an_at_least_once_consumer_catches_a_new_shard_up_from_the_archive(
+    settings: Callable[..., Settings], r: redis.asyncio.Redis, tmp_path: Path
+) -> None:
+    """The control of the test above: with ``ack="after"`` the same round catches the shard up
+    (x:0..x:2 from the archive) before its read queues x:3."""
+    seen, dispatched, x3 = await _new_shard_behind_the_archive(settings, r, tmp_path, "after")
+    assert x3 in dispatched
+    assert seen == [0, 1, 2]
