@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 import redis.asyncio
 from support import Tick
@@ -203,3 +204,59 @@ async def test_an_at_least_once_consumer_catches_a_new_shard_up_from_the_archive
     seen, dispatched, x3 = await _new_shard_behind_the_archive(settings, r, tmp_path, "after")
     assert x3 in dispatched
     assert seen == [0, 1, 2]
+
+
+@pytest.mark.single_node("one shard, one consumer; the same on a cluster")
+@pytest.mark.xfail(
+    strict=True,
+    reason="the live catch-up's fence (ShardCatchUp.holds) ignores the stop: a retry cut short "
+    "by a graceful stop runs the handler again at once, attempts spent, entry dead-lettered",
+)
+async def test_a_stop_during_a_catch_up_retry_lets_the_entry_go(
+    settings: Callable[..., Settings], r: redis.asyncio.Redis, tmp_path: Path
+) -> None:
+    """Graceful stop (engine.py `Consumer.run`: "stop reading, let running handlers finish";
+    batching.py/delivery.py: "a retry's wait ends at once on shutdown, then the fence lets the
+    entries go"; semantics.md "Retries": the consumer sleeps the backoff before each attempt).
+
+    A consumer with an archive takes shard 0, whose entries x:0..x:2 only the archive holds:
+    its lock round runs the catch-up hook (consumer/catchup.py `shard_hook`), which steps each
+    entry through `Handling.step` with the `ShardCatchUp` as fence. x:0's handler fails (its
+    downstream is down) and SIGTERM arrives meanwhile (`stop` is set). `wait_retry` ends the
+    60 s backoff at once, as it should, but `ShardCatchUp.holds` checks only the lease, not the
+    stop, so `TypedCatchUp` calls the handler again right away: the remaining attempts are spent
+    back to back, x:0 is dead-lettered, and x:1, x:2 are handled after the stop. On the
+    consumer's own path the fence lets x:0 go instead (it stays pending for the next owner).
+    """
+    from eventbus.consumer.catchup import shard_hook
+
+    store = open_store(str(tmp_path / "segments"))
+    s = settings(shards=1)
+    bus = EventBus(s, archive=store)
+    attempts: list[int] = []
+    stop = anyio.Event()
+
+    @bus.subscriber("t", group="g", max_attempts=3, retry_base_s=60.0, retry_max_s=60.0)
+    async def handle(event: Tick) -> None:
+        attempts.append(event.seq)
+        if event.seq == 0:
+            stop.set()  # SIGTERM arrives while x:0 fails
+            raise RuntimeError("downstream down")
+
+    c = await _driven(bus, s)
+    c.catch_up = shard_hook(store, c.handling)
+    await c.reader.ensure_groups()
+    try:
+        for seq in range(3):  # archived and trimmed before the group read them
+            await bus.publish("t", Tick(resource="x", seq=seq), resource_id="x")
+        await _offload(bus, s, store)
+        assert await r.xlen(bus.keys.stream("t", 0)) == 0
+        with anyio.fail_after(30):
+            await c.run(stop)  # its first lock round catches the shard up; stop set meanwhile
+        dead = await r.xlen(bus.keys.dead_letter("t", "g"))
+    finally:
+        await bus.aclose()
+    assert (attempts, dead) == ([0], 0), (
+        f"after the stop the catch-up made attempts {attempts} (seq of each handler call) and "
+        f"wrote {dead} dead letters"
+    )
