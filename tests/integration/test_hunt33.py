@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 import pytest
 import redis.asyncio
-from support import Tick
+from support import Tick, resources_per_shard
 
 from eventbus import EventBus, Settings
 from eventbus.consumer.engine import Consumer
@@ -260,3 +260,60 @@ async def test_a_stop_during_a_catch_up_retry_lets_the_entry_go(
         f"after the stop the catch-up made attempts {attempts} (seq of each handler call) and "
         f"wrote {dead} dead letters"
     )
+
+
+@pytest.mark.single_node("the CLI on one Redis; the cluster case is test_replay_completeness's")
+@pytest.mark.xfail(
+    strict=True,
+    reason="eventbus replay checks completeness only for shards with a folder in the store: a "
+    "shard whose every segment is gone is replayed as empty, exit 0",
+)
+def test_replay_of_a_topic_one_of_whose_shards_lost_every_segment_fails(
+    redis_db: str, tmp_path: Path
+) -> None:
+    """Replay refuses holes (tier.md "Replay"; tests/integration/tier/test_replay_completeness:
+    "a segment deleted ... is detected against the offloader checkpoint and fails the command").
+
+    `eventbus replay` checks completeness only for the shards `plan` found: those with a folder
+    in the store (tier/cli/replay.py ``_check_gaps(..., sorted(segments), ...)``, shards from
+    `list_shards_sync`). A shard whose every segment is gone (deleted, expired by a bucket
+    lifecycle rule, a prefix copied without it) has no folder, so it is not checked against its
+    checkpoint at all: a topic of 2 shards with shard 1's 30 archived entries missing replays
+    shard 0 alone and exits 0 without a word (the store's "folder" is a key prefix: on S3 it
+    is gone with its last object; the test removes the emptied local folder likewise). A
+    segment deleted from the middle of a shard is detected (test_replay_completeness).
+    """
+    import anyio
+    from typer.testing import CliRunner
+
+    from eventbus.cli import app
+
+    runner = CliRunner(env={"COLUMNS": "200"})
+    a, b = resources_per_shard(2)  # one resource per shard
+
+    async def publish() -> None:
+        bus = EventBus(Settings(redis_url=redis_db, shards=2))
+        async with bus:
+            for seq in range(30):
+                await bus.publish("two", Tick(resource=a, seq=seq), resource_id=a)
+                await bus.publish("two", Tick(resource=b, seq=seq), resource_id=b)
+        await bus.aclose()
+
+    anyio.run(publish)
+    store = tmp_path / "segs"
+    env = {"EVENTBUS_TIER_HOT_WINDOW_S": "0", "EVENTBUS_TIER_TRIM_EXACT": "true"}
+    args = ["--store", str(store), "--redis-url", redis_db]
+    off = runner.invoke(app, ["offload", "--once", *args], env=env)
+    assert off.exit_code == 0, off.output
+    whole = runner.invoke(app, ["replay", "two", *args, "--no-progress"])
+    assert whole.exit_code == 0 and "missing" not in whole.output, whole.output
+    for segment in (store / "two" / "1").glob("*.parquet"):  # every segment of shard 1
+        segment.unlink()
+    (store / "two" / "1").rmdir()
+    holed = runner.invoke(app, ["replay", "two", *args, "--no-progress"])
+    replayed = [line for line in holed.stdout.splitlines() if line.startswith("{")]
+    assert holed.exit_code == 1, (
+        f"replay exited {holed.exit_code} with {len(replayed)} of 60 events and shard 1's 30 "
+        f"archived entries missing: {holed.output[-300:]!r}"
+    )
+    assert "30 entries are missing from the archive" in holed.output
