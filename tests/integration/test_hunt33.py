@@ -317,3 +317,65 @@ def test_replay_of_a_topic_one_of_whose_shards_lost_every_segment_fails(
         f"archived entries missing: {holed.output[-300:]!r}"
     )
     assert "30 entries are missing from the archive" in holed.output
+
+
+@pytest.mark.single_node("one shard, a consumer driven round by round; the same on a cluster")
+@pytest.mark.xfail(
+    strict=True,
+    reason="the live catch-up hook makes one pass over the archive (no re-check as `sync` "
+    "has): a segment archived and trimmed during it is skipped, the trim check blind after SETID",
+)
+async def test_entries_archived_and_trimmed_during_a_live_catch_up_are_handled(
+    settings: Callable[..., Settings], r: redis.asyncio.Redis, tmp_path: Path
+) -> None:
+    """No loss with an archive (tier.md "Inside the live consumer": "Then it reads Redis as
+    usual: no gap"; the standalone catch-up's step 4: "if the offloader trimmed past D
+    meanwhile ... step 2 again").
+
+    consumer/catchup.py `shard_hook` calls `ShardCatchUp.after` once: it lists the segments
+    after the group's position, handles them and moves the group (XGROUP SETID) to the last
+    entry handled. `CatchUp.sync`, the standalone catch-up, then checks `behind` again and
+    reads the archive again if the offloader trimmed past the group meanwhile; the hook does
+    not. While C's lock round catches shard 0 up from the segment x:0..x:2 (a long backlog
+    takes a while), the offloader archives x:3..x:5 in a new segment and trims them, and x:6
+    is published. The hook returns; the trim check of the same round is blind to the gap (the
+    group was just moved by XGROUP SETID: see the first test), and the read queues x:6.
+    x:3..x:5 are never handled.
+    """
+    from eventbus.consumer.catchup import shard_hook
+
+    store = open_store(str(tmp_path / "segments"))
+    s = settings(shards=1)
+    bus = EventBus(s, archive=store)
+    seen: list[int] = []
+    stream = bus.keys.stream("t", 0)
+
+    @bus.subscriber("t", group="g")
+    async def handle(event: Tick) -> None:
+        seen.append(event.seq)
+        if event.seq == 0 and seen == [0]:  # meanwhile, the offloader goes on
+            for seq in (3, 4, 5):
+                await bus.publish("t", Tick(resource="x", seq=seq), resource_id="x")
+            await _offload(bus, s, store)
+            assert await r.xlen(stream) == 0
+            await bus.publish("t", Tick(resource="x", seq=6), resource_id="x")
+
+    c = await _driven(bus, s)
+    c.catch_up = shard_hook(store, c.handling)
+    await c.reader.ensure_groups()
+    try:
+        for seq in range(3):  # archived and trimmed before the group read them
+            await bus.publish("t", Tick(resource="x", seq=seq), resource_id="x")
+        await _offload(bus, s, store)
+        dispatched = _recording_dispatch(c)
+        await c.round(1)  # takes shard 0: catch-up, recovery, trim check, read
+        assert list(c.table.held) == [0]
+        x6 = (await r.xrange(stream))[-1][0]
+    finally:
+        await c._leave()
+        await bus.aclose()
+    assert x6 in dispatched  # the read went on to x:6
+    assert seen == [0, 1, 2, 3, 4, 5], (
+        f"x:6 was read although x:3..x:5, archived during the catch-up, were never handled: "
+        f"handled {seen}"
+    )
