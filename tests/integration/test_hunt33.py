@@ -379,3 +379,90 @@ async def test_entries_archived_and_trimmed_during_a_live_catch_up_are_handled(
         f"x:6 was read although x:3..x:5, archived during the catch-up, were never handled: "
         f"handled {seen}"
     )
+
+
+class _PausedBeforeGapCheck:
+    """Stands in for an offloader's Redis client (every command passes through), but once
+    `armed`, its next ``XINFO STREAM`` (the gap check that opens `ShardOffload.work`) waits
+    for `resume`, setting `paused` first: a process stopped (GC, SIGSTOP) between its lock round
+    and its gap check."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.armed = False
+        self.paused = anyio.Event()
+        self.resume = anyio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+    async def xinfo_stream(self, *args: Any, **kwargs: Any) -> Any:
+        if self.armed:
+            self.armed = False
+            self.paused.set()
+            await self.resume.wait()
+        return await self.real.xinfo_stream(*args, **kwargs)
+
+
+@pytest.mark.single_node("two offloaders of one shard; the same on a cluster")
+@pytest.mark.xfail(
+    strict=True,
+    reason="a lapsed offloader's gap check runs on its stale count and writes the gap record "
+    "before any fenced step: entries its successor archived are recorded LOST",
+)
+async def test_an_offloader_that_lost_its_shard_records_no_gap(
+    settings: Callable[..., Settings],
+    r: redis.asyncio.Redis,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Loss is never silent, and never invented (tier.md "Gaps", "Racing offloaders": a paused
+    offloader's late steps are fenced off; `ArchiveReport.exactly_once`).
+
+    `ShardOffload.work` starts with the gap check: ``XINFO STREAM``, then `find_gap` with the
+    offloader's own `count` and read position, then `gap` writes the gap record to the store
+    (create-only, unfenced), counts and logs it, and only then `account_lost` runs the fenced
+    script, which refuses. Offloader A archives x:0..x:2 and takes its next round's lock; it
+    pauses before that round's gap check, past its liveness. B takes the shard, archives
+    x:3..x:5 and trims them. A resumes: the stream's first entry lies after A's position and
+    3 entries left it that A's count does not know, so A records "LOST 3 entries" between x:2
+    and the end, logs it at ERROR, and only then is fenced off. The archive is complete, but
+    its gap record says otherwise for ever (`verify_archive` reports it, `eventbus replay`'s
+    completeness check counts it as accounted: it would excuse a missing segment of 3).
+    """
+    from eventbus.tier.gaps import gap_records
+    from eventbus.tier.settings import OFFLOADER_GROUP
+
+    store = open_store(str(tmp_path / "segments"))
+    s = settings(shards=1)
+    bus = EventBus(s)
+    paused = _PausedBeforeGapCheck(bus.redis)
+    a = Offloader(paused, store, settings=s, tier=_fast_tier(), consumer_id="offloader-a")
+    b = Offloader(bus.redis, store, settings=s, tier=_fast_tier(), consumer_id="offloader-b")
+    try:
+        for seq in range(3):
+            await bus.publish("t", Tick(resource="x", seq=seq), resource_id="x")
+        await a.round(flush=True)  # A: takes shard 0, archives x:0..x:2, trims
+        for seq in (3, 4, 5):
+            await bus.publish("t", Tick(resource="x", seq=seq), resource_id="x")
+        paused.armed = True
+        caplog.set_level("ERROR", logger="eventbus.tier")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: a.round(flush=True))
+            with anyio.fail_after(20):
+                await paused.paused.wait()  # A holds the lock, before its gap check
+            # A's liveness lapses (its deadline passes while it is stopped)
+            await r.zadd(bus.keys.members("t", OFFLOADER_GROUP), {"offloader-a": 0})
+            await b.round(flush=True)  # B: takes shard 0, archives x:3..x:5, trims
+            assert await r.hget(bus.keys.locks("t", OFFLOADER_GROUP), "0") == b"offloader-b"
+            assert await r.xlen(bus.keys.stream("t", 0)) == 0
+            paused.resume.set()  # A wakes up
+        gaps = gap_records(store, "t", 0)
+    finally:
+        await a.close()
+        await b.close()
+        await bus.aclose()
+    lost = [rec.getMessage() for rec in caplog.records if "LOST" in rec.getMessage()]
+    assert (gaps, lost) == ([], []), (
+        f"every entry is archived, but the lapsed offloader recorded gaps {gaps} and logged {lost}"
+    )
