@@ -52,7 +52,14 @@ async def archive_dictionaries(
     for dict_id in sorted(needed):
         try:
             data = await redis.hget(key, str(dict_id))
-            if data is None:
+            if data is None:  # (deleted by hand, or a failover lost it): said, never skipped
+                log.warning(
+                    "topic %s: dictionary %s not archived: missing from %s; the entries that "
+                    "use it are archived as they are and read back as undecodable",
+                    topic,
+                    dict_id,
+                    key,
+                )
                 continue
             CACHE.add(dict_id, data)
         except (ResponseError, BadDictionary) as exc:

@@ -469,11 +469,6 @@ async def test_an_offloader_that_lost_its_shard_records_no_gap(
 
 
 @pytest.mark.single_node("one shard stream; the same on a cluster")
-@pytest.mark.xfail(
-    strict=True,
-    reason="archive_dictionaries skips a dictionary missing from Redis without the WARNING its "
-    "docstring promises: entries archived undecodable, silently",
-)
 async def test_a_dictionary_missing_from_redis_is_not_skipped_silently(
     redis_db: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
