@@ -263,11 +263,6 @@ async def test_a_stop_during_a_catch_up_retry_lets_the_entry_go(
 
 
 @pytest.mark.single_node("the CLI on one Redis; the cluster case is test_replay_completeness's")
-@pytest.mark.xfail(
-    strict=True,
-    reason="eventbus replay checks completeness only for shards with a folder in the store: a "
-    "shard whose every segment is gone is replayed as empty, exit 0",
-)
 def test_replay_of_a_topic_one_of_whose_shards_lost_every_segment_fails(
     redis_db: str, tmp_path: Path
 ) -> None:

@@ -158,7 +158,7 @@ def replay(
             bar.update(task, events=count)
         console.print(f"replayed {count} events of {topic} from {describe(source)}")
         if whole:
-            _check_gaps(settings, source, topic, sorted(segments), counts, allow_gaps)
+            _check_gaps(settings, source, topic, shard, counts, allow_gaps)
     except (EventBusError, ValidationError) as exc:
         raise error_exit(exc) from None
 
@@ -167,18 +167,20 @@ def _check_gaps(
     settings: Settings,
     source: Store,
     topic: str,
-    shards: list[int],
+    only: list[int] | None,
     counts: dict[int, int],
     allow_gaps: bool,
 ) -> None:
-    """Compare what replay read with the offloader checkpoints (see `replay`)."""
+    """Compare what replay read with the offloader checkpoints (see `replay`): every shard the
+    checkpoints account for (`only` those given), also one with no segment left in the store
+    (its folder goes with its last object on S3, so a listing alone never sees it)."""
     from redis.exceptions import RedisError
 
     from eventbus.config.addresses import redact_url
     from eventbus.tier.completeness import check_complete
 
     try:
-        accounted = _checkpoint_counts(settings, topic, shards)
+        accounted = _checkpoint_counts(settings, topic, only)
     except (RedisError, OSError) as exc:
         console.print(
             f"[yellow]warning:[/yellow] not checked for missing segments: Redis at "
@@ -193,8 +195,9 @@ def _check_gaps(
         console.print(f"[yellow]warning:[/yellow] {escape(str(gap))}", soft_wrap=True)
 
 
-def _checkpoint_counts(settings: Settings, topic: str, shards: list[int]) -> dict[int, int]:
-    """Per shard, the entries the offloader checkpoint accounts for (``<shard>:count``), asked
+def _checkpoint_counts(settings: Settings, topic: str, only: list[int] | None) -> dict[int, int]:
+    """Per shard (every one the checkpoint hash has a count of, or `only` these), the entries
+    the offloader checkpoint accounts for (``<shard>:count``), asked
     of Redis as the settings reach it (`eventbus.client.connection.connect`: a Cluster, the
     Sentinel primary, TLS; a plain client of ``redis_url`` missed the checkpoint hash on another
     Cluster node, ``MovedError``, and asked ``redis_url`` instead of the sentinels' primary).
@@ -206,12 +209,16 @@ def _checkpoint_counts(settings: Settings, topic: str, shards: list[int]) -> dic
 
     key = Keys(settings.key_prefix, settings.hashtag).checkpoints(topic)
 
-    async def ask() -> list[bytes | None]:
+    async def ask() -> dict[bytes, bytes]:
         client = connect(settings)
         try:
-            return list(await client.hmget(key, [f"{s}:count" for s in shards]))
+            return dict(await client.hgetall(key))
         finally:
             await client.aclose()
 
-    values = anyio.run(ask)
-    return {s: int(v) for s, v in zip(shards, values, strict=True) if v is not None}
+    counts = {}
+    for field, value in anyio.run(ask).items():
+        shard, _, name = field.decode().partition(":")
+        if name == "count" and shard.isdigit() and (only is None or int(shard) in only):
+            counts[int(shard)] = int(value)
+    return counts
