@@ -67,15 +67,20 @@ def shard_hook(store: Store, handling: Handling) -> Callable[[int, int], Awaitab
     catches one shard the consumer has just locked up to Redis's first entry, under that same
     lock (re-taken with the consumer's ID, so the token must stay `token`), through the
     consumer's own `handling` (same parked set, counters and policy), before the consumer reads
-    the shard. Returns whether the shard was behind. Raises `Fenced` when the lock was lost
-    meanwhile (the new owner catches up; this consumer must let the shard go)."""
+    the shard: pass after pass over the archive while Redis lacks entries after the group's
+    position (the offloader may archive and trim more meanwhile), at most `MAX_ROUNDS`. Returns
+    whether the shard was behind. Raises `Fenced` when the lock was lost meanwhile (the new
+    owner catches up; this consumer must let the shard go) or the consumer is stopping (the
+    entry in hand is let go, as on the consumer's own path), `CatchUpOutpaced` past
+    `MAX_ROUNDS`."""
     sub, redis, consumer_id = handling.sub, handling.redis, handling.consumer_id
     runner = CatchUp(handling.member, store, shards=sub.topic.shards, revive=False)
     typed = TypedCatchUp(handling)
 
     async def hook(shard: int, token: int) -> bool:
         stats = CatchUpStats()
-        sc = ShardCatchUp(runner, shard, token, typed, stats)
+        sc = ShardCatchUp(runner, shard, token, typed, stats, stopping=handling.stopping)
+        behind = False
         try:
             delivered = await sc.last_delivered()
             if delivered is None:
@@ -90,9 +95,19 @@ def shard_hook(store: Store, handling: Handling) -> Callable[[int, int], Awaitab
                 return False
             if trimmed_pending:
                 await sc.pending()
-            behind = await sc.after(delivered)
+            while await sc.behind(delivered):  # one pass missed what was trimmed during it
+                if sc.rounds >= sc.max_rounds:
+                    raise await sc.outpaced(delivered)
+                sc.rounds += 1
+                if not await sc.after(delivered):
+                    break  # lost before archiving (logged): the consumer goes on from Redis
+                behind = True
+                delivered = sc.delivered or delivered
         except Fenced:
-            log.warning("catch-up of shard %d by %s lost its lock", shard, consumer_id)
+            if sc.stopped():
+                log.info("catch-up of shard %d by %s stopped with the consumer", shard, consumer_id)
+            else:
+                log.warning("catch-up of shard %d by %s lost its lock", shard, consumer_id)
             raise  # the shard is not this consumer's any more: it must not recover or read it
         if behind or stats.pending_acked:
             log.info(

@@ -314,11 +314,12 @@ class Consumer:
                 raise
         # Whatever state the lock was in, a new owner claims the shard's pending entries first:
         # a free lock is not a clean shard, since a consumer that left gracefully leaves the
-        # entries it had read but not started pending. (NOACK reads leave no pending entries.)
-        recover = [] if self.noack else new
+        # entries it had read but not started pending. (NOACK reads leave no pending entries,
+        # but a NOACK group behind the archive is caught up all the same: hunt33.)
+        recover = new
         if recover and self.catch_up is not None:
             recover = await self._catch_up(recover)
-        if recover:
+        if recover and not self.noack:
             await self._recover(recover)
         self.table.mark_surplus(grants.share)
         self._share = grants.share
@@ -405,10 +406,12 @@ class Consumer:
 
     async def _check_trims(self) -> None:
         """Check the held shards that are due for entries trimmed before the group read them
-        (`trims`), before reading past them; with an archive, a shard found trimmed ahead is
-        marked `behind`: not read again until its entries in flight (all older than the gap)
-        are finished and the catch-up hook has handled the gap, one after the other, as the
-        resources' order needs (`_catch_up_behind`)."""
+        (`trims`), before reading past them; with an archive, a shard found trimmed ahead, or
+        one whose trims Redis cannot count while its group's position lies before the stream's
+        first entry (`TrimCheck.uncounted`), is marked `behind`: not read again until its
+        entries in flight (all older than the gap) are finished and the catch-up hook has
+        handled the gap, one after the other, as the resources' order needs
+        (`_catch_up_behind`)."""
         due = self.trims.due(list(self.table.held.values()), time.monotonic())
         if due:
             await self._check_due(due)
@@ -417,9 +420,9 @@ class Consumer:
 
     async def _check_due(self, due: list[HeldShard]) -> None:
         with refused("XINFO / XADD (trim check)", ",".join(h.stream for h in due)):
-            ahead = [t.shard for t in await self.trims.check(due) if t.ahead]
-        if self.catch_up is not None:
-            for s in ahead:
+            checked = await self.trims.check(due)
+        if self.catch_up is not None:  # the hook tells, from the archive, what was trimmed
+            for s in [t.shard for t in checked.found if t.ahead] + checked.uncounted:
                 if (held := self.table.held.get(s)) is not None:
                     held.behind = True
         if self.topic.retention == "acked":

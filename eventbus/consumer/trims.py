@@ -19,8 +19,12 @@ ID when that lies inside the stream and some entries ever left it: ``entries-add
 Either is logged at ERROR, counted in ``eventbus_trimmed_unread_total`` and recorded in the
 group's trim records (`Keys.trimmed`, shown by ``eventbus stats``). The same
 ``XINFO GROUPS`` sets the ``eventbus_consumer_lag`` gauge of each shard checked. When Redis
-does not know the group's ``entries-read`` (after ``XGROUP SETID`` or an AOF reload) it reports
-no lag and the check starts over; a backlog over `COUNT_LIMIT` entries inside the stream is not
+does not know the group's ``entries-read`` (after ``XGROUP SETID`` without ``ENTRIESREAD``, as
+the catch-up moves a group, or an AOF reload) nothing is counted: its ``lag`` is then missing, or,
+once the group's position lies before the stream's first entry, Redis *estimates* it as the
+stream's length (which counts nothing trimmed). Such a shard is returned as `uncounted` when
+entries after the group's position may have left the stream, for the consumer's catch-up hook
+to tell from the archive (hunt33). A backlog over `COUNT_LIMIT` entries inside the stream is not
 counted (too costly) until it shrinks or the head passes it.
 """
 
@@ -61,6 +65,16 @@ class Trim:
     ahead: bool
 
 
+@dataclass(frozen=True, slots=True)
+class TrimCheck:
+    """What one `TrimWatch.check` found: the trims counted (`found`, recorded), and the shards
+    whose trims Redis could not count while their group's position lies before the stream's
+    first entry (`uncounted`: the group's ``entries-read`` unknown)."""
+
+    found: list[Trim]
+    uncounted: list[int]
+
+
 class TrimWatch:
     """The trim checks of one consumer; see the module docstring."""
 
@@ -83,15 +97,16 @@ class TrimWatch:
 
         return [h for h in held if is_due(h)]
 
-    async def check(self, shards: list[HeldShard]) -> list[Trim]:
-        """Check `shards`; record and return the trims found since their last check."""
+    async def check(self, shards: list[HeldShard]) -> TrimCheck:
+        """Check `shards`; record the trims found since their last check; return them and the
+        shards whose trims cannot be counted (`TrimCheck`)."""
         pipe = self.redis.pipeline(transaction=False)
         for h in shards:
             pipe.xinfo_stream(h.stream)
             pipe.xinfo_groups(h.stream)
         replies = await pipe.execute(raise_on_error=False)
         now = time.monotonic()
-        found = []
+        found, uncounted = [], []
         for h, info, groups in zip(shards, replies[0::2], replies[1::2], strict=True):
             if isinstance(info, Exception) or isinstance(groups, Exception):
                 continue  # no stream yet (or refused: the round's own commands will say so)
@@ -100,12 +115,16 @@ class TrimWatch:
                 continue
             if group.get("lag") is not None:  # the metric, while the check has XINFO at hand
                 METRICS.lag.labels(self._topic, self.group, h.shard).set(int(group["lag"]))
+            if group.get("entries-read") is None and _gap_before_head(info, group):
+                uncounted.append(h.shard)
+                self._base.pop(h.shard, None)  # counted afresh once Redis knows it again
+                continue
             trim = await self._compare(h, info, group, now)
             if trim is not None:
                 found.append(trim)
         for trim in found:
             await self._record(trim)
-        return found
+        return TrimCheck(found, uncounted)
 
     async def _compare(self, h: HeldShard, info: Any, group: Any, now: float) -> Trim | None:
         old = self._base.get(h.shard)
@@ -176,6 +195,18 @@ class TrimWatch:
             maxlen=RECORDS_MAXLEN,
             approximate=True,
         )
+
+
+def _gap_before_head(info: Any, group: Any) -> bool:
+    """Whether the stream's first entry (its next ID when empty) lies after the successor of the
+    group's last-delivered ID, and entries ever left the stream: what the group has not read
+    may have been trimmed."""
+    if info.get("entries-added") == info["length"]:
+        return False
+    delivered = _id(_text(group["last-delivered-id"]))
+    first = info.get("first-entry")
+    head = _id(_text(first[0])) if first else _id(_text(info["last-generated-id"])).next()
+    return head > delivered.next()
 
 
 def _text(value: bytes | str) -> str:

@@ -87,8 +87,9 @@ def _entry(topic: str, shard: int, entry_id: EntryId, fields: dict[bytes, bytes]
 class ShardCatchUp:
     """The catch-up of one shard under the group's lock (token `token`); it is the `Fence` of
     the entries it handles: its lease runs `lease_s` from the send time of the last lock
-    confirmation, as the live consumer's does. `sync` makes at most `max_rounds` passes over
-    the archive (`MAX_ROUNDS`)."""
+    confirmation, as the live consumer's does, and it lets every entry go once `stopping` is
+    set (the live consumer's graceful stop: no handler starts after it, a retry is not tried
+    again). `sync` makes at most `max_rounds` passes over the archive (`MAX_ROUNDS`)."""
 
     def __init__(
         self,
@@ -99,6 +100,7 @@ class ShardCatchUp:
         stats: CatchUpStats,
         *,
         max_rounds: int = MAX_ROUNDS,
+        stopping: anyio.Event | None = None,
     ) -> None:
         if max_rounds < 1:
             raise ValueError(f"max_rounds must be >= 1, got {max_rounds}")
@@ -112,6 +114,11 @@ class ShardCatchUp:
         self.stream = owner.keys.stream(owner.topic, shard)
         self.delivered: EntryId | None = None  # the group's position once this moved it
         self._lease_until = 0.0
+        self._stopping = stopping
+
+    def stopped(self) -> bool:
+        """Whether the consumer this catch-up runs for is stopping (see the class docstring)."""
+        return self._stopping is not None and self._stopping.is_set()
 
     async def _ack_unhandled(self, ids: list[EntryId], why: str) -> None:
         """Log at ERROR that pending entries `ids` cannot be handled (`why`), then ack them under
@@ -144,9 +151,11 @@ class ShardCatchUp:
         self._lease_until = sent_at + self.o.settings.lease_s
 
     def holds(self, d: object) -> bool:
-        return time.monotonic() < self._lease_until
+        return time.monotonic() < self._lease_until and not self.stopped()
 
     async def wait(self, d: object) -> bool:
+        if self.stopped():
+            return False
         if self.holds(d):
             return True
         try:

@@ -80,11 +80,6 @@ def _recording_dispatch(c: Consumer) -> list[bytes]:
 
 
 @pytest.mark.single_node("one shard, a consumer driven round by round; the same on a cluster")
-@pytest.mark.xfail(
-    strict=True,
-    reason="trim check blind after the catch-up's XGROUP SETID: a held shard trimmed past the "
-    "group is read from Redis's head, archived entries skipped silently",
-)
 async def test_a_held_shard_trimmed_past_a_group_the_catch_up_moved_is_caught_up(
     settings: Callable[..., Settings], r: redis.asyncio.Redis, tmp_path: Path
 ) -> None:
@@ -169,11 +164,6 @@ async def _new_shard_behind_the_archive(
 
 
 @pytest.mark.single_node("one shard, a consumer driven round by round; the same on a cluster")
-@pytest.mark.xfail(
-    strict=True,
-    reason="an ack='before' consumer never runs the catch-up hook on a newly locked shard "
-    "(engine.py `_lock_round`: recover = [] if noack gates _catch_up too): archive skipped",
-)
 async def test_an_at_most_once_consumer_catches_a_new_shard_up_from_the_archive(
     settings: Callable[..., Settings], r: redis.asyncio.Redis, tmp_path: Path
 ) -> None:
@@ -207,11 +197,6 @@ async def test_an_at_least_once_consumer_catches_a_new_shard_up_from_the_archive
 
 
 @pytest.mark.single_node("one shard, one consumer; the same on a cluster")
-@pytest.mark.xfail(
-    strict=True,
-    reason="the live catch-up's fence (ShardCatchUp.holds) ignores the stop: a retry cut short "
-    "by a graceful stop runs the handler again at once, attempts spent, entry dead-lettered",
-)
 async def test_a_stop_during_a_catch_up_retry_lets_the_entry_go(
     settings: Callable[..., Settings], r: redis.asyncio.Redis, tmp_path: Path
 ) -> None:
@@ -315,11 +300,6 @@ def test_replay_of_a_topic_one_of_whose_shards_lost_every_segment_fails(
 
 
 @pytest.mark.single_node("one shard, a consumer driven round by round; the same on a cluster")
-@pytest.mark.xfail(
-    strict=True,
-    reason="the live catch-up hook makes one pass over the archive (no re-check as `sync` "
-    "has): a segment archived and trimmed during it is skipped, the trim check blind after SETID",
-)
 async def test_entries_archived_and_trimmed_during_a_live_catch_up_are_handled(
     settings: Callable[..., Settings], r: redis.asyncio.Redis, tmp_path: Path
 ) -> None:
