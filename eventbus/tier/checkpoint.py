@@ -4,9 +4,11 @@ The checkpoint hash `Keys.checkpoints(topic)` has, per shard:
 
 * ``<shard>``          -> the last archived entry ID (``<ms>-<seq>``); absent: nothing archived;
 * ``<shard>:pending``  -> ``"<first> <last> <entries>"``: the segment being written (the *intent*);
-* ``<shard>:count``    -> entries accounted for: archived, plus recorded as lost in gap records.
+* ``<shard>:count``    -> entries accounted for: archived, plus recorded as lost in gap records;
+* ``<shard>:gap``      -> a gap accounted for in the count whose record is not stored yet (the
+  record's JSON): stored, then cleared, by this owner or by the next one's recovery.
 
-The writes are the operations ``begin``, ``commit`` and ``account`` of the script
+The writes are the operations ``begin``, ``commit``, ``gap`` and ``recorded`` of the script
 ``lua/checkpoint.lua``. It takes the offloader lock hash as KEYS[1] and refuses unless the
 caller still owns the shard's lock with the fencing token it was given (then `Fenced` is raised):
 an offloader that lost its lock (paused, partitioned) can never move a checkpoint. The keys share
@@ -36,11 +38,13 @@ class Intent:
 
 @dataclass(frozen=True, slots=True)
 class ShardCheckpoint:
-    """A shard's state: last archived ID (None: nothing yet), pending intent, entries counted."""
+    """A shard's state: last archived ID (None: nothing yet), pending intent, entries counted,
+    and the gap accounted for but not yet recorded (its record's JSON), if any."""
 
     last: EntryId | None
     pending: Intent | None
     count: int
+    gap: str | None = None
 
 
 class Checkpoints:
@@ -55,18 +59,13 @@ class Checkpoints:
 
     async def read(self, shard: int) -> ShardCheckpoint:
         """The current state of `shard`."""
-        last, pending, count = await self.redis.hmget(
-            self.key, [str(shard), f"{shard}:pending", f"{shard}:count"]
-        )
-        return _state(last, pending, count)
+        return _state(*await self.redis.hmget(self.key, _fields(shard)))
 
     async def read_all(self, shard: int) -> ShardCheckpoint:
         """`read`, with ``HGETALL`` of the topic's hash: the one read of checkpoints that the
         consumer's ACL role has (docs/security.md), for its catch-up."""
         fields = await self.redis.hgetall(self.key)
-        names = (str(shard), f"{shard}:pending", f"{shard}:count")
-        last, pending, count = (fields.get(name.encode()) for name in names)
-        return _state(last, pending, count)
+        return _state(*(fields.get(name.encode()) for name in _fields(shard)))
 
     async def begin(self, shard: int, me: str, token: int, intent: Intent) -> bool:
         """Record `intent` under the lock. Returns False, recording nothing, when another intent
@@ -79,27 +78,71 @@ class Checkpoints:
             return False
         return _fenced_unless(reply)
 
-    async def commit(self, shard: int, me: str, token: int, last: EntryId, entries: int) -> None:
+    async def commit(
+        self, shard: int, me: str, token: int, last: EntryId, entries: int, gap: str | None = None
+    ) -> bool:
         """Advance the checkpoint to `last`, adding `entries` to the count, and clear the intent
-        (a checkpoint already at or past `last` stays). Raises `Fenced`."""
-        _fenced_unless(await self._call(shard, me, token, "commit", str(last), entries))
+        (a checkpoint already at or past `last` stays). With `gap` (the JSON of a gap record of
+        entries of the range that were lost, which `entries` counts too), also keep it as the
+        shard's unrecorded gap when the checkpoint advances. Returns False, changing nothing,
+        when another gap is unrecorded (only with `gap`: record that one first). Raises
+        `Fenced`."""
+        extra = () if gap is None else (gap,)
+        reply = await self._call(shard, me, token, "commit", str(last), entries, *extra)
+        if isinstance(reply, list):  # [2, unrecorded gap]
+            return False
+        return _fenced_unless(reply)
 
-    async def account_lost(self, shard: int, me: str, token: int, entries: int) -> None:
-        """Add `entries` recorded as lost to the count. Raises `Fenced`."""
-        _fenced_unless(await self._call(shard, me, token, "account", entries))
+    async def account_gap(
+        self,
+        shard: int,
+        me: str,
+        token: int,
+        seen: tuple[EntryId | None, int],
+        lost: int,
+        gap: str,
+    ) -> bool:
+        """Add `lost` entries to the count and keep `gap` (a gap record's JSON) as the shard's
+        unrecorded gap, in one fenced step, if the checkpoint and count are still `seen` (last
+        archived ID or None, entries accounted: what the gap was detected from). Returns False,
+        changing nothing, when they moved or another gap is unrecorded (read the state, record
+        that one, resync). Raises `Fenced`: an offloader that lost the shard never accounts, so
+        never records, a gap."""
+        last, count = seen
+        reply = await self._call(shard, me, token, "gap", count, str(last or ""), lost, gap)
+        if isinstance(reply, list):  # [2, unrecorded gap] or [3, count, checkpoint]
+            return False
+        return _fenced_unless(reply)
+
+    async def gap_recorded(self, shard: int, me: str, token: int, gap: str) -> None:
+        """Clear the shard's unrecorded gap if it is `gap` (its record is now stored). Raises
+        `Fenced` (the next owner then stores the record again: create-only, no duplicate)."""
+        _fenced_unless(await self._call(shard, me, token, "recorded", gap))
 
     async def _call(self, shard: int, me: str, token: int, op: str, *args: str | int) -> Any:
         """``lua/checkpoint.lua`` operation `op` on `shard`, as `me` holding `token`."""
         return await self._script(keys=[self.locks, self.key], args=[shard, me, token, op, *args])
 
 
-def _state(last: bytes | None, pending: bytes | None, count: bytes | None) -> ShardCheckpoint:
-    """A shard's `ShardCheckpoint` from its three fields (None: absent)."""
+def _fields(shard: int) -> list[str]:
+    """The checkpoint hash fields of `shard`, in `_state`'s order."""
+    return [str(shard), f"{shard}:pending", f"{shard}:count", f"{shard}:gap"]
+
+
+def _state(
+    last: bytes | None, pending: bytes | None, count: bytes | None, gap: bytes | None
+) -> ShardCheckpoint:
+    """A shard's `ShardCheckpoint` from its four fields (None: absent)."""
     intent = None
     if pending is not None:
         first, end, n = pending.decode().split()
         intent = Intent(parse_id(first), parse_id(end), int(n))
-    return ShardCheckpoint(parse_id(last) if last is not None else None, intent, int(count or 0))
+    return ShardCheckpoint(
+        parse_id(last) if last is not None else None,
+        intent,
+        int(count or 0),
+        None if gap is None else gap.decode(),
+    )
 
 
 def _fenced_unless(reply: Any) -> bool:

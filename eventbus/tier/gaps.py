@@ -94,18 +94,29 @@ _GAP_RECORD = TypeAdapter(Gap)
 def parse_gap(data: bytes, key: str) -> dict[str, Any]:
     """A stored gap record (`record_gap`'s JSON) as a dict of `Gap`'s fields plus ``key``.
     Raises `CorruptGapRecord` naming `key` when it is not such a record."""
+    return {**asdict(load_gap(data, key)), "key": key}
+
+
+def load_gap(data: str | bytes, where: str) -> Gap:
+    """The `Gap` of a gap record's JSON (`gap_json`). Raises `CorruptGapRecord` naming `where`
+    (the object key, or where else the JSON was kept) when it is not such a record."""
     try:
         gap = _GAP_RECORD.validate_json(data)
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(map(str, e['loc'])) or 'record'}: {e['msg']}" for e in exc.errors()[:3]
         )
-        raise CorruptGapRecord(key, problems) from None
+        raise CorruptGapRecord(where, problems) from None
     try:
         parse_id(gap.after), parse_id(gap.before)
     except ConfigError as exc:
-        raise CorruptGapRecord(key, str(exc)) from None
-    return {**asdict(gap), "key": key}
+        raise CorruptGapRecord(where, str(exc)) from None
+    return gap
+
+
+def gap_json(gap: Gap) -> str:
+    """`gap` as the JSON text of its record (what `record_gap` stores)."""
+    return json.dumps(asdict(gap), indent=1)
 
 
 def gap_records(
@@ -120,8 +131,7 @@ def gap_records(
 
 async def record_gap(store: Store, gap: Gap) -> bool:
     """Store `gap` (create-only), log it, count it. Returns False if it was already recorded."""
-    body = json.dumps(asdict(gap), indent=1).encode()
-    created = await put_create(store, gap.key, body)
+    created = await put_create(store, gap.key, gap_json(gap).encode())
     if created:
         TIER_METRICS.gaps.labels(gap.topic).inc()
         if gap.lost_entries:

@@ -57,7 +57,8 @@ from eventbus.tier.typed import TypedPayloads, load_models
 log = logging.getLogger("eventbus.tier")
 
 Hook = Callable[[str, int, str], Awaitable[None]]
-"""Test hook: ``await hook(point, shard, key)`` at "before_put", "after_put", "after_commit"."""
+"""Test hook: ``await hook(point, shard, key)`` at "before_put", "after_put", "after_commit",
+"gap_accounted" (key: the gap record's, accounted in Redis, not yet stored)."""
 
 
 @dataclass

@@ -24,7 +24,7 @@ from eventbus.protocol.ids import EntryId, parse_id
 from eventbus.protocol.retention import acked_point
 from eventbus.tier.checkpoint import Checkpoints, Intent
 from eventbus.tier.dictionaries import archive_dictionaries
-from eventbus.tier.gaps import find_gap, new_gap, record_gap
+from eventbus.tier.gaps import Gap, find_gap, gap_json, load_gap, new_gap, record_gap
 from eventbus.tier.layout import SegmentRef, segment_key
 from eventbus.tier.metrics import TIER_METRICS
 from eventbus.tier.segment import RawEntry, decode_segment, encode_segment
@@ -52,6 +52,7 @@ class OffloadShard:
     read_to: EntryId | None = None  # last entry read into the buffer (or the checkpoint)
     recovered: bool = False
     gaps_seen: set[str] = field(default_factory=set)
+    unrecorded: str | None = None  # a gap accounted in Redis whose record is not stored yet
 
     def reset_to(self, checkpoint: EntryId | None, count: int) -> None:
         self.checkpoint, self.count = checkpoint, count
@@ -71,9 +72,12 @@ class ShardOffload:
 
     # -- recovery -------------------------------------------------------------------------------
     async def recover(self, sh: OffloadShard) -> None:
-        """Finish a pending intent, then adopt segments stored past the checkpoint."""
+        """Store the record of a gap accounted but not yet recorded (its owner stopped in
+        between), finish a pending intent, then adopt segments stored past the checkpoint."""
         cp = await self.checkpoints.read(sh.shard)
         sh.reset_to(cp.last, cp.count)
+        if cp.gap is not None:
+            await self.record(sh, cp.gap)
         if cp.pending is not None:
             await self.finish(sh, cp.pending)
         after = None if sh.checkpoint is None else SegmentRef(sh.checkpoint, sh.checkpoint, "")
@@ -126,8 +130,12 @@ class ShardOffload:
             lost = intent.entries - (stored or 0)
             after = intent.first.prev() if intent.first > EntryId(0, 0) else intent.first
             reason = "trimmed from Redis while its segment was being written"
-            await self.gap(sh, after, intent.last.next(), lost, reason)
-        await self.commit(sh, intent.last, stored or 0)
+            gap = self.new_gap(after, intent.last.next(), lost, reason, sh)
+            # accounted with the commit, in one step: a crash after it leaves the unrecorded
+            # gap (not the intent) to the next owner, so the loss is counted once
+            await self.commit(sh, intent.last, intent.entries, gap=gap)
+        else:
+            await self.commit(sh, intent.last, stored or 0)
 
     # -- steady state ---------------------------------------------------------------------------
     async def work(self, sh: OffloadShard, now_ms: int, flush: bool) -> bool:
@@ -135,6 +143,8 @@ class ShardOffload:
         due (all buffered entries with `flush`), trim. Returns True if a segment was written or
         there is more to read right away."""
         tier = self.o.tier
+        if sh.unrecorded is not None:  # its record failed to store last round
+            await self.record(sh, sh.unrecorded)
         try:
             info = await self.o.redis.xinfo_stream(sh.stream)
         except ResponseError:  # no such key: nothing published on this shard yet
@@ -142,7 +152,8 @@ class ShardOffload:
         found = find_gap(info, sh.read_to, sh.count, len(sh.buffer))
         if found is not None:
             after, before, lost, reason = found
-            await self.gap(sh, after, before, lost, reason)
+            if not await self.gap(sh, after, before, lost, reason):
+                return True  # the state moved: resynced, the next round checks again
         written = 0
         more = False
         while written < _MAX_SEGMENTS_PER_ROUND:
@@ -263,32 +274,101 @@ class ShardOffload:
         return info.entries
 
     async def commit(
-        self, sh: OffloadShard, last: EntryId, entries: int, adopted: bool = False
+        self,
+        sh: OffloadShard,
+        last: EntryId,
+        entries: int,
+        adopted: bool = False,
+        gap: Gap | None = None,
     ) -> None:
-        await self.checkpoints.commit(sh.shard, self.o.consumer_id, sh.token, last, entries)
+        """Commit the checkpoint to `last`, `entries` accounted (fenced); with `gap` (entries of
+        the range lost, counted in `entries`), account it in the same step, then record it."""
+        body = None if gap is None else gap_json(gap)
+        me = self.o.consumer_id
+        if not await self.checkpoints.commit(sh.shard, me, sh.token, last, entries, body):
+            # another gap is unrecorded (not expected: recover and work record it first)
+            await self.record_unrecorded(sh)
+            if not await self.checkpoints.commit(sh.shard, me, sh.token, last, entries, body):
+                raise RuntimeError(f"{self.checkpoints.key} {sh.shard}:gap is set again")
         if adopted:
             self._count_adopted()
         cp = await self.checkpoints.read(sh.shard)
         sh.reset_to(cp.last, cp.count)
+        if gap is not None and body is not None and cp.gap == body:
+            sh.unrecorded = body
+            await self.o.hook("gap_accounted", sh.shard, gap.key)
+            await self.record(sh, body)
         await self.o.hook("after_commit", sh.shard, str(last))
 
     def _count_adopted(self) -> None:
         TIER_METRICS.adopted.labels(self.topic).inc()
         self.o.stats.adopted += 1
 
+    def new_gap(
+        self, after: EntryId, before: EntryId, lost: int | None, reason: str, sh: OffloadShard
+    ) -> Gap:
+        return new_gap(self.topic, sh.shard, after, before, lost, reason, self.o.consumer_id)
+
     async def gap(
         self, sh: OffloadShard, after: EntryId, before: EntryId, lost: int | None, reason: str
-    ) -> None:
-        """Record the gap first, then account its entries: a crash in between re-detects it
-        (recording it again at worst), never leaves a counted but unrecorded loss."""
-        gap = new_gap(self.topic, sh.shard, after, before, lost, reason, self.o.consumer_id)
+    ) -> bool:
+        """Account a gap found from `sh`'s checkpoint, count and read position, then record it
+        (docs/tier.md "Gaps"). `Checkpoints.account_gap` adds its entries to the count and keeps
+        its record as the shard's unrecorded gap in one fenced step, only while this offloader
+        holds the shard with its token and the checkpoint and count are those it was found
+        from; only then is the record stored, logged and counted (`record`). A crash in between
+        leaves the unrecorded gap to the next owner: recorded once, counted once, never lost.
+        Returns False, recording nothing, when the checkpoint or count moved (`sh` is resynced:
+        the next round checks again). Raises `Fenced` (a lapsed owner records no gap)."""
+        gap = self.new_gap(after, before, lost, reason, sh)
         if gap.key in sh.gaps_seen:
-            return
+            return True
+        body = gap_json(gap)
+        me = self.o.consumer_id
+        seen = (sh.checkpoint, sh.count)
+        for attempt in range(2):
+            if await self.checkpoints.account_gap(sh.shard, me, sh.token, seen, lost or 0, body):
+                break
+            cp = await self.checkpoints.read(sh.shard)
+            if cp.gap is not None:  # another gap first (not expected: see recover and work)
+                await self.record(sh, cp.gap)
+            if (cp.last, cp.count) != seen or attempt:
+                log.warning(
+                    "offloader %s: the checkpoint of %s shard %d moved (%s, %d accounted; we "
+                    "had %s, %d): gap check deferred to the next round",
+                    me,
+                    self.topic,
+                    sh.shard,
+                    cp.last,
+                    cp.count,
+                    sh.checkpoint,
+                    sh.count,
+                )
+                sh.reset_to(cp.last, cp.count)
+                return False
+        sh.count += lost or 0
+        sh.unrecorded = body
+        await self.o.hook("gap_accounted", sh.shard, gap.key)
+        await self.record(sh, body)
+        return True
+
+    async def record_unrecorded(self, sh: OffloadShard) -> None:
+        """Record the shard's unrecorded gap in Redis, if any."""
+        cp = await self.checkpoints.read(sh.shard)
+        if cp.gap is not None:
+            await self.record(sh, cp.gap)
+
+    async def record(self, sh: OffloadShard, body: str) -> None:
+        """Store the record of a gap already accounted (`body`, its JSON; create-only: a second
+        try finds it stored), log and count it, then clear it as the shard's unrecorded gap in
+        Redis (fenced). Raises `CorruptGapRecord` when `body` is not a gap record, `StoreError`
+        (it stays unrecorded: retried next round), `Fenced`."""
+        gap = load_gap(body, f"{self.checkpoints.key} {sh.shard}:gap")
         if await record_gap(self.o.store, gap):
             self.o.stats.gaps += 1
-            self.o.stats.lost += lost or 0
-        await self.checkpoints.account_lost(sh.shard, self.o.consumer_id, sh.token, lost or 0)
-        sh.count += lost or 0
+            self.o.stats.lost += gap.lost_entries or 0
+        await self.checkpoints.gap_recorded(sh.shard, self.o.consumer_id, sh.token, body)
+        sh.unrecorded = None
         sh.gaps_seen.add(gap.key)
 
     async def trim(self, sh: OffloadShard, now_ms: int) -> None:

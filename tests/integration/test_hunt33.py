@@ -380,11 +380,6 @@ class _PausedBeforeGapCheck:
 
 
 @pytest.mark.single_node("two offloaders of one shard; the same on a cluster")
-@pytest.mark.xfail(
-    strict=True,
-    reason="a lapsed offloader's gap check runs on its stale count and writes the gap record "
-    "before any fenced step: entries its successor archived are recorded LOST",
-)
 async def test_an_offloader_that_lost_its_shard_records_no_gap(
     settings: Callable[..., Settings],
     r: redis.asyncio.Redis,
