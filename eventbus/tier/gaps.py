@@ -16,9 +16,11 @@ strictly between the last one read (``after``) and the stream's first entry (``b
 next ID after ``last-generated-id`` when the stream is empty). An XDEL past the read position
 (``max-deleted-entry-id``) is reported the same way, with an unknown count.
 
-A gap is recorded as a JSON object at `layout.gap_key` (create-only, so a re-detection after a
-crash does not count twice), counted in ``eventbus_tier_gaps_total`` and
-``eventbus_tier_lost_entries_total``, and logged at ERROR level: loss is never silent.
+The offloader first accounts a gap in Redis (`Checkpoints.account_gap`, fenced, from the
+current checkpoint and count), then `record_gap` stores it as a JSON object at `layout.gap_key`
+(create-only, so a second try after a crash stores it once), counts it in
+``eventbus_tier_gaps_total`` and ``eventbus_tier_lost_entries_total``, and logs it at ERROR
+level: loss is never silent (docs/tier.md "Gaps").
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import pytest
 from eventbus.protocol.ids import EntryId
 from eventbus.tier.completeness import recorded_lost
 from eventbus.tier.errors import CorruptGapRecord, StoreError
-from eventbus.tier.gaps import Gap, gap_records
+from eventbus.tier.gaps import Gap, gap_json, gap_records, load_gap
 from eventbus.tier.layout import gap_key
 from eventbus.tier.store import open_store
 
@@ -50,6 +50,15 @@ def test_a_damaged_gap_record_is_an_error_naming_it(body: bytes, reason: str) ->
     assert caught.value.key == key
     with pytest.raises(CorruptGapRecord):
         recorded_lost(store, "orders", 0)
+
+
+def test_a_gap_kept_in_redis_reads_back_as_the_same_record() -> None:
+    """The JSON an offloader keeps as ``<shard>:gap`` until it stores the record."""
+    assert load_gap(gap_json(GAP), "cps 0:gap") == GAP
+    assert load_gap(gap_json(GAP).encode(), "cps 0:gap") == GAP
+    with pytest.raises(CorruptGapRecord, match="cps 0:gap") as caught:
+        load_gap('{"topic": "orders"}', "cps 0:gap")
+    assert caught.value.key == "cps 0:gap"
 
 
 def test_plain_http_endpoint_from_env_needs_allow_http(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,6 +6,7 @@ import json
 import logging
 import re
 from functools import partial
+from typing import Any
 
 import anyio
 import obstore
@@ -13,7 +14,7 @@ import pytest
 from prometheus_client import REGISTRY
 from tier_support import assert_no_overlap, fast_tier, make_bus, publish_ticks, wait_until
 
-from eventbus.tier.errors import CorruptSegment
+from eventbus.tier.errors import CorruptSegment, StoreError
 from eventbus.tier.layout import parse_segment_key
 from eventbus.tier.offloader import Offloader
 from eventbus.tier.replay import iter_topic
@@ -252,4 +253,101 @@ async def test_offloader_refuses_to_adopt_a_corrupt_object(redis_db: str, tmp_pa
                 bus.redis, store, settings=bus.settings, tier=fast_tier()
             ).run_until_caught_up(20)
         assert await bus.redis.hget(bus.keys.checkpoints("bad"), "0") is None  # not advanced
+    await bus.aclose()
+
+
+@pytest.mark.parametrize("failure", [Crash, StoreError], ids=["crash", "store error"])
+async def test_a_gap_accounted_but_not_yet_recorded_is_recorded_once(
+    redis_db: str, store_url: str, failure: type[Exception]
+) -> None:
+    """The offloader accounts a gap in Redis (fenced, ``<shard>:gap`` kept), then stores its
+    record. Stopped in between, the next owner's recovery stores it (a crash), or its own next
+    round does (a failed put): one record, the loss counted once."""
+    bus = make_bus(redis_db, shards=1)
+    bus.topic("lossy", shards=1, maxlen=100)
+    store = open_store(store_url)
+    failed: list[str] = []
+
+    async def fail_once(at: str, shard: int, key: str) -> None:
+        if at == "gap_accounted" and not failed:
+            failed.append(key)
+            raise failure(key)
+
+    async with bus:
+        await publish_ticks(bus, "lossy", 50)
+        await Offloader(
+            bus.redis, store, settings=bus.settings, tier=fast_tier()
+        ).run_until_caught_up(20)
+        await publish_ticks(bus, "lossy", 1000, start=50)  # MAXLEN ~ 100 trims most
+        remaining = await bus.redis.xlen(bus.keys.stream("lossy", 0))
+        lost = 1000 - remaining
+        cps = bus.keys.checkpoints("lossy")
+        first = Offloader(bus.redis, store, settings=bus.settings, tier=fast_tier(), hook=fail_once)
+        if failure is Crash:
+            with pytest.raises(Crash):
+                await first.run_until_caught_up(20)
+            # accounted, not recorded: the next owner must record it
+            assert list_keys_sync(store, "lossy/0/gaps/") == []
+            assert int(await bus.redis.hget(cps, "0:count")) == 50 + lost
+            assert json.loads(await bus.redis.hget(cps, "0:gap"))["lost_entries"] == lost
+            stats = await Offloader(
+                bus.redis, store, settings=bus.settings, tier=fast_tier()
+            ).run_until_caught_up(20)
+        else:
+            stats = await first.run_until_caught_up(20)
+        assert (stats.gaps, stats.lost, stats.entries) == (1, lost, remaining)
+        gap_keys = [k for k, _ in list_keys_sync(store, "lossy/0/gaps/")]
+        assert gap_keys == failed
+        record = json.loads(bytes(obstore.get(store, gap_keys[0]).bytes()))
+        assert record["lost_entries"] == lost
+        assert int(await bus.redis.hget(cps, "0:count")) == 1050
+        assert await bus.redis.hget(cps, "0:gap") is None
+        report = verify_archive(store, "lossy")
+        assert report.entries == 50 + remaining and report.gap_records == 1
+    await bus.aclose()
+
+
+async def test_a_pending_segment_that_lost_entries_is_recorded_once_across_a_crash(
+    redis_db: str, store_url: str
+) -> None:
+    """A pending intent whose range lost entries before it was re-written: the next owner
+    commits the segment and accounts the gap in one step; a crash before its record is stored
+    leaves the record to the owner after it, and the loss is counted once."""
+    bus = make_bus(redis_db, shards=1)
+    store = open_store(store_url)
+
+    def crash_at(point: str) -> Any:
+        async def crash(at: str, shard: int, key: str) -> None:
+            if at == point:
+                raise Crash(key)
+
+        return crash
+
+    async with bus:
+        published = await publish_ticks(bus, "pending", 200)
+        tier = fast_tier(segment_max_entries=500)
+        with pytest.raises(Crash):  # the intent of 200 entries is recorded, nothing stored
+            await Offloader(
+                bus.redis, store, settings=bus.settings, tier=tier, hook=crash_at("before_put")
+            ).run_until_caught_up(20)
+        stream, cps = bus.keys.stream("pending", 0), bus.keys.checkpoints("pending")
+        await bus.redis.xtrim(
+            stream, minid=published[30], approximate=False
+        )  # 30 of them leave Redis unarchived
+        with pytest.raises(Crash) as crashed:
+            await Offloader(
+                bus.redis, store, settings=bus.settings, tier=tier, hook=crash_at("gap_accounted")
+            ).run_until_caught_up(20)
+        assert await bus.redis.hget(cps, "0:pending") is None
+        assert int(await bus.redis.hget(cps, "0:count")) == 200  # 170 archived + 30 lost
+        assert list_keys_sync(store, "pending/0/gaps/") == []
+        stats = await Offloader(
+            bus.redis, store, settings=bus.settings, tier=tier
+        ).run_until_caught_up(20)
+        assert (stats.gaps, stats.lost) == (1, 30)
+        assert [k for k, _ in list_keys_sync(store, "pending/0/gaps/")] == [str(crashed.value)]
+        assert int(await bus.redis.hget(cps, "0:count")) == 200
+        assert await bus.redis.hget(cps, "0:gap") is None
+        report = verify_archive(store, "pending")
+        assert report.entries == 170 and report.gap_records == 1
     await bus.aclose()
