@@ -6,12 +6,14 @@ The life of a shard under one offloader (docs/tier.md states the protocol and it
    takes shard locks of the special group ``_offloader`` (`OFFLOADER_GROUP`), up to the fair share
    ``ceil(shards / live offloaders)``; surplus locks are released at once, so several offloaders
    split a topic's shards. A lock comes with a fencing token.
-2. **Recover** (when a lock is newly taken). A pending *intent* left in the checkpoint hash
+2. **Recover** (when a lock is newly taken). A gap accounted but not yet recorded is recorded
+   (its JSON is kept in the checkpoint hash). A pending *intent* left in the checkpoint hash
    (a crash or a paused owner between "begin" and "commit") is finished first: the same entry
    range is re-read from Redis and put under the same key; if the object already exists it is
    verified and adopted. Then segments stored past the checkpoint (found by listing after the
    checkpoint's key) are verified and adopted, so the checkpoint never lags the store.
-3. **Detect gaps** (`eventbus.tier.gaps`) with ``XINFO STREAM``.
+3. **Detect gaps** (`eventbus.tier.gaps`) with ``XINFO STREAM``; a gap is accounted in the
+   checkpoint hash (fenced, from the current checkpoint and count) before its record is stored.
 4. **Read** with ``XRANGE`` after the last entry read, into an in-memory buffer. Not a consumer
    group: the offloader needs no pending list or acks (its checkpoint is its position) and must
    not appear as a lagging group in ``XINFO GROUPS`` or hold back anything keyed on groups.
