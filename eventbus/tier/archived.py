@@ -22,6 +22,7 @@ from eventbus.tier.segment import decode_segment
 from eventbus.tier.store import Store, get_bytes_sync
 
 _MAX_ID = EntryId((1 << 64) - 1, (1 << 64) - 1)
+_MIN_ID = EntryId(0, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,8 +90,8 @@ class ReplayFilter:
     def upper(self) -> EntryId:
         """The largest entry ID that can match."""
         high = self.end_id or _MAX_ID
-        if self.until_ms is not None:
-            high = min(high, EntryId(self.until_ms, 0).prev() if self.until_ms > 0 else high)
+        if self.until_ms is not None:  # (an entry of 0-0 cannot exist: XADD refuses that ID)
+            high = min(high, EntryId(self.until_ms, 0).prev() if self.until_ms > 0 else _MIN_ID)
         return high
 
     def overlaps(self, ref: SegmentRef) -> bool:
