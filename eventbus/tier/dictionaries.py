@@ -10,6 +10,7 @@ segment; readers of the archive register the store as a fallback of the process'
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -23,7 +24,23 @@ from eventbus.tier.store import Store, get_bytes_sync, put_create
 
 log = logging.getLogger("eventbus.tier")
 _archived: set[tuple[int, str, int]] = set()  # (id(store), topic, dictionary ID) copied here
-_readers: set[tuple[int, str]] = set()
+_readers: set[tuple[int, str]] = set()  # (their loaders hold the store: its id stays its own)
+_watched: set[int] = set()  # ids of the live stores `_archived` has records of
+
+
+def _store_id(store: Store) -> int:
+    """`id(store)`, whose `_archived` records go with the store: a store made later at the same
+    address (another URL) must not look as if it had the dictionaries already."""
+    sid = id(store)
+    if sid not in _watched:
+        _watched.add(sid)
+        weakref.finalize(store, _forget_store, sid)
+    return sid
+
+
+def _forget_store(sid: int) -> None:
+    _watched.discard(sid)
+    _archived.difference_update([key for key in _archived if key[0] == sid])
 
 
 async def archive_dictionaries(
@@ -39,12 +56,13 @@ async def archive_dictionaries(
     `eventbus.protocol.dictionaries.checked`) is skipped with a WARNING and never copied: its
     entries are archived as they are and read back as undecodable. Raises connection errors."""
     needed: set[int] = set()
+    sid = _store_id(store)
     for _, fields in rows:
         try:
             dict_id = dictionary_id(fields.get(b"data", b""))
         except DecodeError:
             continue
-        if dict_id is not None and (id(store), topic, dict_id) not in _archived:
+        if dict_id is not None and (sid, topic, dict_id) not in _archived:
             needed.add(dict_id)
     if not needed:
         return
@@ -68,7 +86,7 @@ async def archive_dictionaries(
             )
             continue
         await put_create(store, dictionary_key(topic, dict_id), data)
-        _archived.add((id(store), topic, dict_id))
+        _archived.add((sid, topic, dict_id))
 
 
 def read_from(store: Store, topic: str) -> None:

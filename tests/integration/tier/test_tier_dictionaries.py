@@ -52,3 +52,36 @@ async def test_offloaded_dictionary_entries_replay_without_redis(redis_db: str, 
     forget_dictionaries()
     seqs = sorted(e.event.seq for e in iter_events(store, "ticks", [Tick]))
     assert seqs == list(range(500))
+
+
+async def test_a_store_s_copied_dictionaries_are_forgotten_with_it(redis_db: str, tmp_path) -> None:
+    # hunt33 (suspected): the offloader remembers the dictionaries it copied by id(store); a
+    # store made later at a freed store's address (another folder or bucket) was taken for it,
+    # and got no copy: its entries read back undecodable
+    import gc
+
+    from eventbus.tier import dictionaries as archived_dicts
+
+    forget_dictionaries()
+    bus = make_bus(redis_db, shards=1)
+    async with bus:
+        await publish_ticks(bus, "ticks", 200)
+        dicts = Dictionaries(bus.redis, bus.keys)
+        dict_id = await dicts.train(
+            "ticks", await sample_bodies(bus, dicts, "ticks", 200, bus.settings), 2048
+        )
+        bus.publisher.dictionaries._current.clear()
+        await bus.publish("ticks", Tick(resource="r", seq=1), resource_id="r")
+        rows = await bus.redis.xrange(bus.keys.stream("ticks", 0))
+        first = open_store(str(tmp_path / "a"))
+        await archived_dicts.archive_dictionaries(bus.redis, bus.keys, first, "ticks", rows)
+        sid = id(first)
+        assert (sid, "ticks", dict_id) in archived_dicts._archived
+        del first
+        gc.collect()
+        assert not any(key[0] == sid for key in archived_dicts._archived)
+        second = open_store(str(tmp_path / "b"))  # copied again, whatever its address
+        await archived_dicts.archive_dictionaries(bus.redis, bus.keys, second, "ticks", rows)
+        assert get_bytes_sync(second, dictionary_key("ticks", dict_id))
+    await bus.aclose()
+    forget_dictionaries()
