@@ -113,8 +113,12 @@ class TrimWatch:
             group = next((g for g in groups if _text(g["name"]) == self.group), None)
             if group is None:
                 continue
-            if group.get("lag") is not None:  # the metric, while the check has XINFO at hand
-                METRICS.lag.labels(self._topic, self.group, h.shard).set(int(group["lag"]))
+            # the metric, while the check has XINFO at hand: NaN when Redis cannot compute the
+            # lag (not the last value seen, which would look current)
+            lag = group.get("lag")
+            METRICS.lag.labels(self._topic, self.group, h.shard).set(
+                float("nan") if lag is None else int(lag)
+            )
             if group.get("entries-read") is None and _gap_before_head(info, group):
                 uncounted.append(h.shard)
                 self._base.pop(h.shard, None)  # counted afresh once Redis knows it again

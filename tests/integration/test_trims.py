@@ -137,3 +137,33 @@ async def test_a_backlog_nothing_was_trimmed_from_is_not_fetched_to_be_counted(
     assert sorted((h.resource, h.seq) for h in rec2.log) == sorted(
         [("a", i) for i in range(1, 31)] + [("b", i) for i in range(30)]
     )
+
+
+async def test_the_lag_gauge_is_nan_while_redis_cannot_compute_the_lag(
+    settings: Callable[..., Settings], r: redis.asyncio.Redis
+) -> None:
+    # fix33's note: a lag Redis reports as null (an XDEL of an entry the group has not read)
+    # left the gauge at its last value, which looked current
+    import math
+
+    from eventbus.consumer.shards import HeldShard
+    from eventbus.consumer.trims import TrimWatch
+    from eventbus.locking.member import Member
+
+    s = settings(shards=1)
+    bus = EventBus(s)
+    stream = bus.keys.stream("t", 0)
+    gauge = METRICS.lag.labels("t", "g", 0)
+    async with bus:
+        await _publish(bus, "a", range(3))
+        await r.xgroup_create(stream, "g", id="0")
+        watch = TrimWatch(Member(bus.redis, bus.keys, s, "t", "g", "c"))
+        held = HeldShard(0, stream, token=1, generation=1)
+        await watch.check([held])
+        assert gauge._value.get() == 3  # Redis knows it: nothing read
+        middle = (await r.xrange(stream))[1][0]
+        await r.xdel(stream, middle)  # unread, deleted: Redis reports no lag
+        assert (await r.xinfo_groups(stream))[0]["lag"] is None
+        await watch.check([held])
+    await bus.aclose()
+    assert math.isnan(gauge._value.get())
