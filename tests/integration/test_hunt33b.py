@@ -1,0 +1,109 @@
+"""Hunt 33b: correctness bugs at the seams (stop, hand-over, outbox, request/reply,
+publishing), each shown against a real redis-server and marked strict xfail until fixed.
+Interleavings are forced with hooks, never with sleeps."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from pydantic import BaseModel
+from sqlalchemy import String, create_engine, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+
+from eventbus import EventBus
+from eventbus.config import Settings
+from eventbus.outbox import AfterCommit
+from eventbus.protocol.codec import decode_entry
+
+pytestmark = pytest.mark.integration
+
+
+# -- outbox (publish after commit) --------------------------------------------------------------
+class Base(DeclarativeBase):
+    pass
+
+
+class Order(Base):
+    __tablename__ = "orders"
+    id: Mapped[str] = mapped_column(String, primary_key=True)
+
+
+class OrderPlaced(BaseModel):
+    order_id: str
+
+
+@pytest.fixture
+def outbox_setup(
+    settings: type[Settings], tmp_path: Path
+) -> Iterator[tuple[sessionmaker[Session], AfterCommit, Any, EventBus]]:
+    engine = create_engine(f"sqlite:///{tmp_path / 'app.db'}")
+    Base.metadata.create_all(engine)
+    factory = sessionmaker(engine)
+    bus = EventBus(settings(shards=1))
+    outbox = AfterCommit(bus)
+    outbox.listen(factory)
+    client: Any = redis.Redis.from_url(bus.settings.redis_url)
+    if bus.settings.cluster:
+        client = redis.RedisCluster.from_url(bus.settings.redis_url)  # type: ignore[no-untyped-call]
+    with client as r:
+        yield factory, outbox, r, bus
+    bus.sync().close()
+    engine.dispose()
+
+
+def _published(r: Any, bus: EventBus) -> list[str]:
+    return [decode_entry(f).payload["order_id"] for _, f in r.xrange(bus.keys.stream("orders", 0))]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="outbox: a savepoint whose flush fails (IntegrityError) makes SQLAlchemy emit "
+    "after_soft_rollback for the flush's subtransaction (nested=False): _rolled_back drops every "
+    "queued event, also those of the outer transaction that then commits",
+)
+def test_a_savepoint_whose_flush_fails_keeps_the_outer_transactions_events(
+    outbox_setup: tuple,  # type: ignore[type-arg]
+) -> None:
+    """The documented savepoint pattern (catch the IntegrityError of a savepoint, go on with the
+    transaction): the outer transaction's change "a" commits, its event must be published; only
+    the savepoint's event "dup" must be dropped."""
+    factory, outbox, r, bus = outbox_setup
+    with factory() as session, session.begin():
+        session.add(Order(id="dup"))
+        session.flush()
+        session.add(Order(id="a"))
+        outbox.publish(session, "orders", OrderPlaced(order_id="a"), resource_id="a")
+        with pytest.raises(IntegrityError), session.begin_nested():
+            outbox.publish(session, "orders", OrderPlaced(order_id="dup"), resource_id="dup")
+            session.add(Order(id="dup"))  # the same primary key: the flush fails
+    with factory() as session:
+        assert sorted(session.scalars(select(Order.id)).all()) == ["a", "dup"]  # committed
+    assert _published(r, bus) == ["a"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="outbox: Session.close() (or reset()) discards the transaction without "
+    "after_soft_rollback, and the queued events stay in session.info: the session's next "
+    "commit publishes events of a change that was never committed",
+)
+def test_a_closed_session_does_not_publish_its_discarded_events_later(
+    outbox_setup: tuple,  # type: ignore[type-arg]
+) -> None:
+    factory, outbox, r, bus = outbox_setup
+    session = factory()
+    session.add(Order(id="gone"))
+    outbox.publish(session, "orders", OrderPlaced(order_id="gone"), resource_id="gone")
+    session.close()  # the transaction is discarded: "gone" is never committed
+    session.add(Order(id="kept"))  # a Session may be used again after close()
+    outbox.publish(session, "orders", OrderPlaced(order_id="kept"), resource_id="kept")
+    session.commit()
+    session.close()
+    with factory() as check:
+        assert check.scalars(select(Order.id)).all() == ["kept"]
+    assert _published(r, bus) == ["kept"]
