@@ -4,6 +4,7 @@ Interleavings are forced with hooks, never with sleeps."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -168,3 +169,62 @@ async def test_an_at_most_once_read_blocked_at_the_stop_loses_nothing_published_
     last_delivered = groups[b"g"]["last-delivered-id"].decode()
     unread = last_delivered != entry_id  # left for the next consumer of the group
     assert handled == [1] or unread, (handled, last_delivered, entry_id)
+
+
+# -- eventbus replay of a topic the offloader is archiving --------------------------------------
+@pytest.mark.xfail(
+    strict=True,
+    reason="eventbus replay reads the checkpoint counts after the replay (_check_gaps), the "
+    "segments before it (plan): a segment the offloader commits meanwhile makes a complete "
+    "archive fail as holed (exit 1, 20 entries missing)",
+)
+def test_replay_during_an_offload_reports_no_missing_segment(
+    redis_db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``eventbus replay`` lists the segments first (`plan`) and reads the checkpoint counts
+    last (`_check_gaps`): a segment the offloader commits meanwhile is counted by the checkpoint
+    and not read, and the complete archive is reported as holed (exit 1, "20 entries are
+    missing from the archive (a deleted segment?)"). check_complete's docstring says such
+    segments only make the archive look longer."""
+    import subprocess
+    import sys
+
+    from typer.testing import CliRunner
+
+    import eventbus.tier.replay as replay_module
+    from eventbus.cli import app
+
+    runner = CliRunner(env={"COLUMNS": "200"})
+    env = {"EVENTBUS_TIER_HOT_WINDOW_S": "0", "EVENTBUS_TIER_TRIM_EXACT": "true"}
+    store = tmp_path / "segs"
+    args = ["--store", str(store), "--redis-url", redis_db]
+    offload = [sys.executable, "-m", "eventbus.cli", "offload", "--once", *args]
+    offload += ["--segment-max-entries", "20"]
+
+    async def publish(first: int, n: int) -> None:
+        bus = EventBus(Settings(redis_url=redis_db, shards=1))
+        async with bus:
+            await bus.publish_many(
+                "live", [(f"r{i % 3}", Tick(resource=f"r{i % 3}", seq=i)) for i in range(first, n)]
+            )
+        await bus.aclose()
+
+    anyio.run(publish, 0, 60)
+    done = subprocess.run(offload, env={**os.environ, **env}, capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    anyio.run(publish, 60, 80)  # the offloader's next segment, archived during the replay
+
+    planned = replay_module.plan
+
+    def plan_then_offload(*a: Any, **kw: Any) -> Any:
+        segments = planned(*a, **kw)
+        again = subprocess.run(offload, env={**os.environ, **env}, capture_output=True, timeout=120)
+        assert again.returncode == 0, again.stderr
+        return segments
+
+    monkeypatch.setattr(replay_module, "plan", plan_then_offload)
+    result = runner.invoke(app, ["replay", "live", *args, "--no-progress"])
+    events = [x for x in result.stdout.splitlines() if x.startswith("{")]
+    assert len(events) == 60  # what the store held when the replay listed it
+    assert len(list((store / "live" / "0").glob("*.parquet"))) == 4  # nothing deleted
+    assert result.exit_code == 0, result.output[-500:]
