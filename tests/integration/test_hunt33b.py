@@ -228,3 +228,34 @@ def test_replay_during_an_offload_reports_no_missing_segment(
     assert len(events) == 60  # what the store held when the replay listed it
     assert len(list((store / "live" / "0").glob("*.parquet"))) == 4  # nothing deleted
     assert result.exit_code == 0, result.output[-500:]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="outbox: a publish that fails in the after_commit hook raises out of SQLAlchemy's "
+    "commit before it closes the transaction: the session is left in 'committed' state and "
+    "every later statement raises InvalidRequestError until rollback/close",
+)
+def test_a_session_whose_after_commit_publish_failed_can_be_used_again(
+    outbox_setup: tuple,  # type: ignore[type-arg]
+) -> None:
+    """The PublishError is documented (raised from commit(), the database committed); the
+    session that raised it must still work: its next transaction commits and publishes."""
+    from eventbus.errors import PublishError
+
+    factory, outbox, r, bus = outbox_setup
+    stream = bus.keys.stream("orders", 0)
+    r.set(stream, "not a stream")  # the XADD is refused: WRONGTYPE
+    session = factory()
+    session.add(Order(id="a"))
+    outbox.publish(session, "orders", OrderPlaced(order_id="a"), resource_id="a")
+    with pytest.raises(PublishError):
+        session.commit()
+    r.delete(stream)
+    session.add(Order(id="b"))
+    outbox.publish(session, "orders", OrderPlaced(order_id="b"), resource_id="b")
+    session.commit()
+    session.close()
+    with factory() as check:
+        assert sorted(check.scalars(select(Order.id)).all()) == ["a", "b"]
+    assert _published(r, bus) == ["b"]
