@@ -259,3 +259,50 @@ def test_a_session_whose_after_commit_publish_failed_can_be_used_again(
     with factory() as check:
         assert sorted(check.scalars(select(Order.id)).all()) == ["a", "b"]
     assert _published(r, bus) == ["b"]
+
+
+# -- broadcast: a running instance that falls behind the stream's cap ----------------------------
+@pytest.mark.anyio
+@pytest.mark.xfail(
+    strict=True,
+    reason="broadcast: an instance whose XREAD position was trimmed (MAXLEN ~) reads on from the "
+    "stream's new head: the trimmed events never reach it and nothing says so (no WARNING, no "
+    "trim counter), unlike a group's trim check",
+)
+async def test_a_broadcast_instance_behind_the_cap_is_told_what_it_missed(
+    settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every running instance gets every event published while it runs (broadcast.py's
+    docstring); when the cap trims events an instance had not read yet, that loss must at least
+    be logged, as consumer groups log and count theirs (`eventbus.consumer.trims`)."""
+    import logging
+
+    from support import running, wait_until
+
+    from eventbus.consumer.broadcast import BroadcastConsumer
+
+    s = settings(shards=1, max_in_flight=1)
+    bus, publisher = EventBus(s), EventBus(s)
+    for b in (bus, publisher):
+        b.topic("bc", maxlen=100)
+    gate = anyio.Event()
+    seen: list[int] = []
+
+    @bus.subscriber("bc", broadcast=True)
+    async def handle(event: Tick) -> None:
+        seen.append(event.seq)
+        await gate.wait()
+
+    caplog.set_level(logging.INFO)
+    async with publisher, running(bus):
+        (consumer,) = bus.consumers
+        assert isinstance(consumer, BroadcastConsumer)
+        await publisher.publish("bc", Tick(resource="r", seq=0), resource_id="r")
+        await wait_until(lambda: seen == [0])  # read, held by the gate: the instance is behind
+        events = [("r", Tick(resource="r", seq=i)) for i in range(1, 1001)]
+        await publisher.publish_many("bc", events)  # MAXLEN ~ 100 trims most of them
+        gate.set()
+        await wait_until(lambda: seen[-1:] == [1000], within_s=60)
+    missed = 1001 - len(seen)
+    told = [r.getMessage() for r in caplog.records if "trim" in r.getMessage().lower()]
+    assert missed == 0 or told, f"{missed} events never reached the instance, no log line"
