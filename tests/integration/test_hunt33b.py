@@ -359,3 +359,60 @@ async def test_a_broadcast_instance_behind_the_cap_is_told_what_it_missed(
     missed = 1001 - len(seen)
     told = [r.getMessage() for r in caplog.records if "trim" in r.getMessage().lower()]
     assert missed == 0 or told, f"{missed} events never reached the instance, no log line"
+
+
+@pytest.mark.anyio
+@pytest.mark.xfail(
+    strict=True,
+    reason="broadcast + dedup_window_s (accepted at registration): the de-duplication key is "
+    "per (topic, group) and every instance's group is '_broadcast', so the first instance "
+    "to handle an event marks it seen and every other instance skips it as a duplicate",
+)
+async def test_broadcast_with_a_dedup_window_still_reaches_every_instance(
+    settings: Any, r: Any
+) -> None:
+    """The second instance's de-duplication check is held until the first instance has
+    handled the event and written its mark (else both may check before either marks)."""
+    from support import running, wait_until
+
+    from eventbus.consumer.broadcast import BroadcastConsumer
+
+    s = settings(shards=1)
+    instances = [EventBus(s), EventBus(s)]
+    handled: list[list[int]] = [[], []]
+
+    def subscribe(b: EventBus, seen: list[int]) -> None:
+        @b.subscriber("cache", broadcast=True, dedup_window_s=60)
+        async def invalidate(event: Tick) -> None:
+            seen.append(event.seq)
+
+    for b, seen in zip(instances, handled, strict=True):
+        subscribe(b, seen)
+    publisher = EventBus(s)
+    async with publisher, running(*instances):
+        consumers = [b.consumers[0] for b in instances]
+        assert all(isinstance(c, BroadcastConsumer) for c in consumers)
+        first_marked = anyio.Event()
+        second = consumers[1].handling
+        seen = second._seen
+
+        async def after_the_first(event_id: bytes) -> bool:
+            await first_marked.wait()
+            return await seen(event_id)
+
+        second._seen = after_the_first  # type: ignore[method-assign]
+        await publisher.publish("cache", Tick(resource="r", seq=1), resource_id="r")
+        await wait_until(lambda: handled[0] == [1])
+
+        async def marked() -> bool:
+            return bool([k async for k in r.scan_iter(match="*dedup*")])
+
+        await wait_until(marked)
+        first_marked.set()
+
+        async def both_done() -> bool:  # read to the stream's end, nothing in flight
+            behind = [await c.behind() for c in consumers]  # type: ignore[union-attr]
+            return not any(behind)
+
+        await wait_until(both_done)
+    assert handled == [[1], [1]]
