@@ -44,41 +44,55 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable
 from typing import Any, NamedTuple
 
+import msgspec
 from pydantic import BaseModel
 from sqlalchemy import event as sa_event
 from sqlalchemy.orm import Session, SessionTransaction
 
 from eventbus.app import EventBus
 from eventbus.errors import ConfigError
+from eventbus.ops import hooks
+from eventbus.protocol.codec import Envelope, envelope_of
 from eventbus.session import current_loop
 
 log = logging.getLogger("eventbus")
 
-_PENDING = "eventbus.outbox.pending"
-_MARKS = "eventbus.outbox.savepoints"
-_ASYNC = "eventbus.outbox.async"  # an AsyncSession's: its commit starts the publish
-_STARTED = "eventbus.outbox.started"  # those publishes, for `flush`
-
 
 class Pending(NamedTuple):
-    """One event waiting for its transaction to commit: the arguments of its publish."""
+    """One event waiting for its transaction to commit: its `topic` and its `envelope`, encoded
+    when `AfterCommit.publish` was called (the resource ID, event ID, time, headers and payload
+    of that moment: what is published)."""
 
     topic: str
-    event: BaseModel
-    resource_id: str
-    headers: dict[str, str] | None
+    envelope: Envelope
+
+
+class _Queue:
+    """One `AfterCommit`'s state in one session (``session.info``, under that one's own key)."""
+
+    __slots__ = ("committed", "is_async", "marks", "pending", "started")
+
+    def __init__(self) -> None:
+        self.pending: list[Pending] = []  # queued in the open transaction
+        self.marks: dict[SessionTransaction, int] = {}  # savepoint -> len(pending) at its begin
+        self.committed: list[Pending] = []  # the outermost transaction committed them
+        self.is_async = False  # an AsyncSession's: its commit starts the publish
+        self.started: list[asyncio.Task[list[str]]] = []  # those publishes, for `flush`
 
 
 class AfterCommit:
-    """Queues events per session and publishes them through `bus` after commit."""
+    """Queues events per session and publishes them through `bus` after commit. Several may
+    hook one session (each its own bus): each publishes what was queued through it."""
 
     def __init__(self, bus: EventBus) -> None:
         """:param bus: the bus to publish on: through its blocking facade (``bus.sync()``) for a
         sync session, SQLAlchemy's session events being synchronous; on the session's event
         loop for an ``AsyncSession``."""
         self.bus = bus
+        self._key = f"eventbus.outbox.{id(self):x}"  # its `_Queue` in session.info
 
     def listen(self, target: Any) -> None:
         """Hook the session events of `target`: a `Session` subclass, a ``sessionmaker``, one
@@ -90,9 +104,10 @@ class AfterCommit:
             target = maker_kw.get("sync_session_class") or Session
         elif isinstance(getattr(target, "sync_session", None), Session):
             target = target.sync_session
-        sa_event.listen(target, "after_transaction_create", _savepoint_began)
-        sa_event.listen(target, "after_soft_rollback", _rolled_back)
+        sa_event.listen(target, "after_transaction_create", self._began)
+        sa_event.listen(target, "after_soft_rollback", self._rolled_back)
         sa_event.listen(target, "after_commit", self._committed)
+        sa_event.listen(target, "after_transaction_end", self._ended)
 
     def publish(
         self,
@@ -105,7 +120,9 @@ class AfterCommit:
     ) -> None:
         """Queue `event` for `topic` until `session`'s transaction commits (`EventBus.publish`
         then). `session` is a `Session` or an ``AsyncSession`` (then ``await flush(session)``
-        after the commit).
+        after the commit). The event is encoded now: changing `event` or `headers` after the
+        call does not change what is published; its event ID and time are those of the call.
+        Queued outside a transaction, it belongs to the session's next one.
 
         Raises at once, not at commit time: `ConfigError` when `session` is not hooked by
         `listen`, when it is a sync session on the event loop the bus runs on, or an
@@ -115,7 +132,7 @@ class AfterCommit:
         `PayloadTooLarge`, `DecompressedTooLarge`.
         """
         sync, is_async = _sync_session(session)
-        if self._committed not in sync.dispatch.after_commit:
+        if self._ended not in sync.dispatch.after_transaction_end:
             raise ConfigError(
                 "this session's commits are not hooked: call AfterCommit.listen() with its "
                 "sessionmaker, Session class or the session first (else its events are lost)"
@@ -132,51 +149,116 @@ class AfterCommit:
                 "that must publish: use an AsyncSession (then await AfterCommit.flush), or run "
                 "the transaction in a worker thread (a plain `def` route)"
             )
-        self.bus.publisher.prepare(self.bus.topic(topic), event, resource_id, headers)
-        sync.info.setdefault(_PENDING, []).append(Pending(topic, event, resource_id, headers))
-        if is_async:
-            sync.info[_ASYNC] = True
+        if not isinstance(event, BaseModel):
+            raise ConfigError(f"event must be a pydantic model, got {type(event).__name__}")
+        envelope = envelope_of(resource_id, event, headers)  # copies the headers
+        self.bus.publisher.prepare_envelope(self.bus.topic(topic), envelope)  # its checks
+        queue = self._queue(sync)
+        queue.pending.append(Pending(topic, envelope))
+        queue.is_async = queue.is_async or is_async
 
     def pending(self, session: Any) -> list[Pending]:
-        """The events `session` has queued and not yet published (a copy)."""
-        return list(_sync_session(session)[0].info.get(_PENDING, ()))
+        """The events `session` has queued through this `AfterCommit` and not yet published
+        (a copy)."""
+        queue: _Queue | None = _sync_session(session)[0].info.get(self._key)
+        return list(queue.pending) if queue else []
 
     async def flush(self, session: Any) -> list[str]:
         """Wait for the publishes the commits of an ``AsyncSession`` started; returns their
         entry IDs in call order. Raises the first failure (`PublishError`; the database has
         committed). Cancelling the wait does not cancel the publishes."""
-        sync, _ = _sync_session(session)
-        started: list[asyncio.Task[list[str]]] = sync.info.pop(_STARTED, [])
-        if started:
-            await asyncio.wait(started)
+        queue: _Queue | None = _sync_session(session)[0].info.get(self._key)
+        if queue is None or not queue.started:
+            return []
+        started, queue.started = queue.started, []
+        await asyncio.wait(started)
         return [entry_id for task in started for entry_id in task.result()]
 
+    def _queue(self, session: Session) -> _Queue:
+        queue: _Queue | None = session.info.get(self._key)
+        if queue is None:
+            queue = session.info[self._key] = _Queue()
+        return queue
+
+    def _began(self, session: Session, transaction: SessionTransaction) -> None:
+        queue: _Queue | None = session.info.get(self._key)
+        if transaction.nested and queue is not None:  # (no queue: nothing queued before it)
+            queue.marks[transaction] = len(queue.pending)
+
+    def _rolled_back(self, session: Session, previous_transaction: SessionTransaction) -> None:
+        """Also called for the subtransaction of a failed flush: the database rolled back to the
+        innermost savepoint around it, or the whole transaction."""
+        queue: _Queue | None = session.info.get(self._key)
+        if queue is None:
+            return
+        boundary = previous_transaction
+        while not boundary.nested and boundary.parent is not None:
+            boundary = boundary.parent
+        if boundary.nested:  # (a savepoint begun before the queue: nothing queued before it)
+            marks = queue.marks
+            mark = (
+                marks.pop(boundary, 0)
+                if boundary is previous_transaction
+                else marks.get(boundary, 0)
+            )
+            del queue.pending[mark:]
+        else:
+            queue.pending.clear()
+
     def _committed(self, session: Session) -> None:
-        items: list[Pending] = session.info.pop(_PENDING, [])
-        session.info.pop(_MARKS, None)
+        """Also called when a savepoint is released: its events wait for the outermost commit."""
+        queue: _Queue | None = session.info.get(self._key)
+        if queue is None:
+            return
+        savepoint = session.get_nested_transaction()  # (still the one released, if any)
+        if savepoint is not None:
+            queue.marks.pop(savepoint, None)
+        else:
+            queue.committed += queue.pending
+            queue.pending.clear()
+
+    def _ended(self, session: Session, transaction: SessionTransaction) -> None:
+        """The end of any transaction: of the outermost one (committed, rolled back, or
+        discarded by ``close()``/``reset()``), publish what it committed and drop the rest.
+        Called after SQLAlchemy closed the transaction, so that a `PublishError` raised here
+        leaves the session usable."""
+        queue: _Queue | None = session.info.get(self._key)
+        if queue is None:
+            return
+        if transaction.parent is not None:  # (a savepoint's mark goes with its release/rollback)
+            return
+        items, queue.committed = queue.committed, []
+        queue.pending.clear()
+        queue.marks.clear()
         if not items:
             return
-        if not session.info.get(_ASYNC):
+        if not queue.is_async:
             self.bus.sync().call(lambda: _publish_all(self.bus, items))
             return
         # an AsyncSession's commit runs on the event loop: it cannot wait here (`flush` does)
         task = asyncio.get_running_loop().create_task(_publish_all(self.bus, items))
         task.add_done_callback(_log_failure)
-        started = session.info.setdefault(_STARTED, [])
-        started[:] = [t for t in started if not t.done() or _failed(t)]  # flush raises them
-        started.append(task)
+        queue.started[:] = [t for t in queue.started if not t.done() or _failed(t)]  # flush: them
+        queue.started.append(task)
 
 
 async def _publish_all(bus: EventBus, items: list[Pending]) -> list[str]:
     """Publish `items` concurrently, in call order (each takes its place in the sender's queue
     when started, and tasks start in order); raises the first failure."""
-    return list(
-        await asyncio.gather(
-            *(
-                bus.publish(topic, event, resource_id=resource_id, headers=headers)
-                for topic, event, resource_id, headers in items
-            )
-        )
+    return list(await asyncio.gather(*(_publish(bus, item) for item in items)))
+
+
+def _publish(bus: EventBus, item: Pending) -> Awaitable[str]:
+    """`EventBus.publish` of an envelope encoded earlier (traced as `Publisher.publish` is)."""
+    topic, envelope = bus.topic(item.topic), item.envelope
+    send = bus.publisher.publish_envelope
+    if hooks.tracing is None:
+        return send(topic, envelope)
+    return hooks.tracing.publish(
+        lambda headers: send(topic, msgspec.structs.replace(envelope, headers=headers)),
+        topic.name,
+        envelope.headers,
+        1,
     )
 
 
@@ -206,17 +288,3 @@ def _sync_session(session: Any) -> tuple[Session, bool]:
     except ImportError:  # pragma: no cover - SQLAlchemy without its asyncio extension
         return session, False
     return session, async_session(session) is not None
-
-
-def _savepoint_began(session: Session, transaction: SessionTransaction) -> None:
-    if transaction.nested:
-        session.info.setdefault(_MARKS, {})[transaction] = len(session.info.get(_PENDING, ()))
-
-
-def _rolled_back(session: Session, previous_transaction: SessionTransaction) -> None:
-    marks: dict[SessionTransaction, int] = session.info.get(_MARKS, {})
-    if previous_transaction.nested and previous_transaction in marks:
-        del session.info.get(_PENDING, [])[marks.pop(previous_transaction) :]
-    elif not previous_transaction.nested:
-        session.info.pop(_PENDING, None)
-        session.info.pop(_MARKS, None)

@@ -63,12 +63,6 @@ def _published(r: Any, bus: EventBus) -> list[str]:
     return [decode_entry(f).payload["order_id"] for _, f in r.xrange(bus.keys.stream("orders", 0))]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="outbox: a savepoint whose flush fails (IntegrityError) makes SQLAlchemy emit "
-    "after_soft_rollback for the flush's subtransaction (nested=False): _rolled_back drops every "
-    "queued event, also those of the outer transaction that then commits",
-)
 def test_a_savepoint_whose_flush_fails_keeps_the_outer_transactions_events(
     outbox_setup: tuple,  # type: ignore[type-arg]
 ) -> None:
@@ -89,12 +83,6 @@ def test_a_savepoint_whose_flush_fails_keeps_the_outer_transactions_events(
     assert _published(r, bus) == ["a"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="outbox: Session.close() (or reset()) discards the transaction without "
-    "after_soft_rollback, and the queued events stay in session.info: the session's next "
-    "commit publishes events of a change that was never committed",
-)
 def test_a_closed_session_does_not_publish_its_discarded_events_later(
     outbox_setup: tuple,  # type: ignore[type-arg]
 ) -> None:
@@ -112,12 +100,6 @@ def test_a_closed_session_does_not_publish_its_discarded_events_later(
     assert _published(r, bus) == ["kept"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="outbox: every AfterCommit keeps its queue under the same session.info key "
-    "(eventbus.outbox.pending): with two buses hooked on one sessionmaker, the first hook "
-    "to run publishes both queues through its own bus, the other bus gets nothing",
-)
 def test_two_after_commits_on_one_sessionmaker_publish_through_their_own_bus(
     outbox_setup: tuple,  # type: ignore[type-arg]
     settings: type[Settings],
@@ -141,12 +123,6 @@ def test_two_after_commits_on_one_sessionmaker_publish_through_their_own_bus(
         audit_bus.sync().close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="outbox: AfterCommit.publish checks the event and headers at the call but queues the "
-    "caller's objects, encoded only at commit: a headers dict (or model) changed in between is "
-    "published changed, unchecked, after the database committed",
-)
 def test_after_commit_publishes_the_event_as_it_was_when_queued(
     outbox_setup: tuple,  # type: ignore[type-arg]
 ) -> None:
@@ -283,12 +259,6 @@ def test_replay_during_an_offload_reports_no_missing_segment(
     assert result.exit_code == 0, result.output[-500:]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="outbox: a publish that fails in the after_commit hook raises out of SQLAlchemy's "
-    "commit before it closes the transaction: the session is left in 'committed' state and "
-    "every later statement raises InvalidRequestError until rollback/close",
-)
 def test_a_session_whose_after_commit_publish_failed_can_be_used_again(
     outbox_setup: tuple,  # type: ignore[type-arg]
 ) -> None:

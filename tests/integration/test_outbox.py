@@ -100,6 +100,27 @@ def test_rolled_back_savepoint_drops_only_its_events(setup: tuple) -> None:  # t
     assert _published(r, bus) == ["a:0", "c:0"]
 
 
+def test_a_released_savepoint_publishes_nothing_before_the_outer_commit(setup: tuple) -> None:  # type: ignore[type-arg]
+    """SQLAlchemy emits ``after_commit`` when a savepoint is released too: its events (and the
+    outer transaction's) must wait for the outermost commit, and go with its rollback."""
+    factory, outbox, r, bus = setup
+    with pytest.raises(RuntimeError, match="boom"), factory() as session, session.begin():
+        session.add(Order(id="a"))
+        outbox.publish(session, "orders", OrderPlaced(order_id="a"), resource_id="a")
+        with session.begin_nested():
+            outbox.publish(session, "orders", OrderPlaced(order_id="b"), resource_id="b")
+        assert not r.exists(bus.keys.stream("orders", 0))  # nothing before the outer commit
+        assert len(outbox.pending(session)) == 2
+        raise RuntimeError("boom")
+    assert not r.exists(bus.keys.stream("orders", 0))
+    with factory() as session, session.begin():
+        session.add(Order(id="c"))
+        outbox.publish(session, "orders", OrderPlaced(order_id="c"), resource_id="c")
+        with session.begin_nested():
+            outbox.publish(session, "orders", OrderPlaced(order_id="d"), resource_id="d")
+    assert _published(r, bus) == ["c:0", "d:0"]
+
+
 def test_bad_events_are_refused_when_queued(setup: tuple) -> None:  # type: ignore[type-arg]
     from eventbus.errors import ConfigError
 
