@@ -11,12 +11,23 @@ commits, so that a rolled-back transaction publishes nothing::
         after_commit.publish(session, "orders", OrderPlaced(...), resource_id=order.id)
     # committed: the event is published now, before ``session.begin()``'s block returns
 
-It uses SQLAlchemy's session events: ``after_commit`` publishes what the transaction queued (in
-call order: concurrent publishes keep their call order, `eventbus.publishing.sending`);
-``after_soft_rollback`` drops it (for a savepoint, ``session.begin_nested()``, only what was queued
-since the savepoint began). A failed publish raises `PublishError` from ``commit()``, *after* the
-database committed. A sync session publishes through ``bus.sync()``: from a worker thread (a
-FastAPI ``def`` route) on the loop the bus runs on (`eventbus.fastapi.lifespan`).
+It uses SQLAlchemy's session events. ``after_commit`` of the outermost transaction marks what it
+queued as committed (a released savepoint, ``session.begin_nested()``, also emits it: its events
+wait for the outermost commit); ``after_transaction_end`` of the outermost transaction publishes
+them (in call order: concurrent publishes keep their call order, `eventbus.publishing.sending`)
+and drops whatever it did not commit, also when ``Session.close()`` or ``reset()`` discards it.
+``after_soft_rollback`` drops what a rolled-back savepoint queued; a failed flush rolls back to
+the innermost savepoint around it (or the whole transaction), and drops what that one queued.
+A failed publish raises `PublishError` from ``commit()``, *after* the database committed; it is
+raised once SQLAlchemy has closed the transaction, so the session stays usable (an exception out
+of ``after_commit`` would leave it in 'committed' state; listeners of ``after_transaction_end``
+hooked after this one do not run for that commit). A sync session publishes through
+``bus.sync()``: from a worker thread (a FastAPI ``def`` route) on the loop the bus runs on
+(`eventbus.fastapi.lifespan`).
+
+Each event is encoded by `AfterCommit.publish` (event ID and time of the call): changing the
+model or the headers dict afterwards does not change what is published. Several `AfterCommit`
+objects may hook one session, each with its bus: each publishes what was queued through it.
 
 An ``AsyncSession`` commits on the event loop, where the commit hook cannot wait: its commit
 *starts* the publish on that loop, and ``await after_commit.flush(session)`` waits for it
