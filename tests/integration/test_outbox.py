@@ -130,3 +130,33 @@ def test_bad_events_are_refused_when_queued(setup: tuple) -> None:  # type: igno
             outbox.publish(session, "orders", {"order_id": "x"}, resource_id="x")  # type: ignore[arg-type]
         with pytest.raises(ConfigError, match="resource_id"):
             outbox.publish(session, "orders", OrderPlaced(order_id="x"), resource_id="")
+
+
+def test_a_traced_bus_traces_the_publish_after_commit(setup: tuple) -> None:  # type: ignore[type-arg]
+    """The events are encoded at `publish()` and sent as envelopes at the commit: with
+    `eventbus.otel` on, each still gets a producer span and the trace context in its headers,
+    next to the headers it was queued with."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from eventbus import otel
+    from eventbus.protocol.codec import decode_entry
+
+    factory, outbox, r, bus = setup
+    spans = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    otel.instrument(provider)
+    try:
+        with factory() as session, session.begin():
+            session.add(Order(id="t"))
+            event = OrderPlaced(order_id="t")
+            outbox.publish(session, "orders", event, resource_id="t", headers={"tenant": "t1"})
+    finally:
+        otel.uninstrument()
+    [(entry_id, fields)] = r.xrange(bus.keys.stream("orders", 0))
+    headers = decode_entry(fields).headers
+    assert headers["tenant"] == "t1" and "traceparent" in headers
+    [span] = [s for s in spans.get_finished_spans() if s.name == "send orders"]
+    assert (span.attributes or {})["messaging.message.id"] == entry_id.decode()
