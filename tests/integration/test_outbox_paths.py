@@ -182,6 +182,38 @@ async def test_async_session_publishes_after_commit(
     await engine.dispose()
 
 
+@pytest.mark.anyio
+async def test_async_session_close_drops_and_a_savepoint_waits_for_the_commit(
+    settings: type[Settings], tmp_path: Path, r: Any
+) -> None:
+    """An ``AsyncSession`` closed without commit publishes nothing of it, later either; a
+    released savepoint's events are published by the outermost commit, not before."""
+    engine = create_async_engine(f"sqlite+aiosqlite:///{tmp_path / 'app.db'}")
+    async with engine.begin() as conn:
+        await conn.run_sync(Base.metadata.create_all)
+    factory = async_sessionmaker(engine, sync_session_class=OrdersSession)
+    bus = EventBus(settings(shards=1))
+    outbox = AfterCommit(bus)
+    outbox.listen(factory)
+    async with bus:
+        session = factory()
+        session.add(Order(id="gone"))
+        outbox.publish(session, "orders", OrderPlaced(order_id="gone"), resource_id="gone")
+        await session.close()  # discarded: "gone" is never committed
+        async with session.begin():
+            session.add(Order(id="k"))
+            outbox.publish(session, "orders", OrderPlaced(order_id="k"), resource_id="k")
+            async with session.begin_nested():
+                outbox.publish(session, "orders", OrderPlaced(order_id="s"), resource_id="s")
+            assert await outbox.flush(session) == []  # the savepoint's release started nothing
+            assert published(r, bus) == []
+        assert len(await outbox.flush(session)) == 2
+        await session.close()
+        assert published(r, bus) == ["k:0", "s:0"]
+    await bus.aclose()
+    await engine.dispose()
+
+
 REFUSED: list[tuple[str, dict[str, Any], type[Exception], str]] = [
     ("reserved type", {"event": Internal(order_id="x")}, ReservedEventType, "__eventbus.mine"),
     ("headers", {"headers": {"attempt": 1}}, InvalidEvent, "str"),
