@@ -108,6 +108,12 @@ class Handling:
             )
         )
         self.dedup_s = math.ceil(sub.options.dedup_window_s) if sub.options.dedup_window_s else 0
+        # whose window the marks are: the group's, shared by its members; a broadcast
+        # subscription has no group (every instance handles every event, `_broadcast` is only
+        # its name), so each instance keeps its own (`_broadcast[.<group>]@<consumer id>`)
+        self._dedup_owner = (
+            f"{sub.group}@{member.consumer_id}" if sub.options.broadcast else sub.group
+        )
         self.scope = sub.scope
         self.middlewares = tuple(sub.scope.middlewares)  # those registered when it starts
         labels = (sub.topic.name, sub.group)
@@ -359,11 +365,11 @@ class Handling:
 
     # -- de-duplication (optional) ----------------------------------------------------------------
     async def _seen(self, event_id: bytes) -> bool:
-        key = self.keys.dedup(self.sub.topic.name, self.sub.group, event_id)
+        key = self.keys.dedup(self.sub.topic.name, self._dedup_owner, event_id)
         return bool(await retrying.call(self.retry, "dedup check", lambda: self.redis.exists(key)))
 
     async def _mark_seen(self, event_id: bytes) -> None:
-        key = self.keys.dedup(self.sub.topic.name, self.sub.group, event_id)
+        key = self.keys.dedup(self.sub.topic.name, self._dedup_owner, event_id)
         await retrying.call(
             self.retry, "dedup mark", lambda: self.redis.set(key, b"1", ex=self.dedup_s)
         )

@@ -158,6 +158,37 @@ class BroadcastCases:
             await run.drain()
         assert seen == ["Tick"]
 
+    async def test_a_dedup_window_is_each_instances_own(self, backend: Backend) -> None:
+        """hunt33b: the de-duplication marks were keyed by the subscription's name
+        (``_broadcast``), shared by every instance, so an instance could skip an event another
+        had handled. Each instance keeps its own window: a re-published copy (same event ID, an
+        ambiguous publish retried) is skipped by each instance once, and both handle the
+        event."""
+        handled: dict[str, list[int]] = defaultdict(list)
+        instances = []
+        for name in ("a", "b"):
+            bus = backend.bus(shards=1)
+
+            def subscribe(bus: EventBus, name: str) -> None:
+                @bus.subscriber("config", broadcast=True, dedup_window_s=60)
+                async def reload(event: Tick) -> None:
+                    handled[name].append(event.seq)
+
+            subscribe(bus, name)
+            instances.append(bus)
+        a, b = instances
+        async with running(a, b) as runs:
+            await a.publish("config", Tick(resource="r", seq=1), resource_id="r")
+            stream = a.keys.stream("config", 0)
+            ((_, fields),) = await backend.redis.xrange(stream)
+            await backend.redis.xadd(stream, fields)  # the same event again: a retried publish
+            for run in runs:
+                await run.drain()
+        assert handled == {"a": [1], "b": [1]}
+        assert [bus.consumers[0].tally.duplicates_skipped for bus in instances] == [1, 1]
+        owners = {c.handling._dedup_owner for bus in instances for c in bus.consumers}  # type: ignore[union-attr]
+        assert len(owners) == 2 and all(o.startswith("_broadcast@") for o in owners)
+
     async def test_broadcast_takes_no_group_name_of_its_own(self, backend: Backend) -> None:
         bus = backend.bus()
 

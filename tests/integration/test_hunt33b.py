@@ -332,12 +332,6 @@ async def test_a_broadcast_instance_behind_the_cap_is_told_what_it_missed(
 
 
 @pytest.mark.anyio
-@pytest.mark.xfail(
-    strict=True,
-    reason="broadcast + dedup_window_s (accepted at registration): the de-duplication key is "
-    "per (topic, group) and every instance's group is '_broadcast', so the first instance "
-    "to handle an event marks it seen and every other instance skips it as a duplicate",
-)
 async def test_broadcast_with_a_dedup_window_still_reaches_every_instance(
     settings: Any, r: Any
 ) -> None:
