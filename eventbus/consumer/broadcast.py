@@ -15,6 +15,12 @@ behind by a crashed instance. Its guarantees are those of a plain read:
 * **Order per resource within an instance**: a resource's events run one after another, in
   stream order; different resources run concurrently (at most `Settings.concurrency`). There
   is no order *across* instances: each runs at its own pace.
+* **Trimmed before read, never silently**: an instance that falls behind the stream's cap
+  (``MAXLEN ~``, or the offloader's trim) reads on from the stream's new head; the entries
+  trimmed before it read them never reach it. `Gaps` counts them, from the stream's
+  ``entries-added`` and the instance's own count of entries read (what a group's
+  ``entries-read`` is to `eventbus.consumer.trims`), logs them at ERROR and counts them in
+  ``eventbus_trimmed_unread_total`` (group label ``_broadcast[.<group>]``, per instance).
 * **No fencing**: the `Context.fencing_token` is 0 (nothing is locked).
 * Control entries (the operator's requeue/drop for groups) are not events: never handed to a
   handler, a catch-all one included.
@@ -27,6 +33,7 @@ policy; only the last step differs (dropped, not dead-lettered).
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import anyio
@@ -44,12 +51,15 @@ from eventbus.consumer.queues import ResourceQueues
 from eventbus.consumer.runner import QueueRunner
 from eventbus.consumer.shards import HeldShard, Item, read_items
 from eventbus.locking.member import Member
+from eventbus.ops.metrics import METRICS
+from eventbus.protocol.ids import parse_id
 from eventbus.protocol.topics import TopicRegistry
 
 log = logging.getLogger("eventbus.consumer")
 
 _BATCH = 500  # entries per stream per XREAD
 _RETRIED: tuple[type[Exception], ...] = (*LOST_REPLY, ResponseError)  # reads start over
+COUNT_LIMIT = 10_000  # most entries counted with XRANGE in one trim check (as for groups)
 
 
 class _Open:
@@ -114,6 +124,91 @@ class Drops:
         return None
 
 
+class Gaps:
+    """The entries of a broadcast consumer's streams trimmed before it read them.
+
+    Per stream it keeps ``read``: the stream's ``entries-added`` when the consumer took its
+    start position, plus every entry read since. Then ``entries-added - read`` entries are
+    neither read nor before the start: those still in the stream after the read position, and
+    the lost ones. `check` counts the former (the stream's length when the position lies before
+    its first entry, else ``XRANGE`` after the position, skipped past `COUNT_LIMIT` entries until
+    the backlog shrinks) and reports any increase of the difference. Call it only while the
+    positions and counts of its streams stand still (between two reads of them)."""
+
+    def __init__(self, consumer_id: str, topic: str, group: str, shards: dict[str, int]) -> None:
+        """`shards`: stream key -> shard number (for the log)."""
+        self.consumer_id, self.topic, self.group, self.shards = consumer_id, topic, group, shards
+        self.read: dict[str, int] = {}  # stream -> entries-added at the start + entries read
+        self.lost: dict[str, int] = {}  # stream -> entries found trimmed unread so far
+        self.checked_at: dict[str, float] = {}  # stream -> time.monotonic() of its last check
+        self._m_trimmed = METRICS.trimmed_unread.labels(topic, group)
+
+    def start(self, stream: str, info: Any) -> None:
+        """Count from the stream's ``XINFO STREAM`` reply `info` (an exception: no stream yet)
+        taken with the start position."""
+        self.read[stream] = 0 if isinstance(info, Exception) else int(info["entries-added"])
+        self.lost[stream] = 0
+        self.checked_at[stream] = time.monotonic()
+
+    def due(self, streams: list[str], interval_s: float) -> bool:
+        """Whether one of `streams` was not checked for `interval_s` seconds."""
+        now = time.monotonic()
+        return any(now - self.checked_at[s] >= interval_s for s in streams)
+
+    def count_read(self, stream: str, n: int) -> None:
+        self.read[stream] += n
+
+    async def check(self, redis: Any, positions: dict[KeyT, StreamIdT], streams: list[str]) -> int:
+        """Check `streams` (read positions in `positions`); log at ERROR and count each increase
+        of their entries trimmed unread. Returns the number newly found. Raises the client's
+        connection errors (the caller retries)."""
+        pipe = redis.pipeline(transaction=False)
+        for stream in streams:
+            pipe.xinfo_stream(stream)
+        infos = await execute(pipe, raise_on_error=False)
+        found = 0
+        for stream, info in zip(streams, infos, strict=True):
+            self.checked_at[stream] = time.monotonic()
+            if isinstance(info, Exception):
+                continue  # no stream yet
+            position = _text(positions[stream])
+            lost = await self._lost(redis, stream, position, info)
+            if lost is None or lost <= self.lost[stream]:
+                continue
+            new, self.lost[stream] = lost - self.lost[stream], lost
+            found += new
+            self._m_trimmed.inc(new)
+            log.error(
+                "broadcast consumer %s: %d entries of topic %s shard %d were trimmed before it "
+                "read them (after %s), never delivered to this instance (MAXLEN too small for "
+                "its backlog? see docs/operations.md, stream caps)",
+                self.consumer_id,
+                new,
+                self.topic,
+                self.shards[stream],
+                position,
+            )
+        return found
+
+    async def _lost(self, redis: Any, stream: str, position: str, info: Any) -> int | None:
+        added, length = int(info["entries-added"]), int(info["length"])
+        unread = added - self.read[stream]
+        if added == length or unread <= 0:
+            return self.lost[stream]  # nothing ever left the stream, or nothing unread
+        first = info.get("first-entry")
+        if not first or parse_id(_text(first[0])) > parse_id(position):
+            after = length  # every entry of the stream lies after the position
+        elif unread > COUNT_LIMIT:
+            return None  # too many to count now
+        else:
+            after = len(await redis.xrange(stream, min="(" + position, count=unread + 1))
+        return max(self.lost[stream], unread - after)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 class BroadcastConsumer:
     """Runs one broadcast `Subscription` until stopped; see the module docstring."""
 
@@ -140,6 +235,12 @@ class BroadcastConsumer:
         self._idle = anyio.Event()
         self._capacity = anyio.Event()
         self.started = anyio.Event()  # set once the start positions are taken
+        self.gaps = Gaps(
+            self.consumer_id,
+            sub.topic.name,
+            sub.group,
+            {stream: held.shard for stream, held in self._shards.items()},
+        )
         self.lease = _Started(self.started)
 
     def _drops(self, tally: Tally) -> Drops:
@@ -205,6 +306,7 @@ class BroadcastConsumer:
                     for streams in reads:
                         readers.start_soon(self._read_loop, streams, stop)
                 with anyio.move_on_after(self.settings.shutdown_grace_s):
+                    await self._last_check()
                     while self.in_flight:
                         await self._idle.wait()
                 tg.cancel_scope.cancel()
@@ -228,10 +330,14 @@ class BroadcastConsumer:
         task group's cancellation ends a blocked read), at most `max_in_flight` entries
         unfinished."""
         failures = 0
+        behind = False  # whether trimming may have caught up with the position (`Gaps`)
         while not stop.is_set():
             while self.in_flight >= self.settings.max_in_flight:
+                behind = True  # not reading, while the stream may grow past its cap
                 await self._capacity.wait()
             try:
+                if behind or self.gaps.due(streams, self.settings.trim_check_s):
+                    await self.gaps.check(self.redis, self.positions, streams)
                 positions: dict[KeyT, StreamIdT] = {s: self.positions[s] for s in streams}
                 reply = await self.redis.xread(
                     positions, count=_BATCH, block=self.settings.block_max_ms
@@ -248,6 +354,7 @@ class BroadcastConsumer:
                 continue
             self._dispatch(reply or [])
             self.handling.flush_metrics()
+            behind = any(len(entries) >= _BATCH for _, entries in reply or [])  # more to read
 
     def _dispatch(self, reply: list[Any]) -> None:
         for stream, entries in reply:
@@ -258,6 +365,7 @@ class BroadcastConsumer:
             self.queues.dispatch(held, items)
             if entries:
                 self.positions[key] = entries[-1][0]
+                self.gaps.count_read(key, len(entries))
 
     async def _cancel_reads_on(self, stop: anyio.Event, scope: anyio.CancelScope) -> None:
         """A blocking XREAD does not wait for its block time once `stop` is set, nor does a
@@ -266,10 +374,30 @@ class BroadcastConsumer:
         self.handling.stopping.set()
         scope.cancel()
 
+    async def _last_check(self) -> None:
+        """At stop, once reading ended: tell the entries trimmed since the last check."""
+        try:
+            await self.gaps.check(self.redis, self.positions, self.streams)
+        except _RETRIED as exc:
+            log.warning(
+                "broadcast consumer %s: could not check for entries trimmed before it read "
+                "them at stop: %s",
+                self.consumer_id,
+                exc,
+            )
+
     async def _start_positions(self) -> None:
+        """The streams' last entries (``XINFO STREAM``: with the count of entries ever added,
+        for `Gaps`); a missing stream starts at ``0-0``. Raises other error replies."""
         pipe = self.redis.pipeline(transaction=False)
         for stream in self.streams:
-            pipe.xrevrange(stream, count=1)
-        for stream, last in zip(self.streams, await execute(pipe), strict=True):
-            self.positions[stream] = last[0][0] if last else b"0-0"
+            pipe.xinfo_stream(stream)
+        for stream, info in zip(
+            self.streams, await execute(pipe, raise_on_error=False), strict=True
+        ):
+            if isinstance(info, Exception) and "no such key" not in str(info).lower():
+                raise info
+            last = None if isinstance(info, Exception) else info.get("last-entry")
+            self.positions[stream] = last[0] if last else b"0-0"
+            self.gaps.start(stream, info)
         self.started.set()

@@ -13,10 +13,13 @@ from typing import Any
 import anyio
 import pytest
 from cases.backends import Backend
+from redis.exceptions import ResponseError
 from support import Tick, running, wait_until
 
 from eventbus import Context, EventBus
+from eventbus.consumer.broadcast import Gaps
 from eventbus.dlq import DROP, UNPARK, control_entry
+from eventbus.ops.metrics import METRICS
 
 
 def _instance(backend: Backend, seen: dict[str, list[tuple[str, int]]], name: str) -> EventBus:
@@ -157,6 +160,92 @@ class BroadcastCases:
             await bus.publish("config", Tick(resource="r", seq=1), resource_id="r")
             await run.drain()
         assert seen == ["Tick"]
+
+    async def test_entries_trimmed_before_an_instance_read_them_are_told(
+        self, backend: Backend, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """hunt33b: an instance behind the stream's cap read on from the new head, and the
+        trimmed entries never reached it without a word. Now they are logged at ERROR with
+        their count and counted in ``eventbus_trimmed_unread_total`` (group ``_broadcast``)."""
+        bus = backend.bus(shards=1, max_in_flight=1)
+        bus.topic("capped", maxlen=100)
+        gate = anyio.Event()
+        seen: list[int] = []
+
+        @bus.subscriber("capped", broadcast=True)
+        async def reload(event: Tick) -> None:
+            seen.append(event.seq)
+            await gate.wait()
+
+        trimmed = METRICS.trimmed_unread.labels("capped", "_broadcast")
+        before = trimmed._value.get()
+        with caplog.at_level(logging.INFO, logger="eventbus.consumer"):
+            async with running(bus) as [run]:
+                await bus.publish("capped", Tick(resource="r", seq=0), resource_id="r")
+                await wait_until(lambda: seen == [0])  # read, held: the instance is behind
+                events = [("r", Tick(resource="r", seq=i)) for i in range(1, 1001)]
+                await bus.publish_many("capped", events)  # the cap trims most of them
+                gate.set()
+                await run.drain()
+        missed = 1001 - len(seen)
+        assert missed >= 800 and seen[1:] == list(range(missed + 1, 1001))  # the newest ones
+        told = [r for r in caplog.records if "trimmed before it read them" in r.getMessage()]
+        assert [r.levelno for r in told] == [logging.ERROR]
+        assert f": {missed} entries of topic capped shard 0 " in told[0].getMessage()
+        assert trimmed._value.get() - before == missed
+
+    async def test_a_caught_up_instance_is_told_of_no_trim(
+        self, backend: Backend, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """The cap trims only entries the instance read: nothing is reported, however often
+        it checks (at every read here, and once more at stop)."""
+        bus = backend.bus(shards=1, trim_check_s=0.001)
+        bus.topic("capped", maxlen=10)
+        seen: list[int] = []
+
+        @bus.subscriber("capped", broadcast=True)
+        async def reload(event: Tick) -> None:
+            seen.append(event.seq)
+
+        with caplog.at_level(logging.INFO, logger="eventbus.consumer"):
+            async with running(bus) as [run]:
+                for i in range(0, 150, 5):  # past one stream node (100): read ones trimmed
+                    events = [("r", Tick(resource="r", seq=n)) for n in range(i, i + 5)]
+                    await bus.publish_many("capped", events)
+                    await run.drain()
+        assert seen == list(range(150))
+        assert await backend.redis.xlen(bus.keys.stream("capped", 0)) < 150
+        assert not [r for r in caplog.records if "trimmed" in r.getMessage()]
+        assert bus.consumers[0].gaps.lost == {bus.keys.stream("capped", 0): 0}  # type: ignore[union-attr]
+
+    async def test_gaps_count_what_was_trimmed_unread_ahead_or_read_past(
+        self, backend: Backend
+    ) -> None:
+        """`Gaps.check` on a stream trimmed exactly: entries trimmed ahead of the position
+        (the stream's first entry after it), then entries a read jumped over (the position
+        inside the stream again: counted with XRANGE); each reported once."""
+        r = backend.redis
+        stream = "gaps-stream"
+        gaps = Gaps("me", "t", "_broadcast", {stream: 0})
+        ids = [await r.xadd(stream, {"n": str(n)}) for n in range(5)]
+        gaps.start(stream, await r.xinfo_stream(stream))
+        ids += [await r.xadd(stream, {"n": str(n)}) for n in range(5, 15)]
+        gaps.count_read(stream, 3)  # read the 6th to 8th
+        await r.xtrim(stream, maxlen=5, approximate=False)  # the 9th and 10th unread, gone
+        assert await gaps.check(r, {stream: ids[7]}, [stream]) == 2  # ahead
+        gaps.count_read(stream, 3)  # read on: the 11th to 13th
+        assert await gaps.check(r, {stream: ids[12]}, [stream]) == 0  # told already
+        ids += [await r.xadd(stream, {"n": str(n)}) for n in range(15, 25)]
+        await r.xtrim(stream, maxlen=5, approximate=False)  # the 14th to 20th unread, gone
+        gaps.count_read(stream, 2)  # a read from the 13th jumped to the 21st and 22nd
+        assert await gaps.check(r, {stream: ids[21]}, [stream]) == 7  # read past them
+        assert await gaps.check(r, {stream: ids[21]}, [stream]) == 0
+        assert gaps.lost == {stream: 9}
+        missing = "gaps-missing"
+        gaps = Gaps("me", "t", "_broadcast", {missing: 1})
+        gaps.start(missing, ResponseError("no such key"))  # created after the start
+        await r.xadd(missing, {"n": "0"})
+        assert await gaps.check(r, {missing: b"0-0"}, [missing]) == 0
 
     async def test_a_dedup_window_is_each_instances_own(self, backend: Backend) -> None:
         """hunt33b: the de-duplication marks were keyed by the subscription's name

@@ -286,12 +286,6 @@ def test_a_session_whose_after_commit_publish_failed_can_be_used_again(
 
 # -- broadcast: a running instance that falls behind the stream's cap ----------------------------
 @pytest.mark.anyio
-@pytest.mark.xfail(
-    strict=True,
-    reason="broadcast: an instance whose XREAD position was trimmed (MAXLEN ~) reads on from the "
-    "stream's new head: the trimmed events never reach it and nothing says so (no WARNING, no "
-    "trim counter), unlike a group's trim check",
-)
 async def test_a_broadcast_instance_behind_the_cap_is_told_what_it_missed(
     settings: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
