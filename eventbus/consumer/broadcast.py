@@ -161,7 +161,7 @@ class Gaps:
     async def check(self, redis: Any, positions: dict[KeyT, StreamIdT], streams: list[str]) -> int:
         """Check `streams` (read positions in `positions`); log at ERROR and count each increase
         of their entries trimmed unread. Returns the number newly found. Raises the client's
-        connection errors (the caller retries)."""
+        connection errors and error replies but "no such key" (a stream not created yet)."""
         pipe = redis.pipeline(transaction=False)
         for stream in streams:
             pipe.xinfo_stream(stream)
@@ -169,8 +169,8 @@ class Gaps:
         found = 0
         for stream, info in zip(streams, infos, strict=True):
             self.checked_at[stream] = time.monotonic()
-            if isinstance(info, Exception):
-                continue  # no stream yet
+            if _missing(info):
+                continue
             position = _text(positions[stream])
             lost = await self._lost(redis, stream, position, info)
             if lost is None or lost <= self.lost[stream]:
@@ -203,6 +203,16 @@ class Gaps:
         else:
             after = len(await redis.xrange(stream, min="(" + position, count=unread + 1))
         return max(self.lost[stream], unread - after)
+
+
+def _missing(info: Any) -> bool:
+    """Whether an ``XINFO STREAM`` reply says the stream does not exist; raises any other
+    error reply."""
+    if isinstance(info, Exception):
+        if "no such key" not in str(info).lower():
+            raise info
+        return True
+    return False
 
 
 def _text(value: Any) -> str:
@@ -395,9 +405,7 @@ class BroadcastConsumer:
         for stream, info in zip(
             self.streams, await execute(pipe, raise_on_error=False), strict=True
         ):
-            if isinstance(info, Exception) and "no such key" not in str(info).lower():
-                raise info
-            last = None if isinstance(info, Exception) else info.get("last-entry")
+            last = None if _missing(info) else info.get("last-entry")
             self.positions[stream] = last[0] if last else b"0-0"
             self.gaps.start(stream, info)
         self.started.set()

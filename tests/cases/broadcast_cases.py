@@ -246,6 +246,9 @@ class BroadcastCases:
         gaps.start(missing, ResponseError("no such key"))  # created after the start
         await r.xadd(missing, {"n": "0"})
         assert await gaps.check(r, {missing: b"0-0"}, [missing]) == 0
+        await r.set("gaps-wrong", "x")  # any other error reply is raised, not skipped
+        with pytest.raises(ResponseError, match="WRONGTYPE"):
+            await Gaps("me", "t", "_broadcast", {}).check(r, {"gaps-wrong": b"0-0"}, ["gaps-wrong"])
 
     async def test_a_dedup_window_is_each_instances_own(self, backend: Backend) -> None:
         """hunt33b: the de-duplication marks were keyed by the subscription's name
