@@ -384,8 +384,18 @@ class ShardCatchUp:
         for i in range(0, len(refs), READ_AHEAD):
             chunk = refs[i : i + READ_AHEAD]
             for ref, entries in zip(chunk, await self.read_many(chunk, flt), strict=True):
-                for entry in entries:
-                    await self.handle(entry, self)
+                done = 0
+                try:
+                    for entry in entries:
+                        await self.handle(entry, self)
+                        done += 1
+                except Fenced:
+                    if done and self.stopped():  # keep what was handled: the lock is still ours
+                        await self.confirm()
+                        last = entries[done - 1].entry_id
+                        await redis.xgroup_setid(self.stream, group, str(last))
+                        self.delivered = last
+                    raise
                 handled += len(entries)
                 if entries:
                     await self.confirm()

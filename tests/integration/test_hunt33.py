@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 import redis.asyncio
 from support import Tick, resources_per_shard
@@ -495,3 +496,49 @@ async def test_a_dictionary_missing_from_redis_is_not_skipped_silently(
         f"10 entries compressed with dictionary {dict_id}, missing from Redis, were archived "
         "without any log line naming it"
     )
+
+
+@pytest.mark.single_node("one shard, consumers driven round by round")
+@pytest.mark.parametrize("ack", ["before", "after"])
+async def test_a_stop_mid_segment_hands_handled_entries_to_the_next_owner(
+    settings: Callable[..., Settings], r: redis.asyncio.Redis, tmp_path: Path, ack: str
+) -> None:
+    """review33 B1: the stop-aware catch-up fence let the next entry go mid-segment, and the
+    group moved only after a whole segment: the next owner handled x:0..x:2 again (at-most-once
+    subscribers too)."""
+    from eventbus.consumer.catchup import shard_hook
+
+    store = open_store(str(tmp_path / "segments"))
+    s = settings(shards=1)
+    bus = EventBus(s, archive=store)
+    seen: list[int] = []
+    stop = anyio.Event()
+
+    @bus.subscriber("t", group="g", ack=ack)
+    async def handle(event: Tick) -> None:
+        seen.append(event.seq)
+        if event.seq == 2:
+            stop.set()  # SIGTERM while x:2 runs: x:2 finishes, x:3 is let go
+            await anyio.lowlevel.checkpoint()  # a handler doing I/O: the stop task runs
+
+    c1 = await _driven(bus, s, "consumer-1")
+    c1.catch_up = shard_hook(store, c1.handling)
+    await c1.reader.ensure_groups()
+    try:
+        for seq in range(5):  # one segment x:0..x:4, archived and trimmed before g read them
+            await bus.publish("t", Tick(resource="x", seq=seq), resource_id="x")
+        await _offload(bus, s, store)
+        assert await r.xlen(bus.keys.stream("t", 0)) == 0
+        with anyio.fail_after(30):
+            await c1.run(stop)
+        first = list(seen)
+        c2 = await _driven(bus, s, "consumer-2")
+        c2.catch_up = shard_hook(store, c2.handling)
+        with anyio.fail_after(30):
+            await c2.round(1)  # takes shard 0: its catch-up handles the segment
+        assert list(c2.table.held) == [0]
+        await c2._leave()
+    finally:
+        await bus.aclose()
+    assert first == [0, 1, 2]
+    assert seen == [0, 1, 2, 3, 4], f"handled {seen}: x:0..x:2 twice after a graceful stop"
