@@ -201,12 +201,6 @@ async def test_an_at_most_once_read_blocked_at_the_stop_loses_nothing_published_
 
 
 # -- eventbus replay of a topic the offloader is archiving --------------------------------------
-@pytest.mark.xfail(
-    strict=True,
-    reason="eventbus replay reads the checkpoint counts after the replay (_check_gaps), the "
-    "segments before it (plan): a segment the offloader commits meanwhile makes a complete "
-    "archive fail as holed (exit 1, 20 entries missing)",
-)
 def test_replay_during_an_offload_reports_no_missing_segment(
     redis_db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

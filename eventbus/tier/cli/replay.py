@@ -105,13 +105,6 @@ def replay(
         from eventbus.tier.replay import ReplayFilter, iter_topic, plan
         from eventbus.tier.store import describe, list_shards_sync
 
-        present = list_shards_sync(source, topic)
-        if not present:
-            raise EventBusError(
-                f"no archived segments of topic {topic!r} in {describe(source)}: check the "
-                "topic name and --store"
-            )
-
         flt = ReplayFilter(
             start_id=parse_id(from_id) if from_id else None,
             end_id=parse_id(to_id) if to_id else None,
@@ -120,9 +113,18 @@ def replay(
             resource_ids=frozenset(resource_id) if resource_id else None,
             event_types=frozenset(event_type) if event_type else None,
         )
-        segments = plan(source, topic, flt, shard)
         whole = flt.start_id is None and flt.end_id is None and flt.since_ms is None
         whole = whole and flt.until_ms is None
+        # the checkpoint counts before the store is listed: what the offloader commits after
+        # only makes the archive look longer, never shorter (`check_complete`)
+        accounted = _accounted(settings, topic, shard) if whole else None
+        present = list_shards_sync(source, topic)
+        if not present:
+            raise EventBusError(
+                f"no archived segments of topic {topic!r} in {describe(source)}: check the "
+                "topic name and --store"
+            )
+        segments = plan(source, topic, flt, shard)
         counts: dict[int, int] = {}
         total = sum(ref.size for refs in segments.values() for ref in refs)
         bar = Progress(
@@ -157,37 +159,43 @@ def replay(
                             bar.update(task, events=count)
             bar.update(task, events=count)
         console.print(f"replayed {count} events of {topic} from {describe(source)}")
-        if whole:
-            _check_gaps(settings, source, topic, shard, counts, allow_gaps)
+        if accounted is not None:
+            _check_gaps(source, topic, accounted, counts, allow_gaps)
     except (EventBusError, ValidationError) as exc:
         raise error_exit(exc) from None
 
 
-def _check_gaps(
-    settings: Settings,
-    source: Store,
-    topic: str,
-    only: list[int] | None,
-    counts: dict[int, int],
-    allow_gaps: bool,
-) -> None:
-    """Compare what replay read with the offloader checkpoints (see `replay`): every shard the
-    checkpoints account for (`only` those given), also one with no segment left in the store
-    (its folder goes with its last object on S3, so a listing alone never sees it)."""
+def _accounted(settings: Settings, topic: str, only: list[int] | None) -> dict[int, int] | None:
+    """`_checkpoint_counts`, or None (with a warning: nothing will be checked) when Redis does
+    not answer."""
     from redis.exceptions import RedisError
 
     from eventbus.config.addresses import redact_url
-    from eventbus.tier.completeness import check_complete
 
     try:
-        accounted = _checkpoint_counts(settings, topic, only)
+        return _checkpoint_counts(settings, topic, only)
     except (RedisError, OSError) as exc:
         console.print(
             f"[yellow]warning:[/yellow] not checked for missing segments: Redis at "
             f"{escape(redact_url(settings.redis_url))} did not answer ({type(exc).__name__})",
             soft_wrap=True,
         )
-        return
+        return None
+
+
+def _check_gaps(
+    source: Store,
+    topic: str,
+    accounted: dict[int, int],
+    counts: dict[int, int],
+    allow_gaps: bool,
+) -> None:
+    """Compare what replay read (`counts`) with what the offloader checkpoints accounted for
+    before the store was listed (`accounted`, `_checkpoint_counts`): every shard they count,
+    also one with no segment left in the store (its folder goes with its last object on S3, so
+    a listing alone never sees it)."""
+    from eventbus.tier.completeness import check_complete
+
     gaps = check_complete(source, topic, counts, accounted)
     if gaps and not allow_gaps:
         raise gaps[0]
@@ -216,9 +224,27 @@ def _checkpoint_counts(settings: Settings, topic: str, only: list[int] | None) -
         finally:
             await client.aclose()
 
-    counts = {}
+    counts: dict[int, int] = {}
+    unrecorded: dict[int, int | None] = {}
     for field, value in anyio.run(ask).items():
-        shard, _, name = field.decode().partition(":")
-        if name == "count" and shard.isdigit() and (only is None or int(shard) in only):
-            counts[int(shard)] = int(value)
+        text, _, name = field.decode().partition(":")
+        if not text.isdigit() or (only is not None and int(text) not in only):
+            continue
+        if name == "count":
+            counts[int(text)] = int(value)
+        elif name == "gap":  # accounted, its record not stored yet (docs/tier.md "Gaps")
+            unrecorded[int(text)] = _lost_in(value, f"{key} {field.decode()}")
+    for shard, lost in unrecorded.items():
+        if lost is None:  # a loss of unknown size: this shard cannot be checked
+            counts.pop(shard, None)
+        elif shard in counts:
+            counts[shard] -= lost
     return counts
+
+
+def _lost_in(gap: bytes, where: str) -> int | None:
+    """The entries an unrecorded gap (its record's JSON) lost, None if unknown. Raises
+    `CorruptGapRecord` naming `where`."""
+    from eventbus.tier.gaps import load_gap
+
+    return load_gap(gap, where).lost_entries
