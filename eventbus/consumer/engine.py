@@ -91,7 +91,8 @@ class Consumer:
             sub,
             redis_retry,
             fenced_off=self._fenced_off,
-            fence_in_redis=self.locks.fences_writes,
+            # (a custom lock client written before `ShardLocks.fences_writes`: cannot fence)
+            fence_in_redis=getattr(self.locks, "fences_writes", False),
         )
         self.acks = Acks(
             member,
