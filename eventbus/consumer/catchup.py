@@ -79,7 +79,7 @@ def shard_hook(store: Store, handling: Handling) -> Callable[[int, int], Awaitab
 
     async def hook(shard: int, token: int) -> bool:
         stats = CatchUpStats()
-        sc = ShardCatchUp(runner, shard, token, typed, stats, stopping=handling.stopping)
+        sc = ShardCatchUp(runner, shard, token, typed, stats, stopping=handling.halting)
         behind = False
         try:
             delivered = await sc.last_delivered()
@@ -154,4 +154,4 @@ class TypedCatchUp:
                 return
             if step is Outcome.LET_GO:
                 raise Fenced
-            await wait_retry(step, self.handling.stopping)
+            await wait_retry(step, self.handling.halting)

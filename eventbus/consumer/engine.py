@@ -122,8 +122,9 @@ class Consumer:
         self._owed_until = 0.0  # monotonic time until which a consumer holding none polls fast
         self.read_full = False  # the last read filled a shard's read_count (`read_linger_ms`)
         self.catching_up = CatchUpSchedule(self.backoff)
-        self._stopping = False
-        self._stopped = self.handling.stopping  # set once no more handlers start
+        self._stopping = False  # set at the stop: no more reads
+        self._letting_go = False  # set at the stop of an at-least-once consumer: none starts
+        self._stopped = self.handling.stopping  # set then too (retry waits end at once)
         self.runner = QueueRunner(self.handling, self, self.acks)
         self._work: Any = self.runner.run  # a worker's step: a resource's queue, or a batch
         self._batch = is_batch(sub.call)
@@ -149,7 +150,8 @@ class Consumer:
         Graceful shutdown: stop reading, let running handlers finish, flush their acks, release
         every lock and leave the group's live members, so another consumer takes the shards over
         at its next round rather than after the liveness TTL. Events queued but not started stay
-        pending and are recovered, in order, by the next owner. Waits at most
+        pending and are recovered, in order, by the next owner; an at-most-once consumer's
+        (``NOACK``: acknowledged when read) are handled first. Waits at most
         `shutdown_grace_s` seconds for in-flight entries.
 
         Raises `ShardCountMismatch` at start if the topic's stored shard count differs.
@@ -184,12 +186,18 @@ class Consumer:
                 await self.reader.aclose()
 
     async def _stop_starting(self, stop: anyio.Event) -> None:
-        """Once `stop` is set, start no more handlers, at once: the read loop may still be in a
-        blocking read for a while, and queued entries must not keep running meanwhile, or a
-        large backlog would delay the hand-over."""
+        """Once `stop` is set, read no more and, at once, start no more handlers: the read loop
+        may still be in a blocking read for a while, and queued entries must not keep running
+        meanwhile, or a large backlog would delay the hand-over (they stay pending for the next
+        owner). An at-most-once consumer's entries were acknowledged when read (``NOACK``): it
+        handles what it read, the read in flight at the stop included, within
+        `shutdown_grace_s`, instead of dropping it (hunt33b)."""
         await stop.wait()
         self._stopping = True
-        self._stopped.set()
+        self.handling.halting.set()
+        if not self.noack:
+            self._letting_go = True
+            self._stopped.set()
         self._wake_all()
 
     async def _leave(self) -> None:
@@ -213,7 +221,7 @@ class Consumer:
         return (
             time.monotonic() < self.lease.until
             and not d.held.lost  # type: ignore[attr-defined]
-            and not self._stopping
+            and not self._letting_go
         )
 
     async def wait(self, d: Delivery) -> bool:
@@ -224,7 +232,7 @@ class Consumer:
         return self._current(d)
 
     def _current(self, d: Delivery) -> bool:
-        return not self._stopping and not d.held.lost  # type: ignore[attr-defined]
+        return not self._letting_go and not d.held.lost  # type: ignore[attr-defined]
 
     def _fenced_off(self, d: Delivery) -> None:
         """Redis refused a fenced write for `d` (``fenced_hash.lua``): the lock of its shard
@@ -272,8 +280,8 @@ class Consumer:
         if self._lock_due():
             await self._lock_round()
         await self._check_trims()
-        if self._stopping:  # stopped meanwhile: the workers let the queued entries go, so every
-            return False  # shard looks readable; a read now is lost with NOACK, pending without
+        if self._stopping:  # stopped meanwhile: no read after the stop (the workers let the
+            return False  # queued entries go, so every shard looks readable)
         got = await self._read(block_ms)
         if got is None:  # no lease: re-lock in the next round
             return False

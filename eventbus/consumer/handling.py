@@ -91,6 +91,9 @@ class Handling:
         self.watchdog = Watchdog(sub.options.handler_timeout_s)  # run by whoever runs this handling
         self.stopping = anyio.Event()
         """Set by whoever runs this handling when it stops: retry waits end (`wait_retry`)."""
+        self.halting = anyio.Event()
+        """Set when the consumer stops reading (with `stopping`, or before it: an at-most-once
+        consumer handles what it read first): a catch-up from the archive stops there."""
         self.decoding = Decoding(member, sub, retry)
         # the decoding path, under the names the consumer, broadcast and catch-up call
         self.prepare, self.decoded = self.decoding.prepare, self.decoding.decoded
