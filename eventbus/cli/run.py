@@ -119,8 +119,15 @@ def _serve(host: str, port: int, probe: Any, registry: Any = None) -> Any:
 def _run_processes(
     target: str, n: int, host: str, port: int | None, logging_args: list[str]
 ) -> None:
-    """Start `n` single-process runs, forward SIGTERM/SIGINT to them, and serve the metrics of
-    all of them (prometheus-client's multiprocess mode) with their health on `port`."""
+    """Start `n` single-process runs, forward SIGTERM/SIGINT to them (as SIGTERM), and serve
+    the metrics of all of them (prometheus-client's multiprocess mode) with their health on
+    `port`.
+
+    A SIGINT is forwarded as SIGTERM: a ctrl-C in a terminal signals the whole foreground
+    process group, children included, and a forwarded SIGINT would be each child's second one,
+    which forces it (`eventbus.client.loops.stop_on_signal`); a repeated SIGTERM only asks again
+    for the graceful shutdown under way. So one ctrl-C stops the children gracefully, a second
+    one forces them, as it does a single process."""
     from prometheus_client import CollectorRegistry, multiprocess
 
     with contextlib.ExitStack() as stack:
@@ -138,24 +145,24 @@ def _run_processes(
             # wrote its own eventbus_ready and tick gauges there at import: 0, not a child's
             multiprocess.mark_process_dead(os.getpid(), env[MULTIPROC_ENV])  # type: ignore[no-untyped-call]
         cmd = [sys.executable, "-m", "eventbus.cli", "run", target, *logging_args]
-        # each signal, with how many children it reached: one that comes while a child is
+        # for each signal, how many children it reached: one that comes while a child is
         # being started still reaches that child, and no further child is started (installed
         # after the children, a signal meanwhile killed this process and orphaned them)
-        received: list[tuple[int, int]] = []
+        received: list[int] = []
 
-        def forward(signum: int, _frame: Any) -> None:
-            received.append((signum, len(procs)))
+        def forward(_signum: int, _frame: Any) -> None:
+            received.append(len(procs))
             for p in procs:
-                p.send_signal(signum)
+                p.send_signal(signal.SIGTERM)  # (not SIGINT: see the docstring)
 
         signal.signal(signal.SIGTERM, forward)
         signal.signal(signal.SIGINT, forward)
         while len(procs) < n and not received:
             child = subprocess.Popen(cmd, env=env)
             procs.append(child)  # from here, `forward` reaches it
-            for signum, reached in list(received):
+            for reached in list(received):
                 if reached < len(procs):  # (came during Popen: before the append)
-                    child.send_signal(signum)
+                    child.send_signal(signal.SIGTERM)
         codes = []
         for p in procs:
             codes.append(p.wait())

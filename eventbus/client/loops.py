@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import anyio
+from anyio.abc import TaskStatus
 
 T = TypeVar("T")
 log = logging.getLogger("eventbus")
@@ -73,10 +74,40 @@ def young_gc_threshold(threshold: int) -> Iterator[None]:
                 gc.set_threshold(*_gc_before)
 
 
-async def stop_on_signal(stop: anyio.Event) -> None:
-    """Set `stop` when SIGTERM or SIGINT arrives (once; logged), for a graceful shutdown."""
+async def stop_on_signal(
+    stop: anyio.Event, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+) -> None:
+    """Set `stop` at the first SIGTERM or SIGINT (logged), for a graceful shutdown, and go on
+    handling both until the caller cancels this task (once its shutdown has ended: returns
+    only by cancellation).
+
+    While the shutdown runs, a further SIGTERM is logged and changes nothing: systemd's
+    ``KillMode=control-group`` signals every process of the unit, and ``eventbus run
+    --processes`` forwards the parent's SIGTERM too, so a child gets two (before, the second one
+    met the default action and killed the child mid-handler). A second SIGINT (ctrl-C again)
+    forces: logged, then `KeyboardInterrupt` is raised here, which cancels the running handlers
+    (their entries stay pending; the locks free up after the liveness TTL).
+
+    Reports `task_status.started()` (``await tg.start(stop_on_signal, stop)``) once the
+    signals are caught. Raises `KeyboardInterrupt` on that second SIGINT, nothing else."""
+    sigints = 0
+    stopping = False
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        task_status.started()
         async for signum in signals:
-            log.info("received %s: shutting down gracefully", signal.Signals(signum).name)
-            stop.set()
-            return
+            name = signal.Signals(signum).name
+            if signum == signal.SIGINT:
+                sigints += 1
+            if not stopping:
+                stopping = True
+                log.info("received %s: shutting down gracefully", name)
+                stop.set()
+            elif sigints >= 2:
+                log.warning("received SIGINT again: forcing the shutdown (KeyboardInterrupt)")
+                raise KeyboardInterrupt
+            else:
+                log.info(
+                    "received %s again: already shutting down gracefully (a second SIGINT "
+                    "forces, as SIGKILL does)",
+                    name,
+                )

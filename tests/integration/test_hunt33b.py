@@ -444,13 +444,6 @@ async def handle(event: Tick) -> None:
 @pytest.mark.skipif(
     not Path("/proc/self/task").is_dir(), reason="orders the signals with Linux's /proc"
 )
-@pytest.mark.xfail(
-    strict=True,
-    reason="eventbus run --processes: a SIGTERM sent to the process group (systemd's default "
-    "KillMode=control-group) reaches each child, and the parent forwards it again; the second "
-    "one, after stop_on_signal removed its handler, kills the child gracefully shutting down "
-    "(default action): its handler dies, its locks stay until the liveness TTL, exit 1",
-)
 def test_one_group_sigterm_on_run_processes_shuts_the_children_down_gracefully(
     redis_db: str, tmp_path: Path
 ) -> None:

@@ -21,12 +21,13 @@ class _Child:
     """A started child as `_run_processes` sees it: the signals it was sent; it exits 0."""
 
     started: ClassVar[list[_Child]] = []
+    operator_sends: ClassVar[int] = signal.SIGTERM
 
     def __init__(self, cmd: list[str], **_: Any) -> None:
         self.cmd, self.signals, self.pid = cmd, [], 1_000_000 + len(self.started)
         _Child.started.append(self)
-        if len(self.started) == 1:  # the operator's SIGTERM arrives while the first starts
-            os.kill(os.getpid(), signal.SIGTERM)
+        if len(self.started) == 1:  # the operator's signal arrives while the first starts
+            os.kill(os.getpid(), self.operator_sends)
 
     def send_signal(self, signum: int) -> None:
         self.signals.append(signum)
@@ -44,6 +45,7 @@ def own_handlers() -> Iterator[list[int]]:
     for s in saved:
         signal.signal(s, lambda signum, _frame: caught.append(signum))
     _Child.started = []
+    _Child.operator_sends = signal.SIGTERM
     try:
         yield caught
     finally:
@@ -59,3 +61,16 @@ def test_a_sigterm_while_children_start_reaches_them_and_starts_no_more(
     assert [c.signals for c in _Child.started] == [[signal.SIGTERM]]  # one child, told to stop
     assert _Child.started[0].cmd[-4:] == ["run", "app:bus", "--log-level", "info"]
     assert own_handlers == []  # forwarded, not taken by the parent's previous handler
+
+
+def test_a_sigint_is_forwarded_as_sigterm(
+    monkeypatch: pytest.MonkeyPatch, own_handlers: list[int]
+) -> None:
+    """A ctrl-C reaches the children itself (the terminal signals the foreground process
+    group): a forwarded SIGINT was each child's second, which forces it (`stop_on_signal`);
+    a SIGTERM asks for the same graceful shutdown and is harmless when repeated."""
+    monkeypatch.setattr(run_cli.subprocess, "Popen", _Child)
+    monkeypatch.setattr(_Child, "operator_sends", signal.SIGINT)
+    run_cli._run_processes("app:bus", 3, "127.0.0.1", None, ["--log-level", "info"])
+    assert [c.signals for c in _Child.started] == [[signal.SIGTERM]]
+    assert own_handlers == []
