@@ -29,15 +29,21 @@ class BatchHandlerCall(HandlerCall):
         super().__init__(func, takes_context=takes_context)
         self.max_batch = max_batch
 
-    async def call_batch(self, events: list[Any], ctxs: list[Context]) -> None:
+    async def call_batch(self, events: list[Any], ctxs: list[Context]) -> Any:
+        """The handler's return value: None, or a list of one answer per event, in order
+        (None for an event it does not answer; a model answers a request, `batching`)."""
         args = (events, ctxs) if self.takes_context else (events,)
         if self.is_async:
-            await cast("Awaitable[None]", self.func(*args))
-        else:
-            await anyio.to_thread.run_sync(partial(self.func, *args), abandon_on_cancel=True)
+            return await cast("Awaitable[Any]", self.func(*args))
+        return await anyio.to_thread.run_sync(partial(self.func, *args), abandon_on_cancel=True)
 
-    async def __call__(self, event: Any, ctx: Context) -> None:
-        await self.call_batch([event], [ctx])
+    async def __call__(self, event: Any, ctx: Context) -> Any:
+        """The batch of one's answer (its list's one item), or what the handler returned when
+        it is not a list of one (the per-event path then refuses it for a request)."""
+        result = await self.call_batch([event], [ctx])
+        if isinstance(result, list) and len(result) == 1:
+            return result[0]
+        return result
 
 
 def batch_handler_models(handler: Callable[..., Any]) -> tuple[dict[str, type[BaseModel]], bool]:

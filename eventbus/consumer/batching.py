@@ -47,6 +47,8 @@ from eventbus.consumer.queues import ResourceQueues
 from eventbus.consumer.scope import around
 from eventbus.consumer.shards import HeldShard, Item
 from eventbus.consumer.watchdog import Slot
+from eventbus.errors import InvalidReply
+from eventbus.protocol.replies import REPLY_TO, send_reply
 
 log = logging.getLogger("eventbus.consumer")
 
@@ -251,12 +253,42 @@ class BatchRunner:
             return NOT_STARTED
         call = self.call.call_batch
         batch = around(h.middlewares, call, events, ctxs) if h.middlewares else call(events, ctxs)
-        _, error = await h.watched(slot, batch)
+        result, error = await h.watched(slot, batch)
+        if error is None and result is not None:
+            error = await self._answer(entries, result)
         if error is not None:
             return error
         h.tally.handled += len(entries)
         last = entries[-1].env.published_at_ms  # type: ignore[union-attr]
         h.latencies.values.append(max(0.0, time.time() - last / 1000))
+        return None
+
+    async def _answer(self, entries: list[Item], result: Any) -> Exception | None:
+        """Send the requests among `entries` (`eventbus.request`) their answers: `result`, the
+        batch handler's return value (not None), is a list of one answer per entry, in order
+        (None answers nothing). Returns the attempt's failure (logged, retried, dead-lettered
+        as any), as the per-event path does: a Redis error of the send, or `InvalidReply` for
+        an answer to a request that is not a model, or a `result` of another shape while the
+        batch holds a request (before, it was dropped: the caller waited for nothing)."""
+        h = self.handling
+        if not isinstance(result, list) or len(result) != len(entries):
+            requests = [e for e in entries if REPLY_TO in e.env.headers]  # type: ignore[union-attr]
+            if not requests:
+                return None  # a return value no request waits for: ignored, as before
+            shape = (
+                f"a list of {len(result)}" if isinstance(result, list) else type(result).__name__
+            )
+            return InvalidReply(
+                f"batch handler {self.sub.name} got {len(requests)} request(s) (the first: "
+                f"entry {requests[0].entry_id.decode()}) and returned {shape}: a batch handler "
+                f"answers requests with a list of one answer per event ({len(entries)}), in order"
+            )
+        for e, answer in zip(entries, result, strict=True):
+            if answer is not None:
+                try:
+                    await send_reply(h.redis, h.keys, e.env, answer)  # type: ignore[arg-type]
+                except Exception as exc:
+                    return exc
         return None
 
 

@@ -374,13 +374,6 @@ class Price(BaseModel):
 
 
 @pytest.mark.anyio
-@pytest.mark.xfail(
-    strict=True,
-    reason="request/reply + batch=True: a batch handler's return value is dropped "
-    "(BatchRunner._call, BatchHandlerCall.__call__ returns None): a request to it is never "
-    "answered and nothing says why; the caller's RequestTimeout asks whether the handler "
-    "returns a model",
-)
 async def test_a_request_to_a_batch_subscriber_is_answered_or_refused_loudly(
     settings: Any, r: Any, caplog: pytest.LogCaptureFixture
 ) -> None:

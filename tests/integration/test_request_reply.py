@@ -298,3 +298,71 @@ async def test_timeout_says_why_the_groups_could_not_be_listed(
     assert "could not be listed" in message and "NOPERM" in message
     assert "xinfo|groups" in message and stream in message
     assert info.value.groups == [] and info.value.groups_unknown is not None
+
+
+async def test_a_batch_handler_answers_each_request_with_its_item_of_the_list(
+    settings: type[Settings],
+) -> None:
+    """A batch handler returns one answer per event, in order; before, its return value was
+    dropped and the callers timed out (test_hunt33b)."""
+    server = EventBus(settings(shards=1))
+
+    @server.subscriber("quotes", group="pricing", batch=True)
+    async def price(quotes: list[Quote]) -> list[Price | None]:
+        return [
+            None if q.sku == "plain" else Price(sku=q.sku, total_cents=q.quantity) for q in quotes
+        ]
+
+    client = EventBus(settings(shards=1))
+    results: dict[int, Price] = {}
+
+    async def ask(i: int) -> None:
+        results[i] = await client.request(
+            "quotes",
+            Quote(sku=f"s{i}", quantity=i),
+            resource_id=f"r{i}",
+            timeout_s=60,
+            reply_model=Price,
+        )
+
+    async with running(server), client:
+        await client.publish("quotes", Quote(sku="plain", quantity=0), resource_id="p")
+        async with anyio.create_task_group() as tg:
+            for i in range(5):
+                tg.start_soon(ask, i)
+    assert results == {i: Price(sku=f"s{i}", total_cents=i) for i in range(5)}
+    await client.aclose()
+
+
+async def test_a_batch_handler_that_does_not_answer_a_request_fails_loudly(
+    settings: type[Settings],
+) -> None:
+    """A batch holding a request whose handler returns something else than one answer per
+    event: the attempt fails with `InvalidReply` (logged, retried, then split and dead-lettered
+    as any failure), as a single-event handler's non-model answer does. The same return
+    without a request is ignored, as before."""
+    bus = EventBus(settings(shards=1, max_attempts=1))
+    calls: list[str] = []
+
+    @bus.subscriber("quotes", group="pricing", batch=True)
+    async def count(quotes: list[Quote]) -> int:
+        calls.extend(q.sku for q in quotes)
+        return len(quotes)
+
+    headers = {REPLY_TO: requester(bus.redis, bus.keys).stream, CORRELATION_ID: "c"}
+    dlq = bus.keys.dead_letter("quotes", "pricing")
+    async with running(bus):
+        await bus.publish("quotes", Quote(sku="plain", quantity=1), resource_id="a")
+        asks = await bus.publish(
+            "quotes", Quote(sku="asks", quantity=1), resource_id="b", headers=headers
+        )
+
+        async def settled() -> bool:
+            return await bus.redis.xlen(dlq) == 1 and "plain" in calls and "asks" in calls
+
+        await wait_until(settled)
+    ((_, letter),) = await bus.redis.xrange(dlq)
+    # (the failed batch is split down to the per-event path, whose InvalidReply is stored)
+    assert b"answering a request returned int" in letter[b"error"], letter
+    assert letter[b"entry_id"].decode() == asks  # the plain event was acked, not dead-lettered
+    await bus.aclose()
