@@ -121,7 +121,8 @@ class TrimWatch:
             )
             if group.get("entries-read") is None and _gap_before_head(info, group):
                 uncounted.append(h.shard)
-                self._base.pop(h.shard, None)  # counted afresh once Redis knows it again
+                # counted afresh once Redis knows it again; checked again in `interval_s`
+                self._base[h.shard] = _Baseline(h.generation, None, now)
                 continue
             trim = await self._compare(h, info, group, now)
             if trim is not None:
