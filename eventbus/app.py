@@ -267,12 +267,16 @@ class EventBus(Lifecycle):
         `eventbus.request` says how.
 
         :param resource_id: the request's resource (its shard and order, as for `publish`)
-        :param timeout_s: seconds to wait for the reply, publishing included
+        :param timeout_s: seconds to wait for the reply, publishing included (> 0; `math.inf`
+            waits for ever)
         :param headers: more headers for the request (the reply headers are eventbus's)
         :raises RequestTimeout: no reply within `timeout_s`; it names the groups that read the
             topic (none: nobody subscribes to it), or says why they could not be listed
-        :raises PublishError, PayloadTooLarge, ConfigError: as `publish`
+        :raises PublishError, PayloadTooLarge, ConfigError: as `publish`; `ConfigError` also for
+            a `timeout_s` not > 0 (0, negative, NaN), before anything is published
         """
+        if not timeout_s > 0:  # (NaN too: it compares False)
+            raise ConfigError(f"request timeout_s must be > 0 seconds, got {timeout_s!r}")
         env = await requester(self.redis, self.keys).request(
             self.publish, self.topic(topic), event, resource_id, timeout_s, headers
         )

@@ -14,7 +14,7 @@ from support import running, wait_until
 
 from eventbus import Context, EventBus
 from eventbus.config import Settings
-from eventbus.errors import EventBusError, InvalidReply, RequestTimeout
+from eventbus.errors import ConfigError, EventBusError, InvalidReply, RequestTimeout
 from eventbus.protocol.codec import decode_entry, envelope_of
 from eventbus.protocol.replies import CORRELATION_ID, REPLY_TO, REPLY_TTL_S, send_reply
 from eventbus.protocol.sharding import shard_of
@@ -121,6 +121,23 @@ async def test_timeout_says_nobody_subscribes(settings: type[Settings]) -> None:
     assert isinstance(info.value, EventBusError)
     assert info.value.groups == [] and info.value.entry_id is not None
     await client.aclose()
+
+
+@pytest.mark.parametrize("timeout_s", [0, -1.0, float("nan")])
+async def test_a_timeout_not_above_zero_is_refused_before_publishing(
+    settings: type[Settings], r: redis.asyncio.Redis, timeout_s: float
+) -> None:
+    # hunt33b (suspected): 0 or a negative timed out at once with the request published, NaN
+    # was taken as no timeout at all
+    client = EventBus(settings())
+    async with client:
+        with pytest.raises(ConfigError, match="timeout_s must be > 0"):
+            await client.request(
+                "void", Quote(sku="x", quantity=1), resource_id="x", timeout_s=timeout_s
+            )
+    await client.aclose()
+    for i in range(client.settings.shards):  # nothing published
+        assert not await r.exists(client.keys.stream("void", i))
 
 
 async def test_timeout_names_the_groups_that_did_not_answer(settings: type[Settings]) -> None:
