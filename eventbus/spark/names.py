@@ -33,6 +33,7 @@ NAMES = (
     "s3Endpoint",
     "s3Region",
     "startingOffsets",
+    "startingTimestamp",
     "endingOffsets",
     "maxOffsetsPerTrigger",
     "resourceIdCol",

@@ -21,6 +21,7 @@ import functools
 import json
 import logging
 import os
+import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -31,20 +32,33 @@ import pyarrow as pa
 from pydantic import BaseModel
 from pyspark.sql.pandas.types import from_arrow_schema
 
+from eventbus.protocol.ids import ZERO
 from eventbus.spark.jvm import parquet_select
+from eventbus.spark.matching import (
+    ReadTyping,
+    SegmentTyping,
+    match,
+    segment_typing,
+)
 from eventbus.spark.objects import Objects, as_objects
-from eventbus.spark.options import SourceOptions, models_option
-from eventbus.spark.planning import Pruning, RangePart, SegmentsPart, plan_read, surface_gaps
-from eventbus.spark.reading import parquet_footer
+from eventbus.spark.options import SourceOptions, batch_offsets, models_option
+from eventbus.spark.planning import (
+    MAX_ID,
+    Pruning,
+    RangePart,
+    SegmentsPart,
+    plan_read,
+    ranges_option,
+    surface_gaps,
+)
+from eventbus.spark.reading import INT64_MAX, parquet_footer
 from eventbus.spark.schema import CORRUPT, read_schema
 from eventbus.tier.layout import SegmentRef
 from eventbus.tier.segment import SCHEMA as SEGMENT_SCHEMA
-from eventbus.tier.typed import ERROR_COLUMN, TypedPayloads
+from eventbus.tier.typed import ERROR_COLUMN, typed_struct
 
 log = logging.getLogger("eventbus.spark")
-_SAID: set[str] = set()
 _REGISTERED: weakref.WeakSet[Any] = weakref.WeakSet()  # sessions `read` registered the source on
-_Version = tuple[str | None, str | None]  # a segment footer's typed models and typed version
 
 
 def read(spark: Any, options: Mapping[str, Any] | None = None, **more: Any) -> Any:
@@ -63,15 +77,23 @@ def read(spark: Any, options: Mapping[str, Any] | None = None, **more: Any) -> A
     def python() -> Any:  # built only when used: each reader option is a Py4J round trip
         return spark.read.format("eventbus").options(**strings)
 
-    why = _python_only(opts, strings)
+    why = _python_only(opts)
     if why:
         return _fallback(python, why)
     objects = as_objects(opts.open_store())
     redis = opts.redis()
     try:  # one cut per topic read (``subscribe``'s, else ``topic``), as the Python source plans
+        whole = Pruning().added_since(opts.starting_timestamp)
         cuts = {
             topic: plan_read(
-                objects, topic, Pruning(), redis=redis, keys=opts.keys(), shards=opts.shards
+                objects,
+                topic,
+                whole,
+                redis=redis,
+                keys=opts.keys(),
+                shards=opts.shards,
+                starts=batch_offsets(opts, topic, "startingOffsets"),
+                ends=batch_offsets(opts, topic, "endingOffsets"),
             )
             for topic in opts.subscribed
         }
@@ -84,28 +106,42 @@ def read(spark: Any, options: Mapping[str, Any] | None = None, **more: Any) -> A
     if overlapping:
         which = ", ".join(overlapping)
         return _fallback(python, f"{which} has overlapping segments (each entry read once)")
-    refs = [r for p in segment_parts for r in p.refs]
-    models = opts.models()
-    typed = _typed_payloads(tuple(models.items())) if models else None
-    # the footers' typed versions are fetched while the JVM builds the relation (it waits for
-    # Spark most of that time): checked before the frame is returned, never skipped
-    footers = _typed_versions(objects, refs) if refs and typed is not None else None
+    bounded = [(r, p) for p in segment_parts for r in p.refs]
+    refs = [r for r, _ in bounded]
+    models = tuple((opts.models() or {}).items())
+    # the footers' typed columns are fetched while the JVM builds the relation (it waits for
+    # Spark most of that time): matched before the frame is returned, never skipped
+    footers = _typings(objects, refs) if refs and models else None
     frames = []
     failed = None
+    masked: frozenset[str] = frozenset()
     if refs:
         try:
-            frames.append(_segments(spark, opts, refs, tuple((models or {}).items())))
+            frames.append(_segments(spark, opts, bounded, models, masked))
         except Exception as exc:  # the JVM cannot list or read the files (py4j / analysis)
             failed = f"Spark cannot read {opts.store}: {_first_line(exc)}"
-    if footers is not None and typed is not None:
-        why = _untyped([f.result() for f in footers], typed)
-        if why:
-            return _fallback(python, why)
+    python_refs: list[tuple[SegmentRef, SegmentsPart]] = []
+    if footers is not None:
+        found = match(_read_typing(models), [f.result() for f in footers])
+        if failed is None and (found.python or found.masked):
+            native_refs = [bounded[i] for i in found.native]
+            python_refs = [bounded[i] for i in found.python]
+            frames = []
+            if native_refs:
+                try:
+                    frames.append(_segments(spark, opts, native_refs, models, found.masked))
+                except Exception as exc:
+                    failed = f"Spark cannot read {opts.store}: {_first_line(exc)}"
+        if found.why and not found.native:
+            return _fallback(python, found.why)
+        if found.why and failed is None:
+            _warn(f"{found.why}: those segments are read through the Python source")
     if failed:
         return _fallback(python, failed)
     for topic, cut in cuts.items():  # after the fallbacks: they say it again
         surface_gaps(topic, cut.gaps, opts.on_gap)
     tail = [p for p in parts if isinstance(p, RangePart)]
+    tail += [_python_part(r, p) for r, p in python_refs]
     if tail or not frames:
         frames.append(python().option("_ranges", ranges_option(tail)).load())
     df = frames[0]
@@ -114,26 +150,14 @@ def read(spark: Any, options: Mapping[str, Any] | None = None, **more: Any) -> A
     return df
 
 
-def ranges_option(parts: Sequence[RangePart]) -> str:
-    """The ``_ranges`` option: the planned Redis-tail parts as JSON."""
-    return json.dumps([[p.topic, p.shard, _id(p.after), str(p.upto), _id(p.cp)] for p in parts])
+def _python_part(ref: SegmentRef, part: SegmentsPart) -> RangePart:
+    """A Redis-tail-style part that reads segment `ref` alone, within `part`'s bounds, through
+    the Python source (no ``XRANGE``: its checkpoint is the segment's end)."""
+    after = part.lo.prev() if part.lo > ZERO else None
+    return RangePart(ref.topic, ref.shard, after, min(ref.last, part.hi), ref.last, (ref,))
 
 
-def parse_ranges(text: str) -> list[RangePart]:
-    """`ranges_option`'s parts back."""
-    from eventbus.protocol.ids import parse_id
-
-    return [
-        RangePart(t, int(s), parse_id(a) if a else None, parse_id(u), parse_id(c) if c else None)
-        for t, s, a, u, c in json.loads(text)
-    ]
-
-
-def _id(value: Any) -> str | None:
-    return None if value is None else str(value)
-
-
-def _python_only(opts: SourceOptions, strings: Mapping[str, str]) -> str | None:
+def _python_only(opts: SourceOptions) -> str | None:
     if opts.table != "events":
         return "option table=gaps"
     if opts.mode == "FAILFAST" or not opts.validate:
@@ -142,46 +166,27 @@ def _python_only(opts: SourceOptions, strings: Mapping[str, str]) -> str | None:
         return "a store_factory store is read through obstore only"
     if opts.store.startswith("memory://"):
         return "a memory:// store lives in the Python process"
-    if opts.starting_offsets != "earliest" or opts.ending_offsets != "latest":
-        return "startingOffsets / endingOffsets bound rows inside segments"
-    if str(strings.get("native", "true")).lower() == "false":
+    if not opts.native:
         return "option native=false"
     return None
 
 
-def _typed_versions(objects: Objects, refs: Sequence[SegmentRef]) -> list[Future[_Version]]:
-    """Each of `refs`' footer's (typed models, typed version), fetched and parsed by the footer
-    threads (`_footer_pool`): futures, in `refs`' order, whose result raises what
+def _typings(objects: Objects, refs: Sequence[SegmentRef]) -> list[Future[SegmentTyping]]:
+    """Each of `refs`' footer's typed columns (`segment_typing`), fetched and parsed by the
+    footer threads (`_footer_pool`): futures, in `refs`' order, whose result raises what
     `parquet_footer` raises."""
     pool = _footer_pool()
-    return [pool.submit(_typed_version, objects, ref) for ref in refs]
+    return [pool.submit(_typing, objects, ref) for ref in refs]
 
 
-def _typed_version(objects: Objects, ref: SegmentRef) -> _Version:
-    meta = parquet_footer(objects, ref).metadata or {}
-    models = meta.get(b"eventbus.typed_models")
-    found = meta.get(b"eventbus.typed_version")
-    return (models.decode() if models else None, found.decode() if found else None)
-
-
-def _untyped(found: Sequence[_Version], typed: TypedPayloads) -> str | None:
-    """Why segments whose footers name `found` (models, typed version) cannot give the typed
-    columns of `typed` natively (None: all can): each must name the same models and version."""
-    other = sum(1 for f in found if f != (typed.spec, typed.version))
-    if other:
-        return (
-            f"{other} of {len(found)} segments have no typed columns for models {typed.spec} "
-            "(written before the topic's models were registered, or with other models)"
-        )
-    return None
+def _typing(objects: Objects, ref: SegmentRef) -> SegmentTyping:
+    return segment_typing(ref.key, parquet_footer(objects, ref))
 
 
 @functools.lru_cache(maxsize=32)
-def _typed_payloads(models: tuple[tuple[str | None, type[BaseModel]], ...]) -> TypedPayloads:
-    """`TypedPayloads` of `models` (event type, class pairs), built once per models: only its
-    struct, spec and version are used here, and building its validators is most of a read's
-    Python time."""
-    return TypedPayloads(dict(models))
+def _read_typing(models: tuple[tuple[str | None, type[BaseModel]], ...]) -> ReadTyping:
+    """`ReadTyping` of `models` (event type, class pairs), built once per models."""
+    return ReadTyping.of(dict(models))
 
 
 @functools.cache
@@ -194,40 +199,74 @@ def _footer_pool() -> ThreadPoolExecutor:
 def _segments(
     spark: Any,
     opts: SourceOptions,
-    refs: Sequence[SegmentRef],
+    bounded: Sequence[tuple[SegmentRef, SegmentsPart]],
     models: tuple[tuple[str | None, type[BaseModel]], ...],
+    masked: frozenset[str],
 ) -> Any:
-    """The segments `refs` through Spark's Parquet reader, as the columns of a read of `models`
-    (event type, class pairs; none: a raw read): one relation with the segments' schema given
-    (no inference job), then one projection that renames three columns and turns
-    ``event_time_ms`` into ``published_at`` (`_columns`)."""
-    given, exprs = _columns(models)
+    """The segments of `bounded` (each with its planned part) through Spark's Parquet reader, as
+    the columns of a read of `models` (event type, class pairs; none: a raw read): one relation
+    with the segments' schema given (no inference job), then one projection that renames three
+    columns, turns ``event_time_ms`` into ``published_at`` and nulls the `masked` columns on
+    rows of types the read does not model for them (`_columns`); rows outside a part's entry-ID
+    bounds (``startingOffsets``, ``endingOffsets``, ``startingTimestamp``) are filtered out."""
+    given, exprs = _columns(models, masked)
     root = _root(opts.store)
-    return parquet_select(spark, given, [f"{root}/{r.key}" for r in refs], exprs)
+    df = parquet_select(spark, given, [f"{root}/{r.key}" for r, _ in bounded], exprs)
+    where = bounds_filter(bounded)
+    return df.where(where) if where else df
+
+
+def bounds_filter(bounded: Sequence[tuple[SegmentRef, SegmentsPart]]) -> str | None:
+    """A Spark SQL condition keeping, in each shard whose segments reach past its part's bounds,
+    the rows within them (None: no segment does). Entry IDs compare as (``entry_ms``,
+    ``entry_seq``)."""
+    conds: dict[tuple[str, int], str] = {}
+    for ref, part in bounded:
+        low = part.lo if ref.first < part.lo else None
+        high = part.hi if ref.last > part.hi else None
+        if (low is None and high is None) or (ref.topic, ref.shard) in conds:
+            continue
+        inside = []
+        if part.lo > ZERO:
+            lo_seq = min(part.lo.seq, INT64_MAX)
+            ms = part.lo.ms
+            inside.append(f"(entry_ms > {ms} OR (entry_ms = {ms} AND entry_seq >= {lo_seq}))")
+        if part.hi < MAX_ID:
+            hi_seq = min(part.hi.seq, INT64_MAX)
+            ms = part.hi.ms
+            inside.append(f"(entry_ms < {ms} OR (entry_ms = {ms} AND entry_seq <= {hi_seq}))")
+        conds[ref.topic, ref.shard] = (
+            f"(topic <> {_literal(ref.topic)} OR shard <> {ref.shard} OR ({' AND '.join(inside)}))"
+        )
+    return " AND ".join(conds.values()) or None
 
 
 @functools.lru_cache(maxsize=32)
 def _columns(
     models: tuple[tuple[str | None, type[BaseModel]], ...],
+    masked: frozenset[str] = frozenset(),
 ) -> tuple[Any, tuple[str, ...]]:
     """The segments' schema to give Spark's reader and the projection to the read's columns
-    (`read_schema`), for `models` (event type, class pairs): built once per models."""
-    typed = _typed_payloads(models) if models else None
+    (`read_schema`), for `models` (event type, class pairs), typed columns in `masked` (and
+    ``_corrupt``: `CORRUPT_MASK`) null on rows of event types the read does not model for
+    them: built once per models and masks."""
+    struct = typed_struct(dict(models)) if models else None
     schema = read_schema(dict(models) if models else None)
-    # the fixed columns are in every segment, and a typed read gets here only when all have the
-    # same typed ones; the columns are given in the read's order, so that the projection is
-    # plain names and renames (a cast, even to the same type, costs the analyzer)
+    # the fixed columns are in every segment; a typed column a segment lacks (an older model
+    # version) is null in its rows; the columns are given in the read's order, so that the
+    # projection is plain names and renames (a cast, even to the same type, costs the analyzer)
     fields = {f.name: f for f in [pa.field("topic", pa.string()), *list(SEGMENT_SCHEMA)[1:]]}
-    if typed is not None:
-        fields |= {f.name: f for f in [*typed.struct, pa.field(ERROR_COLUMN, pa.string())]}
+    if struct is not None:
+        fields |= {f.name: f for f in [*struct, pa.field(ERROR_COLUMN, pa.string())]}
     renamed = {"published_at": "event_time_ms", "payload": "data"}
-    if typed is not None:
+    if struct is not None:
         renamed[CORRUPT] = ERROR_COLUMN
     wanted = [
         fields[n] for n in (renamed.get(f.name, f.name) for f in schema.fields) if n in fields
     ]
     given = from_arrow_schema(pa.schema(wanted))
     have = {f.name: f.dataType for f in given.fields}
+    typing = _read_typing(models) if models else None
     # one SQL expression per column, sent with the paths in a fixed number of Py4J round trips
     # (`parquet_select`): a Column built per field (col, cast, alias) was three round trips each
     exprs = []
@@ -235,6 +274,12 @@ def _columns(
         name, source = field.name, renamed.get(field.name, field.name)
         if name == "published_at":
             exprs.append(f"timestamp_millis({source}) AS {_quoted(name)}")
+        elif typing is not None and name in masked:  # (`CORRUPT_MASK` is ``_corrupt``)
+            types = typing.keys if name == CORRUPT else typing.fields[name]
+            listed = ", ".join(_literal(t) for t in sorted(types))
+            exprs.append(
+                f"CASE WHEN event_type IN ({listed}) THEN {_quoted(source)} END AS {_quoted(name)}"
+            )
         elif have.get(source) == field.dataType:
             alias = "" if source == name else f" AS {_quoted(name)}"
             exprs.append(_quoted(source) + alias)
@@ -242,6 +287,11 @@ def _columns(
             value = _quoted(source) if source in have else "NULL"  # (``_corrupt`` of a raw read)
             exprs.append(f"CAST({value} AS {field.dataType.simpleString()}) AS {_quoted(name)}")
     return given, tuple(exprs)
+
+
+def _literal(text: str) -> str:
+    """`text` as a Spark SQL string literal."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _quoted(name: str) -> str:
@@ -275,10 +325,15 @@ def _register_once(spark: Any) -> None:
 
 
 def _fallback(python: Callable[[], Any], why: str) -> Any:
-    if why not in _SAID:
-        _SAID.add(why)
-        log.warning("eventbus.spark.read falls back to the Python source (said once): %s", why)
+    _warn(f"eventbus.spark.read falls back to the Python source: {why}")
     return python().load()
+
+
+def _warn(text: str) -> None:
+    """Say `text` on the driver, once per read: logger ``eventbus.spark`` and a
+    `RuntimeWarning` (this runs in the driver's process)."""
+    log.warning(text)
+    warnings.warn(text, RuntimeWarning, stacklevel=3)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -16,8 +16,10 @@ from pydantic import BaseModel
 from eventbus.config.addresses import check_redis_url, redact_url
 from eventbus.errors import ConfigError
 from eventbus.protocol.codec import event_type_of
+from eventbus.protocol.ids import EntryId, parse_id
 from eventbus.protocol.keys import Keys, check_name
 from eventbus.spark.names import canonical
+from eventbus.spark.offsets import parse_start
 from eventbus.tier.dictionaries import read_from
 from eventbus.tier.store import Store, open_store
 from eventbus.tier.typed import load_models, load_object
@@ -101,6 +103,9 @@ class SourceOptions:
     s3_endpoint: str | None = None
     s3_region: str | None = None
     subscribed: tuple[str, ...] = ()  # ``subscribe``'s topics, else (topic,)
+    native: bool = True  # `eventbus.spark.read`: False reads through the Python source
+    pushdown: bool = True  # filter pushdown prunes segments
+    starting_timestamp: int | None = None  # batch reads: entries added at or after (Unix ms)
     ranges: str | None = None  # internal: the Redis-tail parts planned by `eventbus.spark.native`
 
     @classmethod
@@ -150,6 +155,9 @@ class SourceOptions:
             headers_col=opts.get("headerscol") or None,
             s3_endpoint=opts.get("s3endpoint") or None,
             s3_region=opts.get("s3region") or None,
+            native=_bool(opts, "native", True),
+            pushdown=_bool(opts, "pushdown", True),
+            starting_timestamp=_int(opts, "startingtimestamp", None),
             ranges=opts.get("_ranges") or None,
             subscribed=topics or (topic,),
         )
@@ -159,6 +167,10 @@ class SourceOptions:
                 check_redis_url(parsed.redis_url)
             except ValueError as exc:  # its message has the URL redacted
                 raise ConfigError(f"option redis_url: {exc}") from None
+        if parsed.starting_timestamp is not None and "startingoffsets" in opts:
+            raise ConfigError(
+                "options startingTimestamp and startingOffsets exclude each other: give one"
+            )
         load_models(parsed.model)  # fails now, not in a task
         return parsed
 
@@ -207,3 +219,19 @@ class SourceOptions:
         from eventbus.client.credentials import from_url
 
         return from_url(redis.Redis, self.redis_url)
+
+
+def batch_offsets(opts: SourceOptions, topic: str, name: str) -> dict[int, EntryId] | None:
+    """`topic`'s bounds in a batch read's ``startingOffsets`` (``earliest`` or a JSON offset:
+    per shard the entry ID after which to read) or ``endingOffsets`` (``latest`` or a JSON
+    offset: per shard the last entry ID to read); shards left out are not bounded. A JSON
+    offset of several topics is keyed by topic and names each (`parse_start`). Raises
+    `ConfigError`."""
+    text = opts.starting_offsets if name == "startingOffsets" else opts.ending_offsets
+    value = parse_start(text, topic, opts.subscribed, name)
+    open_end = "earliest" if name == "startingOffsets" else "latest"
+    if value == open_end:
+        return None
+    if not isinstance(value, dict):
+        raise ConfigError(f"option {name} of a batch read: {open_end} or JSON, not {text!r}")
+    return {int(k): parse_id(v) for k, v in value.items()}

@@ -16,6 +16,7 @@ Reading the parts is `eventbus.spark.reading`'s job.
 
 from __future__ import annotations
 
+import json
 import logging
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -40,7 +41,7 @@ from eventbus.protocol.keys import Keys
 from eventbus.protocol.sharding import shard_of
 from eventbus.spark.objects import Objects
 from eventbus.tier.errors import TierError
-from eventbus.tier.layout import SegmentRef
+from eventbus.tier.layout import SegmentRef, parse_segment_key
 
 log = logging.getLogger("eventbus.spark")
 
@@ -122,6 +123,13 @@ class Pruning:
         lo = max(self.lo, after.next()) if after is not None else self.lo
         hi = min(self.hi, upto) if upto is not None else self.hi
         return self if (lo, hi) == (self.lo, self.hi) else _replace(self, lo=lo, hi=hi)
+
+    def added_since(self, ms: int | None) -> Pruning:
+        """These conditions, and entries Redis added at or after Unix ms `ms` (None: any):
+        ``startingTimestamp``."""
+        if ms is None or EntryId(ms, 0) <= self.lo:
+            return self
+        return _replace(self, lo=EntryId(ms, 0))
 
     def overlaps(self, ref: SegmentRef) -> bool:
         return ref.last >= self.lo and ref.first <= self.hi
@@ -343,3 +351,37 @@ def _pack(refs: list[SegmentRef], pack_bytes: int) -> Iterator[list[SegmentRef]]
         size += ref.size
     if group:
         yield group
+
+
+def ranges_option(parts: Sequence[RangePart]) -> str:
+    """The ``_ranges`` option: the planned Redis-tail parts (and segments the Python source
+    reads for the native path) as JSON."""
+    return json.dumps(
+        [[p.topic, p.shard, _id(p.after), str(p.upto), _id(p.cp), _refs(p)] for p in parts]
+    )
+
+
+def _refs(part: RangePart) -> list[list[Any]]:
+    return [[r.key, r.size] for r in part.refs]
+
+
+def parse_ranges(text: str) -> list[RangePart]:
+    """`ranges_option`'s parts back."""
+    out = []
+    for t, s, a, u, c, keys in json.loads(text):
+        refs = tuple(parse_segment_key(k, size) for k, size in keys)
+        out.append(
+            RangePart(
+                t,
+                int(s),
+                parse_id(a) if a else None,
+                parse_id(u),
+                parse_id(c) if c else None,
+                tuple(r for r in refs if r is not None),
+            )
+        )
+    return out
+
+
+def _id(value: Any) -> str | None:
+    return None if value is None else str(value)

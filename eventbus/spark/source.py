@@ -24,17 +24,16 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from eventbus.errors import ConfigError
-from eventbus.protocol.ids import ZERO, EntryId, parse_id
+from eventbus.protocol.ids import ZERO
 from eventbus.spark.decode import Converter
 from eventbus.spark.objects import Objects, as_objects
-from eventbus.spark.offsets import parse_start
-from eventbus.spark.options import SourceOptions
+from eventbus.spark.options import SourceOptions, batch_offsets
 from eventbus.spark.planning import (
     Cut,
     Pruning,
     RangePart,
     SegmentsPart,
+    parse_ranges,
     plan_read,
     surface_gaps,
 )
@@ -65,7 +64,7 @@ class EventbusSource(DataSource):
         opts = self._opts()
         if opts.table == "gaps":
             return GapsReader(opts)
-        if str(self.options.get("pushdown", "true")).lower() == "false":
+        if not opts.pushdown:
             return BatchReader(opts, schema)
         return PruningReader(opts, schema)
 
@@ -93,12 +92,13 @@ class BatchReader(DataSourceReader):
         opts = self.opts
         redis = opts.redis()
         objects = as_objects(opts.open_store())
+        pruning = self.pruning.added_since(opts.starting_timestamp)
         try:
             return {
                 topic: plan_read(
                     objects,
                     topic,
-                    self.pruning,
+                    pruning,
                     starts=batch_offsets(opts, topic, "startingOffsets"),
                     ends=batch_offsets(opts, topic, "endingOffsets"),
                     redis=redis,
@@ -114,8 +114,6 @@ class BatchReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         if self.opts.ranges is not None:  # the tail of a cut `eventbus.spark.native` planned
-            from eventbus.spark.native import parse_ranges
-
             return parse_ranges(self.opts.ranges) or [SegmentsPart((), ZERO, ZERO)]
         parts: list[InputPartition] = []
         for topic, cut in self.plan().items():
@@ -128,12 +126,13 @@ class BatchReader(DataSourceReader):
         objects = as_objects(opts.open_store())
         conv = Converter(arrow_schema(self.schema), opts.models(), opts.mode, opts.validate)
         if isinstance(partition, RangePart):
-            redis = opts.redis()
+            redis = opts.redis()  # None: a segment the native path has the Python source read
             try:
                 for batch in read_range(objects, redis, opts.keys(), partition):
                     yield conv.convert(batch)
             finally:
-                redis.close()
+                if redis is not None:
+                    redis.close()
             return
         assert isinstance(partition, SegmentsPart)
         for i, ref in enumerate(partition.refs):
@@ -167,22 +166,6 @@ class PruningReader(BatchReader):
     def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
         self.pruning = Pruning.from_filters(filters)
         yield from filters
-
-
-def batch_offsets(opts: SourceOptions, topic: str, name: str) -> dict[int, EntryId] | None:
-    """`topic`'s bounds in a batch read's ``startingOffsets`` (``earliest`` or a JSON offset:
-    per shard the entry ID after which to read) or ``endingOffsets`` (``latest`` or a JSON
-    offset: per shard the last entry ID to read); shards left out are not bounded. A JSON
-    offset of several topics is keyed by topic and names each (`parse_start`). Raises
-    `ConfigError`."""
-    text = opts.starting_offsets if name == "startingOffsets" else opts.ending_offsets
-    value = parse_start(text, topic, opts.subscribed, name)
-    open_end = "earliest" if name == "startingOffsets" else "latest"
-    if value == open_end:
-        return None
-    if not isinstance(value, dict):
-        raise ConfigError(f"option {name} of a batch read: {open_end} or JSON, not {text!r}")
-    return {int(k): parse_id(v) for k, v in value.items()}
 
 
 def corrupt_row(target: pa.Schema, ref: Any, reason: str) -> pa.RecordBatch:

@@ -36,6 +36,15 @@ class TickV2(BaseModel):
     venue: str | None = None
 
 
+class TickPriceText(BaseModel):
+    """`Tick` with ``price`` changed to a text: a column of another type in its segments."""
+
+    __event_type__ = "Tick"
+    resource: str
+    seq: int
+    price: str = "1.5"
+
+
 class Tock(BaseModel):
     resource: str
     n: int

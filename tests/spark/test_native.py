@@ -5,6 +5,7 @@ it falls back to the Python source, saying so once, when it must."""
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -93,17 +94,19 @@ def test_several_topics_are_read_natively_as_the_python_path_reads_them(
     assert seqs == {topic: list(range(340)), other: list(range(1000, 1175))}
 
 
-def test_untyped_segments_fall_back_to_the_python_path_once_said(
+def test_untyped_segments_fall_back_to_the_python_path_said_on_the_driver_per_read(
     spark: Any, redis_db: str, tmp_path: Path, topic: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     store = str(tmp_path / "archive")
     archive(redis_db, store, topic, typed=False)
     options = {"store": store, "topic": topic, "redis_url": redis_db, "model": Tick}
     with caplog.at_level(logging.WARNING, "eventbus.spark"):
-        first = read(spark, options)
-        again = read(spark, options)
+        with pytest.warns(RuntimeWarning, match="5 of 5 segments have no typed columns"):
+            first = read(spark, options)
+        with pytest.warns(RuntimeWarning, match="falls back to the Python source"):
+            again = read(spark, options)
     said = [r.getMessage() for r in caplog.records if "falls back" in r.getMessage()]
-    assert len(said) == 1 and "have no typed columns" in said[0]
+    assert len(said) == 2 and "have no typed columns" in said[0]
     assert first.inputFiles() == [] or all("archive" not in f for f in first.inputFiles())
     python = spark.read.format("eventbus").options(
         store=store, topic=topic, redis_url=redis_db, model="spark_support:Tick"
@@ -176,18 +179,18 @@ def test_reads_share_the_footer_threads_and_the_models_typed_columns(
     want = rows(read(spark, options))  # the first read: the pool and the typed columns made
     pool = native._footer_pool()
     built: list[Any] = []
-    typed_payloads = native.TypedPayloads
+    typed_struct = native.typed_struct
 
     def build(*args: Any, **kwargs: Any) -> Any:
         built.append(args)
-        return typed_payloads(*args, **kwargs)
+        return typed_struct(*args, **kwargs)
 
     def convert(*args: Any) -> Any:
         built.append(args)
         return from_arrow(*args)
 
     from_arrow = native.from_arrow_schema
-    monkeypatch.setattr(native, "TypedPayloads", build)
+    monkeypatch.setattr(native, "typed_struct", build)
     monkeypatch.setattr(native, "from_arrow_schema", convert)
     frames = [read(spark, options) for _ in range(3)]
     monkeypatch.undo()
@@ -271,21 +274,13 @@ def test_the_footers_are_checked_while_spark_builds_the_relation(
     assert len(df.inputFiles()) == len(segments)
 
 
-def test_segments_of_another_typed_version_are_detected_among_matching_ones(
-    spark: Any,
-    redis_db: str,
-    tmp_path: Path,
-    topic: str,
-    caplog: pytest.LogCaptureFixture,
-    monkeypatch: pytest.MonkeyPatch,
+def test_segments_of_several_typed_versions_are_read_natively_as_one_schema(
+    spark: Any, redis_db: str, tmp_path: Path, topic: str
 ) -> None:
     """Schema evolution: segments written for `Tick`, then more for `TickV2` (a field added).
-    A typed read of either model finds the other's segments by their footers' typed version
-    and reads through the Python source (which decodes ``data``), saying how many segments;
-    the rows are the Python path's."""
-    import eventbus.spark.native as native
-
-    monkeypatch.setattr(native, "_SAID", set())  # each reason said once: another test's too
+    A typed read of either model reads every segment natively as one schema (``venue`` is null
+    in the earlier segments, as Spark's mergeSchema reads them); the rows are the Python
+    path's (which decodes ``data``: `TickV2`'s ``venue`` defaults to None)."""
     store = str(tmp_path / "archive")
     publish(redis_db, topic, ticks(200))
     offload(redis_db, store, topic, typed_models={topic: "spark_support:Tick"})
@@ -294,13 +289,11 @@ def test_segments_of_another_typed_version_are_detected_among_matching_ones(
     offload(redis_db, store, topic, typed_models={topic: "spark_support:TickV2"})
     new = set(Path(store).glob(f"{topic}/*/*.parquet")) - old
     assert old and new
-    for model, other in (("spark_support:TickV2", old), ("spark_support:Tick", new)):
-        caplog.clear()
-        with caplog.at_level(logging.WARNING, "eventbus.spark"):
+    for model in ("spark_support:TickV2", "spark_support:Tick"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no fallback warning
             df = read(spark, store=store, topic=topic, model=model)
-        said = [r.getMessage() for r in caplog.records if "falls back" in r.getMessage()]
-        total = len(old) + len(new)
-        assert len(said) == 1 and f"{len(other)} of {total} segments have no typed" in said[0]
+        assert len(df.inputFiles()) == len(old) + len(new)
         python = spark.read.format("eventbus").options(store=store, topic=topic, model=model)
         got = rows(df)
         assert got == rows(python.load())

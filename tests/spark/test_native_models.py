@@ -1,0 +1,161 @@
+"""The native path as users reach it: segments matched to the read's models by what they hold
+(every form of the offloader's setting with every form of the read's ``model``), a changed
+column type an error, and bounded reads (``startingOffsets`` / ``endingOffsets`` /
+``startingTimestamp``) read natively, rows equal to the Python source's."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+from spark_support import Tick, Tock, offload, publish, ticks
+
+from eventbus.errors import ConfigError
+from eventbus.spark import read
+
+pytestmark = pytest.mark.integration
+
+
+def rows(df: Any) -> list[dict[str, Any]]:
+    got = [r.asDict(recursive=True) for r in df.collect()]
+    return sorted(got, key=lambda r: (r["topic"], r["shard"], r["entry_ms"], r["entry_seq"]))
+
+
+def native(spark: Any, **options: Any) -> Any:
+    """`read`, failing on any warning (a fallback to the Python source is one)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        return read(spark, **options)
+
+
+def python(spark: Any, **options: str) -> Any:
+    return spark.read.format("eventbus").options(**options).load()
+
+
+def segments(store: str, topic: str) -> list[Path]:
+    return list(Path(store).glob(f"{topic}/*/*.parquet"))
+
+
+def test_every_offload_setting_form_reads_natively_with_every_read_form(
+    spark: Any, redis_db: str, tmp_path: Path, topic: str
+) -> None:
+    """docs/tier.md's setting (``"pkg:Model"`` or ``{"<event type>": "pkg:Model"}``) with
+    docs/spark.md's ``model`` (a class, ``"pkg:Model"``, a mapping of paths or of classes): each
+    pair reads every segment natively, rows equal to the Python source's."""
+    store = str(tmp_path / "archive")
+    settings = {f"{topic}-s": "spark_support:Tick", f"{topic}-m": {"Tick": "spark_support:Tick"}}
+    for name, setting in settings.items():
+        publish(redis_db, name, ticks(120))
+        offload(redis_db, store, name, typed_models={name: setting})
+    forms = [Tick, "spark_support:Tick", {"Tick": "spark_support:Tick"}, {"Tick": Tick}]
+    for name in settings:
+        want = rows(python(spark, store=store, topic=name, model="spark_support:Tick"))
+        assert len(want) == 120
+        for form in forms:
+            df = native(spark, store=store, topic=name, model=form)
+            assert len(df.inputFiles()) == len(segments(store, name)) > 1, (name, form)
+            assert rows(df) == want, (name, form)
+
+
+def test_a_topic_of_several_event_types_reads_natively_each_type_as_the_python_source(
+    spark: Any, redis_db: str, tmp_path: Path, topic: str
+) -> None:
+    """Ticks and tocks offloaded with a model per type: a read of one type, of both, or of one
+    model for every entry gives the Python source's rows (other types' typed columns and
+    ``_corrupt`` null); the segments holding tocks are read by the Python source for the last
+    (they have no typed values of every entry as `Tick`), said on the driver."""
+    store = str(tmp_path / "archive")
+    events: list[tuple[str, Any]] = [*ticks(80)]
+    events += [(f"res-{i % 3}", Tock(resource=f"res-{i % 3}", n=i)) for i in range(40)]
+    publish(redis_db, topic, events, shards=2)
+    both = {"Tick": "spark_support:Tick", "Tock": "spark_support:Tock"}
+    offload(redis_db, store, topic, shards=2, typed_models={topic: both})
+    files = len(segments(store, topic))
+    for model in ({"Tick": "spark_support:Tick"}, {"Tock": "spark_support:Tock"}, both):
+        df = native(spark, store=store, topic=topic, model=model)
+        assert len(df.inputFiles()) == files
+        assert rows(df) == rows(python(spark, store=store, topic=topic, model=_text(model)))
+    with pytest.warns(RuntimeWarning, match="through the Python source|the Python source:"):
+        df = read(spark, store=store, topic=topic, model="spark_support:Tick")
+    got = rows(df)
+    assert got == rows(python(spark, store=store, topic=topic, model="spark_support:Tick"))
+    assert sum(r["_corrupt"] is not None for r in got) == 40  # tocks are not ticks
+
+
+def test_a_column_whose_type_changed_is_an_error_naming_it_and_the_segments(
+    spark: Any, redis_db: str, tmp_path: Path, topic: str
+) -> None:
+    store = str(tmp_path / "archive")
+    publish(redis_db, topic, ticks(50), shards=1)
+    offload(redis_db, store, topic, shards=1, typed_models={topic: "spark_support:Tick"})
+    publish(redis_db, topic, ticks(50, start=50), shards=1)
+    offload(redis_db, store, topic, shards=1, typed_models={topic: "spark_support:TickPriceText"})
+    late = sorted(p.name for p in segments(store, topic))[-1]
+    with pytest.raises(ConfigError, match=r"column 'price' is string in 1 segment\(s\)") as err:
+        read(spark, store=store, topic=topic, model=Tick)
+    assert late in str(err.value) and "double in the read's models" in str(err.value)
+
+
+def test_bounded_reads_are_native_with_rows_filtered_inside_segments(
+    spark: Any, redis_db: str, tmp_path: Path, topic: str
+) -> None:
+    """``startingOffsets`` / ``endingOffsets`` (entry IDs inside segments) and
+    ``startingTimestamp``: segments outside the bounds pruned, the others read natively and
+    filtered to the bounds; rows equal to the Python source's."""
+    store = str(tmp_path / "archive")
+    ids = publish(redis_db, topic, ticks(400), shards=1)
+    offload(redis_db, store, topic, shards=1, typed_models={topic: "spark_support:Tick"})
+    publish(redis_db, topic, ticks(30, start=400), shards=1)  # a Redis tail
+    files = segments(store, topic)
+    assert len(files) == 4
+    base = {"store": store, "topic": topic, "redis_url": redis_db, "model": "spark_support:Tick"}
+    start = f'{{"{topic}": {{"0": "{ids[149]}"}}}}'
+    end = f'{{"{topic}": {{"0": "{ids[250]}"}}}}'
+    ms = int(ids[320].split("-")[0])
+    after_ms = sum(1 for f in files if int(f.stem.split("-")[2]) >= ms)
+    cases = [
+        ({"startingOffsets": start, "endingOffsets": end}, list(range(150, 251)), 2),
+        ({"startingOffsets": start}, list(range(150, 430)), 3),
+        ({"endingOffsets": end}, list(range(251)), 3),
+        ({"startingTimestamp": str(ms)}, None, after_ms),
+    ]
+    for extra, seqs, read_files in cases:
+        df = native(spark, **base, **extra)
+        assert len([f for f in df.inputFiles() if f.endswith(".parquet")]) == read_files, extra
+        got = rows(df)
+        assert got == rows(python(spark, **base, **extra)), extra
+        if seqs is not None:
+            assert [r["seq"] for r in got] == seqs
+        else:  # the first entry added at or after that ms, and all later ones
+            first = min(i for i, x in enumerate(ids) if int(x.split("-")[0]) >= ms)
+            assert [r["seq"] for r in got] == list(range(first, 430))
+
+
+def _text(model: dict[str, str]) -> str:
+    import json
+
+    return json.dumps(model)
+
+
+def test_segments_written_before_the_models_are_read_by_the_python_source_the_rest_natively(
+    spark: Any, redis_db: str, tmp_path: Path, topic: str
+) -> None:
+    """Segments without typed columns (archived before the topic's models were registered)
+    need ``data`` decoded: the Python source reads those, Spark's reader the typed ones, and
+    the driver is told once; rows equal to the Python source's."""
+    store = str(tmp_path / "archive")
+    publish(redis_db, topic, ticks(100), shards=1)
+    offload(redis_db, store, topic, shards=1)
+    old = segments(store, topic)
+    publish(redis_db, topic, ticks(200, start=100), shards=1)
+    offload(redis_db, store, topic, shards=1, typed_models={topic: "spark_support:Tick"})
+    typed = len(segments(store, topic)) - len(old)
+    with pytest.warns(RuntimeWarning, match="1 of 3 segments have no typed columns") as said:
+        df = read(spark, store=store, topic=topic, model=Tick)
+    assert len(said) == 1
+    assert len(df.inputFiles()) == typed == 2
+    got = rows(df)
+    assert got == rows(python(spark, store=store, topic=topic, model="spark_support:Tick"))
+    assert [r["seq"] for r in got] == list(range(300))
