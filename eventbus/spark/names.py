@@ -80,6 +80,11 @@ def canonical(options: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
+def shown(key: str) -> str:
+    """The option's name as documented (camelCase) for `key`, a lowercased canonical name."""
+    return _BY_LOWER.get(key, key)
+
+
 def _hint(low: str) -> str:
     known = {n.lower(): n for n in NAMES} | {a.lower(): a for a in ALIASES}
     close = difflib.get_close_matches(low, list(known), n=1, cutoff=0.6)

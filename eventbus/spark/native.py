@@ -49,6 +49,7 @@ from eventbus.spark.planning import (
     SegmentsPart,
     plan_read,
     ranges_option,
+    surface_beyond,
     surface_gaps,
 )
 from eventbus.spark.reading import INT64_MAX, parquet_footer
@@ -140,6 +141,7 @@ def read(spark: Any, options: Mapping[str, Any] | None = None, **more: Any) -> A
         return _fallback(python, failed)
     for topic, cut in cuts.items():  # after the fallbacks: they say it again
         surface_gaps(topic, cut.gaps, opts.on_gap)
+        surface_beyond(topic, cut.beyond, opts.on_gap)
     tail = [p for p in parts if isinstance(p, RangePart)]
     tail += [_python_part(r, p) for r, p in python_refs]
     if tail or not frames:

@@ -13,6 +13,7 @@ taken as this read's: a silent misread). `share` splits ``maxOffsetsPerTrigger``
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -72,7 +73,23 @@ def _json_offset(value: str, topic: str | None, topics: tuple[str, ...]) -> Offs
             f"a read of several topics ({', '.join(topics)}) takes offsets keyed by topic, "
             '{"<topic>": {"<shard>": "<entry ID>"}}'
         )
-    return {str(int(k)): str(parse_id(str(v))) for k, v in raw.items()}
+    return {str(int(k)): _entry_id(k, v) for k, v in raw.items()}
+
+
+def _entry_id(shard: Any, value: Any) -> str:
+    """Shard `shard`'s offset `value` as entry ID text. Kafka's numeric offsets (``23``,
+    ``-1`` for latest, ``-2`` for earliest), which a bare number would be read as an entry ID
+    of that millisecond, are refused (`ConfigError`)."""
+    text = value.strip() if isinstance(value, str) else None
+    if text is None or not _ENTRY_ID.fullmatch(text):
+        raise ConfigError(
+            f"shard {shard}: {value!r} is not an entry ID; offsets here are Redis entry IDs, "
+            '"<ms>-<seq>" text such as "1700000000000-0", not Kafka\'s numeric offsets'
+        )
+    return str(parse_id(text))
+
+
+_ENTRY_ID = re.compile(r"\d+-\d+")
 
 
 def by_topic(offset: Mapping[str, Any], topics: Sequence[str]) -> Offsets:

@@ -18,7 +18,7 @@ from eventbus.errors import ConfigError
 from eventbus.protocol.codec import event_type_of
 from eventbus.protocol.ids import EntryId, parse_id
 from eventbus.protocol.keys import Keys, check_name
-from eventbus.spark.names import canonical
+from eventbus.spark.names import canonical, shown
 from eventbus.spark.offsets import parse_start
 from eventbus.tier.dictionaries import read_from
 from eventbus.tier.store import Store, open_store
@@ -45,9 +45,9 @@ def _int(options: Mapping[str, str], name: str, default: int | None, low: int = 
     try:
         value = int(raw)
     except ValueError:
-        raise ConfigError(f"option {name} must be an integer, got {raw!r}") from None
+        raise ConfigError(f"option {shown(name)} must be an integer, got {raw!r}") from None
     if value < low:
-        raise ConfigError(f"option {name} must be >= {low}, got {value}")
+        raise ConfigError(f"option {shown(name)} must be >= {low}, got {value}")
     return value
 
 
@@ -59,7 +59,7 @@ def _bool(options: Mapping[str, str], name: str, default: bool) -> bool:
         return True
     if raw.lower() in ("false", "0", "no"):
         return False
-    raise ConfigError(f"option {name} must be true or false, got {raw!r}")
+    raise ConfigError(f"option {shown(name)} must be true or false, got {raw!r}")
 
 
 def _on_gap(options: Mapping[str, str]) -> str | None:

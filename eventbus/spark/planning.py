@@ -195,6 +195,7 @@ class Cut:
 
     parts: list[InputPartition]
     gaps: list[dict[str, Any]]
+    beyond: list[str] = field(default_factory=list)  # shards whose start is past their end
 
 
 def checkpoints(redis: Any, keys: Keys, topic: str, shards: Sequence[int]) -> dict[int, EntryId]:
@@ -251,6 +252,7 @@ def plan_read(
     present = set(objects.shards(topic)) | set(range(count or 0))
     if not present:  # a misspelled topic must not read as an empty one
         raise unknown_topic(topic, objects, redis)
+    check_bounds(topic, present, starts or {}, ends or {})
     allowed = pruning.shard_set(count)
     chosen = sorted(s for s in present if allowed is None or s in allowed)
     cps = checkpoints(redis, keys, topic, chosen) if redis is not None else {}
@@ -259,6 +261,7 @@ def plan_read(
     per_shard = {s: objects.segments(topic, s) for s in chosen}
     lasts = last_ids(redis, keys, topic, chosen) if redis is not None else {}
     whole = pruning
+    beyond = []
     for s in chosen:
         pruning = whole.bounded((starts or {}).get(s), (ends or {}).get(s))
         start = archived_upto(cps.get(s), per_shard[s]) if redis is not None else None
@@ -278,6 +281,12 @@ def plan_read(
             for group in _pack(refs, pack_bytes)
         ]
         last = lasts.get(s)
+        head = max(
+            [x for x in (last, start, *(r.last for r in per_shard[s][-1:])) if x], default=ZERO
+        )
+        begin = (starts or {}).get(s)
+        if begin is not None and begin > head and (redis is not None or per_shard[s]):
+            beyond.append(f"shard {s} starts after {begin}, its last entry is {head}")
         if last is not None and (start is None or last > start):
             upto = min(last, pruning.hi)
             floor = pruning.lo.prev() if pruning.lo > EntryId(0, 0) else None
@@ -286,7 +295,47 @@ def plan_read(
                 parts.append(RangePart(topic, s, after, upto, start))
         if per_shard[s] or s in lasts or s in cps:
             gaps += [g for g in objects.gaps(topic, s) if _gap_overlaps(g, pruning)]
-    return Cut(parts, gaps)
+    return Cut(parts, gaps, beyond)
+
+
+def check_bounds(
+    topic: str,
+    present: set[int],
+    starts: Mapping[int, EntryId],
+    ends: Mapping[int, EntryId],
+) -> None:
+    """Refuse (`ConfigError`) batch offsets naming a shard `topic` does not have (`present`) or
+    ending before they start, as Kafka's source refuses an unknown partition and an end offset
+    before the start."""
+    unknown = sorted((set(starts) | set(ends)) - present)
+    if unknown:
+        raise ConfigError(
+            f"options startingOffsets/endingOffsets: topic {topic!r} has no shard "
+            f"{', '.join(map(str, unknown))} (its shards: {', '.join(map(str, sorted(present)))})"
+        )
+    for s in sorted(set(starts) & set(ends)):
+        if ends[s] < starts[s]:
+            raise ConfigError(
+                f"options startingOffsets/endingOffsets: topic {topic!r} shard {s} ends at "
+                f"{ends[s]}, before it starts after {starts[s]}"
+            )
+
+
+def surface_beyond(topic: str, beyond: Sequence[str], on_gap: str | None) -> None:
+    """Warn about (``on_gap="fail"``: raise `TierError` for) a read whose starting offsets are
+    past the shards' last entries: entries added later before those offsets would never be
+    read by a read or stream started there (a mistyped offset, or a stream Redis lost)."""
+    if not beyond:
+        return
+    text = (
+        f"topic {topic!r}: startingOffsets past the last entry ("
+        + "; ".join(beyond[:5])
+        + "): nothing to read there, and entries added before those offsets would be skipped"
+    )
+    if on_gap == "fail":
+        raise TierError(text)
+    log.warning(text)
+    warnings.warn(text, RuntimeWarning, stacklevel=2)
 
 
 def overlap_floors(refs: Sequence[SegmentRef]) -> dict[str, EntryId | None]:

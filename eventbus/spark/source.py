@@ -24,6 +24,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from eventbus.errors import ConfigError
 from eventbus.protocol.ids import ZERO
 from eventbus.spark.decode import Converter
 from eventbus.spark.objects import Objects, as_objects
@@ -35,6 +36,7 @@ from eventbus.spark.planning import (
     SegmentsPart,
     parse_ranges,
     plan_read,
+    surface_beyond,
     surface_gaps,
 )
 from eventbus.spark.reading import id_mask, read_range, segment_batches, stats_exclude
@@ -69,13 +71,22 @@ class EventbusSource(DataSource):
         return PruningReader(opts, schema)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        from eventbus.spark.stream import StreamReader
+        from eventbus.spark.stream import Refused, StreamReader
 
-        return StreamReader(self._opts(), schema)
+        opts = self._opts()
+        try:
+            return StreamReader(opts, schema)
+        except ConfigError as exc:  # raised at the reader's first call (see `Refused`)
+            return Refused(exc)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         from eventbus.spark.writer import EventWriter
 
+        if overwrite:  # Kafka's sink refuses it too: published events cannot be replaced
+            raise ConfigError(
+                'mode("overwrite") cannot replace published events: the writer appends '
+                '(mode("append"))'
+            )
         return EventWriter(self._opts(need_store=False), schema)
 
 
@@ -118,6 +129,7 @@ class BatchReader(DataSourceReader):
         parts: list[InputPartition] = []
         for topic, cut in self.plan().items():
             surface_gaps(topic, cut.gaps, self.opts.on_gap)
+            surface_beyond(topic, cut.beyond, self.opts.on_gap)
             parts += cut.parts
         return parts or [SegmentsPart((), self.pruning.lo, self.pruning.hi)]
 

@@ -4,6 +4,8 @@ several topics, a checkpoint's offsets checked against the read's topic set, and
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 pytest.importorskip("pyspark")
@@ -94,7 +96,29 @@ def test_a_stream_refuses_ending_offsets() -> None:
     from eventbus.spark.source import EventbusSource
 
     source = EventbusSource({"store": "memory://", "topic": "orders", "endingOffsets": "{}"})
+    reader = source.streamReader(read_schema(None))  # raising here, PySpark hid the error
     with pytest.raises(ConfigError, match="endingOffsets is for batch reads"):
-        source.streamReader(read_schema(None))
+        reader.initialOffset()
     source = EventbusSource({"store": "memory://", "subscribe": "orders,payments"})
     assert source.streamReader(read_schema(None)).topics == TWO  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("value", ["23", 23, "-1", "-2", -1, "1700000000000"])
+def test_kafka_numeric_offsets_are_refused_asking_for_entry_ids(value: object) -> None:
+    """Kafka's JSON offsets are numbers (``-1`` latest, ``-2`` earliest); a bare number here
+    was taken as the entry ID of that millisecond (all rows, or none)."""
+    for text in (json.dumps({"orders": {"0": value}}), json.dumps({"0": value})):
+        with pytest.raises(ConfigError, match=r"not an entry ID.*\"<ms>-<seq>\" text"):
+            parse_start(text, "orders", name="endingOffsets")
+
+
+def test_batch_offsets_of_an_unknown_shard_or_ending_before_the_start_are_refused() -> None:
+    from eventbus.protocol.ids import EntryId
+    from eventbus.spark.planning import check_bounds
+
+    a, b = EntryId(5, 0), EntryId(9, 0)
+    check_bounds("orders", {0, 1}, {0: a}, {0: b, 1: b})
+    with pytest.raises(ConfigError, match=r"topic 'orders' has no shard 7 \(its shards: 0, 1\)"):
+        check_bounds("orders", {0, 1}, {7: a}, {})
+    with pytest.raises(ConfigError, match="shard 1 ends at 5-0, before it starts after 9-0"):
+        check_bounds("orders", {0, 1}, {1: b}, {1: a})

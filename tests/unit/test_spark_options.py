@@ -77,3 +77,18 @@ def test_a_bad_redis_url_option_is_refused_without_its_password(url: str) -> Non
     with pytest.raises(ConfigError, match="option redis_url") as info:
         SourceOptions.parse({"store": "memory://", "topic": "orders", "redisUrl": url})
     assert "s3cret" not in str(info.value) and "***" in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["pushdown", "native", "validate", "failOnDataLoss"])
+def test_every_boolean_option_is_validated(name: str) -> None:
+    with pytest.raises(ConfigError, match=rf"option {name} must be true or false"):
+        SourceOptions.parse({**BASE, name: "maybe"})
+    assert SourceOptions.parse({**BASE, name: "FALSE"}) is not None
+
+
+def test_starting_timestamp_is_unix_ms_and_excludes_starting_offsets() -> None:
+    assert SourceOptions.parse({**BASE, "startingTimestamp": "1700000000000"}).starting_timestamp
+    with pytest.raises(ConfigError, match="startingTimestamp must be an integer"):
+        SourceOptions.parse({**BASE, "startingTimestamp": "yesterday"})
+    with pytest.raises(ConfigError, match="startingTimestamp and startingOffsets exclude"):
+        SourceOptions.parse({**BASE, "startingTimestamp": "1", "startingOffsets": "earliest"})
