@@ -16,8 +16,9 @@ import pyarrow.compute as pc
 from pydantic import BaseModel
 
 from eventbus.errors import DecodeError
+from eventbus.spark.matching import EVERY, ReadTyping
 from eventbus.spark.schema import BASE_NAMES, CORRUPT
-from eventbus.tier.typed import TypedPayloads
+from eventbus.tier.typed import ERROR_COLUMN, TypedPayloads
 
 BATCH_ROWS = 32768
 
@@ -46,6 +47,7 @@ class Converter:
         self.typed_names = [n for n in target.names if n not in BASE_NAMES and n != CORRUPT]
         typed_type = pa.struct([target.field(n) for n in self.typed_names])
         self.typed = TypedPayloads(self.models, typed_type)
+        self.read_typing = ReadTyping.of(self.models) if self.models else None
 
     def convert(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """One read-schema batch for one segment-schema batch (same rows, same order)."""
@@ -72,17 +74,50 @@ class Converter:
         }
         corrupt: list[str | None] | None = None
         typed: dict[str, Any] = {}
-        if self.models:
+        corrupt_array = None
+        if self.models and self._has_typed(batch):
+            typed, corrupt_array = self._from_columns(batch)
+        elif self.models:
             typed, corrupt = self._typed(batch)
         arrays = []
         for field in self.target:
             if field.name in base:
                 arrays.append(base[field.name].cast(field.type))
+            elif field.name == CORRUPT and corrupt_array is not None:
+                arrays.append(corrupt_array)
             elif field.name == CORRUPT:
                 arrays.append(pa.array(corrupt if corrupt else [None] * n, pa.string()))
             else:
                 arrays.append(typed[field.name].cast(field.type))
         return pa.RecordBatch.from_arrays(arrays, schema=self.target)
+
+    def _has_typed(self, batch: pa.RecordBatch) -> bool:
+        """Whether `batch` carries the segment's typed columns of this read
+        (`eventbus.spark.reading.typed_columns`)."""
+        names = batch.schema.names
+        return ERROR_COLUMN in names and all(n in names for n in self.typed_names)
+
+    def _from_columns(self, batch: pa.RecordBatch) -> tuple[dict[str, Any], Any]:
+        """The typed columns and ``_corrupt`` from a segment's typed columns, each null on rows
+        of event types the read does not model for it (as decoding gives them). Raises
+        `DecodeError` for an invalid row under ``FAILFAST``."""
+        typing = self.read_typing
+        assert typing is not None
+        etype = batch.column("event_type")
+
+        def masked(column: Any, types: frozenset[str]) -> Any:
+            if EVERY in types:
+                return column
+            keep = pc.fill_null(pc.is_in(etype, pa.array(sorted(types), pa.string())), False)
+            return pc.if_else(keep, column, pa.nulls(len(column), column.type))
+
+        cols = {n: masked(batch.column(n), typing.fields[n]) for n in self.typed_names}
+        corrupt = masked(batch.column(ERROR_COLUMN), typing.keys).cast(pa.string())
+        if self.failfast and corrupt.null_count < len(corrupt):
+            i = pc.index(pc.is_valid(corrupt), True).as_py()
+            entry = batch.column("entry_id")[i].as_py()
+            raise DecodeError(f"entry {entry} of shard {batch.column('shard')[i]}: {corrupt[i]}")
+        return cols, corrupt
 
     def _typed(self, batch: pa.RecordBatch) -> tuple[dict[str, Any], list[str | None] | None]:
         data = batch.column("data").to_pylist()

@@ -7,12 +7,19 @@ pushed filter, typed payload fields included; each segment's ``topic`` column te
 apart) and unions the cuts' Redis tails, read by the Python source from the very same plans (the
 internal ``_ranges`` option). Rows and schema are those of ``format("eventbus")``.
 
-It falls back to the Python source, and logs why once per reason, when the JVM cannot read the
-store (``memory://``, a ``store_factory``, ``s3://`` without Spark's S3A jars) or when a typed read
-(``model``) covers segments whose typed columns were not written for the same models
-(`eventbus.tier.typed`): those need ``data`` decoded in Python. Differences from the Python path:
-segments are not verified (checksums, metadata against the key) and a corrupt file fails the job
-(no ``_corrupt`` row for it); ``mode`` ``FAILFAST`` and ``validate`` ``false`` use the Python path.
+A typed read (``model``) takes each segment's typed columns when they were written for the
+read's event types with compatible columns (`eventbus.spark.matching`: by what the segment
+holds, not by the setting's text; columns a segment lacks are null, a changed column type is a
+`TypedColumnConflict`); segments without such columns are read by the Python source, unioned.
+Bounded reads (``startingOffsets``, ``endingOffsets``, ``startingTimestamp``) prune segments by
+their first and last entry IDs and filter the rows of those that straddle a bound.
+
+It falls back to the Python source for the whole read, and says why on the driver (a
+`RuntimeWarning` and logger ``eventbus.spark``, once per read), when the JVM cannot read the
+store (``memory://``, a ``store_factory``, ``s3://`` without Spark's S3A jars) or no segment has
+usable typed columns. Differences from the Python path: segments are not verified (checksums,
+metadata against the key) and a corrupt file fails the job (no ``_corrupt`` row for it); ``mode``
+``FAILFAST`` and ``validate`` ``false`` use the Python path.
 """
 
 from __future__ import annotations

@@ -21,23 +21,51 @@ import pyarrow.parquet as pq
 
 from eventbus.protocol.ids import EntryId, parse_id
 from eventbus.protocol.keys import Keys
+from eventbus.spark.matching import ReadTyping, TypedColumnConflict, match, segment_typing
 from eventbus.spark.objects import Objects
 from eventbus.spark.planning import RangePart, checkpoints
 from eventbus.tier.layout import SegmentRef
 from eventbus.tier.segment import SCHEMA, decode_segment, entry_arrays
+from eventbus.tier.typed import ERROR_COLUMN
 
 XRANGE_COUNT = 5000
 INT64_MAX = (1 << 63) - 1
 BATCH_ROWS = 32768
 
 
-def segment_batches(objects: Objects, ref: SegmentRef) -> list[pa.RecordBatch]:
+def segment_batches(
+    objects: Objects, ref: SegmentRef, typed: ReadTyping | None = None
+) -> list[pa.RecordBatch]:
     """Segment `ref` fetched, verified against its key and cut into segment-schema batches of
     at most `BATCH_ROWS` rows. The tier's one reader (`eventbus.tier.segment.decode_segment`)
-    makes the checks. Raises `CorruptSegment` naming the key, `StoreError`."""
-    table, _ = decode_segment(objects.get(ref.key), ref.key, expect=ref.span)
+    makes the checks. With `typed` (a typed read's models), the segment's typed columns and
+    ``typed_error`` are appended when they give that read's columns exactly (`typed_columns`):
+    the payloads need no decoding then. Raises `CorruptSegment` naming the key,
+    `StoreError`."""
+    data = objects.get(ref.key)
+    table, info = decode_segment(data, ref.key, expect=ref.span)
+    if typed is not None and info.typed_models:
+        extra = typed_columns(data, ref, typed)
+        if extra is not None:
+            for name in extra.column_names:
+                table = table.append_column(name, extra.column(name))
     batches: list[pa.RecordBatch] = table.to_batches(max_chunksize=BATCH_ROWS)
     return batches
+
+
+def typed_columns(data: bytes, ref: SegmentRef, typed: ReadTyping) -> pa.Table | None:
+    """The typed columns of a read of `typed` and ``typed_error`` from segment file `data`,
+    when the segment's typed columns were written for the read's event types with the same
+    columns (`eventbus.spark.matching`) and lack none of them (a column a segment lacks would
+    be null, where decoding ``data`` gives the field's default): else None."""
+    try:
+        pf = pq.ParquetFile(io.BytesIO(data))
+        seg = segment_typing(ref.key, pf.metadata)
+        if match(typed, [seg]).native != [0] or not set(typed.kinds) <= set(seg.columns):
+            return None
+        return pf.read(columns=[*typed.kinds, ERROR_COLUMN])
+    except (TypedColumnConflict, ValueError, KeyError, pa.ArrowException):
+        return None  # another version of the columns: `data` is decoded instead
 
 
 def entries_batch(
@@ -109,13 +137,15 @@ def read_segments(
     refs: Sequence[SegmentRef],
     after: EntryId | None,
     upto: EntryId | None,
+    typed: ReadTyping | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """Rows of `refs` with `after` < ID <= `upto`, as segment-schema batches, in order; each
-    entry once when segments overlap (rows up to the last one given are dropped)."""
+    """Rows of `refs` with `after` < ID <= `upto`, as segment-schema batches (with the typed
+    columns of `typed` when they match: `segment_batches`), in order; each entry once when
+    segments overlap (rows up to the last one given are dropped)."""
     for ref in refs:
         if (after is not None and ref.last <= after) or (upto is not None and ref.first > upto):
             continue
-        for batch in segment_batches(objects, ref):
+        for batch in segment_batches(objects, ref, typed):
             cut = (after is not None and ref.first <= after) or (
                 upto is not None and ref.last > upto
             )
@@ -129,14 +159,14 @@ def read_segments(
 
 
 def read_range(
-    objects: Objects, redis: Any, keys: Keys, part: RangePart
+    objects: Objects, redis: Any, keys: Keys, part: RangePart, typed: ReadTyping | None = None
 ) -> Iterator[pa.RecordBatch]:
     """Shard `part.shard`'s entries in (`part.after`, `part.upto`] as segment-schema batches in
     entry-ID order: segments `part.refs`, then ``XRANGE`` after the checkpoint `part.cp`, page
     by page (`XRANGE_COUNT` entries: a shard's tail is never held at once), each page followed
     by the re-check of the module docstring."""
     topic, shard = part.topic, part.shard
-    yield from read_segments(objects, part.refs, part.after, part.upto)
+    yield from read_segments(objects, part.refs, part.after, part.upto, typed)
     low = (
         part.cp
         if part.after is None or (part.cp is not None and part.cp > part.after)
@@ -151,7 +181,7 @@ def read_range(
             # archived (and maybe trimmed) since `low`: those entries come from the segments
             upto = min(now, part.upto)
             fresh = [r for r in objects.segments(topic, shard) if (low is None or r.last > low)]
-            yield from read_segments(objects, fresh, low, upto)
+            yield from read_segments(objects, fresh, low, upto, typed)
             low = upto
         rest = [(parse_id(i), f) for i, f in page]
         rest = [e for e in rest if low is None or e[0] > low]

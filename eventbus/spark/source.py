@@ -140,7 +140,7 @@ class BatchReader(DataSourceReader):
         if isinstance(partition, RangePart):
             redis = opts.redis()  # None: a segment the native path has the Python source read
             try:
-                for batch in read_range(objects, redis, opts.keys(), partition):
+                for batch in read_range(objects, redis, opts.keys(), partition, conv.read_typing):
                     yield conv.convert(batch)
             finally:
                 if redis is not None:
@@ -157,7 +157,7 @@ class BatchReader(DataSourceReader):
             floor = floor if floor is not None and ref.first <= floor else None
             ceiling = partition.hi if ref.last > partition.hi else None
             try:
-                batches = segment_batches(objects, ref)
+                batches = segment_batches(objects, ref, conv.read_typing)
             except CorruptSegment as exc:
                 if opts.mode == "FAILFAST":
                     raise

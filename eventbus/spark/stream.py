@@ -337,7 +337,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         conv = Converter(arrow_schema(self.schema), opts.models(), opts.mode, opts.validate)
         redis = opts.redis()
         try:
-            for batch in read_range(objects, redis, opts.keys(), partition):
+            for batch in read_range(objects, redis, opts.keys(), partition, conv.read_typing):
                 yield conv.convert(batch)
         finally:
             if redis is not None:
