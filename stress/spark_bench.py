@@ -37,6 +37,16 @@ DataFrame (planning the cut, listing, analysis) and the job, and rows are counte
 * ``offload_us_per_event``: `encode_segment` of 50,000 of the entries, raw and with typed columns;
 * ``writer``: ``df.write.format("eventbus")`` of the same flights to another topic (one run, no
   warm-up: it publishes).
+* ``native_docs_forms``: the path `eventbus.spark.read` takes with docs/tier.md's setting form
+  (``{"<event type>": "pkg:Model"}``, the archive's) and docs/spark.md's ``model="pkg:Model"``;
+* ``bounded_native``: the typed aggregate of a bounded read (per shard after the entry at a
+  quarter, up to the one at three quarters), natively; rate over the rows read;
+* ``stream_available_now`` / ``stream_available_now_100k``: a typed ``Trigger.AvailableNow``
+  stream of the archive into the ``noop`` sink (no limit; ``maxOffsetsPerTrigger=100000``);
+* ``native_after_evolution``: after a tenth more flights were archived with a model version
+  that adds a field, the typed aggregate of the whole topic read natively with that version;
+* each with ``ratio_typed_native`` (its rate over ``typed_native``'s); ``writer`` has
+  ``ratio_publish_many``.
 
 All rates are events/s. ``method`` in the output states the above. Prints one JSON object (and
 writes it to ``--out``). The machine's load moves every figure: compare paths of one run.
@@ -68,6 +78,22 @@ from eventbus.testing.server import RedisServer  # noqa: E402
 from examples.flights.flightdata import load_flights  # noqa: E402
 
 MODEL = "examples.flights.flightdata:Flight"
+EVENT_TYPE = "flights.Flight"
+DOCS_SETTING = {EVENT_TYPE: MODEL}  # docs/tier.md's form of the offloader's typed_models
+EVOLVED = "__main__:FlightV2"  # `Flight` with a field added: the archive's second version
+
+
+def _evolved() -> Any:
+    from examples.flights.flightdata import Flight
+
+    class FlightV2(Flight):
+        source: str | None = None
+
+    FlightV2.__module__, FlightV2.__qualname__ = "__main__", "FlightV2"
+    return FlightV2
+
+
+FlightV2 = _evolved()
 
 
 @contextlib.contextmanager
@@ -137,7 +163,12 @@ def _summary(times: list[float], plans: list[float], n: int) -> dict[str, Any]:
     return out
 
 
-async def publish_and_archive(url: str, topic: str, rows: list[Any], store: str) -> float:
+async def publish_and_archive(
+    url: str, topic: str, rows: list[Any], store: str, models: Any = None
+) -> float:
+    """Publish `rows` with ``publish_many`` (its seconds returned) and archive them with
+    typed segments of `models` (the offloader's setting for the topic; default docs/tier.md's
+    form, ``{"<event type>": "pkg:Model"}``)."""
     from eventbus.tier import TierSettings, offload_until_caught_up, open_store
 
     bus = EventBus(Settings(redis_url=url, shards=16))
@@ -151,7 +182,7 @@ async def publish_and_archive(url: str, topic: str, rows: list[Any], store: str)
                 hot_window_s=0,
                 segment_max_age_s=0,
                 trim_exact=True,
-                typed_models={topic: MODEL},  # typed segments: the native path reads them
+                typed_models={topic: models or DOCS_SETTING},  # typed segments, read natively
             )
             await offload_until_caught_up(
                 bus.redis,
@@ -189,6 +220,88 @@ def offload_cost(topic: str, n: int, runs: int) -> dict[str, float]:
 
         out[name] = round(measure(encode, n, runs)["seconds"] / n * 1e6, 2)
     return out
+
+
+def path_of(build: Callable[[], Any]) -> str:
+    """``"native"`` when `build` (an `eventbus.spark.read`) reads every segment through
+    Spark's Parquet reader without a fallback warning, ``"partial"`` when some segments go
+    through the Python source, else ``"python"``."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        df = build()
+    texts = [str(w.message) for w in said if "Python source" in str(w.message)]
+    if not df.inputFiles():
+        return "python"
+    return "partial" if texts else "native"
+
+
+def bounded(
+    spark: Any, store: str, opts: dict[str, Any], files: list[str], runs: int, phased: Any
+) -> dict[str, Any]:
+    """The typed aggregate of a bounded read (``startingOffsets`` / ``endingOffsets``: per
+    shard, after its entry at a quarter and up to its entry at three quarters, inside
+    segments), natively; rate over the rows read."""
+    import pyarrow.parquet as pq
+
+    from eventbus.spark import read
+
+    starts: dict[str, str] = {}
+    ends: dict[str, str] = {}
+    for shard in sorted({Path(f).parent.name for f in files}, key=int):
+        ids = [
+            i
+            for f in files
+            if Path(f).parent.name == shard
+            for i in pq.read_table(f, columns=["entry_id"]).column(0).to_pylist()
+        ]
+        if len(ids) >= 4:
+            starts[shard], ends[shard] = ids[len(ids) // 4], ids[3 * len(ids) // 4]
+    expected = sum(
+        1
+        for f in files
+        for i in pq.read_table(f, columns=["entry_id"]).column(0).to_pylist()
+        if Path(f).parent.name not in starts
+        or _id(starts[Path(f).parent.name]) < _id(i) <= _id(ends[Path(f).parent.name])
+    )
+    topic = opts["topic"]
+    options = {
+        **opts,
+        "startingOffsets": json.dumps({topic: starts}),
+        "endingOffsets": json.dumps({topic: ends}),
+    }
+    out = measure(phased(lambda: read(spark, options)), expected, runs)
+    out["rows"] = expected
+    out["path"] = path_of(lambda: read(spark, options))
+    return out
+
+
+def _id(text: str) -> tuple[int, int]:
+    ms, seq = text.split("-")
+    return int(ms), int(seq)
+
+
+def stream_run(spark: Any, opts: dict[str, Any], limit: int | None) -> Callable[[], int]:
+    """A ``Trigger.AvailableNow`` stream of the archive (typed, the Python source's
+    micro-batches) into Spark's ``noop`` sink, each run from a new checkpoint: rows read."""
+
+    def run() -> int:
+        reader = spark.readStream.format("eventbus").options(**opts)
+        if limit:
+            reader = reader.option("maxOffsetsPerTrigger", str(limit))
+        with tempfile.TemporaryDirectory(prefix="spark-bench-ckpt-") as ckpt:
+            q = (
+                reader.load()
+                .writeStream.format("noop")
+                .option("checkpointLocation", ckpt)
+                .trigger(availableNow=True)
+                .start()
+            )
+            q.awaitTermination()
+            return sum(p["numInputRows"] for p in q.recentProgress)
+
+    return run
 
 
 def main() -> None:
@@ -304,6 +417,22 @@ def main() -> None:
         result["typed_native"]["vs_typed_python"] = round(
             result["typed_native"]["events_per_s"] / result["typed_agg"]["events_per_s"], 2
         )
+        native_rate = result["typed_native"]["events_per_s"]
+        result["native_docs_forms"] = {
+            "setting": DOCS_SETTING,
+            "model": MODEL,
+            "path": path_of(lambda: read(spark, opts)),
+        }
+        result["bounded_native"] = bounded(spark, store, opts, files, runs, phased)
+        result["bounded_native"]["ratio_typed_native"] = round(
+            result["bounded_native"]["events_per_s"] / native_rate, 3
+        )
+        for name, limit in (("stream_available_now", None), ("stream_available_now_100k", 100_000)):
+            result[name] = measure(stream_run(spark, opts, limit), n, runs)
+            result[name]["max_offsets_per_trigger"] = limit
+            result[name]["ratio_typed_native"] = round(
+                result[name]["events_per_s"] / native_rate, 3
+            )
         import duckdb
 
         glob = f"{store}/bench-a/*/*.parquet"
@@ -351,12 +480,42 @@ def main() -> None:
         result["writer"]["vs_publish_many"] = round(
             result["writer"]["events_per_s"] / result["publish_many"]["events_per_s"], 3
         )
+        result["writer"]["ratio_publish_many"] = result["writer"]["vs_publish_many"]
+
+        # schema evolution: a tenth more flights archived with `FlightV2` (a field added),
+        # then the whole topic read natively as `FlightV2` (``source`` null in older segments)
+        extra = rows[: max(1, n // 10)]
+        anyio.run(publish_and_archive, url, "bench-a", extra, store, {EVENT_TYPE: EVOLVED})
+        evolved = {**opts, "model": FlightV2}
+        total = n + len(extra)
+        result["native_after_evolution"] = {
+            "path": path_of(lambda: read(spark, evolved)),
+            **measure(phased(lambda: read(spark, evolved)), total, runs),
+        }
+        result["native_after_evolution"]["ratio_typed_native"] = round(
+            result["native_after_evolution"]["events_per_s"] / native_rate, 3
+        )
         result["targets"] = {
             "raw_at_least_half_pyarrow_in_spark": result["raw"]["vs_pyarrow_in_spark"] >= 0.5,
             "typed_at_least_200k": result["typed"]["events_per_s"] >= 200_000,
             "typed_native_at_least_10x_typed_python": result["typed_native"]["vs_typed_python"]
             >= 10,
             "typed_native_at_least_1m": result["typed_native"]["events_per_s"] >= 1_000_000,
+            "native_docs_forms_native": result["native_docs_forms"]["path"] == "native",
+            "native_after_evolution_at_least_0_8": result["native_after_evolution"][
+                "ratio_typed_native"
+            ]
+            >= 0.8,
+            "bounded_native_at_least_0_5": result["bounded_native"]["ratio_typed_native"] >= 0.5,
+            "stream_available_now_at_least_0_5": result["stream_available_now"][
+                "ratio_typed_native"
+            ]
+            >= 0.5,
+            "stream_available_now_100k_at_least_200k": result["stream_available_now_100k"][
+                "events_per_s"
+            ]
+            >= 200_000,
+            "writer_at_least_publish_many": result["writer"]["ratio_publish_many"] >= 1.0,
         }
         spark.stop()
     text = json.dumps(result, indent=2)

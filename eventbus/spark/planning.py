@@ -282,7 +282,8 @@ def plan_read(
         ]
         last = lasts.get(s)
         head = max(
-            [x for x in (last, start, *(r.last for r in per_shard[s][-1:])) if x], default=ZERO
+            [x for x in (last, start, *(r.last for r in per_shard[s][-1:])) if x is not None],
+            default=ZERO,
         )
         begin = (starts or {}).get(s)
         if begin is not None and begin > head and (redis is not None or per_shard[s]):
