@@ -262,9 +262,9 @@ class EventBus(Lifecycle):
     ) -> M:
         """Publish `event` as a request and return the reply: the pydantic model a subscriber's
         handler returned, validated as `reply_model`, or its JSON-mode fields (a dict) without
-        one. Only a reply whose MAC verifies with the request's secret is returned; others are
-        logged at WARNING and ignored. The bus must be entered (``async with bus:``);
-        `eventbus.request` says how.
+        one. Only a reply that names the request's own entry is returned; others are logged at
+        WARNING and ignored (who may answer a topic is its reply streams' ACL: docs/security.md).
+        The bus must be entered (``async with bus:``); `eventbus.request` says how.
 
         :param resource_id: the request's resource (its shard and order, as for `publish`)
         :param timeout_s: seconds to wait for the reply, publishing included (> 0; `math.inf`
@@ -273,12 +273,17 @@ class EventBus(Lifecycle):
         :raises RequestTimeout: no reply within `timeout_s`; it names the groups that read the
             topic (none: nobody subscribes to it), or says why they could not be listed
         :raises PublishError, PayloadTooLarge, ConfigError: as `publish`; `ConfigError` also for
-            a `timeout_s` not > 0 (0, negative, NaN), before anything is published
+            a `timeout_s` that is not a number > 0 (0, negative, NaN, a string, None, a bool),
+            before anything is published
         """
-        if not timeout_s > 0:  # (NaN too: it compares False)
-            raise ConfigError(f"request timeout_s must be > 0 seconds, got {timeout_s!r}")
-        env = await requester(self.redis, self.keys).request(
-            self.publish, self.topic(topic), event, resource_id, timeout_s, headers
+        number = isinstance(timeout_s, int | float) and not isinstance(timeout_s, bool)
+        if not number or not timeout_s > 0:  # (NaN too: it compares False)
+            raise ConfigError(
+                f"request timeout_s must be a number of seconds > 0, got {timeout_s!r}"
+            )
+        config = self.topic(topic)
+        env = await requester(self.redis, self.keys, config.name).request(
+            self.publish, config, event, resource_id, timeout_s, headers
         )
         return reply_of(env, reply_model)
 

@@ -61,10 +61,11 @@ class Keys:
         """The dead-letter stream of `group` on `topic`: ``<prefix>:dlq:<topic>:<group>``."""
         return f"{self.prefix}:dlq:{topic}:{group}"
 
-    def reply(self, caller: str) -> str:
-        """Stream of the replies to one caller's requests (`eventbus.request`), capped and
-        expiring: ``<prefix>:reply:<caller>``."""
-        return f"{self.prefix}:reply:{caller}"
+    def reply(self, topic: str, caller: str) -> str:
+        """Stream of the replies to one caller's requests on `topic` (`eventbus.request`),
+        capped and expiring: ``<prefix>:reply:<topic>:<caller>``. Per topic, so that an ACL can
+        let only the roles answering `topic` write it (docs/security.md, "Responder")."""
+        return f"{self.prefix}:reply:{topic}:{caller}"
 
     def trimmed(self, topic: str, group: str) -> str:
         """Stream of trim records of `group` on `topic`: unread entries found trimmed by
