@@ -50,6 +50,11 @@ class TopicRegistry:
         """Whether `ensure` already succeeded for topic `name` in this process."""
         return name in self._checked
 
+    def forget(self, name: str) -> None:
+        """Make the next `ensure` of topic `name` write and check it again: Redis may have lost
+        its data since (FLUSHALL, a restart without persistence), registry included."""
+        self._checked.discard(name)
+
     async def ensure(self, topic: TopicConfig) -> None:
         """Register `topic`'s shard count, or check it against the stored one.
 

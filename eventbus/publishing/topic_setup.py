@@ -1,6 +1,8 @@
-"""What a publisher does for a topic before its XADDs, rarely: once per topic, the shard-count
-check against the topic's registered count (`TopicRegistry.ensure`), and once per dictionary
-refresh (`dictionaries.REFRESH_S`), a look for the topic's newer zstd dictionary. Both run under
+"""What a publisher does for a topic before its XADDs, rarely: once per dictionary refresh
+(`dictionaries.REFRESH_S`), the shard-count check against the topic's registered count
+(`TopicRegistry.ensure`: ``HSETNX`` then ``HGET``, so a registry Redis lost is written again,
+and a count registered meanwhile by another publisher is a `ShardCountMismatch`), and a look
+for the topic's newer zstd dictionary. Both run under
 the publish deadline (`Settings.publish_timeout_s`) and the pipelines' retry backoff, so a
 Redis restart during the first publish of a topic is retried like a failed XADD.
 """
@@ -47,6 +49,8 @@ class TopicSetup:
         `publish_timeout_s` seconds. Raises `ShardCountMismatch`, and `PublishError` when Redis
         did not answer in time or refused."""
         with self._deadline(topic):
+            if self._dictionaries.due(topic.name):  # Redis may have lost the registry since
+                self._registry.forget(topic.name)
             await self._check_topic(topic)
             await self._refresh_dictionary(topic)
 
