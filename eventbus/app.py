@@ -31,6 +31,7 @@ from eventbus.lifecycle import Hook, Lifecycle
 from eventbus.locking.member import AsyncRedis
 from eventbus.profiles import WireProfile, profile_named
 from eventbus.protocol.codec import RESERVED_TYPE_PREFIX, event_type_of
+from eventbus.protocol.keys import check_event_type
 from eventbus.protocol.retention import Retention
 from eventbus.protocol.topics import TopicConfig
 from eventbus.request import M, reply_of, requester
@@ -190,7 +191,8 @@ class EventBus(Lifecycle):
         ``publishes``: ``bus.publisher`` is the bus's `Publisher`.)
 
         Raises `ConfigError` for a bad topic name, no model or one that is not a pydantic
-        model, and `ReservedEventType` for a model whose event type starts with ``__eventbus.``.
+        model, `ReservedEventType` for a model whose event type starts with ``__eventbus.``,
+        and `InvalidEventType` for one that is not 1-200 characters of ``[A-Za-z0-9_.-]``.
         """
         config = self.topic(topic)
         if not models or not all(isinstance(m, type) and issubclass(m, BaseModel) for m in models):
@@ -198,6 +200,7 @@ class EventBus(Lifecycle):
         for model in models:
             if event_type_of(model).startswith(RESERVED_TYPE_PREFIX):
                 raise ReservedEventType(event_type_of(model), f"publishes of topic {topic!r}")
+            check_event_type(event_type_of(model), f"publishes of topic {topic!r}")
         declared = self.publications.setdefault(config.name, [])
         declared += [m for m in models if m not in declared]
 
