@@ -19,7 +19,7 @@ import re
 from typing import Any
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel
+from pydantic import BaseModel, PydanticUserError
 from pydantic.json_schema import models_json_schema
 
 from eventbus.contract import Contract, GroupContract
@@ -294,9 +294,25 @@ def _schemas(
     and those they use), for ``components.schemas``: a reference resolves against the whole
     document, so pydantic's ``$defs`` move there."""
     ordered = sorted(models, key=lambda m: (m.__module__, m.__qualname__))
-    mapping, top = models_json_schema([(m, "validation") for m in ordered], ref_template=_REF)
+    try:
+        mapping, top = models_json_schema([(m, "validation") for m in ordered], ref_template=_REF)
+    except PydanticUserError:
+        for m in ordered:
+            model_schema(m)  # raises ConfigError naming the model that has none
+        raise
     refs = {m: dict(mapping[m, "validation"]) for m in ordered}
     return refs, dict(sorted(top.get("$defs", {}).items()))
+
+
+def model_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """`model`'s JSON schema (pydantic's validation mode); raises `ConfigError` naming the
+    model when pydantic cannot make one (a field of a type with no JSON form)."""
+    try:
+        return model.model_json_schema()
+    except PydanticUserError as exc:
+        raise ConfigError(
+            f"model {model.__module__}:{model.__qualname__} has no JSON schema: {exc.message}"
+        ) from None
 
 
 def _message_names(contract: Contract) -> dict[tuple[str, str], str]:

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import traceback
 from functools import partial
 from typing import Annotated, Any
 
@@ -45,12 +46,21 @@ def load_bus(target: str) -> EventBus:
             raise ConfigError(
                 f"{target}: no module named {exc.name!r} (run from the folder that holds it)"
             ) from None
-        raise
+        raise ConfigError(f"{target}: importing {module_name} failed: {_raised(exc)}") from None
+    except Exception as exc:  # the application's own error at import: one line, with its place
+        raise ConfigError(f"{target}: importing {module_name} failed: {_raised(exc)}") from None
     bus = getattr(module, attr, None)
     if not isinstance(bus, EventBus):
         found = "nothing" if bus is None else type(bus).__name__
         raise ConfigError(f"{target} is not an EventBus (found {found})")
     return bus
+
+
+def _raised(exc: BaseException) -> str:
+    """``Type: message (file:line)``: an exception and the innermost place of its traceback."""
+    tb = traceback.extract_tb(exc.__traceback__)
+    where = f" ({tb[-1].filename}:{tb[-1].lineno})" if tb else ""
+    return f"{type(exc).__name__}: {exc}{where}"
 
 
 def run(

@@ -274,3 +274,47 @@ def test_asyncapi_names_that_would_collide_are_a_config_error() -> None:
     bus.publishes("y", models["Yab"], models["Yb"])
     with pytest.raises(ConfigError, match=r"message name 'x\.a\.b' would stand for both"):
         asyncapi_document(contract_of(bus), keys=bus.keys, title="t")
+
+
+def test_describe_says_in_one_line_what_failed_in_the_application(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A module that raises at import, or a model pydantic has no JSON schema for, printed a
+    full traceback: one line names the error and where it was raised, or the model."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "raising_app.py").write_text("x = 1\nraise RuntimeError('no config here')\n")
+    (tmp_path / "opaque_app.py").write_text(
+        "from pydantic import BaseModel, ConfigDict\n"
+        "from eventbus import EventBus\n"
+        "class Thing:\n    pass\n"
+        "class Carried(BaseModel):\n"
+        "    model_config = ConfigDict(arbitrary_types_allowed=True)\n"
+        "    thing: Thing\n"
+        "bus = EventBus()\n"
+        "@bus.subscriber('t', group='g')\n"
+        "async def handle(event: Carried) -> None: ...\n"
+    )
+    runner = CliRunner()
+    raised = runner.invoke(app, ["describe", "raising_app:bus"])
+    assert raised.exit_code == 1
+    text = " ".join(raised.output.split())
+    assert "importing raising_app failed: RuntimeError: no config here" in text
+    assert "raising_app.py:2" in text and "Traceback" not in raised.output
+    opaque = runner.invoke(app, ["describe", "opaque_app:bus"])
+    assert opaque.exit_code == 1
+    text = " ".join(opaque.output.split())
+    assert "model opaque_app:Carried has no JSON schema" in text, text
+    assert "Traceback" not in opaque.output
+
+
+def test_asyncapi_dash_writes_the_document_to_stdout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--asyncapi -`` wrote a file named ``-``: the document goes to stdout, the tables to
+    stderr."""
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["describe", "examples.orders_service:bus", "--asyncapi", "-"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["asyncapi"] == "3.0.0"
+    assert "Consumers" in result.stderr
+    assert not (tmp_path / "-").exists()
