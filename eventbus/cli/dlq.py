@@ -70,7 +70,7 @@ async def _check_group(bus: EventBus, topic: str, shards: int, group: str) -> No
 def dlq_list(
     topic: str,
     group: str,
-    count: Annotated[int, typer.Option(help="Most entries to show.")] = 50,
+    count: Annotated[int, typer.Option(min=1, help="Most entries to show.")] = 50,
     redis_url: RedisUrl = None,
 ) -> None:
     """Dead letters of GROUP on TOPIC, oldest first, and the parked resources."""

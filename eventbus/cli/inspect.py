@@ -140,7 +140,7 @@ async def bytes_per_entry(r: Any, streams: list[str], entries: int) -> str:
 
 def tail(
     topic: str,
-    count: Annotated[int, typer.Option(help="Entries to show per shard.")] = 5,
+    count: Annotated[int, typer.Option(min=1, help="Entries to show per shard.")] = 5,
     redis_url: RedisUrl = None,
 ) -> None:
     """Print the newest entries of each shard of TOPIC, decoded, as JSON lines."""

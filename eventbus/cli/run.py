@@ -22,6 +22,7 @@ from eventbus.cli.output import remember_url, run_async, user_errors
 from eventbus.errors import ConfigError
 from eventbus.ops import logs
 from eventbus.ops.children_metrics import ChildrenMetrics
+from eventbus.ops.cli_options import port_option
 from eventbus.ops.health import ChildrenHealth, Health, run_with_health, serve
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -68,7 +69,7 @@ def run(
     processes: Annotated[int, typer.Option(min=1, help="Consumer processes to start.")] = 1,
     metrics_port: Annotated[
         int | None,
-        typer.Option(help="Serve /metrics, /healthz and /readyz on this port (all processes)."),
+        port_option("Serve /metrics, /healthz and /readyz on this port (all processes)."),
     ] = None,
     metrics_host: Annotated[
         str, typer.Option(help="Address of the metrics port (0.0.0.0: every interface).")
