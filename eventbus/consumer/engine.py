@@ -178,7 +178,9 @@ class Consumer:
                     tg.start_soon(self._worker, tg)
                 tg.start_soon(self._stop_starting, stop)
                 await read_loop(self, stop)
-                await self.acks.drain(self.settings.shutdown_grace_s)
+                await self.acks.drain(
+                    self.settings.shutdown_grace_s, self.handling.watchdog.running
+                )
                 tg.cancel_scope.cancel()
         finally:
             self._report_handled()
