@@ -86,8 +86,7 @@ async def read_loop(c: Consumer, stop: anyio.Event) -> None:
             try:
                 vanished = await c.reader.regroup()
                 if vanished:  # the registry went with them: write the topic again (or refuse)
-                    c.registry.forget(c.topic.name)
-                    await c.registry.ensure(c.topic)
+                    await c.registry.verify(c.topic)
             except REDIS_ERRORS as again:
                 await _back_off(c, stop, failures, "group missing", again, logging.WARNING)
                 continue

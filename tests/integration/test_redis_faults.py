@@ -142,6 +142,7 @@ async def test_a_running_bus_writes_its_topics_again_after_redis_lost_its_data(
 
             await wait_until(lambda: registered("orders"))  # by the consumer, at once
             monkeypatch.setattr("eventbus.protocol.dictionaries.REFRESH_S", 0.0)
+            monkeypatch.setattr("eventbus.publishing.topic_setup.REFRESH_S", 0.0)
             await publisher.publish("quotes", Tick(resource="q", seq=1), resource_id="q")
             assert await registered("quotes")  # by the publisher, at its refresh
             tail = await anyio.to_thread.run_sync(
