@@ -31,6 +31,7 @@ from eventbus.lifecycle import Hook, Lifecycle
 from eventbus.locking.member import AsyncRedis
 from eventbus.profiles import WireProfile, profile_named
 from eventbus.protocol.codec import RESERVED_TYPE_PREFIX, event_type_of
+from eventbus.protocol.keys import check_event_type
 from eventbus.protocol.retention import Retention
 from eventbus.protocol.topics import TopicConfig
 from eventbus.request import M, reply_of, requester
@@ -190,7 +191,8 @@ class EventBus(Lifecycle):
         ``publishes``: ``bus.publisher`` is the bus's `Publisher`.)
 
         Raises `ConfigError` for a bad topic name, no model or one that is not a pydantic
-        model, and `ReservedEventType` for a model whose event type starts with ``__eventbus.``.
+        model, `ReservedEventType` for a model whose event type starts with ``__eventbus.``,
+        and `InvalidEventType` for one that is not 1-200 characters of ``[A-Za-z0-9_.-]``.
         """
         config = self.topic(topic)
         if not models or not all(isinstance(m, type) and issubclass(m, BaseModel) for m in models):
@@ -198,6 +200,7 @@ class EventBus(Lifecycle):
         for model in models:
             if event_type_of(model).startswith(RESERVED_TYPE_PREFIX):
                 raise ReservedEventType(event_type_of(model), f"publishes of topic {topic!r}")
+            check_event_type(event_type_of(model), f"publishes of topic {topic!r}")
         declared = self.publications.setdefault(config.name, [])
         declared += [m for m in models if m not in declared]
 
@@ -262,9 +265,9 @@ class EventBus(Lifecycle):
     ) -> M:
         """Publish `event` as a request and return the reply: the pydantic model a subscriber's
         handler returned, validated as `reply_model`, or its JSON-mode fields (a dict) without
-        one. Only a reply whose MAC verifies with the request's secret is returned; others are
-        logged at WARNING and ignored. The bus must be entered (``async with bus:``);
-        `eventbus.request` says how.
+        one. Only a reply that names the request's own entry is returned; others are logged at
+        WARNING and ignored (who may answer a topic is its reply streams' ACL: docs/security.md).
+        The bus must be entered (``async with bus:``); `eventbus.request` says how.
 
         :param resource_id: the request's resource (its shard and order, as for `publish`)
         :param timeout_s: seconds to wait for the reply, publishing included (> 0; `math.inf`
@@ -273,12 +276,17 @@ class EventBus(Lifecycle):
         :raises RequestTimeout: no reply within `timeout_s`; it names the groups that read the
             topic (none: nobody subscribes to it), or says why they could not be listed
         :raises PublishError, PayloadTooLarge, ConfigError: as `publish`; `ConfigError` also for
-            a `timeout_s` not > 0 (0, negative, NaN), before anything is published
+            a `timeout_s` that is not a number > 0 (0, negative, NaN, a string, None, a bool),
+            before anything is published
         """
-        if not timeout_s > 0:  # (NaN too: it compares False)
-            raise ConfigError(f"request timeout_s must be > 0 seconds, got {timeout_s!r}")
-        env = await requester(self.redis, self.keys).request(
-            self.publish, self.topic(topic), event, resource_id, timeout_s, headers
+        number = isinstance(timeout_s, int | float) and not isinstance(timeout_s, bool)
+        if not number or not timeout_s > 0:  # (NaN too: it compares False)
+            raise ConfigError(
+                f"request timeout_s must be a number of seconds > 0, got {timeout_s!r}"
+            )
+        config = self.topic(topic)
+        env = await requester(self.redis, self.keys, config.name).request(
+            self.publish, config, event, resource_id, timeout_s, headers
         )
         return reply_of(env, reply_model)
 

@@ -19,10 +19,11 @@ import re
 from typing import Any
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel
+from pydantic import BaseModel, PydanticUserError
 from pydantic.json_schema import models_json_schema
 
 from eventbus.contract import Contract, GroupContract
+from eventbus.errors import ConfigError
 from eventbus.profiles import EVENTBUS, WireProfile
 from eventbus.protocol.codec import event_type_of
 from eventbus.protocol.keys import Keys
@@ -59,7 +60,11 @@ def asyncapi_document(
     :param profile: the bus's wire profile (its shard rule is written with each channel)
     """
     names = _message_names(contract)
-    refs, schemas = _schemas({m for t in contract.topics for m in contract.models(t).values()})
+    replies = _replies(contract)
+    refs, schemas = _schemas(
+        {m for t in contract.topics for m in contract.models(t).values()}
+        | {m for models in replies.values() for m in models}
+    )
     doc: dict[str, Any] = {
         "asyncapi": ASYNCAPI_VERSION,
         "info": {
@@ -71,19 +76,33 @@ def asyncapi_document(
     }
     if redis_url:
         doc["servers"] = {"redis": _server(redis_url)}
-    channels: dict[str, Any] = {}
-    messages: dict[str, Any] = {}
+    channels = _Unique("channel")
+    messages = _Unique("message")
+    reply_keys: dict[tuple[str, type[BaseModel]], str] = {}
     for name, topic in contract.topics.items():
         channel_messages = {}
         for event_type, model in sorted(contract.models(name).items()):
             key = names[name, event_type]
-            messages[key] = _message(event_type, model, refs[model])
+            messages.put(key, (event_type, model), _message(event_type, model, refs[model]))
             channel_messages[key] = {"$ref": f"#/components/messages/{key}"}
         if contract.takes_raw(name):
-            messages[ANY] = _any_message()
+            messages.put(ANY, ANY, _any_message())
             channel_messages[ANY] = {"$ref": f"#/components/messages/{ANY}"}
-        channels[_id(name)] = _channel(keys, name, topic, channel_messages, profile)
-    operations: dict[str, Any] = {}
+        channels.put(_id(name), name, _channel(keys, name, topic, channel_messages, profile))
+        if replies.get(name):
+            answers = {}
+            for model in replies[name]:
+                event_type = event_type_of(model)
+                key = names.get((name, event_type)) or _id(f"reply.{event_type}")
+                if messages.get(key, (event_type, model)) != (event_type, model):
+                    key = _id(f"{name}.reply.{event_type}")
+                messages.put(key, (event_type, model), _message(event_type, model, refs[model]))
+                answers[key] = {"$ref": f"#/components/messages/{key}"}
+                reply_keys[name, model] = key
+            channels.put(
+                _id(f"{name}.replies"), ("replies", name), _reply_channel(keys, name, answers)
+            )
+    operations = _Unique("operation")
     for g in contract.groups:
         for h in g.handlers:
             keys_ = {names[g.topic.name, t] for t, m in h.events.items() if m is not None}
@@ -91,19 +110,96 @@ def asyncapi_document(
             op_id = _id(f"{g.group}.{h.name.rpartition('.')[2].rpartition(':')[2]}")
             if op_id in operations:  # two handlers of one name (other modules or classes)
                 op_id = _id(f"{g.group}.{h.name}")
-            operations[op_id] = _receive(g, h.name, sorted(keys_))
+            operation = _receive(g, h.name, sorted(keys_))
+            if h.replies:
+                answered = [reply_keys[g.topic.name, m] for m in h.replies]
+                operation["reply"] = _reply(g.topic.name, answered)
+            operations.put(op_id, (g.group, h.name), operation)
     for name, declared in contract.publishes.items():
         keys_ = {names[name, event_type_of(m)] for m in declared}
-        operations[_id(f"publish.{name}")] = {
-            "action": "send",
-            "channel": {"$ref": f"#/channels/{_id(name)}"},
-            "summary": f"The application publishes {', '.join(sorted(keys_))} on {name}.",
-            "messages": [{"$ref": f"#/channels/{_id(name)}/messages/{k}"} for k in sorted(keys_)],
-        }
-    doc["channels"] = channels
-    doc["operations"] = operations
-    doc["components"] = {"messages": messages, "schemas": schemas}
+        operations.put(
+            _id(f"publish.{name}"),
+            ("publish", name),
+            {
+                "action": "send",
+                "channel": {"$ref": f"#/channels/{_id(name)}"},
+                "summary": f"The application publishes {', '.join(sorted(keys_))} on {name}.",
+                "messages": [
+                    {"$ref": f"#/channels/{_id(name)}/messages/{k}"} for k in sorted(keys_)
+                ],
+            },
+        )
+    doc["channels"] = channels.items
+    doc["operations"] = operations.items
+    doc["components"] = {"messages": messages.items, "schemas": schemas}
     return doc
+
+
+class _Unique:
+    """Components of one kind by key, each key given to one owner only: two owners of one key
+    (event types such as ``a.b`` on topic ``x`` and ``b`` on topic ``x.a``, which `_id` and the
+    qualified names cannot tell apart) are a `ConfigError` rather than one silently dropped."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.items: dict[str, Any] = {}
+        self._owners: dict[str, object] = {}
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.items
+
+    def get(self, key: str, default: object) -> object:
+        return self._owners.get(key, default)
+
+    def put(self, key: str, owner: object, value: Any) -> None:
+        known = self._owners.setdefault(key, owner)
+        if known != owner:
+            raise ConfigError(
+                f"AsyncAPI {self.kind} name {key!r} would stand for both {_shown(known)} and "
+                f"{_shown(owner)}: rename an event type or topic"
+            )
+        self.items[key] = value
+
+
+def _shown(owner: object) -> str:
+    if isinstance(owner, tuple) and len(owner) == 2 and isinstance(owner[1], type):
+        return f"event type {owner[0]!r} ({owner[1].__module__}:{owner[1].__qualname__})"
+    return repr(owner)
+
+
+def _replies(contract: Contract) -> dict[str, list[type[BaseModel]]]:
+    """Topic -> the models its handlers answer requests with (their return annotations)."""
+    found: dict[str, list[type[BaseModel]]] = {}
+    for g in contract.groups:
+        for h in g.handlers:
+            models = found.setdefault(g.topic.name, [])
+            models += [m for m in h.replies if m not in models]
+    return found
+
+
+def _reply_channel(keys: Keys, name: str, messages: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "address": None,  # each caller's own stream, named by its request
+        "title": f"{name} replies",
+        "description": (
+            f"Replies to requests on topic {name}: the stream a request's eventbus-reply-to "
+            f"header names, {keys.reply(name, '<32 hex digits>')} (one per caller), written "
+            "only by the roles answering the topic (docs/security.md)."
+        ),
+        "messages": messages,
+    }
+
+
+def _reply(name: str, keys_: list[str]) -> dict[str, Any]:
+    channel = f"#/channels/{_id(f'{name}.replies')}"
+    return {
+        "address": {
+            "location": "$message.header#/eventbus-reply-to",
+            "description": "the caller's reply stream, named by the request",
+        },
+        "channel": {"$ref": channel},
+        "messages": [{"$ref": f"{channel}/messages/{k}"} for k in keys_],
+    }
 
 
 def _channel(
@@ -198,9 +294,25 @@ def _schemas(
     and those they use), for ``components.schemas``: a reference resolves against the whole
     document, so pydantic's ``$defs`` move there."""
     ordered = sorted(models, key=lambda m: (m.__module__, m.__qualname__))
-    mapping, top = models_json_schema([(m, "validation") for m in ordered], ref_template=_REF)
+    try:
+        mapping, top = models_json_schema([(m, "validation") for m in ordered], ref_template=_REF)
+    except PydanticUserError:
+        for m in ordered:
+            model_schema(m)  # raises ConfigError naming the model that has none
+        raise
     refs = {m: dict(mapping[m, "validation"]) for m in ordered}
     return refs, dict(sorted(top.get("$defs", {}).items()))
+
+
+def model_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """`model`'s JSON schema (pydantic's validation mode); raises `ConfigError` naming the
+    model when pydantic cannot make one (a field of a type with no JSON form)."""
+    try:
+        return model.model_json_schema()
+    except PydanticUserError as exc:
+        raise ConfigError(
+            f"model {model.__module__}:{model.__qualname__} has no JSON schema: {exc.message}"
+        ) from None
 
 
 def _message_names(contract: Contract) -> dict[tuple[str, str], str]:

@@ -11,6 +11,7 @@ to receive from this module. Nothing here talks to Redis: the contract is the co
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -38,6 +39,9 @@ class HandlerContract:
     events: dict[str, type[BaseModel] | None]
     catch_all: bool = False
     raw: Raw | None = None
+    replies: tuple[type[BaseModel], ...] = ()
+    """The models its return annotation names: its answers to requests (`eventbus.request`;
+    a batch handler's ``list[...]`` items)."""
 
     @property
     def takes_raw(self) -> bool:
@@ -105,7 +109,9 @@ def contract_of(bus: EventBus) -> Contract:
         if routes.fallback is not None:
             call = routes.fallback.call
             base = handlers.get(call) or _handler(call, None)
-            handlers[call] = HandlerContract(base.name, base.events, True, _raw(call))
+            handlers[call] = HandlerContract(
+                base.name, base.events, True, _raw(call), _replies(call)
+            )
         batch = sub.call if isinstance(sub.call, BatchHandlerCall) else None
         groups.append(
             GroupContract(
@@ -131,7 +137,30 @@ def contract_of(bus: EventBus) -> Contract:
 def _handler(call: HandlerCall, model: type[BaseModel] | None) -> HandlerContract:
     func = call.func
     name = f"{getattr(func, '__module__', '?')}:{call.name}"
-    return HandlerContract(name, {}, raw=None if model is not None else _raw(call))
+    return HandlerContract(
+        name, {}, raw=None if model is not None else _raw(call), replies=_replies(call)
+    )
+
+
+def _replies(call: HandlerCall) -> tuple[type[BaseModel], ...]:
+    """The pydantic models in `call`'s return annotation (through ``X | None``, unions and, for
+    a batch handler, ``list[...]``), in annotation order; none when it has no annotation or
+    one that cannot be resolved."""
+    try:
+        ann = typing.get_type_hints(call.func).get("return")
+    except Exception:  # an annotation naming what cannot be imported: the handler says so
+        return ()
+    found: list[type[BaseModel]] = []
+
+    def visit(t: object) -> None:
+        if isinstance(t, type) and issubclass(t, BaseModel):
+            found.append(t)
+        else:
+            for arg in typing.get_args(t):
+                visit(arg)
+
+    visit(ann)
+    return tuple(dict.fromkeys(found))
 
 
 def _raw(call: HandlerCall) -> Raw | None:

@@ -143,6 +143,21 @@ class ReservedEventType(ConfigError):
         self.event_type, self.where = event_type, where
 
 
+class InvalidEventType(ConfigError):
+    """An event type name is not allowed: not 1-200 characters of ``[A-Za-z0-9_.-]`` (a space,
+    ``:`` or ``/`` would make keys, AsyncAPI names and tools ambiguous). `event_type` is the
+    name refused, `where` what used it."""
+
+    rule = "1-200 characters of [A-Za-z0-9_.-]"
+
+    def __init__(self, event_type: object, where: str) -> None:
+        super().__init__(
+            f"{where}: invalid event type {event_type!r}: use {self.rule} (the model's "
+            "__event_type__, or its class name)"
+        )
+        self.event_type, self.where = event_type, where
+
+
 class InvalidEvent(ConfigError):
     """An event cannot be published because every consumer would refuse it: a header that is
     not a str -> str pair, or a resource ID that cannot be encoded as UTF-8. `field` names the

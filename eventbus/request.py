@@ -1,24 +1,27 @@
 """Request/reply over streams: ``await bus.request(topic, event, resource_id=..., timeout_s=...)``.
 
 The request is an ordinary event (same shard, order and failure policy as any other) carrying
-three headers: `REPLY_TO`, the caller's reply stream (`Keys.reply`: one per bus and event loop),
-`CORRELATION_ID`, and `REPLY_KEY`, a secret made for this request alone. A subscriber answers by
-*returning* a pydantic model, which the handling path writes to that stream with an HMAC keyed by
-the secret (`eventbus.protocol.replies`: the headers, the reply, its MAC, its expiry).
+two headers: `REPLY_TO`, the caller's reply stream for the topic (`Keys.reply`: one per bus,
+event loop and topic) and `CORRELATION_ID`. A subscriber answers by *returning* a pydantic model,
+which the handling path writes to that stream naming the request's shard and entry ID
+(`eventbus.protocol.replies`). Only the roles answering the topic may write its reply streams
+(docs/security.md, "Responder"): a consumer of another topic is refused.
 
 The caller reads its reply stream with ``XREAD BLOCK`` from where it last read; concurrent requests
-of one bus share it: one of them reads at a time and hands every reply to the request it
-answers (by correlation ID) once its MAC verifies with that request's secret. A reply that does
-not verify (forged by someone who can write the reply stream but never saw the request, or
-altered) is logged at WARNING and ignored: the request goes on waiting for the real reply or
-times out. Replies nobody waits for any more (a timed-out request) are dropped.
-Every group subscribed to the topic handles the request; the first authentic reply wins.
+of one bus on one topic share it: one of them reads at a time and hands every reply to the request
+it answers (by correlation ID) once it names that request's entry (`answers`). A reply that names
+another entry (an answer to a request that copied this one's reply headers) or none is logged at
+WARNING and ignored: the request goes on waiting for the real reply or times out. A reply read
+before its request's publish returned waits for the entry ID to be checked. Replies nobody waits
+for any more (a timed-out request) are dropped. Every group subscribed to the topic handles the
+request; the first reply that answers it wins.
 
 Timeouts: after `timeout_s` the request raises `RequestTimeout`, which names the consumer groups
 that read the topic's shard stream (none: nobody subscribes), or says why they could not be listed
 (the server's reason, e.g. NOPERM). The request event itself stays in the stream, and a late reply
 is dropped. Replying is part of the handler's attempt: if the reply cannot be written (Redis
-down) the attempt fails and is retried like any other.
+down, or NOPERM for a role that may not answer the topic) the attempt fails and is retried like
+any other.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import logging
 import uuid
 import weakref
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NotRequired, cast
 
 import anyio
@@ -41,14 +44,12 @@ from eventbus.protocol.codec import Envelope, decode_entry
 from eventbus.protocol.keys import Keys
 from eventbus.protocol.replies import (
     CORRELATION_ID,
-    REPLY_KEY,
     REPLY_MAXLEN,
     REPLY_TO,
     REPLY_TTL_S,
-    new_reply_key,
+    answers,
     reply_stream,
     send_reply,
-    verify_reply,
 )
 from eventbus.protocol.sharding import shard_of
 from eventbus.protocol.topics import TopicConfig
@@ -77,20 +78,24 @@ _READ_COUNT = 100
 
 @dataclass(slots=True)
 class _Waiting:
-    """A request waiting for its reply: the secret its reply's MAC is keyed by, and the future
-    that gets the reply's envelope."""
+    """A request waiting for its reply: its shard, its entry ID once its publish returned (until
+    then the replies read for it wait in `early`), and the future that gets the reply's
+    envelope."""
 
-    key: bytes
+    shard: int
     future: asyncio.Future[Envelope]
+    entry_id: str | None = None
+    early: list[tuple[str, Envelope]] = field(default_factory=list)
 
 
 class Requester:
-    """The reply stream of one caller (a bus's session) and the requests waiting on it."""
+    """The reply stream of one caller (a bus's session) on one topic and the requests waiting
+    on it."""
 
-    def __init__(self, redis: Any, keys: Keys) -> None:
+    def __init__(self, redis: Any, keys: Keys, topic: str) -> None:
         self.redis = redis
         self.keys = keys
-        self.stream = keys.reply(uuid.uuid4().hex)
+        self.stream = keys.reply(topic, uuid.uuid4().hex)
         self._cursor = "0-0"  # the stream is new and ours alone: every entry is for us
         self._waiting: dict[str, _Waiting] = {}
         self._reading = anyio.Lock()
@@ -104,19 +109,22 @@ class Requester:
         timeout_s: float,
         headers: dict[str, str] | None,
     ) -> Envelope:
-        """Publish `event` with the reply headers and wait for its authentic reply's envelope;
-        raises `RequestTimeout` after `timeout_s` seconds."""
+        """Publish `event` with the reply headers and wait for the reply that answers its entry;
+        returns the reply's envelope; raises `RequestTimeout` after `timeout_s` seconds."""
         cid = uuid.uuid4().hex
-        key = new_reply_key()
+        shard = shard_of(resource_id, topic.shards)
         future: asyncio.Future[Envelope] = asyncio.get_running_loop().create_future()
-        self._waiting[cid] = _Waiting(key, future)
+        waiting = self._waiting[cid] = _Waiting(shard, future)
         entry_id: str | None = None
-        ours = {REPLY_TO: self.stream, CORRELATION_ID: cid, REPLY_KEY: key.hex()}
+        ours = {REPLY_TO: self.stream, CORRELATION_ID: cid}
         try:
             with anyio.move_on_after(timeout_s) as scope:
                 entry_id = await publish(
                     topic.name, event, resource_id=resource_id, headers={**(headers or {}), **ours}
                 )
+                waiting.entry_id = entry_id
+                for reply_id, env in waiting.early:  # read while the publish was on its way
+                    self._check(reply_id, cid, waiting, env)
                 while not future.done():
                     async with self._reading:  # one reader; the others wait for it
                         if not future.done():
@@ -124,39 +132,50 @@ class Requester:
         finally:
             del self._waiting[cid]
         if scope.cancelled_caught and not future.done():
-            stream = self.keys.stream(topic.name, shard_of(resource_id, topic.shards))
+            stream = self.keys.stream(topic.name, shard)
             groups, unknown = await _groups(self.redis, stream)
             raise RequestTimeout(topic.name, resource_id, timeout_s, entry_id, groups, unknown)
         return future.result()
 
     async def _read(self) -> None:
-        """Read the replies that arrive within a second and hand each authentic one to its
-        request (`_accept`)."""
+        """Read the replies that arrive within a second and hand each to its request
+        (`_accept`)."""
         reply = await self.redis.xread({self.stream: self._cursor}, count=_READ_COUNT, block=1000)
         for _stream, entries in reply or ():
             for entry_id, fields in entries:
                 self._cursor = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
                 self._accept(self._cursor, fields)
 
-    def _accept(self, entry_id: str, fields: dict[bytes, bytes]) -> None:
-        """Hand reply entry `entry_id` to the request it answers if its MAC verifies with that
-        request's secret; log at WARNING and drop it if it does not (or is undecodable)."""
+    def _accept(self, reply_id: str, fields: dict[bytes, bytes]) -> None:
+        """Hand reply entry `reply_id` to the request it answers (`_check`), or keep it until
+        that request's entry ID is known; drop it when nobody waits for it, log at WARNING and
+        drop it when it is undecodable."""
         try:
             env = decode_entry(fields)
         except DecodeError as exc:  # nothing of eventbus writes such an entry here
-            log.warning("reply stream %s: entry %s ignored: %s", self.stream, entry_id, exc)
+            log.warning("reply stream %s: entry %s ignored: %s", self.stream, reply_id, exc)
             return
         cid = env.headers.get(CORRELATION_ID, "")
         waiting = self._waiting.get(cid)
         if waiting is None or waiting.future.done():
             return  # a late reply (its request timed out) or a second one: nobody waits for it
-        why = verify_reply(waiting.key, cid, fields)
+        if waiting.entry_id is None:
+            waiting.early.append((reply_id, env))
+        else:
+            self._check(reply_id, cid, waiting, env)
+
+    def _check(self, reply_id: str, cid: str, waiting: _Waiting, env: Envelope) -> None:
+        """Resolve `waiting` with reply `env` if it answers the request's own entry; log at
+        WARNING and drop it if not."""
+        if waiting.future.done():
+            return
+        why = answers(env, waiting.shard, cast(str, waiting.entry_id))
         if why is not None:
             log.warning(
-                "reply stream %s: entry %s claims to answer request %s but %s: not a reply of "
-                "a handler of the request (forged or altered), ignored",
+                "reply stream %s: entry %s claims to answer request %s but %s: not a reply to "
+                "this request (one that copied its reply headers, or forged), ignored",
                 self.stream,
-                entry_id,
+                reply_id,
                 cid,
                 why,
             )
@@ -164,14 +183,16 @@ class Requester:
         waiting.future.set_result(env)
 
 
-_requesters: weakref.WeakKeyDictionary[Any, Requester] = weakref.WeakKeyDictionary()
+_requesters: weakref.WeakKeyDictionary[Any, dict[str, Requester]] = weakref.WeakKeyDictionary()
 
 
-def requester(redis: Any, keys: Keys) -> Requester:
-    """The `Requester` of the Redis client `redis` (one per bus session: process, event loop)."""
-    found = _requesters.get(redis)
+def requester(redis: Any, keys: Keys, topic: str) -> Requester:
+    """The `Requester` of the Redis client `redis` (one per bus session: process, event loop)
+    on `topic`."""
+    per_topic = _requesters.setdefault(redis, {})
+    found = per_topic.get(topic)
     if found is None:
-        found = _requesters[redis] = Requester(redis, keys)
+        found = per_topic[topic] = Requester(redis, keys, topic)
     return found
 
 
@@ -202,7 +223,6 @@ async def _groups(redis: Any, stream: str) -> tuple[list[str], str | None]:
 
 __all__ = [
     "CORRELATION_ID",
-    "REPLY_KEY",
     "REPLY_MAXLEN",
     "REPLY_TO",
     "REPLY_TTL_S",

@@ -28,7 +28,7 @@ end
 redis.call('ZADD', members, now_ms + ttl_ms, me)
 redis.call('SET', liveness, '1', 'PX', ttl_ms)
 for i = 3, #KEYS do
-  if redis.call('GET', KEYS[i]) == me then
+  if redis.pcall('GET', KEYS[i]) == me then  -- (a key of another type: not ours)
     redis.call('EXPIRE', KEYS[i], lock_ttl_s)
   end
 end

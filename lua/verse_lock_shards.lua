@@ -21,7 +21,10 @@
 -- the lock's value, as in Verse's script): it shares the hashtag, so the slot, of KEYS[1].
 --
 -- Returns {fair_share, {shard, token, state}, ...} like lock_shards.lua: state 0 = already
--- held, 1 = the lock was free, 2 = its owner had no liveness key. Plain Lua 5.1 (no bit library).
+-- held, 1 = the lock was free, 2 = its owner had no liveness key; and {shard, 0, 3, error} for
+-- a lock key that cannot be read as a string (WRONGTYPE: a hash written there by hand), which
+-- is neither taken nor held: one bad key stops its shard only, not the round. Plain Lua 5.1
+-- (no bit library).
 
 local liveness = KEYS[1]
 local members = KEYS[2]
@@ -43,11 +46,14 @@ local share = math.ceil(shard_count / redis.call('ZCARD', members))
 local held = {}
 local count = 0
 local free = {}
+local broken = {}
 for i = 5, #ARGV do
   local shard = ARGV[i]
   local key = KEYS[i - 1]
-  local owner = redis.call('GET', key)
-  if owner == me then
+  local owner = redis.pcall('GET', key)
+  if type(owner) == 'table' and owner.err then
+    broken[#broken + 1] = {tonumber(shard), 0, 3, owner.err}
+  elseif owner == me then
     redis.call('EXPIRE', key, lock_ttl_s)
     count = count + 1
     held[#held + 1] = {tonumber(shard), tonumber(redis.call('HGET', tokens, shard) or 0), 0}
@@ -69,4 +75,5 @@ end
 
 local result = {share}
 for _, h in ipairs(held) do result[#result + 1] = h end
+for _, b in ipairs(broken) do result[#result + 1] = b end
 return result

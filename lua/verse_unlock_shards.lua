@@ -18,7 +18,7 @@ local leave = ARGV[2] == '1'
 
 local released = {}
 for i = 3, #ARGV do
-  if redis.call('GET', KEYS[i]) == me then
+  if redis.pcall('GET', KEYS[i]) == me then  -- (a key of another type: not ours)
     redis.call('DEL', KEYS[i])
     released[#released + 1] = tonumber(ARGV[i])
   end

@@ -6,6 +6,7 @@ tables as an HTML page. Nothing is read from Redis."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -14,7 +15,7 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
-from eventbus.asyncapi import asyncapi_document
+from eventbus.asyncapi import asyncapi_document, model_schema
 from eventbus.cli.output import cell, user_errors
 from eventbus.cli.run import load_bus
 from eventbus.contract import Contract, GroupContract, contract_of
@@ -25,7 +26,8 @@ from eventbus.protocol.codec import event_type_of
 def describe(
     target: Annotated[str, typer.Argument(help="module:attribute of the EventBus, e.g. app:bus")],
     asyncapi: Annotated[
-        Path | None, output_file("Write the AsyncAPI 3.0 document (JSON) to this file.")
+        Path | None,
+        output_file("Write the AsyncAPI 3.0 document (JSON) to this file ('-': stdout)."),
     ] = None,
     html: Annotated[Path | None, output_file("Write the tables as HTML to this file.")] = None,
     title: Annotated[
@@ -33,11 +35,14 @@ def describe(
     ] = None,
     app_version: Annotated[str, typer.Option(help="The application's version.")] = "0.0.0",
 ) -> None:
-    """Topics, consumer groups, handlers, event types and policies of an application."""
+    """Topics, consumer groups, handlers, event types and policies of an application.
+
+    ``--asyncapi -`` writes the document to stdout (and the tables to stderr)."""
     with user_errors():
         bus = load_bus(target)
         contract = contract_of(bus)
-        console = Console(record=html is not None)
+        to_stdout = asyncapi is not None and str(asyncapi) == "-"
+        console = Console(record=html is not None, stderr=to_stdout)
         for table in tables(contract):
             console.print(table)
         if asyncapi is not None:
@@ -49,8 +54,12 @@ def describe(
                 redis_url=bus.settings.redis_url,
                 profile=bus.profile,
             )
-            asyncapi.write_text(json.dumps(doc, indent=2) + "\n")
-            console.print(f"AsyncAPI 3.0 document written to {cell(asyncapi)}")
+            text = json.dumps(doc, indent=2) + "\n"
+            if to_stdout:
+                sys.stdout.write(text)
+            else:
+                asyncapi.write_text(text)
+                console.print(f"AsyncAPI 3.0 document written to {cell(asyncapi)}")
         if html is not None:
             console.save_html(str(html))
 
@@ -94,7 +103,7 @@ def tables(contract: Contract) -> list[Table]:
 def _fields(model: type[BaseModel]) -> str:
     """The top-level fields of `model`'s JSON schema (pydantic's validation mode), one
     ``name: type`` each; ``--asyncapi`` writes the whole schema."""
-    schema = model.model_json_schema()
+    schema = model_schema(model)
     required = set(schema.get("required", []))
     props: dict[str, Any] = schema.get("properties", {})
     return ", ".join(f"{n}{'' if n in required else '?'}: {_type(p)}" for n, p in props.items())

@@ -17,6 +17,7 @@ from eventbus.cli.output import cell, console, data_console, run_async, user_err
 from eventbus.dlq import DeadLetter, DeadLetters
 from eventbus.errors import ConfigError, EventBusError
 from eventbus.protocol.codec import decode_entry
+from eventbus.protocol.replies import redacted
 
 dlq_app = typer.Typer(no_args_is_help=True, help="Dead letters of a consumer group.")
 
@@ -69,7 +70,7 @@ async def _check_group(bus: EventBus, topic: str, shards: int, group: str) -> No
 def dlq_list(
     topic: str,
     group: str,
-    count: Annotated[int, typer.Option(help="Most entries to show.")] = 50,
+    count: Annotated[int, typer.Option(min=1, help="Most entries to show.")] = 50,
     redis_url: RedisUrl = None,
 ) -> None:
     """Dead letters of GROUP on TOPIC, oldest first, and the parked resources."""
@@ -122,7 +123,7 @@ def dlq_show(topic: str, group: str, dlq_id: str, redis_url: RedisUrl = None) ->
         out["event"] = {
             "event_id": str(env.event_id),
             "published_at_ms": env.published_at_ms,
-            "headers": env.headers,
+            "headers": redacted(env.headers),  # no secret on a terminal
             "payload": env.payload,
         }
     except EventBusError as exc:

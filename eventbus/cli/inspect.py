@@ -18,6 +18,7 @@ from eventbus.consumer.supervision import refused
 from eventbus.errors import EventBusError, RedisCommandRefused
 from eventbus.protocol.codec import F_DATA, decode_entry
 from eventbus.protocol.dictionaries import Dictionaries
+from eventbus.protocol.replies import redacted
 
 
 def stats(redis_url: RedisUrl = None) -> None:
@@ -139,7 +140,7 @@ async def bytes_per_entry(r: Any, streams: list[str], entries: int) -> str:
 
 def tail(
     topic: str,
-    count: Annotated[int, typer.Option(help="Entries to show per shard.")] = 5,
+    count: Annotated[int, typer.Option(min=1, help="Entries to show per shard.")] = 5,
     redis_url: RedisUrl = None,
 ) -> None:
     """Print the newest entries of each shard of TOPIC, decoded, as JSON lines."""
@@ -166,7 +167,7 @@ async def _tail(settings: Settings, topic: str, count: int) -> None:
                         "type": env.event_type,
                         "event_id": str(env.event_id),
                         "published_at_ms": env.published_at_ms,
-                        "headers": env.headers,
+                        "headers": redacted(env.headers),  # no secret on a terminal
                         "payload": env.payload,
                     }
                 except EventBusError as exc:

@@ -21,6 +21,8 @@ from redis.exceptions import RedisError
 from rich.markup import escape
 
 from eventbus.client import loops
+from eventbus.config import Settings
+from eventbus.config.settings import env_name
 from eventbus.errors import EventBusError
 from eventbus.ops.terminal import console, data_console, remember_url, terminal_safe
 
@@ -50,6 +52,8 @@ def _message(exc: BaseException) -> str:
         parts = []
         for err in exc.errors():
             where = ".".join(str(x) for x in err["loc"]) or "settings"
+            if exc.title == Settings.__name__ and env_name(where) in os.environ:
+                where = env_name(where)  # what the user set: EVENTBUS_SHARDS, REDIS_URL
             parts.append(f"{where}: {err['msg']}")
         text = "invalid settings: " + "; ".join(parts)
     elif isinstance(exc, EventBusError):

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import traceback
 from functools import partial
 from typing import Annotated, Any
 
@@ -21,6 +22,7 @@ from eventbus.cli.output import remember_url, run_async, user_errors
 from eventbus.errors import ConfigError
 from eventbus.ops import logs
 from eventbus.ops.children_metrics import ChildrenMetrics
+from eventbus.ops.cli_options import port_option
 from eventbus.ops.health import ChildrenHealth, Health, run_with_health, serve
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -45,7 +47,9 @@ def load_bus(target: str) -> EventBus:
             raise ConfigError(
                 f"{target}: no module named {exc.name!r} (run from the folder that holds it)"
             ) from None
-        raise
+        raise ConfigError(f"{target}: importing {module_name} failed: {_raised(exc)}") from None
+    except Exception as exc:  # the application's own error at import: one line, with its place
+        raise ConfigError(f"{target}: importing {module_name} failed: {_raised(exc)}") from None
     bus = getattr(module, attr, None)
     if not isinstance(bus, EventBus):
         found = "nothing" if bus is None else type(bus).__name__
@@ -53,12 +57,19 @@ def load_bus(target: str) -> EventBus:
     return bus
 
 
+def _raised(exc: BaseException) -> str:
+    """``Type: message (file:line)``: an exception and the innermost place of its traceback."""
+    tb = traceback.extract_tb(exc.__traceback__)
+    where = f" ({tb[-1].filename}:{tb[-1].lineno})" if tb else ""
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
 def run(
     target: Annotated[str, typer.Argument(help="module:attribute of the EventBus, e.g. app:bus")],
     processes: Annotated[int, typer.Option(min=1, help="Consumer processes to start.")] = 1,
     metrics_port: Annotated[
         int | None,
-        typer.Option(help="Serve /metrics, /healthz and /readyz on this port (all processes)."),
+        port_option("Serve /metrics, /healthz and /readyz on this port (all processes)."),
     ] = None,
     metrics_host: Annotated[
         str, typer.Option(help="Address of the metrics port (0.0.0.0: every interface).")

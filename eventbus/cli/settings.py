@@ -11,8 +11,9 @@ from pydantic import SecretStr
 from rich.table import Table
 
 from eventbus.cli.connection import RedisUrl, settings_from
-from eventbus.cli.output import cell, data_console, user_errors
+from eventbus.cli.output import cell, console, data_console, user_errors
 from eventbus.config import Settings
+from eventbus.config.settings import warn_unknown_variables
 
 
 def settings_rows(s: Settings, *, url_option: bool) -> list[dict[str, Any]]:
@@ -49,8 +50,11 @@ def settings(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
 ) -> None:
     """The settings eventbus reads here (EVENTBUS_*, REDIS_URL): value, source, meaning."""
+    unknown = warn_unknown_variables(log=False)  # shown below, on the command's own output
     with user_errors():
         rows = settings_rows(settings_from(redis_url), url_option=bool(redis_url))
+    for line in unknown:
+        console.print(f"[yellow]warning:[/yellow] {cell(line)}", soft_wrap=True)
     if as_json:
         for row in rows:
             print(json.dumps(row))

@@ -29,8 +29,12 @@ def train_dict(
             "dictionary compresses it (docs/protocol.md)."
         ),
     ] = None,
-    sample: Annotated[int, typer.Option(help="Newest entries to sample, over all shards.")] = 5000,
-    size: Annotated[int, typer.Option(help="Dictionary size in bytes.")] = DEFAULT_SIZE,
+    sample: Annotated[
+        int, typer.Option(min=1, help="Newest entries to sample, over all shards.")
+    ] = 5000,
+    size: Annotated[
+        int, typer.Option(min=256, max=1 << 30, help="Dictionary size in bytes.")
+    ] = DEFAULT_SIZE,
     redis_url: RedisUrl = None,
 ) -> None:
     """Train a zstd dictionary for TOPIC from a sample of its entries (or FILES) and make it

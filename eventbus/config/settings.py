@@ -6,6 +6,10 @@ Units are in the field names: ``_s`` seconds, ``_ms`` milliseconds, ``_bytes`` b
 
 from __future__ import annotations
 
+import difflib
+import logging
+import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -55,7 +59,9 @@ class Settings(BaseSettings):
     """Deployment-wide settings. Every field can be set as ``EVENTBUS_<FIELD>``.
 
     The Redis URL is also read from plain ``REDIS_URL``. Invalid values raise
-    `pydantic.ValidationError` naming the field.
+    `pydantic.ValidationError` naming the field (the CLI names the environment variable:
+    `env_name`). An ``EVENTBUS_*`` variable that is no setting is logged at WARNING with the
+    closest setting's name (`unknown_variables`).
     """
 
     # hide_input_in_errors: a rejected redis_url must not print its password
@@ -278,6 +284,11 @@ class Settings(BaseSettings):
         return out
 
     @model_validator(mode="after")
+    def _warn_unknown(self) -> Settings:
+        warn_unknown_variables()  # a misspelt EVENTBUS_ variable is otherwise silently ignored
+        return self
+
+    @model_validator(mode="after")
     def _blocks_ordered(self) -> Settings:
         if self.block_min_ms > self.block_max_ms:
             raise ValueError("block_min_ms must not exceed block_max_ms")
@@ -288,3 +299,51 @@ class Settings(BaseSettings):
         """How long after its last confirmed refresh a consumer trusts its locks: the liveness
         TTL minus a 20 % safety margin for clock-rate drift and scheduling delay."""
         return self.liveness_ttl_s * 0.8
+
+
+OTHER_VARIABLES = frozenset({"EVENTBUS_UVLOOP", "EVENTBUS_TEST_REDIS_URL"})
+"""``EVENTBUS_*`` variables read outside `Settings` (the event loop, the pytest plugin)."""
+_warned: set[str] = set()
+
+
+def env_name(field: str, environ: Mapping[str, str] | None = None) -> str:
+    """The environment variable a user sets for `field` (a `Settings` field, or a name pydantic
+    reports for it): ``EVENTBUS_<FIELD>``, or ``REDIS_URL`` for `redis_url` when that is the one
+    set (``EVENTBUS_REDIS_URL`` wins when both are)."""
+    environ = os.environ if environ is None else environ
+    name = field.lower().removeprefix("eventbus_")
+    if name == "redis_url" and "EVENTBUS_REDIS_URL" not in environ and "REDIS_URL" in environ:
+        return "REDIS_URL"
+    return f"EVENTBUS_{name.upper()}"
+
+
+def unknown_variables(environ: Mapping[str, str] | None = None) -> list[str]:
+    """One line per ``EVENTBUS_*`` variable of `environ` (default: the process's) that nothing
+    reads (a misspelt setting is otherwise ignored without a word), with the closest known
+    name: ``EVENTBUS_SHRADS is not an eventbus setting (did you mean EVENTBUS_SHARDS?)``.
+    ``EVENTBUS_TIER_*`` variables are the durable tier's (`eventbus.tier.TierSettings`)."""
+    environ = os.environ if environ is None else environ
+    known = {f"EVENTBUS_{name.upper()}" for name in Settings.model_fields} | OTHER_VARIABLES
+    lines = []
+    for name in sorted(environ):
+        upper = name.upper()
+        if (
+            not upper.startswith("EVENTBUS_")
+            or upper in known
+            or upper.startswith("EVENTBUS_TIER_")
+        ):
+            continue
+        close = difflib.get_close_matches(upper, sorted(known), n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        lines.append(f"{name} is not an eventbus setting{hint}; it is ignored")
+    return lines
+
+
+def warn_unknown_variables(*, log: bool = True) -> list[str]:
+    """The `unknown_variables` lines not given before in this process, logged at WARNING
+    (logger ``eventbus.config``) unless `log` is False (the caller shows them itself)."""
+    new = [line for line in unknown_variables() if line not in _warned]
+    _warned.update(new)
+    for line in new if log else ():
+        logging.getLogger("eventbus.config").warning("%s", line)
+    return new

@@ -100,23 +100,32 @@ class Acks:
     async def wait_idle(self) -> None:
         await self._idle.wait()
 
-    async def drain(self, timeout_s: float) -> None:
+    async def drain(self, timeout_s: float, running: Callable[[], int]) -> None:
         """Wait, at most `timeout_s` seconds, until no entry is in flight (graceful shutdown:
-        running handlers finish and their acks are sent); log at ERROR what is left after it."""
+        running handlers finish and their acks are sent); log at ERROR what is left after it:
+        entries not handled yet (in a handler call, or queued behind one), entries handled
+        whose XACK is unconfirmed, and `running()`, the handler calls still running."""
         with anyio.move_on_after(timeout_s) as grace:
             while self.in_flight:
                 await self.wait_idle()
         if grace.cancelled_caught:
             handled = sum(len(b.ids) for d in (self._batches, self._sending) for b in d.values())
+            fate = (
+                "they are lost (ack='before': acknowledged when read)"
+                if self.noack
+                else "they stay pending and will be delivered again"
+            )
             log.error(
-                "consumer %s: %d entries unfinished after %.0f s of shutdown: %d still in their "
-                "handlers, %d handled but their XACKs not confirmed by Redis; they stay pending "
-                "and will be delivered again",
+                "consumer %s: %d entries unfinished after %.0f s of shutdown: %d not handled "
+                "yet, %d handled but their XACKs not confirmed by Redis (%d handler calls still "
+                "running); %s",
                 self.consumer_id,
                 self.in_flight,
                 timeout_s,
                 self.in_flight - handled,
                 handled,
+                running(),
+                fate,
             )
 
     # -- acking ---------------------------------------------------------------------------------

@@ -286,7 +286,15 @@ class BatchRunner:
         for e, answer in zip(entries, result, strict=True):
             if answer is not None:
                 try:
-                    await send_reply(h.redis, h.keys, e.env, answer)  # type: ignore[arg-type]
+                    await send_reply(
+                        h.redis,
+                        h.keys,
+                        self.sub.topic.name,
+                        e.shard,
+                        e.entry_id.decode(),
+                        e.env,  # type: ignore[arg-type]
+                        answer,
+                    )
                 except Exception as exc:
                     return exc
         return None

@@ -119,6 +119,7 @@ class Consumer:
         self._rotation = random.randrange(n)
         self._next_lock = 0.0  # monotonic time of the next lock round (`_lock_due`)
         self._share = 0  # the fair share of the last lock round
+        self._unusable: set[int] = set()  # shards whose unusable lock key was reported
         self._owed_until = 0.0  # monotonic time until which a consumer holding none polls fast
         self.read_full = False  # the last read filled a shard's read_count (`read_linger_ms`)
         self.catching_up = CatchUpSchedule(self.backoff)
@@ -177,7 +178,9 @@ class Consumer:
                     tg.start_soon(self._worker, tg)
                 tg.start_soon(self._stop_starting, stop)
                 await read_loop(self, stop)
-                await self.acks.drain(self.settings.shutdown_grace_s)
+                await self.acks.drain(
+                    self.settings.shutdown_grace_s, self.handling.watchdog.running
+                )
                 tg.cancel_scope.cancel()
         finally:
             self._report_handled()
@@ -312,6 +315,8 @@ class Consumer:
             self._owed_until = time.monotonic() + self.settings.block_max_ms / 1000
         self._joined.set()
         self._m_shards.round(*grants.taken(new), len(lost), len(self.table.held))
+        if grants.unusable or self._unusable:
+            self._report_unusable(grants.unusable)
         for s in lost:
             log.warning("consumer %s lost shard %d to another consumer", self.consumer_id, s)
         if new and self.sub.options.on_failure == "park":
@@ -479,6 +484,25 @@ class Consumer:
         they are read (`CatchUpSchedule.run`); returns the shards still held."""
         assert self.catch_up is not None
         return await self.catching_up.run(self.catch_up, shards, self.table, self._release)
+
+    def _report_unusable(self, unusable: dict[int, str]) -> None:
+        """Say, once per shard (not per round) until its lock key can be read again, that a
+        shard is not handled because the lock script could not read its lock key (a Verse lock
+        key of another type: `LockRound.unusable`); counted as a refused ``EVALSHA
+        lock_shards``. The other shards are handled as usual."""
+        for s in sorted(unusable.keys() - self._unusable):
+            log.error(
+                "consumer %s: shard %d of topic %r is not handled: its lock key is unusable "
+                "(%s); delete or repair the key and the shard is taken in the next lock round",
+                self.consumer_id,
+                s,
+                self.topic.name,
+                unusable[s],
+            )
+            self.refused_metric("EVALSHA lock_shards")
+        for s in sorted(self._unusable - unusable.keys()):
+            log.warning("consumer %s: shard %d's lock key is usable again", self.consumer_id, s)
+        self._unusable = set(unusable)
 
     def refused_metric(self, command: str) -> None:
         METRICS.redis_refusals.labels(self.topic.name, self.group, command).inc()

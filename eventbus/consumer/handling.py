@@ -265,7 +265,7 @@ class Handling:
         `d`'s shard and token. Returns its exception (`HandlerTimeout` past the subscription's
         `handler_timeout_s`), None on success, or `NOT_STARTED` when the fence no longer holds
         (then nothing ran). A non-None return value of the handler answers a request: it goes
-        to the reply stream the entry's headers name (`eventbus.request.send_reply`)."""
+        to the reply stream the entry's headers name (`eventbus.protocol.replies.send_reply`)."""
         call = self.sub.call  # maybe wrapped (eventbus.testing records the calls through it)
         if type(call) is Router and d.call is not None:
             call = d.call  # the routed handler, found by `prepare`: no second lookup
@@ -309,7 +309,9 @@ class Handling:
             self.durations.values.append(time.monotonic() - started)
         if error is None and result is not None:  # the answer to a request (eventbus.request)
             try:
-                await send_reply(self.redis, self.keys, env, result)
+                await send_reply(
+                    self.redis, self.keys, self._topic, d.shard, entry_id.decode(), env, result
+                )
             except Exception as exc:
                 self._m_failures.inc()
                 error = exc

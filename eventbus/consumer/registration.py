@@ -21,6 +21,7 @@ from eventbus.consumer.scope import HandlerScope
 from eventbus.consumer.signature import handler_input
 from eventbus.errors import ConfigError, ReservedEventType
 from eventbus.protocol.codec import RESERVED_TYPE_PREFIX
+from eventbus.protocol.keys import check_event_type
 from eventbus.protocol.topics import TopicConfig
 
 
@@ -37,7 +38,8 @@ def add_handler(
 
     Raises `ConfigError` for a handler signature that does not fit, a conflicting option, an
     event type already routed, or a batch handler that is not alone in its group;
-    `ReservedEventType` for a type starting with ``__eventbus.``.
+    `ReservedEventType` for a type starting with ``__eventbus.``, `InvalidEventType` for a type
+    name that is not 1-200 characters of ``[A-Za-z0-9_.-]``.
     """
     raw: Raw | None = None
     if options.batch:
@@ -52,6 +54,7 @@ def add_handler(
     for name in [*models, *options.type_names]:
         if name.startswith(RESERVED_TYPE_PREFIX):
             raise ReservedEventType(name, f"subscriber of {where}")
+        check_event_type(name, f"subscriber of {where}")
     key = (topic.name, options.group)
     existing = next((s for s in subscriptions if (s.topic.name, s.group) == key), None)
     if existing is None:

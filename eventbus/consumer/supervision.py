@@ -85,6 +85,8 @@ async def read_loop(c: Consumer, stop: anyio.Event) -> None:
             c.drop_all(f"its consumer group is missing ({exc})", lease=False)
             try:
                 vanished = await c.reader.regroup()
+                if vanished:  # the registry went with them: write the topic again (or refuse)
+                    await c.registry.verify(c.topic)
             except REDIS_ERRORS as again:
                 await _back_off(c, stop, failures, "group missing", again, logging.WARNING)
                 continue

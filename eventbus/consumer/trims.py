@@ -99,7 +99,10 @@ class TrimWatch:
 
     async def check(self, shards: list[HeldShard]) -> TrimCheck:
         """Check `shards`; record the trims found since their last check; return them and the
-        shards whose trims cannot be counted (`TrimCheck`)."""
+        shards whose trims cannot be counted (`TrimCheck`). Raises the error replies of ``XINFO
+        STREAM`` and ``XINFO GROUPS`` but "no such key" (a stream not created yet), as the
+        broadcast check does: a check Redis refuses (NOPERM without ``+xinfo|stream``) fails
+        the round, logged and counted as a refusal, instead of turning the check off."""
         pipe = self.redis.pipeline(transaction=False)
         for h in shards:
             pipe.xinfo_stream(h.stream)
@@ -108,8 +111,8 @@ class TrimWatch:
         now = time.monotonic()
         found, uncounted = [], []
         for h, info, groups in zip(shards, replies[0::2], replies[1::2], strict=True):
-            if isinstance(info, Exception) or isinstance(groups, Exception):
-                continue  # no stream yet (or refused: the round's own commands will say so)
+            if _missing(info) or _missing(groups):
+                continue  # no stream yet (any other error reply was raised)
             group = next((g for g in groups if _text(g["name"]) == self.group), None)
             if group is None:
                 continue
@@ -212,6 +215,16 @@ def _gap_before_head(info: Any, group: Any) -> bool:
     first = info.get("first-entry")
     head = _id(_text(first[0])) if first else _id(_text(info["last-generated-id"])).next()
     return head > delivered.next()
+
+
+def _missing(reply: Any) -> bool:
+    """Whether an ``XINFO`` reply says the stream does not exist; raises any other error
+    reply."""
+    if isinstance(reply, Exception):
+        if "no such key" not in str(reply).lower():
+            raise reply
+        return True
+    return False
 
 
 def _text(value: bytes | str) -> str:

@@ -54,6 +54,10 @@ class Watchdog:
         self.timeout_s = timeout_s
         self._slots: dict[asyncio.Task[object], Slot] = {}
 
+    def running(self) -> int:
+        """How many worker tasks are inside a handler call now."""
+        return sum(1 for slot in self._slots.values() if slot.started)
+
     def slot(self) -> Slot:
         """The calling task's slot (made on its first attempt; dropped once the task is done)."""
         task = asyncio.current_task()

@@ -17,7 +17,7 @@ import socket
 import time
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, Protocol
 
@@ -39,6 +39,10 @@ class LockState(IntEnum):
     """The lock was free: nobody held it (a previous owner may have left entries pending)."""
     TAKEN_FROM_DEAD = 2
     """The previous owner's liveness had expired: it crashed, hung or was partitioned away."""
+
+
+_UNUSABLE = 3
+"""The state ``verse_lock_shards.lua`` gives a lock key it could not read (`LockRound.unusable`)."""
 
 
 class Fenced(Exception):
@@ -67,22 +71,29 @@ class LockRound:
     `share` is the fair share ceil(shards / live members); `grants` maps each shard the caller
     holds after the call (including locks held before it, even above the share) to its `Grant`;
     `sent_at` is the `time.monotonic()` at which the request was sent, the earliest instant the
-    refreshed liveness can count from (so the start of a lease).
+    refreshed liveness can count from (so the start of a lease); `unusable` maps each candidate
+    shard whose lock key the script could not read (``verse_lock_shards.lua``: a key of another
+    type) to the server's error: neither taken nor held, the other shards unaffected.
     """
 
     share: int
     grants: dict[int, Grant]
     sent_at: float
+    unusable: dict[int, str] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, reply: list[Any], sent_at: float) -> LockRound:
         """The round a lock script replied (``lock_shards.lua``, ``verse_lock_shards.lua``):
-        ``[share, [shard, token, state], ...]``; `sent_at` as the field."""
-        grants = {
-            int(s): Grant(int(s), int(token), LockState(int(state)))
-            for s, token, state in reply[1:]
-        }
-        return cls(int(reply[0]), grants, sent_at)
+        ``[share, [shard, token, state], ...]``, where ``[shard, 0, 3, error]`` is an unusable
+        lock key; `sent_at` as the field."""
+        grants, unusable = {}, {}
+        for s, token, state, *error in reply[1:]:
+            if int(state) == _UNUSABLE:
+                why = error[0] if error else "unusable"
+                unusable[int(s)] = why.decode() if isinstance(why, bytes) else str(why)
+            else:
+                grants[int(s)] = Grant(int(s), int(token), LockState(int(state)))
+        return cls(int(reply[0]), grants, sent_at, unusable)
 
     def taken(self, shards: Iterable[int]) -> tuple[int, int]:
         """Of `shards` (newly held), how many locks were free and how many were taken over from

@@ -72,8 +72,9 @@ class VerseLockClient:
     async def acquire(self, candidates: Sequence[int]) -> LockRound:
         """Refresh liveness and take free locks, or locks whose owner has no liveness key,
         among `candidates` (in order of preference) up to the fair share among eventbus
-        consumers; report every lock held after the call (token: eventbus's fencing token).
-        Raises what the Redis client raises."""
+        consumers; report every lock held after the call (token: eventbus's fencing token),
+        and the candidates whose lock key is of another type (`LockRound.unusable`: key and
+        error; the others are taken as usual). Raises what the Redis client raises."""
         sent_at = time.monotonic()
         self._acquiring += 1
         try:
@@ -88,7 +89,10 @@ class VerseLockClient:
             )
         finally:
             self._acquiring -= 1
-        return LockRound.parse(reply, sent_at)
+        got = LockRound.parse(reply, sent_at)
+        for s, why in got.unusable.items():  # name the key: it is the operator's to repair
+            got.unusable[s] = f"{self._locks[s]}: {why}"
+        return got
 
     async def release(self, shards: Iterable[int], *, leave: bool = False) -> list[int]:
         """Release the locks of `shards` this member holds (others' are left alone); with

@@ -8,6 +8,12 @@ from typing import Any
 import typer
 
 
+def port_option(help: str) -> Any:
+    """A typer option taking a TCP port: 1-65535, a usage error (exit code 2) naming the
+    option otherwise (99999 ended in an `OverflowError` traceback when the server started)."""
+    return typer.Option(min=1, max=65535, help=help)
+
+
 def output_file(help: str, *names: str) -> Any:
     """A typer option naming a file the command writes: ``Annotated[Path | None,
     output_file("Write ... to this file.")]``, with its `names` (default: from the parameter).

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from eventbus.errors import InvalidName
+from eventbus.errors import InvalidEventType, InvalidName
 
 _NAME = re.compile(r"[A-Za-z0-9_.\-]{1,100}")
 
@@ -34,6 +34,17 @@ def check_name(kind: str, name: str) -> str:
         raise InvalidName(kind, name, "'.' and '..' name folders of the durable tier")
     if name.startswith("-"):
         raise InvalidName(kind, name, "a leading '-' reads as a command-line option")
+    return name
+
+
+_EVENT_TYPE = re.compile(r"[A-Za-z0-9_.\-]{1,200}")
+
+
+def check_event_type(name: object, where: str) -> str:
+    """Return `name` if it is a valid event type name (1-200 characters of ``[A-Za-z0-9_.-]``);
+    raise `InvalidEventType` (a `ConfigError`) naming `where` if not."""
+    if not isinstance(name, str) or not _EVENT_TYPE.fullmatch(name):
+        raise InvalidEventType(name, where)
     return name
 
 
@@ -61,10 +72,11 @@ class Keys:
         """The dead-letter stream of `group` on `topic`: ``<prefix>:dlq:<topic>:<group>``."""
         return f"{self.prefix}:dlq:{topic}:{group}"
 
-    def reply(self, caller: str) -> str:
-        """Stream of the replies to one caller's requests (`eventbus.request`), capped and
-        expiring: ``<prefix>:reply:<caller>``."""
-        return f"{self.prefix}:reply:{caller}"
+    def reply(self, topic: str, caller: str) -> str:
+        """Stream of the replies to one caller's requests on `topic` (`eventbus.request`),
+        capped and expiring: ``<prefix>:reply:<topic>:<caller>``. Per topic, so that an ACL can
+        let only the roles answering `topic` write it (docs/security.md, "Responder")."""
+        return f"{self.prefix}:reply:{topic}:{caller}"
 
     def trimmed(self, topic: str, group: str) -> str:
         """Stream of trim records of `group` on `topic`: unread entries found trimmed by

@@ -59,6 +59,13 @@ class TopicRegistry:
         """
         if topic.name in self._checked:
             return
+        await self.verify(topic)
+        self._checked.add(topic.name)
+
+    async def verify(self, topic: TopicConfig) -> None:
+        """`ensure`, asking Redis even when this process checked the topic before: Redis may
+        have lost its data since (FLUSHALL, a restart without persistence), registry included,
+        and this writes it again. Raises as `ensure`."""
         key = self._keys.topics()
         await self._redis.hsetnx(key, topic.name, topic.shards)
         stored = int(await self._redis.hget(key, topic.name))
@@ -66,7 +73,6 @@ class TopicRegistry:
             raise ShardCountMismatch(topic.name, stored, topic.shards)
         if topic.retention == "acked":  # the offloader reads it: never trim past the groups
             await self._record_acked(topic.name)
-        self._checked.add(topic.name)
 
     async def _record_acked(self, name: str) -> None:
         """Record topic `name` as ``acked`` in the retention hash, once (``HSETNX``: no role

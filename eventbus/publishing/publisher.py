@@ -61,13 +61,14 @@ from eventbus.protocol.codec import (
 )
 from eventbus.protocol.dictionaries import Dictionaries
 from eventbus.protocol.entry_formats import entry_encoder
-from eventbus.protocol.keys import Keys
+from eventbus.protocol.keys import Keys, check_event_type
 from eventbus.protocol.topics import TopicConfig, TopicRegistry
 from eventbus.publishing.foreign import encode_foreign as _encode_foreign
 from eventbus.publishing.sending import Sender
 from eventbus.publishing.topic_setup import TopicSetup
 
 log = logging.getLogger("eventbus.publisher")
+_TYPES_KEPT = 10_000  # event type names a publisher remembers as checked
 _FIELD_NAME_BYTES = len(F_RESOURCE) + len(F_TYPE) + len(F_DATA)  # `encoded_size`'s share of names
 
 
@@ -111,6 +112,7 @@ class Publisher:
         if not profile.codec.native:
             self._encode = partial(_encode_foreign, profile.codec, settings)
         self._streams: dict[str, list[str]] = {}
+        self._types_ok: set[str] = set()  # event type names `_check_type` passed
         self.sender = Sender(redis, settings)
         self.dictionaries = Dictionaries(redis, keys)  # the topics' current zstd dictionaries
         self._setup = TopicSetup(registry, self.dictionaries, settings, self.sender.backoff)
@@ -160,8 +162,8 @@ class Publisher:
             raise ConfigError(f"resource_id must be a non-empty string, got {rid!r}")
         if not isinstance(etype, str) or not etype:
             raise InvalidEvent(topic.name, "event type", f"must be a non-empty string: {etype!r}")
-        if etype.startswith(RESERVED_TYPE_PREFIX):
-            raise ReservedEventType(etype, f"publish to topic {topic.name!r}")
+        if etype not in self._types_ok:  # checked once per name
+            self._check_type(topic, etype)
         if envelope.headers:
             _check_headers(topic, envelope.headers)
         if self._encode is not None:  # another wire format (`WireProfile.codec`)
@@ -186,6 +188,16 @@ class Publisher:
                 self._check_decodable(topic, fields)
         streams = self._streams.get(topic.name) or self._streams_of(topic)
         return streams[self._shard_of(rid, topic.shards)], fields
+
+    def _check_type(self, topic: TopicConfig, etype: str) -> None:
+        """Raise `ReservedEventType` or `InvalidEventType` for event type `etype`; remember a
+        valid one (up to `_TYPES_KEPT` names: a producer of random names is checked each time)."""
+        where = f"publish to topic {topic.name!r}"
+        if etype.startswith(RESERVED_TYPE_PREFIX):
+            raise ReservedEventType(etype, where)
+        check_event_type(etype, where)
+        if len(self._types_ok) < _TYPES_KEPT:
+            self._types_ok.add(etype)
 
     def _check_decodable(self, topic: TopicConfig, fields: dict[bytes, bytes]) -> None:
         """Refuse an entry consumers could not decode: over `max_decompressed_bytes` once

@@ -1,6 +1,8 @@
-"""What a publisher does for a topic before its XADDs, rarely: once per topic, the shard-count
-check against the topic's registered count (`TopicRegistry.ensure`), and once per dictionary
-refresh (`dictionaries.REFRESH_S`), a look for the topic's newer zstd dictionary. Both run under
+"""What a publisher does for a topic before its XADDs, rarely: once per dictionary refresh
+(`dictionaries.REFRESH_S`), the shard-count check against the topic's registered count
+(`TopicRegistry.ensure` once, then `TopicRegistry.verify`: ``HSETNX`` then ``HGET``, so a
+registry Redis lost is written again, and a count registered meanwhile by another publisher is
+a `ShardCountMismatch`), and a look for the topic's newer zstd dictionary. Both run under
 the publish deadline (`Settings.publish_timeout_s`) and the pipelines' retry backoff, so a
 Redis restart during the first publish of a topic is retried like a failed XADD.
 """
@@ -19,7 +21,7 @@ from redis.exceptions import ResponseError
 from eventbus.client.retry import LOST_REPLY, REDIS_ERRORS
 from eventbus.config import Settings
 from eventbus.errors import PublishError
-from eventbus.protocol.dictionaries import Dictionaries
+from eventbus.protocol.dictionaries import REFRESH_S, Dictionaries
 from eventbus.protocol.topics import TopicConfig, TopicRegistry
 
 log = logging.getLogger("eventbus.publisher")
@@ -41,6 +43,7 @@ class TopicSetup:
         self._settings = settings
         self._backoff = backoff
         self._locks: dict[str, anyio.Lock] = {}
+        self._verified: dict[str, float] = {}  # topic -> when its registry entry was checked
 
     async def run(self, topic: TopicConfig) -> None:
         """The topic's shard-count check and current dictionary, when due, within
@@ -48,7 +51,29 @@ class TopicSetup:
         did not answer in time or refused."""
         with self._deadline(topic):
             await self._check_topic(topic)
+            await self._recheck_topic(topic)
             await self._refresh_dictionary(topic)
+
+    async def _recheck_topic(self, topic: TopicConfig) -> None:
+        """Every `dictionaries.REFRESH_S` seconds, the topic's registry entry again
+        (`TopicRegistry.verify`): written again if Redis lost it, `ShardCountMismatch` if
+        another count was registered meanwhile. Best effort like the dictionary refresh: a
+        connection error leaves it to the next refresh (the XADD reports the outage)."""
+        now = time.monotonic()
+        last = self._verified.setdefault(topic.name, now)  # the first check just happened
+        if now - last < REFRESH_S:
+            return
+        self._verified[topic.name] = now
+        try:
+            await self._registry.verify(topic)
+        except LOST_REPLY as exc:
+            log.warning(
+                "topic %s: registry not checked again (%s: %s)", topic.name, type(exc).__name__, exc
+            )
+        except ResponseError as exc:  # READONLY, OOM, NOPERM: as the first check
+            raise PublishError(
+                f"shard count of topic {topic.name!r} could not be checked: {exc}"
+            ) from exc
 
     async def _refresh_dictionary(self, topic: TopicConfig) -> None:
         """Look for the topic's newer current dictionary, when due; best effort: after a

@@ -281,7 +281,13 @@ def decode_segment(
     info. Raises `CorruptSegment` naming `key` when any check fails: never returns wrong data.
     """
     try:
-        pf = pq.ParquetFile(io.BytesIO(data), page_checksum_verification=True)
+        # parsed from a copy Arrow owns, not from `data`: Arrow's worker threads release the
+        # buffers they read after `read` returns, and a Python-owned one needs the GIL for that,
+        # which a thread cannot take while the interpreter exits (std::terminate: exit -6 of a
+        # CLI that failed on a corrupt segment)
+        owned = pa.allocate_buffer(len(data))
+        memoryview(owned).cast("B")[:] = data
+        pf = pq.ParquetFile(pa.BufferReader(owned), page_checksum_verification=True)
         schema = pf.schema_arrow
         info = read_info(schema, key)
         check_schema(schema, info, key)

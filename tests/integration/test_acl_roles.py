@@ -32,18 +32,23 @@ USERS: dict[str, tuple[str, ...]] = {
     "requester": ("publisher", "requester"),
     "retention": ("publisher", "retention"),
     "consumer": ("consumer",),
+    "responder": ("consumer", "responder"),  # answers requests of orders
+    "payments_responder": ("consumer", "responder:payments"),  # a consumer of another topic
     "acked_consumer": ("consumer", "retention", "trimming"),
     "offloader": ("offloader",),
     "operator": ("operator",),
     "trainer": ("operator", "trainer"),
 }
-"""ACL user -> the blocks of docs/security.md it is made of (a base role, then add-ons)."""
+"""ACL user -> the blocks of docs/security.md it is made of (a base role, then add-ons);
+``block:topic`` fills the block's ``TOPIC`` (orders when not given)."""
 
 
 def _acl(block: str) -> list[str]:
-    """The ACL rules of `block` as written in docs/security.md (comments dropped): one
-    argument per rule, a selector ``(...)`` as one argument."""
-    text = DOC.read_text()
+    """The ACL rules of `block` (``name`` or ``name:topic``) as written in docs/security.md
+    (comments dropped; ``TOPIC`` replaced by the topic, default orders): one argument per rule,
+    a selector ``(...)`` as one argument."""
+    block, _, topic = block.partition(":")
+    text = DOC.read_text().replace("TOPIC", topic or "orders")
     found = re.search(rf"```\nACL SETUSER {block}\b(.*?)```", text, re.S)
     assert found is not None, block
     rules = " ".join(line.split("#")[0] for line in found.group(1).splitlines())
@@ -345,7 +350,8 @@ CHECKPOINTS, DLQ, TRIMMED = (
 )
 PARKED, CONTROL = K.parked("orders", "billing"), K.control("orders", "billing")
 LOCKS, MEMBERS = K.locks("orders", "billing"), K.members("orders", "billing")
-REPLY = K.reply("0" * 32)
+REPLY = K.reply("orders", "0" * 32)
+OTHER_REPLY = K.reply("payments", "0" * 32)
 
 # what none of the roles may do to the shared state: rewrite the registry, dictionaries and
 # checkpoints, or destroy a shard stream
@@ -401,6 +407,15 @@ REFUSED: dict[str, list[tuple[str, ...]]] = {
         ("XREAD", "STREAMS", REPLY, "0"),  # it writes replies, never reads them
         ("XRANGE", REPLY, "-", "+"),
         ("SET", "other:key", "1"),
+        ("XADD", REPLY, "*", "x", "y"),  # answering is the responder's rule
+        ("EXPIRE", REPLY, "1"),
+    ],
+    "responder": [
+        *SHARED,
+        ("XADD", STREAM, "*", "x", "y"),
+        ("XREAD", "STREAMS", REPLY, "0"),
+        ("XADD", OTHER_REPLY, "*", "x", "y"),  # only the replies of its topic
+        ("DEL", REPLY),
     ],
     "acked_consumer": [*SHARED, ("HDEL", RETENTION, "orders"), ("XADD", STREAM, "*", "x", "y")],
     "offloader": [
@@ -463,7 +478,7 @@ async def test_requester_and_consumer_roles_request_and_reply(
     groups (XINFO GROUPS)."""
 
     requester = EventBus(settings(redis_url=users["requester"], shards=2))
-    bus = EventBus(settings(redis_url=users["consumer"], shards=2, block_max_ms=100))
+    bus = EventBus(settings(redis_url=users["responder"], shards=2, block_max_ms=100))
 
     @bus.subscriber("orders", group="billing")
     async def handle(event: Tick) -> Answer | None:
@@ -486,7 +501,80 @@ async def test_requester_and_consumer_roles_request_and_reply(
     await bus.aclose()
     assert answer == Answer(seq=7)
     assert _refused(nodes, "requester") == []
-    assert _refused(nodes, "consumer") == []
+    assert _refused(nodes, "responder") == []
+
+
+async def test_a_consumer_of_another_topic_cannot_answer_a_request(
+    users: dict[str, str], settings: Callable[..., Settings], nodes: list[Any]
+) -> None:
+    """A consumer of topic payments (its own responder rule included) reads a pending request
+    of orders from the shard stream (its role may), takes everything the request carries
+    (reply stream, correlation ID, and what an older eventbus sent: the reply key, from which
+    it makes the documented MAC) and writes a cheaper answer: Redis refuses the write, and
+    the caller gets the responder's answer."""
+    from eventbus.protocol.codec import decode_entry, encode_entry, envelope_of
+
+    requester = EventBus(settings(redis_url=users["requester"], shards=1))
+    bus = EventBus(settings(redis_url=users["responder"], shards=1, block_max_ms=100))
+    asked, release = anyio.Event(), anyio.Event()
+
+    @bus.subscriber("orders", group="billing")
+    async def handle(event: Tick, ctx: Context) -> Answer:
+        asked.set()
+        await release.wait()  # the forger moves while the request waits
+        return Answer(seq=event.seq)
+
+    answer: list[Answer] = []
+
+    async def ask() -> None:
+        answer.append(
+            await requester.request(
+                "orders", Tick(resource="a", seq=7), resource_id="a", reply_model=Answer
+            )
+        )
+
+    stop = anyio.Event()
+    async with (
+        requester,
+        async_client(users["payments_responder"]) as forger,
+        anyio.create_task_group() as tg,
+    ):
+        tg.start_soon(lambda: bus.run(stop=stop))
+        tg.start_soon(ask)
+        await asked.wait()
+        [(entry_id, fields)] = await forger.xrange(K.stream("orders", 0))
+        headers = decode_entry(fields).headers
+        forged = {
+            "eventbus-correlation-id": headers["eventbus-correlation-id"],
+            "eventbus-request-entry": f"0/{entry_id.decode()}",
+        }
+        reply = encode_entry(envelope_of("a", Answer(seq=1), forged))
+        if "eventbus-reply-key" in headers:  # what the request carried before
+            reply[b"mac"] = _documented_mac(headers, reply)
+        with pytest.raises(NoPermissionError):
+            await forger.xadd(headers["eventbus-reply-to"], reply)
+        release.set()
+        await wait_until(lambda: bool(answer))
+        stop.set()
+    await requester.aclose()
+    await bus.aclose()
+    assert answer == [Answer(seq=7)]
+    assert _refused(nodes, "payments_responder") == [headers["eventbus-reply-to"]]
+    assert _refused(nodes, "responder") == []
+
+
+def _documented_mac(headers: dict[str, str], fields: dict[bytes, bytes]) -> bytes:
+    """The reply MAC older eventbus versions checked (HMAC-SHA256 keyed by the request's
+    ``eventbus-reply-key``)."""
+    import hashlib
+    import hmac
+
+    msg = b"eventbus-reply-v1"
+    parts = (headers["eventbus-correlation-id"].encode(), fields[b"rid"], fields[b"type"])
+    for part in (*parts, fields[b"data"]):
+        msg += len(part).to_bytes(4, "big") + part
+    key = bytes.fromhex(headers["eventbus-reply-key"])
+    return hmac.new(key, msg, hashlib.sha256).hexdigest().encode()
 
 
 async def test_acked_retention_roles_record_and_trim(

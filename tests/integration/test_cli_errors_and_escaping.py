@@ -149,6 +149,35 @@ def test_show_tail_and_stats_escape_user_data(redis_db: str) -> None:
     assert "grp\\x1b[2J[red]" in stats
 
 
+def test_tail_and_dlq_show_print_no_reply_key(redis_db: str) -> None:
+    """A request of an older eventbus carries its reply's MAC secret in ``eventbus-reply-key``:
+    ``tail`` and ``dlq show`` print it as ``***`` (they printed it)."""
+    secret = "5e" * 32
+    headers = {"eventbus-reply-key": secret, "trace": "t1"}
+    _publish(redis_db)  # registers the topic
+    keys = Keys()
+    with redis.Redis.from_url(redis_db) as r:
+        r.xadd(keys.stream("orders", 0), encode_entry(Envelope("r", "T", b"\1" * 16, 0, headers)))
+        original = encode_entry(Envelope("r", "T", b"\1" * 16, 0, headers, {"n": 1}))
+        fields = dead_letter_fields(
+            topic="orders",
+            group="billing",
+            shard=0,
+            entry_id="1-0",
+            reason="failed",
+            exc=RuntimeError("boom"),
+            attempts=1,
+            original=original,
+        )
+        dlq_id = r.xadd(keys.dead_letter("orders", "billing"), fields).decode()
+    url = ["--redis-url", redis_db]
+    for args in (["dlq", "show", "orders", "billing", dlq_id], ["tail", "orders"]):
+        result = RUNNER.invoke(app, [*args, *url])
+        assert result.exit_code == 0, (args, result.output)
+        assert secret not in result.output, args
+        assert '"eventbus-reply-key": "***"' in result.output and "t1" in result.output, args
+
+
 # -- 15: one-line errors ----------------------------------------------------------------------
 def test_invalid_json_data_is_one_line(redis_db: str) -> None:
     result = RUNNER.invoke(

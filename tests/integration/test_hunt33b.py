@@ -406,7 +406,7 @@ async def test_a_request_to_a_batch_subscriber_is_answered_or_refused_loudly(
             return await pending_count(r, stream, "pricing") == 0
 
         await wait_until(acked)
-        replies = await r.xlen(requester(caller.redis, caller.keys).stream)
+        replies = await r.xlen(requester(caller.redis, caller.keys, "quotes").stream)
         tg.cancel_scope.cancel()
     told = [x for x in caplog.records if x.name.startswith("eventbus.consumer")]
     assert replies or told, "handled and acked: no reply, and no log line says why"

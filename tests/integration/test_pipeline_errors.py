@@ -25,11 +25,11 @@ class Answer(BaseModel):
 
 async def test_a_refused_reply_names_the_servers_reason(r: Any) -> None:
     keys = Keys()
-    stream = keys.reply("0" * 32)
+    stream = keys.reply("q", "0" * 32)
     await r.set(stream, "not a stream")  # XADD on it: WRONGTYPE
     request = Envelope("a", "Q", b"\1" * 16, 0, {REPLY_TO: stream, CORRELATION_ID: "c1"})
     with pytest.raises(ResponseError) as caught:
-        await send_reply(r, keys, request, Answer(ok=True))
+        await send_reply(r, keys, "q", 0, "1-0", request, Answer(ok=True))
     assert str(caught.value).startswith("WRONGTYPE"), str(caught.value)
 
 

@@ -111,3 +111,48 @@ async def test_redis_that_lost_its_data_gets_its_groups_back_and_says_so(
         assert len(vanished) == 1
         refused = [r for r in caplog.records if "refused" in r.getMessage()]
         assert len(refused) <= 1, [r.getMessage() for r in refused]
+
+
+async def test_a_running_bus_writes_its_topics_again_after_redis_lost_its_data(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After FLUSHALL the topic registry was never written again by a running bus: ``eventbus
+    tail`` said "unknown topic" for a live topic, and a later publisher with another shard
+    count registered its own count with no `ShardCountMismatch`. A consumer that finds its
+    streams vanished writes its topic again at once; a publisher does at its next dictionary
+    refresh (`REFRESH_S`, made 0 here); the later publisher is refused."""
+    from eventbus import ShardCountMismatch
+
+    with RedisServer() as server:
+        url = server.url
+        bus = EventBus(Settings(redis_url=url, shards=16, block_max_ms=50))
+        rec = Recorder()
+        bus.subscriber("orders", group="billing")(rec.add)
+        publisher = EventBus(Settings(redis_url=url, shards=16))
+        async with running(bus), publisher:
+            await bus.publish("orders", Tick(resource="r", seq=0), resource_id="r")
+            await publisher.publish("quotes", Tick(resource="q", seq=0), resource_id="q")
+            await rec.wait_for(1)
+            await bus.redis.flushall()
+            await bus.publish("orders", Tick(resource="r", seq=1), resource_id="r")
+            await rec.wait_for(2, within_s=20)
+
+            async def registered(topic: str) -> bool:
+                return await bus.redis.hget(bus.keys.topics(), topic) == b"16"
+
+            await wait_until(lambda: registered("orders"))  # by the consumer, at once
+            monkeypatch.setattr("eventbus.protocol.dictionaries.REFRESH_S", 0.0)
+            monkeypatch.setattr("eventbus.publishing.topic_setup.REFRESH_S", 0.0)
+            await publisher.publish("quotes", Tick(resource="q", seq=1), resource_id="q")
+            assert await registered("quotes")  # by the publisher, at its refresh
+            tail = await anyio.to_thread.run_sync(
+                lambda: CliRunner().invoke(app, ["tail", "orders", "--redis-url", url])
+            )
+            assert tail.exit_code == 0 and '"seq": 1' in tail.output, tail.output
+            later = EventBus(Settings(redis_url=url, shards=4))
+            async with later:
+                for topic in ("orders", "quotes"):
+                    with pytest.raises(ShardCountMismatch):
+                        await later.publish(topic, Tick(resource="x", seq=0), resource_id="x")
+            await later.aclose()
+        await publisher.aclose()

@@ -203,3 +203,27 @@ async def test_a_refused_acked_trim_is_reported_and_the_shards_are_read_on(
             stop.set()
     assert rec.by_resource() == {"a": [0, 1, 2, 3, 4]}
     assert _logged_with_its_reason(caplog, "XTRIM")
+
+
+async def test_a_refused_trim_check_is_reported_and_nothing_read_unchecked(
+    settings: Callable[..., Settings],
+    restricted: Callable[..., str],
+    r: redis.asyncio.Redis,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A consumer user without ``+xinfo|stream``: the group's trim check was skipped without a
+    word (no log, no metric), so entries trimmed before the group read them went unnoticed.
+    Now the refusal fails the round like the broadcast check's: named, counted, logged with
+    the server's reason, retried; nothing is read unchecked, and once the operator allows the
+    command the events are handled."""
+    url = restricted("-xinfo|stream")
+    command = "XINFO / XADD (trim check)"
+    before = _refusals(command)
+    with caplog.at_level(logging.ERROR, logger="eventbus.consumer"):
+        async with _consuming(settings, url) as (bus, rec):
+            await bus.publish("t", Tick(resource="a", seq=1), resource_id="a")
+            await wait_until(lambda: _refusals(command) - before >= 2)
+            assert rec.log == []
+            await r.execute_command("ACL", "SETUSER", "limited", "+xinfo|stream")
+            await rec.wait_for(1)
+    assert _logged_with_its_reason(caplog, "XINFO")

@@ -6,6 +6,8 @@ altered replies: `cases.request_reply_cases`."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 import pytest
 import redis.asyncio
@@ -15,7 +17,7 @@ from support import running, wait_until
 from eventbus import Context, EventBus
 from eventbus.config import Settings
 from eventbus.errors import ConfigError, EventBusError, InvalidReply, RequestTimeout
-from eventbus.protocol.codec import decode_entry, envelope_of
+from eventbus.protocol.codec import envelope_of
 from eventbus.protocol.replies import CORRELATION_ID, REPLY_TO, REPLY_TTL_S, send_reply
 from eventbus.protocol.sharding import shard_of
 from eventbus.request import requester
@@ -72,7 +74,7 @@ async def test_a_handler_return_value_answers_the_request(settings: type[Setting
             for i in range(20):
                 tg.start_soon(ask, i)
         assert results == {i: Price(sku=f"s{i}", total_cents=i * 250) for i in range(20)}
-        stream = requester(client.redis, client.keys).stream
+        stream = requester(client.redis, client.keys, "quotes").stream
         assert seen[0].headers[REPLY_TO] == stream
         assert CORRELATION_ID in seen[0].headers
         ttl = await client.redis.ttl(stream)
@@ -123,7 +125,7 @@ async def test_timeout_says_nobody_subscribes(settings: type[Settings]) -> None:
     await client.aclose()
 
 
-@pytest.mark.parametrize("timeout_s", [0, -1.0, float("nan")])
+@pytest.mark.parametrize("timeout_s", [0, -1.0, float("nan"), "5", None, [1], b"1", True])
 async def test_a_timeout_not_above_zero_is_refused_before_publishing(
     settings: type[Settings], r: redis.asyncio.Redis, timeout_s: float
 ) -> None:
@@ -131,7 +133,7 @@ async def test_a_timeout_not_above_zero_is_refused_before_publishing(
     # was taken as no timeout at all
     client = EventBus(settings())
     async with client:
-        with pytest.raises(ConfigError, match="timeout_s must be > 0"):
+        with pytest.raises(ConfigError, match="timeout_s must be a number of seconds > 0"):
             await client.request(
                 "void", Quote(sku="x", quantity=1), resource_id="x", timeout_s=timeout_s
             )
@@ -159,17 +161,23 @@ async def test_timeout_names_the_groups_that_did_not_answer(settings: type[Setti
 async def test_reply_goes_only_to_eventbus_reply_streams(settings: type[Settings]) -> None:
     bus = EventBus(settings())
     async with bus:
+
+        async def send(env: Any, result: Any, topic: str = "quotes") -> None:
+            await send_reply(bus.redis, bus.keys, topic, 0, "1-0", env, result)
+
         env = envelope_of(
             "r", Quote(sku="x", quantity=1), {REPLY_TO: "eventbus:{eventbus}:locks:t:g"}
         )
         with pytest.raises(InvalidReply, match="not an eventbus reply stream"):
-            await send_reply(bus.redis, bus.keys, env, Price(sku="x", total_cents=1))
-        good = requester(bus.redis, bus.keys).stream
+            await send(env, Price(sku="x", total_cents=1))
+        good = requester(bus.redis, bus.keys, "quotes").stream
         env = envelope_of("r", Quote(sku="x", quantity=1), {REPLY_TO: good, CORRELATION_ID: "c"})
         with pytest.raises(InvalidReply, match="returned dict, not a pydantic model"):
-            await send_reply(bus.redis, bus.keys, env, {"total_cents": 1})
+            await send(env, {"total_cents": 1})
+        with pytest.raises(InvalidReply, match="which is not one of 'gossip'"):
+            await send(env, Price(sku="x", total_cents=1), topic="gossip")
         plain = envelope_of("r", Quote(sku="x", quantity=1))
-        await send_reply(bus.redis, bus.keys, plain, Price(sku="x", total_cents=1))  # no request
+        await send(plain, Price(sku="x", total_cents=1))  # no request
         assert not await bus.redis.exists(good)
     await bus.aclose()
 
@@ -229,12 +237,12 @@ async def test_a_request_with_a_bad_reply_address_is_dead_lettered_before_the_ha
     assert calls == [2]
 
 
-async def test_a_request_with_a_malformed_reply_key_is_dead_lettered_before_the_handler(
+async def test_a_request_of_an_older_eventbus_is_dead_lettered_before_the_handler(
     settings: type[Settings],
 ) -> None:
-    """Issue 20 item 3: a request's `REPLY_KEY` must be 64 lowercase hex digits, or its reply
-    could not be authenticated: such a request is dead-lettered at once, unhandled (on the old
-    code the header was ignored and the handler answered)."""
+    """A request naming a reply stream of the form before per-topic reply streams
+    (``eventbus:reply:<32 hex>``, with its ``eventbus-reply-key``) cannot be answered under the
+    responder ACL: it is dead-lettered at once, unhandled, saying why."""
     bus = EventBus(settings(max_attempts=3))
     calls: list[int] = []
 
@@ -243,8 +251,8 @@ async def test_a_request_with_a_malformed_reply_key_is_dead_lettered_before_the_
         calls.append(event.quantity)
         return Price(sku=event.sku, total_cents=100)
 
-    stream = requester(bus.redis, bus.keys).stream
-    headers = {REPLY_TO: stream, CORRELATION_ID: "c", "eventbus-reply-key": "00" * 16}
+    stream = "eventbus:reply:" + "ab" * 16
+    headers = {REPLY_TO: stream, CORRELATION_ID: "c", "eventbus-reply-key": "00" * 32}
     async with running(bus):
         await bus.publish("quotes", Quote(sku="x", quantity=1), resource_id="r", headers=headers)
         await bus.publish("quotes", Quote(sku="x", quantity=2), resource_id="r")
@@ -256,34 +264,11 @@ async def test_a_request_with_a_malformed_reply_key_is_dead_lettered_before_the_
         await wait_until(settled)
         assert not await bus.redis.exists(stream)
     ((_, letter),) = await bus.redis.xrange(dlq)
-    assert letter[b"reason"] == b"undecodable" and b"eventbus-reply-key" in letter[b"error"]
+    assert (
+        letter[b"reason"] == b"undecodable"
+        and b"not an eventbus reply stream" in (letter[b"error"])
+    )
     assert calls == [2]
-
-
-async def test_a_request_without_a_reply_key_gets_a_reply_without_a_mac(
-    settings: type[Settings],
-) -> None:
-    """Rolling upgrades: a request sent by an eventbus from before authenticated replies (no
-    `REPLY_KEY` header) is still answered, without a ``mac`` field (which that caller ignores);
-    a current caller never accepts such a reply (`cases.request_reply_cases`)."""
-    server = EventBus(settings())
-
-    @server.subscriber("quotes", group="pricing")
-    async def price(q: Quote) -> Price:
-        return Price(sku=q.sku, total_cents=q.quantity)
-
-    stream = server.keys.reply("ab" * 16)
-    headers = {REPLY_TO: stream, CORRELATION_ID: "old"}
-    async with running(server):
-        await server.publish("quotes", Quote(sku="x", quantity=3), resource_id="r", headers=headers)
-
-        async def answered() -> bool:
-            return await server.redis.exists(stream) == 1
-
-        await wait_until(answered)
-        ((_, fields),) = await server.redis.xrange(stream)
-    assert b"mac" not in fields
-    assert decode_entry(fields).payload == {"sku": "x", "total_cents": 3}
 
 
 @pytest.mark.single_node("ACL users are made on the one node here")
@@ -366,7 +351,7 @@ async def test_a_batch_handler_that_does_not_answer_a_request_fails_loudly(
         calls.extend(q.sku for q in quotes)
         return len(quotes)
 
-    headers = {REPLY_TO: requester(bus.redis, bus.keys).stream, CORRELATION_ID: "c"}
+    headers = {REPLY_TO: requester(bus.redis, bus.keys, "quotes").stream, CORRELATION_ID: "c"}
     dlq = bus.keys.dead_letter("quotes", "pricing")
     async with running(bus):
         await bus.publish("quotes", Quote(sku="plain", quantity=1), resource_id="a")

@@ -111,3 +111,34 @@ async def _zcard_is(r: redis.asyncio.Redis, key: str, n: int) -> bool:
 
 async def _no_pending(bus: EventBus, r: redis.asyncio.Redis) -> bool:
     return await total_pending(bus, TOPIC, GROUP, r) == 0
+
+
+async def test_the_grace_report_tells_running_handlers_from_queued_entries(
+    settings: Callable[..., Settings], caplog: pytest.LogCaptureFixture
+) -> None:
+    """An at-most-once consumer stopped with one handler call stuck and three entries of the
+    same resource queued behind it: the report called all four "still in their handlers"
+    (and said they stay pending: NOACK entries never are). It counts them as not handled yet,
+    the one running handler call apart, and says they are lost."""
+    bus = EventBus(settings(shards=1, shutdown_grace_s=0.2, concurrency=1))
+    stuck = anyio.Event()
+
+    @bus.subscriber("t", group="g", ack="before")
+    async def handle(event: Tick) -> None:
+        stuck.set()
+        await anyio.sleep_forever()
+
+    async with bus:  # read in one read once the consumer starts
+        for seq in range(4):
+            await bus.publish("t", Tick(resource="a", seq=seq), resource_id="a")
+    async with running(bus) as [run]:
+        await stuck.wait()
+        await wait_until(lambda: bus.consumers[0].in_flight == 4)
+        with caplog.at_level("ERROR", logger="eventbus.consumer"):
+            run.stop()
+            await run.done.wait()
+    (record,) = [r for r in caplog.records if "of shutdown" in r.getMessage()]
+    message = record.getMessage()
+    assert "4 entries unfinished" in message and "4 not handled yet" in message
+    assert "(1 handler calls still running); they are lost" in message
+    assert "still in their handlers" not in message

@@ -76,4 +76,43 @@ def test_an_invalid_setting_is_one_error_line(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("EVENTBUS_SHARDS", "0")
     result = RUNNER.invoke(app, ["settings"])
     assert result.exit_code == 1
-    assert "shards" in result.output and "Traceback" not in result.output
+    assert "EVENTBUS_SHARDS" in result.output and "Traceback" not in result.output
+
+
+def test_errors_name_the_variable_the_user_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``REDIS_URL`` was reported as ``EVENTBUS_REDIS_URL``, ``EVENTBUS_SHARDS`` as
+    ``shards``: the error names the environment variable that holds the bad value."""
+    monkeypatch.setenv("EVENTBUS_SHARDS", "0")
+    monkeypatch.setenv("REDIS_URL", "http://somewhere:1/0")
+    result = RUNNER.invoke(app, ["settings"])
+    assert result.exit_code == 1
+    text = " ".join(result.output.split())
+    assert "REDIS_URL: Value error, invalid Redis URL" in text
+    assert "EVENTBUS_REDIS_URL" not in text
+    assert "EVENTBUS_SHARDS: Input should be greater than or equal to 1" in text
+
+
+def test_a_misspelt_variable_is_warned_with_the_setting_it_resembles(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``EVENTBUS_SHRADS=4`` was ignored without a word, ``eventbus settings`` included."""
+    import eventbus.config.settings
+
+    monkeypatch.setattr(eventbus.config.settings, "_warned", set())
+    monkeypatch.setenv("EVENTBUS_SHRADS", "4")
+    monkeypatch.setenv("EVENTBUS_UVLOOP", "0")  # read elsewhere: no warning
+    monkeypatch.setenv("EVENTBUS_TIER_STORE_URL", "/tmp/x")  # the tier's settings
+    result = RUNNER.invoke(app, ["settings"])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert text.count("EVENTBUS_SHRADS is not an eventbus setting") == 1
+    assert "did you mean EVENTBUS_SHARDS?" in text
+    assert "UVLOOP" not in text.replace("EVENTBUS_UVLOOP", "") and "is ignored" in text
+    assert "EVENTBUS_TIER_STORE_URL is not" not in text and "EVENTBUS_UVLOOP is not" not in text
+    monkeypatch.setattr(eventbus.config.settings, "_warned", set())
+    with caplog.at_level("WARNING", logger="eventbus.config"):
+        assert Settings().shards == 16  # the library logs it, once per process
+        Settings()
+    assert [r.getMessage() for r in caplog.records] == [
+        "EVENTBUS_SHRADS is not an eventbus setting (did you mean EVENTBUS_SHARDS?); it is ignored"
+    ]

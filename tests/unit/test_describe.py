@@ -24,7 +24,7 @@ from eventbus.asyncapi import asyncapi_document
 from eventbus.cli import app
 from eventbus.cli.describe import tables
 from eventbus.contract import contract_of
-from eventbus.errors import ConfigError, ReservedEventType
+from eventbus.errors import ConfigError, InvalidEventType, ReservedEventType
 
 SCHEMA_FILE = Path(__file__).resolve().parents[1] / "fixtures/asyncapi/asyncapi-3.0.0.schema.json"
 SCHEMA_SHA256 = "abe96881dbfaad495ccbb6bd8d3fb43ca18a13b9d7564849ccb66f39d5e5b20f"
@@ -98,8 +98,17 @@ def test_the_shop_examples_document_validates(
     assert result.exit_code == 0, result.output
     doc = json.loads(out.read_text())
     assert_valid(validator, doc)
-    assert set(doc["channels"]) == {"orders", "prices", "quotes", "shipments"}
+    assert set(doc["channels"]) == {"orders", "prices", "quotes", "quotes.replies", "shipments"}
     assert doc["operations"]["_broadcast.price_changed"]["x-eventbus"]["broadcast"] is True
+    # the request/reply handler's answer (it was left out of the document)
+    reply = doc["operations"]["pricing.quote"]["reply"]
+    assert reply["address"]["location"] == "$message.header#/eventbus-reply-to"
+    assert reply["channel"] == {"$ref": "#/channels/quotes.replies"}
+    assert reply["messages"] == [{"$ref": "#/channels/quotes.replies/messages/reply.Quote"}]
+    assert doc["channels"]["quotes.replies"]["address"] is None
+    assert doc["components"]["messages"]["reply.Quote"]["payload"] == {
+        "$ref": "#/components/schemas/Quote"
+    }
     fulfilment = {k: v for k, v in doc["operations"].items() if k.startswith("fulfilment.")}
     assert {k: [m["$ref"] for m in v["messages"]] for k, v in fulfilment.items()} == {
         "fulfilment.order_placed": ["#/channels/orders/messages/shop.order_placed"],
@@ -219,3 +228,93 @@ def test_the_printed_event_types_show_their_schemas_fields() -> None:
     assert "batch <= 100" in text and "dedup 60 s" in text and "broadcast" in text
     assert re.search(r"│ clock +│ 4 +│ 1000000 +│ maxlen", text)  # topic, shards, cap, retention
     assert re.search(r"│ crm \(dedup 60 s.*│ after +│ 5 attempts, 0.1..10 s +│ continue", text)
+
+
+class Spaced(BaseModel):
+    __event_type__ = "order placed"
+
+
+class Underscored(BaseModel):
+    __event_type__ = "order_placed"
+
+
+def test_an_event_type_name_with_a_space_colon_or_slash_is_refused() -> None:
+    """``"order placed"`` and ``"order_placed"`` on one topic became one AsyncAPI message (one
+    model's schema dropped), and nothing refused the space: subscribing, declaring and
+    publishing such a type are `InvalidEventType` errors (a `ConfigError`)."""
+    bus = EventBus()
+
+    async def both(event: Spaced | Underscored) -> None: ...
+
+    with pytest.raises(InvalidEventType, match=r"'order placed'.*1-200 characters"):
+        bus.subscriber("orders", group="g")(both)
+    with pytest.raises(InvalidEventType):
+        bus.publishes("orders", Spaced)
+    for name in ("a:b", "a/b", "x" * 201, "tab\there"):
+        with pytest.raises(InvalidEventType):
+            bus.publisher.prepare(
+                bus.topic("orders"), type("Named", (BaseModel,), {"__event_type__": name})(), "r"
+            )
+    bus.publishes("orders", Underscored)  # a valid name
+    assert bus.publisher.prepare(bus.topic("orders"), Underscored(), "r")[0]
+
+
+def test_asyncapi_names_that_would_collide_are_a_config_error() -> None:
+    """Valid names can still meet in the document: type ``a.b`` on topic ``x`` and ``b`` on
+    topic ``x.a``, both qualified by their topic (other models on topic ``y`` take those
+    types), make one message name. A `ConfigError` names both models instead of dropping
+    one."""
+    models = {
+        name: type(name, (BaseModel,), {"__event_type__": etype, "__module__": __name__})
+        for name, etype in (("Xab", "a.b"), ("XAb", "b"), ("Yab", "a.b"), ("Yb", "b"))
+    }
+    bus = EventBus()
+    bus.publishes("x", models["Xab"])
+    bus.publishes("x.a", models["XAb"])
+    bus.publishes("y", models["Yab"], models["Yb"])
+    with pytest.raises(ConfigError, match=r"message name 'x\.a\.b' would stand for both"):
+        asyncapi_document(contract_of(bus), keys=bus.keys, title="t")
+
+
+def test_describe_says_in_one_line_what_failed_in_the_application(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A module that raises at import, or a model pydantic has no JSON schema for, printed a
+    full traceback: one line names the error and where it was raised, or the model."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "raising_app.py").write_text("x = 1\nraise RuntimeError('no config here')\n")
+    (tmp_path / "opaque_app.py").write_text(
+        "from pydantic import BaseModel, ConfigDict\n"
+        "from eventbus import EventBus\n"
+        "class Thing:\n    pass\n"
+        "class Carried(BaseModel):\n"
+        "    model_config = ConfigDict(arbitrary_types_allowed=True)\n"
+        "    thing: Thing\n"
+        "bus = EventBus()\n"
+        "@bus.subscriber('t', group='g')\n"
+        "async def handle(event: Carried) -> None: ...\n"
+    )
+    runner = CliRunner()
+    raised = runner.invoke(app, ["describe", "raising_app:bus"])
+    assert raised.exit_code == 1
+    text = " ".join(raised.output.split())
+    assert "importing raising_app failed: RuntimeError: no config here" in text
+    assert "raising_app.py:2" in text and "Traceback" not in raised.output
+    opaque = runner.invoke(app, ["describe", "opaque_app:bus"])
+    assert opaque.exit_code == 1
+    text = " ".join(opaque.output.split())
+    assert "model opaque_app:Carried has no JSON schema" in text, text
+    assert "Traceback" not in opaque.output
+
+
+def test_asyncapi_dash_writes_the_document_to_stdout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--asyncapi -`` wrote a file named ``-``: the document goes to stdout, the tables to
+    stderr."""
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["describe", "examples.orders_service:bus", "--asyncapi", "-"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["asyncapi"] == "3.0.0"
+    assert "Consumers" in result.stderr
+    assert not (tmp_path / "-").exists()

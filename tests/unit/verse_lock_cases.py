@@ -137,3 +137,18 @@ class VerseLockCases:
         await client.set(LIVENESS + "rb-1", 1, ex=30)
         assert await verse.acquire_locks([CHANNEL]) in ([CHANNEL.encode(), -1], [CHANNEL, -1])
         assert len(await verse.lock_channel_shards()) == 0  # held by itself, alive: not again
+
+    async def test_a_lock_key_of_another_type_stops_only_its_shard(self, client: Any) -> None:
+        """A hash where Verse's lock key of shard 0 should be a string (written by hand): the
+        lock round takes the other shards and names shard 0's key and the server's error; the
+        heartbeat and the release still work (they answered WRONGTYPE for every shard)."""
+        bad = KEYS.lock(CHANNEL, 0, GROUP)
+        await client.hset(bad, "x", "1")
+        me = ours(client)
+        held = await me.acquire(ALL)
+        assert sorted(held.grants) == ALL[1:]
+        assert list(held.unusable) == [0]
+        assert held.unusable[0].startswith(f"{bad}: WRONGTYPE"), held.unusable
+        assert await me.heartbeat() is True
+        assert sorted(await me.release(ALL)) == ALL[1:]
+        assert await client.type(bad) in (b"hash", "hash")  # left as it was

@@ -20,7 +20,7 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from eventbus.config import Settings
+from eventbus.config import MAX_SHARDS, Settings
 from eventbus.errors import EventBusError
 from eventbus.ops.cli_options import output_file
 from eventbus.tier.cli.common import (
@@ -68,7 +68,9 @@ def replay(
     event_type: Annotated[
         list[str] | None, typer.Option("--type", help="Only this event type (repeat).")
     ] = None,
-    shard: Annotated[list[int] | None, typer.Option(help="Only this shard (repeat).")] = None,
+    shard: Annotated[
+        list[int] | None, typer.Option(min=0, max=MAX_SHARDS - 1, help="Only this shard (repeat).")
+    ] = None,
     per_shard: Annotated[
         bool, typer.Option("--per-shard", help="Shard after shard instead of merged by ID.")
     ] = False,
