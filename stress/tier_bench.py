@@ -12,7 +12,12 @@ with pipelined XADDs, then measures, each on its own:
   the default segment size limits; entries/s and MB/s of raw entry bytes;
 * the segments: count, bytes, mean size, compression ratio (raw entry bytes / stored bytes);
 * replay: raw entries merged across shards (`iter_topic`), and typed events (`iter_events`),
-  in events/s.
+  in events/s, each beside its ceiling in the same run: a plain pyarrow read of the same
+  segments into Python tuples (`replay_ceiling`), and the ratio to it;
+* catch-up: a group created at ``0`` after the offload trimmed everything (so it is behind the
+  archive) caught up by `eventbus.tier.catch_up` into a no-op batch subscriber
+  (``max_batch=500``), beside the live batch consumer handling the same events from Redis in
+  the same run (``catchup.ratio_live_batch``).
 
 Prints one JSON object. pyarrow's first use (it imports pandas) is warmed up before timing.
 """
@@ -27,6 +32,7 @@ import platform
 import sys
 import tempfile
 import time
+import typing
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -112,7 +118,7 @@ def events(args: argparse.Namespace) -> tuple[list[tuple[str, BaseModel]], list[
 
 async def bench(args: argparse.Namespace, redis: str, store_location: str) -> dict[str, Any]:
     from eventbus.protocol.ids import EntryId
-    from eventbus.tier import TierSettings, iter_events, iter_topic, open_store, verify_archive
+    from eventbus.tier import TierSettings, open_store, verify_archive
     from eventbus.tier.offloader import offload_until_caught_up
     from eventbus.tier.segment import encode_segment
 
@@ -142,18 +148,8 @@ async def bench(args: argparse.Namespace, redis: str, store_location: str) -> di
     )
     verify_s = time.perf_counter() - started
 
-    def replay_raw() -> int:
-        return sum(1 for _ in iter_topic(store, "bench"))
-
-    def replay_typed() -> int:
-        return sum(1 for _ in iter_events(store, "bench", models))
-
-    started = time.perf_counter()
-    raw_count = await anyio.to_thread.run_sync(replay_raw)
-    raw_s = time.perf_counter() - started
-    started = time.perf_counter()
-    typed_count = await anyio.to_thread.run_sync(replay_typed)
-    typed_s = time.perf_counter() - started
+    replay = await anyio.to_thread.run_sync(replay_bench, store, models)
+    catchup = await catchup_bench(args, redis, store, data, models)
 
     mb = 1024 * 1024
     return {
@@ -190,12 +186,122 @@ async def bench(args: argparse.Namespace, redis: str, store_location: str) -> di
             "missing": report.missing_count,
             "duplicates": report.duplicate_entries,
         },
-        "replay": {
-            "raw_merged_events_per_s": round(raw_count / raw_s),
-            "typed_events_per_s": round(typed_count / typed_s),
-            "raw_count": raw_count,
-            "typed_count": typed_count,
-        },
+        "replay": replay,
+        "catchup": catchup,
+    }
+
+
+def replay_ceiling(store: Any, topic: str) -> tuple[int, float]:
+    """The I/O alone of a replay: each segment of `topic` fetched, read by pyarrow (no
+    verification) and turned into Python tuples of its columns (but the constant ``topic``),
+    one after another. Returns the rows and the seconds taken."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    from eventbus.tier.replay import plan
+    from eventbus.tier.store import get_bytes_sync
+
+    refs = [ref for refs in plan(store, topic).values() for ref in refs]
+    started = time.perf_counter()
+    rows = 0
+    for ref in refs:
+        table = pq.read_table(io.BytesIO(get_bytes_sync(store, ref.key)))
+        columns = [table.column(name).to_pylist() for name in table.column_names[1:]]
+        rows += sum(1 for _ in zip(*columns, strict=True))
+    return rows, time.perf_counter() - started
+
+
+def replay_bench(store: Any, models: list[type[BaseModel]]) -> dict[str, Any]:
+    """Replay's section: raw merged (`iter_topic`), typed (`iter_events`) and their ceiling
+    (`replay_ceiling`), each timed once, ceiling first (its reads warm the page cache for all)."""
+    from eventbus.tier import iter_events, iter_topic
+
+    ceiling_rows, ceiling_s = replay_ceiling(store, "bench")
+    started = time.perf_counter()
+    raw_count = sum(1 for _ in iter_topic(store, "bench"))
+    raw_s = time.perf_counter() - started
+    started = time.perf_counter()
+    typed_count = sum(1 for _ in iter_events(store, "bench", models))
+    typed_s = time.perf_counter() - started
+    ceiling = ceiling_rows / ceiling_s
+    return {
+        "raw_merged_events_per_s": round(raw_count / raw_s),
+        "typed_events_per_s": round(typed_count / typed_s),
+        "ceiling_events_per_s": round(ceiling),
+        "raw_ratio_ceiling": round(raw_count / raw_s / ceiling, 3),
+        "typed_ratio_ceiling": round(typed_count / typed_s / ceiling, 3),
+        "raw_count": raw_count,
+        "typed_count": typed_count,
+    }
+
+
+def _batch_handler(models: list[type[BaseModel]], state: dict[str, Any]) -> Any:
+    """A no-op batch handler of `models` counting its events into ``state["n"]`` and setting
+    ``state["stop"]`` once ``state["expect"]`` are counted."""
+
+    async def handle(events: list[BaseModel]) -> None:
+        if not state["n"]:
+            state["first"] = time.perf_counter()
+        state["n"] += len(events)
+        if state["n"] >= state["expect"]:
+            state["last"] = time.perf_counter()
+            state["stop"].set()
+
+    union: Any = models[0] if len(models) == 1 else typing.Union[tuple(models)]  # noqa: UP007
+    handle.__annotations__ = {"events": list[union], "return": None}
+    return handle
+
+
+async def live_batch_rate(
+    redis: str, shards: int, data: list[tuple[str, BaseModel]], models: list[type[BaseModel]]
+) -> float:
+    """The live batch consumer (``max_batch=500``, no-op) on `data` published to a topic of its
+    own: events/s from its first batch to its last."""
+    bus = EventBus(Settings(redis_url=redis, shards=shards, maxlen=10_000_000))
+    state: dict[str, Any] = {"n": 0, "expect": len(data), "stop": anyio.Event()}
+    bus.subscriber("bench_live", group="live", batch=True, max_batch=500)(
+        _batch_handler(models, state)
+    )
+    async with bus:
+        for i in range(0, len(data), 20_000):
+            await bus.publish_many("bench_live", data[i : i + 20_000])
+        await bus.run(stop=state["stop"])
+        for s in range(shards):
+            await bus.redis.delete(bus.keys.stream("bench_live", s))
+    return (state["n"] - 1) / max(1e-9, state["last"] - state["first"])
+
+
+async def catchup_bench(
+    args: argparse.Namespace,
+    redis: str,
+    store: Any,
+    data: list[tuple[str, BaseModel]],
+    models: list[type[BaseModel]],
+) -> dict[str, Any]:
+    """Catch-up's section: a group created at ``0`` on the streams the offload emptied (behind
+    the archive: every entry is in segments only) caught up into a no-op batch subscriber,
+    beside `live_batch_rate` on the same events, in the same run."""
+    from eventbus.tier import catch_up
+
+    live = await live_batch_rate(redis, args.shards, data, models)
+    bus = EventBus(Settings(redis_url=redis, shards=args.shards, maxlen=10_000_000))
+    state: dict[str, Any] = {"n": 0, "expect": len(data), "stop": anyio.Event()}
+    bus.subscriber("bench", group="catchup", batch=True, max_batch=500)(
+        _batch_handler(models, state)
+    )
+    async with bus:
+        for s in range(args.shards):
+            await bus.redis.xgroup_create(bus.keys.stream("bench", s), "catchup", id="0")
+        stats = await catch_up(bus, store, "bench", "catchup")
+    rate = stats.from_segments / stats.seconds
+    return {
+        "events_per_s": round(rate),
+        "live_batch_events_per_s": round(live),
+        "ratio_live_batch": round(rate / live, 3),
+        "from_segments": stats.from_segments,
+        "handled": state["n"],
+        "seconds": round(stats.seconds, 3),
     }
 
 
