@@ -10,7 +10,11 @@ columns (the ID range by bisecting the ordered ID columns, resource IDs and even
 from __future__ import annotations
 
 import bisect
+import contextlib
+import gc
+import threading
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import repeat
 from typing import Any, NamedTuple
@@ -116,21 +120,73 @@ class SegmentEntries(NamedTuple):
     """The entries the segment holds, matching or not (for `check_complete`)."""
 
 
-class EntryBatch(NamedTuple):
-    """Consecutive matching entries of one segment (`read_batch`), in entry-ID order, with their
-    ID columns as Arrow arrays (``entry_ms``, ``entry_seq``: what a merge across shards sorts
-    on without touching the entries)."""
+class EntryBatch:
+    """Consecutive matching rows of one segment (`read_batch`), in entry-ID order: the Arrow
+    rows (segment columns), their ID columns (``ms``, ``seq``: what a merge across shards
+    orders them by), and what names them. `entries` makes them `ArchivedEntry`s, only when
+    they are handed on (a merge holds Arrow rows, not Python objects, for the shards it
+    waits on)."""
 
-    entries: list[ArchivedEntry]
-    ms: pa.Array
-    seq: pa.Array
+    __slots__ = ("last", "ms", "n", "rows", "segment", "seq", "shard", "topic")
+
+    def __init__(self, rows: pa.Table, topic: str, shard: int, segment: str) -> None:
+        self.rows, self.topic, self.shard, self.segment = rows, topic, shard, segment
+        self.n = rows.num_rows
+        empty = pa.array([], pa.int64())
+        self.ms = rows.column("entry_ms").chunk(0) if self.n else empty
+        self.seq = rows.column("entry_seq").chunk(0) if self.n else empty
+        self.last = self.id_at(self.n - 1) if self.n else _MIN_ID  # (0-0: no entry has it)
+
+    def id_at(self, i: int) -> EntryId:
+        """The entry ID of row `i`."""
+        return EntryId(self.ms[i].as_py(), self.seq[i].as_py())
+
+    def after(self, entry_id: EntryId, lo: int = 0) -> int:
+        """The first row from `lo` whose ID is after `entry_id` (bisecting: rows are ordered)."""
+        return bisect.bisect_right(range(self.n), entry_id, lo=lo, key=self.id_at)
 
     def slice(self, start: int, stop: int) -> EntryBatch:
-        """Entries ``start:stop`` (the arrays are sliced without a copy)."""
-        n = stop - start
+        """Rows ``start:stop`` (no copy)."""
         return EntryBatch(
-            self.entries[start:stop], self.ms.slice(start, n), self.seq.slice(start, n)
+            self.rows.slice(start, stop - start), self.topic, self.shard, self.segment
         )
+
+    def entries(self, start: int = 0, stop: int | None = None) -> list[ArchivedEntry]:
+        """Rows ``start:stop`` as `ArchivedEntry`s, built column by column. Raises
+        `CorruptSegment` for an ``event_id`` that is not a UUID."""
+        stop = self.n if stop is None else stop
+        rows = self.rows if (start, stop) == (0, self.n) else self.rows.slice(start, stop - start)
+        with paused_gc():
+            return _entries(rows, self.topic, self.shard, self.segment)
+
+
+_gc_lock = threading.Lock()
+_gc_pausers = 0  # threads making entries with the cyclic garbage collector paused
+paused_gc_by_us = False
+
+
+@contextlib.contextmanager
+def paused_gc() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector (process-wide) while entries are made: a batch
+    allocates a few tracked objects per row (UUIDs, ID tuples, column lists), whose
+    collections took 40-45 % of a raw replay (flights, measured with ``gc.callbacks``); the
+    objects form no cycles, reference counting frees them. Resumed when the last concurrent
+    pauser ends, unless the application had disabled the collector itself (the pattern of
+    `eventbus.consumer.decoding`'s large-entry decode, which tier code cannot import)."""
+    global _gc_pausers, paused_gc_by_us
+    with _gc_lock:
+        if _gc_pausers == 0 and gc.isenabled():
+            gc.disable()
+            paused_gc_by_us = True
+        _gc_pausers += 1
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_pausers -= 1
+            if _gc_pausers == 0 and paused_gc_by_us:
+                paused_gc_by_us = False
+                gc.enable()
 
 
 _NEW_ID = tuple.__new__  # EntryId(ms, seq) without its Python-level __new__: in C, via map
@@ -175,13 +231,20 @@ def _uuids(column: Any, key: str) -> list[uuid.UUID | None]:
         ) from None
 
 
+def _headers(maps: pa.MapArray) -> list[dict[str, str] | None]:
+    """The ``headers`` column as dicts (None where null); without a Python list per row when
+    no row has a header (the common case)."""
+    offsets = maps.offsets
+    if not maps.null_count and offsets[0].as_py() == offsets[len(maps)].as_py():
+        return list(map(dict, repeat((), len(maps))))
+    return [None if m is None else dict(m) for m in maps.to_pylist()]
+
+
 def _entries(table: pa.Table, topic: str, shard: int, key: str) -> list[ArchivedEntry]:
     """The rows of `table` (segment columns) as `ArchivedEntry`s, built column by column."""
     n = table.num_rows
     if n == 0:
         return []
-    headers = table.column("headers")
-    maps = headers.to_pylist()
     return list(
         map(
             ArchivedEntry,
@@ -192,7 +255,7 @@ def _entries(table: pa.Table, topic: str, shard: int, key: str) -> list[Archived
             table.column("event_type").to_pylist(),
             table.column("event_time_ms").to_pylist(),
             _uuids(table.column("event_id"), key),
-            list(map(dict, maps)) if not headers.null_count else [m and dict(m) for m in maps],
+            _headers(table.column("headers").combine_chunks()),
             table.column("data").to_pylist(),
             repeat(key, n),
         )
@@ -202,9 +265,10 @@ def _entries(table: pa.Table, topic: str, shard: int, key: str) -> list[Archived
 def read_batch(
     store: Store, ref: SegmentRef, flt: ReplayFilter | None = None, after: EntryId | None = None
 ) -> tuple[EntryBatch, int]:
-    """The entries of segment `ref` that match `flt` and lie after `after` (if given), as one
+    """The rows of segment `ref` that match `flt` and lie after `after` (if given), as one
     `EntryBatch`, and the segment's entry count (matching or not). The object is verified
-    against its key (`decode_segment`). Raises as `read_segment`."""
+    against its key (`decode_segment`); the rows are filtered on their Arrow columns. Raises
+    as `read_segment`."""
     data = get_bytes_sync(store, ref.key)
     table, info = decode_segment(data, ref.key, expect=ref.span)
     flt = flt or ReplayFilter()
@@ -220,14 +284,7 @@ def read_batch(
         mask = m if mask is None else pc.and_(mask, m)
     if mask is not None:
         table = table.filter(mask)
-    table = table.combine_chunks()
-    entries = _entries(table, info.topic, info.shard, ref.key)
-    ids = table.select(["entry_ms", "entry_seq"]).to_batches()
-    if ids:
-        ms, seq = ids[0].column(0), ids[0].column(1)
-    else:
-        ms, seq = pa.array([], pa.int64()), pa.array([], pa.int64())
-    return EntryBatch(entries, ms, seq), info.entries
+    return EntryBatch(table.combine_chunks(), info.topic, info.shard, ref.key), info.entries
 
 
 def read_segment(store: Store, ref: SegmentRef, flt: ReplayFilter | None = None) -> SegmentEntries:
@@ -238,4 +295,4 @@ def read_segment(store: Store, ref: SegmentRef, flt: ReplayFilter | None = None)
     when it vanished, `StoreError` on other store failures.
     """
     batch, held = read_batch(store, ref, flt)
-    return SegmentEntries(batch.entries, held)
+    return SegmentEntries(batch.entries(), held)

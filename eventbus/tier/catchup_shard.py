@@ -20,7 +20,7 @@ from redis.exceptions import ResponseError
 from eventbus.locking.locks import Fenced
 from eventbus.protocol.codec import F_DATA, F_RESOURCE, F_TYPE
 from eventbus.protocol.ids import EntryId, parse_id
-from eventbus.tier.archived import ArchivedEntry, ReplayFilter, read_batch
+from eventbus.tier.archived import ArchivedEntry, ReplayFilter, read_segment
 from eventbus.tier.errors import CatchUpOutpaced
 from eventbus.tier.layout import SegmentRef
 from eventbus.tier.metrics import TIER_METRICS
@@ -223,7 +223,7 @@ class ShardCatchUp:
         return [r for r in refs if r.last > after]
 
     async def read(self, ref: SegmentRef, flt: ReplayFilter) -> list[ArchivedEntry]:
-        return (await anyio.to_thread.run_sync(read_batch, self.o.store, ref, flt))[0].entries
+        return (await anyio.to_thread.run_sync(read_segment, self.o.store, ref, flt)).entries
 
     async def handle_many(self, entries: Sequence[ArchivedEntry]) -> int:
         """Handle `entries` in order, at once when the handle takes batches (`BatchHandle`),

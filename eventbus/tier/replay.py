@@ -20,10 +20,11 @@ re-exported here.
 
 from __future__ import annotations
 
-import bisect
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from itertools import compress, count, repeat
+from operator import is_
 from typing import Any, TypeVar
 
 import msgspec
@@ -39,6 +40,7 @@ from eventbus.tier.archived import (
     ArchivedEntry,
     EntryBatch,
     ReplayFilter,
+    paused_gc,
     read_batch,
     read_segment,
 )
@@ -102,21 +104,21 @@ def _shard_batches(
     pool: ThreadPoolExecutor,
     counts: dict[int, int] | None,
 ) -> Iterator[EntryBatch]:
-    """One shard's matching entries in entry-ID order, as batches of at most `BATCH_ROWS`
-    (none empty). Segments are read (verified, filtered, made entries) in `pool`, `prefetch`
-    ahead; the next segment's entries are read after the previous one's last (overlapping
+    """One shard's matching rows in entry-ID order, as batches of at most `BATCH_ROWS` (none
+    empty). Segments are read (fetched, verified, filtered on their Arrow columns) in `pool`,
+    `prefetch` ahead; a segment's rows start after the previous one's last (overlapping
     segments give each entry once)."""
     last: EntryId | None = None
     loaded = _prefetched(pool, refs, lambda r: (r, read_batch(store, r, flt)), prefetch)
     for ref, (batch, held) in loaded:
         if counts is not None:
             counts[shard] = counts.get(shard, 0) + held
-        n = len(batch.entries)
+        n = batch.n
         start = 0
-        if n and last is not None and batch.entries[0].entry_id <= last:  # overlapping segments
-            start = bisect.bisect_right(batch.entries, last, key=_entry_id)
+        if n and last is not None and batch.id_at(0) <= last:  # overlapping segments
+            start = batch.after(last)
         if start < n:
-            last = batch.entries[-1].entry_id
+            last = batch.last
             if start == 0 and n <= BATCH_ROWS:
                 yield batch
             else:
@@ -158,23 +160,24 @@ def iter_shard(
             pool=executor,
             counts=counts,
         ):
-            yield from batch.entries
+            yield from batch.entries()
     finally:
         if own:
             executor.shutdown(wait=True, cancel_futures=True)
 
 
 def merge_batches(shards: Sequence[Iterator[EntryBatch]]) -> Iterator[list[ArchivedEntry]]:
-    """Merge the batch streams of `shards` (each in entry-ID order) into one entry-ID order,
-    ties between shards broken by their place in `shards` (shard index, as `iter_topic` lists
-    them), as lists of entries.
+    """Merge the batch streams of `shards` (each in entry-ID order, no batch empty) into one
+    entry-ID order, ties between shards broken by their place in `shards` (shard index, as
+    `iter_topic` lists them), as lists of entries.
 
     By batch cursors, never entry by entry: each round takes the smallest last entry ID of the
     shards' current batches (the *horizon*: no entry after it can come before an entry up to it
-    in any shard), and hands on every current entry up to it, sorted on the Arrow ID columns
-    (``sort_indices``); a shard whose entries up to the horizon are the only ones goes on
-    whole, unsorted (one shard behind the others, or one shard left). A shard whose batch is
-    consumed moves on to its next."""
+    in any shard), and hands on every current row up to it (found by bisecting each batch's ID
+    columns), made entries and ordered by an Arrow ``sort_indices`` on the ID columns; a shard
+    whose rows up to the horizon are the only ones goes on whole, unsorted (a shard behind the
+    others, or the last one left). A shard whose batch is consumed moves on to its next. Rows
+    become Python objects only when handed on."""
     cursors: list[_Cursor] = []
     for rank, it in enumerate(shards):
         batch = next(it, None)
@@ -183,29 +186,24 @@ def merge_batches(shards: Sequence[Iterator[EntryBatch]]) -> Iterator[list[Archi
     while cursors:
         if len(cursors) == 1:
             (c,) = cursors
-            yield c.batch.entries[c.pos :] if c.pos else c.batch.entries
+            yield c.batch.entries(c.pos)
             for batch in c.rest:
-                yield batch.entries
+                yield batch.entries()
             return
-        horizon = min(c.batch.entries[-1].entry_id for c in cursors)
+        horizon = min(c.batch.last for c in cursors)
         parts = []
         for c in cursors:
-            entries = c.batch.entries
-            cut = bisect.bisect_right(entries, horizon, lo=c.pos, key=_entry_id)
+            cut = c.batch.after(horizon, c.pos)
             if cut > c.pos:
                 parts.append((c, c.pos, cut))
         if len(parts) == 1:
             c, start, cut = parts[0]
-            yield (
-                c.batch.entries[start:cut]
-                if start or cut < len(c.batch.entries)
-                else c.batch.entries
-            )
+            yield c.batch.entries(start, cut)
         else:
             yield _sorted(parts)
         for c, _, cut in parts:
             c.pos = cut
-        cursors = [c for c in cursors if c.pos < len(c.batch.entries) or c.advance()]
+        cursors = [c for c in cursors if c.pos < c.batch.n or c.advance()]
 
 
 class _Cursor:
@@ -231,7 +229,7 @@ def _sorted(parts: list[tuple[_Cursor, int, int]]) -> list[ArchivedEntry]:
     ms, seq, rank = [], [], []
     for c, start, cut in parts:
         n = cut - start
-        entries += c.batch.entries[start:cut]
+        entries += c.batch.entries(start, cut)
         ms.append(c.batch.ms.slice(start, n))
         seq.append(c.batch.seq.slice(start, n))
         rank.append(pa.repeat(c.rank, n).cast(pa.int32()))
@@ -276,7 +274,7 @@ def _topic_batches(
         else:
             for it in per_shard:
                 for batch in it:
-                    yield batch.entries
+                    yield batch.entries()
 
 
 def iter_topic(
@@ -355,21 +353,30 @@ class _Decoder:
     def decode(self, batch: list[ArchivedEntry]) -> Iterator[ReplayedEvent]:
         """The batch's events in its order; raises `DecodeError` (as `decode_event`) at the
         first entry that does not decode or validate, after yielding those before it."""
+        with paused_gc():  # payload dicts and models: tracked objects, no cycles
+            envelopes, events = self._validated(batch)
+            ok = next(compress(count(), map(is_, events, repeat(None))), len(events))
+            out = list(map(ReplayedEvent, events[:ok], envelopes[:ok], batch[:ok]))
+        yield from out
+        if ok < len(batch):
+            yield from self.decode_each(batch[ok:])
+
+    def _validated(self, batch: list[ArchivedEntry]) -> tuple[list[Envelope], list[Any]]:
+        """The envelopes of `batch` up to the first that does not decode, and their events
+        (None where the list of its model did not validate, or from an unknown type on)."""
         envelopes: list[Envelope] = []
-        bad: ArchivedEntry | None = None  # the first entry whose envelope does not decode
         for entry in batch:
             try:
                 envelopes.append(entry.envelope())
             except DecodeError:
-                bad = entry
-                break
+                break  # its error comes in its turn (`decode_each`)
         events: list[Any] = [None] * len(envelopes)
         groups: dict[type[BaseModel], list[int]] = {}
         models = self.models
         for i, env in enumerate(envelopes):
             model = models.get(env.event_type)
             if model is None:
-                break  # its error comes in its turn, below
+                break  # its error comes in its turn
             groups.setdefault(model, []).append(i)
         for model, idx in groups.items():
             adapter = self.adapters.get(model)
@@ -381,13 +388,12 @@ class _Decoder:
                 continue  # each entry on its own in its turn: its error, in entry order
             for i, event in zip(idx, valid, strict=True):
                 events[i] = event
-        for event, env, entry in zip(events, envelopes, batch, strict=False):
-            if event is None:
-                yield decode_event(entry, models)  # raises its DecodeError
-            else:
-                yield ReplayedEvent(event, env, entry)
-        if bad is not None:
-            decode_event(bad, models)  # raises its DecodeError
+        return envelopes, events
+
+    def decode_each(self, entries: list[ArchivedEntry]) -> Iterator[ReplayedEvent]:
+        """`decode_event` on each of `entries`: the path of a batch holding a bad entry."""
+        for entry in entries:
+            yield decode_event(entry, self.models)
 
 
 def iter_events(
@@ -422,10 +428,6 @@ def iter_events(
         counts=None,
     ):
         yield from decoder.decode(batch)
-
-
-def _entry_id(entry: ArchivedEntry) -> EntryId:
-    return entry.entry_id
 
 
 __all__ = [
