@@ -29,6 +29,7 @@ import contextlib
 import json
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -36,6 +37,7 @@ import typing
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from operator import truediv
 from typing import Any
 
 import anyio
@@ -148,7 +150,7 @@ async def bench(args: argparse.Namespace, redis: str, store_location: str) -> di
     )
     verify_s = time.perf_counter() - started
 
-    replay = await anyio.to_thread.run_sync(replay_bench, store, models)
+    replay = await anyio.to_thread.run_sync(replay_bench, store, models, args.reps)
     catchup = await catchup_bench(args, redis, store, data, models)
 
     mb = 1024 * 1024
@@ -212,27 +214,33 @@ def replay_ceiling(store: Any, topic: str) -> tuple[int, float]:
     return rows, time.perf_counter() - started
 
 
-def replay_bench(store: Any, models: list[type[BaseModel]]) -> dict[str, Any]:
+def replay_bench(store: Any, models: list[type[BaseModel]], reps: int) -> dict[str, Any]:
     """Replay's section: raw merged (`iter_topic`), typed (`iter_events`) and their ceiling
-    (`replay_ceiling`), each timed once, ceiling first (its reads warm the page cache for all)."""
+    (`replay_ceiling`), alternated `reps` times (a shared machine: each ratio is taken within
+    one repetition; the medians are reported)."""
     from eventbus.tier import iter_events, iter_topic
 
-    ceiling_rows, ceiling_s = replay_ceiling(store, "bench")
-    started = time.perf_counter()
-    raw_count = sum(1 for _ in iter_topic(store, "bench"))
-    raw_s = time.perf_counter() - started
-    started = time.perf_counter()
-    typed_count = sum(1 for _ in iter_events(store, "bench", models))
-    typed_s = time.perf_counter() - started
-    ceiling = ceiling_rows / ceiling_s
+    replay_ceiling(store, "bench")  # warm-up: the page cache, pyarrow's first use
+    ceiling, raw, typed = [], [], []
+    raw_count = typed_count = 0
+    for _ in range(reps):
+        rows, seconds = replay_ceiling(store, "bench")
+        ceiling.append(rows / seconds)
+        started = time.perf_counter()
+        raw_count = sum(1 for _ in iter_topic(store, "bench"))
+        raw.append(raw_count / (time.perf_counter() - started))
+        started = time.perf_counter()
+        typed_count = sum(1 for _ in iter_events(store, "bench", models))
+        typed.append(typed_count / (time.perf_counter() - started))
     return {
-        "raw_merged_events_per_s": round(raw_count / raw_s),
-        "typed_events_per_s": round(typed_count / typed_s),
-        "ceiling_events_per_s": round(ceiling),
-        "raw_ratio_ceiling": round(raw_count / raw_s / ceiling, 3),
-        "typed_ratio_ceiling": round(typed_count / typed_s / ceiling, 3),
+        "raw_merged_events_per_s": round(statistics.median(raw)),
+        "typed_events_per_s": round(statistics.median(typed)),
+        "ceiling_events_per_s": round(statistics.median(ceiling)),
+        "raw_ratio_ceiling": round(statistics.median(map(truediv, raw, ceiling)), 3),
+        "typed_ratio_ceiling": round(statistics.median(map(truediv, typed, ceiling)), 3),
         "raw_count": raw_count,
         "typed_count": typed_count,
+        "reps": reps,
     }
 
 
@@ -253,23 +261,32 @@ def _batch_handler(models: list[type[BaseModel]], state: dict[str, Any]) -> Any:
     return handle
 
 
-async def live_batch_rate(
-    redis: str, shards: int, data: list[tuple[str, BaseModel]], models: list[type[BaseModel]]
-) -> float:
-    """The live batch consumer (``max_batch=500``, no-op) on `data` published to a topic of its
-    own: events/s from its first batch to its last."""
+async def batch_rate(
+    redis: str,
+    shards: int,
+    topic: str,
+    group: str,
+    expect: int,
+    models: list[type[BaseModel]],
+    store: Any = None,
+) -> tuple[float, int]:
+    """A no-op batch subscriber (``max_batch=500``) of a new `group` of `topic` (created at
+    ``0``): with `store`, the group is behind the archive and caught up by `catch_up` (events/s
+    over the catch-up's time); without, the live consumer reads the `expect` events from Redis
+    (events/s from its first batch to its last). Returns the rate and the events handled."""
+    from eventbus.tier import catch_up
+
     bus = EventBus(Settings(redis_url=redis, shards=shards, maxlen=10_000_000))
-    state: dict[str, Any] = {"n": 0, "expect": len(data), "stop": anyio.Event()}
-    bus.subscriber("bench_live", group="live", batch=True, max_batch=500)(
-        _batch_handler(models, state)
-    )
+    state: dict[str, Any] = {"n": 0, "expect": expect, "stop": anyio.Event()}
+    bus.subscriber(topic, group=group, batch=True, max_batch=500)(_batch_handler(models, state))
     async with bus:
-        for i in range(0, len(data), 20_000):
-            await bus.publish_many("bench_live", data[i : i + 20_000])
-        await bus.run(stop=state["stop"])
         for s in range(shards):
-            await bus.redis.delete(bus.keys.stream("bench_live", s))
-    return (state["n"] - 1) / max(1e-9, state["last"] - state["first"])
+            await bus.redis.xgroup_create(bus.keys.stream(topic, s), group, id="0", mkstream=True)
+        if store is not None:
+            stats = await catch_up(bus, store, topic, group)
+            return stats.from_segments / stats.seconds, state["n"]
+        await bus.run(stop=state["stop"])
+    return (state["n"] - 1) / max(1e-9, state["last"] - state["first"]), state["n"]
 
 
 async def catchup_bench(
@@ -279,29 +296,30 @@ async def catchup_bench(
     data: list[tuple[str, BaseModel]],
     models: list[type[BaseModel]],
 ) -> dict[str, Any]:
-    """Catch-up's section: a group created at ``0`` on the streams the offload emptied (behind
+    """Catch-up's section: groups created at ``0`` on the streams the offload emptied (behind
     the archive: every entry is in segments only) caught up into a no-op batch subscriber,
-    beside `live_batch_rate` on the same events, in the same run."""
-    from eventbus.tier import catch_up
-
-    live = await live_batch_rate(redis, args.shards, data, models)
-    bus = EventBus(Settings(redis_url=redis, shards=args.shards, maxlen=10_000_000))
-    state: dict[str, Any] = {"n": 0, "expect": len(data), "stop": anyio.Event()}
-    bus.subscriber("bench", group="catchup", batch=True, max_batch=500)(
-        _batch_handler(models, state)
-    )
+    alternated `args.reps` times with the live batch consumer on the same events published to
+    a topic of its own (a new group each time); medians, the ratio taken per repetition."""
+    shards = args.shards
+    bus = EventBus(Settings(redis_url=redis, shards=shards, maxlen=10_000_000))
     async with bus:
-        for s in range(args.shards):
-            await bus.redis.xgroup_create(bus.keys.stream("bench", s), "catchup", id="0")
-        stats = await catch_up(bus, store, "bench", "catchup")
-    rate = stats.from_segments / stats.seconds
+        for i in range(0, len(data), 20_000):
+            await bus.publish_many("bench_live", data[i : i + 20_000])
+    await bus.aclose()
+    live, caught, handled = [], [], 0
+    for i in range(args.reps):
+        rate, _ = await batch_rate(redis, shards, "bench_live", f"live{i}", len(data), models)
+        live.append(rate)
+        rate, handled = await batch_rate(
+            redis, shards, "bench", f"catchup{i}", len(data), models, store
+        )
+        caught.append(rate)
     return {
-        "events_per_s": round(rate),
-        "live_batch_events_per_s": round(live),
-        "ratio_live_batch": round(rate / live, 3),
-        "from_segments": stats.from_segments,
-        "handled": state["n"],
-        "seconds": round(stats.seconds, 3),
+        "events_per_s": round(statistics.median(caught)),
+        "live_batch_events_per_s": round(statistics.median(live)),
+        "ratio_live_batch": round(statistics.median(map(truediv, caught, live)), 3),
+        "handled": handled,
+        "reps": args.reps,
     }
 
 
@@ -313,6 +331,9 @@ def main() -> None:
     parser.add_argument("--synthetic", type=int, default=0, help="N synthetic events instead.")
     parser.add_argument("--shards", type=int, default=16)
     parser.add_argument("--store", choices=["local", "s3"], default="local")
+    parser.add_argument(
+        "--reps", type=int, default=3, help="Alternated repetitions of replay and catch-up."
+    )
     args = parser.parse_args()
     with redis_url() as redis, store_url(args.store) as location:
         result = anyio.run(bench, args, redis, location)
