@@ -162,7 +162,7 @@ class EntryBatch:
 
 _gc_lock = threading.Lock()
 _gc_pausers = 0  # threads making entries with the cyclic garbage collector paused
-paused_gc_by_us = False
+_gc_paused_by_us = False
 
 
 @contextlib.contextmanager
@@ -173,19 +173,19 @@ def paused_gc() -> Iterator[None]:
     objects form no cycles, reference counting frees them. Resumed when the last concurrent
     pauser ends, unless the application had disabled the collector itself (the pattern of
     `eventbus.consumer.decoding`'s large-entry decode, which tier code cannot import)."""
-    global _gc_pausers, paused_gc_by_us
+    global _gc_pausers, _gc_paused_by_us
     with _gc_lock:
         if _gc_pausers == 0 and gc.isenabled():
             gc.disable()
-            paused_gc_by_us = True
+            _gc_paused_by_us = True
         _gc_pausers += 1
     try:
         yield
     finally:
         with _gc_lock:
             _gc_pausers -= 1
-            if _gc_pausers == 0 and paused_gc_by_us:
-                paused_gc_by_us = False
+            if _gc_pausers == 0 and _gc_paused_by_us:
+                _gc_paused_by_us = False
                 gc.enable()
 
 
@@ -263,17 +263,15 @@ def _entries(table: pa.Table, topic: str, shard: int, key: str) -> list[Archived
 
 
 def read_batch(
-    store: Store, ref: SegmentRef, flt: ReplayFilter | None = None, after: EntryId | None = None
+    store: Store, ref: SegmentRef, flt: ReplayFilter | None = None
 ) -> tuple[EntryBatch, int]:
-    """The rows of segment `ref` that match `flt` and lie after `after` (if given), as one
-    `EntryBatch`, and the segment's entry count (matching or not). The object is verified
-    against its key (`decode_segment`); the rows are filtered on their Arrow columns. Raises
-    as `read_segment`."""
+    """The rows of segment `ref` that match `flt`, as one `EntryBatch`, and the segment's entry
+    count (matching or not). The object is verified against its key (`decode_segment`); the
+    rows are filtered on their Arrow columns. Raises as `read_segment`."""
     data = get_bytes_sync(store, ref.key)
     table, info = decode_segment(data, ref.key, expect=ref.span)
     flt = flt or ReplayFilter()
-    low = flt.lower if after is None else max(flt.lower, after.next())
-    start, stop = _bounds(table, low, flt.upper, ref)
+    start, stop = _bounds(table, flt.lower, flt.upper, ref)
     if (start, stop) != (0, table.num_rows):
         table = table.slice(start, stop - start)
     mask = None

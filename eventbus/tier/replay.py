@@ -384,8 +384,8 @@ class _Decoder:
                 adapter = self.adapters[model] = TypeAdapter(list[model])  # type: ignore[valid-type]
             try:
                 valid = adapter.validate_python([envelopes[i].payload for i in idx])
-            except ValidationError:
-                continue  # each entry on its own in its turn: its error, in entry order
+            except Exception:  # (a validator may raise anything): each entry on its own
+                continue  # in its turn, its error (or exception) in entry order
             for i, event in zip(idx, valid, strict=True):
                 events[i] = event
         return envelopes, events
