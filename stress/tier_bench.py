@@ -12,7 +12,12 @@ with pipelined XADDs, then measures, each on its own:
   the default segment size limits; entries/s and MB/s of raw entry bytes;
 * the segments: count, bytes, mean size, compression ratio (raw entry bytes / stored bytes);
 * replay: raw entries merged across shards (`iter_topic`), and typed events (`iter_events`),
-  in events/s.
+  in events/s, each beside its ceiling in the same run: a plain pyarrow read of the same
+  segments into Python tuples (`replay_ceiling`), and the ratio to it;
+* catch-up: a group created at ``0`` after the offload trimmed everything (so it is behind the
+  archive) caught up by `eventbus.tier.catch_up` into a no-op batch subscriber
+  (``max_batch=500``), beside the live batch consumer handling the same events from Redis in
+  the same run (``catchup.ratio_live_batch``).
 
 Prints one JSON object. pyarrow's first use (it imports pandas) is warmed up before timing.
 """
@@ -24,12 +29,15 @@ import contextlib
 import json
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
+import typing
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from operator import truediv
 from typing import Any
 
 import anyio
@@ -112,7 +120,7 @@ def events(args: argparse.Namespace) -> tuple[list[tuple[str, BaseModel]], list[
 
 async def bench(args: argparse.Namespace, redis: str, store_location: str) -> dict[str, Any]:
     from eventbus.protocol.ids import EntryId
-    from eventbus.tier import TierSettings, iter_events, iter_topic, open_store, verify_archive
+    from eventbus.tier import TierSettings, open_store, verify_archive
     from eventbus.tier.offloader import offload_until_caught_up
     from eventbus.tier.segment import encode_segment
 
@@ -142,18 +150,8 @@ async def bench(args: argparse.Namespace, redis: str, store_location: str) -> di
     )
     verify_s = time.perf_counter() - started
 
-    def replay_raw() -> int:
-        return sum(1 for _ in iter_topic(store, "bench"))
-
-    def replay_typed() -> int:
-        return sum(1 for _ in iter_events(store, "bench", models))
-
-    started = time.perf_counter()
-    raw_count = await anyio.to_thread.run_sync(replay_raw)
-    raw_s = time.perf_counter() - started
-    started = time.perf_counter()
-    typed_count = await anyio.to_thread.run_sync(replay_typed)
-    typed_s = time.perf_counter() - started
+    replay = await anyio.to_thread.run_sync(replay_bench, store, models, args.reps)
+    catchup = await catchup_bench(args, redis, store, data, models)
 
     mb = 1024 * 1024
     return {
@@ -190,12 +188,138 @@ async def bench(args: argparse.Namespace, redis: str, store_location: str) -> di
             "missing": report.missing_count,
             "duplicates": report.duplicate_entries,
         },
-        "replay": {
-            "raw_merged_events_per_s": round(raw_count / raw_s),
-            "typed_events_per_s": round(typed_count / typed_s),
-            "raw_count": raw_count,
-            "typed_count": typed_count,
-        },
+        "replay": replay,
+        "catchup": catchup,
+    }
+
+
+def replay_ceiling(store: Any, topic: str) -> tuple[int, float]:
+    """The I/O alone of a replay: each segment of `topic` fetched, read by pyarrow (no
+    verification) and turned into Python tuples of its columns (but the constant ``topic``),
+    one after another. Returns the rows and the seconds taken."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    from eventbus.tier.replay import plan
+    from eventbus.tier.store import get_bytes_sync
+
+    refs = [ref for refs in plan(store, topic).values() for ref in refs]
+    started = time.perf_counter()
+    rows = 0
+    for ref in refs:
+        table = pq.read_table(io.BytesIO(get_bytes_sync(store, ref.key)))
+        columns = [table.column(name).to_pylist() for name in table.column_names[1:]]
+        rows += sum(1 for _ in zip(*columns, strict=True))
+    return rows, time.perf_counter() - started
+
+
+def replay_bench(store: Any, models: list[type[BaseModel]], reps: int) -> dict[str, Any]:
+    """Replay's section: raw merged (`iter_topic`), typed (`iter_events`) and their ceiling
+    (`replay_ceiling`), alternated `reps` times (a shared machine: each ratio is taken within
+    one repetition; the medians are reported)."""
+    from eventbus.tier import iter_events, iter_topic
+
+    replay_ceiling(store, "bench")  # warm-up: the page cache, pyarrow's first use
+    ceiling, raw, typed = [], [], []
+    raw_count = typed_count = 0
+    for _ in range(reps):
+        rows, seconds = replay_ceiling(store, "bench")
+        ceiling.append(rows / seconds)
+        started = time.perf_counter()
+        raw_count = sum(1 for _ in iter_topic(store, "bench"))
+        raw.append(raw_count / (time.perf_counter() - started))
+        started = time.perf_counter()
+        typed_count = sum(1 for _ in iter_events(store, "bench", models))
+        typed.append(typed_count / (time.perf_counter() - started))
+    return {
+        "raw_merged_events_per_s": round(statistics.median(raw)),
+        "typed_events_per_s": round(statistics.median(typed)),
+        "ceiling_events_per_s": round(statistics.median(ceiling)),
+        "raw_ratio_ceiling": round(statistics.median(map(truediv, raw, ceiling)), 3),
+        "typed_ratio_ceiling": round(statistics.median(map(truediv, typed, ceiling)), 3),
+        "raw_count": raw_count,
+        "typed_count": typed_count,
+        "reps": reps,
+    }
+
+
+def _batch_handler(models: list[type[BaseModel]], state: dict[str, Any]) -> Any:
+    """A no-op batch handler of `models` counting its events into ``state["n"]`` and setting
+    ``state["stop"]`` once ``state["expect"]`` are counted."""
+
+    async def handle(events: list[BaseModel]) -> None:
+        if not state["n"]:
+            state["first"] = time.perf_counter()
+        state["n"] += len(events)
+        if state["n"] >= state["expect"]:
+            state["last"] = time.perf_counter()
+            state["stop"].set()
+
+    union: Any = models[0] if len(models) == 1 else typing.Union[tuple(models)]  # noqa: UP007
+    handle.__annotations__ = {"events": list[union], "return": None}
+    return handle
+
+
+async def batch_rate(
+    redis: str,
+    shards: int,
+    topic: str,
+    group: str,
+    expect: int,
+    models: list[type[BaseModel]],
+    store: Any = None,
+) -> tuple[float, int]:
+    """A no-op batch subscriber (``max_batch=500``) of a new `group` of `topic` (created at
+    ``0``): with `store`, the group is behind the archive and caught up by `catch_up` (events/s
+    over the catch-up's time); without, the live consumer reads the `expect` events from Redis
+    (events/s from its first batch to its last). Returns the rate and the events handled."""
+    from eventbus.tier import catch_up
+
+    bus = EventBus(Settings(redis_url=redis, shards=shards, maxlen=10_000_000))
+    state: dict[str, Any] = {"n": 0, "expect": expect, "stop": anyio.Event()}
+    bus.subscriber(topic, group=group, batch=True, max_batch=500)(_batch_handler(models, state))
+    async with bus:
+        for s in range(shards):
+            await bus.redis.xgroup_create(bus.keys.stream(topic, s), group, id="0", mkstream=True)
+        if store is not None:
+            stats = await catch_up(bus, store, topic, group)
+            return stats.from_segments / stats.seconds, state["n"]
+        await bus.run(stop=state["stop"])
+    return (state["n"] - 1) / max(1e-9, state["last"] - state["first"]), state["n"]
+
+
+async def catchup_bench(
+    args: argparse.Namespace,
+    redis: str,
+    store: Any,
+    data: list[tuple[str, BaseModel]],
+    models: list[type[BaseModel]],
+) -> dict[str, Any]:
+    """Catch-up's section: groups created at ``0`` on the streams the offload emptied (behind
+    the archive: every entry is in segments only) caught up into a no-op batch subscriber,
+    alternated `args.reps` times with the live batch consumer on the same events published to
+    a topic of its own (a new group each time); medians, the ratio taken per repetition."""
+    shards = args.shards
+    bus = EventBus(Settings(redis_url=redis, shards=shards, maxlen=10_000_000))
+    async with bus:
+        for i in range(0, len(data), 20_000):
+            await bus.publish_many("bench_live", data[i : i + 20_000])
+    await bus.aclose()
+    live, caught, handled = [], [], 0
+    for i in range(args.reps):
+        rate, _ = await batch_rate(redis, shards, "bench_live", f"live{i}", len(data), models)
+        live.append(rate)
+        rate, handled = await batch_rate(
+            redis, shards, "bench", f"catchup{i}", len(data), models, store
+        )
+        caught.append(rate)
+    return {
+        "events_per_s": round(statistics.median(caught)),
+        "live_batch_events_per_s": round(statistics.median(live)),
+        "ratio_live_batch": round(statistics.median(map(truediv, caught, live)), 3),
+        "handled": handled,
+        "reps": args.reps,
     }
 
 
@@ -207,6 +331,9 @@ def main() -> None:
     parser.add_argument("--synthetic", type=int, default=0, help="N synthetic events instead.")
     parser.add_argument("--shards", type=int, default=16)
     parser.add_argument("--store", choices=["local", "s3"], default="local")
+    parser.add_argument(
+        "--reps", type=int, default=3, help="Alternated repetitions of replay and catch-up."
+    )
     args = parser.parse_args()
     with redis_url() as redis, store_url(args.store) as location:
         result = anyio.run(bench, args, redis, location)

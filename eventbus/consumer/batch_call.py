@@ -20,8 +20,8 @@ from eventbus.protocol.codec import event_type_of
 
 
 class BatchHandlerCall(HandlerCall):
-    """A batch handler: `call_batch(events, ctxs)`; called with one event (catch-up, replays,
-    the last step of a split) it gets lists of one."""
+    """A batch handler: `call_batch(events, ctxs)`; called with one event (the per-event path:
+    replays of parked letters, the last step of a split) it gets lists of one."""
 
     __slots__ = ("max_batch",)
 

@@ -18,8 +18,9 @@ plain ``def`` runs in a worker thread). docs/semantics.md states the guarantees;
   with no await in between, as for single events.
 * Entries that need the per-event path (control entries, parked resources, entries that do not
   decode or validate, entries large enough to decode in a thread) break a batch: they are taken
-  one by one, in their place, by `Handling.step`. Catch-up from the durable tier and replays of
-  parked letters call the handler with batches of one.
+  one by one, in their place, by `Handling.step`. Catch-up from the durable tier runs a
+  `BatchRunner` of its own on a segment's entries (`eventbus.consumer.catchup.TypedCatchUp`);
+  replays of parked letters call the handler with batches of one.
 """
 
 from __future__ import annotations

@@ -11,12 +11,15 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from eventbus.client import retry
 from eventbus.config import Settings
-from eventbus.consumer.delivery import Delivery, Outcome, wait_retry
+from eventbus.consumer.batching import BatchHandlerCall, BatchRunner, is_batch
+from eventbus.consumer.delivery import Outcome, wait_retry
 from eventbus.consumer.handling import Handling
+from eventbus.consumer.shards import HeldShard, Item
+from eventbus.consumer.watchdog import Slot
 from eventbus.errors import ConfigError
 from eventbus.locking.locks import Fenced
 from eventbus.protocol.ids import parse_id
@@ -125,33 +128,119 @@ def shard_hook(store: Store, handling: Handling) -> Callable[[int, int], Awaitab
 
 
 class TypedCatchUp:
-    """Catch-up through a subscription's `Handling`: each entry is decoded and validated as a
-    read's are (`Handling.prepare`), then stepped until it is finished (handled, skipped,
-    dead-lettered, control executed), waiting out retry delays in place; a lost lock
-    (`Outcome.LET_GO`) stops the shard with `Fenced`."""
+    """Catch-up through a subscription's `Handling`, by batches (`batch`: a segment's entries,
+    or a page of Redis's): decoded and validated as a read's are (`Handling.prepare`, once per
+    batch); a batch subscription's handler is called on up to `max_batch` of them at once by
+    the live consumer's own `BatchRunner` (its retries, splits, per-event path and fencing);
+    other subscriptions step each entry until it is finished (handled, skipped, dead-lettered,
+    control executed), waiting out retry delays in place. A lost lock or a stopping consumer
+    (`Outcome.LET_GO`) lets the rest of the batch go: the shard stops with `Fenced`."""
 
     def __init__(self, handling: Handling) -> None:
         self.handling = handling
         self._parked_for: weakref.WeakSet[ShardCatchUp] = weakref.WeakSet()  # shards run at once
+        self._held: weakref.WeakKeyDictionary[ShardCatchUp, HeldShard] = weakref.WeakKeyDictionary()
 
     async def __call__(self, entry: ArchivedEntry, sc: ShardCatchUp) -> None:
-        if sc not in self._parked_for and self.handling.sub.options.on_failure == "park":
+        if await self.batch([entry], sc) < 1:
+            raise Fenced
+
+    async def batch(self, entries: Sequence[ArchivedEntry], sc: ShardCatchUp) -> int:
+        """Handle `entries` (consecutive entries of `sc`'s shard) in order; returns how many were
+        finished before the rest were let go (`BatchHandle.batch`)."""
+        handling = self.handling
+        if sc not in self._parked_for and handling.sub.options.on_failure == "park":
             # as a new lock owner does: the shard's resources may have been parked before
             self._parked_for.add(sc)
-            await self.handling.failures.load_parked()
-        d = Delivery(
-            entry.shard,
-            sc.token,
-            str(entry.entry_id).encode(),
-            entry.fields(),
-            segment=entry.segment or None,
-        )
-        self.handling.prepare([d])
-        while True:
-            step = await self.handling.step(d, sc)
+            await handling.failures.load_parked()
+        held = self._held.get(sc)
+        if held is None:
+            held = self._held[sc] = HeldShard(sc.shard, sc.stream, sc.token, 0)
+        items = [
+            Item(
+                e.shard,
+                sc.token,
+                str(e.entry_id).encode(),
+                e.fields(),
+                0,
+                0,
+                e.segment or None,
+                held=held,
+            )
+            for e in entries
+        ]
+        try:
+            if is_batch(handling.sub.call):
+                return await self._batches(items, sc)
+            return await self._each(items, sc)
+        finally:
+            handling.flush_metrics()  # catch-up's metrics: once per batch
+
+    async def _each(self, items: list[Item], sc: ShardCatchUp) -> int:
+        handling = self.handling
+        handling.prepare(items)
+        for done, d in enumerate(items):
+            while True:
+                step = await handling.step(d, sc)
+                if step is Outcome.ACK:
+                    break
+                if step is Outcome.LET_GO:
+                    return done
+                await wait_retry(step, handling.halting)
+        return len(items)
+
+    async def _batches(self, items: list[Item], sc: ShardCatchUp) -> int:
+        """The live consumer's `BatchRunner` on `items`, `max_batch` at a time, with `sc` as
+        its fence; what it acks is finished here (the caller moves the group's position),
+        what it lets go ends the batch."""
+        handling = self.handling
+        finished = _Finished()
+
+        async def process(item: Item, slot: Slot) -> float | None:
+            step = await handling.step(item, sc, slot)
             if step is Outcome.ACK:
-                self.handling.flush_metrics()  # catch-up is no hot path: one event at a time
-                return
-            if step is Outcome.LET_GO:
-                raise Fenced
-            await wait_retry(step, self.handling.halting)
+                finished.ack(item)
+            elif step is Outcome.LET_GO:
+                finished.finish(item)
+            else:
+                return step
+            return None
+
+        runner = BatchRunner(handling, sc, process, finished)  # type: ignore[arg-type]
+        runner.stopping = handling.halting  # retry waits end when the consumer stops reading
+        size = cast(BatchHandlerCall, handling.sub.call).max_batch
+        slot = handling.watchdog.slot()
+        for start in range(0, len(items), size):
+            chunk = items[start : start + size]
+            await runner.run(chunk, slot)
+            if finished.let_go:
+                return start + finished.prefix(chunk)
+            finished.acked.clear()
+        return len(items)
+
+
+class _Finished:
+    """Stands in for the consumer's `Acks` under a catch-up's `BatchRunner`: which entries were
+    finished by an ack (handled, dead-lettered, skipped), and whether any was let go."""
+
+    def __init__(self) -> None:
+        self.acked: set[int] = set()  # ids of the items acked
+        self.let_go = False
+
+    def ack(self, item: Item) -> None:
+        self.acked.add(id(item))
+
+    def ack_many(self, items: list[Item]) -> None:
+        self.acked.update(map(id, items))
+
+    def finish(self, item: Item) -> None:
+        self.let_go = True
+
+    def prefix(self, items: list[Item]) -> int:
+        """How many of `items`, from the first, were acked (the rest: let go, or after one)."""
+        n = 0
+        for item in items:
+            if id(item) not in self.acked:
+                break
+            n += 1
+        return n

@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 import anyio.to_thread
@@ -20,10 +20,10 @@ from redis.exceptions import ResponseError
 from eventbus.locking.locks import Fenced
 from eventbus.protocol.codec import F_DATA, F_RESOURCE, F_TYPE
 from eventbus.protocol.ids import EntryId, parse_id
+from eventbus.tier.archived import ArchivedEntry, ReplayFilter, read_segment
 from eventbus.tier.errors import CatchUpOutpaced
 from eventbus.tier.layout import SegmentRef
 from eventbus.tier.metrics import TIER_METRICS
-from eventbus.tier.replay import ArchivedEntry, ReplayFilter, read_segment
 from eventbus.tier.store import list_segments
 
 if TYPE_CHECKING:
@@ -41,7 +41,21 @@ up (a handler slower than the publishers for longer than ``hot_window_s``)."""
 
 Handle = Callable[[ArchivedEntry, "ShardCatchUp"], Awaitable[None]]
 """How a shard's catch-up handles one entry: a raw handler, or the subscription's handling path
-(`eventbus.consumer.catchup.TypedCatchUp`), which needs the shard's fence."""
+(`eventbus.consumer.catchup.TypedCatchUp`), which needs the shard's fence. A handle with a
+`BatchHandle.batch` method is given the entries of a segment (or a Redis page) at once."""
+
+
+class BatchHandle(Protocol):
+    """A `Handle` that also takes consecutive entries of one shard at once (the handling
+    path's batches: `eventbus.consumer.catchup.TypedCatchUp`)."""
+
+    async def __call__(self, entry: ArchivedEntry, sc: ShardCatchUp) -> None: ...
+
+    async def batch(self, entries: Sequence[ArchivedEntry], sc: ShardCatchUp) -> int:
+        """Handle `entries` in order; returns how many were finished, in order, before the
+        rest were let go (the shard's lock lost, or the consumer stopping): ``len(entries)``
+        when all were. Raises what the handler path raises."""
+        ...
 
 
 @dataclass
@@ -211,6 +225,23 @@ class ShardCatchUp:
     async def read(self, ref: SegmentRef, flt: ReplayFilter) -> list[ArchivedEntry]:
         return (await anyio.to_thread.run_sync(read_segment, self.o.store, ref, flt)).entries
 
+    async def handle_many(self, entries: Sequence[ArchivedEntry]) -> int:
+        """Handle `entries` in order, at once when the handle takes batches (`BatchHandle`),
+        else one by one. Returns how many were finished before the rest were let go (a lost
+        lock or a stopping consumer: `Fenced` from a per-entry handle), ``len(entries)`` when
+        all were. Raises what the handle raises otherwise."""
+        batch = getattr(self.handle, "batch", None)
+        if batch is not None:
+            return int(await batch(entries, self))
+        done = 0
+        try:
+            for entry in entries:
+                await self.handle(entry, self)
+                done += 1
+        except Fenced:
+            return done
+        return done
+
     async def read_many(
         self, refs: Sequence[SegmentRef], flt: ReplayFilter
     ) -> list[list[ArchivedEntry]]:
@@ -295,9 +326,9 @@ class ShardCatchUp:
             if not rows:
                 break
             gap_accepted = False
-            for raw_id, fields in rows:
-                entry = _entry(self.o.topic, self.shard, parse_id(raw_id), fields)
-                await self.handle(entry, self)
+            entries = [_entry(self.o.topic, self.shard, parse_id(i), f) for i, f in rows]
+            if await self.handle_many(entries) < len(entries):
+                raise Fenced  # let go: the position stays before the page
             await self.confirm()
             delivered = parse_id(rows[-1][0])
             await redis.xgroup_setid(self.stream, group, str(delivered))
@@ -384,18 +415,14 @@ class ShardCatchUp:
         for i in range(0, len(refs), READ_AHEAD):
             chunk = refs[i : i + READ_AHEAD]
             for ref, entries in zip(chunk, await self.read_many(chunk, flt), strict=True):
-                done = 0
-                try:
-                    for entry in entries:
-                        await self.handle(entry, self)
-                        done += 1
-                except Fenced:
+                done = await self.handle_many(entries)
+                if done < len(entries):  # let go: the lock lost, or the consumer stopping
                     if done and self.stopped():  # keep what was handled: the lock is still ours
                         await self.confirm()
                         last = entries[done - 1].entry_id
                         await redis.xgroup_setid(self.stream, group, str(last))
                         self.delivered = last
-                    raise
+                    raise Fenced
                 handled += len(entries)
                 if entries:
                     await self.confirm()

@@ -20,26 +20,39 @@ re-exported here.
 
 from __future__ import annotations
 
-import heapq
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import TypeVar
+from itertools import compress, count, repeat
+from operator import is_
+from typing import Any, TypeVar
 
-from pydantic import BaseModel, ValidationError
+import msgspec
+import pyarrow as pa
+import pyarrow.compute as pc
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from eventbus.errors import DecodeError
 from eventbus.protocol.codec import Envelope, event_type_of
 from eventbus.protocol.ids import EntryId
 from eventbus.protocol.keys import check_name
-from eventbus.tier.archived import ArchivedEntry, ReplayFilter, read_segment
+from eventbus.tier.archived import (
+    ArchivedEntry,
+    EntryBatch,
+    ReplayFilter,
+    paused_gc,
+    read_batch,
+    read_segment,
+)
 from eventbus.tier.completeness import ArchiveGap, check_complete, recorded_lost
 from eventbus.tier.dictionaries import read_from
 from eventbus.tier.layout import SegmentRef
 from eventbus.tier.store import Store, list_segments_sync, list_shards_sync
 
 T = TypeVar("T")
+
+BATCH_ROWS = 8192
+"""Entries per batch a shard hands to the merge (a segment's matching entries, cut)."""
 
 
 def plan(
@@ -80,6 +93,41 @@ def _prefetched(
             fut.cancel()
 
 
+def _shard_batches(
+    store: Store,
+    refs: Sequence[SegmentRef],
+    shard: int,
+    flt: ReplayFilter,
+    *,
+    on_segment: Callable[[SegmentRef], None] | None,
+    prefetch: int,
+    pool: ThreadPoolExecutor,
+    counts: dict[int, int] | None,
+) -> Iterator[EntryBatch]:
+    """One shard's matching rows in entry-ID order, as batches of at most `BATCH_ROWS` (none
+    empty). Segments are read (fetched, verified, filtered on their Arrow columns) in `pool`,
+    `prefetch` ahead; a segment's rows start after the previous one's last (overlapping
+    segments give each entry once)."""
+    last: EntryId | None = None
+    loaded = _prefetched(pool, refs, lambda r: (r, read_batch(store, r, flt)), prefetch)
+    for ref, (batch, held) in loaded:
+        if counts is not None:
+            counts[shard] = counts.get(shard, 0) + held
+        n = batch.n
+        start = 0
+        if n and last is not None and batch.id_at(0) <= last:  # overlapping segments
+            start = batch.after(last)
+        if start < n:
+            last = batch.last
+            if start == 0 and n <= BATCH_ROWS:
+                yield batch
+            else:
+                for i in range(start, n, BATCH_ROWS):
+                    yield batch.slice(i, min(n, i + BATCH_ROWS))
+        if on_segment is not None:
+            on_segment(ref)
+
+
 def iter_shard(
     store: Store,
     topic: str,
@@ -102,24 +150,131 @@ def iter_shard(
     own = pool is None
     executor = pool or ThreadPoolExecutor(max(1, prefetch), thread_name_prefix="eventbus-replay")
     try:
-        last: EntryId | None = None
-        for ref, (entries, held) in zip(
+        for batch in _shard_batches(
+            store,
             refs,
-            _prefetched(executor, refs, lambda r: read_segment(store, r, flt), prefetch),
-            strict=True,
+            shard,
+            flt,
+            on_segment=on_segment,
+            prefetch=prefetch,
+            pool=executor,
+            counts=counts,
         ):
-            if counts is not None:
-                counts[shard] = counts.get(shard, 0) + held
-            for entry in entries:
-                if last is not None and entry.entry_id <= last:  # overlapping segments
-                    continue
-                last = entry.entry_id
-                yield entry
-            if on_segment is not None:
-                on_segment(ref)
+            yield from batch.entries()
     finally:
         if own:
             executor.shutdown(wait=True, cancel_futures=True)
+
+
+def merge_batches(shards: Sequence[Iterator[EntryBatch]]) -> Iterator[list[ArchivedEntry]]:
+    """Merge the batch streams of `shards` (each in entry-ID order, no batch empty) into one
+    entry-ID order, ties between shards broken by their place in `shards` (shard index, as
+    `iter_topic` lists them), as lists of entries.
+
+    By batch cursors, never entry by entry: each round takes the smallest last entry ID of the
+    shards' current batches (the *horizon*: no entry after it can come before an entry up to it
+    in any shard), and hands on every current row up to it (found by bisecting each batch's ID
+    columns), made entries and ordered by an Arrow ``sort_indices`` on the ID columns; a shard
+    whose rows up to the horizon are the only ones goes on whole, unsorted (a shard behind the
+    others, or the last one left). A shard whose batch is consumed moves on to its next. Rows
+    become Python objects only when handed on."""
+    cursors: list[_Cursor] = []
+    for rank, it in enumerate(shards):
+        batch = next(it, None)
+        if batch is not None:
+            cursors.append(_Cursor(rank, it, batch))
+    while cursors:
+        if len(cursors) == 1:
+            (c,) = cursors
+            yield c.batch.entries(c.pos)
+            for batch in c.rest:
+                yield batch.entries()
+            return
+        horizon = min(c.batch.last for c in cursors)
+        parts = []
+        for c in cursors:
+            cut = c.batch.after(horizon, c.pos)
+            if cut > c.pos:
+                parts.append((c, c.pos, cut))
+        if len(parts) == 1:
+            c, start, cut = parts[0]
+            yield c.batch.entries(start, cut)
+        else:
+            yield _sorted(parts)
+        for c, _, cut in parts:
+            c.pos = cut
+        cursors = [c for c in cursors if c.pos < c.batch.n or c.advance()]
+
+
+class _Cursor:
+    """A shard's place in `merge_batches`: its current batch and the next entry in it."""
+
+    __slots__ = ("batch", "pos", "rank", "rest")
+
+    def __init__(self, rank: int, rest: Iterator[EntryBatch], batch: EntryBatch) -> None:
+        self.rank, self.rest, self.batch, self.pos = rank, rest, batch, 0
+
+    def advance(self) -> bool:
+        """Move on to the shard's next batch; False when it has none."""
+        batch = next(self.rest, None)
+        if batch is None:
+            return False
+        self.batch, self.pos = batch, 0
+        return True
+
+
+def _sorted(parts: list[tuple[_Cursor, int, int]]) -> list[ArchivedEntry]:
+    """The entries ``start:cut`` of each cursor's batch in entry-ID order, ties by rank."""
+    entries: list[ArchivedEntry] = []
+    ms, seq, rank = [], [], []
+    for c, start, cut in parts:
+        n = cut - start
+        entries += c.batch.entries(start, cut)
+        ms.append(c.batch.ms.slice(start, n))
+        seq.append(c.batch.seq.slice(start, n))
+        rank.append(pa.repeat(c.rank, n).cast(pa.int32()))
+    keys = pa.table(
+        {"ms": pa.concat_arrays(ms), "seq": pa.concat_arrays(seq), "rank": pa.concat_arrays(rank)}
+    )
+    order = pc.sort_indices(
+        keys, sort_keys=[("ms", "ascending"), ("seq", "ascending"), ("rank", "ascending")]
+    )
+    return list(map(entries.__getitem__, order.to_pylist()))
+
+
+def _topic_batches(
+    store: Store,
+    topic: str,
+    flt: ReplayFilter,
+    *,
+    shards: Sequence[int] | None,
+    merge: bool,
+    segments: Mapping[int, Sequence[SegmentRef]] | None,
+    on_segment: Callable[[SegmentRef], None] | None,
+    counts: dict[int, int] | None,
+) -> Iterator[list[ArchivedEntry]]:
+    """`iter_topic`'s entries as lists (batches), in the same order."""
+    planned = segments if segments is not None else plan(store, topic, flt, shards)
+    with ThreadPoolExecutor(4, thread_name_prefix="eventbus-replay") as pool:
+        per_shard = [
+            _shard_batches(
+                store,
+                refs,
+                s,
+                flt,
+                on_segment=on_segment,
+                prefetch=1,
+                pool=pool,
+                counts=counts,
+            )
+            for s, refs in sorted(planned.items())
+        ]
+        if merge:
+            yield from merge_batches(per_shard)
+        else:
+            for it in per_shard:
+                for batch in it:
+                    yield batch.entries()
 
 
 def iter_topic(
@@ -134,27 +289,25 @@ def iter_topic(
     counts: dict[int, int] | None = None,
 ) -> Iterator[ArchivedEntry]:
     """Every matching entry of `topic`: merged across shards by entry ID (`merge`, ties by
-    shard index) or shard after shard. `segments` is a `plan` to reuse; `counts` is filled as
-    in `iter_shard`. Raises `CorruptSegment`, `StoreError`."""
-    flt = flt or ReplayFilter()
-    planned = segments if segments is not None else plan(store, topic, flt, shards)
-    with ThreadPoolExecutor(4, thread_name_prefix="eventbus-replay") as pool:
-        per_shard = [
-            iter_shard(
-                store, topic, s, flt, refs=refs, on_segment=on_segment, pool=pool, counts=counts
-            )
-            for s, refs in sorted(planned.items())
-        ]
-        if merge:
-            yield from heapq.merge(*per_shard, key=lambda e: (e.entry_id, e.shard))
-        else:
-            for it in per_shard:
-                yield from it
+    shard index; `merge_batches`) or shard after shard. `segments` is a `plan` to reuse;
+    `counts` is filled as in `iter_shard`; `on_segment` is called once a segment's entries are
+    all handed on (to the merge: a progress bar). Raises `CorruptSegment`, `StoreError`."""
+    for batch in _topic_batches(
+        store,
+        topic,
+        flt or ReplayFilter(),
+        shards=shards,
+        merge=merge,
+        segments=segments,
+        on_segment=on_segment,
+        counts=counts,
+    ):
+        yield from batch
 
 
-@dataclass(frozen=True, slots=True)
-class ReplayedEvent:
-    """A decoded event and the archived entry it came from."""
+class ReplayedEvent(msgspec.Struct, frozen=True, gc=False):
+    """A decoded event and the archived entry it came from (immutable; a `msgspec.Struct`:
+    one is built per event replayed)."""
 
     event: BaseModel
     envelope: Envelope
@@ -188,6 +341,61 @@ def decode_event(entry: ArchivedEntry, models: Mapping[str, type[BaseModel]]) ->
         ) from None
 
 
+class _Decoder:
+    """Decodes batches of entries into `ReplayedEvent`s: the envelopes of a batch, then the
+    payloads of each model in one ``TypeAdapter(list[Model])`` call (entry by entry, with
+    `decode_event`, only when that list does not validate: the first bad entry's error)."""
+
+    def __init__(self, models: Mapping[str, type[BaseModel]]) -> None:
+        self.models = models
+        self.adapters: dict[type[BaseModel], TypeAdapter[Any]] = {}
+
+    def decode(self, batch: list[ArchivedEntry]) -> Iterator[ReplayedEvent]:
+        """The batch's events in its order; raises `DecodeError` (as `decode_event`) at the
+        first entry that does not decode or validate, after yielding those before it."""
+        with paused_gc():  # payload dicts and models: tracked objects, no cycles
+            envelopes, events = self._validated(batch)
+            ok = next(compress(count(), map(is_, events, repeat(None))), len(events))
+            out = list(map(ReplayedEvent, events[:ok], envelopes[:ok], batch[:ok]))
+        yield from out
+        if ok < len(batch):
+            yield from self.decode_each(batch[ok:])
+
+    def _validated(self, batch: list[ArchivedEntry]) -> tuple[list[Envelope], list[Any]]:
+        """The envelopes of `batch` up to the first that does not decode, and their events
+        (None where the list of its model did not validate, or from an unknown type on)."""
+        envelopes: list[Envelope] = []
+        for entry in batch:
+            try:
+                envelopes.append(entry.envelope())
+            except DecodeError:
+                break  # its error comes in its turn (`decode_each`)
+        events: list[Any] = [None] * len(envelopes)
+        groups: dict[type[BaseModel], list[int]] = {}
+        models = self.models
+        for i, env in enumerate(envelopes):
+            model = models.get(env.event_type)
+            if model is None:
+                break  # its error comes in its turn
+            groups.setdefault(model, []).append(i)
+        for model, idx in groups.items():
+            adapter = self.adapters.get(model)
+            if adapter is None:
+                adapter = self.adapters[model] = TypeAdapter(list[model])  # type: ignore[valid-type]
+            try:
+                valid = adapter.validate_python([envelopes[i].payload for i in idx])
+            except Exception:  # (a validator may raise anything): each entry on its own
+                continue  # in its turn, its error (or exception) in entry order
+            for i, event in zip(idx, valid, strict=True):
+                events[i] = event
+        return envelopes, events
+
+    def decode_each(self, entries: list[ArchivedEntry]) -> Iterator[ReplayedEvent]:
+        """`decode_event` on each of `entries`: the path of a batch holding a bad entry."""
+        for entry in entries:
+            yield decode_event(entry, self.models)
+
+
 def iter_events(
     store: Store,
     topic: str,
@@ -198,8 +406,9 @@ def iter_events(
     merge: bool = True,
 ) -> Iterator[ReplayedEvent]:
     """Typed replay: entries whose event type has a model in `models` (others are skipped),
-    decoded and validated like a live consumer does. Raises `DecodeError` on an entry that does
-    not decode or validate, `CorruptSegment`, `StoreError`."""
+    decoded and validated like a live consumer does (per batch: `_Decoder`). Raises
+    `DecodeError` on an entry that does not decode or validate, `CorruptSegment`,
+    `StoreError`."""
     by_type = models_by_type(models)
     types = frozenset(by_type)
     flt = flt or ReplayFilter()
@@ -207,8 +416,18 @@ def iter_events(
     narrowed = ReplayFilter(
         flt.start_id, flt.end_id, flt.since_ms, flt.until_ms, flt.resource_ids, frozenset(wanted)
     )
-    for entry in iter_topic(store, topic, narrowed, shards=shards, merge=merge):
-        yield decode_event(entry, by_type)
+    decoder = _Decoder(by_type)
+    for batch in _topic_batches(
+        store,
+        topic,
+        narrowed,
+        shards=shards,
+        merge=merge,
+        segments=None,
+        on_segment=None,
+        counts=None,
+    ):
+        yield from decoder.decode(batch)
 
 
 __all__ = [
@@ -221,6 +440,7 @@ __all__ = [
     "iter_events",
     "iter_shard",
     "iter_topic",
+    "merge_batches",
     "models_by_type",
     "plan",
     "read_segment",
