@@ -253,7 +253,7 @@ def entry_columns(
         keys = [k for h in heads for k in h]
         values = [v for h in heads for v in h.values()]
     else:
-        offsets, keys, values = pa.array([0] * (n + 1), pa.int32()), [], []
+        offsets, keys, values = _zeros(n + 1), [], []
     arrays = [
         *_fixed(topic, shard, n),
         pc.binary_join_element_wise(ms.cast(pa.string()), seq.cast(pa.string()), "-"),
@@ -268,15 +268,20 @@ def entry_columns(
     ]
     if typed is None:
         return EntryColumns(arrays, raw_bytes)
-    struct, errors = typed.columns_of([b.p for b in bodies], type_text.to_pylist())
+    struct, errors = typed.columns_of([b.p for b in bodies], type_text)
     return EntryColumns(arrays, raw_bytes, struct, errors)
+
+
+def _zeros(n: int) -> Any:
+    """`n` int32 zeros, made from a zeroed buffer (no Python list of `n` items)."""
+    return pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(bytes(4 * n))])
 
 
 def _fixed(topic: str, shard: int, n: int) -> list[Any]:
     """The ``topic`` and ``shard`` columns of `n` entries."""
     return [
-        pa.DictionaryArray.from_arrays(pa.array([0] * n, pa.int32()), pa.array([topic])),
-        pa.array([shard] * n, pa.int32()),
+        pa.DictionaryArray.from_arrays(_zeros(n), pa.array([topic])),
+        pc.add(_zeros(n), pa.scalar(shard, pa.int32())),
     ]
 
 
