@@ -19,12 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.to_thread
-import pyarrow as pa
-import pyarrow.compute as pc
 from redis.exceptions import ResponseError
 
 from eventbus.client.pipelines import execute_packed
-from eventbus.protocol.codec import encoded_size
+from eventbus.protocol.codec import F_DATA, encoded_size
+from eventbus.protocol.dictionaries import DICT_FORMATS
 from eventbus.protocol.ids import EntryId, parse_id
 from eventbus.protocol.retention import acked_point
 from eventbus.tier.checkpoint import Checkpoints, Intent
@@ -55,14 +54,24 @@ def row_bytes(rows: Sequence[Row]) -> list[int]:
     return [sum(map(len, f)) if type(f) is list else encoded_size(f) for _, f in rows]
 
 
-def _dictionary_data(data: Any) -> list[Any]:
-    """The ``data`` values (of a segment's ``data`` column) of entries compressed with a zstd
-    dictionary (format bytes 0x04, 0x05), as `archive_dictionaries` rows; found on the column."""
-    head = pc.binary_slice(data, 0, 1)
-    used = pc.or_(pc.equal(head, pa.scalar(b"\x05")), pc.equal(head, pa.scalar(b"\x04")))
-    if not pc.any(used).as_py():
-        return []
-    return [(None, {b"data": d}) for d in data.filter(used).to_pylist()]
+def _data_of(fields: Any) -> bytes:
+    """The ``data`` field of a row's fields (b"" when missing)."""
+    if type(fields) is list:
+        if len(fields) == 6 and fields[4] == F_DATA:  # as publishers write them
+            return fields[5]  # type: ignore[no-any-return]
+        fields = dict(zip(fields[::2], fields[1::2], strict=True))
+    return fields.get(F_DATA, b"")  # type: ignore[no-any-return]
+
+
+def dictionary_rows(rows: Sequence[Row]) -> list[Any]:
+    """The rows (as `archive_dictionaries` takes them) whose ``data`` is compressed with a zstd
+    dictionary: those dictionaries go to the store, and into this process's cache, before the
+    segment is encoded (its envelope columns need them) and put."""
+    datas = [_data_of(f) for _, f in rows]
+    return [(None, {F_DATA: d}) for d in datas if d[:1] in _DICT_FORMAT_BYTES]
+
+
+_DICT_FORMAT_BYTES = tuple(bytes([f]) for f in DICT_FORMATS)
 
 
 @dataclass
@@ -260,21 +269,20 @@ class ShardOffload:
         built and encoded in a worker thread: Parquet encoding and zstd run without the GIL,
         while the event loop reads the next pages of the other shards."""
         o = self.o
+        used = dictionary_rows(rows)
+        if used:
+            await archive_dictionaries(o.redis, o.keys, o.store, self.topic, used)
         typed = o.typed.get(self.topic)
 
-        def encode() -> tuple[Any, bytes, SegmentInfo]:
+        def encode() -> tuple[bytes, SegmentInfo]:
             ids, fields = [r[0] for r in rows], [r[1] for r in rows]
             cols = entry_columns(self.topic, sh.shard, ids, fields, typed)
             level = o.tier.zstd_level
-            data, info = encode_columns(
+            return encode_columns(
                 self.topic, sh.shard, intent.first, intent.last, cols, zstd_level=level, typed=typed
             )
-            return cols.arrays[-1], data, info
 
-        raw, data, info = await anyio.to_thread.run_sync(encode)
-        used = _dictionary_data(raw)  # copied to the store before the segment that needs them
-        if used:
-            await archive_dictionaries(o.redis, o.keys, o.store, self.topic, used)
+        data, info = await anyio.to_thread.run_sync(encode)
         if info.typed_invalid:
             log.warning(
                 "segment %s: %d of %d entries did not validate against the topic's models "
