@@ -178,7 +178,8 @@ _UUID_PARTS = ((0, 8), (8, 12), (12, 16), (16, 20), (20, 32))
 
 class _Head(msgspec.Struct, gc=False):
     """`eventbus.protocol.codec._Body` with the payload left as its MessagePack bytes: the
-    same checks, without building the payload's objects (an untyped segment needs none)."""
+    same checks of the envelope's own fields, the payload's structure walked but not built (an
+    untyped segment needs no payload objects; its strings are not decoded)."""
 
     v: Literal[1]
     id: Annotated[bytes, msgspec.Meta(min_length=16, max_length=16)]
@@ -205,7 +206,7 @@ def _decode_all(
     decode = _DECODE_BODY if payloads else _DECODE_HEAD
     try:
         return [decode(d[1:]) for d in datas]
-    except msgspec.MsgspecError:
+    except (msgspec.MsgspecError, UnicodeDecodeError):  # (a payload string that is not UTF-8)
         return None
 
 
@@ -312,7 +313,7 @@ def _entry_by_entry(
             fields[F_TYPE] = etype
         try:
             env = decode_entry(fields)
-        except DecodeError:
+        except (DecodeError, UnicodeDecodeError):  # decode_entry lets the latter through
             cols["event_time_ms"].append(None)
             cols["event_id"].append(None)
             header_offsets.append(len(header_keys))

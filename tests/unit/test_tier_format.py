@@ -10,6 +10,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from pydantic import BaseModel
 
 from eventbus.errors import ConfigError
 from eventbus.protocol.codec import Envelope, decode_entry, encode_entry, new_event_id
@@ -18,6 +19,7 @@ from eventbus.tier.errors import CorruptSegment
 from eventbus.tier.gaps import find_gap
 from eventbus.tier.layout import gap_key, parse_gap_key, parse_segment_key, segment_key
 from eventbus.tier.segment import SCHEMA, decode_segment, encode_segment, entry_columns
+from eventbus.tier.typed import TypedPayloads
 
 
 def entry(
@@ -153,6 +155,32 @@ def test_entries_that_are_not_the_common_case_keep_their_raw_fields() -> None:
     assert [r["event_time_ms"] for r in table] == [None, None, 5, None]
     assert table[2]["event_id"] == str(big.event_id) and table[2]["headers"] == []
     assert entry_columns("t", 0, [b"1-0"], [rows[2]]).raw_bytes == sum(map(len, rows[2]))
+
+
+def test_a_payload_string_that_is_not_utf8_is_archived_raw() -> None:
+    """An envelope whose payload holds bytes that are not UTF-8 where a string belongs (a
+    foreign writer) neither stops the segment nor loses the entry: `data` is kept; the typed
+    columns say why they are null."""
+    good = entry(1)
+    payload_key = b"\xa3seq"  # the payload's key "seq", a MessagePack fixstr
+    assert payload_key in good[1][b"data"]
+    bad_data = good[1][b"data"].replace(payload_key, b"\xa3\xff\xfeq")
+    rows = [good, (EntryId(good[0].ms + 1, 0), {**good[1], b"data": bad_data})]
+    data, info = encode_segment("t", 0, rows[0][0], rows[-1][0], rows)
+    table = pq.read_table(io.BytesIO(data)).to_pylist()
+    assert info.entries == 2 and table[1]["data"] == bad_data
+
+
+    class Tick(BaseModel):
+        seq: int
+
+    data, info = encode_segment(
+        "t", 0, rows[0][0], rows[-1][0], rows, typed=TypedPayloads({None: Tick})
+    )
+    table = pq.read_table(io.BytesIO(data)).to_pylist()
+    assert table[0]["seq"] == 1 and table[0]["typed_error"] is None
+    assert table[1]["seq"] is None and table[1]["typed_error"].startswith("DecodeError")
+    assert table[1]["event_id"] is None and table[1]["data"] == bad_data
 
 
 def test_encode_rejects_disorder() -> None:
