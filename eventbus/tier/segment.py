@@ -33,6 +33,11 @@ validate), ``eventbus.topic``, ``eventbus.shard``, ``eventbus.first``, ``eventbu
 the key names), ``eventbus.entries`` and ``eventbus.raw_bytes`` (field names + values of the
 entries, as counted against ``max_payload_bytes``). Data pages carry CRC32 checksums, verified
 on read.
+
+Writing: `entry_columns` builds the columns of a run of entries at once (from XRANGE's raw
+replies: no object per entry beyond the decoded envelope), `encode_columns` checks their order
+and writes the file with per-column encodings (`_ENCODINGS`; transparent to every reader).
+Reading: `decode_segment`, the one reader, verifies a file.
 """
 
 from __future__ import annotations
