@@ -1,6 +1,6 @@
 """A/B of two revisions: the same benchmark on both trees, alternated, medians and ratios.
 
-    stress/ab.sh REV_A REV_B [--pairs 3] [--what bench|flights|consume|publish|spark-writer]
+    stress/ab.sh REV_A REV_B [--pairs 3] [--what bench|flights|consume|publish|spark-writer|tier]
                  [--whole-tree] [--json F] [-- ARGS]
 
 Each revision is checked out once into a git worktree under ``.cache/ab/`` (``.`` means this
@@ -28,6 +28,8 @@ B/A of the medians; with ``--json`` it also writes every run.
   them.
 * ``consume`` / ``publish``: only the consumer (or publisher) step of the bench with its raw
   ceiling, in a fresh ``redis-server`` each (``stress/perf.py``); faster, for quick iterations.
+* ``tier``: ``stress/tier_bench.py --json F ARGS`` (default ARGS ``--events 200000``): offload
+  (with its raw ceiling, untyped, two processes), segment bytes, replay.
 * ``spark-writer``: one task of the Spark writer (`EventWriter.write`, no Spark) next to
   ``publish_many`` of the same flights (``stress/spark_writer.py``; ARGS e.g. ``--events 50000``).
 """
@@ -115,6 +117,8 @@ def command(what: str, out: Path, args: list[str]) -> list[str]:
         ]
     if what == "spark-writer":
         return [py, "stress/spark_writer.py", "--runs", "1", "--json", str(out), *args]
+    if what == "tier":
+        return [py, "stress/tier_bench.py", "--json", str(out), *(args or ["--events", "200000"])]
     return [py, "stress/perf.py", what, "--runs", "1", "--json", str(out), *args]
 
 
@@ -189,7 +193,7 @@ def main() -> None:
     p.add_argument("--pairs", type=int, default=3, help="A B pairs (at least 3 for a verdict)")
     p.add_argument(
         "--what",
-        choices=["bench", "flights", "consume", "publish", "spark-writer"],
+        choices=["bench", "flights", "consume", "publish", "spark-writer", "tier"],
         default="bench",
     )
     p.add_argument(

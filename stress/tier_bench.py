@@ -6,11 +6,19 @@
     python stress/tier_bench.py --store s3           # S3 API on loopback (moto), same code path
 
 Starts a private redis-server (or uses REDIS_URL, whose database it FLUSHES), publishes the events
-with pipelined XADDs, then measures, each on its own:
+with pipelined XADDs (to three topics: one per offload run below), then measures, each on its own:
 
-* offload: `offload_until_caught_up` (everything in Redis -> segments, checkpoint, trim), with
-  the default segment size limits; entries/s and MB/s of raw entry bytes;
-* the segments: count, bytes, mean size, compression ratio (raw entry bytes / stored bytes);
+* ``offload_ceiling``: a raw loop doing only the offload's I/O on the same entries: XRANGE pages
+  (raw replies) -> a `pyarrow.Table` of the raw fields -> Parquet bytes (zstd), per segment;
+* ``offload``: `offload_until_caught_up` (everything in Redis -> segments, checkpoint, trim),
+  with the default segment size limits and, as the flights job, typed columns (the events'
+  model; ``--untyped``: without); entries/s, MB/s of raw entry bytes, ``ratio_ceiling``;
+* ``offload_untyped``: the same without typed columns (another topic, same events);
+* ``offload_2_processes``: two offloader processes sharing a third topic's shards (each joins
+  the offloader group before either starts, so the fair share holds from the first round);
+  ``scaling`` is their entries/s over ``offload``'s;
+* the segments: count, bytes, mean size, compression ratio (raw entry bytes / stored bytes),
+  ``vs_untyped_bytes`` (stored bytes of the typed segments over the untyped ones');
 * replay: raw entries merged across shards (`iter_topic`), and typed events (`iter_events`),
   in events/s, each beside its ceiling in the same run: a plain pyarrow read of the same
   segments into Python tuples (`replay_ceiling`), and the ratio to it;
@@ -26,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import json
 import os
 import platform
@@ -118,15 +127,136 @@ def events(args: argparse.Namespace) -> tuple[list[tuple[str, BaseModel]], list[
     return [(row.plane, row.event()) for row in rows], [Flight]
 
 
-async def bench(args: argparse.Namespace, redis: str, store_location: str) -> dict[str, Any]:
+async def offload_ceiling(redis: Any, streams: list[str], page: int, segment: int) -> int:
+    """The raw loop (only the offload's I/O): XRANGE pages of each stream, raw replies, a
+    `pyarrow.Table` of the raw fields (entry ID, rid, type, data) per `segment` entries, written
+    as Parquet bytes with zstd. Returns the entries read."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from eventbus.client.pipelines import execute_packed
+
+    def write(rows: list[Any]) -> int:
+        fields = [r[1] for r in rows]
+        table = pa.table(
+            {
+                "entry_id": pa.array([r[0] for r in rows], pa.binary()),
+                "rid": pa.array([f[1] for f in fields], pa.binary()),
+                "type": pa.array([f[3] for f in fields], pa.binary()),
+                "data": pa.array([f[5] for f in fields], pa.binary()),
+            }
+        )
+        sink = io.BytesIO()
+        pq.write_table(table, sink, compression="zstd", compression_level=3)
+        return len(rows)
+
+    total = 0
+    for stream in streams:
+        start, rows = "-", []
+        while True:
+            (got,) = await execute_packed(redis, [("XRANGE", stream, start, "+", "COUNT", page)])
+            rows += got
+            if len(rows) >= segment or len(got) < page:
+                total += write(rows[:segment])
+                rows = rows[segment:]
+            if len(got) < page:
+                if rows:
+                    total += write(rows)
+                break
+            start = "(" + got[-1][0].decode()
+    return total
+
+
+def warm_up() -> None:
+    """pyarrow imports pandas on its first use: before anything is timed."""
     from eventbus.protocol.ids import EntryId
-    from eventbus.tier import TierSettings, open_store, verify_archive
-    from eventbus.tier.offloader import offload_until_caught_up
     from eventbus.tier.segment import encode_segment
 
-    one = EntryId(1, 0)  # warm-up: pyarrow imports pandas on first use
+    one = EntryId(1, 0)
     encode_segment("warm", 0, one, one, [(one, {b"rid": b"r", b"type": b"t", b"data": b"\x01"})])
+
+
+def offload_worker(args: argparse.Namespace) -> None:
+    """One offloader process of ``offload_2_processes``: join the offloader group of the topic,
+    count itself in at ``<topic>:ready``, wait for ``<topic>:go``, offload until caught up, print
+    its stats and the wall clock of its start and end as JSON."""
+    import redis.asyncio as aioredis
+
+    from eventbus.tier import TierSettings, open_store
+    from eventbus.tier.offloader import Offloader
+
+    topic, location = args.offload_worker
+    settings = Settings(redis_url=os.environ["REDIS_URL"], shards=args.shards)
+    typed = {topic: args.model} if args.model else {}
+    tier = TierSettings(store_url=location, hot_window_s=0, trim_exact=True, typed_models=typed)
+
+    async def main() -> dict[str, Any]:
+        warm_up()
+        client = aioredis.Redis.from_url(settings.redis_url)
+        offloader = Offloader(
+            client, open_store(location), settings=settings, tier=tier, topics=[topic]
+        )
+        for t in await offloader._refresh_topics():
+            await t.locks.acquire([])  # live in the group: the other's first round sees two
+        await client.rpush(f"bench:{topic}:ready", 1)
+        await client.blpop([f"bench:{topic}:go"])  # both go at once
+        started = time.time()
+        stats = await offloader.run_until_caught_up()
+        ended = time.time()
+        await client.aclose()
+        return {
+            "entries": stats.entries,
+            "stored_bytes": stats.stored_bytes,
+            "started": started,
+            "ended": ended,
+        }
+
+    print(json.dumps(anyio.run(main)))
+
+
+async def offload_processes(
+    redis: Any, topic: str, location: str, model: str, shards: int
+) -> dict[str, Any]:
+    """``offload_2_processes``: two `offload_worker` processes on `topic`, released together."""
+    cmd = [sys.executable, __file__, "--shards", str(shards), "--offload-worker", topic, location]
+    cmd += ["--model", model] if model else []
+    env = {**os.environ, "REDIS_URL": redis_url_of(redis)}
+    procs = [await anyio.open_process(cmd, env=env, stderr=None) for _ in range(2)]
+    ready = 0
+    while ready < 2:  # short waits: within the client's socket timeout
+        ready += bool(await redis.blpop([f"bench:{topic}:ready"], timeout=1))
+        if any(p.returncode is not None for p in procs):
+            raise RuntimeError("an offloader process of offload_2_processes failed")
+    await redis.rpush(f"bench:{topic}:go", 1, 1)
+    outs = []
+    for proc in procs:
+        assert proc.stdout is not None
+        text = b"".join([chunk async for chunk in proc.stdout])
+        if await proc.wait() != 0:
+            raise RuntimeError("an offloader process of offload_2_processes failed")
+        outs.append(json.loads(text))
+    seconds = max(o["ended"] for o in outs) - min(o["started"] for o in outs)
+    entries = sum(o["entries"] for o in outs)
+    return {
+        "seconds": round(seconds, 3),
+        "entries_per_s": round(entries / seconds),
+        "entries": entries,
+        "entries_by_process": [o["entries"] for o in outs],
+    }
+
+
+def redis_url_of(client: Any) -> str:
+    kw = client.connection_pool.connection_kwargs
+    return f"redis://{kw.get('host', '127.0.0.1')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
+
+
+async def bench(args: argparse.Namespace, redis: str, store_location: str) -> dict[str, Any]:
+    from eventbus.tier import TierSettings, open_store, verify_archive
+    from eventbus.tier.offloader import offload_until_caught_up
+
+    warm_up()
     data, models = events(args)
+    model = "" if args.untyped else f"{models[0].__module__}:{models[0].__qualname__}"
     bus = EventBus(Settings(redis_url=redis, shards=args.shards, maxlen=10_000_000))
     await bus.redis.flushdb()
     started = time.perf_counter()
@@ -135,13 +265,38 @@ async def bench(args: argparse.Namespace, redis: str, store_location: str) -> di
         for i in range(0, len(data), 20_000):
             published += await bus.publish_many("bench", data[i : i + 20_000])
     publish_s = time.perf_counter() - started
+    async with bus:  # the same events for the other offload runs (not timed)
+        for topic in ("bench_untyped", "bench_2p"):
+            for i in range(0, len(data), 20_000):
+                await bus.publish_many(topic, data[i : i + 20_000])
+
+    tier = TierSettings(store_url=store_location, hot_window_s=0, trim_exact=True)
+    streams = [bus.keys.stream("bench", s) for s in range(args.shards)]
+    started = time.perf_counter()
+    ceiling_entries = await offload_ceiling(
+        bus.redis, streams, tier.read_count, tier.segment_max_entries
+    )
+    ceiling_s = time.perf_counter() - started
 
     store = open_store(store_location)
-    tier = TierSettings(store_url=store_location, hot_window_s=0, trim_exact=True)
+    typed = TierSettings(
+        store_url=store_location,
+        hot_window_s=0,
+        trim_exact=True,
+        typed_models={"bench": model} if model else {},
+    )
     started = time.perf_counter()
-    stats = await offload_until_caught_up(bus.redis, store, settings=bus.settings, tier=tier)
+    stats = await offload_until_caught_up(
+        bus.redis, store, topics=["bench"], settings=bus.settings, tier=typed
+    )
     offload_s = time.perf_counter() - started
     left = sum([await bus.redis.xlen(bus.keys.stream("bench", s)) for s in range(args.shards)])
+    started = time.perf_counter()
+    untyped = await offload_until_caught_up(
+        bus.redis, store, topics=["bench_untyped"], settings=bus.settings, tier=tier
+    )
+    untyped_s = time.perf_counter() - started
+    two = await offload_processes(bus.redis, "bench_2p", store_location, model, args.shards)
     await bus.aclose()
 
     started = time.perf_counter()
@@ -165,12 +320,29 @@ async def bench(args: argparse.Namespace, redis: str, store_location: str) -> di
         "events": len(data),
         "shards": args.shards,
         "publish_events_per_s": round(len(data) / publish_s),
+        "offload_ceiling": {
+            "seconds": round(ceiling_s, 3),
+            "entries_per_s": round(ceiling_entries / ceiling_s),
+            "entries": ceiling_entries,
+        },
         "offload": {
+            "typed": bool(model),
             "seconds": round(offload_s, 3),
             "entries_per_s": round(stats.entries / offload_s),
             "raw_mb_per_s": round(stats.raw_bytes / mb / offload_s, 2),
+            "ratio_ceiling": round(stats.entries / offload_s / (ceiling_entries / ceiling_s), 3),
             "entries": stats.entries,
             "left_in_redis": left,
+        },
+        "offload_untyped": {
+            "seconds": round(untyped_s, 3),
+            "entries_per_s": round(untyped.entries / untyped_s),
+            "ratio_ceiling": round(untyped.entries / untyped_s / (ceiling_entries / ceiling_s), 3),
+            "entries": untyped.entries,
+        },
+        "offload_2_processes": {
+            **two,
+            "scaling": round(two["entries_per_s"] / (stats.entries / offload_s), 3),
         },
         "segments": {
             "count": stats.segments,
@@ -180,6 +352,15 @@ async def bench(args: argparse.Namespace, redis: str, store_location: str) -> di
             "raw_bytes_per_entry": round(stats.raw_bytes / max(1, stats.entries), 1),
             "stored_bytes_per_entry": round(stats.stored_bytes / max(1, stats.entries), 1),
             "compression_ratio": round(stats.compression_ratio, 2),
+            "untyped_stored_bytes_per_entry": round(
+                untyped.stored_bytes / max(1, untyped.entries), 1
+            ),
+            "vs_untyped_bytes": round(
+                stats.stored_bytes
+                / max(1, stats.entries)
+                / (untyped.stored_bytes / max(1, untyped.entries)),
+                3,
+            ),
         },
         "verify": {
             "seconds": round(verify_s, 3),
@@ -334,10 +515,22 @@ def main() -> None:
     parser.add_argument(
         "--reps", type=int, default=3, help="Alternated repetitions of replay and catch-up."
     )
+    parser.add_argument("--untyped", action="store_true", help="Offload without typed columns.")
+    parser.add_argument("--json", default=None, help="Also write the JSON object to this file.")
+    parser.add_argument(
+        "--offload-worker", nargs=2, metavar=("TOPIC", "STORE"), help=argparse.SUPPRESS
+    )
+    parser.add_argument("--model", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.offload_worker:
+        offload_worker(args)
+        return
     with redis_url() as redis, store_url(args.store) as location:
         result = anyio.run(bench, args, redis, location)
     print(json.dumps(result, indent=2))
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(result, out, indent=2)
 
 
 if __name__ == "__main__":

@@ -33,22 +33,36 @@ validate), ``eventbus.topic``, ``eventbus.shard``, ``eventbus.first``, ``eventbu
 the key names), ``eventbus.entries`` and ``eventbus.raw_bytes`` (field names + values of the
 entries, as counted against ``max_payload_bytes``). Data pages carry CRC32 checksums, verified
 on read.
+
+Writing: `entry_columns` builds the columns of a run of entries at once (from XRANGE's raw
+replies: no object per entry beyond the decoded envelope), `encode_columns` checks their order
+and writes the file with per-column encodings (`_ENCODINGS`; transparent to every reader).
+Reading: `decode_segment`, the one reader, verifies a file.
 """
 
 from __future__ import annotations
 
 import bisect
 import io
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
 
+import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from eventbus.errors import DecodeError
-from eventbus.protocol.codec import F_DATA, F_RESOURCE, F_TYPE, decode_entry, encoded_size
+from eventbus.protocol.budget import MIN_CONTAINERS
+from eventbus.protocol.codec import (
+    _BODY,
+    F_DATA,
+    F_RESOURCE,
+    F_TYPE,
+    FORMAT_MSGPACK,
+    decode_entry,
+)
 from eventbus.protocol.ids import EntryId
 from eventbus.tier.errors import CorruptSegment
 from eventbus.tier.typed import ERROR_COLUMN, TypedPayloads
@@ -101,35 +115,210 @@ def _text(value: bytes | None) -> str | None:
         return None
 
 
-def _map_array(offsets: list[int], null: list[bool], keys: list[str], values: list[str]) -> Any:
+def _map_array(offsets: Any, null: list[bool] | None, keys: list[str], values: list[str]) -> Any:
     """A map<string, string> array (built from offsets: far faster than from Python pairs)."""
     return pa.MapArray.from_arrays(
         pa.array(offsets, pa.int32()),
         pa.array(keys, pa.string()),
         pa.array(values, pa.string()),
-        mask=pa.array(null, pa.bool_()) if any(null) else None,
+        mask=pa.array(null, pa.bool_()) if null is not None and any(null) else None,
     )
 
 
-def entry_arrays(topic: str, shard: int, entries: Sequence[RawEntry]) -> list[Any]:
-    """`entries` (ID, field map) as the segment schema's columns, in `SCHEMA` order: envelope
-    columns null where the envelope does not decode. Used by the offloader (`encode_segment`)
-    and by readers of the Redis tail that must give the same rows (`eventbus.spark`)."""
-    cols: dict[str, list[Any]] = {name: [] for name in COLUMNS}
+@dataclass(frozen=True, slots=True)
+class EntryColumns:
+    """A run of one shard's entries as the segment schema's columns (`arrays`, in `SCHEMA`
+    order), with their raw bytes (field names + values) and, for a topic with models, the typed
+    struct (`typed`) and per entry why it has no typed values (`typed_errors`)."""
+
+    arrays: list[Any]
+    raw_bytes: int
+    typed: pa.StructArray | None = None
+    typed_errors: list[str | None] | None = None
+
+
+Fields = Sequence[bytes] | Mapping[bytes, bytes]
+"""An entry's fields: an XRANGE reply's raw list ``[name, value, ...]`` or a field map."""
+_STANDARD = (F_RESOURCE, F_TYPE, F_DATA, 6)  # what publishers write, in XADD's order
+
+
+def _field_lists(fields: Sequence[Any]) -> tuple[list[Any], list[Any], list[Any], int]:
+    """Per entry its ``rid``, ``type`` and ``data`` values (None where missing) and the raw bytes
+    of all fields. The common shape, raw lists of exactly those three fields in XADD's order,
+    is taken column by column; any other shape entry by entry."""
+    try:
+        shapes = {(f[0], f[2], f[4], len(f)) for f in fields}
+    except (IndexError, KeyError, TypeError):
+        shapes = set()
+    if shapes == {_STANDARD}:
+        rids, types, datas = [f[1] for f in fields], [f[3] for f in fields], [f[5] for f in fields]
+        size = len(fields) * 11 + sum(map(len, rids)) + sum(map(len, types)) + sum(map(len, datas))
+        return rids, types, datas, size
+    maps = [
+        f if isinstance(f, Mapping) else dict(zip(f[::2], f[1::2], strict=True)) for f in fields
+    ]
+    size = sum(len(k) + len(v) for m in maps for k, v in m.items())
+    return (
+        [m.get(F_RESOURCE) for m in maps],
+        [m.get(F_TYPE) for m in maps],
+        [m.get(F_DATA) for m in maps],
+        size,
+    )
+
+
+def _uuid_text(ids: list[bytes]) -> Any:
+    """16-byte event IDs as UUID text (``str(uuid.UUID(bytes=...))``), for all at once."""
+    n = len(ids)
+    hexed = pa.StringArray.from_buffers(
+        n,
+        pa.array(range(0, 32 * n + 1, 32), pa.int32()).buffers()[1],
+        pa.py_buffer(b"".join(ids).hex().encode()),
+    )
+    parts = [pc.utf8_slice_codeunits(hexed, a, b) for a, b in _UUID_PARTS]
+    return pc.binary_join_element_wise(*parts, "-")
+
+
+_UUID_PARTS = ((0, 8), (8, 12), (12, 16), (16, 20), (20, 32))
+
+
+class _Head(msgspec.Struct, gc=False):
+    """`eventbus.protocol.codec._Body` with the payload left as its MessagePack bytes: the
+    same checks of the envelope's own fields, the payload's structure walked but not built (an
+    untyped segment needs no payload objects; its strings are not decoded)."""
+
+    v: Literal[1]
+    id: Annotated[bytes, msgspec.Meta(min_length=16, max_length=16)]
+    ts: int
+    h: dict[str, str]
+    p: msgspec.Raw
+
+
+_DECODE_HEAD = msgspec.msgpack.Decoder(_Head).decode
+_DECODE_BODY = _BODY.decode
+
+
+def _decode_all(
+    rids: list[Any], types: list[Any], datas: list[Any], payloads: bool
+) -> list[Any] | None:
+    """The envelope bodies of all entries in one pass (with their `payloads` decoded, else as
+    raw bytes), when every entry is the common case `decode_entry` decodes in one typed pass
+    (``rid`` and ``type`` present, format ``0x01``, at most `MIN_CONTAINERS` bytes); None when
+    any entry is not (or does not decode): then each goes through `decode_entry`."""
+    if None in rids or None in types or None in datas:
+        return None
+    if not all(d[:1] == _PLAIN and len(d) <= MIN_CONTAINERS for d in datas):
+        return None
+    decode = _DECODE_BODY if payloads else _DECODE_HEAD
+    try:
+        return [decode(d[1:]) for d in datas]
+    except (msgspec.MsgspecError, UnicodeDecodeError):  # (a payload string that is not UTF-8)
+        return None
+
+
+_PLAIN = bytes([FORMAT_MSGPACK])
+
+
+def _texts(values: list[Any]) -> Any:
+    """UTF-8 bytes as a string array, null where missing; None if some are not UTF-8."""
+    try:
+        return pa.array(values, pa.binary()).cast(pa.string())
+    except pa.ArrowInvalid:
+        return None
+
+
+def entry_columns(
+    topic: str,
+    shard: int,
+    ids: Sequence[bytes | str],
+    fields: Sequence[Fields],
+    typed: TypedPayloads | None = None,
+) -> EntryColumns:
+    """Entries (their IDs ``<ms>-<seq>`` and fields, as XRANGE gives them) as the segment
+    schema's columns, built column by column: envelope columns null where the envelope does not
+    decode; with `typed`, the payloads validated once per model (`TypedPayloads.validate`).
+    Entries that are not the common case (`_decode_all`) are decoded one by one with
+    `decode_entry`, with the same result. Raises `ValueError` for an ID that is not ``ms-seq``
+    of integers (int64)."""
+    n = len(ids)
+    rids, types, datas, raw_bytes = _field_lists(fields)
+    id_text = pa.array(ids, pa.binary() if n and isinstance(ids[0], bytes) else pa.string())
+    try:
+        parts = pc.split_pattern(id_text.cast(pa.string()), "-", max_splits=1)
+        ms = pc.list_element(parts, 0).cast(pa.int64())
+        seq = pc.list_element(parts, 1).cast(pa.int64())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise ValueError(f"entry IDs of {topic}/{shard} are not <ms>-<seq>: {exc}") from None
+    bodies = _decode_all(rids, types, datas, typed is not None)
+    rid_text, type_text = _texts(rids), _texts(types)
+    if bodies is None or rid_text is None or type_text is None:
+        return _entry_by_entry(topic, shard, ms, seq, rids, types, datas, raw_bytes, typed)
+    heads = [b.h for b in bodies]
+    if any(heads):
+        lengths = pa.array([len(h) for h in heads], pa.int32())
+        offsets: Any = pa.concat_arrays([pa.array([0], pa.int32()), pc.cumulative_sum(lengths)])
+        keys = [k for h in heads for k in h]
+        values = [v for h in heads for v in h.values()]
+    else:
+        offsets, keys, values = _zeros(n + 1), [], []
+    arrays = [
+        *_fixed(topic, shard, n),
+        pc.binary_join_element_wise(ms.cast(pa.string()), seq.cast(pa.string()), "-"),
+        ms,
+        seq,
+        rid_text,
+        type_text,
+        pa.array([b.ts for b in bodies], pa.int64()),
+        _uuid_text([b.id for b in bodies]),
+        _map_array(offsets, None, keys, values),
+        pa.array(datas, pa.binary()),
+    ]
+    if typed is None:
+        return EntryColumns(arrays, raw_bytes)
+    struct, errors = typed.columns_of([b.p for b in bodies], type_text)
+    return EntryColumns(arrays, raw_bytes, struct, errors)
+
+
+def _zeros(n: int) -> Any:
+    """`n` int32 zeros, made from a zeroed buffer (no Python list of `n` items)."""
+    return pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(bytes(4 * n))])
+
+
+def _fixed(topic: str, shard: int, n: int) -> list[Any]:
+    """The ``topic`` and ``shard`` columns of `n` entries."""
+    return [
+        pa.DictionaryArray.from_arrays(_zeros(n), pa.array([topic])),
+        pc.add(_zeros(n), pa.scalar(shard, pa.int32())),
+    ]
+
+
+def _entry_by_entry(
+    topic: str,
+    shard: int,
+    ms: Any,
+    seq: Any,
+    rids: list[Any],
+    types: list[Any],
+    datas: list[Any],
+    raw_bytes: int,
+    typed: TypedPayloads | None,
+) -> EntryColumns:
+    """`entry_columns` for entries some of which are not the common case: `decode_entry` on
+    each (null envelope columns where it raises `DecodeError`)."""
+    cols: dict[str, list[Any]] = {"event_time_ms": [], "event_id": []}
     header_keys: list[str] = []
     header_values: list[str] = []
     header_offsets: list[int] = [0]
     header_null: list[bool] = []  # a null map: the envelope did not decode
-    for entry_id, fields in entries:
-        cols["entry_id"].append(str(entry_id))
-        cols["entry_ms"].append(entry_id.ms)
-        cols["entry_seq"].append(entry_id.seq)
-        cols["resource_id"].append(_text(fields.get(F_RESOURCE)))
-        cols["event_type"].append(_text(fields.get(F_TYPE)))
-        cols["data"].append(fields.get(F_DATA, b""))
+    datas = [b"" if d is None else d for d in datas]
+    for rid, etype, data in zip(rids, types, datas, strict=True):
+        fields = {F_DATA: data}
+        if rid is not None:
+            fields[F_RESOURCE] = rid
+        if etype is not None:
+            fields[F_TYPE] = etype
         try:
             env = decode_entry(fields)
-        except DecodeError:
+        except (DecodeError, UnicodeDecodeError):  # decode_entry lets the latter through
             cols["event_time_ms"].append(None)
             cols["event_id"].append(None)
             header_offsets.append(len(header_keys))
@@ -141,51 +330,127 @@ def entry_arrays(topic: str, shard: int, entries: Sequence[RawEntry]) -> list[An
             header_values.extend(env.headers.values())
             header_offsets.append(len(header_keys))
             header_null.append(False)
-    n = len(entries)
-    return [
-        pa.DictionaryArray.from_arrays(pa.array([0] * n, pa.int32()), pa.array([topic])),
-        pa.array([shard] * n, pa.int32()),
-        *(pa.array(cols[name], SCHEMA.field(name).type) for name in COLUMNS[2:9]),
+    type_texts = [_text(t) for t in types]
+    arrays = [
+        *_fixed(topic, shard, len(datas)),
+        pc.binary_join_element_wise(ms.cast(pa.string()), seq.cast(pa.string()), "-"),
+        ms,
+        seq,
+        pa.array([_text(r) for r in rids], pa.string()),
+        pa.array(type_texts, pa.string()),
+        pa.array(cols["event_time_ms"], pa.int64()),
+        pa.array(cols["event_id"], pa.string()),
         _map_array(header_offsets, header_null, header_keys, header_values),
-        pa.array(cols["data"], pa.binary()),
+        pa.array(datas, pa.binary()),
     ]
+    if typed is None:
+        return EntryColumns(arrays, raw_bytes)
+    struct, errors = typed.columns(datas, type_texts)
+    return EntryColumns(arrays, raw_bytes, struct, errors)
 
 
-def encode_segment(
+def entry_arrays(topic: str, shard: int, entries: Sequence[RawEntry]) -> list[Any]:
+    """`entries` (ID, field map) as the segment schema's columns, in `SCHEMA` order: envelope
+    columns null where the envelope does not decode (`entry_columns`). Used by readers of the
+    Redis tail that must give the same rows as segments (`eventbus.spark`)."""
+    return entry_columns(topic, shard, [str(i) for i, _ in entries], [f for _, f in entries]).arrays
+
+
+def _misplaced(ms: Any, seq: Any, first: EntryId, last: EntryId) -> int | None:
+    """The index of the first entry not after the one before it or outside `first`..`last`
+    (None: all in order and in range), on whole columns."""
+    n = len(ms)
+    if n == 0:
+        return None
+    first_ok = pc.or_(
+        pc.greater(ms, first.ms), pc.and_(pc.equal(ms, first.ms), pc.greater_equal(seq, first.seq))
+    )
+    last_ok = pc.or_(
+        pc.less(ms, last.ms), pc.and_(pc.equal(ms, last.ms), pc.less_equal(seq, last.seq))
+    )
+    ok = pc.and_(first_ok, last_ok)
+    if n > 1:
+        a_ms, b_ms, a_seq, b_seq = (
+            ms.slice(0, n - 1),
+            ms.slice(1),
+            seq.slice(0, n - 1),
+            seq.slice(1),
+        )
+        after = pc.or_(
+            pc.greater(b_ms, a_ms), pc.and_(pc.equal(b_ms, a_ms), pc.greater(b_seq, a_seq))
+        )
+        ok = pc.and_(ok, pa.concat_arrays([pa.array([True]), after]))
+    if pc.all(ok).as_py():
+        return None
+    return int(pc.index(ok, False).as_py())
+
+
+# Parquet encodings per column (transparent to readers: the columns and their types are the
+# same). Entry IDs and times increase: delta-encoded they take a tenth of the bytes; the event
+# ID (random) and the envelope bytes are unique per entry, where a dictionary only costs time;
+# the other columns (topic, rid, type, headers, typed payload fields) keep pyarrow's default
+# dictionary encoding, which falls back to plain encoding when a column has too many values.
+_ENCODINGS = {
+    "entry_id": "DELTA_BYTE_ARRAY",
+    "entry_ms": "DELTA_BINARY_PACKED",
+    "entry_seq": "DELTA_BINARY_PACKED",
+    "event_time_ms": "DELTA_BINARY_PACKED",
+    "event_id": "DELTA_LENGTH_BYTE_ARRAY",
+    "data": "DELTA_LENGTH_BYTE_ARRAY",
+}
+_UNDICTIONARIED = frozenset(_ENCODINGS) | {"shard"}
+
+
+def _leaves(name: str, kind: pa.DataType) -> list[str]:
+    """The Parquet column paths of an Arrow field (pyarrow's compliant nested names)."""
+    if pa.types.is_struct(kind):
+        return [p for f in kind for p in _leaves(f"{name}.{f.name}", f.type)]
+    if pa.types.is_map(kind):
+        return [
+            *_leaves(f"{name}.key_value.key", kind.key_type),
+            *_leaves(f"{name}.key_value.value", kind.item_type),
+        ]
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return _leaves(f"{name}.list.element", kind.value_type)
+    return [name]
+
+
+def encode_columns(
     topic: str,
     shard: int,
     first: EntryId,
     last: EntryId,
-    entries: Sequence[RawEntry],
+    cols: EntryColumns,
     *,
     zstd_level: int = 3,
     typed: TypedPayloads | None = None,
 ) -> tuple[bytes, SegmentInfo]:
-    """Encode `entries` (in entry-ID order, all within `first`..`last`) as a segment file;
-    with `typed`, a typed segment (its payload also as typed columns, see the module docstring).
+    """Encode `cols` (entries in entry-ID order, all within `first`..`last`; built with the
+    same `typed` by `entry_columns`) as a segment file; with `typed`, a typed segment (its
+    payload also as typed columns, see the module docstring).
 
-    Returns the file's bytes and its `SegmentInfo`. CPU-bound: call it in a worker thread from
-    async code. Raises `ValueError` if the entries are out of order or outside the range.
-    """
-    prev: EntryId | None = None
-    raw_bytes = 0
-    for entry_id, fields in entries:
-        if not first <= entry_id <= last or (prev is not None and entry_id <= prev):
-            raise ValueError(f"entry {entry_id} out of order or outside {first}..{last}")
-        prev = entry_id
-        raw_bytes += encoded_size(fields)
-    n = len(entries)
-    arrays = entry_arrays(topic, shard, entries)
+    Returns the file's bytes and its `SegmentInfo`. CPU-bound, mostly without the GIL (Parquet
+    encoding, zstd): call it in a worker thread from async code. Raises `ValueError` if the
+    entries are out of order or outside the range."""
+    arrays = list(cols.arrays)
+    ms, seq = arrays[3], arrays[4]
+    bad = _misplaced(ms, seq, first, last)
+    if bad is not None:
+        entry_id = EntryId(ms[bad].as_py(), seq[bad].as_py())
+        raise ValueError(f"entry {entry_id} out of order or outside {first}..{last}")
+    n = len(ms)
     schema = SCHEMA
-    info = SegmentInfo(topic, shard, first, last, n, raw_bytes)
+    info = SegmentInfo(topic, shard, first, last, n, cols.raw_bytes)
     extra: dict[str, str] = {}
     if typed is not None:
-        struct, errors = typed.columns(arrays[-1].to_pylist(), arrays[6].to_pylist())
-        arrays += [*struct.flatten(), pa.array(errors, pa.string())]
+        if cols.typed is None or cols.typed_errors is None:
+            raise ValueError("typed segment from columns built without models")
+        errors = cols.typed_errors
+        arrays += [*cols.typed.flatten(), pa.array(errors, pa.string())]
         schema = pa.schema([*SCHEMA, *typed.struct, pa.field(ERROR_COLUMN, pa.string())])
         invalid = n - errors.count(None)
         info = SegmentInfo(
-            topic, shard, first, last, n, raw_bytes, typed.spec, typed.version, invalid
+            topic, shard, first, last, n, cols.raw_bytes, typed.spec, typed.version, invalid
         )
         extra = {
             "eventbus.typed_models": typed.spec,
@@ -199,10 +464,16 @@ def encode_segment(
         "eventbus.first": str(first),
         "eventbus.last": str(last),
         "eventbus.entries": str(n),
-        "eventbus.raw_bytes": str(raw_bytes),
+        "eventbus.raw_bytes": str(cols.raw_bytes),
         **extra,
     }
     table = pa.Table.from_arrays(arrays, schema=schema.with_metadata(metadata))
+    dictionary = [
+        path
+        for field in schema
+        if field.name not in _UNDICTIONARIED
+        for path in _leaves(field.name, field.type)
+    ]
     sink = io.BytesIO()
     pq.write_table(
         table,
@@ -210,9 +481,32 @@ def encode_segment(
         compression="zstd",
         compression_level=zstd_level,
         write_page_checksum=True,
-        row_group_size=65536,
+        row_group_size=_ROW_GROUP,
+        use_dictionary=dictionary,
+        column_encoding=_ENCODINGS,
     )
     return sink.getvalue(), info
+
+
+_ROW_GROUP = 65536
+
+
+def encode_segment(
+    topic: str,
+    shard: int,
+    first: EntryId,
+    last: EntryId,
+    entries: Sequence[RawEntry],
+    *,
+    zstd_level: int = 3,
+    typed: TypedPayloads | None = None,
+) -> tuple[bytes, SegmentInfo]:
+    """`encode_columns` of `entries` (ID, field map), in entry-ID order, all within
+    `first`..`last`; with `typed`, a typed segment. Returns the file's bytes and its
+    `SegmentInfo`. CPU-bound: call it in a worker thread from async code. Raises `ValueError`
+    if the entries are out of order or outside the range."""
+    cols = entry_columns(topic, shard, [str(i) for i, _ in entries], [f for _, f in entries], typed)
+    return encode_columns(topic, shard, first, last, cols, zstd_level=zstd_level, typed=typed)
 
 
 def _meta(schema: Any, name: str, key: str) -> str:

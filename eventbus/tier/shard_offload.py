@@ -9,17 +9,21 @@ The `eventbus.tier.offloader` module docstring describes the life of a shard.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from itertools import accumulate
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.to_thread
 from redis.exceptions import ResponseError
 
-from eventbus.protocol.codec import encoded_size as _size
+from eventbus.client.pipelines import execute_packed
+from eventbus.protocol.codec import F_DATA, encoded_size
+from eventbus.protocol.dictionaries import DICT_FORMATS
 from eventbus.protocol.ids import EntryId, parse_id
 from eventbus.protocol.retention import acked_point
 from eventbus.tier.checkpoint import Checkpoints, Intent
@@ -27,7 +31,7 @@ from eventbus.tier.dictionaries import archive_dictionaries
 from eventbus.tier.gaps import Gap, find_gap, gap_json, load_gap, new_gap, record_gap
 from eventbus.tier.layout import SegmentRef, segment_key
 from eventbus.tier.metrics import TIER_METRICS
-from eventbus.tier.segment import RawEntry, decode_segment, encode_segment
+from eventbus.tier.segment import SegmentInfo, decode_segment, encode_columns, entry_columns
 from eventbus.tier.store import get_bytes, list_segments, put_create
 
 if TYPE_CHECKING:
@@ -36,6 +40,38 @@ if TYPE_CHECKING:
 log = logging.getLogger("eventbus.tier")
 
 _MAX_SEGMENTS_PER_ROUND = 8  # per shard, so one backlog does not starve the other shards
+
+
+Row = Sequence[Any]
+"""An entry as XRANGE replies: ``[id, fields]``, the ID ``b"<ms>-<seq>"``, the fields a raw list
+``[name, value, ...]`` (one node: `execute_packed`'s replies) or a field map (a Cluster's
+pipeline parses them). Kept as read: the columns are built for a whole segment at once."""
+
+
+def row_bytes(rows: Sequence[Row]) -> list[int]:
+    """Per row the bytes of its field names and values (what counts against
+    `max_payload_bytes`)."""
+    return [sum(map(len, f)) if type(f) is list else encoded_size(f) for _, f in rows]
+
+
+def _data_of(fields: Any) -> bytes:
+    """The ``data`` field of a row's fields (b"" when missing)."""
+    if type(fields) is list:
+        if len(fields) == 6 and fields[4] == F_DATA:  # as publishers write them
+            return fields[5]  # type: ignore[no-any-return]
+        fields = dict(zip(fields[::2], fields[1::2], strict=True))
+    return fields.get(F_DATA, b"")  # type: ignore[no-any-return]
+
+
+def dictionary_rows(rows: Sequence[Row]) -> list[Any]:
+    """The rows (as `archive_dictionaries` takes them) whose ``data`` is compressed with a zstd
+    dictionary: those dictionaries go to the store, and into this process's cache, before the
+    segment is encoded (its envelope columns need them) and put."""
+    datas = [_data_of(f) for _, f in rows]
+    return [(None, {F_DATA: d}) for d in datas if d[:1] in _DICT_FORMAT_BYTES]
+
+
+_DICT_FORMAT_BYTES = tuple(bytes([f]) for f in DICT_FORMATS)
 
 
 @dataclass
@@ -47,7 +83,7 @@ class OffloadShard:
     stream: str
     checkpoint: EntryId | None = None
     count: int = 0  # entries accounted for (archived + recorded lost)
-    buffer: list[RawEntry] = field(default_factory=list)
+    buffer: list[Row] = field(default_factory=list)  # read, not archived yet, in ID order
     buffer_bytes: int = 0
     read_to: EntryId | None = None  # last entry read into the buffer (or the checkpoint)
     recovered: bool = False
@@ -56,9 +92,12 @@ class OffloadShard:
 
     def reset_to(self, checkpoint: EntryId | None, count: int) -> None:
         self.checkpoint, self.count = checkpoint, count
-        self.buffer = [e for e in self.buffer if checkpoint is None or e[0] > checkpoint]
-        self.buffer_bytes = sum(_size(f) for _, f in self.buffer)
-        self.read_to = self.buffer[-1][0] if self.buffer else checkpoint
+        if checkpoint is not None and self.buffer:  # drop the rows up to it (IDs increase)
+            keep = bisect.bisect_right(self.buffer, checkpoint, key=lambda r: parse_id(r[0]))
+            if keep:
+                self.buffer = self.buffer[keep:]
+                self.buffer_bytes = sum(row_bytes(self.buffer))
+        self.read_to = parse_id(self.buffer[-1][0]) if self.buffer else checkpoint
 
 
 class ShardOffload:
@@ -160,7 +199,7 @@ class ShardOffload:
             more = await self.fill(sh)
             if not sh.buffer:
                 break
-            age_ms = now_ms - sh.buffer[0][0].ms
+            age_ms = now_ms - parse_id(sh.buffer[0][0]).ms
             full = (
                 len(sh.buffer) >= tier.segment_max_entries
                 or sh.buffer_bytes >= tier.segment_max_bytes
@@ -182,39 +221,37 @@ class ShardOffload:
             want = min(tier.read_count, tier.segment_max_entries - len(sh.buffer))
             start = "-" if sh.read_to is None else f"({sh.read_to}"
             rows = await self.xrange(sh.stream, start, "+", want)
-            for entry_id, fields in rows:
-                sh.buffer.append((entry_id, fields))
-                sh.buffer_bytes += _size(fields)
             if rows:
-                sh.read_to = rows[-1][0]
+                sh.buffer += rows
+                sh.buffer_bytes += sum(row_bytes(rows))
+                sh.read_to = parse_id(rows[-1][0])
             if len(rows) < want:
                 return False
         return True
 
-    async def xrange(self, stream: str, start: str, end: str, count: int | None) -> list[RawEntry]:
-        """XRANGE `stream` `start` `end` (all of it, paged, when `count` is None)."""
-        if count is not None:
-            raw = await self.o.redis.xrange(stream, start, end, count=count)
-            return [(parse_id(i), f) for i, f in raw]
-        out: list[RawEntry] = []
+    async def xrange(self, stream: str, start: str, end: str, count: int | None) -> list[Row]:
+        """XRANGE `stream` `start` `end` (all of it, paged, when `count` is None), as `Row`s:
+        on a single node the raw reply (no per-entry parsing)."""
+        page = self.o.tier.read_count if count is None else count
+        out: list[Row] = []
         while True:
-            raw = await self.o.redis.xrange(stream, start, end, count=self.o.tier.read_count)
-            out += [(parse_id(i), f) for i, f in raw]
-            if len(raw) < self.o.tier.read_count:
+            command = ("XRANGE", stream, start, end, "COUNT", page)
+            (rows,) = await execute_packed(self.o.redis, [command])
+            out += rows
+            if count is not None or len(rows) < page:
                 return out
-            start = f"({out[-1][0]}"
+            start = f"({parse_id(rows[-1][0])}"
 
     async def write(self, sh: OffloadShard) -> None:
         """Archive a prefix of the buffer as one segment: intent, put, commit."""
         tier = self.o.tier
-        n, size = 0, 0
-        for _, fields in sh.buffer[: tier.segment_max_entries]:
-            n += 1
-            size += _size(fields)
-            if size >= tier.segment_max_bytes:
-                break
-        batch = sh.buffer[:n]
-        intent = Intent(batch[0][0], batch[-1][0], n)
+        batch = sh.buffer[: tier.segment_max_entries]
+        if sh.buffer_bytes >= tier.segment_max_bytes:  # up to the entry that reaches the size
+            sizes = accumulate(row_bytes(batch))
+            n = next((i + 1 for i, size in enumerate(sizes) if size >= tier.segment_max_bytes), 0)
+            batch = batch[: n or len(batch)]
+        n = len(batch)
+        intent = Intent(parse_id(batch[0][0]), parse_id(batch[-1][0]), n)
         if not await self.checkpoints.begin(sh.shard, self.o.consumer_id, sh.token, intent):
             # another intent pending, or our buffer is stale: resync
             cp = await self.checkpoints.read(sh.shard)
@@ -226,24 +263,26 @@ class ShardOffload:
         await self.put(sh, intent, batch, key)
         await self.commit(sh, intent.last, n)
 
-    async def put(
-        self, sh: OffloadShard, intent: Intent, rows: Sequence[RawEntry], key: str
-    ) -> int:
+    async def put(self, sh: OffloadShard, intent: Intent, rows: Sequence[Row], key: str) -> int:
         """Encode and put `rows` under `key` create-only; returns the rows the stored object
-        holds (ours, or those of an identical-range object already there)."""
+        holds (ours, or those of an identical-range object already there). The columns are
+        built and encoded in a worker thread: Parquet encoding and zstd run without the GIL,
+        while the event loop reads the next pages of the other shards."""
         o = self.o
-        await archive_dictionaries(o.redis, o.keys, o.store, self.topic, rows)
-        data, info = await anyio.to_thread.run_sync(
-            lambda: encode_segment(
-                self.topic,
-                sh.shard,
-                intent.first,
-                intent.last,
-                rows,
-                zstd_level=o.tier.zstd_level,
-                typed=o.typed.get(self.topic),
+        used = dictionary_rows(rows)
+        if used:
+            await archive_dictionaries(o.redis, o.keys, o.store, self.topic, used)
+        typed = o.typed.get(self.topic)
+
+        def encode() -> tuple[bytes, SegmentInfo]:
+            ids, fields = [r[0] for r in rows], [r[1] for r in rows]
+            cols = entry_columns(self.topic, sh.shard, ids, fields, typed)
+            level = o.tier.zstd_level
+            return encode_columns(
+                self.topic, sh.shard, intent.first, intent.last, cols, zstd_level=level, typed=typed
             )
-        )
+
+        data, info = await anyio.to_thread.run_sync(encode)
         if info.typed_invalid:
             log.warning(
                 "segment %s: %d of %d entries did not validate against the topic's models "

@@ -7,8 +7,10 @@ import random
 import re
 
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from pydantic import BaseModel
 
 from eventbus.errors import ConfigError
 from eventbus.protocol.codec import Envelope, decode_entry, encode_entry, new_event_id
@@ -16,7 +18,8 @@ from eventbus.protocol.ids import EntryId, parse_id
 from eventbus.tier.errors import CorruptSegment
 from eventbus.tier.gaps import find_gap
 from eventbus.tier.layout import gap_key, parse_gap_key, parse_segment_key, segment_key
-from eventbus.tier.segment import SCHEMA, decode_segment, encode_segment
+from eventbus.tier.segment import SCHEMA, decode_segment, encode_segment, entry_columns
+from eventbus.tier.typed import TypedPayloads
 
 
 def entry(
@@ -100,6 +103,84 @@ def test_segment_round_trip_and_plain_pandas_read() -> None:
     assert pd.isna(df["event_time_ms"].iloc[-1])
     meta = pq.read_metadata(io.BytesIO(data)).metadata
     assert meta[b"eventbus.entries"] == b"501"
+
+
+def raw_reply(rows: list[tuple[EntryId, dict[bytes, bytes]]]) -> tuple[list[bytes], list[list]]:
+    """`rows` as a single node's raw XRANGE reply gives them: ID bytes, [name, value, ...]."""
+    return [str(i).encode() for i, _ in rows], [
+        [x for kv in f.items() for x in kv] for _, f in rows
+    ]
+
+
+def columns_table(topic: str, ids: list, fields: list) -> pa.Table:
+    return pa.Table.from_arrays(entry_columns(topic, 0, ids, fields).arrays, schema=SCHEMA)
+
+
+def test_columns_built_for_a_page_equal_those_built_entry_by_entry() -> None:
+    """The page path (raw XRANGE rows, decoded column by column) gives the rows the entry by
+    entry path gives: one entry that is not the common case sends a page down that path."""
+    rows = [entry(i, trace=f"t{i}") if i % 4 == 0 else entry(i) for i in range(300)]
+    ids, fields = raw_reply(rows)
+    paged = columns_table("orders", ids, fields)
+    odd = [b"rid", b"x", b"type", b"T", b"data", b"\x09junk"]  # undecodable: entry by entry
+    one_by_one = columns_table("orders", [*ids, b"1800000000000-0"], [*fields, odd])
+    assert one_by_one.slice(0, 300).to_pylist() == paged.to_pylist()
+    as_maps = columns_table("orders", [str(i) for i, _ in rows], [f for _, f in rows])
+    assert as_maps.to_pylist() == paged.to_pylist()
+    for row, (entry_id, f) in zip(paged.to_pylist(), rows, strict=True):
+        env = decode_entry(f)
+        assert (row["entry_id"], row["entry_ms"], row["entry_seq"]) == (
+            str(entry_id),
+            entry_id.ms,
+            entry_id.seq,
+        )
+        assert row["event_id"] == str(env.event_id)
+        assert row["event_time_ms"] == env.published_at_ms
+        assert dict(row["headers"]) == env.headers and row["data"] == f[b"data"]
+        assert (row["resource_id"], row["event_type"]) == (env.resource_id, env.event_type)
+
+
+def test_entries_that_are_not_the_common_case_keep_their_raw_fields() -> None:
+    big = Envelope("r", "Big", new_event_id(), 5, {}, {"text": "x" * 5000})  # zstd, 0x02
+    rows: list[list[bytes]] = [
+        [b"rid", b"r1", b"type", b"T", b"data", b"\x09junk"],  # unknown format byte
+        [b"rid", b"\xff", b"type", b"T", b"data", encode_entry(big)[b"data"]],
+        [b"type", b"T", b"rid", b"r3", b"data", encode_entry(big)[b"data"], b"extra", b"e"],
+        [b"rid", b"r4", b"type", b"T"],  # no data field
+    ]
+    table = columns_table("t", [b"1-0", b"1-1", b"2-0", b"3-0"], rows).to_pylist()
+    assert [r["data"] for r in table] == [rows[0][5], rows[1][5], rows[2][5], b""]
+    assert [r["resource_id"] for r in table] == ["r1", None, "r3", "r4"]
+    # a bad rid or format, or no data: no envelope; another field order or more fields: decoded
+    assert [r["event_time_ms"] for r in table] == [None, None, 5, None]
+    assert table[2]["event_id"] == str(big.event_id) and table[2]["headers"] == []
+    assert entry_columns("t", 0, [b"1-0"], [rows[2]]).raw_bytes == sum(map(len, rows[2]))
+
+
+def test_a_payload_string_that_is_not_utf8_is_archived_raw() -> None:
+    """An envelope whose payload holds bytes that are not UTF-8 where a string belongs (a
+    foreign writer) neither stops the segment nor loses the entry: `data` is kept; the typed
+    columns say why they are null."""
+    good = entry(1)
+    payload_key = b"\xa3seq"  # the payload's key "seq", a MessagePack fixstr
+    assert payload_key in good[1][b"data"]
+    bad_data = good[1][b"data"].replace(payload_key, b"\xa3\xff\xfeq")
+    rows = [good, (EntryId(good[0].ms + 1, 0), {**good[1], b"data": bad_data})]
+    data, info = encode_segment("t", 0, rows[0][0], rows[-1][0], rows)
+    table = pq.read_table(io.BytesIO(data)).to_pylist()
+    assert info.entries == 2 and table[1]["data"] == bad_data
+
+
+    class Tick(BaseModel):
+        seq: int
+
+    data, info = encode_segment(
+        "t", 0, rows[0][0], rows[-1][0], rows, typed=TypedPayloads({None: Tick})
+    )
+    table = pq.read_table(io.BytesIO(data)).to_pylist()
+    assert table[0]["seq"] == 1 and table[0]["typed_error"] is None
+    assert table[1]["seq"] is None and table[1]["typed_error"].startswith("DecodeError")
+    assert table[1]["event_id"] is None and table[1]["data"] == bad_data
 
 
 def test_encode_rejects_disorder() -> None:

@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 from eventbus.errors import ConfigError
 from eventbus.protocol.codec import F_DATA, Envelope, encode_entry, new_event_id
 from eventbus.protocol.ids import EntryId
-from eventbus.tier.segment import SCHEMA, decode_segment, encode_segment
+from eventbus.tier.segment import SCHEMA, decode_segment, encode_segment, entry_columns
 from eventbus.tier.typed import TypedPayloads, arrow_type, typed_struct
 
 MS = 1_700_000_000_000
@@ -139,6 +139,30 @@ def test_a_typed_segment_keeps_data_and_adds_typed_columns() -> None:
     # the tier's own reader still verifies it and reads the raw columns
     table2, info2 = decode_segment(data, "k", expect=("orders", 0, entries[0][0], entries[-1][0]))
     assert table2.column_names == list(SCHEMA.names) and info2 == info
+
+
+def test_typed_columns_of_a_page_equal_those_built_entry_by_entry() -> None:
+    """Payloads decoded once with the envelope and validated per page and model give the
+    struct that decoding each payload again gives (nested models, enums, datetimes, invalid
+    payloads, types without a model)."""
+    typed = TypedPayloads({"Placed": Placed, "Cancelled": Cancelled})
+    payloads: list[tuple[str, dict[str, object]]] = [
+        ("Placed", placed(0)),
+        ("Cancelled", {"order": 1, "reason": "late"}),
+        ("Placed", {"order": "x"}),
+        ("Shipped", {"order": 3}),
+    ]
+    rows = [entry(i, *payloads[i % 4]) for i in range(40)]
+    ids = [str(i).encode() for i, _ in rows]
+    fields = [[x for kv in f.items() for x in kv] for _, f in rows]
+    paged = entry_columns("orders", 0, ids, fields, typed)
+    odd = [b"rid", b"r", b"type", b"Placed", b"data", b"\x09junk"]  # sends the page entry by entry
+    single = entry_columns("orders", 0, [*ids, b"9999999999999-0"], [*fields, odd], typed)
+    assert single.typed is not None and paged.typed is not None
+    assert single.typed.slice(0, 40).to_pylist() == paged.typed.to_pylist()
+    assert single.typed_errors is not None and single.typed_errors[:40] == paged.typed_errors
+    assert single.typed_errors[40] is not None and single.typed_errors[40].startswith("DecodeError")
+    assert paged.typed_errors is not None and paged.typed_errors.count(None) == 30
 
 
 def test_a_typed_segment_with_a_forged_schema_is_corrupt() -> None:

@@ -85,3 +85,37 @@ async def test_a_store_s_copied_dictionaries_are_forgotten_with_it(redis_db: str
         assert get_bytes_sync(second, dictionary_key("ticks", dict_id))
     await bus.aclose()
     forget_dictionaries()
+
+
+async def test_entries_compressed_with_a_dictionary_get_their_envelope_columns(
+    redis_db: str, tmp_path
+) -> None:
+    """The offloader loads a dictionary from Redis before it encodes the segment whose entries
+    use it: an offloader that never saw the dictionary still fills their envelope columns."""
+    import pyarrow.parquet as pq
+
+    forget_dictionaries()
+    bus = make_bus(redis_db, shards=2)
+    store = open_store(str(tmp_path))
+    async with bus:
+        await publish_ticks(bus, "ticks", 200)
+        dicts = Dictionaries(bus.redis, bus.keys)
+        await dicts.train(
+            "ticks", await sample_bodies(bus, dicts, "ticks", 200, bus.settings), 2048
+        )
+        bus.publisher.dictionaries._current.clear()
+        for i in range(200, 300):
+            await bus.publish(
+                "ticks", Tick(resource=f"res-{i % 13}", seq=i), resource_id=f"res-{i % 13}"
+            )
+        forget_dictionaries()  # an offloader process that never published
+        await offload_until_caught_up(
+            bus.redis, store, settings=bus.settings, tier=fast_tier(), timeout_s=30
+        )
+    await bus.aclose()
+    files = sorted((tmp_path / "ticks").glob("*/*.parquet"))
+    rows = [r for f in files for r in pq.read_table(f, columns=["event_id", "data"]).to_pylist()]
+    assert len(rows) == 300
+    compressed = [r for r in rows if dictionary_id(r["data"]) is not None]
+    assert len(compressed) == 100
+    assert all(r["event_id"] is not None for r in rows)

@@ -224,3 +224,39 @@ async def test_typed_replay_names_segment_and_entry_of_a_bad_payload(
             got.append(replayed.event.seq)  # type: ignore[attr-defined]
     assert got == [0, 1, 2]
     assert len(list(iter_events(store, "typed", [Tock]))) == 0  # other types are skipped
+
+
+async def test_a_segment_ends_at_the_entry_that_reaches_segment_max_bytes(
+    redis_db: str, tmp_path
+) -> None:
+    """With `segment_max_bytes` the buffer is cut after the entry whose bytes (field names and
+    values, counted from the raw replies) reach it: every segment but a shard's last reaches
+    the size, and without its last entry it would not."""
+    import pyarrow.parquet as pq
+
+    bus = make_bus(redis_db, shards=2)
+    store = open_store(str(tmp_path))
+    async with bus:
+        published = await publish_ticks(bus, "ticks", 400)
+        tier = fast_tier(segment_max_entries=100_000, segment_max_bytes=4096)
+        await offload_until_caught_up(bus.redis, store, settings=bus.settings, tier=tier)
+        assert verify_archive(store, "ticks", expected_entry_ids=published).exactly_once
+    await bus.aclose()
+    for shard in (0, 1):
+        files = sorted((tmp_path / "ticks" / str(shard)).glob("*.parquet"))
+        assert len(files) > 2
+        for i, f in enumerate(files):
+            table = pq.read_table(f, columns=["resource_id", "event_type", "data"])
+            sizes = [
+                len(b"rid")
+                + len(r["resource_id"])
+                + len(b"type")
+                + len(r["event_type"])
+                + len(b"data")
+                + len(r["data"])
+                for r in table.to_pylist()
+            ]
+            assert int(pq.read_metadata(f).metadata[b"eventbus.raw_bytes"]) == sum(sizes)
+            assert sum(sizes[:-1]) < 4096  # no entry was held back past the size
+            if i < len(files) - 1:  # a shard's last segment: what was left when it ran out
+                assert sum(sizes) >= 4096
