@@ -211,7 +211,9 @@ def _decode_all(
     decode = _DECODE_BODY if payloads else _DECODE_HEAD
     try:
         return [decode(d[1:]) for d in datas]
-    except (msgspec.MsgspecError, UnicodeDecodeError):  # (a payload string that is not UTF-8)
+    # a payload string that is not UTF-8, or nesting past msgspec's depth (a poison entry):
+    # each entry then goes through `decode_entry`, which makes either its own DecodeError
+    except (msgspec.MsgspecError, UnicodeDecodeError, RecursionError):
         return None
 
 
