@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 from eventbus.errors import DecodeError
 from eventbus.protocol.codec import F_DATA, F_RESOURCE, F_TYPE, Envelope, decode_entry
 from eventbus.protocol.ids import EntryId
+from eventbus.tier.errors import CorruptSegment
 from eventbus.tier.layout import SegmentRef
 from eventbus.tier.segment import decode_segment
 from eventbus.tier.store import Store, get_bytes_sync
@@ -112,7 +113,8 @@ def read_segment(store: Store, ref: SegmentRef, flt: ReplayFilter | None = None)
     """The entries of segment `ref` that match `flt`, as `ArchivedEntry`s in entry-ID order, and
     the segment's entry count. The object is verified against its key (`decode_segment`).
 
-    Raises `CorruptSegment` (naming the key) when the object is damaged, `FileNotFoundError`
+    Raises `CorruptSegment` (naming the key) when the object is damaged or holds what the
+    offloader never writes (an event ID that is not a UUID), `FileNotFoundError`
     when it vanished, `StoreError` on other store failures.
     """
     data = get_bytes_sync(store, ref.key)
@@ -144,6 +146,12 @@ def read_segment(store: Store, ref: SegmentRef, flt: ReplayFilter | None = None)
         entry_id = EntryId(ms, seq)
         if check_range and not low <= entry_id <= high:
             continue
+        try:  # written by the offloader from a decoded envelope: anything else is tampering
+            event_id = None if eid is None else uuid.UUID(eid)
+        except ValueError:
+            raise CorruptSegment(
+                ref.key, f"entry {entry_id}: event_id {eid!r:.60} is not a UUID"
+            ) from None
         out.append(
             ArchivedEntry(
                 topic=info.topic,
@@ -152,7 +160,7 @@ def read_segment(store: Store, ref: SegmentRef, flt: ReplayFilter | None = None)
                 resource_id=rid,
                 event_type=etype,
                 published_at_ms=etime,
-                event_id=None if eid is None else uuid.UUID(eid),
+                event_id=event_id,
                 headers=None if headers is None else dict(headers),
                 data=payload,
                 segment=ref.key,

@@ -141,3 +141,21 @@ def test_replay_and_spark_refuse_a_damaged_segment_alike(tmp_path: Path, damage:
     replayed, sparked = _both_readers(tmp_path, data, first, last)
     assert replayed == sparked
     assert want in sparked and segment_key(TOPIC, 0, first, last) in sparked
+
+
+def test_an_event_id_that_is_no_uuid_is_a_corrupt_segment(tmp_path: Path) -> None:
+    """A segment whose ``event_id`` column holds text that is not a UUID (the offloader writes
+    the envelope's, or null) raised ``ValueError`` from replay and catch-up, not the
+    `CorruptSegment` naming the object that they handle (found by tests/unit/
+    test_decoders_fuzz.py)."""
+    ids = [EntryId(10, s) for s in range(3)]
+    table = pq.read_table(io.BytesIO(_forge(ids, ids[0], ids[-1])))
+    column = table.schema.get_field_index("event_id")
+    table = table.set_column(column, "event_id", pa.array([None, "not-a-uuid", None], pa.string()))
+    sink = io.BytesIO()
+    pq.write_table(table, sink, write_page_checksum=True)
+    key = segment_key(TOPIC, 0, ids[0], ids[-1])
+    (tmp_path / key).parent.mkdir(parents=True)
+    (tmp_path / key).write_bytes(sink.getvalue())
+    with pytest.raises(CorruptSegment, match=r"entry 10-1: event_id 'not-a-uuid' is not a UUID"):
+        list(iter_shard(open_store(str(tmp_path)), TOPIC, 0))
