@@ -36,9 +36,9 @@ SHARD_ORDER = b"\x00"
 def prepare_foreign(decoding: Decoding, codec: Codec, batch: Sequence[Delivery]) -> None:
     """Decode the entries of one read with `codec`, then `Decoding.route` them, as
     `Decoding.prepare` does: sets each `Delivery`'s `env`, `event` and `call`, or `error`
-    (undecodable, whatever the codec raised: `undecodable`; an unknown type, a payload the
-    model refuses, a bad reply address), and its
-    ``rid`` field to `SHARD_ORDER` (the module docstring). Control entries (eventbus's format,
+    (undecodable: whatever the codec raised, as `undecodable`; an unknown type, a payload the
+    model refuses, a bad reply address), and its ``rid`` field to `SHARD_ORDER` (the module
+    docstring). Control entries (eventbus's format,
     written by ``eventbus dlq``) are left to their turn. The event time is the entry ID's when
     the format carries none. Raises nothing."""
     limit = decoding.max_decoded_bytes
