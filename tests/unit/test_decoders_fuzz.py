@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 from hypothesis import HealthCheck, given, settings
+from hypothesis.configuration import set_hypothesis_home_dir
 from pydantic import BaseModel
 
 from eventbus.cli.rendering import json_text
@@ -74,6 +75,11 @@ from eventbus.tier.layout import SegmentRef, segment_key
 from eventbus.tier.segment import SCHEMA, decode_segment, encode_segment
 from eventbus.tier.store import open_store
 from eventbus.tier.typed import TypedPayloads
+
+# hypothesis caches the constants of the source under its home directory (by default
+# .hypothesis in the working directory, even without an example database): keep it out of the
+# repository
+set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "eventbus-hypothesis")
 
 DEFAULT_RECURSION_LIMIT = 1000
 PROFILE = "decoders"
