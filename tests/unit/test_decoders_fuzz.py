@@ -3,12 +3,14 @@ the bytes, only the decoder's documented error class comes out (`DecodeError`, `
 ...), never ``RecursionError``, ``MemoryError``, ``TypeError``, ``ValueError``, ...
 
 Each `Property` pairs a strategy (random bytes, well-formed values with hostile contents such as
-1,100-deep nesting, mutations of valid encodings) with a check that calls the decoder and lets
-only the documented error pass. Here they run under the ``decoders`` profile: few examples,
-derandomized (the same examples every run, so the suite stays deterministic), no deadline, no
-example database. ``stress/fuzz.py --minutes N`` runs the same `PROPERTIES` with random seeds
-for longer; what it finds becomes a regression test here (``test_found_*``). docs/security.md,
-"Fuzzing the decoders", lists what is covered.
+nesting around the decoders' depth limits, mutations of valid encodings) with a check that
+calls the decoder and lets only the documented error pass, at the interpreter's default
+recursion limit. Here they run under the ``decoders`` profile: 150 examples each, derandomized
+(the same examples every run, so the suite stays deterministic), no deadline, no example
+database. ``stress/fuzz.py --minutes N`` runs the same `PROPERTIES` with random seeds for
+longer; what it finds becomes a regression test in the tests of the decoder's module (e.g.
+test_codec_decode_limits.py, test_segment_verification.py). docs/security.md, "Fuzzing the
+decoders", lists what is covered.
 """
 
 from __future__ import annotations
