@@ -72,6 +72,19 @@ class DecodeError(EventBusError):
     """A stream entry cannot be decoded into an event (bad bytes, missing field, wrong schema)."""
 
 
+def undecodable(exc: Exception) -> DecodeError:
+    """`exc`, raised while decoding an entry, as the `DecodeError` the entry is dead-lettered
+    (or dropped, or reported) with: itself when it is one, else a `DecodeError` naming its class
+    (a ``RecursionError`` of a deeply nested value, a ``MemoryError``, a bug of a decoder), with
+    `exc` as its cause. Whatever bytes another client wrote must stop that entry, not the
+    consumer (docs/security.md, "Fuzzing the decoders")."""
+    if isinstance(exc, DecodeError):
+        return exc
+    error = DecodeError(f"{type(exc).__name__} while decoding: {cut(str(exc), 200)}")
+    error.__cause__ = exc
+    return error
+
+
 class UnknownEventType(DecodeError):
     """An entry's event type is not one the subscriber's handlers accept (`event_type`)."""
 

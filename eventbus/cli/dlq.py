@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
@@ -14,6 +13,7 @@ from rich.table import Table
 from eventbus.app import EventBus
 from eventbus.cli.connection import RedisUrl, open_bus, settings_from, stored_shards
 from eventbus.cli.output import cell, console, data_console, run_async, user_errors
+from eventbus.cli.rendering import json_text
 from eventbus.dlq import DeadLetter, DeadLetters
 from eventbus.errors import ConfigError, EventBusError
 from eventbus.protocol.codec import decode_entry
@@ -128,7 +128,7 @@ def dlq_show(topic: str, group: str, dlq_id: str, redis_url: RedisUrl = None) ->
         }
     except EventBusError as exc:
         out["event"] = {"undecodable": str(exc)}
-    print(json.dumps(out, indent=2, default=str))  # ASCII: control characters are escaped
+    print(json_text(out, indent=2))  # ASCII: control characters are escaped
 
 
 def _ids_or_resource_command(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any
 
 import typer
@@ -12,6 +11,7 @@ from rich.table import Table
 from eventbus.cli.connection import RedisUrl, open_bus, settings_from, stored_shards
 from eventbus.cli.output import cell, data_console, run_async, user_errors
 from eventbus.cli.placement import placement_table
+from eventbus.cli.rendering import json_text
 from eventbus.client.pipelines import execute
 from eventbus.config import Settings
 from eventbus.consumer.supervision import refused
@@ -172,6 +172,6 @@ async def _tail(settings: Settings, topic: str, count: int) -> None:
                     }
                 except EventBusError as exc:
                     out["error"] = str(exc)
-                print(json.dumps(out, default=str))  # ASCII: control characters are escaped
+                print(json_text(out))  # ASCII: control characters are escaped
     finally:
         await bus.aclose()

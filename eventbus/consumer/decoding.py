@@ -26,7 +26,7 @@ from eventbus.client import retry as retrying
 from eventbus.consumer.context import Subscription
 from eventbus.consumer.delivery import Delivery
 from eventbus.consumer.foreign import prepare_foreign
-from eventbus.errors import DecodeError, InvalidReply, UnknownEventType
+from eventbus.errors import DecodeError, InvalidReply, UnknownEventType, undecodable
 from eventbus.locking.member import Member
 from eventbus.ops.metrics import METRICS
 from eventbus.profiles import EVENTBUS
@@ -73,8 +73,10 @@ class Decoding:
         """Decode and validate the entries of one read ahead of their turn: each envelope
         (`decode_entry`), then `route`. Sets `Delivery.env`, `event` and `call`, or `error`;
         leaves control entries, large entries (decoded in a thread at their turn) and entries
-        whose dictionary is not loaded yet to `step`, which decodes them as before. Raises
-        nothing. (A wire profile's own format decodes with `prepare_foreign` instead.)"""
+        whose dictionary is not loaded yet to `step`, which decodes them as before. Whatever
+        decoding an entry raises is that entry's `error` (`undecodable`: a dead letter naming
+        it), never the read's. Raises nothing. (A wire profile's own format decodes with
+        `prepare_foreign` instead.)"""
         limit = self.max_decoded_bytes
         decoded: list[Delivery] = []
         for d in batch:
@@ -87,8 +89,8 @@ class Decoding:
                 continue
             try:
                 env = decode_entry(fields, max_bytes=limit)
-            except DecodeError as exc:
-                d.error = exc
+            except Exception as exc:  # DecodeError; anything else too (`undecodable`)
+                d.error = undecodable(exc)
                 continue
             if env.event_type.startswith(RESERVED_TYPE_PREFIX):  # a control entry: at its turn
                 continue
@@ -121,8 +123,8 @@ class Decoding:
                 d.call = route.call
                 try:
                     d.event = route.convert(env.payload)
-                except DecodeError as exc:
-                    d.error = exc
+                except Exception as exc:  # e.g. a bytes handler's payload nested too deep
+                    d.error = undecodable(exc)
         for model, ds in pending.items():
             adapter = self._adapters.get(model)
             if adapter is None:
@@ -134,8 +136,8 @@ class Decoding:
                 for d in ds:
                     try:
                         d.event = convert(d.env.payload)  # type: ignore[union-attr]
-                    except DecodeError as exc:
-                        d.error = exc
+                    except Exception as exc:
+                        d.error = undecodable(exc)
             else:
                 for d, event in zip(ds, events, strict=True):
                     d.event = event
@@ -143,23 +145,31 @@ class Decoding:
     async def decoded(self, fields: dict[bytes, bytes]) -> tuple[Envelope, Any]:
         """`decode`, on the event loop for a small entry, in a worker thread for a large one
         (`_large`): decompressing, unpacking and validating it can take seconds, and the loop
-        must go on refreshing the lease meanwhile. Raises `DecodeError` like `decode`."""
+        must go on refreshing the lease meanwhile. Raises `DecodeError` like `decode` (for
+        whatever the decode raised: `undecodable`), or the connection error that loading the
+        entry's dictionary from Redis still met after its retries."""
         data = fields.get(F_DATA)
         if data and data[0] in DICT_FORMATS:  # its dictionary, from Redis once
             topic = self.sub.topic.name  # a connection error is retried, not a dead letter
             await retrying.call(
                 self.retry, "dictionary load", lambda: self.dictionaries.ensure(topic, data)
             )
-        if not _large(fields):
-            return self.decode(fields)
-        return await anyio.to_thread.run_sync(_without_gc, self.decode, fields)
+        try:
+            if not _large(fields):
+                return self.decode(fields)
+            return await anyio.to_thread.run_sync(_without_gc, self.decode, fields)
+        except Exception as exc:
+            raise undecodable(exc)  # noqa: B904 (its cause is `exc`: `undecodable`)
 
     async def envelope(self, fields: dict[bytes, bytes]) -> Envelope:
         """The entry's envelope alone (control entries), bounded and off the loop like
-        `decoded`. Raises `DecodeError`."""
-        if not _large(fields):
-            return self._envelope(fields)
-        return await anyio.to_thread.run_sync(_without_gc, self._envelope, fields)
+        `decoded`. Raises `DecodeError` (for whatever the decode raised: `undecodable`)."""
+        try:
+            if not _large(fields):
+                return self._envelope(fields)
+            return await anyio.to_thread.run_sync(_without_gc, self._envelope, fields)
+        except Exception as exc:
+            raise undecodable(exc)  # noqa: B904 (its cause is `exc`: `undecodable`)
 
     def _envelope(self, fields: dict[bytes, bytes]) -> Envelope:
         return decode_entry(fields, max_bytes=self.max_decoded_bytes)
@@ -184,6 +194,8 @@ class Decoding:
             reply_stream(self.keys, env.headers)
         except InvalidReply as exc:
             return DecodeError(f"request that cannot be answered: {exc}")
+        except Exception as exc:  # whatever the headers make it raise: this entry's error
+            return undecodable(exc)
         return None
 
     def unknown(self, event_type: str) -> UnknownEventType:

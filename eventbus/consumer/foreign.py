@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from eventbus.errors import DecodeError
+from eventbus.errors import undecodable
 from eventbus.protocol.codec import F_RESOURCE
 from eventbus.protocol.dead_letters import is_control
 
@@ -36,8 +36,9 @@ SHARD_ORDER = b"\x00"
 def prepare_foreign(decoding: Decoding, codec: Codec, batch: Sequence[Delivery]) -> None:
     """Decode the entries of one read with `codec`, then `Decoding.route` them, as
     `Decoding.prepare` does: sets each `Delivery`'s `env`, `event` and `call`, or `error`
-    (undecodable, an unknown type, a payload the model refuses, a bad reply address), and its
-    ``rid`` field to `SHARD_ORDER` (the module docstring). Control entries (eventbus's format,
+    (undecodable: whatever the codec raised, as `undecodable`; an unknown type, a payload the
+    model refuses, a bad reply address), and its ``rid`` field to `SHARD_ORDER` (the module
+    docstring). Control entries (eventbus's format,
     written by ``eventbus dlq``) are left to their turn. The event time is the entry ID's when
     the format carries none. Raises nothing."""
     limit = decoding.max_decoded_bytes
@@ -49,8 +50,8 @@ def prepare_foreign(decoding: Decoding, codec: Codec, batch: Sequence[Delivery])
         fields[F_RESOURCE] = SHARD_ORDER
         try:
             d.env = codec.decode(fields, max_bytes=limit, entry_id=d.entry_id.decode())
-        except DecodeError as exc:
-            d.error = exc
+        except Exception as exc:  # whatever a codec raises stops this entry, not the consumer
+            d.error = undecodable(exc)
             continue
         decoded.append(d)
     decoding.route(decoded)

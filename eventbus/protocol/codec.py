@@ -241,9 +241,11 @@ def decode_entry(
         default ``max_bytes // DECOMPRESSION_FACTOR`` (= `max_payload_bytes` for consumers).
         The budget of a body is ``len(body) // CONTAINER_BYTES`` (at least `MIN_CONTAINERS`),
         capped by this.
-    :raises DecodeError: (never anything else) when a field is missing, the format byte is
-        unknown, the zstd frame or MessagePack body is corrupt, decompresses to more than
-        `max_bytes`, holds more containers than its budget, or the envelope lacks a key.
+    :raises DecodeError: (never anything else, whatever the bytes: tests/unit/
+        test_decoders_fuzz.py) when a field is missing, the format byte is unknown, the zstd
+        frame or MessagePack body is corrupt, decompresses to more than `max_bytes`, holds more
+        containers than its budget, is nested deeper than the decoder goes (about 1,000
+        levels), or the envelope lacks a key.
 
     Synchronous and CPU-bound: call it in a worker thread for entries over
     `THREAD_DECODE_BYTES` (see the module docstring).
@@ -266,6 +268,8 @@ def decode_entry(
             b = _BODY.decode(memoryview(data)[1:])
         except msgspec.MsgspecError as exc:
             raise DecodeError(f"corrupt envelope: {exc}") from None
+        except Exception as exc:  # e.g. RecursionError: msgspec goes about 1,000 levels deep
+            raise DecodeError(f"corrupt envelope: {type(exc).__name__}: {exc}") from None
         return Envelope(rid, etype, b.id, b.ts, b.h, b.p)
     if max_containers is None:
         max_containers = max(MIN_CONTAINERS, max_bytes // DECOMPRESSION_FACTOR)
@@ -279,12 +283,20 @@ def decode_entry(
             )
         except msgspec.MsgspecError as exc:
             raise DecodeError(f"corrupt envelope: {exc}") from None
+        except DecodeError:
+            raise
+        except Exception as exc:  # as above
+            raise DecodeError(f"corrupt envelope: {type(exc).__name__}: {exc}") from None
         return Envelope(rid, etype, data[1 + ID_BYTES : _COMPACT_HEAD], d.ts, d.h, d.p)
     body = decompressed_body(data, max_bytes=max_bytes)
     try:
         b = msgspec.convert(unpack_body(body, max_containers=max_containers), _Body)
     except msgspec.MsgspecError as exc:
         raise DecodeError(f"corrupt envelope: {exc}") from None
+    except DecodeError:
+        raise
+    except Exception as exc:  # as above
+        raise DecodeError(f"corrupt envelope: {type(exc).__name__}: {exc}") from None
     return Envelope(rid, etype, b.id, b.ts, b.h, b.p)
 
 

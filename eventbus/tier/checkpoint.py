@@ -24,6 +24,7 @@ from eventbus.locking.locks import Fenced
 from eventbus.locking.scripts import register
 from eventbus.protocol.ids import EntryId, parse_id
 from eventbus.protocol.keys import Keys
+from eventbus.tier.errors import CorruptCheckpoint
 from eventbus.tier.settings import OFFLOADER_GROUP
 
 
@@ -58,14 +59,19 @@ class Checkpoints:
         self._script = register(redis, "checkpoint")
 
     async def read(self, shard: int) -> ShardCheckpoint:
-        """The current state of `shard`."""
-        return _state(*await self.redis.hmget(self.key, _fields(shard)))
+        """The current state of `shard`. Raises `CorruptCheckpoint` for fields that are not
+        what the offloader writes."""
+        return checkpoint_state(
+            f"{self.key} shard {shard}", *await self.redis.hmget(self.key, _fields(shard))
+        )
 
     async def read_all(self, shard: int) -> ShardCheckpoint:
         """`read`, with ``HGETALL`` of the topic's hash: the one read of checkpoints that the
         consumer's ACL role has (docs/security.md), for its catch-up."""
         fields = await self.redis.hgetall(self.key)
-        return _state(*(fields.get(name.encode()) for name in _fields(shard)))
+        return checkpoint_state(
+            f"{self.key} shard {shard}", *(fields.get(name.encode()) for name in _fields(shard))
+        )
 
     async def begin(self, shard: int, me: str, token: int, intent: Intent) -> bool:
         """Record `intent` under the lock. Returns False, recording nothing, when another intent
@@ -129,20 +135,29 @@ def _fields(shard: int) -> list[str]:
     return [str(shard), f"{shard}:pending", f"{shard}:count", f"{shard}:gap"]
 
 
-def _state(
-    last: bytes | None, pending: bytes | None, count: bytes | None, gap: bytes | None
+def checkpoint_state(
+    where: str,
+    last: bytes | None,
+    pending: bytes | None,
+    count: bytes | None,
+    gap: bytes | None,
 ) -> ShardCheckpoint:
-    """A shard's `ShardCheckpoint` from its four fields (None: absent)."""
-    intent = None
-    if pending is not None:
-        first, end, n = pending.decode().split()
-        intent = Intent(parse_id(first), parse_id(end), int(n))
-    return ShardCheckpoint(
-        parse_id(last) if last is not None else None,
-        intent,
-        int(count or 0),
-        None if gap is None else gap.decode(),
-    )
+    """A shard's `ShardCheckpoint` from its four fields (None: absent), in `_fields`'s order.
+    Raises `CorruptCheckpoint` naming `where` (the hash and shard) for a field that is not what
+    ``lua/checkpoint.lua`` writes (whoever may write the hash can write anything)."""
+    try:
+        intent = None
+        if pending is not None:
+            first, end, n = pending.decode().split()
+            intent = Intent(parse_id(first), parse_id(end), int(n))
+        return ShardCheckpoint(
+            parse_id(last) if last is not None else None,
+            intent,
+            int(count or 0),
+            None if gap is None else gap.decode(),
+        )
+    except Exception as exc:  # ValueError, UnicodeDecodeError, ConfigError of parse_id
+        raise CorruptCheckpoint(where, f"{type(exc).__name__}: {exc}") from None
 
 
 def _fenced_unless(reply: Any) -> bool:

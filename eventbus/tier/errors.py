@@ -31,6 +31,16 @@ class CorruptGapRecord(TierError):
         self.key, self.reason = key, reason
 
 
+class CorruptCheckpoint(TierError):
+    """A shard's fields of the offloader checkpoint hash (`eventbus.tier.checkpoint`) are not
+    what the offloader writes: an entry ID, ``<first> <last> <entries>``, a count. `key` names
+    the hash and the shard."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(f"corrupt checkpoint {key}: {reason}")
+        self.key, self.reason = key, reason
+
+
 class LockUnavailable(TierError):
     """Shard locks needed by catch-up stayed held by live consumers past the timeout."""
 

@@ -109,3 +109,14 @@ def test_small_bodies_are_never_refused_for_structure() -> None:
     env = Envelope("r", "T", b"\1" * 16, 0, {}, [{} for _ in range(n)])
     assert len(decode_entry(encode_entry(env)).payload) == n
     assert CONTAINER_BYTES >= 1 and THREAD_DECODE_BYTES > 0
+
+
+@pytest.mark.parametrize("depth", [1_000, 3_000])
+def test_a_payload_nested_past_the_decoders_depth_is_a_decode_error(depth: int) -> None:
+    """A 1-3 KB entry of nested arrays: msgspec's typed decode (the 0x01 fast path) stops at
+    the interpreter's recursion limit with ``RecursionError``, which escaped `decode_entry` and
+    ended the consumer (and the offloader) reading it, at every restart."""
+    data = bytes([0x01]) + _with_payload(b"\x91" * depth + b"\x90")
+    assert len(data) <= MIN_CONTAINERS  # the fast path
+    with pytest.raises(DecodeError, match="RecursionError"):
+        decode_entry({b"rid": b"r", b"type": b"T", b"data": data})

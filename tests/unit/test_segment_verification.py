@@ -163,3 +163,21 @@ def test_a_segment_is_parsed_from_memory_arrow_owns(monkeypatch: pytest.MonkeyPa
     assert table.num_rows == 6
     [source] = sources
     assert isinstance(source, pa.BufferReader), type(source)
+
+
+def test_an_event_id_that_is_no_uuid_is_a_corrupt_segment(tmp_path: Path) -> None:
+    """A segment whose ``event_id`` column holds text that is not a UUID (the offloader writes
+    the envelope's, or null) raised ``ValueError`` from replay and catch-up, not the
+    `CorruptSegment` naming the object that they handle (found by tests/unit/
+    test_decoders_fuzz.py)."""
+    ids = [EntryId(10, s) for s in range(3)]
+    table = pq.read_table(io.BytesIO(_forge(ids, ids[0], ids[-1])))
+    column = table.schema.get_field_index("event_id")
+    table = table.set_column(column, "event_id", pa.array([None, "not-a-uuid", None], pa.string()))
+    sink = io.BytesIO()
+    pq.write_table(table, sink, write_page_checksum=True)
+    key = segment_key(TOPIC, 0, ids[0], ids[-1])
+    (tmp_path / key).parent.mkdir(parents=True)
+    (tmp_path / key).write_bytes(sink.getvalue())
+    with pytest.raises(CorruptSegment, match=r"event_id .*not a UUID"):
+        list(iter_shard(open_store(str(tmp_path)), TOPIC, 0))

@@ -1,4 +1,5 @@
-"""Gap records read back strictly, and an object store that cannot work refused when opened."""
+"""Gap records and checkpoint fields read back strictly, and an object store that cannot work
+refused when opened."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ import obstore
 import pytest
 
 from eventbus.protocol.ids import EntryId
+from eventbus.protocol.keys import Keys
+from eventbus.testing import memory_redis
+from eventbus.tier.checkpoint import Checkpoints, Intent, ShardCheckpoint, checkpoint_state
 from eventbus.tier.completeness import recorded_lost
-from eventbus.tier.errors import CorruptGapRecord, StoreError
+from eventbus.tier.errors import CorruptCheckpoint, CorruptGapRecord, StoreError
 from eventbus.tier.gaps import Gap, gap_json, gap_records, load_gap
 from eventbus.tier.layout import gap_key
 from eventbus.tier.store import open_store
@@ -89,3 +93,36 @@ def test_source_options_repr_hides_the_redis_password() -> None:
     )
     assert "hunter2" not in repr(opts) and "redis_url=" in repr(opts)
     assert opts.redis_url == "redis://:hunter2@h:6379/0"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        ({"0": b"\xff-0"}, "UnicodeDecodeError"),
+        ({"0": b"5-0", "0:pending": b"1-0 2-0"}, "ValueError"),
+        ({"0": b"5-0", "0:pending": b"1-0 x 3"}, "not a stream entry ID"),
+        ({"0:count": b"many"}, "ValueError"),
+        ({"0:gap": b"\xff"}, "UnicodeDecodeError"),
+    ],
+)
+async def test_checkpoint_fields_not_written_by_the_offloader_are_an_error_naming_them(
+    fields: dict[str, bytes], reason: str
+) -> None:
+    """Raised ``ValueError``, ``UnicodeDecodeError`` or `ConfigError` from the offloader's and
+    the catch-up's read of the checkpoint hash (found by tests/unit/test_decoders_fuzz.py)."""
+    redis = memory_redis()
+    checkpoints = Checkpoints(redis, Keys(), "orders")
+    await redis.hset(checkpoints.key, mapping=fields)
+    for read in (checkpoints.read, checkpoints.read_all):
+        with pytest.raises(CorruptCheckpoint, match=rf"{checkpoints.key} shard 0: .*{reason}"):
+            await read(0)
+    await redis.aclose()
+
+
+def test_checkpoint_fields_the_offloader_writes_read_back() -> None:
+    state = checkpoint_state("k", b"5-0", b"6-0 9-3 4", b"12", b"{}")
+    assert state == ShardCheckpoint(
+        EntryId(5, 0), Intent(EntryId(6, 0), EntryId(9, 3), 4), 12, "{}"
+    )
+    assert checkpoint_state("k", None, None, None, None) == ShardCheckpoint(None, None, 0, None)

@@ -179,3 +179,15 @@ def test_a_zlib_bomb_stops_at_max_bytes() -> None:
     assert len(bomb[b"msg"]) < 20_000
     with pytest.raises(DecodeError, match="more than 1000000 bytes"):
         decode_verse(bomb, max_bytes=1_000_000)
+
+
+def test_a_header_nested_past_jsons_depth_is_a_decode_error_naming_it() -> None:
+    """A ~50-byte Verse entry whose header value is nested 1,000 deep: its JSON text raised
+    ``RecursionError`` out of `decode_verse`, and `bus.run()` with it, at every restart."""
+    deep: Any = []
+    for _ in range(1_000):
+        deep = [deep]
+    body = {"i": "abc", "c": {"n": 7}, "h": {"event": "Ev", "x": deep}, "r": None}
+    fields = {b"msg": zlib.compress(msgpack.packb(body, use_bin_type=True))}
+    with pytest.raises(DecodeError, match=r"header 'x' .*RecursionError"):
+        decode_verse(fields)

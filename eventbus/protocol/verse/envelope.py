@@ -86,12 +86,22 @@ def decode_verse(
         `eventbus.protocol.codec.decode_entry`.
     :raises DecodeError: (never anything else) the ``msg`` field is missing, not a zlib stream,
         inflates to more than `max_bytes`, is not a map with a base-36 ``i`` and map ``h`` (or
-        nil), or ``r`` is neither a string nor nil.
+        nil), ``r`` is neither a string nor nil, or a header value has no JSON text (nested
+        too deep): whatever the bytes (tests/unit/test_decoders_fuzz.py).
     """
     try:
         data = fields[F_MSG]
     except KeyError:
         raise DecodeError("entry lacks field 'msg' (not a Verse entry)") from None
+    try:
+        return _decode(data, entry_id, max_bytes)
+    except DecodeError:
+        raise
+    except Exception as exc:  # never anything else, whatever the bytes
+        raise DecodeError(f"Verse entry does not decode: {type(exc).__name__}: {exc}") from None
+
+
+def _decode(data: bytes, entry_id: str | None, max_bytes: int) -> Envelope:
     body = _inflate(data, max_bytes)
     budget = max(MIN_CONTAINERS, max_bytes // DECOMPRESSION_FACTOR)
     value = unpack_body(body, max_containers=budget)
@@ -99,7 +109,7 @@ def decode_verse(
         raise DecodeError(f"Verse message is a {type(value).__name__}, not a map")
     message_id, headers, reply_to = value.get("i"), value.get("h") or {}, value.get("r")
     if not isinstance(message_id, str) or not _BASE36.fullmatch(message_id):
-        raise DecodeError(f"Verse message ID is not base-36 text: {message_id!r}")
+        raise DecodeError(f"Verse message ID is not base-36 text: {message_id!r:.80}")
     number = int(message_id, 36)
     if number >= 1 << 128:
         raise DecodeError(f"Verse message ID {message_id!r} is over 128 bits")
@@ -107,7 +117,7 @@ def decode_verse(
         raise DecodeError(f"Verse headers are not a map of text keys: {headers!r:.200}")
     if reply_to is not None and not isinstance(reply_to, str):
         raise DecodeError(f"Verse reply-to is a {type(reply_to).__name__}, not text")
-    text = {k: v if isinstance(v, str) else _json(v) for k, v in headers.items()}
+    text = {k: v if isinstance(v, str) else _json(k, v) for k, v in headers.items()}
     event_type = text.pop(EVENT_HEADER, "")
     resource_id = text.pop(RESOURCE_HEADER, "")
     if reply_to:
@@ -137,8 +147,16 @@ def _inflate(data: bytes, max_bytes: int) -> bytes:
     return body
 
 
-def _json(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), default=_plain)
+def _json(name: str, value: Any) -> str:
+    """Header `name`'s value as JSON text. Raises `DecodeError` for a value JSON cannot write:
+    nested deeper than the encoder goes (``RecursionError`` near 1,000 levels, which a 1 KB
+    entry can be)."""
+    try:
+        return json.dumps(value, separators=(",", ":"), default=_plain)
+    except (RecursionError, ValueError, TypeError) as exc:
+        raise DecodeError(
+            f"Verse header {name!r:.80} cannot be read as JSON text: {type(exc).__name__}: {exc}"
+        ) from None
 
 
 def _plain(value: Any) -> Any:
