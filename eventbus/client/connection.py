@@ -206,8 +206,7 @@ def timed_send(base: type) -> type:
     `ConnectionError`; a write of a connection another task closed raises `ConnectionError`
     (see `_guard_cluster`). A dropped connection is aborted, its unsent bytes discarded (a
     graceful close would keep them until a peer that does not read reads). Connecting and
-    health checks keep redis-py's own path (its
-    ``wait_for``, with this write under it).
+    health checks keep redis-py's own path (its ``wait_for``, with this write under it).
     """
     import asyncio
 
