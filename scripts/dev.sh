@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One entry point for a fresh Debian machine with Python 3.11: installs what is missing
+# One entry point for a fresh Debian machine with Python 3.11+: installs what is missing
 # (redis-server from Debian's packages, uv, the locked Python dependencies in .venv), then runs.
 #
 #   ./scripts/dev.sh flights [ARGS]   the main job: `python -m examples.flights` on embedded defaults
@@ -7,12 +7,16 @@
 #   ./scripts/dev.sh bench [ARGS]     the throughput/latency benchmark (stress/bench.py)
 #   ./scripts/dev.sh stress [ARGS]    the chaos harness (stress/chaos.py)
 #   ./scripts/dev.sh setup            only install
+#   --python 3.13 (after the command) runs on that Python, in .venv-3.13: an interpreter found
+#   in pyenv's versions, by `uv python find`, or on PATH; none is downloaded.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # uv trusts the system's certificate store (as pip and curl do), not only its built-in roots:
 # networks that inspect TLS add their CA there.
 export UV_NATIVE_TLS="${UV_NATIVE_TLS:-1}"
+# Interpreters are the machine's own: uv never downloads one.
+export UV_PYTHON_DOWNLOADS=never
 
 say() { printf '\033[1m[dev]\033[0m %s\n' "$*" >&2; }
 die() { printf '\033[31m[dev] %s\033[0m\n' "$*" >&2; exit 1; }
@@ -74,22 +78,58 @@ ensure_uv() {
   UV="$tools/bin/uv"
 }
 
+# The interpreter of `--python VERSION` (3.13 or 3.13.0): pyenv's versions, then `uv python
+# find`, then pythonX.Y on PATH; the newest patch release first.
+python_of() {
+  local want=$1 py found=""
+  [[ $want =~ ^3\.[0-9]+(\.[0-9]+)?$ ]] || die "--python takes a version such as 3.13, not '$want'"
+  local minor; minor=$(cut -d. -f1,2 <<<"$want")
+  local pyenv_root=${PYENV_ROOT:-$HOME/.pyenv}
+  if command -v pyenv >/dev/null; then pyenv_root=$(pyenv root); fi
+  for py in $(ls -d "$pyenv_root"/versions/"$want"* 2>/dev/null | sort -rV); do
+    if [ -x "$py/bin/python$minor" ]; then found="$py/bin/python$minor"; break; fi
+  done
+  if [ -z "$found" ] && [ -n "$UV" ]; then
+    found=$("$UV" python find --no-python-downloads --system "$want" 2>/dev/null) || found=""
+  fi
+  if [ -z "$found" ] && command -v "python$minor" >/dev/null; then found=$(command -v "python$minor"); fi
+  if [ -z "$found" ] || ! "$found" -c "import sys; assert sys.version.startswith('$want')" 2>/dev/null; then
+    die "Python $want not found (looked in $pyenv_root/versions, \`uv python find\`, PATH): install it (e.g. \`pyenv install $want\` or \`apt-get install python$minor python$minor-venv\`); this script does not download interpreters"
+  fi
+  "$found" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || die "Python $want is older than 3.11"
+  echo "$found"
+}
+
+VENV=.venv
+PYTHON=""  # set by --python
 ensure_venv() {
   ensure_uv
-  local py; py=$(python_bin)
+  local py
+  if [ -n "$PYTHON" ]; then py=$(python_of "$PYTHON"); else py=$(python_bin); fi
   # --frozen: install exactly what uv.lock pins; a stale lock is an error, not a silent update.
-  "$UV" sync --frozen --all-extras --group dev --python "$py" --quiet
+  UV_PROJECT_ENVIRONMENT="$VENV" "$UV" sync --frozen --all-extras --group dev --python "$py" \
+    --no-python-downloads --quiet
 }
 
 setup() { ensure_redis; ensure_java; ensure_venv; }
 
 cmd=${1:-}
 [ $# -gt 0 ] && shift
+args=()  # the command's own arguments, without --python VERSION
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --python) [ $# -ge 2 ] || die "--python needs a version, e.g. --python 3.13"; PYTHON=$2; shift 2 ;;
+    --python=*) PYTHON=${1#--python=}; shift ;;
+    *) args+=("$1"); shift ;;
+  esac
+done
+set -- ${args[@]+"${args[@]}"}
+if [ -n "$PYTHON" ]; then VENV=.venv-$(cut -d. -f1,2 <<<"$PYTHON"); fi
 case "$cmd" in
   setup) setup ;;
-  flights) setup; exec .venv/bin/python -m examples.flights "$@" ;;
-  test) setup; exec .venv/bin/pytest "$@" ;;
-  bench) setup; exec .venv/bin/python stress/bench.py "$@" ;;
-  stress) setup; exec .venv/bin/python stress/chaos.py "$@" ;;
-  *) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  flights) setup; exec "$VENV/bin/python" -m examples.flights "$@" ;;
+  test) setup; exec "$VENV/bin/pytest" "$@" ;;
+  bench) setup; exec "$VENV/bin/python" stress/bench.py "$@" ;;
+  stress) setup; exec "$VENV/bin/python" stress/chaos.py "$@" ;;
+  *) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -172,45 +172,41 @@ def _guard_cluster(client: Any) -> Any:
     moment; that task's next write then finds no socket writer and raises `AttributeError`
     (``'NoneType' object has no attribute 'writelines'``), which no retry and no caller treats as
     a lost connection (the family of redis/redis-py#4287). Seen in the cluster failover test:
-    the consumer's ack loop died of it. The asyncio Cluster client takes no connection class,
-    so the class is set where its nodes are made: the options every new node gets, and the
-    startup nodes already made.
+    the consumer's ack loop died of it. `timed_send`'s write raises `ConnectionError` instead.
+    The asyncio Cluster client takes no connection class, so the class is set where its nodes
+    are made: the options every new node gets, and the startup nodes already made.
     """
-    guarded = timed_send(_closed_is_connection_error(client.connection_kwargs["connection_class"]))
+    guarded = timed_send(client.connection_kwargs["connection_class"])
     client.connection_kwargs["connection_class"] = guarded
     for node in client.nodes_manager.startup_nodes.values():
         node.connection_class = guarded
     return client
 
 
-def _closed_is_connection_error(base: type) -> type:
-    """A subclass of the redis-py connection class `base` whose writes raise `ConnectionError`
-    instead of `AttributeError` after another task closed the connection (see `_guard_cluster`)."""
-    from redis.exceptions import ConnectionError as RedisConnectionError
-
-    class Guarded(base):  # type: ignore[misc]
-        async def _send_packed_command(self, command: Any) -> None:
-            if self._writer is None:  # no await since the check: nobody can close it in between
-                raise RedisConnectionError("connection closed by another task while in use")
-            await super()._send_packed_command(command)
-
-    Guarded.__name__ = Guarded.__qualname__ = f"Guarded{base.__name__}"
-    return Guarded
-
-
 @functools.cache
 def timed_send(base: type) -> type:
-    """A subclass of the redis-py asyncio connection class `base` that bounds a write on a
-    connected socket by ``socket_timeout`` with `asyncio.timeout` (a timer) instead of
-    `asyncio.wait_for`.
+    """A subclass of the redis-py asyncio connection class `base` whose writes are bounded by
+    time and by the bytes a connection may hold unsent, on every Python (3.11 to 3.13) and
+    event loop (asyncio's, uvloop).
 
-    redis-py (5.2 to 8.x) sends every command and pipeline under ``asyncio.wait_for(...,
-    socket_timeout)``, which on Python 3.11 wraps the write in a new Task: measured on this
-    project's 2-core machine, a PING round trip cost 166-178 us of CPU with a socket timeout
-    and 134-138 us without. The deadline and its errors are redis-py's: a write that does not
-    finish in ``socket_timeout`` seconds drops the connection and raises redis-py's
-    `TimeoutError`, an `OSError` drops it and raises `ConnectionError`. Connecting and health
-    checks keep redis-py's own path.
+    Bytes: a write goes through ``StreamWriter.write`` and then waits in ``drain()`` while the
+    transport holds more than its high-water mark (64 KiB by default) unsent, so a connection
+    holds at most that plus the command being written. redis-py writes with ``writelines``,
+    and asyncio's socket transport on CPython 3.12.0-3.12.8 and 3.13.0-3.13.1 never pauses its
+    protocol after a ``writelines`` (CPython gh-127655): ``drain()`` returns at once and every
+    command to a peer that stopped reading stays in memory (measured: 200 writes of 1 MiB,
+    205 MB buffered, no error; 3.11 and uvloop stop at the third).
+
+    Time: a write on a connected socket is bounded by ``socket_timeout`` (when set) with
+    `asyncio.timeout` (a timer) instead of redis-py's `asyncio.wait_for`, which on Python 3.11
+    runs the write in a new Task: measured on this project's 2-core machine, a PING round trip
+    cost 166-178 us of CPU with a socket timeout and 134-138 us without (3.12 made ``wait_for``
+    a timer too). A write that does not finish in ``socket_timeout`` seconds drops the
+    connection and raises redis-py's `TimeoutError`; an `OSError` drops it and raises
+    `ConnectionError`; a write of a connection another task closed raises `ConnectionError`
+    (see `_guard_cluster`). A dropped connection is aborted, its unsent bytes discarded (a
+    graceful close would keep them until a peer that does not read reads). Connecting and
+    health checks keep redis-py's own path (its ``wait_for``, with this write under it).
     """
     import asyncio
 
@@ -218,13 +214,21 @@ def timed_send(base: type) -> type:
     from redis.exceptions import TimeoutError as RedisTimeoutError
 
     class TimedSend(base):  # type: ignore[misc]
+        async def _send_packed_command(self, command: Any) -> None:
+            writer = self._writer
+            if writer is None:  # closed by another task (see _guard_cluster)
+                raise RedisConnectionError("connection closed by another task while in use")
+            # write(), not writelines(): see the docstring (CPython gh-127655). One chunk is
+            # written as is (join returns it); several are joined, as 3.11's writelines does.
+            writer.write(b"".join(command))
+            try:
+                await writer.drain()  # waits while the transport is over its high-water mark
+            except BaseException:  # timed out, cancelled, or lost: the command is partial
+                writer.transport.abort()  # drop the unsent bytes now, not when the peer reads
+                raise
+
         async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
-            timeout = self.socket_timeout
-            if (
-                not timeout
-                or not self.is_connected
-                or (check_health and self.health_check_interval)
-            ):
+            if not self.is_connected or (check_health and self.health_check_interval):
                 await super().send_packed_command(command, check_health)
                 return
             if isinstance(command, str):
@@ -232,7 +236,7 @@ def timed_send(base: type) -> type:
             if isinstance(command, bytes):
                 command = [command]
             try:
-                async with asyncio.timeout(timeout):
+                async with asyncio.timeout(self.socket_timeout or None):  # 0, None: no deadline
                     await self._send_packed_command(command)
             except TimeoutError:  # before OSError, its base class
                 await self.disconnect(nowait=True)
