@@ -2,11 +2,14 @@
 
 Each Spark task publishes its partition's rows **in row order** through the normal publisher
 (`eventbus.publishing.publisher.Publisher.publish_envelopes`: shard hash, ``MAXLEN ~``, size
-limit, coalesced pipelines) with one pipeline in flight at a time, so the XADDs reach Redis in row
-order. Sort within partitions (``df.repartition("plane").sortWithinPartitions("position")``) to
+limit, coalesced pipelines over one connection), so the XADDs reach Redis in row order. Sort within partitions (``df.repartition("plane").sortWithinPartitions("position")``) to
 fix each resource's order. Rows go in chunks of `CHUNK`, one ``publish_envelopes`` call each:
 a chunk is validated, encoded and size-checked whole before any of it is sent, so a bad row
 fails the task with nothing of its chunk published (earlier chunks stay published).
+
+Envelopes are built per Arrow slice, column by column. With a model of plain typed fields
+(`typed_payloads`) the payloads are read from the columns when they have the fields' types, no
+pydantic model per row; other batches and models are validated by pydantic.
 
 Options: ``topic``, ``redis_url``, ``resource_id_col`` (required); ``model`` (rows validated into
 it: payload ``model_dump(mode="json")``, type ``__event_type__`` or the class name) or
@@ -54,7 +57,7 @@ NAMESPACE = uuid.UUID("6f0e7c52-8d0f-4b59-9a57-3c1f1e0b5e11")
 """Namespace of the UUID version 5 event IDs derived from ``event_id_col``."""
 
 CHUNK = 5000
-"""Rows per `Publisher.publish_envelopes` call (per Arrow slice turned into Python rows)."""
+"""Rows per `Publisher.publish_envelopes` call (one Arrow slice's envelopes)."""
 
 
 _NAMESPACE_SHA1 = hashlib.sha1(NAMESPACE.bytes, usedforsecurity=False)
