@@ -2,8 +2,9 @@
 
 Each Spark task publishes its partition's rows **in row order** through the normal publisher
 (`eventbus.publishing.publisher.Publisher.publish_envelopes`: shard hash, ``MAXLEN ~``, size
-limit, coalesced pipelines over one connection), so the XADDs reach Redis in row order. Sort within partitions (``df.repartition("plane").sortWithinPartitions("position")``) to
-fix each resource's order. Rows go in chunks of `CHUNK`, one ``publish_envelopes`` call each:
+limit, coalesced pipelines over one connection), so the XADDs reach Redis in row order. Sort
+within partitions (``df.repartition("plane").sortWithinPartitions("position")``) to fix each
+resource's order. Rows go in chunks of `CHUNK`, one ``publish_envelopes`` call each:
 a chunk is validated, encoded and size-checked whole before any of it is sent, so a bad row
 fails the task with nothing of its chunk published (earlier chunks stay published).
 
@@ -81,6 +82,22 @@ def derived_event_id(topic: str, key: Any) -> bytes:
     return bytes(b)
 
 
+def derived_event_ids(topic: str, keys: list[Any]) -> list[bytes]:
+    """`derived_event_id` of each key, in order (one Arrow batch's ``event_id_col``); raises
+    its `ConfigError` for a null key."""
+    if None in keys:
+        raise ConfigError("a row has no event ID key (null in event_id_col)")
+    sha1, out = _NAMESPACE_SHA1.copy, []
+    for key in keys:
+        h = sha1()
+        h.update(f"{topic}/{key}".encode())
+        b = bytearray(h.digest()[:16])
+        b[6] = (b[6] & 0x0F) | 0x50
+        b[8] = (b[8] & 0x3F) | 0x80
+        out.append(bytes(b))
+    return out
+
+
 _ARROW_KINDS: dict[type, Callable[[pa.DataType], bool]] = {
     int: pa.types.is_integer,
     float: pa.types.is_floating,
@@ -124,7 +141,7 @@ def _plain_fields(model: type[BaseModel]) -> dict[str, tuple[type, bool, Any]] |
         default = ... if info.is_required() else info.default
         if default is not ... and not (default is None or type(default) is kind):
             return None
-        out[name] = (kind, nullable, default)  # type: ignore[assignment]
+        out[name] = (kind, nullable, default)
     return out
 
 
@@ -225,22 +242,27 @@ class EventWriter(DataSourceArrowWriter):
             else:
                 payloads = to_jsonable_python(rows)
         n = batch.num_rows
-        rids = batch.column(rcol).to_pylist()
-        headers = batch.column(hcol).to_pylist() if hcol else repeat(None, n)
-        topic = opts.topic
+        rid_col = batch.column(rcol)
+        text = pa.types.is_string(rid_col.type) or pa.types.is_large_string(rid_col.type)
+        if rid_col.null_count or (text and pc.any(pc.equal(rid_col, "")).as_py()):
+            i = next(i for i, r in enumerate(rid_col.to_pylist()) if r is None or r == "")
+            row = batch.slice(i, 1).to_pylist()[0]
+            raise ConfigError(f"row without a resource ID in column {rcol!r}: {row}")
+        rids = rid_col.to_pylist() if text else [str(r) for r in rid_col.to_pylist()]
+        if hcol:
+            headers = [dict(h) if h else {} for h in batch.column(hcol).to_pylist()]
+        else:
+            headers = [{} for _ in range(n)]
         eids = (
-            [derived_event_id(topic, k) for k in batch.column(kcol).to_pylist()]
+            derived_event_ids(opts.topic, batch.column(kcol).to_pylist())
             if kcol
             else [new_event_id() for _ in range(n)]
         )
         now = time.time_ns() // 1_000_000
-        out = []
-        for i, (rid, payload, h, eid) in enumerate(zip(rids, payloads, headers, eids, strict=True)):
-            if rid is None or rid == "":
-                row = batch.slice(i, 1).to_pylist()[0]
-                raise ConfigError(f"row without a resource ID in column {rcol!r}: {row}")
-            out.append(Envelope(str(rid), etype, eid, now, dict(h) if h else {}, payload))
-        return out
+        return [
+            Envelope(rid, etype, eid, now, h, payload)
+            for rid, payload, h, eid in zip(rids, payloads, headers, eids, strict=True)
+        ]
 
     async def _publish(self, iterator: Iterator[Any]) -> int:
         from eventbus.app import EventBus

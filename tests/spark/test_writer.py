@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 import redis
 from pydantic import BaseModel, Field, TypeAdapter, field_validator
+from pyspark.sql.pandas.types import from_arrow_schema
 from spark_support import Tick
 
 from eventbus.errors import ConfigError, PayloadTooLarge
@@ -21,6 +22,7 @@ from eventbus.spark.writer import (
     EventWriter,
     _plain_fields,
     derived_event_id,
+    derived_event_ids,
     typed_payloads,
 )
 
@@ -160,7 +162,8 @@ class Reading(BaseModel):
 
 def _pydantic_payloads(batch: Any) -> list[Any]:
     adapter = TypeAdapter(list[Reading])
-    return adapter.dump_python(adapter.validate_python(batch.to_pylist()), mode="json")
+    dumped: list[Any] = adapter.dump_python(adapter.validate_python(batch.to_pylist()), mode="json")
+    return dumped
 
 
 def test_typed_columns_give_the_payloads_pydantic_gives() -> None:
@@ -229,3 +232,33 @@ def test_models_with_more_than_plain_fields_are_validated_by_pydantic() -> None:
 @pytest.mark.parametrize("key", [0, 7, "abc", "ünï", 2**70, 1.5])
 def test_derived_event_ids_are_uuid5_of_topic_and_key(key: Any) -> None:
     assert derived_event_id("t", key) == uuid.uuid5(NAMESPACE, f"t/{key}").bytes
+    assert derived_event_ids("t", [key, "x"]) == [derived_event_id("t", k) for k in (key, "x")]
+    with pytest.raises(ConfigError, match="no event ID key"):
+        derived_event_ids("t", [key, None])
+
+
+@pytest.mark.parametrize("bad", [None, ""])
+def test_a_row_without_resource_id_fails_the_task_with_nothing_of_its_chunk_published(
+    redis_db: str, topic: str, bad: str | None
+) -> None:
+    table = pa.table({"rid": ["a", "b", "c", bad, "e"], "k": range(5)})
+    opts = SourceOptions.parse(
+        {"topic": topic, "redis_url": redis_db, "resource_id_col": "rid", "event_type": "Raw"},
+        need_store=False,
+    )
+    writer = EventWriter(opts, from_arrow_schema(table.schema))
+    with pytest.raises(ConfigError, match=r"row without a resource ID in column 'rid': .*'k': 3"):
+        writer.write(iter([table.slice(0, 2).to_batches()[0], table.slice(2).to_batches()[0]]))
+    published = sorted(env.payload["k"] for _, _, env in _entries(redis_db, topic, 16))
+    assert published == [0, 1]
+
+
+def test_resource_ids_of_a_number_column_are_its_text(redis_db: str, topic: str) -> None:
+    table = pa.table({"rid": [10, 20], "k": [1, 2]})
+    opts = SourceOptions.parse(
+        {"topic": topic, "redis_url": redis_db, "resource_id_col": "rid", "event_type": "Raw"},
+        need_store=False,
+    )
+    EventWriter(opts, from_arrow_schema(table.schema)).write(iter(table.to_batches()))
+    envs = sorted((e.payload["k"], e.resource_id) for _, _, e in _entries(redis_db, topic, 16))
+    assert envs == [(1, "10"), (2, "20")]
