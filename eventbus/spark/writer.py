@@ -2,11 +2,15 @@
 
 Each Spark task publishes its partition's rows **in row order** through the normal publisher
 (`eventbus.publishing.publisher.Publisher.publish_envelopes`: shard hash, ``MAXLEN ~``, size
-limit, coalesced pipelines) with one pipeline in flight at a time, so the XADDs reach Redis in row
-order. Sort within partitions (``df.repartition("plane").sortWithinPartitions("position")``) to
-fix each resource's order. Rows go in chunks of `CHUNK`, one ``publish_envelopes`` call each:
+limit, coalesced pipelines over one connection), so the XADDs reach Redis in row order. Sort
+within partitions (``df.repartition("plane").sortWithinPartitions("position")``) to fix each
+resource's order. Rows go in chunks of `CHUNK`, one ``publish_envelopes`` call each:
 a chunk is validated, encoded and size-checked whole before any of it is sent, so a bad row
 fails the task with nothing of its chunk published (earlier chunks stay published).
+
+Envelopes are built per Arrow slice, column by column. With a model of plain typed fields
+(`typed_payloads`) the payloads are read from the columns when they have the fields' types, no
+pydantic model per row; other batches and models are validated by pydantic.
 
 Options: ``topic``, ``redis_url``, ``resource_id_col`` (required); ``model`` (rows validated into
 it: payload ``model_dump(mode="json")``, type ``__event_type__`` or the class name) or
@@ -22,15 +26,22 @@ are different events.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import logging
 import time
+import types
+import typing
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 import anyio
-from pydantic import TypeAdapter, ValidationError
+import pyarrow as pa
+import pyarrow.compute as pc
+from pydantic import BaseModel, RootModel, TypeAdapter, ValidationError
 from pydantic_core import to_jsonable_python
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
@@ -47,17 +58,119 @@ NAMESPACE = uuid.UUID("6f0e7c52-8d0f-4b59-9a57-3c1f1e0b5e11")
 """Namespace of the UUID version 5 event IDs derived from ``event_id_col``."""
 
 CHUNK = 5000
-"""Rows per `Publisher.publish_envelopes` call (per Arrow slice turned into Python rows)."""
+"""Rows per `Publisher.publish_envelopes` call (one Arrow slice's envelopes)."""
+
+
+_NAMESPACE_SHA1 = hashlib.sha1(NAMESPACE.bytes, usedforsecurity=False)
 
 
 def derived_event_id(topic: str, key: Any) -> bytes:
     """The 16-byte event ID of the row whose ``event_id_col`` is `key`: UUID version 5 of
     ``"<topic>/<key>"`` (`uuid.uuid5`, RFC 9562), so the same row always gets the same ID.
     Raises `ConfigError` for a null key: every such row would get one ID, and a subscriber's
-    de-duplication window would drop all of them but the first."""
+    de-duplication window would drop all of them but the first.
+
+    Computed as `uuid.uuid5` does (SHA-1 of namespace and name, version and variant bits set)
+    without its `uuid.UUID` objects: a third of its cost, once per row."""
     if key is None:
         raise ConfigError("a row has no event ID key (null in event_id_col)")
-    return uuid.uuid5(NAMESPACE, f"{topic}/{key}").bytes
+    h = _NAMESPACE_SHA1.copy()
+    h.update(f"{topic}/{key}".encode())
+    b = bytearray(h.digest()[:16])
+    b[6] = (b[6] & 0x0F) | 0x50  # version 5
+    b[8] = (b[8] & 0x3F) | 0x80  # RFC 9562 variant
+    return bytes(b)
+
+
+def derived_event_ids(topic: str, keys: list[Any]) -> list[bytes]:
+    """`derived_event_id` of each key, in order (one Arrow batch's ``event_id_col``); raises
+    its `ConfigError` for a null key."""
+    if None in keys:
+        raise ConfigError("a row has no event ID key (null in event_id_col)")
+    sha1, out = _NAMESPACE_SHA1.copy, []
+    for key in keys:
+        h = sha1()
+        h.update(f"{topic}/{key}".encode())
+        b = bytearray(h.digest()[:16])
+        b[6] = (b[6] & 0x0F) | 0x50
+        b[8] = (b[8] & 0x3F) | 0x80
+        out.append(bytes(b))
+    return out
+
+
+_ARROW_KINDS: dict[type, Callable[[pa.DataType], bool]] = {
+    int: pa.types.is_integer,
+    float: pa.types.is_floating,
+    str: lambda t: pa.types.is_string(t) or pa.types.is_large_string(t),
+    bool: pa.types.is_boolean,
+}
+
+
+def _plain_fields(model: type[BaseModel]) -> dict[str, tuple[type, bool, Any]] | None:
+    """The model's fields as ``name -> (int|float|str|bool, nullable, default)`` (default
+    `...` when required), in declaration order, when validating and dumping it (json mode) is
+    the identity on values of those types: no validators, serializers, computed fields,
+    aliases, constraints, default factories or model settings. None otherwise."""
+    decorators = model.__pydantic_decorators__
+    if (
+        model.model_config
+        or any(getattr(decorators, f.name) for f in dataclasses.fields(decorators))
+        or model.__pydantic_post_init__ is not None
+        or issubclass(model, RootModel)
+    ):
+        return None
+    out: dict[str, tuple[type, bool, Any]] = {}
+    for name, info in model.model_fields.items():
+        if (
+            info.alias
+            or info.validation_alias
+            or info.serialization_alias
+            or info.metadata
+            or info.exclude
+            or info.default_factory is not None
+        ):
+            return None
+        kind, nullable = info.annotation, False
+        if isinstance(kind, types.UnionType) or typing.get_origin(kind) is typing.Union:
+            args = [a for a in typing.get_args(kind) if a is not type(None)]
+            if len(args) != 1 or len(typing.get_args(kind)) != 2:
+                return None
+            kind, nullable = args[0], True
+        if kind not in _ARROW_KINDS:
+            return None
+        default = ... if info.is_required() else info.default
+        if default is not ... and not (default is None or type(default) is kind):
+            return None
+        out[name] = (kind, nullable, default)
+    return out
+
+
+def typed_payloads(
+    batch: pa.RecordBatch, fields: dict[str, tuple[type, bool, Any]]
+) -> list[dict[str, Any]] | None:
+    """The payloads of `batch`'s rows as the model of `fields` (`_plain_fields`) would dump
+    them (``model_dump(mode="json")``: its fields in order, defaults for absent columns), read
+    column by column, no model per row. None when a column would not validate as is (missing
+    required field, another Arrow type, a null in a required field, a NaN or infinity): the
+    caller validates that batch through pydantic, which says why or converts."""
+    names = batch.schema.names
+    columns: list[Any] = []
+    for name, (kind, nullable, default) in fields.items():
+        if name not in names:
+            if default is ...:
+                return None
+            columns.append(repeat(default))
+            continue
+        col = batch.column(name)
+        if not _ARROW_KINDS[kind](col.type) or (col.null_count and not nullable):
+            return None
+        if kind is float and len(col) > col.null_count and not pc.all(pc.is_finite(col)).as_py():
+            return None
+        columns.append(col.to_pylist())
+    if all(isinstance(c, repeat) for c in columns):  # no column of the model: zip never ends
+        return None
+    keys = list(fields)
+    return [dict(zip(keys, values, strict=False)) for values in zip(*columns, strict=False)]
 
 
 @dataclass
@@ -98,42 +211,58 @@ class EventWriter(DataSourceArrowWriter):
         return Published(rows, time.perf_counter() - started)
 
     def _envelopes(
-        self, rows: list[dict[str, Any]], adapter: TypeAdapter[Any] | None, etype: str
+        self,
+        batch: pa.RecordBatch,
+        adapter: TypeAdapter[Any] | None,
+        fields: dict[str, tuple[type, bool, Any]] | None,
+        etype: str,
     ) -> list[Envelope]:
-        """Envelopes for `rows` (one Arrow batch). With a model the rows are validated and dumped
-        in one call each. Raises `ConfigError` for a row that does not validate or has no
-        resource ID (nothing of this batch is published then)."""
+        """Envelopes for the rows of `batch` (a slice of one Arrow batch), built column by
+        column. With a model whose fields are plain typed columns (`typed_payloads`) the payloads
+        are read from the columns; otherwise the rows are validated and dumped by pydantic in one
+        call each. Raises `ConfigError` for a row that does not validate or has no resource ID
+        (nothing of this batch is published then)."""
         opts = self.opts
         hcol, rcol, kcol = opts.headers_col, opts.resource_id_col or "", opts.event_id_col
-        headers = [r.pop(hcol, None) for r in rows] if hcol else [None] * len(rows)
-        if adapter is not None:
-            try:
-                payloads = adapter.dump_python(adapter.validate_python(rows), mode="json")
-            except ValidationError as exc:
-                err = exc.errors()[0]
-                raise ConfigError(
-                    f"row {err['loc'][0]} of a partition does not validate as {etype}: "
-                    f"{'.'.join(map(str, err['loc'][1:]))}: {err['msg']}"
-                ) from None
+        payloads = typed_payloads(batch, fields) if fields is not None else None
+        if payloads is None:
+            rows = batch.to_pylist()
+            if hcol:
+                for r in rows:
+                    r.pop(hcol, None)
+            if adapter is not None:
+                try:
+                    payloads = adapter.dump_python(adapter.validate_python(rows), mode="json")
+                except ValidationError as exc:
+                    err = exc.errors()[0]
+                    raise ConfigError(
+                        f"row {err['loc'][0]} of a partition does not validate as {etype}: "
+                        f"{'.'.join(map(str, err['loc'][1:]))}: {err['msg']}"
+                    ) from None
+            else:
+                payloads = to_jsonable_python(rows)
+        n = batch.num_rows
+        rid_col = batch.column(rcol)
+        text = pa.types.is_string(rid_col.type) or pa.types.is_large_string(rid_col.type)
+        if rid_col.null_count or (text and pc.any(pc.equal(rid_col, "")).as_py()):
+            i = next(i for i, r in enumerate(rid_col.to_pylist()) if r is None or r == "")
+            row = batch.slice(i, 1).to_pylist()[0]
+            raise ConfigError(f"row without a resource ID in column {rcol!r}: {row}")
+        rids = rid_col.to_pylist() if text else [str(r) for r in rid_col.to_pylist()]
+        if hcol:
+            headers = [dict(h) if h else {} for h in batch.column(hcol).to_pylist()]
         else:
-            payloads = to_jsonable_python(rows)
+            headers = [{} for _ in range(n)]
+        eids = (
+            derived_event_ids(opts.topic, batch.column(kcol).to_pylist())
+            if kcol
+            else [new_event_id() for _ in range(n)]
+        )
         now = time.time_ns() // 1_000_000
-        out = []
-        for values, payload, h in zip(rows, payloads, headers, strict=True):
-            rid = values.get(rcol)
-            if rid is None or rid == "":
-                raise ConfigError(f"row without a resource ID in column {rcol!r}: {values}")
-            eid = derived_event_id(opts.topic, values[kcol]) if kcol else new_event_id()
-            env = Envelope(
-                resource_id=str(rid),
-                event_type=etype,
-                event_id_bytes=eid,
-                published_at_ms=now,
-                headers=dict(h) if h else {},
-                payload=payload,
-            )
-            out.append(env)
-        return out
+        return [
+            Envelope(rid, etype, eid, now, h, payload)
+            for rid, payload, h, eid in zip(rids, payloads, headers, eids, strict=True)
+        ]
 
     async def _publish(self, iterator: Iterator[Any]) -> int:
         from eventbus.app import EventBus
@@ -143,13 +272,13 @@ class EventWriter(DataSourceArrowWriter):
             redis_url=opts.redis_url,
             key_prefix=opts.key_prefix,
             hashtag=opts.hashtag,
-            publish_pipelines=1,  # one pipeline in flight: XADDs land in call (row) order
-        )
+        )  # pipelines go over one connection in call order (`eventbus.publishing.sending`)
         bus = EventBus(settings)
         models = opts.models()
         model = models[None] if models else None
         adapter = TypeAdapter(list[model]) if model else None  # type: ignore[valid-type]
         etype = event_type_of(model) if model else opts.event_type or ""
+        fields = _plain_fields(model) if model else None
         count = 0
         try:
             async with bus:
@@ -159,8 +288,7 @@ class EventWriter(DataSourceArrowWriter):
                 await bus.registry.ensure(topic)  # checked once, before any row is queued
                 for batch in iterator:
                     for i in range(0, batch.num_rows, CHUNK):
-                        rows = batch.slice(i, CHUNK).to_pylist()
-                        envelopes = self._envelopes(rows, adapter, etype)
+                        envelopes = self._envelopes(batch.slice(i, CHUNK), adapter, fields, etype)
                         count += len(await bus.publisher.publish_envelopes(topic, envelopes))
         finally:
             await bus.aclose()

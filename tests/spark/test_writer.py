@@ -3,16 +3,28 @@
 from __future__ import annotations
 
 import secrets
+import uuid
 from typing import Any
 
+import pyarrow as pa
 import pytest
 import redis
+from pydantic import BaseModel, Field, TypeAdapter, field_validator
+from pyspark.sql.pandas.types import from_arrow_schema
+from spark_support import Tick
 
 from eventbus.errors import ConfigError, PayloadTooLarge
 from eventbus.protocol.codec import decode_entry
 from eventbus.protocol.keys import Keys
 from eventbus.spark.options import SourceOptions
-from eventbus.spark.writer import EventWriter, derived_event_id
+from eventbus.spark.writer import (
+    NAMESPACE,
+    EventWriter,
+    _plain_fields,
+    derived_event_id,
+    derived_event_ids,
+    typed_payloads,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -134,3 +146,119 @@ def test_a_null_event_id_key_is_an_error_not_one_id_for_every_such_row() -> None
     assert derived_event_id("t", "None") != derived_event_id("t", "none")
     with pytest.raises(ConfigError, match="no event ID key"):
         derived_event_id("t", None)
+
+
+class Reading(BaseModel):
+    """A model of plain typed fields: its payloads are read from the Arrow columns."""
+
+    sensor: str
+    seq: int
+    value: float
+    ok: bool
+    note: str | None
+    unit: str = "C"
+    scale: float | None = None
+
+
+def _pydantic_payloads(batch: Any) -> list[Any]:
+    adapter = TypeAdapter(list[Reading])
+    dumped: list[Any] = adapter.dump_python(adapter.validate_python(batch.to_pylist()), mode="json")
+    return dumped
+
+
+def test_typed_columns_give_the_payloads_pydantic_gives() -> None:
+    """A batch whose columns have the model's types: the payloads read from the columns equal
+    pydantic's validate-and-dump of the rows (field order, defaults for absent columns,
+    nulls in optional fields, extra columns dropped)."""
+    fields = _plain_fields(Reading)
+    assert fields is not None
+    batch = pa.record_batch(
+        {
+            "seq": pa.array([1, 2, 3], pa.int32()),
+            "sensor": ["a", "b", "c"],
+            "value": [1.5, -2.0, 0.0],
+            "ok": [True, False, True],
+            "note": ["x", None, "z"],
+            "scale": [None, 2.0, None],
+            "extra": [1, 2, 3],
+        }
+    )
+    payloads = typed_payloads(batch, fields)
+    assert payloads == _pydantic_payloads(batch)
+    assert [list(p) for p in payloads or []] == [list(Reading.model_fields)] * 3
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"value": pa.array([1, 2], pa.int64())},  # pydantic converts: int column, float field
+        {"value": [1.0, float("nan")]},  # pydantic's json-mode dump decides
+        {"value": [1.0, float("inf")]},
+        {"sensor": ["a", None]},  # a null in a required field: pydantic says which row
+        {"seq": ["1", "2"]},
+    ],
+)
+def test_columns_that_would_not_validate_as_they_are_go_through_pydantic(
+    change: dict[str, Any],
+) -> None:
+    columns: dict[str, Any] = {"sensor": ["a", "b"], "seq": [1, 2], "value": [1.0, 2.0]}
+    columns |= {"ok": [True, True], "note": [None, None]} | change
+    fields = _plain_fields(Reading)
+    assert fields is not None
+    assert typed_payloads(pa.record_batch(columns), fields) is None
+    missing = {k: v for k, v in columns.items() if k != "ok"}
+    assert typed_payloads(pa.record_batch(missing), fields) is None  # a required field absent
+
+
+def test_models_with_more_than_plain_fields_are_validated_by_pydantic() -> None:
+    class Checked(BaseModel):
+        seq: int
+
+        @field_validator("seq")
+        @classmethod
+        def positive(cls, v: int) -> int:
+            return abs(v)
+
+    class Limited(BaseModel):
+        seq: int = Field(ge=0)
+
+    class Aliased(BaseModel):
+        seq: int = Field(alias="n")
+
+    for model in (Tick, Checked, Limited, Aliased):  # Tick: a list field
+        assert _plain_fields(model) is None, model
+
+
+@pytest.mark.parametrize("key", [0, 7, "abc", "ünï", 2**70, 1.5])
+def test_derived_event_ids_are_uuid5_of_topic_and_key(key: Any) -> None:
+    assert derived_event_id("t", key) == uuid.uuid5(NAMESPACE, f"t/{key}").bytes
+    assert derived_event_ids("t", [key, "x"]) == [derived_event_id("t", k) for k in (key, "x")]
+    with pytest.raises(ConfigError, match="no event ID key"):
+        derived_event_ids("t", [key, None])
+
+
+@pytest.mark.parametrize("bad", [None, ""])
+def test_a_row_without_resource_id_fails_the_task_with_nothing_of_its_chunk_published(
+    redis_db: str, topic: str, bad: str | None
+) -> None:
+    table = pa.table({"rid": ["a", "b", "c", bad, "e"], "k": range(5)})
+    opts = SourceOptions.parse(
+        {"topic": topic, "redis_url": redis_db, "resource_id_col": "rid", "event_type": "Raw"},
+        need_store=False,
+    )
+    writer = EventWriter(opts, from_arrow_schema(table.schema))
+    with pytest.raises(ConfigError, match=r"row without a resource ID in column 'rid': .*'k': 3"):
+        writer.write(iter([table.slice(0, 2).to_batches()[0], table.slice(2).to_batches()[0]]))
+    published = sorted(env.payload["k"] for _, _, env in _entries(redis_db, topic, 16))
+    assert published == [0, 1]
+
+
+def test_resource_ids_of_a_number_column_are_its_text(redis_db: str, topic: str) -> None:
+    table = pa.table({"rid": [10, 20], "k": [1, 2]})
+    opts = SourceOptions.parse(
+        {"topic": topic, "redis_url": redis_db, "resource_id_col": "rid", "event_type": "Raw"},
+        need_store=False,
+    )
+    EventWriter(opts, from_arrow_schema(table.schema)).write(iter(table.to_batches()))
+    envs = sorted((e.payload["k"], e.resource_id) for _, _, e in _entries(redis_db, topic, 16))
+    assert envs == [(1, "10"), (2, "20")]
