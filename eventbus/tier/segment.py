@@ -372,16 +372,7 @@ def _misplaced(ms: Any, seq: Any, first: EntryId, last: EntryId) -> int | None:
     )
     ok = pc.and_(first_ok, last_ok)
     if n > 1:
-        a_ms, b_ms, a_seq, b_seq = (
-            ms.slice(0, n - 1),
-            ms.slice(1),
-            seq.slice(0, n - 1),
-            seq.slice(1),
-        )
-        after = pc.or_(
-            pc.greater(b_ms, a_ms), pc.and_(pc.equal(b_ms, a_ms), pc.greater(b_seq, a_seq))
-        )
-        ok = pc.and_(ok, pa.concat_arrays([pa.array([True]), after]))
+        ok = pc.and_(ok, pa.concat_arrays([pa.array([True]), _after_previous(ms, seq)]))
     if pc.all(ok).as_py():
         return None
     return int(pc.index(ok, False).as_py())
@@ -627,15 +618,7 @@ def _check_order(table: pa.Table, info: SegmentInfo, key: str) -> None:
 
     disorder = n  # the first row not after the row before it
     if n > 1:
-        a_ms, b_ms, a_seq, b_seq = (
-            ms.slice(0, n - 1),
-            ms.slice(1),
-            seq.slice(0, n - 1),
-            seq.slice(1),
-        )
-        after = pc.or_(
-            pc.greater(b_ms, a_ms), pc.and_(pc.equal(b_ms, a_ms), pc.greater(b_seq, a_seq))
-        )
+        after = _after_previous(ms, seq)
         if not pc.all(after).as_py():  # where: only on a fault (`index` is the slower scan)
             disorder = pc.index(after, False).as_py() + 1
     bad = 0 if entry(0) < info.first else None
@@ -647,3 +630,11 @@ def _check_order(table: pa.Table, info: SegmentInfo, key: str) -> None:
         raise CorruptSegment(
             key, f"entry {entry(bad)} out of order or outside {info.first}..{info.last}"
         )
+
+
+def _after_previous(ms: Any, seq: Any) -> Any:
+    """For rows 1..n-1 of the entry-ID columns `ms`, `seq` (n >= 2): whether each row's ID is
+    after the previous row's (a boolean array of n - 1)."""
+    n = len(ms)
+    a_ms, b_ms, a_seq, b_seq = ms.slice(0, n - 1), ms.slice(1), seq.slice(0, n - 1), seq.slice(1)
+    return pc.or_(pc.greater(b_ms, a_ms), pc.and_(pc.equal(b_ms, a_ms), pc.greater(b_seq, a_seq)))
