@@ -322,6 +322,16 @@ def check_bounds(
             )
 
 
+def fail_or_warn(text: str, on_gap: str | None) -> None:
+    """Raise `TierError` with `text` when ``on_gap == "fail"``, else say it on the driver: a
+    warning on logger ``eventbus.spark`` and a `RuntimeWarning` (pointing at the read's
+    caller of ``surface_*``)."""
+    if on_gap == "fail":
+        raise TierError(text)
+    log.warning(text)
+    warnings.warn(text, RuntimeWarning, stacklevel=3)
+
+
 def surface_beyond(topic: str, beyond: Sequence[str], on_gap: str | None) -> None:
     """Warn about (``on_gap="fail"``: raise `TierError` for) a read whose starting offsets are
     past the shards' last entries: entries added later before those offsets would never be
@@ -333,10 +343,7 @@ def surface_beyond(topic: str, beyond: Sequence[str], on_gap: str | None) -> Non
         + "; ".join(beyond[:5])
         + "): nothing to read there, and entries added before those offsets would be skipped"
     )
-    if on_gap == "fail":
-        raise TierError(text)
-    log.warning(text)
-    warnings.warn(text, RuntimeWarning, stacklevel=2)
+    fail_or_warn(text, on_gap)
 
 
 def overlap_floors(refs: Sequence[SegmentRef]) -> dict[str, EntryId | None]:
@@ -384,10 +391,7 @@ def surface_gaps(topic: str, gaps: Sequence[dict[str, Any]], on_gap: str | None)
         "lost before they were archived; onGap / failOnDataLoss decide whether this fails); "
         "read them with option('table', 'gaps'): " + ", ".join(g["key"] for g in gaps[:5])
     )
-    if on_gap == "fail":
-        raise TierError(text)
-    log.warning(text)
-    warnings.warn(text, RuntimeWarning, stacklevel=2)
+    fail_or_warn(text, on_gap)
 
 
 def _pack(refs: list[SegmentRef], pack_bytes: int) -> Iterator[list[SegmentRef]]:

@@ -23,7 +23,6 @@ is checked per topic.
 from __future__ import annotations
 
 import logging
-import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +48,7 @@ from eventbus.spark.planning import (
     RangePart,
     archived_upto,
     checkpoints,
+    fail_or_warn,
     last_ids,
     shard_count,
     surface_gaps,
@@ -56,7 +56,6 @@ from eventbus.spark.planning import (
 )
 from eventbus.spark.reading import read_range
 from eventbus.spark.schema import arrow_schema
-from eventbus.tier.errors import TierError
 from eventbus.tier.layout import SegmentRef
 
 __all__ = ["Offset", "Offsets", "StreamReader", "parse_start"]
@@ -395,10 +394,7 @@ def surface_loss(topic: str, beyond: list[str], on_gap: str) -> None:
         + "; ".join(beyond[:5])
         + "): entries added there would be skipped; failOnDataLoss=false reads on"
     )
-    if on_gap == "fail":
-        raise TierError(text)
-    log.warning(text)
-    warnings.warn(text, RuntimeWarning, stacklevel=2)
+    fail_or_warn(text, on_gap)
 
 
 def _lost_in(gap: dict[str, Any], after: EntryId, upto: EntryId) -> bool:
