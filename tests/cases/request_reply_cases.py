@@ -1,4 +1,4 @@
-"""Replies bound to their request (issue 35 item 2), as cases run on fakeredis and on a real
+"""Replies bound to their request, as cases run on fakeredis and on a real
 redis-server (`cases.backends`): a request carries no secret; a caller accepts a reply only if it
 names the request's own shard and entry ID, so a reply written by someone who knows the reply
 stream and correlation ID but not the entry, or the answer to a request that copied another
