@@ -14,6 +14,7 @@ from eventbus.cli.connection import RedisUrl, settings_from
 from eventbus.cli.output import cell, console, data_console, user_errors
 from eventbus.config import Settings
 from eventbus.config.settings import warn_unknown_variables
+from eventbus.tier import settings as _tier_settings  # noqa: F401  (registers EVENTBUS_TIER_*)
 
 
 def settings_rows(s: Settings, *, url_option: bool) -> list[dict[str, Any]]:

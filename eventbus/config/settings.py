@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -303,7 +303,16 @@ class Settings(BaseSettings):
 
 OTHER_VARIABLES = frozenset({"EVENTBUS_UVLOOP", "EVENTBUS_TEST_REDIS_URL"})
 """``EVENTBUS_*`` variables read outside `Settings` (the event loop, the pytest plugin)."""
+_families: dict[str, frozenset[str]] = {}
 _warned: set[str] = set()
+
+
+def register_variables(prefix: str, fields: Iterable[str]) -> None:
+    """Declare a family of settings read outside `Settings` from ``<prefix><FIELD>`` (the
+    durable tier's ``EVENTBUS_TIER_*``, `eventbus.tier.TierSettings`), so that a misspelt member
+    is warned too. Until its family registers, a prefixed variable is not judged: a process
+    that never loads the tier does not read them."""
+    _families[prefix.upper()] = frozenset(f"{prefix}{name}".upper() for name in fields)
 
 
 def env_name(field: str, environ: Mapping[str, str] | None = None) -> str:
@@ -321,19 +330,21 @@ def unknown_variables(environ: Mapping[str, str] | None = None) -> list[str]:
     """One line per ``EVENTBUS_*`` variable of `environ` (default: the process's) that nothing
     reads (a misspelt setting is otherwise ignored without a word), with the closest known
     name: ``EVENTBUS_SHRADS is not an eventbus setting (did you mean EVENTBUS_SHARDS?)``.
-    ``EVENTBUS_TIER_*`` variables are the durable tier's (`eventbus.tier.TierSettings`)."""
+    A variable of a registered family (`register_variables`) is judged against that family."""
     environ = os.environ if environ is None else environ
     known = {f"EVENTBUS_{name.upper()}" for name in Settings.model_fields} | OTHER_VARIABLES
     lines = []
     for name in sorted(environ):
         upper = name.upper()
-        if (
-            not upper.startswith("EVENTBUS_")
-            or upper in known
-            or upper.startswith("EVENTBUS_TIER_")
-        ):
+        if not upper.startswith("EVENTBUS_") or upper in known:
             continue
-        close = difflib.get_close_matches(upper, sorted(known), n=1, cutoff=0.6)
+        family = next((p for p in _families if upper.startswith(p)), None)
+        if family is None and upper.startswith("EVENTBUS_TIER_"):
+            continue  # the tier's family, not loaded in this process
+        candidates = _families[family] if family else known
+        if upper in candidates:
+            continue
+        close = difflib.get_close_matches(upper, sorted(candidates), n=1, cutoff=0.6)
         hint = f" (did you mean {close[0]}?)" if close else ""
         lines.append(f"{name} is not an eventbus setting{hint}; it is ignored")
     return lines

@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from eventbus.config.settings import register_variables, warn_unknown_variables
 
 OFFLOADER_GROUP = "_offloader"
 """The lock "group" of offloaders: their shard locks live at ``Keys.locks(topic, "_offloader")``
@@ -76,3 +78,11 @@ class TierSettings(BaseSettings):
         if isinstance(value, dict):
             return {k: json.dumps(v) if isinstance(v, dict) else v for k, v in value.items()}
         return value
+
+    @model_validator(mode="after")
+    def _warn_unknown(self) -> TierSettings:
+        warn_unknown_variables()  # ``EVENTBUS_TIER_SEGMNT_MAX_S`` was ignored without a word
+        return self
+
+
+register_variables(TierSettings.model_config["env_prefix"], TierSettings.model_fields)

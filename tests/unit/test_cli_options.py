@@ -36,6 +36,8 @@ def test_a_directory_as_output_file_is_refused_before_the_command_runs(
     [
         (["run", "examples.orders_service:bus", "--metrics-port", "99999"], "--metrics-port"),
         (["run", "examples.orders_service:bus", "--metrics-port", "0"], "--metrics-port"),
+        (["offload", "--once", "--metrics-port", "99999"], "--metrics-port"),
+        (["offload", "--once", "--metrics-port", "0"], "--metrics-port"),
         (["tail", "orders", "--count", "0"], "--count"),
         (["dlq", "list", "orders", "billing", "--count", "-1"], "--count"),
         (["topic", "train-dict", "orders", "--sample", "0"], "--sample"),

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from eventbus.cli import app
 from eventbus.config import Settings
+from eventbus.tier.settings import TierSettings
 
 RUNNER = CliRunner()
 
@@ -102,6 +103,7 @@ def test_a_misspelt_variable_is_warned_with_the_setting_it_resembles(
     monkeypatch.setenv("EVENTBUS_SHRADS", "4")
     monkeypatch.setenv("EVENTBUS_UVLOOP", "0")  # read elsewhere: no warning
     monkeypatch.setenv("EVENTBUS_TIER_STORE_URL", "/tmp/x")  # the tier's settings
+    monkeypatch.setenv("EVENTBUS_TIER_SEGMNT_MAX_AGE_S", "5")  # misspelt: the tier's family
     result = RUNNER.invoke(app, ["settings"])
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
@@ -109,10 +111,17 @@ def test_a_misspelt_variable_is_warned_with_the_setting_it_resembles(
     assert "did you mean EVENTBUS_SHARDS?" in text
     assert "UVLOOP" not in text.replace("EVENTBUS_UVLOOP", "") and "is ignored" in text
     assert "EVENTBUS_TIER_STORE_URL is not" not in text and "EVENTBUS_UVLOOP is not" not in text
+    assert (
+        "EVENTBUS_TIER_SEGMNT_MAX_AGE_S is not an eventbus setting "
+        "(did you mean EVENTBUS_TIER_SEGMENT_MAX_AGE_S?)" in text
+    )
     monkeypatch.setattr(eventbus.config.settings, "_warned", set())
     with caplog.at_level("WARNING", logger="eventbus.config"):
         assert Settings().shards == 16  # the library logs it, once per process
         Settings()
+        assert TierSettings().segment_max_age_s == 60.0  # the tier's family, warned by the tier
     assert [r.getMessage() for r in caplog.records] == [
-        "EVENTBUS_SHRADS is not an eventbus setting (did you mean EVENTBUS_SHARDS?); it is ignored"
+        "EVENTBUS_SHRADS is not an eventbus setting (did you mean EVENTBUS_SHARDS?); it is ignored",
+        "EVENTBUS_TIER_SEGMNT_MAX_AGE_S is not an eventbus setting "
+        "(did you mean EVENTBUS_TIER_SEGMENT_MAX_AGE_S?); it is ignored",
     ]

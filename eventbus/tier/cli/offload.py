@@ -14,6 +14,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from eventbus.client.loops import stop_on_signal
 from eventbus.errors import ConfigError, EventBusError, RedisUnavailable
+from eventbus.ops.cli_options import port_option
 from eventbus.ops.logs import configure
 from eventbus.tier.cli.common import (
     RedisUrl,
@@ -42,7 +43,7 @@ def offload(
     ] = None,
     redis_url: RedisUrl = None,
     metrics_port: Annotated[
-        int | None, typer.Option(help="Serve Prometheus metrics on this port.")
+        int | None, port_option("Serve Prometheus metrics on this port.")
     ] = None,
     log_level: Annotated[str, typer.Option()] = "info",
 ) -> None:
