@@ -2,61 +2,106 @@
 --
 -- KEYS[1]  members  sorted set: consumer ID -> liveness deadline (server time, ms)
 -- KEYS[2]  locks    hash: "<shard>" -> owner consumer ID, "<shard>:token" -> fencing token
+-- KEYS[3]  epoch    hash: "n" -> the group's coordination epoch (an integer), "since" -> the
+--                   server time (ms) the key was made: the epoch is "<since>:<n>"
 -- ARGV[1]  consumer ID of the caller
 -- ARGV[2]  liveness TTL (ms)
 -- ARGV[3]  shard count of the topic (for the fair share)
--- ARGV[4..] candidate shards, in the caller's order of preference
+-- ARGV[4]  the epoch at which the caller last scanned every shard, or "" (scan now)
+-- ARGV[5]  H: how many of the following shards are the ones the caller holds
+-- ARGV[6..5+H]  the shards the caller holds (read only when ARGV[4] is the current epoch)
+-- ARGV[6+H]     S: "" when the candidates follow; else a shard, and the candidates are every
+--               shard in the order S, S+1, ..., shard count - 1, 0, ..., S-1 (none follow)
+-- ARGV[7+H..]   candidate shards, in the caller's order of preference
 --
 -- A lock is taken when it is free, or held by a consumer whose liveness has expired, or already
 -- held by the caller. The caller holds at most ceil(shards / live consumers) locks after the call
 -- (the fair share); locks it already holds are kept even above that (the caller releases its
 -- surplus once the shard is idle). Every change of owner increments the lock's fencing token.
 --
--- Returns {fair_share, {shard, token, state}, ...}: one triple per lock the caller now holds,
--- state 0 = it already held the lock, 1 = it has just taken a free lock, 2 = it has just taken
--- the lock from a consumer whose liveness expired. On 1 and 2 the caller is the new owner and
--- must recover the shard's pending entries before reading new ones.
+-- The epoch grows whenever a lock may have become takeable or the share may have changed: a
+-- member joined or was dropped (here), or locks were released or a member left
+-- (unlock_shards.lua). Between two such changes no lock becomes free and no member dies, so a
+-- caller that scanned every shard at the current epoch cannot take anything: the call then only
+-- reads the shards the caller says it holds (O(held), not O(shards)). A stale or wrong epoch
+-- from the caller only makes it scan, or miss takeable locks until the next change; it never
+-- gives it a lock another member holds.
+--
+-- Returns {fair_share, epoch, {shard, token, state}, ...}: one triple per lock the caller now
+-- holds, state 0 = it already held the lock, 1 = it has just taken a free lock, 2 = it has just
+-- taken the lock from a consumer whose liveness expired. On 1 and 2 the caller is the new owner
+-- and must recover the shard's pending entries before reading new ones.
 -- Uses only plain Lua 5.1 (no bit library), so fakeredis runs it too.
 
 local members = KEYS[1]
 local locks = KEYS[2]
+local epoch_key = KEYS[3]
 local me = ARGV[1]
 local ttl_ms = tonumber(ARGV[2])
 local shard_count = tonumber(ARGV[3])
+local known_epoch = ARGV[4]
+local n_held = tonumber(ARGV[5])
 
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
-redis.call('ZREMRANGEBYSCORE', members, '-inf', '(' .. now_ms)
-redis.call('ZADD', members, now_ms + ttl_ms, me)
+local dropped = redis.call('ZREMRANGEBYSCORE', members, '-inf', '(' .. now_ms)
+local joined = redis.call('ZADD', members, now_ms + ttl_ms, me)
+local n = redis.call('HGET', epoch_key, 'n')  -- (HGET twice: the roles allow no HMGET)
+local since = redis.call('HGET', epoch_key, 'since')
+if dropped > 0 or joined > 0 then
+  n = redis.call('HINCRBY', epoch_key, 'n', 1)
+end
+if not since then  -- a new epoch key (first use, or the data was lost): a new era of epochs
+  since = tostring(now_ms)
+  redis.call('HSET', epoch_key, 'since', since)
+end
+-- "<since>:<n>": after a FLUSHALL the counter starts again, the era does not come back
+local epoch = since .. ':' .. tostring(n or 0)
 local live = redis.call('ZCARD', members)
 local share = math.ceil(shard_count / live)
 
 local held = {}
-local count = 0
-local free = {}
-for i = 4, #ARGV do
-  local shard = ARGV[i]
-  local owner = redis.call('HGET', locks, shard)
-  if owner == me then
+if known_epoch == epoch then
+  for i = 6, 5 + n_held do
+    local shard = ARGV[i]
+    if redis.call('HGET', locks, shard) == me then
+      held[#held + 1] = {tonumber(shard), tonumber(redis.call('HGET', locks, shard .. ':token') or 0), 0}
+    end
+  end
+else
+  local count = 0
+  local free = {}
+  local start = ARGV[6 + n_held]
+  local first, last = 7 + n_held, #ARGV
+  if start ~= '' then
+    start = tonumber(start)
+    first, last = 0, shard_count - 1
+  end
+  for i = first, last do
+    local shard
+    if start ~= '' then shard = tostring((start + i) % shard_count) else shard = ARGV[i] end
+    local owner = redis.call('HGET', locks, shard)
+    if owner == me then
+      count = count + 1
+      held[#held + 1] = {tonumber(shard), tonumber(redis.call('HGET', locks, shard .. ':token') or 0), 0}
+    elseif not owner then
+      free[#free + 1] = {shard, 1}
+    elseif not redis.call('ZSCORE', members, owner) then  -- expired members were removed above
+      free[#free + 1] = {shard, 2}
+    end
+  end
+
+  for _, f in ipairs(free) do
+    if count >= share then break end
+    local shard, state = f[1], f[2]
+    redis.call('HSET', locks, shard, me)
+    local token = redis.call('HINCRBY', locks, shard .. ':token', 1)
     count = count + 1
-    held[#held + 1] = {tonumber(shard), tonumber(redis.call('HGET', locks, shard .. ':token') or 0), 0}
-  elseif not owner then
-    free[#free + 1] = {shard, 1}
-  elseif not redis.call('ZSCORE', members, owner) then  -- expired members were removed above
-    free[#free + 1] = {shard, 2}
+    held[#held + 1] = {tonumber(shard), token, state}
   end
 end
 
-for _, f in ipairs(free) do
-  if count >= share then break end
-  local shard, state = f[1], f[2]
-  redis.call('HSET', locks, shard, me)
-  local token = redis.call('HINCRBY', locks, shard .. ':token', 1)
-  count = count + 1
-  held[#held + 1] = {tonumber(shard), token, state}
-end
-
-local result = {share}
+local result = {share, epoch}
 for _, h in ipairs(held) do result[#result + 1] = h end
 return result

@@ -171,7 +171,7 @@ def fair(
     pipe.zrangebyscore(keys.members(TOPIC, group), "(" + str(server_ms(r)), "+inf")
     raw, live_raw = pipe.execute()
     live = {m.decode() for m in live_raw} - {gone}
-    owners = {int(k): v.decode() for k, v in raw.items() if b":" not in k}
+    owners = {int(k): v.decode() for k, v in raw.items() if k.isdigit()}
     unowned = sum(1 for s in range(shards) if owners.get(s) not in live)
     if not live:
         return False, owners, unowned

@@ -141,9 +141,19 @@ class LockClient:
         self._ttl_ms = int(member.settings.liveness_ttl_s * 1000)
         self._scripts = scripts or Scripts.register(member.redis)
         topic, group = member.topic, member.group
-        self._keys = [member.keys.members(topic, group), member.keys.locks(topic, group)]
+        self._keys = [
+            member.keys.members(topic, group),
+            member.keys.locks(topic, group),
+            member.keys.lock_epoch(topic, group),
+        ]
         self._acquiring = 0  # `acquire` calls awaiting their reply
         self._confirm_lock = register(member.redis, "confirm_lock")
+        # The group's epoch at this member's last scan of every shard ("": none valid) and the
+        # shards that scan and the rounds since left it holding: while the epoch stays, a
+        # round reads only those (``lock_shards.lua``; docs/protocol.md).
+        self._epoch = ""
+        self._held: set[int] = set()
+        self._every: list[int] = []  # range(shards) twice: rotations are slices of it
 
     @property
     def acquiring(self) -> bool:
@@ -163,23 +173,48 @@ class LockClient:
         the connection may still have taken locks, which the next call reports as held.
         """
         sent_at = time.monotonic()
+        candidates = list(candidates)
+        every = len(candidates) == self.shards  # (the caller lists each shard at most once)
+        epoch = self._epoch if every else ""
+        held = sorted(self._held) if epoch else []
+        # every shard in order from one: sent as that one (4,096 shards: 4,096 arguments less)
+        start = candidates[0] if every and candidates == self._from(candidates[0]) else ""
+        self._epoch = ""  # until this round's reply says otherwise (a lost reply: scan again)
         self._acquiring += 1
         try:
             reply = await self._scripts.lock_shards(
-                keys=self._keys, args=[self.member_id, self._ttl_ms, self.shards, *candidates]
+                keys=self._keys,
+                args=[self.member_id, self._ttl_ms, self.shards, epoch, len(held), *held, start]
+                + ([] if start != "" else candidates),
             )
         finally:
             self._acquiring -= 1
-        return LockRound.parse(reply, sent_at)
+        got = LockRound.parse([reply[0], *reply[2:]], sent_at)
+        self._held = set(got.grants)
+        epoch = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
+        self._epoch = epoch if every else ""
+        return got
+
+    def _from(self, start: int) -> list[int]:
+        """Every shard in order from `start`: ``start, start + 1, …, shards - 1, 0, …``."""
+        if len(self._every) != 2 * self.shards:
+            self._every = list(range(self.shards)) * 2
+        return self._every[start : start + self.shards]
 
     async def release(self, shards: Iterable[int], *, leave: bool = False) -> list[int]:
         """Release the locks of `shards` this member holds (others' are left alone); with
         `leave`, also drop out of the live members, so others count the fair share without it
         at once. Returns the shards released. Fencing tokens are kept: they only grow."""
-        released = await self._scripts.unlock_shards(
-            keys=self._keys, args=[self.member_id, int(leave), *shards]
-        )
-        return [int(s) for s in released]
+        if leave:
+            self._epoch = ""
+        released = [
+            int(s)
+            for s in await self._scripts.unlock_shards(
+                keys=self._keys, args=[self.member_id, int(leave), *shards]
+            )
+        ]
+        self._held.difference_update(released)
+        return released
 
     async def confirm(self, shard: int, token: int) -> bool:
         """Refresh liveness if the member is still live and holds `shard`'s lock with fencing
@@ -187,7 +222,7 @@ class LockClient:
         unlike `acquire`. Returns whether it held it: False means drop the shard."""
         return bool(
             await self._confirm_lock(
-                keys=self._keys, args=[self.member_id, self._ttl_ms, shard, token]
+                keys=self._keys[:2], args=[self.member_id, self._ttl_ms, shard, token]
             )
         )
 
@@ -196,6 +231,9 @@ class LockClient:
         its liveness had lapsed (or it never joined) and its locks may have been taken: drop
         them and re-lock. A lapsed member stays lapsed until its next `acquire`, whose reply
         says which locks it still holds (``heartbeat.lua`` revives no member)."""
-        return bool(
+        live = bool(
             await self._scripts.heartbeat(keys=self._keys[:1], args=[self.member_id, self._ttl_ms])
         )
+        if not live:
+            self._epoch = ""  # its locks may be others' now: the next round scans
+        return live

@@ -104,6 +104,14 @@ class Keys:
         fencing token (incremented on every change of owner)."""
         return f"{self._coord}:locks:{topic}:{group}"
 
+    def lock_epoch(self, topic: str, group: str) -> str:
+        """Hash: ``n`` -> a group's coordination epoch, incremented by the lock scripts whenever
+        a member joins, is dropped or leaves, or locks are released (``lua/lock_shards.lua``);
+        ``since`` -> the Redis server time (ms) the hash was made.
+        Named ``locks:epoch:<topic>:<group>``: the roles' ACL patterns of the locks
+        (``locks:*``, ``locks:*:_offloader``) cover it, with the hash commands they allow."""
+        return f"{self._coord}:locks:epoch:{topic}:{group}"
+
     def members(self, topic: str, group: str) -> str:
         """Sorted set of a group's live consumers: member = consumer ID, score = the Redis server
         time (ms) at which its liveness expires unless refreshed."""

@@ -64,12 +64,13 @@ class Lapse:
         """As consumer "b", lock shard 0 as soon as "a"'s liveness has run out, polling from
         this blocked loop as another process would while this one is stopped."""
         keys = [self.bus.keys.members("t", "g"), self.bus.keys.locks("t", "g")]
+        keys.append(self.bus.keys.lock_epoch("t", "g"))
         with redis.Redis.from_url(self.url) as r:
             lock = r.register_script(source("lock_shards"))
             deadline = time.monotonic() + 10 * TTL_S
             while time.monotonic() < deadline:
-                reply = lock(keys=keys, args=["b", LONG_TTL_MS, 1, 0])
-                grants = {int(s): int(token) for s, token, _ in reply[1:]}
+                reply = lock(keys=keys, args=["b", LONG_TTL_MS, 1, "", 0, "", 0])
+                grants = {int(s): int(token) for s, token, _ in reply[2:]}
                 if 0 in grants:
                     return grants[0]
                 time.sleep(0.01)  # part of the stall: this process is "stopped"

@@ -25,6 +25,7 @@ from eventbus.protocol.keys import Keys
 KEYS = Keys()
 MEMBERS = KEYS.members("orders", "billing")
 LOCKS = KEYS.locks("orders", "billing")
+EPOCH = KEYS.lock_epoch("orders", "billing")
 LONG_TTL_MS = 60_000
 
 # lock states in the reply of lock_shards.lua
@@ -74,17 +75,19 @@ class LockScriptCases:
         if candidates is None:
             candidates = list(range(shard_count))
         raw = await scripts.lock_shards(
-            keys=[MEMBERS, LOCKS], args=[me, ttl_ms, shard_count, *candidates]
+            keys=[MEMBERS, LOCKS, EPOCH], args=[me, ttl_ms, shard_count, "", 0, "", *candidates]
         )
         locks = {}
-        for shard, token, state in raw[1:]:
+        for shard, token, state in raw[2:]:
             assert int(shard) not in locks, f"shard {shard} reported twice"
             locks[int(shard)] = (int(token), int(state))
         return Reply(int(raw[0]), locks)
 
     @staticmethod
     async def unlock(scripts: Scripts, me: str, shards: list[int], leave: bool = False) -> set[int]:
-        raw = await scripts.unlock_shards(keys=[MEMBERS, LOCKS], args=[me, int(leave), *shards])
+        raw = await scripts.unlock_shards(
+            keys=[MEMBERS, LOCKS, EPOCH], args=[me, int(leave), *shards]
+        )
         return {int(s) for s in raw}
 
     @staticmethod
@@ -221,6 +224,116 @@ class LockScriptCases:
         owners = await self.owners(client)
         assert {s for s, o in owners.items() if o == "a"} == set(range(32))
         assert {s for s, o in owners.items() if o == "b"} == set(range(32, 64))
+
+    # -- the epoch: a round at an unchanged epoch reads only the held shards ---------------------
+    @staticmethod
+    async def epoch(client: Any, behind: int = 0) -> str:
+        """The group's epoch (``<since>:<n>``), or the one `behind` changes before it."""
+        since, n = await client.hget(EPOCH, "since"), await client.hget(EPOCH, "n")
+        return f"{since.decode()}:{int(n) - behind}"
+
+    @staticmethod
+    async def round_at(
+        scripts: Scripts, me: str, shard_count: int, epoch: str, held: list[int]
+    ) -> tuple[str, Reply]:
+        """A lock round that says the caller scanned every shard at `epoch` and holds `held`
+        (candidates: every shard from 0, the compact form): the group's epoch and the reply."""
+        raw = await scripts.lock_shards(
+            keys=[MEMBERS, LOCKS, EPOCH],
+            args=[me, LONG_TTL_MS, shard_count, epoch, len(held), *held, 0],
+        )
+        locks = {int(s): (int(token), int(state)) for s, token, state in raw[2:]}
+        return raw[1].decode(), Reply(int(raw[0]), locks)
+
+    @pytest.mark.anyio
+    async def test_joins_drops_releases_and_leaves_advance_the_epoch(
+        self, client: Any, scripts: Scripts
+    ) -> None:
+        async def epoch() -> int:
+            return int(await client.hget(EPOCH, "n") or 0)
+
+        await self.lock(scripts, "a", 4, candidates=[0, 1])  # a joins
+        assert await epoch() == 1
+        await self.lock(scripts, "b", 4)  # b joins
+        await self.lock(scripts, "b", 4)  # b's refresh: nothing changed
+        assert await epoch() == 2
+        await self.lock(scripts, "c", 4, candidates=[], ttl_ms=5)  # c joins
+        assert await epoch() == 3
+        await self.expire_now(client, "c")
+        await self.lock(scripts, "b", 4)  # c is dropped
+        assert await epoch() == 4
+        assert await self.unlock(scripts, "b", [2]) == {2}  # a lock released
+        assert await epoch() == 5
+        assert await self.unlock(scripts, "b", [2]) == set()  # nothing released: no change
+        assert await epoch() == 5
+        await self.unlock(scripts, "b", [], leave=True)  # b leaves
+        assert await epoch() == 6
+
+    @pytest.mark.anyio
+    async def test_an_epoch_from_before_the_data_was_lost_is_never_current(
+        self, client: Any, scripts: Scripts
+    ) -> None:
+        """The counter starts again after a FLUSHALL; the epoch's era (the server time its key
+        was made) does not, so a member's epoch from before cannot match by chance and make it
+        skip the scan (it would report locks it no longer holds... were they not checked)."""
+        await self.lock(scripts, "a", 4, candidates=[0, 1])
+        before = await self.epoch(client)
+        await client.delete(MEMBERS, LOCKS, EPOCH)
+        with anyio.fail_after(5):  # past the millisecond the first era began
+            while True:
+                sec, usec = await client.time()
+                if sec * 1000 + usec // 1000 > int(before.split(":")[0]):
+                    break
+                await anyio.sleep(0.001)
+
+        now, reply = await self.round_at(scripts, "a", 4, before, [0, 1])
+
+        assert now != before and now.endswith(":1")  # a new era, the counter at 1 again
+        assert reply.shards == {0, 1, 2, 3}  # scanned: every free lock taken again (state 1)
+        assert reply.states() == {TAKEN_FREE}
+
+    @pytest.mark.anyio
+    async def test_a_start_shard_stands_for_every_shard_in_order_from_it(
+        self, client: Any, scripts: Scripts
+    ) -> None:
+        await self.lock(scripts, "other", 4, candidates=[])  # share 2
+
+        raw = await scripts.lock_shards(
+            keys=[MEMBERS, LOCKS, EPOCH], args=["me", LONG_TTL_MS, 4, "", 0, 3]
+        )
+
+        assert [int(s) for s, _, _ in raw[2:]] == [3, 0]
+
+    @pytest.mark.anyio
+    async def test_at_the_current_epoch_only_the_listed_shards_are_read(
+        self, client: Any, scripts: Scripts
+    ) -> None:
+        """The steady round is O(held): nothing else is read, so nothing else is taken, even
+        a free lock (which cannot exist at an unchanged epoch unless the caller lies)."""
+        await self.lock(scripts, "a", 4, candidates=[0, 1])
+
+        _, reply = await self.round_at(scripts, "a", 4, await self.epoch(client), [1])
+
+        assert reply.locks == {1: (1, HELD)}  # 0 not listed: not reported; 2, 3 free: not taken
+        assert await self.owners(client) == {0: "a", 1: "a"}
+
+    @pytest.mark.anyio
+    async def test_a_wrong_epoch_or_held_list_never_grants_another_members_lock(
+        self, client: Any, scripts: Scripts
+    ) -> None:
+        await self.lock(scripts, "b", 4, candidates=[2, 3])
+        await self.lock(scripts, "a", 4, candidates=[0])
+        epoch = await self.epoch(client)
+
+        now, listed = await self.round_at(scripts, "a", 4, epoch, [0, 2, 3])
+        also_now, scanned = await self.round_at(
+            scripts, "a", 4, await self.epoch(client, behind=1), [2, 3]
+        )
+
+        assert now == also_now == epoch
+        assert listed.locks == {0: (1, HELD)}  # b's locks listed as a's: left out
+        assert scanned.shards == {0, 1} and scanned.share == 2  # a scan: the free lock 1 taken
+        assert await self.owners(client) == {0: "a", 1: "a", 2: "b", 3: "b"}
 
     # -- unlock_shards -----------------------------------------------------------------------------
     @pytest.mark.anyio
@@ -417,3 +530,39 @@ class LockClientCases:
         with pytest.raises(ConnectionError):
             await a.acquire([0])
         assert seen == [True, True] and not a.acquiring
+
+    @pytest.mark.anyio
+    async def test_locks_released_by_another_member_are_taken_at_the_next_round(
+        self, client: Any
+    ) -> None:
+        """Each member's rounds read only its own shards while nothing changes (the epoch);
+        a release changes the epoch, so the next round scans and takes what was freed."""
+        a, b = self.member(client, "a"), self.member(client, "b")
+        await a.acquire(range(4))
+        await b.acquire(range(4))  # b joins: share 2, a holds all four
+        assert sorted(await a.release([2, 3])) == [2, 3]
+        assert set((await b.acquire(range(4))).grants) == {2, 3}
+        assert set((await a.acquire(range(4))).grants) == {0, 1}  # steady: its own two
+
+        assert sorted(await b.release([2, 3], leave=True)) == [2, 3]
+        got = await a.acquire(range(4))
+
+        assert got.share == 4 and set(got.grants) == {0, 1, 2, 3}
+        assert got.grants[2] == Grant(2, 3, LockState.TAKEN_FREE)  # a, b, then a again
+
+    @pytest.mark.anyio
+    async def test_locks_of_a_member_whose_liveness_expired_are_taken_at_the_next_round(
+        self, client: Any
+    ) -> None:
+        a, dead = self.member(client, "a"), self.member(client, "dead", ttl_s=0.05)
+        await dead.acquire(range(4))
+        await a.acquire(range(4))  # share 2; dead holds all four
+        assert (await a.acquire(range(4))).grants == {}  # steady, nothing to take
+        await expire_now(client, "dead")
+
+        got = await a.acquire(range(4))
+
+        assert got.share == 4
+        assert {s: g.state for s, g in got.grants.items()} == dict.fromkeys(
+            range(4), LockState.TAKEN_FROM_DEAD
+        )

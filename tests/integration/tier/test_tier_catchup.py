@@ -154,10 +154,14 @@ async def test_catch_up_waits_for_live_consumers_locks(redis_db: str, tmp_path) 
 
         scripts = Scripts.register(bus.redis)
         held = await scripts.lock_shards(
-            keys=[bus.keys.members("busy", "g"), bus.keys.locks("busy", "g")],
-            args=["live-consumer", 30_000, 1, 0],
+            keys=[
+                bus.keys.members("busy", "g"),
+                bus.keys.locks("busy", "g"),
+                bus.keys.lock_epoch("busy", "g"),
+            ],
+            args=["live-consumer", 30_000, 1, "", 0, "", 0],
         )
-        assert held[1][0] == 0  # a live consumer holds shard 0
+        assert held[2][0] == 0  # a live consumer holds shard 0
 
         async def handle(entry: ArchivedEntry, token: int) -> None:
             raise AssertionError("must not run")
@@ -189,13 +193,16 @@ async def test_a_shard_lost_before_it_caught_up_fails_the_catch_up(redis_db: str
         await bus.publish_many("raw", [("r", Tick(resource="r", seq=i)) for i in range(50, 1050)])
         scripts = Scripts.register(bus.redis)
         keys = [bus.keys.members("raw", "g"), bus.keys.locks("raw", "g")]
+        keys.append(bus.keys.lock_epoch("raw", "g"))
         handled: list[ArchivedEntry] = []
 
         async def handle(entry: ArchivedEntry, token: int) -> None:
             if not handled:  # the catch-up's liveness lapses; a live consumer takes shard 0
                 await bus.redis.delete(*keys)
-                held = await scripts.lock_shards(keys=keys, args=["live-consumer", 30_000, 1, 0])
-                assert held[1][0] == 0
+                held = await scripts.lock_shards(
+                    keys=keys, args=["live-consumer", 30_000, 1, "", 0, "", 0]
+                )
+                assert held[2][0] == 0
             handled.append(entry)
 
         with pytest.raises(LockUnavailable, match=r"shard 0 before it caught up"):
