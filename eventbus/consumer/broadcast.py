@@ -50,6 +50,7 @@ from eventbus.consumer.handling import Handling
 from eventbus.consumer.queues import ResourceQueues
 from eventbus.consumer.runner import QueueRunner
 from eventbus.consumer.shards import HeldShard, Item, read_items
+from eventbus.consumer.supervision import start_when_reachable
 from eventbus.locking.member import Member
 from eventbus.ops.metrics import METRICS
 from eventbus.protocol.ids import parse_id
@@ -294,9 +295,14 @@ class BroadcastConsumer:
     # -- running --------------------------------------------------------------------------------
     async def run(self, stop: anyio.Event) -> None:
         """Read and handle until `stop` is set; what was read is still handled for at most
-        `shutdown_grace_s` seconds, the rest is dropped (not this instance's any more)."""
-        await self.registry.ensure(self.topic)
-        await self._start_positions()
+        `shutdown_grace_s` seconds, the rest is dropped (not this instance's any more). A lost
+        connection at start is retried until Redis answers or `stop` is set (then it returns,
+        `started` set: there is nothing to wait for: `start_when_reachable`)."""
+        waits = retry.Waits(self.settings.retry_base_s, self.settings.retry_max_s, log)
+        who = f"broadcast consumer {self.consumer_id}"
+        if not await start_when_reachable(self._start, stop, waits, who):
+            self.started.set()
+            return
         log.info(
             "broadcast consumer %s starts on topic %s (%d shards)",
             self.consumer_id,
@@ -395,6 +401,10 @@ class BroadcastConsumer:
                 self.consumer_id,
                 exc,
             )
+
+    async def _start(self) -> None:
+        await self.registry.ensure(self.topic)
+        await self._start_positions()
 
     async def _start_positions(self) -> None:
         """The streams' last entries (``XINFO STREAM``: with the count of entries ever added,

@@ -42,7 +42,7 @@ from eventbus.consumer.queues import ResourceQueues
 from eventbus.consumer.reading import Counts, Entries, Reader
 from eventbus.consumer.runner import QueueRunner
 from eventbus.consumer.shards import HeldShard, ShardTable, read_items
-from eventbus.consumer.supervision import read_loop, refused
+from eventbus.consumer.supervision import read_loop, refused, start_when_reachable
 from eventbus.consumer.trims import TrimWatch
 from eventbus.errors import RedisCommandRefused
 from eventbus.locking.lease import Lease, heartbeat_loop
@@ -155,10 +155,14 @@ class Consumer:
         (``NOACK``: acknowledged when read) are handled first. Waits at most
         `shutdown_grace_s` seconds for in-flight entries.
 
-        Raises `ShardCountMismatch` at start if the topic's stored shard count differs.
+        Raises `ShardCountMismatch` at start if the topic's stored shard count differs; a lost
+        connection at start is retried until Redis answers or `stop` is set (then it returns,
+        holding nothing: `start_when_reachable`).
         """
-        await self.registry.ensure(self.topic)
-        await self.reader.ensure_groups()
+        waits = retry.Waits(self.settings.retry_base_s, self.settings.retry_max_s, log)
+        if not await start_when_reachable(self._start, stop, waits, f"consumer {self.consumer_id}"):
+            await self.reader.aclose()
+            return
         log.info(
             "consumer %s starts on topic %s group %s (%d shards)",
             self.consumer_id,
@@ -187,6 +191,10 @@ class Consumer:
             with anyio.CancelScope(shield=True):
                 await self._leave()
                 await self.reader.aclose()
+
+    async def _start(self) -> None:
+        await self.registry.ensure(self.topic)
+        await self.reader.ensure_groups()
 
     async def _stop_starting(self, stop: anyio.Event) -> None:
         """Once `stop` is set, read no more and, at once, start no more handlers: the read loop

@@ -1,4 +1,10 @@
-"""The consumer's read loop and what it does when a round fails.
+"""The consumer's start and read loop, and what they do when Redis fails them.
+
+* At **start** (topic registry, consumer groups, a broadcast's start positions), a connection
+  loss is retried with the backoff until Redis answers or the stop is set (WARNING each time):
+  an app may start while Redis restarts or fails over. Everything else raises at once: an error
+  reply (NOPERM...), a wrong password, `ShardCountMismatch`. An unreachable Redis at the very
+  start of `EventBus.run` is raised before (`RedisUnavailable`), so a wrong URL fails loudly.
 
 * A **connection error** (or timeout): the reply of a read may have been lost with the connection
   and delivered entries into our PEL, so every shard is forgotten (its PEL is claimed again, in
@@ -20,13 +26,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING
 
 import anyio
-from redis.exceptions import ResponseError
+from redis.exceptions import AuthenticationError, ResponseError
 
-from eventbus.client.retry import LOST_REPLY, REDIS_ERRORS
+from eventbus.client.retry import LOST_REPLY, REDIS_ERRORS, Waits
 from eventbus.errors import RedisCommandRefused
 
 if TYPE_CHECKING:
@@ -45,6 +51,24 @@ def refused(command: str, key: str) -> Iterator[None]:
         if "NOGROUP" in str(exc):
             raise
         raise RedisCommandRefused(command, key, f"{type(exc).__name__}: {exc}") from exc
+
+
+async def start_when_reachable(
+    start: Callable[[], Awaitable[None]], stop: anyio.Event, waits: Waits, who: str
+) -> bool:
+    """``await start()`` until it succeeds (True) or `stop` is set first (False), retrying a lost
+    connection (`LOST_REPLY`) after `waits`' backoff, logged at WARNING with the error and `who`.
+    Raises anything else at once: an error reply (NOPERM under an ACL...), a refused password
+    (`AuthenticationError`), `ShardCountMismatch`: waiting would not fix them."""
+    while not stop.is_set():
+        try:
+            await start()
+            return True
+        except AuthenticationError:
+            raise
+        except LOST_REPLY as exc:
+            await waits.wait(stop, f"{who} cannot start: Redis unavailable", exc)
+    return False
 
 
 async def read_loop(c: Consumer, stop: anyio.Event) -> None:
