@@ -47,6 +47,7 @@ from eventbus.client.retry import LOST_REPLY
 from eventbus.consumer.context import Subscription
 from eventbus.consumer.delivery import Delivery, Fence, Outcome, Tally
 from eventbus.consumer.handling import Handling
+from eventbus.consumer.ownership import OPEN
 from eventbus.consumer.queues import ResourceQueues
 from eventbus.consumer.runner import QueueRunner
 from eventbus.consumer.shards import HeldShard, Item, read_items
@@ -61,16 +62,6 @@ log = logging.getLogger("eventbus.consumer")
 _BATCH = 500  # entries per stream per XREAD
 _RETRIED: tuple[type[Exception], ...] = (*LOST_REPLY, ResponseError)  # reads start over
 COUNT_LIMIT = 10_000  # most entries counted with XRANGE in one trim check (as for groups)
-
-
-class _Open:
-    """The fence of a broadcast consumer: nothing is locked, so it always holds."""
-
-    def holds(self, d: Delivery) -> bool:
-        return True
-
-    async def wait(self, d: Delivery) -> bool:
-        return True
 
 
 class _Started:
@@ -240,7 +231,7 @@ class BroadcastConsumer:
         self.handling = Handling(member, sub, redis_retry, failures=self._drops)
         self.tally = self.handling.tally  # dead_lettered stays 0: no dead-letter stream here
         self.queues = ResourceQueues(self._started)
-        self.runner = QueueRunner(self.handling, _Open(), self)
+        self.runner = QueueRunner(self.handling, OPEN, self)
         self._backoff = retry.backoff(settings.retry_base_s, settings.retry_max_s)
         self.in_flight = 0
         self._idle = anyio.Event()
