@@ -20,11 +20,10 @@ from pydantic import BaseModel
 from eventbus.client.connection import connect
 from eventbus.client.retry import LOST_REPLY
 from eventbus.config import Settings
-from eventbus.consumer import Consumer, Handler, Subscription
-from eventbus.consumer.broadcast import BroadcastConsumer
+from eventbus.consumer import Handler, Subscription
 from eventbus.consumer.options import SubscriberArgs, SubscriberOptions
 from eventbus.consumer.registration import add_handler
-from eventbus.consumer.running import make_consumers, run_consumers
+from eventbus.consumer.running import Running, make_consumers, run_consumers
 from eventbus.consumer.scope import HandlerScope, Middleware, State
 from eventbus.errors import ConfigError, RedisUnavailable, ReservedEventType
 from eventbus.lifecycle import Hook, Lifecycle
@@ -84,7 +83,7 @@ class EventBus(Lifecycle):
         self._topics: dict[str, TopicConfig] = {}
         self.subscriptions: list[Subscription] = []
         self.publications: dict[str, list[type[BaseModel]]] = {}  # `publisher` declarations
-        self.consumers: list[Consumer | BroadcastConsumer] = []
+        self.consumers: list[Running] = []
         self._on_startup: list[Hook] = []
         self._on_shutdown: list[Hook] = []
         self.state = State()

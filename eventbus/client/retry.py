@@ -12,6 +12,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+import anyio
 from redis.asyncio.retry import Retry
 from redis.backoff import EqualJitterBackoff
 from redis.exceptions import ClusterError, RedisError
@@ -49,6 +50,43 @@ class _Backoff(EqualJitterBackoff):
 def backoff(base_s: float, cap_s: float) -> EqualJitterBackoff:
     """Equal-jitter exponential backoff; `base_s` and `cap_s` in seconds."""
     return _Backoff(cap=cap_s, base=base_s)
+
+
+class Waits:
+    """The waits between the attempts of one operation retried until a stop: counts the failures
+    in a row, computes each delay with `backoff` (`base_s`, `cap_s` in seconds), logs it to
+    `logger` and sleeps until the delay ran out or the stop is set. The one way a consumer's
+    loops wait after a failed Redis call (its start, its rounds, its acks, broadcast reads)."""
+
+    def __init__(self, base_s: float, cap_s: float, logger: logging.Logger = log) -> None:
+        self.backoff = backoff(base_s, cap_s)
+        self.logger = logger
+        self.failures = 0  # in a row: reset by `ok`
+
+    def ok(self) -> None:
+        """The operation succeeded: the next failure waits the first delay again."""
+        self.failures = 0
+
+    async def wait(
+        self,
+        stop: anyio.Event | None,
+        what: str,
+        error: BaseException,
+        *,
+        level: int = logging.WARNING,
+    ) -> float:
+        """Count a failure, log ``"<what> (<error>); retry in <delay> s"`` at `level` and sleep
+        the delay, or less when `stop` is set (None: the whole delay). Returns the delay in
+        seconds."""
+        self.failures += 1
+        delay = float(self.backoff.compute(self.failures))
+        self.logger.log(level, "%s (%s); retry in %.2f s", what, error, delay)
+        with anyio.move_on_after(delay):
+            if stop is None:
+                await anyio.sleep_forever()
+            else:
+                await stop.wait()
+        return delay
 
 
 def forever(base_s: float, cap_s: float) -> Retry:

@@ -37,7 +37,10 @@ class Acks:
     """Acks of `member` for the shards of `table` while `lease` is valid, at most
     `settings.max_in_flight` entries in flight; `noack` (at-most-once reads) finishes entries
     without XACK; `backoff` spaces the retries of a failed XACK; `before_send` is called before
-    each XACK pipeline (the handling path's metrics are flushed before the entries' acks)."""
+    each XACK pipeline (the handling path's metrics are flushed before the entries' acks);
+    `on_refused(command)` counts an error reply; `shard_room`: a shard is read again once at
+    most this many of its entries are in flight (default `max_in_flight`). Finishing entries
+    wakes `table.changed` when a shard or the consumer gets room to read."""
 
     def __init__(
         self,
@@ -48,15 +51,17 @@ class Acks:
         noack: bool,
         backoff: AbstractBackoff,
         before_send: Callable[[], None] = lambda: None,
+        on_refused: Callable[[str], None] = lambda command: None,
+        shard_room: int | None = None,
     ) -> None:
         self.redis, self.group, self.consumer_id = member.redis, member.group, member.consumer_id
         self.table, self.lease = table, lease
         self.max_in_flight = member.settings.max_in_flight
-        self.shard_room = self.max_in_flight  # a shard is read at most this many in flight
+        self.shard_room = self.max_in_flight if shard_room is None else shard_room
         self.noack = noack
         self.backoff = backoff
         self.before_send = before_send
-        self.on_refused: Callable[[str], None] = lambda command: None  # the refusal metric
+        self.on_refused = on_refused
         self.in_flight = 0
         self._batches: dict[int, _Batch] = {}
         self._sending: dict[int, _Batch] = {}  # the batches of the XACK pipeline on its way
@@ -64,7 +69,6 @@ class Acks:
         # asyncio's events (the consumer runs on asyncio): an `anyio.Event` looks its backend
         # up on every creation, ~8x the cost, and one is made per ack round and per idle spell
         self._wake = asyncio.Event()
-        self._capacity = asyncio.Event()
         self._idle = asyncio.Event()
 
     # -- in flight --------------------------------------------------------------------------------
@@ -81,21 +85,14 @@ class Acks:
         after = held.in_flight - n
         held.in_flight = after
         if after <= self.shard_room < after + n or (held.behind and not after):
-            self.wake_capacity()  # `held` is readable again, or drained for its catch-up
+            self.table.wake()  # `held` is readable again, or drained for its catch-up
         before = self.in_flight
         self.in_flight = before - n
         if before >= self.max_in_flight > self.in_flight:  # crossed back under the cap
-            self.wake_capacity()
+            self.table.wake()
         if self.in_flight == 0:
             self._idle.set()
             self._idle = asyncio.Event()
-
-    def wake_capacity(self) -> None:
-        self._capacity.set()
-        self._capacity = asyncio.Event()
-
-    async def wait_capacity(self) -> None:
-        await self._capacity.wait()
 
     async def wait_idle(self) -> None:
         await self._idle.wait()

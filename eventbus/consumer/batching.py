@@ -45,6 +45,7 @@ from eventbus.consumer.batch_call import is_batch as is_batch
 from eventbus.consumer.delivery import NOT_STARTED, Fence, NotStarted, wait_retry
 from eventbus.consumer.handling import Handling
 from eventbus.consumer.queues import ResourceQueues
+from eventbus.consumer.runner import QueueRunner
 from eventbus.consumer.scope import around
 from eventbus.consumer.shards import HeldShard, Item
 from eventbus.consumer.watchdog import Slot
@@ -61,6 +62,10 @@ _ONE_QUEUE = b""  # the resource part of a shard's one queue key
 class BatchQueues(ResourceQueues):
     """One queue per shard (not per resource); a worker takes up to `max_batch` entries of one
     lock acquisition from its head and runs them as a batch."""
+
+    prepared_on_read = False
+    """A worker decodes a batch's entries when it takes them (`BatchRunner.run`): the read loop
+    sends its next read meanwhile, instead of after."""
 
     def __init__(self, started: Callable[[HeldShard, int], None], max_batch: int) -> None:
         super().__init__(started)
@@ -302,10 +307,11 @@ class BatchRunner:
 
 
 def batch_queues(
-    handling: Handling, fence: Fence, process: Step, acks: Acks
+    handling: Handling, fence: Fence, runner: QueueRunner, acks: Acks
 ) -> tuple[BatchQueues, Callable[[list[Item], Slot], Awaitable[None]]]:
-    """The queues and the worker's step of a batch subscription (`Consumer` uses them in place
-    of `ResourceQueues` and its per-event step)."""
+    """The queues and the workers' step of a batch subscription, from its pipeline's parts
+    (`eventbus.consumer.pipeline.Queues`): one queue per shard, run in batches, an entry that
+    breaks a batch stepped by `runner`."""
     call = cast(BatchHandlerCall, handling.sub.call)
-    runner = BatchRunner(handling, fence, process, acks)
-    return BatchQueues(acks.started, call.max_batch), runner.run
+    batches = BatchRunner(handling, fence, runner.process, acks)
+    return BatchQueues(acks.started, call.max_batch), batches.run

@@ -47,9 +47,11 @@ from eventbus.client.retry import LOST_REPLY
 from eventbus.consumer.context import Subscription
 from eventbus.consumer.delivery import Delivery, Fence, Outcome, Tally
 from eventbus.consumer.handling import Handling
+from eventbus.consumer.ownership import OPEN
 from eventbus.consumer.queues import ResourceQueues
 from eventbus.consumer.runner import QueueRunner
 from eventbus.consumer.shards import HeldShard, Item, read_items
+from eventbus.consumer.supervision import start_when_reachable
 from eventbus.locking.member import Member
 from eventbus.ops.metrics import METRICS
 from eventbus.protocol.ids import parse_id
@@ -60,16 +62,6 @@ log = logging.getLogger("eventbus.consumer")
 _BATCH = 500  # entries per stream per XREAD
 _RETRIED: tuple[type[Exception], ...] = (*LOST_REPLY, ResponseError)  # reads start over
 COUNT_LIMIT = 10_000  # most entries counted with XRANGE in one trim check (as for groups)
-
-
-class _Open:
-    """The fence of a broadcast consumer: nothing is locked, so it always holds."""
-
-    def holds(self, d: Delivery) -> bool:
-        return True
-
-    async def wait(self, d: Delivery) -> bool:
-        return True
 
 
 class _Started:
@@ -239,7 +231,7 @@ class BroadcastConsumer:
         self.handling = Handling(member, sub, redis_retry, failures=self._drops)
         self.tally = self.handling.tally  # dead_lettered stays 0: no dead-letter stream here
         self.queues = ResourceQueues(self._started)
-        self.runner = QueueRunner(self.handling, _Open(), self)
+        self.runner = QueueRunner(self.handling, OPEN, self)
         self._backoff = retry.backoff(settings.retry_base_s, settings.retry_max_s)
         self.in_flight = 0
         self._idle = anyio.Event()
@@ -294,9 +286,14 @@ class BroadcastConsumer:
     # -- running --------------------------------------------------------------------------------
     async def run(self, stop: anyio.Event) -> None:
         """Read and handle until `stop` is set; what was read is still handled for at most
-        `shutdown_grace_s` seconds, the rest is dropped (not this instance's any more)."""
-        await self.registry.ensure(self.topic)
-        await self._start_positions()
+        `shutdown_grace_s` seconds, the rest is dropped (not this instance's any more). A lost
+        connection at start is retried until Redis answers or `stop` is set (then it returns,
+        `started` set: there is nothing to wait for: `start_when_reachable`)."""
+        waits = retry.Waits(self.settings.retry_base_s, self.settings.retry_max_s, log)
+        who = f"broadcast consumer {self.consumer_id}"
+        if not await start_when_reachable(self._start, stop, waits, who):
+            self.started.set()
+            return
         log.info(
             "broadcast consumer %s starts on topic %s (%d shards)",
             self.consumer_id,
@@ -395,6 +392,10 @@ class BroadcastConsumer:
                 self.consumer_id,
                 exc,
             )
+
+    async def _start(self) -> None:
+        await self.registry.ensure(self.topic)
+        await self._start_positions()
 
     async def _start_positions(self) -> None:
         """The streams' last entries (``XINFO STREAM``: with the count of entries ever added,

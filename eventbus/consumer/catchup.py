@@ -66,16 +66,15 @@ async def catch_up(
 
 
 def shard_hook(store: Store, handling: Handling) -> Callable[[int, int], Awaitable[bool]]:
-    """The live consumer's catch-up hook (`Consumer.catch_up`): ``await hook(shard, token)``
-    catches one shard the consumer has just locked up to Redis's first entry, under that same
-    lock (re-taken with the consumer's ID, so the token must stay `token`), through the
-    consumer's own `handling` (same parked set, counters and policy), before the consumer reads
-    the shard: pass after pass over the archive while Redis lacks entries after the group's
-    position (the offloader may archive and trim more meanwhile), at most `MAX_ROUNDS`. Returns
-    whether the shard was behind. Raises `Fenced` when the lock was lost meanwhile (the new
-    owner catches up; this consumer must let the shard go) or the consumer is stopping (the
-    entry in hand is let go, as on the consumer's own path), `CatchUpOutpaced` past
-    `MAX_ROUNDS`."""
+    """The live consumer's catch-up hook (`Pipeline.catch_up`, made by `Consumer`'s `catch_up`):
+    ``await hook(shard, token)`` catches one shard the consumer has just locked up to Redis's first
+    entry, under that same lock (re-taken with the consumer's ID, so the token must stay `token`),
+    through the consumer's own `handling` (same parked set, counters and policy), before the
+    consumer reads the shard: pass after pass over the archive while Redis lacks entries after the
+    group's position (the offloader may archive and trim more meanwhile), at most `MAX_ROUNDS`.
+    Returns whether the shard was behind. Raises `Fenced` when the lock was lost meanwhile (the new
+    owner catches up; this consumer must let the shard go) or the consumer is stopping (the entry in
+    hand is let go, as on the consumer's own path), `CatchUpOutpaced` past `MAX_ROUNDS`."""
     sub, redis, consumer_id = handling.sub, handling.redis, handling.consumer_id
     runner = CatchUp(handling.member, store, shards=sub.topic.shards, revive=False)
     typed = TypedCatchUp(handling)

@@ -15,7 +15,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from functools import partial
 from typing import Any, TypeVar
 
 import anyio.to_thread
@@ -25,7 +24,6 @@ from redis.asyncio.retry import Retry
 from eventbus.client import retry as retrying
 from eventbus.consumer.context import Subscription
 from eventbus.consumer.delivery import Delivery
-from eventbus.consumer.foreign import prepare_foreign
 from eventbus.errors import DecodeError, InvalidReply, UnknownEventType, undecodable
 from eventbus.locking.member import Member
 from eventbus.ops.metrics import METRICS
@@ -65,9 +63,7 @@ class Decoding:
         self._skipped_types: set[str] = set()  # at most _SKIPPED_TYPES
         self._skipped_more = 0  # entries of other unknown types since the last WARNING
         self._next_skip_warning = 0.0
-        codec = (member.profile or EVENTBUS).codec  # a wire profile's own format: its codec
-        if not codec.native:
-            self.prepare = partial(prepare_foreign, self, codec)  # type: ignore[method-assign]
+        self.codec = (member.profile or EVENTBUS).codec  # a wire profile's own format: its codec
 
     def prepare(self, batch: Sequence[Delivery]) -> None:
         """Decode and validate the entries of one read ahead of their turn: each envelope

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any, TypeVar, cast
 
@@ -39,6 +39,7 @@ from eventbus.consumer.delivery import (
     Tally,
 )
 from eventbus.consumer.failures import Failures
+from eventbus.consumer.foreign import prepare_foreign
 from eventbus.consumer.routing import Router
 from eventbus.consumer.scope import around
 from eventbus.consumer.watchdog import Slot, Watchdog
@@ -95,8 +96,15 @@ class Handling:
         """Set when the consumer stops reading (with `stopping`, or before it: an at-most-once
         consumer handles what it read first): a catch-up from the archive stops there."""
         self.decoding = Decoding(member, sub, retry)
-        # the decoding path, under the names the consumer, broadcast and catch-up call
-        self.prepare, self.decoded = self.decoding.prepare, self.decoding.decoded
+        # the decoding path, under the names the consumer, broadcast and catch-up call; a wire
+        # profile's own format is prepared with its codec (`foreign`)
+        codec = self.decoding.codec
+        self.prepare: Callable[[Sequence[Delivery]], None] = (
+            self.decoding.prepare
+            if codec.native
+            else partial(prepare_foreign, self.decoding, codec)
+        )
+        self.decoded = self.decoding.decoded
         self.envelope, self.decode = self.decoding.envelope, self.decoding.decode
         self.failures: FailurePolicy = (
             failures(self.tally)

@@ -44,6 +44,9 @@ event loop every `eventbus.consumer.runner.YIELD_EVERY` entries."""
 class ResourceQueues:
     """The queues of one consumer; `started(held, n)` counts `n` entries of `held` in flight."""
 
+    prepared_on_read = True
+    """Entries are decoded with their read (`Handling.prepare`), which finds their resource."""
+
     def __init__(self, started: Callable[[HeldShard, int], None]) -> None:
         self._started = started
         self._queues: dict[Key, deque[Item]] = {}

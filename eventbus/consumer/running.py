@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 from anyio.abc import TaskStatus
@@ -15,17 +15,49 @@ from eventbus.client.loops import stop_on_signal, young_gc_threshold
 from eventbus.config import Settings
 from eventbus.consumer import Consumer, Subscription
 from eventbus.consumer.broadcast import BroadcastConsumer
+from eventbus.consumer.catching_up import CatchUpHook
+from eventbus.consumer.delivery import Tally
+from eventbus.consumer.handling import Handling
 from eventbus.locking.locks import new_member_id
 from eventbus.locking.member import AsyncRedis, Member
 from eventbus.locking.scripts import Scripts
 from eventbus.profiles import WireProfile
 from eventbus.protocol.keys import Keys
-from eventbus.protocol.topics import TopicRegistry
+from eventbus.protocol.topics import TopicConfig, TopicRegistry
 
 log = logging.getLogger("eventbus")
 
 MANY_CONSUMERS = 50
 """Past this many subscriptions in one process, `run_consumers` warns (issue 19 item 16)."""
+
+
+class Lease(Protocol):
+    def ok(self) -> bool: ...
+
+
+class Running(Protocol):
+    """What the bus, its health checks and `eventbus.testing` see of a running consumer, group
+    (`Consumer`) or broadcast (`BroadcastConsumer`)."""
+
+    consumer_id: str
+    topic: TopicConfig
+    group: str
+    settings: Settings
+    tally: Tally
+    started: anyio.Event
+    """Set once it reads: an event published from then on reaches it."""
+
+    @property
+    def lease(self) -> Lease: ...
+
+    @property
+    def in_flight(self) -> int: ...
+
+    async def run(self, stop: anyio.Event) -> None: ...
+
+    async def behind(self) -> list[str]:
+        """What it has not finished, for `eventbus.testing.TestBus.drain` (a group's PELs and
+        positions are read from Redis there)."""
 
 
 def make_consumers(
@@ -37,29 +69,31 @@ def make_consumers(
     *,
     archive: Any | None = None,
     profile: WireProfile | None = None,
-) -> list[Consumer | BroadcastConsumer]:
+) -> list[Running]:
     """One `Consumer` per subscription (a `BroadcastConsumer` for a broadcast one), sharing the
     Redis client `redis`, its scripts and the topic `registry`. With `archive` (the durable
     tier's segment store), each consumer catches a lagging group up from it
     (`eventbus.consumer.catchup`). `profile`: the bus's wire profile (default eventbus's)."""
     scripts = Scripts.register(redis)
-    consumers: list[Consumer | BroadcastConsumer] = []
+    catch_up = None
+    if archive is not None:
+        from eventbus.consumer.catchup import shard_hook  # imports the tier's extras
+
+        def catch_up(handling: Handling) -> CatchUpHook:
+            return shard_hook(archive, handling)
+
+    consumers: list[Running] = []
     for sub in subscriptions:
         member = Member(redis, keys, settings, sub.topic.name, sub.group, new_member_id(), profile)
         if sub.options.broadcast:
             consumers.append(BroadcastConsumer(member, registry, sub))
-            continue
-        c = Consumer(member, registry, sub, scripts)
-        if archive is not None:
-            from eventbus.consumer.catchup import shard_hook  # imports the tier's extras
-
-            c.catch_up = shard_hook(archive, c.handling)
-        consumers.append(c)
+        else:
+            consumers.append(Consumer(member, registry, sub, scripts, catch_up=catch_up))
     return consumers
 
 
 async def run_consumers(
-    consumers: list[Consumer | BroadcastConsumer],
+    consumers: Sequence[Running],
     stop: anyio.Event,
     *,
     handle_signals: bool,
@@ -67,9 +101,9 @@ async def run_consumers(
 ) -> None:
     """Run `consumers` until `stop` is set (set by SIGTERM/SIGINT too, with `handle_signals`);
     returns when every consumer has shut down. Reports `task_status.started()` (anyio's
-    ``await tg.start(...)``) once every broadcast consumer has taken its start positions: an
-    event published from then on reaches every subscriber (a group reads from its group's
-    position whenever it starts)."""
+    ``await tg.start(...)``) once every consumer has started (`Running.started`: its groups
+    exist, a broadcast consumer took its start positions): an event published from then on
+    reaches every subscriber, ``start="now"`` groups included."""
     if len(consumers) > MANY_CONSUMERS:
         log.warning(
             "this process runs %d subscriptions, each its own consumer (lock rounds, heartbeats, "
@@ -87,7 +121,6 @@ async def run_consumers(
                 for consumer in consumers:
                     tg.start_soon(consumer.run, stop)
                 for consumer in consumers:
-                    if isinstance(consumer, BroadcastConsumer):
-                        await consumer.started.wait()
+                    await consumer.started.wait()
                 task_status.started()
             outer.cancel_scope.cancel()

@@ -6,6 +6,7 @@ entries and acks of an older generation are dropped (their entries stay pending 
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -83,7 +84,9 @@ def read_items(
 
 
 class ShardTable:
-    """The shards held, keyed by shard index; `streams[i]` is shard i's stream key."""
+    """The shards held, keyed by shard index; `streams[i]` is shard i's stream key. `wake` and
+    `changed` signal that what may be read changed: shards dropped, a shard's entries in flight
+    fell back under its bound or to none, the consumer's under `max_in_flight`."""
 
     def __init__(self, streams: list[str]) -> None:
         self.streams = streams
@@ -91,6 +94,18 @@ class ShardTable:
         self.alone = False  # the last lock round's share was every shard (`mark_surplus`)
         self._by_stream = {s.encode(): i for i, s in enumerate(streams)}
         self._generations = itertools.count(1)
+        # asyncio's event (the consumer runs on asyncio): an `anyio.Event` looks its backend
+        # up on every creation, ~8x the cost, and one is made per wake-up
+        self._changed = asyncio.Event()
+
+    def wake(self) -> None:
+        """Wake whoever waits in `changed`."""
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def changed(self) -> None:
+        """Wait for the next `wake`."""
+        await self._changed.wait()
 
     def apply(self, grants: dict[int, Grant]) -> tuple[list[int], list[int]]:
         """Take in a lock round's grants. Returns (shards lost to others, shards newly held:
@@ -118,7 +133,7 @@ class ShardTable:
 
     def readable(self, room: int | None = None) -> list[HeldShard]:
         """The held shards to read: not draining nor behind and, given `room`, with at most
-        `room` entries in flight (the per-shard read-ahead bound, `Consumer.shard_room`)."""
+        `room` entries in flight (the per-shard read-ahead bound, `Pipeline.shard_room`)."""
         if room is None:
             return [h for h in self.held.values() if not (h.draining or h.behind)]
         return [

@@ -1,4 +1,10 @@
-"""The consumer's read loop and what it does when a round fails.
+"""The consumer's start and read loop, and what they do when Redis fails them.
+
+* At **start** (topic registry, consumer groups, a broadcast's start positions), a connection
+  loss is retried with the backoff until Redis answers or the stop is set (WARNING each time):
+  an app may start while Redis restarts or fails over. Everything else raises at once: an error
+  reply (NOPERM...), a wrong password, `ShardCountMismatch`. An unreachable Redis at the very
+  start of `EventBus.run` is raised before (`RedisUnavailable`), so a wrong URL fails loudly.
 
 * A **connection error** (or timeout): the reply of a read may have been lost with the connection
   and delivered entries into our PEL, so every shard is forgotten (its PEL is claimed again, in
@@ -7,7 +13,7 @@
   but an operator can fix it without restarting the consumer: the loop keeps backing off (up to
   `retry_max_s`), logs the refused command and the server's reason at ERROR every time, and counts
   it in ``eventbus_redis_refusals_total{command}`` (alert on any increase). A shard whose PEL
-  recovery was refused is not read past its pending entries (`Consumer._recover`).
+  recovery was refused is not read past its pending entries (`Ownership._recover`).
 * ``NOGROUP`` (the group was deleted, or Redis lost its data): it is created again; every
   shard is forgotten (its PEL is claimed again when re-locked). When the shard streams are gone
   too, Redis lost its data: said once at ERROR, with where the group restarts.
@@ -20,17 +26,21 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from logging import ERROR
 from typing import TYPE_CHECKING
 
 import anyio
-from redis.exceptions import ResponseError
+from redis.exceptions import AuthenticationError, ResponseError
 
-from eventbus.client.retry import LOST_REPLY, REDIS_ERRORS
+from eventbus.client.retry import LOST_REPLY, REDIS_ERRORS, Waits
 from eventbus.errors import RedisCommandRefused
+from eventbus.ops.metrics import METRICS
 
 if TYPE_CHECKING:
-    from eventbus.consumer.engine import Consumer
+    from eventbus.consumer.ownership import Ownership
+    from eventbus.consumer.pipeline import Pipeline
+    from eventbus.protocol.topics import TopicRegistry
 
 log = logging.getLogger("eventbus.consumer")
 
@@ -47,48 +57,65 @@ def refused(command: str, key: str) -> Iterator[None]:
         raise RedisCommandRefused(command, key, f"{type(exc).__name__}: {exc}") from exc
 
 
-async def read_loop(c: Consumer, stop: anyio.Event) -> None:
-    """Run `c`'s rounds until `stop` is set, waiting while `max_in_flight` entries are
-    unfinished, with an adaptive BLOCK (doubling from `block_min_ms` to `block_max_ms` while
-    nothing arrives), and `read_linger_ms` after a read that got entries but filled no shard's
-    `read_count`."""
-    settings = c.settings
+async def start_when_reachable(
+    start: Callable[[], Awaitable[None]], stop: anyio.Event, waits: Waits, who: str
+) -> bool:
+    """``await start()`` until it succeeds (True) or `stop` is set first (False), retrying a lost
+    connection (`LOST_REPLY`) after `waits`' backoff, logged at WARNING with the error and `who`.
+    Raises anything else at once: an error reply (NOPERM under an ACL...), a refused password
+    (`AuthenticationError`), `ShardCountMismatch`: waiting would not fix them."""
+    while not stop.is_set():
+        try:
+            await start()
+            return True
+        except AuthenticationError:
+            raise
+        except LOST_REPLY as exc:
+            await waits.wait(stop, f"{who} cannot start: Redis unavailable", exc)
+    return False
+
+
+async def read_loop(
+    pipe: Pipeline, own: Ownership, registry: TopicRegistry, stop: anyio.Event
+) -> None:
+    """Run `pipe`'s rounds (on the shards `own` holds) until `stop` is set, waiting while
+    `max_in_flight` entries are unfinished, with an adaptive BLOCK (doubling from `block_min_ms`
+    to `block_max_ms` while nothing arrives), and `read_linger_ms` after a read that got entries
+    but filled no shard's `read_count`. `registry` writes the topic again after Redis lost it."""
+    settings, acks, who = pipe.settings, pipe.acks, own.consumer_id
+    waits = Waits(settings.retry_base_s, settings.retry_max_s, log)
     block = settings.block_min_ms
-    failures = 0
     said = False  # the data loss of this incident was reported
     while not stop.is_set():
-        while c.acks.in_flight >= settings.max_in_flight and not stop.is_set():
-            await c.acks.wait_capacity()
+        while acks.in_flight >= settings.max_in_flight and not stop.is_set():
+            await own.table.changed()
         if stop.is_set():
             break
         try:
-            got = await c.round(block)
-            failures = 0
+            got = await pipe.round(block)
+            waits.ok()
             said = False
         except LOST_REPLY as exc:  # the round may have half happened: start over from the PELs
-            c.drop_all(f"connection error during a round: {exc}", lease=False)
-            failures += 1
-            await _back_off(c, stop, failures, "Redis unavailable", exc, logging.WARNING)
+            own.drop_all(f"connection error during a round: {exc}", lease=False)
+            await waits.wait(stop, f"consumer {who}: Redis unavailable", exc)
             continue
         except RedisCommandRefused as exc:
-            failures += 1
-            c.refused_metric(exc.command)
-            await _back_off(c, stop, failures, f"{exc.command} refused", exc, logging.ERROR)
+            own.on_refused(exc.command)
+            await waits.wait(stop, f"consumer {who}: {exc.command} refused", exc, level=ERROR)
             continue
         except ResponseError as exc:
-            failures += 1
             if "NOGROUP" not in str(exc):  # a reply no `refused` names: never taken for NOGROUP
-                c.drop_all(f"error reply during a round: {exc}", lease=False)
-                c.refused_metric("unnamed")
-                await _back_off(c, stop, failures, "error reply", exc, logging.ERROR)
+                own.drop_all(f"error reply during a round: {exc}", lease=False)
+                own.on_refused("unnamed")
+                await waits.wait(stop, f"consumer {who}: error reply", exc, level=ERROR)
                 continue
-            c.drop_all(f"its consumer group is missing ({exc})", lease=False)
+            own.drop_all(f"its consumer group is missing ({exc})", lease=False)
             try:
-                vanished = await c.reader.regroup()
+                vanished = await pipe.reader.regroup()
                 if vanished:  # the registry went with them: write the topic again (or refuse)
-                    await c.registry.verify(c.topic)
+                    await registry.verify(own.topic)
             except REDIS_ERRORS as again:
-                await _back_off(c, stop, failures, "group missing", again, logging.WARNING)
+                await waits.wait(stop, f"consumer {who}: group missing", again)
                 continue
             if vanished and not said:
                 said = True
@@ -100,25 +127,25 @@ async def read_loop(c: Consumer, stop: anyio.Event) -> None:
                     "every event published from now on is handled; events published before the "
                     "loss are gone from Redis (the durable tier has what it archived), and the "
                     "shards' fencing tokens start again from 1",
-                    c.consumer_id,
+                    who,
                     vanished,
-                    c.topic.name,
-                    c.group,
+                    own.topic.name,
+                    own.group,
                 )
             elif not vanished:
-                log.warning("consumer %s: group missing (%s); created again", c.consumer_id, exc)
+                log.warning("consumer %s: group missing (%s); created again", who, exc)
             continue
         block = settings.block_min_ms if got else min(block * 2, settings.block_max_ms)
-        if got and settings.read_linger_ms and not c.read_full:  # let more entries arrive
+        if got and settings.read_linger_ms and not pipe.read_full:  # let more entries arrive
             with anyio.move_on_after(settings.read_linger_ms / 1000):
                 await stop.wait()
 
 
-async def _back_off(
-    c: Consumer, stop: anyio.Event, failures: int, what: str, exc: Exception, level: int
-) -> None:
-    """Log a failed round and wait the backoff for `failures`, or until `stop` is set."""
-    delay = c.backoff.compute(failures)
-    log.log(level, "consumer %s: %s (%s); retry in %.2f s", c.consumer_id, what, exc, delay)
-    with anyio.move_on_after(delay):
-        await stop.wait()
+def count_refusals(topic: str, group: str) -> Callable[[str], None]:
+    """``count(command)``: one more refusal of `command` in
+    ``eventbus_redis_refusals_total{topic, group, command}``."""
+
+    def count(command: str) -> None:
+        METRICS.redis_refusals.labels(topic, group, command).inc()
+
+    return count

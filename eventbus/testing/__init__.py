@@ -41,7 +41,6 @@ from anyio.abc import TaskStatus
 from pydantic import BaseModel
 
 from eventbus.app import EventBus
-from eventbus.consumer.broadcast import BroadcastConsumer
 from eventbus.dlq import DeadLetter
 from eventbus.errors import ConfigError
 from eventbus.locking.member import AsyncRedis
@@ -150,10 +149,7 @@ class TestBus:
     async def _behind(self) -> list[str]:
         behind = []
         for consumer in self.bus.consumers:
-            if isinstance(consumer, BroadcastConsumer):
-                behind += await consumer.behind()
-            elif consumer.in_flight:
-                behind.append(f"{consumer.group}: {consumer.in_flight} in flight")
+            behind += await consumer.behind()
         for sub in self.bus.subscriptions:
             if sub.options.broadcast:
                 continue

@@ -192,7 +192,7 @@ async def test_consumer_role_claims_a_stale_read_and_records_trims(
     stop = anyio.Event()
     async with anyio.create_task_group() as tg:
         tg.start_soon(lambda: bus.run(stop=stop))
-        await wait_until(lambda: bus.consumers and bus.consumers[0].table.held)
+        await wait_until(lambda: bus.consumers and bus.consumers[0].ownership.table.held)
         fields = bus.publisher.prepare(bus.topic("acl"), Tick(resource="a", seq=1), "a")[1]
         async with admin.pipeline(transaction=True) as tx:  # a stale consumer's late read
             tx.xadd(stream, fields)

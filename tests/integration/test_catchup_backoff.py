@@ -72,15 +72,15 @@ async def test_catch_up_from_a_corrupt_archive_is_not_retried_at_once(
         attempts.append(None)
         return result
 
-    consumer.catch_up = counting
-    await consumer.reader.ensure_groups()
+    consumer.pipeline.catch_up = counting
+    await consumer.pipeline.reader.ensure_groups()
     started = time.monotonic()
     try:
         while time.monotonic() - started < 1.5:  # the Redis backoff would retry 3-5 times
-            await consumer.round(1)
-            assert consumer.table.held == {}  # never read past the gap
+            await consumer.pipeline.round(1)
+            assert consumer.ownership.table.held == {}  # never read past the gap
     finally:
-        await consumer._leave()
+        await consumer.ownership.leave()
         await bus.aclose()
     assert len(attempts) == 1, attempts
     assert "corrupt" in str(attempts[0]).lower(), attempts

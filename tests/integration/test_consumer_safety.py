@@ -95,7 +95,7 @@ async def test_a_decompression_bomb_does_not_block_heartbeats(
             await rec.wait_for(2, within_s=BOMB_WITHIN_S)
             await wait_until(lambda: bigs == [300_000], within_s=BOMB_WITHIN_S)
             consumer = runs[0].bus.consumers[0]
-            assert list(consumer.table.held) == [0]
+            assert list(consumer.ownership.table.held) == [0]
         watch.cancel_scope.cancel()
     [letter] = await dl.letters()
     assert (letter.resource_id, letter.reason) == ("bomb", "undecodable")
@@ -402,14 +402,14 @@ async def test_catch_up_from_an_unreachable_archive_backs_off(
         attempts += 1
         return await hook(shard, token)
 
-    consumer.catch_up = counting
-    await consumer.reader.ensure_groups()
+    consumer.pipeline.catch_up = counting
+    await consumer.pipeline.reader.ensure_groups()
     try:
         for _ in range(10):  # ten lock rounds, driven one by one
-            await consumer.round(1)
-            assert consumer.table.held == {}  # never read past the gap
+            await consumer.pipeline.round(1)
+            assert consumer.ownership.table.held == {}  # never read past the gap
     finally:
-        await consumer._leave()
+        await consumer.ownership.leave()
         await bus.aclose()
     assert attempts == 1
 

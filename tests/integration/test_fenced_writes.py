@@ -44,10 +44,10 @@ async def _work(c: Consumer) -> None:
     """Run one worker and the acks of `c` until every entry it read is finished (acked or
     let go)."""
     async with anyio.create_task_group() as tg:
-        tg.start_soon(c.acks.loop)
-        tg.start_soon(c._worker, tg)
+        tg.start_soon(c.pipeline.acks.loop)
+        tg.start_soon(c.pipeline.worker, tg)
         while c.in_flight:
-            await c.acks.wait_idle()
+            await c.pipeline.acks.wait_idle()
         tg.cancel_scope.cancel()
 
 
@@ -59,10 +59,10 @@ async def _park_after_the_lock_moved_on(bus: EventBus, s: Settings, r: Any) -> C
     d = await _driven(bus, s, "consumer-d")
     await r.xgroup_create(bus.keys.stream("t", 0), "g", id="0", mkstream=True)
     await bus.publish("t", Tick(resource="x", seq=1), resource_id="x")
-    assert await c.round(1) and c.in_flight == 1  # shard 0 locked, x:1 read
+    assert await c.pipeline.round(1) and c.in_flight == 1  # shard 0 locked, x:1 read
     await r.zrem(bus.keys.members("t", "g"), "consumer-c")
-    await d._lock_round()
-    assert list(d.table.held) == [0]
+    await d.ownership.lock_round(d.pipeline)
+    assert list(d.ownership.table.held) == [0]
     await _work(c)  # x:1 fails; C dead-letters it and parks x
     return c
 
@@ -80,13 +80,14 @@ async def test_a_refused_park_drops_the_shard_at_once(
     try:
         c = await _park_after_the_lock_moved_on(bus, s, r)
         assert await r.hget(bus.keys.parked("t", "g"), "x") is None  # refused
-        assert c.table.held == {}, f"still held after the refusal: {sorted(c.table.held)}"
+        held = c.ownership.table.held
+        assert held == {}, f"still held after the refusal: {sorted(held)}"
         await bus.publish("t", Tick(resource="x", seq=2), resource_id="x")
         await bus.publish("t", Tick(resource="y", seq=1), resource_id="y")
-        assert not await c.round(1)
+        assert not await c.pipeline.round(1)
         mine = await r.xpending_range(stream, "g", "-", "+", 10, "consumer-c")
         assert mine == [], f"C read the shard after its park was refused: {mine}"
-        assert c.table.held == {}  # D holds it, live: C's lock round took nothing
+        assert c.ownership.table.held == {}  # D holds it, live: C's lock round took nothing
     finally:
         await bus.aclose()
 

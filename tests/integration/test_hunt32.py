@@ -69,7 +69,7 @@ async def test_catch_up_of_a_held_shard_waits_for_its_entries_in_flight(
     A consumer with an archive holds shard 0 and is handling x:0 (its handler is slow); x:1 is
     queued behind it (read ahead). The offloader archives and trims the shard past the group's
     last-delivered ID, as it does in normal operation once entries are older than
-    `hot_window_s`. The consumer's periodic trim check (`Consumer._check_trims`) then finds the
+    `hot_window_s`. The consumer's periodic trim check (`Ownership.check_trims`) then finds the
     shard "ahead" and runs the catch-up hook on it right away (engine.py `_check_trims` ->
     `_catch_up`), although the shard has entries in flight: the hook handles the group's pending
     entries (x:0 again, x:1) and the archived x:2..x:5 through `Handling.step` directly, beside
@@ -97,15 +97,15 @@ async def test_catch_up_of_a_held_shard_waits_for_its_entries_in_flight(
         consumer = next(c for c in bus.consumers if isinstance(c, Consumer))
         # the shard was just locked and checked: compress the 10 s catch-up check interval
         # (`CATCH_UP_CHECK_S`) so the test need not wait it out; the bug does not depend on it
-        consumer.catching_up.check_s = 0.0
+        consumer.ownership.catching_up.check_s = 0.0
         checks = [0]
-        check_trims = consumer._check_trims
+        check_trims = consumer.ownership.check_trims
 
-        async def counted() -> None:
-            await check_trims()
+        async def counted(claimer: Any) -> None:
+            await check_trims(claimer)
             checks[0] += 1
 
-        consumer._check_trims = counted  # type: ignore[method-assign]
+        consumer.ownership.check_trims = counted  # type: ignore[method-assign]
         for seq in range(6):
             await bus.publish("t", Tick(resource="x", seq=seq), resource_id="x")
         with anyio.fail_after(20):
@@ -288,13 +288,14 @@ async def _pause_in_catch_up(
         await bus_c.registry.ensure(bus_c.subscriptions[0].topic)
         member = Member(bus_c.redis, bus_c.keys, s, "t", "g", "consumer-c")
         c = Consumer(member, bus_c.registry, bus_c.subscriptions[0])
-        c.catch_up = shard_hook(store, c.handling)
+        c.pipeline.catch_up = shard_hook(store, c.handling)
         rounds, answered = anyio.Event(), anyio.Event()
-        lock_round, heartbeat, acquire = c._lock_round, c.locks.heartbeat, c.locks.acquire
+        own = c.ownership
+        lock_round, heartbeat, acquire = own.lock_round, own.locks.heartbeat, own.locks.acquire
 
-        async def first_lock_round() -> None:
+        async def first_lock_round(claimer: Any) -> None:
             try:
-                await lock_round()
+                await lock_round(claimer)
             finally:
                 if not rounds.is_set():
                     rounds.set()
@@ -312,21 +313,21 @@ async def _pause_in_catch_up(
         async def next_acquire(candidates: Any) -> Any:
             if rounds.is_set() and not viewed.is_set():
                 await answered.wait()  # (the heartbeat loop has applied its answer by now)
-                view.update(lease_ok=c.lease.ok(), held=sorted(c.table.held))
+                view.update(lease_ok=c.lease.ok(), held=sorted(c.ownership.table.held))
                 viewed.set()
             return await acquire(candidates)
 
-        dispatch = c._dispatch
+        dispatch = c.pipeline._dispatch
 
         def recording(held: Any, entries: Any, counts: Any) -> None:
             if not round_done.is_set():
                 claimed.extend((held.shard, entry_id) for entry_id, _ in entries)
             dispatch(held, entries, counts)
 
-        c._dispatch = recording  # type: ignore[method-assign]
-        c._lock_round = first_lock_round  # type: ignore[method-assign]
-        c.locks.heartbeat = late_heartbeat  # type: ignore[method-assign]
-        c.locks.acquire = next_acquire  # type: ignore[method-assign]
+        c.pipeline._dispatch = recording  # type: ignore[method-assign]
+        c.ownership.lock_round = first_lock_round  # type: ignore[method-assign]
+        c.ownership.locks.heartbeat = late_heartbeat  # type: ignore[method-assign]
+        c.ownership.locks.acquire = next_acquire  # type: ignore[method-assign]
         stop = anyio.Event()
         async with anyio.create_task_group() as tg:
             tg.start_soon(lambda: c.run(stop))
@@ -373,7 +374,7 @@ async def test_a_catch_up_that_lost_its_lock_does_not_claim_the_shard(
     When C wakes, the catch-up's next `confirm` re-takes nothing (B holds shard 1) and raises
     `Fenced`, which `shard_hook` turns into a quiet False (consumer/catchup.py);
     `CatchUpSchedule.run` counts that as a success and keeps the shard, and
-    `Consumer._lock_round` goes on to `_recover` it: XAUTOCLAIM ... 0 0-0, sent without any
+    `Ownership.lock_round` goes on to `_recover` it: XAUTOCLAIM ... 0 0-0, sent without any
     lease or lock check, moves y:1 into C's PEL and C queues it, while B holds the lock.
     """
     seen = await _pause_in_catch_up(settings, r, tmp_path)
@@ -400,7 +401,7 @@ async def test_a_lapsed_consumer_revived_by_its_catch_up_gets_no_lease_on_lost_s
     holds", is broken: the next heartbeat finds C live and renews its lease (its guard only
     knows the consumer's own lock client, and no lock round is in flight anyway), while C's
     table still holds shards 0 and 1 from before the lapse, both B's now. C's fence
-    (`Consumer.holds`) then admits handlers, and acks, on B's shards (y:1, which C claimed,
+    (`Ownership.holds`) then admits handlers, and acks, on B's shards (y:1, which C claimed,
     or anything queued) until C's next lock round.
     """
     seen = await _pause_in_catch_up(settings, r, tmp_path)
@@ -438,12 +439,12 @@ async def test_a_shard_retaken_soon_after_its_check_is_caught_up_before_it_is_re
     bus, seen = _recording(s, store)
     stream = bus.keys.stream("t", 0)
     c = await _driven(bus, s)
-    c.catch_up = shard_hook(store, c.handling)
-    await c.reader.ensure_groups()
+    c.pipeline.catch_up = shard_hook(store, c.handling)
+    await c.pipeline.reader.ensure_groups()
     try:
-        await c.round(1)  # takes shard 0, checks it: nothing behind
-        assert list(c.table.held) == [0]
-        await c._release([0])  # idle: released (as `round` does after idle_release_ms)
+        await c.pipeline.round(1)  # takes shard 0, checks it: nothing behind
+        assert list(c.ownership.table.held) == [0]
+        await c.ownership.release([0])  # idle: released (as `round` does after idle_release_ms)
         for seq in range(5):  # the group's next entries, archived and trimmed unread
             await bus.publish("t", Tick(resource="x", seq=seq), resource_id="x")
         offloader = Offloader(bus.redis, store, settings=s, tier=_fast_tier())
@@ -451,17 +452,17 @@ async def test_a_shard_retaken_soon_after_its_check_is_caught_up_before_it_is_re
         assert await r.xlen(stream) == 0
         x5 = await bus.publish("t", Tick(resource="x", seq=5), resource_id="x")
         dispatched: list[bytes] = []
-        dispatch = c._dispatch
+        dispatch = c.pipeline._dispatch
 
         def recording(held: Any, entries: Any, counts: Any) -> None:
             dispatched.extend(entry_id for entry_id, _ in entries)
             dispatch(held, entries, counts)
 
-        c._dispatch = recording  # type: ignore[method-assign]
-        await c.round(1)  # takes shard 0 again (a few seconds at most after its check)
-        assert list(c.table.held) == [0]
+        c.pipeline._dispatch = recording  # type: ignore[method-assign]
+        await c.pipeline.round(1)  # takes shard 0 again (a few seconds at most after its check)
+        assert list(c.ownership.table.held) == [0]
     finally:
-        await c._leave()
+        await c.ownership.leave()
         await bus.aclose()
     assert x5.encode() in dispatched  # the read went on to x:5, after the catch-up
     assert seen == [0, 1, 2, 3, 4], (
@@ -571,7 +572,7 @@ async def test_a_lock_round_answered_after_its_lease_claims_no_pending_entries(
     await r.xgroup_create(stream, "g", id="0", mkstream=True)
     await bus.publish("t", Tick(resource="x", seq=0), resource_id="x")
     await r.xreadgroup("g", "gone", {stream: ">"}, count=1)  # pending for a consumer that died
-    acquire = c.locks.acquire
+    acquire = c.ownership.locks.acquire
     late = [True]
 
     async def answered(candidates: Any) -> LockRound:
@@ -580,18 +581,18 @@ async def test_a_lock_round_answered_after_its_lease_claims_no_pending_entries(
             return LockRound(got.share, got.grants, got.sent_at - 2 * s.lease_s)
         return got
 
-    c.locks.acquire = answered  # type: ignore[method-assign]
+    c.ownership.locks.acquire = answered  # type: ignore[method-assign]
     try:
-        await c.round(1)
+        await c.pipeline.round(1)
         owners = [row["consumer"] for row in await r.xpending_range(stream, "g", "-", "+", 10)]
         assert owners == [b"gone"], f"claimed without a lease: {owners}"
-        assert c.table.held == {}  # not read either
+        assert c.ownership.table.held == {}  # not read either
         late[0] = False
-        await c.round(1)
+        await c.pipeline.round(1)
         owners = [row["consumer"] for row in await r.xpending_range(stream, "g", "-", "+", 10)]
         assert owners == [b"consumer-c"]
     finally:
-        await c._leave()
+        await c.ownership.leave()
         await bus.aclose()
 
 
@@ -610,19 +611,19 @@ async def test_a_lapse_during_the_catch_up_of_shards_behind_leaves_the_round_sta
     async def hook(shard: int, token: int) -> bool:
         caught.append(shard)
         if len(caught) == 2:  # the heartbeat found the member lapsed meanwhile
-            c.drop_all("liveness had expired before this heartbeat")
+            c.ownership.drop_all("liveness had expired before this heartbeat")
         return False
 
     for shard in range(2):
         await r.xgroup_create(bus.keys.stream("t", shard), "g", id="0", mkstream=True)
     try:
-        await c._lock_round()
-        c.catch_up = hook
-        assert sorted(c.table.held) == [0, 1]
-        for h in c.table.held.values():
+        await c.ownership.lock_round(c.pipeline)
+        c.pipeline.catch_up = hook
+        assert sorted(c.ownership.table.held) == [0, 1]
+        for h in c.ownership.table.held.values():
             h.behind = True
-        await c._catch_up_behind()
-        assert sorted(caught) == [0, 1] and c.table.held == {}
+        await c.ownership._catch_up_behind(hook)
+        assert sorted(caught) == [0, 1] and c.ownership.table.held == {}
     finally:
-        await c._leave()
+        await c.ownership.leave()
         await bus.aclose()

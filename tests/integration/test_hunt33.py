@@ -70,13 +70,13 @@ async def _offload(bus: EventBus, s: Settings, store: Any) -> None:
 def _recording_dispatch(c: Consumer) -> list[bytes]:
     """Make `c` record the entry IDs its reads queue for the workers; returns that list."""
     dispatched: list[bytes] = []
-    dispatch = c._dispatch
+    dispatch = c.pipeline._dispatch
 
     def recording(held: Any, entries: Any, counts: Any) -> None:
         dispatched.extend(entry_id for entry_id, _ in entries)
         dispatch(held, entries, counts)
 
-    c._dispatch = recording  # type: ignore[method-assign]
+    c.pipeline._dispatch = recording  # type: ignore[method-assign]
     return dispatched
 
 
@@ -107,25 +107,25 @@ async def test_a_held_shard_trimmed_past_a_group_the_catch_up_moved_is_caught_up
     bus, seen = _recording(s, store)
     stream = bus.keys.stream("t", 0)
     c = await _driven(bus, s)
-    c.catch_up = shard_hook(store, c.handling)
-    await c.reader.ensure_groups()
+    c.pipeline.catch_up = shard_hook(store, c.handling)
+    await c.pipeline.reader.ensure_groups()
     try:
         for seq in range(3):  # archived and trimmed before the group read them
             await bus.publish("t", Tick(resource="x", seq=seq), resource_id="x")
         await _offload(bus, s, store)
-        await c.round(1)  # takes shard 0; its catch-up handles x:0..x:2 (XGROUP SETID to x:2)
-        assert list(c.table.held) == [0] and seen == [0, 1, 2]
+        await c.pipeline.round(1)  # takes shard 0; its catch-up handles x:0..x:2 (SETID to x:2)
+        assert list(c.ownership.table.held) == [0] and seen == [0, 1, 2]
         for seq in range(3, 8):  # C holds the shard; these leave Redis before C reads them
             await bus.publish("t", Tick(resource="x", seq=seq), resource_id="x")
         await _offload(bus, s, store)
         assert await r.xlen(stream) == 0
         x8 = await bus.publish("t", Tick(resource="x", seq=8), resource_id="x")
         dispatched = _recording_dispatch(c)
-        await c.round(1)  # trim check (due), then the read
-        assert list(c.table.held) == [0]
+        await c.pipeline.round(1)  # trim check (due), then the read
+        assert list(c.ownership.table.held) == [0]
         records = await r.xlen(bus.keys.trimmed("t", "g"))
     finally:
-        await c._leave()
+        await c.ownership.leave()
         await bus.aclose()
     assert x8.encode() in dispatched  # the read went on to x:8
     assert seen == [0, 1, 2, 3, 4, 5, 6, 7], (
@@ -147,8 +147,8 @@ async def _new_shard_behind_the_archive(
     s = settings(shards=1)
     bus, seen = _recording(s, store, ack=ack)
     c = await _driven(bus, s)
-    c.catch_up = shard_hook(store, c.handling)
-    await c.reader.ensure_groups()
+    c.pipeline.catch_up = shard_hook(store, c.handling)
+    await c.pipeline.reader.ensure_groups()
     try:
         for seq in range(3):
             await bus.publish("t", Tick(resource="x", seq=seq), resource_id="x")
@@ -156,10 +156,10 @@ async def _new_shard_behind_the_archive(
         assert await r.xlen(bus.keys.stream("t", 0)) == 0
         x3 = await bus.publish("t", Tick(resource="x", seq=3), resource_id="x")
         dispatched = _recording_dispatch(c)
-        await c.round(1)  # takes shard 0: catch-up (with an archive), trim check, read
-        assert list(c.table.held) == [0]
+        await c.pipeline.round(1)  # takes shard 0: catch-up (with an archive), trim check, read
+        assert list(c.ownership.table.held) == [0]
     finally:
-        await c._leave()
+        await c.ownership.leave()
         await bus.aclose()
     return seen, dispatched, x3.encode()
 
@@ -173,7 +173,7 @@ async def test_an_at_most_once_consumer_catches_a_new_shard_up_from_the_archive(
     there"; semantics.md "Stream caps"). At-most-once only allows losing what was read and not
     handled (semantics.md "At-most-once"), not entries the group never read.
 
-    `Consumer._lock_round` computes ``recover = [] if self.noack else new`` (NOACK reads leave
+    `Ownership.lock_round` computes ``recover = [] if self.noack else new`` (NOACK reads leave
     no PEL to recover) and runs the catch-up hook only ``if recover``: so an ``ack="before"``
     consumer never catches a newly locked shard up. The trim check of the same round does not
     make up for it here: the group never read, so Redis has no ``entries-read`` for it and
@@ -230,8 +230,8 @@ async def test_a_stop_during_a_catch_up_retry_lets_the_entry_go(
             raise RuntimeError("downstream down")
 
     c = await _driven(bus, s)
-    c.catch_up = shard_hook(store, c.handling)
-    await c.reader.ensure_groups()
+    c.pipeline.catch_up = shard_hook(store, c.handling)
+    await c.pipeline.reader.ensure_groups()
     try:
         for seq in range(3):  # archived and trimmed before the group read them
             await bus.publish("t", Tick(resource="x", seq=seq), resource_id="x")
@@ -337,18 +337,18 @@ async def test_entries_archived_and_trimmed_during_a_live_catch_up_are_handled(
             await bus.publish("t", Tick(resource="x", seq=6), resource_id="x")
 
     c = await _driven(bus, s)
-    c.catch_up = shard_hook(store, c.handling)
-    await c.reader.ensure_groups()
+    c.pipeline.catch_up = shard_hook(store, c.handling)
+    await c.pipeline.reader.ensure_groups()
     try:
         for seq in range(3):  # archived and trimmed before the group read them
             await bus.publish("t", Tick(resource="x", seq=seq), resource_id="x")
         await _offload(bus, s, store)
         dispatched = _recording_dispatch(c)
-        await c.round(1)  # takes shard 0: catch-up, recovery, trim check, read
-        assert list(c.table.held) == [0]
+        await c.pipeline.round(1)  # takes shard 0: catch-up, recovery, trim check, read
+        assert list(c.ownership.table.held) == [0]
         x6 = (await r.xrange(stream))[-1][0]
     finally:
-        await c._leave()
+        await c.ownership.leave()
         await bus.aclose()
     assert x6 in dispatched  # the read went on to x:6
     assert seen == [0, 1, 2, 3, 4, 5], (
@@ -522,8 +522,8 @@ async def test_a_stop_mid_segment_hands_handled_entries_to_the_next_owner(
             await anyio.lowlevel.checkpoint()  # a handler doing I/O: the stop task runs
 
     c1 = await _driven(bus, s, "consumer-1")
-    c1.catch_up = shard_hook(store, c1.handling)
-    await c1.reader.ensure_groups()
+    c1.pipeline.catch_up = shard_hook(store, c1.handling)
+    await c1.pipeline.reader.ensure_groups()
     try:
         for seq in range(5):  # one segment x:0..x:4, archived and trimmed before g read them
             await bus.publish("t", Tick(resource="x", seq=seq), resource_id="x")
@@ -533,11 +533,11 @@ async def test_a_stop_mid_segment_hands_handled_entries_to_the_next_owner(
             await c1.run(stop)
         first = list(seen)
         c2 = await _driven(bus, s, "consumer-2")
-        c2.catch_up = shard_hook(store, c2.handling)
+        c2.pipeline.catch_up = shard_hook(store, c2.handling)
         with anyio.fail_after(30):
-            await c2.round(1)  # takes shard 0: its catch-up handles the segment
-        assert list(c2.table.held) == [0]
-        await c2._leave()
+            await c2.pipeline.round(1)  # takes shard 0: its catch-up handles the segment
+        assert list(c2.ownership.table.held) == [0]
+        await c2.ownership.leave()
     finally:
         await bus.aclose()
     assert first == [0, 1, 2]  # x:3 is let go at the stop, left in the archive

@@ -182,10 +182,10 @@ async def test_an_at_most_once_read_blocked_at_the_stop_loses_nothing_published_
             await wait_until(lambda: bool(bus.consumers))
             consumer = bus.consumers[0]
             assert isinstance(consumer, Consumer)
-            await wait_until(lambda: bool(consumer.table.held))
+            await wait_until(lambda: bool(consumer.ownership.table.held))
             await wait_until(lambda: _blocked_in_xreadgroup(r))  # the read is in Redis
             stop.set()
-            await wait_until(lambda: consumer._stopping)  # the stop is taken: no more reads
+            await wait_until(lambda: consumer.pipeline.stopping)  # the stop is taken: no more reads
             entry_id = await publisher.publish("late", Tick(resource="x", seq=1), resource_id="x")
         await bus.aclose()
     groups = {g["name"]: g for g in await r.xinfo_groups(stream)}

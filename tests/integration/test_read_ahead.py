@@ -11,7 +11,8 @@ import pytest
 from support import Tick, pending_count, running, wait_until
 
 from eventbus import EventBus, Settings
-from eventbus.consumer.engine import Consumer
+from eventbus.consumer.ownership import Ownership
+from eventbus.consumer.pipeline import Pipeline
 
 pytestmark = pytest.mark.anyio
 SettingsFactory = Callable[..., Settings]
@@ -119,16 +120,16 @@ async def test_a_stop_during_a_lock_round_reads_nothing_more(
         started += 1
         await gate.wait()
 
-    lock_round = Consumer._lock_round
+    lock_round = Ownership.lock_round
 
-    async def stopped_in_a_lock_round(self: Consumer) -> None:
-        await lock_round(self)
+    async def stopped_in_a_lock_round(self: Ownership, pipe: Pipeline) -> None:
+        await lock_round(self, pipe)
         if started == s.concurrency and not stop.is_set():
             stop.set()
             gate.set()
-            await wait_until(lambda: self.acks.in_flight == 0)  # every queued entry let go
+            await wait_until(lambda: pipe.acks.in_flight == 0)  # every queued entry let go
 
-    monkeypatch.setattr(Consumer, "_lock_round", stopped_in_a_lock_round)
+    monkeypatch.setattr(Ownership, "lock_round", stopped_in_a_lock_round)
     async with publisher:
         events = [(f"r{i}", Tick(resource=f"r{i}", seq=i)) for i in range(2000)]
         await publisher.publish_many("once", events)

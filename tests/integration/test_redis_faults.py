@@ -156,3 +156,76 @@ async def test_a_running_bus_writes_its_topics_again_after_redis_lost_its_data(
                         await later.publish(topic, Tick(resource="x", seq=0), resource_id="x")
             await later.aclose()
         await publisher.aclose()
+
+
+class _Said(logging.Handler):
+    """Sets `said` at the first record of logger ``eventbus.consumer`` containing `text`."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(logging.WARNING)
+        self.text, self.said = text, anyio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.said.set()
+
+
+@pytest.mark.parametrize("broadcast", [False, True], ids=["group", "broadcast"])
+async def test_a_consumer_starting_while_redis_is_down_waits_for_it(broadcast: bool) -> None:
+    """Redis lost between the bus's start checks and a consumer's own start (an app starting
+    while Redis restarts): the consumer's first commands (``XGROUP CREATE``, a broadcast's
+    ``XINFO STREAM``) failed with ConnectionError, which ended `EventBus.run` and every other
+    consumer with it. It retries with the backoff, says so at WARNING, and handles what is
+    published once Redis is back."""
+    with RedisServer(appendonly="always") as server:
+        bus = EventBus(Settings(redis_url=server.url, shards=2, retry_max_s=0.05))
+        rec = Recorder()
+        kw = {"broadcast": True} if broadcast else {"group": "billing"}
+        bus.subscriber("orders", **kw)(rec.add)
+        said = _Said("cannot start: Redis unavailable")
+        logger = logging.getLogger("eventbus.consumer")
+        logger.addHandler(said)
+        stop = anyio.Event()
+        try:
+            async with bus, anyio.create_task_group() as tg:
+                await bus.registry.ensure(bus.subscriptions[0].topic)  # the run's own check
+                await anyio.to_thread.run_sync(server.stop)
+                tg.start_soon(lambda: bus.run(stop=stop))
+                with anyio.fail_after(20):
+                    await said.said.wait()
+                await anyio.to_thread.run_sync(server.start)  # same port, AOF reloaded
+                if broadcast:  # it reads from where the streams ended once it started
+                    await bus.consumers[0].started.wait()  # type: ignore[union-attr]
+                await bus.publish("orders", Tick(resource="r", seq=1), resource_id="r")
+                await rec.wait_for(1)
+                stop.set()
+        finally:
+            logger.removeHandler(said)
+        await bus.aclose()
+    assert rec.by_resource() == {"r": [1]}
+
+
+@pytest.mark.parametrize("broadcast", [False, True], ids=["group", "broadcast"])
+async def test_a_stop_while_redis_is_down_at_the_start_returns_cleanly(broadcast: bool) -> None:
+    """A consumer still waiting for Redis at its start ends at the stop, without an error."""
+    with RedisServer() as server:
+        bus = EventBus(Settings(redis_url=server.url, shards=2, retry_max_s=0.05))
+        kw = {"broadcast": True} if broadcast else {"group": "billing"}
+        bus.subscriber("orders", **kw)(Recorder().add)
+        said = _Said("cannot start: Redis unavailable")
+        logger = logging.getLogger("eventbus.consumer")
+        logger.addHandler(said)
+        stop = anyio.Event()
+        try:
+            async with bus:
+                await bus.registry.ensure(bus.subscriptions[0].topic)
+                await anyio.to_thread.run_sync(server.stop)
+                with anyio.fail_after(20):
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(lambda: bus.run(stop=stop))
+                        await said.said.wait()
+                        stop.set()  # bus.run returns: the task group ends without an error
+                await anyio.to_thread.run_sync(server.start)
+        finally:
+            logger.removeHandler(said)
+        await bus.aclose()

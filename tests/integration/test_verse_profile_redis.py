@@ -54,7 +54,7 @@ async def test_a_verse_lock_key_of_another_type_stops_only_its_shard(
         await bus.publish(TOPIC, Placed(order_id=rid, seq=i), resource_id=rid)
     rounds = 0
     async with running(bus):
-        locks = bus.consumers[0].locks
+        locks = bus.consumers[0].ownership.locks
         acquire = locks.acquire
 
         async def counted(candidates: Any) -> Any:

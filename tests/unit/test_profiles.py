@@ -185,10 +185,10 @@ def test_a_consumer_gets_its_profiles_parts_once(profile: str) -> None:
     assert isinstance(consumer, Consumer)
     prepare = consumer.handling.prepare
     if profile == "eventbus":  # the code that ran before profiles existed
-        assert isinstance(consumer.locks, LockClient)
+        assert isinstance(consumer.ownership.locks, LockClient)
         assert prepare.__func__ is Decoding.prepare  # type: ignore[attr-defined]
-        assert consumer.table.streams[3] == "eventbus:stream:orders:3"
+        assert consumer.ownership.table.streams[3] == "eventbus:stream:orders:3"
     else:
-        assert isinstance(consumer.locks, VerseLockClient)
+        assert isinstance(consumer.ownership.locks, VerseLockClient)
         assert isinstance(prepare, functools.partial) and prepare.func is prepare_foreign
-        assert consumer.table.streams[3] == "VERSE:STREAM:RESOURCE:orders$3"
+        assert consumer.ownership.table.streams[3] == "VERSE:STREAM:RESOURCE:orders$3"

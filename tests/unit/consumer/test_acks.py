@@ -126,7 +126,7 @@ async def test_capacity_wakes_when_in_flight_falls_back_under_the_cap() -> None:
     woke: list[int] = []
 
     async def waiter() -> None:
-        await acks.wait_capacity()
+        await table.changed()
         woke.append(acks.in_flight)
 
     async with anyio.create_task_group() as tg:
@@ -138,7 +138,7 @@ async def test_capacity_wakes_when_in_flight_falls_back_under_the_cap() -> None:
 
 
 async def test_capacity_wakes_when_a_shard_falls_back_to_its_read_ahead_room() -> None:
-    # the per-shard bound (`Consumer.shard_room`): a shard with more than `shard_room` entries
+    # the per-shard bound (`Pipeline.shard_room`): a shard with more than `shard_room` entries
     # in flight is not read; the read loop waits until one has room again
     acks, _, table, _ = setup(max_in_flight=100)
     acks.shard_room = 1
@@ -147,7 +147,7 @@ async def test_capacity_wakes_when_a_shard_falls_back_to_its_read_ahead_room() -
     woke: list[int] = []
 
     async def waiter() -> None:
-        await acks.wait_capacity()
+        await table.changed()
         woke.append(held.in_flight)
 
     with anyio.fail_after(5):

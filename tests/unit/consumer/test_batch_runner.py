@@ -41,15 +41,15 @@ def batch_consumer(calls: list[int]) -> Consumer:
 async def test_a_lost_shards_batch_is_let_go_undecoded() -> None:
     calls: list[int] = []
     c = batch_consumer(calls)
-    held = HeldShard(shard=0, stream=c.table.streams[0], token=1, generation=1)
+    held = HeldShard(shard=0, stream=c.ownership.table.streams[0], token=1, generation=1)
     entries = [
         (f"{i}-0".encode(), encode_entry(envelope_of("r", Tick(resource="r", seq=i))))
         for i in range(3)
     ]
     items = read_items(held, entries, None)
-    c.acks.started(held, len(items))
+    c.pipeline.acks.started(held, len(items))
     held.lost = True  # the shard went to another consumer while its batch was queued
-    await c._work(items, Watchdog(None).slot())
+    await c.pipeline._work(items, Watchdog(None).slot())
     assert calls == []
     assert [item.event for item in items] == [None, None, None]  # never decoded
-    assert (c.acks.in_flight, held.in_flight) == (0, 0)  # finished: let go, not acked
+    assert (c.pipeline.acks.in_flight, held.in_flight) == (0, 0)  # finished: let go, not acked

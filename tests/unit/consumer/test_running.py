@@ -23,10 +23,12 @@ class _Quick:
     """A consumer that returns at once: what run_consumers does around consumers, alone."""
 
     settings: _Settings = field(default_factory=_Settings)
+    started: anyio.Event = field(default_factory=anyio.Event)
     ran: bool = False
 
     async def run(self, stop: anyio.Event) -> None:
         self.ran = True
+        self.started.set()
 
 
 async def test_many_subscriptions_in_one_process_are_warned_about(

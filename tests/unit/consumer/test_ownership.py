@@ -1,4 +1,4 @@
-"""How long a consumer's round waits when it has no shard to read (`Consumer._poll_ms`): a
+"""How long a consumer's round waits when it has no shard to read (`Ownership.poll_ms`): a
 consumer joining a busy group polls for the shards of its fair share at least every
 `lock_interval_ms`, not at the read loop's doubling BLOCK (up to `block_max_ms`)."""
 
@@ -31,19 +31,20 @@ def consumer(**settings: int) -> Consumer:
 
 def test_a_consumer_owed_shards_it_does_not_hold_polls_every_lock_interval() -> None:
     c = consumer(lock_interval_ms=100, block_max_ms=1000)
-    assert c._poll_ms(1000) == 1000  # before any lock round: no share known
-    c._share = 8  # a lock round gave it a share of 8 and no lock (others hold them all)
-    assert c._poll_ms(1000) == 1000  # ... but longer ago than the window of a join
-    c._owed_until = time.monotonic() + 60  # it joined (or was granted a shard) just now
-    assert c._poll_ms(1000) == 100
-    assert c._poll_ms(40) == 40  # the BLOCK still starts short
-    c.table.held[3] = HeldShard(3, c.table.streams[3], 1, 1)  # some of its share held
-    c.table.held[3].draining = True
-    assert c._poll_ms(1000) == 1000  # nothing readable, but its own shards: backs off
+    assert c.ownership.poll_ms(1000) == 1000  # before any lock round: no share known
+    c.ownership.share = 8  # a lock round gave it a share of 8 and no lock (others hold them all)
+    assert c.ownership.poll_ms(1000) == 1000  # ... but longer ago than the window of a join
+    c.ownership.owed_until = time.monotonic() + 60  # it joined (or was granted a shard) just now
+    assert c.ownership.poll_ms(1000) == 100
+    assert c.ownership.poll_ms(40) == 40  # the BLOCK still starts short
+    table = c.ownership.table
+    table.held[3] = HeldShard(3, table.streams[3], 1, 1)  # some of its share held
+    c.ownership.table.held[3].draining = True
+    assert c.ownership.poll_ms(1000) == 1000  # nothing readable, but its own shards: backs off
 
 
 def test_with_lock_rounds_before_every_read_the_poll_is_the_block() -> None:
     c = consumer(lock_interval_ms=0)
-    c._share = 8
-    c._owed_until = time.monotonic() + 60
-    assert c._poll_ms(640) == 640
+    c.ownership.share = 8
+    c.ownership.owed_until = time.monotonic() + 60
+    assert c.ownership.poll_ms(640) == 640

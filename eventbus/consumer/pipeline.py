@@ -1,0 +1,219 @@
+"""The data path of a group consumer: reader -> decode -> queues and workers -> acks.
+
+A `Pipeline` is given the consumer's `Ownership` (`eventbus.consumer.ownership`): it reads only
+the shards held there, with a valid lease, blocking no longer than it lasts; hands each read to
+its queues (decoded and validated in one pass first, unless a batch worker decodes them); runs
+them through the handling path (`handling`) under the ownership's fence (`runner`, or a batch
+subscription's `BatchRunner`); and acks them in batches (`acks`). The queues and the workers'
+step are the assembly's choice, made at construction (`Queues`).
+
+One entry, from the read to the ack: `Reader.read` (``XREADGROUP``, `reading`) ->
+`Pipeline._dispatch` -> `Handling.prepare` (`decoding`: envelope, model) ->
+`ResourceQueues.dispatch` (`queues`) -> a worker's `QueueRunner.run` (`runner`) ->
+`Handling.attempt` (the fence, the handler call) -> `Acks.ack` -> `Acks.loop` (``XACK``,
+`acks`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import anyio.abc
+from redis.backoff import AbstractBackoff
+
+from eventbus.client import retry
+from eventbus.consumer.acks import Acks
+from eventbus.consumer.catching_up import CatchUpHook
+from eventbus.consumer.context import Subscription
+from eventbus.consumer.handling import Handling
+from eventbus.consumer.ownership import Ownership
+from eventbus.consumer.queues import ResourceQueues
+from eventbus.consumer.reading import Counts, Entries, Reader
+from eventbus.consumer.runner import QueueRunner
+from eventbus.consumer.shards import HeldShard, read_items
+from eventbus.consumer.supervision import refused
+from eventbus.locking.member import Member
+from eventbus.ops.metrics import METRICS
+
+Queues = Callable[[Handling, Ownership, QueueRunner, Acks], tuple[ResourceQueues, Any]]
+"""An assembly's queues and its workers' step, from the pipeline's parts: per resource
+(`per_resource`) or per shard in batches (`eventbus.consumer.batching.batch_queues`)."""
+
+
+def per_resource(
+    handling: Handling, own: Ownership, runner: QueueRunner, acks: Acks
+) -> tuple[ResourceQueues, Any]:
+    """One queue per resource, run entry by entry (`QueueRunner.run`)."""
+    return ResourceQueues(acks.started), runner.run
+
+
+class Pipeline:
+    """Reads, handles and acks the entries of `sub` for `member` on the shards `own` holds.
+
+    :param count: entries a read takes per shard at most (``COUNT``)
+    :param queues: the queues and the workers' step (`per_resource`, or a batch's)
+    :param catch_up: makes the durable tier's catch-up hook from the handling path (None: the
+        bus has no archive)
+    :param backoff: spaces the retries of a failed XACK
+    :param on_refused: counts a refused command
+    """
+
+    def __init__(
+        self,
+        member: Member,
+        sub: Subscription,
+        own: Ownership,
+        *,
+        count: int,
+        queues: Queues,
+        catch_up: Callable[[Handling], CatchUpHook] | None,
+        backoff: AbstractBackoff,
+        on_refused: Callable[[str], None],
+    ) -> None:
+        settings = self.settings = member.settings
+        self.own, self.table, self.lease = own, own.table, own.lease
+        self.noack = own.noack
+        self.reader = Reader(member, self.table.streams, noack=self.noack, count=count)
+        self.handling = Handling(
+            member,
+            sub,
+            retry.forever(settings.retry_base_s, settings.retry_max_s),
+            fenced_off=own.fenced_off,
+            # (a custom lock client written before `ShardLocks.fences_writes`: cannot fence)
+            fence_in_redis=getattr(own.locks, "fences_writes", False),
+        )
+        self.catch_up = None if catch_up is None else catch_up(self.handling)
+        # The per-shard read-ahead bound: a shard is read only while at most one read's worth
+        # (`count`) of its entries is in flight, so at most two reads' worth is: one handled,
+        # the next read meanwhile. One hot shard cannot take all of `max_in_flight`, and what
+        # a draining shard must finish before its release, or a crash leaves to XAUTOCLAIM,
+        # does not grow with `max_in_flight` (docs/operations.md, max_in_flight). NOACK reads
+        # lose what they read ahead when the consumer stops or loses its lease: a shard of
+        # theirs is read again only once its last read is finished, so at most `count` x held
+        # shards are lost (docs/semantics.md, at-most-once).
+        self.shard_room = 0 if self.noack else count
+        self.acks = Acks(
+            member,
+            self.table,
+            self.lease,
+            noack=self.noack,
+            backoff=backoff,
+            before_send=self.handling.flush_metrics,  # an entry's metrics before its ack
+            on_refused=on_refused,
+            shard_room=self.shard_room,
+        )
+        self.runner = QueueRunner(self.handling, own, self.acks)
+        self.queues, self._work = queues(self.handling, own, self.runner, self.acks)
+        self._prepare = self.queues.prepared_on_read
+        self.tally = self.handling.tally  # handled, dead-lettered, duplicates skipped
+        self.read_full = False  # the last read filled a shard's read_count (`read_linger_ms`)
+        self.stopping = False  # set at the stop: no more reads
+        self._handled_reported = 0
+        self._m_handled = METRICS.handled.labels(sub.topic.name, sub.group)
+
+    # -- what a round asks of the pipeline (`ownership.Claimer`) -------------------------------
+    async def load_parked(self) -> None:
+        await self.handling.failures.load_parked()
+
+    async def claim(self, held: list[HeldShard], still_held: Callable[[HeldShard], bool]) -> None:
+        await self.reader.recover(held, self._dispatch, still_held)
+
+    # -- the round ------------------------------------------------------------------------------
+    async def round(self, block_ms: int) -> bool:
+        """One round: a lock round when due (`Ownership.lock_due`: acquire, apply, catch up,
+        recover, surplus), the trim check, a read, the release of idle shards. Returns whether
+        any entry was read."""
+        own = self.own
+        self.report_handled()  # before the trim check's lag gauges and the blocking read
+        if own.lock_due():
+            await own.lock_round(self)
+        await own.check_trims(self)
+        if self.stopping:  # stopped meanwhile: no read after the stop (the workers let the
+            return False  # queued entries go, so every shard looks readable)
+        got = await self._read(block_ms)
+        if got is None:  # no lease: re-lock in the next round
+            return False
+        idle = self.table.to_release(got, time.monotonic(), self.settings.idle_release_ms / 1000)
+        if idle:
+            await own.release(idle)
+        self.report_handled()
+        return bool(got)
+
+    async def _read(self, block_ms: int) -> set[int] | None:
+        """Read the readable shards into the queues; the shards that had entries, or None when
+        the read was skipped for want of a lease.
+
+        XREADGROUP is not fenced by Redis: a read sent after the lease ran out (a process paused
+        past its TTL) would pull entries of shards now owned by others into our PEL, and their
+        owner would read past them. So read only with a lease, blocking no longer than it lasts;
+        without one, skip the read and re-lock in the next round."""
+        table = self.table
+        readable = table.readable(self.shard_room)
+        active = len(table.readable())  # held and not draining
+        if not readable:  # nothing to read (all draining or full, or none held): wait a poll
+            behind = any(h.behind for h in table.held.values())
+            with anyio.move_on_after(self.own.poll_ms(block_ms) / 1000):
+                if active or behind:  # until a full shard has room, or one behind drained
+                    await table.changed()
+                else:
+                    await anyio.sleep_forever()
+            return set()
+        if len(readable) < active:  # a full shard gets room while the read blocks: not long
+            block_ms = min(block_ms, self.settings.block_min_ms)
+        lease_ms = self.lease.remaining_ms() - 5
+        if lease_ms < 1:
+            return None
+        got = set()
+        with refused("XREADGROUP", ",".join(h.stream for h in readable)):
+            reads = await self.reader.read(readable, min(block_ms, lease_ms))
+        count = self.settings.read_count
+        self.read_full = any(len(read.entries) >= count for read in reads)
+        for read in reads:
+            held = table.of_stream(read.stream)
+            if held is not None:
+                got.add(held.shard)
+                self._dispatch(held, read.entries, read.counts)
+        return got
+
+    def _dispatch(self, held: HeldShard, entries: Entries, counts: Counts) -> None:
+        """Queue what one read (or one page of recovery) got from `held`'s stream, decoded and
+        validated in one pass first (`Handling.prepare`), unless the queues' workers decode
+        (a batch subscription's: its queues are keyed by shard, not by the resource the decode
+        finds, and the read loop sends its next read while the workers decode)."""
+        items = read_items(held, entries, counts)
+        if self._prepare:
+            self.handling.prepare(items)
+        self.queues.dispatch(held, items)
+
+    # -- workers and the stop -------------------------------------------------------------------
+    async def worker(self, tg: anyio.abc.TaskGroup) -> None:
+        """One of the `concurrency` workers, with its own watchdog slot."""
+        stopped = self.handling.stopping  # retry waits end at once
+        await self.queues.worker(self._work, self.handling.watchdog.slot(), tg, stopped)
+
+    async def stop_starting(self, stop: anyio.Event) -> None:
+        """Once `stop` is set, read no more and, at once, start no more handlers: the read loop
+        may still be in a blocking read for a while, and queued entries must not keep running
+        meanwhile, or a large backlog would delay the hand-over (they stay pending for the next
+        owner). An at-most-once consumer's entries were acknowledged when read (``NOACK``): it
+        handles what it read, the read in flight at the stop included, within
+        `shutdown_grace_s`, instead of dropping it."""
+        await stop.wait()
+        self.stopping = True
+        self.handling.halting.set()
+        if not self.noack:
+            self.own.let_go()
+            self.handling.stopping.set()
+        self.own.wake()
+
+    def report_handled(self) -> None:
+        """Add the handler successes since the last call to the Prometheus counter, and the
+        latencies and durations to their histograms (once a round rather than once an event: a
+        labelled increment costs a few microseconds)."""
+        self.handling.flush_metrics()
+        handled = self.tally.handled
+        self._m_handled.inc(handled - self._handled_reported)
+        self._handled_reported = handled
