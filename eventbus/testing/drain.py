@@ -29,9 +29,10 @@ from eventbus.locking.member import AsyncRedis
 
 @dataclass(slots=True)
 class StreamState:
-    """One stream as the drain sees it: the last ID it gave (``None``: no such stream), its last
-    entry's ID (the two differ once that entry was deleted; broadcast readers are at the last
-    entry) and, per group, ``(last-delivered-id, pending count)``; IDs as ``(ms, seq)``."""
+    """One stream as the drain sees it: the last ID it gave (``None``: no such stream), its
+    last entry's ID (differs once that entry was deleted; broadcast readers are at the last
+    entry; read only for a stream with broadcast readers) and, per group,
+    ``(last-delivered-id, pending count)``; IDs as ``(ms, seq)``."""
 
     last: tuple[int, int] | None
     last_entry: tuple[int, int] = (0, 0)
@@ -86,23 +87,31 @@ def memory_streams(redis: AsyncRedis) -> Callable[[Sequence[Watch]], dict[str, S
         return None
     db = server.dbs[kwargs.get("db", 0)]
 
+    encoded: dict[str, bytes] = {}  # stream and group names as the server keys them
+
+    def name(text: str) -> bytes:
+        got = encoded.get(text)
+        if got is None:
+            got = encoded[text] = text.encode()
+        return got
+
     def read(watches: Sequence[Watch]) -> dict[str, StreamState]:
         out = {}
         for w in watches:
-            item = db.get(w.stream.encode())
+            item = db.get(name(w.stream))
             value = getattr(item, "value", None)
             if value is None:
                 out[w.stream] = StreamState(None)
                 continue
-            last = value.last_id  # the last ID XADD gave, even if that entry was deleted since
-            state = out[w.stream] = StreamState(
-                (last.ts, last.seq), parse_id(value.last_item_key())
-            )
-            for name in w.groups:
-                group = value.group_get(name.encode())
-                if group is not None:
-                    at = group.last_delivered_key
-                    state.groups[name] = ((at.ts, at.seq), len(group.pel))
+            # fakeredis's IDs are named tuples (ms, seq): compared as they are. `last_id` is
+            # the last ID XADD gave, even if that entry was deleted since.
+            state = out[w.stream] = StreamState(value.last_id)
+            if w.positions:
+                state.last_entry = parse_id(value.last_item_key())
+            for group in w.groups:
+                found = value.group_get(name(group))
+                if found is not None:
+                    state.groups[group] = (found.last_delivered_key, len(found.pel))
         return out
 
     return read
@@ -118,7 +127,7 @@ async def redis_streams(redis: AsyncRedis, watches: Sequence[Watch]) -> dict[str
         pipe.xinfo_groups(stream)
     replies = await pipe.execute(raise_on_error=False)
     out = {}
-    for i, stream in enumerate(streams):
+    for i, (w, stream) in enumerate(zip(watches, streams, strict=True)):
         info, groups = replies[2 * i], replies[2 * i + 1]
         if isinstance(info, ResponseError) and "no such key" in str(info).lower():
             out[stream] = StreamState(None)
@@ -129,7 +138,7 @@ async def redis_streams(redis: AsyncRedis, watches: Sequence[Watch]) -> dict[str
         last_entry = info.get("last-entry")
         out[stream] = StreamState(
             parse_id(info["last-generated-id"]),
-            parse_id(last_entry[0]) if last_entry else (0, 0),
+            parse_id(last_entry[0]) if last_entry and w.positions else (0, 0),
             {
                 g["name"].decode(): (parse_id(g["last-delivered-id"]), int(g["pending"]))
                 for g in groups

@@ -31,7 +31,8 @@ async def test_the_memory_reader_sees_what_xinfo_answers() -> None:
     await r.xack("s0", "g", first)
     await r.xreadgroup("h", "c", {"s1": ">"})
     await r.xdel("s1", (await r.xrevrange("s1", count=1))[0][0])
-    watches = [Watch("s0", ["g"]), Watch("s1", ["g", "h"]), Watch("missing", ["g"])]
+    at_end = [("reader", lambda: b"0-0")]  # a broadcast reader: the last entry is read too
+    watches = [Watch("s0", ["g"]), Watch("s1", ["g", "h"], at_end), Watch("missing", ["g"])]
 
     read = memory_streams(r)
 
@@ -39,6 +40,7 @@ async def test_the_memory_reader_sees_what_xinfo_answers() -> None:
     assert read(watches) == await redis_streams(r, watches)
     assert read(watches)["s0"].groups["g"][1] == 1  # one entry read, not acked
     assert read(watches)["missing"] == StreamState(None)
+    assert read(watches)["s1"].last > read(watches)["s1"].last_entry  # the last one deleted
 
 
 def test_a_real_client_has_no_memory_reader() -> None:
