@@ -138,9 +138,11 @@ def with_dependencies(handler: Callable[..., Any]) -> Callable[..., Any]:
     :raises ConfigError: for a parameter that is neither a dependency nor the Context, or a
         provider whose annotations do not resolve
     """
-    params = list(inspect.signature(handler).parameters.values())
     try:
+        params = list(inspect.signature(handler).parameters.values())
         hints = typing.get_type_hints(handler, include_extras=True)
+    except (TypeError, ValueError):  # a partial, a callable object: no dependencies read
+        return handler
     except NameError as exc:
         if any("Depends(" in str(p.annotation) for p in params):
             raise ConfigError(

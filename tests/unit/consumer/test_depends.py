@@ -183,3 +183,17 @@ def test_the_contract_names_the_handler_with_dependencies() -> None:
     (group,) = contract_of(bus).groups
     (handler,) = group.handlers
     assert handler.name.endswith("bill") and list(handler.events) == ["OrderPlaced"]
+
+
+def test_callables_without_annotations_of_their_own_are_registered_as_they_are() -> None:
+    import functools
+
+    async def h(prefix: str, event: OrderPlaced) -> None: ...
+
+    class Handler:
+        async def __call__(self, event: OrderPlaced) -> None: ...
+
+    partial = functools.partial(h, "p")
+    instance = Handler()
+    assert with_dependencies(partial) is partial
+    assert with_dependencies(instance) is instance
