@@ -93,9 +93,9 @@ class EventBus(Lifecycle):
         """What the service sets up for its handlers (``bus.state.pool = ...`` in an
         ``on_startup`` hook), read by handlers as ``ctx.state`` (`eventbus.consumer.scope`)."""
         self._scope = HandlerScope(self.state, self.publish)
+        self._publish_middlewares: list[PublishMiddleware] = []  # `publish_middleware`
         # the scopes of routers' handlers with middlewares of their own: the bus's middlewares,
         # then theirs (`include_router`), keyed by the routers' middlewares
-        self._publish_middlewares: list[PublishMiddleware] = []
         self._router_scopes: dict[tuple[Middleware, ...], HandlerScope] = {}
 
     @classmethod
