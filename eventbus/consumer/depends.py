@@ -11,11 +11,14 @@ providers, as FastAPI users know them::
 
 A provider is a function (``def`` or ``async def``; a generator, sync or async, for a value
 with cleanup) whose parameters are themselves dependencies (``Depends(other)``) or the event's
-`Context` (a parameter annotated ``Context``). Each provider runs at most once per event (its
-value shared by the parameters and providers that depend on it: ``Depends(p, use_cache=False)``
-runs it each time), before each attempt; generators are closed after the attempt, in reverse
-order, the handler's exception thrown into them (a provider may log it; it is re-raised
-whatever the provider does). ``x: T = Depends(p)`` works like ``x: Annotated[T, Depends(p)]``.
+`Context` (a parameter annotated ``Context``). Providers run on the event loop before each
+attempt (a ``def`` one too: keep it quick, or make it ``async``); each runs at most once per
+attempt, its value shared by the parameters and providers that depend on it
+(``Depends(p, use_cache=False)`` runs it each time). Generators are closed after the attempt, in
+reverse order, the handler's exception thrown into them (a provider may log it; the attempt
+fails whatever the provider does). ``x: T = Depends(p)`` works like
+``x: Annotated[T, Depends(p)]``. With ``from __future__ import annotations``, providers named in
+``Annotated[...]`` must be importable from the handler's module (module level), as in FastAPI.
 
 App-scoped state (a pool, a client) is set once at start-up (``bus.state.x = ...`` in an
 ``on_startup`` hook) and read by providers from ``ctx.state``.
