@@ -6,6 +6,7 @@ from typing import Any
 from eventbus.app import EventBus
 from eventbus.config import Settings
 from eventbus.consumer import Context
+from eventbus.consumer.depends import Depends
 from eventbus.consumer.scope import State
 from eventbus.dlq import DeadLetters
 from eventbus.errors import (
@@ -24,6 +25,7 @@ from eventbus.errors import (
 from eventbus.ops.log_context import HandlerLogFilter, log_context
 from eventbus.protocol.sharding import shard_of
 from eventbus.protocol.topics import TopicConfig
+from eventbus.router import Router
 from eventbus.sync import SyncBus
 
 try:
@@ -36,6 +38,7 @@ __all__ = [
     "Context",
     "DeadLetters",
     "DecodeError",
+    "Depends",
     "EventBus",
     "EventBusError",
     "HandlerLogFilter",
@@ -45,6 +48,7 @@ __all__ = [
     "PublishError",
     "RedisUnavailable",
     "RequestTimeout",
+    "Router",
     "Settings",
     "ShardCountMismatch",
     "State",

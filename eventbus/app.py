@@ -33,7 +33,9 @@ from eventbus.protocol.codec import RESERVED_TYPE_PREFIX, event_type_of
 from eventbus.protocol.keys import check_event_type
 from eventbus.protocol.retention import Retention
 from eventbus.protocol.topics import TopicConfig
+from eventbus.publishing.middleware import Outgoing, PublishMiddleware, through
 from eventbus.request import M, reply_of, requester
+from eventbus.router import Router
 from eventbus.session import Session
 from eventbus.sync import SyncBus
 
@@ -90,6 +92,10 @@ class EventBus(Lifecycle):
         """What the service sets up for its handlers (``bus.state.pool = ...`` in an
         ``on_startup`` hook), read by handlers as ``ctx.state`` (`eventbus.consumer.scope`)."""
         self._scope = HandlerScope(self.state, self.publish)
+        self._publish_middlewares: list[PublishMiddleware] = []  # `publish_middleware`
+        # the scopes of routers' handlers with middlewares of their own: the bus's middlewares,
+        # then theirs (`include_router`), keyed by the routers' middlewares
+        self._router_scopes: dict[tuple[Middleware, ...], HandlerScope] = {}
 
     @classmethod
     def from_env(cls, *, profile: str | WireProfile = "eventbus", **overrides: Any) -> EventBus:
@@ -168,6 +174,12 @@ class EventBus(Lifecycle):
         ``on_failure="park"`` in the verse profile, which orders by shard), and
         `ReservedEventType` for a model whose event type starts with ``__eventbus.``.
         """
+        return self._subscriber(topic, options, self._scope)
+
+    def _subscriber(
+        self, topic: str, options: SubscriberArgs, scope: HandlerScope
+    ) -> Callable[[H], H]:
+        """`subscriber`, its handlers entered in `scope`'s middlewares (`include_router`)."""
         resolved = SubscriberOptions.of(self.settings, topic, **options)
 
         if resolved.on_failure == "park" and not self.profile.codec.native:
@@ -177,7 +189,22 @@ class EventBus(Lifecycle):
             )
 
         def register(handler: H) -> H:
-            add_handler(self.subscriptions, self.topic(topic), resolved, handler, self._scope)
+            config = self.topic(topic)
+            existing = next(
+                (
+                    s
+                    for s in self.subscriptions
+                    if (s.topic.name, s.group) == (topic, resolved.group)
+                ),
+                None,
+            )
+            if existing is not None and existing.scope is not scope:
+                raise ConfigError(
+                    f"topic {topic!r}, group {resolved.group!r}: its handlers run inside "
+                    "other middlewares (a router's): give this handler the same router, or "
+                    "another group"
+                )
+            add_handler(self.subscriptions, config, resolved, handler, scope)
             return handler
 
         return register
@@ -214,7 +241,28 @@ class EventBus(Lifecycle):
         if not callable(mw):
             raise ConfigError(f"a middleware must be callable, got {type(mw).__name__}")
         self._scope.middlewares.append(mw)
+        for own, scope in self._router_scopes.items():  # the bus's stay outside a router's
+            scope.middlewares[:] = [*self._scope.middlewares, *own]
         return mw
+
+    def include_router(self, router: Router) -> None:
+        """Declare on this bus what `router` (and the routers it includes) declared: topics,
+        publications and subscribers, with the routers' prefix, group and middlewares
+        (`eventbus.router`). Raises what `topic`, `publishes` and `subscriber` raise for a bad
+        declaration, and `ConfigError` when a router with middlewares adds a handler to a
+        (topic, group) whose handlers are entered in other middlewares."""
+        flat = router.flatten()
+        for declared in flat.topics:
+            self.topic(declared.topic, **declared.options)
+        for pub in flat.publications:
+            self.publishes(pub.topic, *pub.models)
+        for sub, own in flat.subscribers:
+            scope = self._scope
+            if own:
+                scope = self._router_scopes.get(own) or self._router_scopes.setdefault(
+                    own, HandlerScope(self.state, self.publish, [*self._scope.middlewares, *own])
+                )
+            self._subscriber(sub.topic, sub.options, scope)(sub.handler)  # type: ignore[arg-type]
 
     def on_startup(self, hook: Hook) -> Hook:
         """Register ``async def hook()`` to run after connecting, before consumers start."""
@@ -237,10 +285,29 @@ class EventBus(Lifecycle):
     ) -> str:
         """Publish `event` on `topic`; its shard is chosen by `resource_id`. Returns the entry ID.
 
-        Concurrent calls on a running bus share pipelines. Raises `PayloadTooLarge`,
-        `ShardCountMismatch`, `ConfigError`, `PublishError` (see `Publisher.publish`).
+        Concurrent calls on a running bus share pipelines. The publish middlewares are entered
+        around it (`publish_middleware`). Raises `PayloadTooLarge`, `ShardCountMismatch`,
+        `ConfigError`, `PublishError` (see `Publisher.publish`), and what a middleware raises.
         """
+        if self._publish_middlewares:  # the one cost of the feature for a bus without any
+            message = Outgoing(topic, event, resource_id, dict(headers or {}))
+            return await through(self._publish_middlewares, message, self._send)
         return await self.publisher.publish(self.topic(topic), event, resource_id, headers)
+
+    async def _send(self, m: Outgoing) -> str:
+        return await self.publisher.publish(self.topic(m.topic), m.event, m.resource_id, m.headers)
+
+    def publish_middleware(self, mw: PublishMiddleware) -> PublishMiddleware:
+        """Register ``mw(message)``, a function returning an async context manager, entered
+        around every `publish` of this bus (handlers' ``ctx.publish`` and the sync facade's
+        too): before its ``yield`` it may change the `Outgoing` message (its headers, say),
+        after it read ``message.entry_id`` (`eventbus.publishing.middleware`). They nest in
+        registration order, the first outermost. Usable as a decorator; returns `mw`. Raises
+        `ConfigError` when `mw` is not callable."""
+        if not callable(mw):
+            raise ConfigError(f"a publish middleware must be callable, got {type(mw).__name__}")
+        self._publish_middlewares.append(mw)
+        return mw
 
     async def publish_many(
         self,

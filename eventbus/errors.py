@@ -34,6 +34,19 @@ def shown(value: object, limit: int = 80) -> str:
     return cut(repr(value), limit)
 
 
+def extra_missing(module: str, extra: str, exc: ImportError) -> ModuleNotFoundError:
+    """The error of importing `module` (``eventbus.fastapi``) without its optional
+    dependencies: a `ModuleNotFoundError` (``except ImportError`` still catches it) naming the
+    missing package and the extra to install, ``pip install 'eventbus[<extra>]'``."""
+    missing = exc.name or str(exc)
+    error = ModuleNotFoundError(
+        f"{module} needs the {extra!r} extra ({missing} is not installed): "
+        f"pip install 'eventbus[{extra}]'",
+        name=exc.name,
+    )
+    return error
+
+
 class ConfigError(EventBusError):
     """A setting or argument is invalid (bad topic name, shard count out of range, ...)."""
 

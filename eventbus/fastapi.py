@@ -31,10 +31,14 @@ from functools import partial
 from typing import Annotated, Any
 
 import anyio
-from fastapi import Depends, Request
 
 from eventbus.app import EventBus
-from eventbus.errors import EventBusError
+from eventbus.errors import EventBusError, extra_missing
+
+try:
+    from fastapi import Depends, Request
+except ImportError as exc:
+    raise extra_missing("eventbus.fastapi", "fastapi", exc) from exc
 
 STATE_KEY = "eventbus"
 

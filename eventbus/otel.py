@@ -31,10 +31,14 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from opentelemetry import propagate, trace
-from opentelemetry.trace import SpanKind
-
+from eventbus.errors import extra_missing
 from eventbus.ops import hooks
+
+try:
+    from opentelemetry import propagate, trace
+    from opentelemetry.trace import SpanKind
+except ImportError as exc:
+    raise extra_missing("eventbus.otel", "otel", exc) from exc
 
 if TYPE_CHECKING:
     from eventbus.consumer.context import Context

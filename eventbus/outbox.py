@@ -60,14 +60,18 @@ from typing import Any, NamedTuple
 
 import msgspec
 from pydantic import BaseModel
-from sqlalchemy import event as sa_event
-from sqlalchemy.orm import Session, SessionTransaction
 
 from eventbus.app import EventBus
-from eventbus.errors import ConfigError
+from eventbus.errors import ConfigError, extra_missing
 from eventbus.ops import hooks
 from eventbus.protocol.codec import Envelope, envelope_of
 from eventbus.session import current_loop
+
+try:
+    from sqlalchemy import event as sa_event
+    from sqlalchemy.orm import Session, SessionTransaction
+except ImportError as exc:
+    raise extra_missing("eventbus.outbox", "outbox", exc) from exc
 
 log = logging.getLogger("eventbus")
 

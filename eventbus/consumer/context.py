@@ -3,14 +3,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import random
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any, Unpack
 
+import anyio.from_thread
 import anyio.to_thread
 import msgspec
 from pydantic import BaseModel
@@ -74,18 +76,31 @@ class Context(msgspec.Struct):
             raise EventBusError("this Context belongs to no bus: it has no state")
         return self.scope.state
 
-    async def publish(self, topic: str, event: BaseModel, **options: Unpack[PublishOptions]) -> str:
+    def publish(self, topic: str, event: BaseModel, **options: Unpack[PublishOptions]) -> Any:
         """`EventBus.publish` (``resource_id=``, ``headers=``) on the handler's bus, the new
         event carrying the handled one's correlation ID and, as causation ID, the handled
-        event's ID (`eventbus.consumer.scope`; ``headers`` may set either). Returns the entry
-        ID. Raises what `EventBus.publish` raises, and `EventBusError` for a Context that
-        belongs to no bus."""
+        event's ID (`eventbus.consumer.scope`; ``headers`` may set either).
+
+        In an ``async def`` handler, await it: ``entry_id = await ctx.publish(...)``. In a
+        plain ``def`` handler (run in a worker thread) call it: it publishes on the bus's event
+        loop, waits, and returns the entry ID (``anyio.from_thread``). Raises what
+        `EventBus.publish` raises, and `EventBusError` for a Context that belongs to no bus.
+        """
         if self.scope is None or self.scope.publish is None:
             raise EventBusError("this Context belongs to no bus: it cannot publish")
         options["headers"] = chained_headers(
             self.headers, str(self.event_id), options.get("headers")
         )
-        return await self.scope.publish(topic, event, **options)
+        send = self.scope.publish(topic, event, **options)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # no loop in this thread: a sync handler's worker thread
+            return anyio.from_thread.run(_awaited, send)
+        return send  # on the loop: the caller awaits it
+
+
+async def _awaited(coro: Awaitable[str]) -> str:
+    return await coro
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from typing import Any
 
 from eventbus.consumer.batching import BatchHandlerCall, batch_handler_models
 from eventbus.consumer.context import HandlerCall, Subscription
+from eventbus.consumer.depends import with_dependencies
 from eventbus.consumer.options import SubscriberOptions
 from eventbus.consumer.routing import Raw, Router, Routes
 from eventbus.consumer.scope import HandlerScope
@@ -48,6 +49,7 @@ def add_handler(
             handler, takes_context=takes_ctx, max_batch=options.max_batch
         )
     else:
+        handler = with_dependencies(handler)  # itself when it has none
         models, raw, takes_ctx = handler_input(handler)
         call = HandlerCall(handler, takes_context=takes_ctx)
     where = f"topic {topic.name!r}, group {options.group!r}"

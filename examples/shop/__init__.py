@@ -2,9 +2,11 @@
 sqlalchemy uvicorn``).
 
 - `service.py`: the events (typed pydantic models), the bus and its handlers: a consumer group
-  whose two handlers are routed by event type and publish a follow-up with ``ctx.publish``, a
-  plain ``def`` handler (a worker thread), a request handler answering ``bus.request`` and a
-  broadcast subscriber that every running instance gets.
+  declared on a `Router`, whose two handlers are routed by event type and publish a follow-up
+  with ``ctx.publish``, a plain ``def`` handler (a worker thread) given its ledger by a
+  dependency (``Depends``) and publishing with ``ctx.publish`` too, a publish middleware that
+  stamps every outgoing event, a request handler answering ``bus.request`` and a broadcast
+  subscriber that every running instance gets.
 - `app.py`: the FastAPI app (`eventbus.fastapi.lifespan`): a sync ``def`` route writing a row
   with SQLAlchemy and publishing its event after the commit (`eventbus.outbox.AfterCommit`),
   async routes publishing, and a route calling ``bus.request``.

@@ -9,15 +9,26 @@ with ``ctx.redelivered``; a real handler writes its effects keyed by ``ctx.event
 from __future__ import annotations
 
 import logging
-from typing import ClassVar
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated, ClassVar
 
 from pydantic import BaseModel
 
-from eventbus import Context, EventBus
+from eventbus import Context, Depends, EventBus, Router
+from eventbus.publishing.middleware import Outgoing
 
 log = logging.getLogger("shop")
 
 bus = EventBus.from_env()  # REDIS_URL, EVENTBUS_* settings
+
+
+# Every event this service publishes (routes, handlers, the outbox) names it in a header.
+@bus.publish_middleware
+@asynccontextmanager
+async def sent_by_shop(message: Outgoing) -> AsyncIterator[None]:
+    message.headers.setdefault("sender", "shop")
+    yield
 
 
 # Events. A stable __event_type__: renaming or moving a class changes nothing on the wire.
@@ -84,29 +95,58 @@ async def quote(request: QuoteRequested) -> Quote:
     return Quote(sku=request.sku, quantity=request.quantity, total_cents=total)
 
 
-# One group, two handlers: each event type goes to its handler, and an order's events still
-# run in publish order through the group's single consumer. An event ID handled in the last day
-# is skipped (a redelivery after a lost ack, a second copy of a re-sent XADD).
-@bus.subscriber("orders", group="fulfilment", on_failure="park", dedup_window_s=24 * 3600)
+# One group, two handlers, declared on a router (they could live in a module of their own that
+# imports no bus; `bus.include_router(fulfilment)` below adds them): each event type goes to
+# its handler, and an order's events still run in publish order through the group's single
+# consumer. An event ID handled in the last day is skipped (a redelivery after a lost ack, a
+# second copy of a re-sent XADD).
+fulfilment = Router(group="fulfilment")
+
+
+@fulfilment.subscriber("orders", on_failure="park", dedup_window_s=24 * 3600)
 async def order_placed(event: OrderPlaced, ctx: Context) -> None:
     shipment = ShipmentRequested(order_id=event.order_id, sku=event.sku, quantity=event.quantity)
     # a follow-up event, chained to this one (its causation and correlation headers)
     await ctx.publish("shipments", shipment, resource_id=event.order_id)
 
 
-@bus.subscriber("orders", group="fulfilment")
+@fulfilment.subscriber("orders")
 async def order_cancelled(event: OrderCancelled, ctx: Context) -> None:
     log.info("order %s cancelled (event %s)", event.order_id, ctx.event_id)
 
+
+bus.include_router(fulfilment)
+
+
+class Shipped(BaseModel):
+    __event_type__: ClassVar[str] = "shop.shipped"
+    order_id: str
+
+
+bus.publishes("shipped", Shipped)
 
 # At least once: a redelivered OrderPlaced publishes a second ShipmentRequested (another event
 # ID), so shipping is idempotent by order ID (a real service: a unique key in its database).
 shipped: dict[str, int] = {}  # order ID -> quantity
 
 
+@bus.on_startup
+async def open_ledger() -> None:
+    bus.state.ledger = shipped  # app-scoped: a real service opens its database pool here
+
+
+def ledger(ctx: Context) -> dict[str, int]:  # a dependency: the handler's ledger, per event
+    book: dict[str, int] = ctx.state.ledger
+    return book
+
+
 @bus.subscriber("shipments", group="shipping")
-def ship(event: ShipmentRequested, ctx: Context) -> None:  # a plain def runs in a worker thread
-    if event.order_id in shipped:  # shipped already
+def ship(  # a plain def runs in a worker thread
+    event: ShipmentRequested, ctx: Context, done: Annotated[dict[str, int], Depends(ledger)]
+) -> None:
+    if event.order_id in done:  # shipped already
         return
-    shipped[event.order_id] = event.quantity
+    done[event.order_id] = event.quantity
     log.info("shipping %d x %s for %s", event.quantity, event.sku, event.order_id)
+    # from a def handler: published at once (the causation and correlation headers kept)
+    ctx.publish("shipped", Shipped(order_id=event.order_id), resource_id=event.order_id)

@@ -90,7 +90,8 @@ def test_the_example_apps_document_validates(
 def test_the_shop_examples_document_validates(
     validator: jsonschema.Draft7Validator, tmp_path: Path
 ) -> None:
-    """examples/shop: broadcast, request/reply and two handlers of one group routed by type."""
+    """examples/shop: broadcast, request/reply and two handlers of one group routed by type,
+    declared on a router."""
     out = tmp_path / "shop.json"
     result = CliRunner().invoke(
         app, ["describe", "examples.shop.service:bus", "--asyncapi", str(out)]
@@ -98,7 +99,16 @@ def test_the_shop_examples_document_validates(
     assert result.exit_code == 0, result.output
     doc = json.loads(out.read_text())
     assert_valid(validator, doc)
-    assert set(doc["channels"]) == {"orders", "prices", "quotes", "quotes.replies", "shipments"}
+    assert set(doc["channels"]) == {
+        "orders",
+        "prices",
+        "quotes",
+        "quotes.replies",
+        "shipments",
+        "shipped",  # what the sync handler publishes with ctx.publish
+    }
+    # the fulfilment group's handlers, declared on a router, are in the document
+    assert {"fulfilment.order_placed", "fulfilment.order_cancelled"} <= set(doc["operations"])
     assert doc["operations"]["_broadcast.price_changed"]["x-eventbus"]["broadcast"] is True
     # the request/reply handler's answer (it was left out of the document)
     reply = doc["operations"]["pricing.quote"]["reply"]

@@ -1,5 +1,6 @@
 """`SyncBus`'s methods are `EventBus`'s, blocking, and `Context.publish` is `EventBus.publish`:
-the same parameters and results. The wrappers take the keyword arguments as one record
+the same parameters and results (`Context.publish`'s result: awaitable in an ``async def``
+handler, the entry ID in a ``def`` one's worker thread). The wrappers take the keyword arguments as one record
 (``**options: Unpack[PublishOptions]``, PEP 692) and pass them on, so the defaults live in
 `EventBus` alone; these tests check that the record lists exactly `EventBus`'s keywords."""
 
@@ -50,6 +51,9 @@ def _parameters(func: Callable[..., Any]) -> tuple[list[Param], dict[str, Param]
 def test_wrappers_take_the_bus_methods_arguments(wrapper: type, name: str) -> None:
     ours = _parameters(getattr(wrapper, name))
     theirs = _parameters(getattr(EventBus, name))
+    if wrapper is Context:  # awaited in an async handler, the entry ID in a sync one's thread
+        assert ours[:2] == theirs[:2] and ours[2] is Any
+        return
     assert ours == theirs
 
 
