@@ -191,9 +191,7 @@ class BroadcastConsumer:
         `shutdown_grace_s` seconds, the rest is dropped (not this instance's any more). A lost
         connection at start is retried until Redis answers or `stop` is set (then it returns,
         `started` set: there is nothing to wait for: `start_when_reachable`)."""
-        waits = retry.Waits(
-            retry.backoff(self.settings.retry_base_s, self.settings.retry_max_s), log
-        )
+        waits = retry.Waits(self.backoff, log)
         who = f"broadcast consumer {self.consumer_id}"
         if not await start_when_reachable(self._start, stop, waits, who):
             self.started.set()
@@ -240,9 +238,7 @@ class BroadcastConsumer:
         """Read `streams` from their positions into the queues until `stop` is set (then the
         task group's cancellation ends a blocked read), at most `max_in_flight` entries
         unfinished."""
-        waits = retry.Waits(
-            retry.backoff(self.settings.retry_base_s, self.settings.retry_max_s), log
-        )
+        waits = retry.Waits(self.backoff, log)
         behind = False  # whether trimming may have caught up with the position (`Gaps`)
         while not stop.is_set():
             while self.in_flight >= self.settings.max_in_flight:

@@ -1,6 +1,6 @@
 """The entries of a broadcast consumer's streams trimmed before it read them (`Gaps`): counted,
 logged at ERROR and in ``eventbus_trimmed_unread_total``, never silent
-(`eventbus.consumer.broadcast`; a group's are `eventbus.consumer.trims`')."""
+(`eventbus.consumer.broadcast`; a group's: `eventbus.consumer.trims`)."""
 
 from __future__ import annotations
 
