@@ -14,7 +14,7 @@ from typing import TypeVar
 
 import anyio
 from redis.asyncio.retry import Retry
-from redis.backoff import EqualJitterBackoff
+from redis.backoff import AbstractBackoff, EqualJitterBackoff
 from redis.exceptions import ClusterError, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -54,12 +54,13 @@ def backoff(base_s: float, cap_s: float) -> EqualJitterBackoff:
 
 class Waits:
     """The waits between the attempts of one operation retried until a stop: counts the failures
-    in a row, computes each delay with `backoff` (`base_s`, `cap_s` in seconds), logs it to
-    `logger` and sleeps until the delay ran out or the stop is set. The one way a consumer's
-    loops wait after a failed Redis call (its start, its rounds, its acks, broadcast reads)."""
+    in a row, computes each delay with `backoff` (a value of `backoff(base_s, cap_s)`), logs
+    it to `logger` and sleeps until the delay ran out or the stop is set. The one way a
+    consumer's loops wait after a failed Redis call (its start, its rounds, its acks, broadcast
+    reads)."""
 
-    def __init__(self, base_s: float, cap_s: float, logger: logging.Logger = log) -> None:
-        self.backoff = backoff(base_s, cap_s)
+    def __init__(self, backoff: AbstractBackoff, logger: logging.Logger = log) -> None:
+        self.backoff = backoff
         self.logger = logger
         self.failures = 0  # in a row: reset by `ok`
 
@@ -75,12 +76,14 @@ class Waits:
         *,
         level: int = logging.WARNING,
     ) -> float:
-        """Count a failure, log ``"<what> (<error>); retry in <delay> s"`` at `level` and sleep
-        the delay, or less when `stop` is set (None: the whole delay). Returns the delay in
-        seconds."""
+        """Count a failure, log ``"<what> (<error type>: <error>); retry in <delay> s"`` at
+        `level` (the type names the server's reason inside pipelines: ``NoPermissionError``) and
+        sleep the delay, or less when `stop` is set (None: the whole delay). Returns the delay
+        in seconds."""
         self.failures += 1
         delay = float(self.backoff.compute(self.failures))
-        self.logger.log(level, "%s (%s); retry in %.2f s", what, error, delay)
+        name = type(error).__name__
+        self.logger.log(level, "%s (%s: %s); retry in %.2f s", what, name, error, delay)
         with anyio.move_on_after(delay):
             if stop is None:
                 await anyio.sleep_forever()

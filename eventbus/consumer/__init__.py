@@ -1,11 +1,8 @@
-"""The consumer: one `Consumer` per subscription runs lock rounds, reads its shards, and hands
-each entry to the handling path shared with catch-up.
-
-Modules, in the order an entry meets them: `context` (Subscription, RetryPolicy, HandlerCall,
-Context), `shards` (the held-shard table), `lease` (lease and heartbeats), `reading` (groups,
-PEL recovery, XREADGROUP), `queues` (per-resource queues and workers), `delivery` and `handling`
-(the handling path), `failures` (dead letters, parking, control entries), `acks` (batched
-XACK), `engine` (the round that ties them together).
+"""The consumer: one `Consumer` per subscription, assembled from an `Ownership` (`ownership`:
+lock rounds, lease, held-shard table, recovery, release: the fence) and a `Pipeline`
+(`pipeline`: `reading` -> `decoding` -> `queues` and `runner` -> `acks`), run by `engine` and
+`supervision`; each entry goes through the handling path shared with catch-up (`handling`,
+`delivery`, `failures`). docs/architecture.md lists every module and the path of an entry.
 """
 
 from eventbus.consumer.catching_up import CatchUpHook

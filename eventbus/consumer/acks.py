@@ -18,7 +18,7 @@ from redis.backoff import AbstractBackoff
 from redis.exceptions import ResponseError
 
 from eventbus.client.pipelines import HeldConnection
-from eventbus.client.retry import REDIS_ERRORS
+from eventbus.client.retry import REDIS_ERRORS, Waits
 from eventbus.consumer.shards import HeldShard, Item, ShardTable
 from eventbus.locking.lease import Lease
 from eventbus.locking.member import Member
@@ -59,7 +59,7 @@ class Acks:
         self.max_in_flight = member.settings.max_in_flight
         self.shard_room = self.max_in_flight if shard_room is None else shard_room
         self.noack = noack
-        self.backoff = backoff
+        self.waits = Waits(backoff, log)
         self.before_send = before_send
         self.on_refused = on_refused
         self.in_flight = 0
@@ -162,7 +162,7 @@ class Acks:
                 await self._conn.aclose()
 
     async def _loop(self) -> None:
-        failures = 0
+        waits = self.waits
         while True:
             await self._wake.wait()
             self._wake = asyncio.Event()
@@ -181,24 +181,16 @@ class Acks:
                         [("XACK", b.held.stream, group, *b.ids) for b in current]
                     )
             except REDIS_ERRORS as exc:
-                failures += 1
-                delay = self.backoff.compute(failures)
-                if isinstance(exc, ResponseError):  # refused (NOPERM, OOM...): say it loudly
-                    self.on_refused("XACK")
-                    log.error(
-                        "Redis refused XACK (%s: %s); retry in %.2f s",
-                        type(exc).__name__,
-                        exc,
-                        delay,
-                    )
-                else:
-                    log.warning("XACK failed (%s); retry in %.2f s", exc, delay)
                 self._sending = {}
                 self._put_back(batches)
                 self._wake.set()
-                await anyio.sleep(delay)
+                if isinstance(exc, ResponseError):  # refused (NOPERM, OOM...): say it loudly
+                    self.on_refused("XACK")
+                    await waits.wait(None, "Redis refused XACK", exc, level=logging.ERROR)
+                else:
+                    await waits.wait(None, "XACK failed", exc)
                 continue
-            failures = 0
+            waits.ok()
             self._sending = {}
             for b in batches.values():
                 self._settle(b)

@@ -122,7 +122,7 @@ class Consumer:
         holding nothing: `start_when_reachable`).
         """
         own, pipe, settings = self.ownership, self.pipeline, self.settings
-        waits = retry.Waits(settings.retry_base_s, settings.retry_max_s, log)
+        waits = retry.Waits(retry.backoff(settings.retry_base_s, settings.retry_max_s), log)
         if not await start_when_reachable(self._start, stop, waits, f"consumer {self.consumer_id}"):
             self.started.set()
             await pipe.reader.aclose()

@@ -20,34 +20,29 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from redis.asyncio.retry import Retry
 
 from eventbus.client import retry as retrying
 from eventbus.consumer.context import Subscription
+from eventbus.consumer.controls import forged, parked_letters
 from eventbus.consumer.delivery import NOT_STARTED, Delivery, Fence, Outcome, Tally, wait_retry
-from eventbus.errors import ConfigError, DecodeError, ForgedControlEntry
+from eventbus.errors import ConfigError, DecodeError
 from eventbus.locking.member import Member
 from eventbus.locking.scripts import register
 from eventbus.ops.metrics import METRICS
 from eventbus.profiles import EVENTBUS
 from eventbus.protocol.dead_letters import (
     DROP,
-    UNPARK,
     DeadLetter,
-    control_request,
     dead_letter_fields,
 )
-from eventbus.protocol.ids import EntryId, parse_id
 
 if TYPE_CHECKING:
     from eventbus.consumer.handling import Handling
 
 log = logging.getLogger("eventbus.consumer")
-
-_LETTERS_PAGE = 500
 
 
 class _ShardLost(Exception):
@@ -248,7 +243,7 @@ class Failures:
             return Outcome.ACK
         rid = env.resource_id
         nonce = payload.get("nonce")
-        forgery = await self._forgery(d, nonce, env.event_type, rid)
+        forgery = await forged(self.redis, self.retry, self._control, d, nonce, env.event_type, rid)
         if forgery is not None:
             log.error("entry %s of shard %d: %s", d.entry_id, d.shard, forgery)
             return await self.dead_letter(d, forgery, reason="forged", fence=fence)
@@ -258,7 +253,7 @@ class Failures:
         )
         if first is None:  # unparked meanwhile (or a redelivery after the unpark)
             return await self._request_done(d, nonce)
-        letters = await self._letters(rid, first.decode())
+        letters = await parked_letters(self.redis, self.retry, self._dlq, rid, first.decode())
         if env.event_type == DROP:
             if letters:
                 ids = [x.dlq_id for x in letters]
@@ -282,25 +277,6 @@ class Failures:
         self._changes += 1
         return await self._request_done(d, nonce)
 
-    async def _forgery(
-        self, d: Delivery, nonce: object, kind: str, rid: str
-    ) -> ForgedControlEntry | None:
-        """Why control entry `d` is not the operator's (None when its `nonce` names a recorded
-        request for `kind` on `rid`)."""
-        entry = d.entry_id.decode()
-        if kind not in (DROP, UNPARK):
-            return ForgedControlEntry(entry, f"unknown control type {kind!r}: no request recorded")
-        if not isinstance(nonce, str) or not nonce:
-            return ForgedControlEntry(entry, "it carries no nonce: no request recorded")
-        request = await retrying.call(
-            self.retry, "control request lookup", lambda: self.redis.hget(self._control, nonce)
-        )
-        if request is None:
-            return ForgedControlEntry(entry, "no request recorded under its nonce")
-        if request != control_request(kind, rid):
-            return ForgedControlEntry(entry, "no request recorded for this kind and resource")
-        return None
-
     async def _request_done(self, d: Delivery, nonce: str) -> Outcome:
         """Delete the operator's request: its control entry `d` has been executed (ACK), or the
         shard was lost first (LET_GO: the next owner finds the work done and deletes it)."""
@@ -313,46 +289,6 @@ class Failures:
         self.parked[rid] = dlq_id
         self._changes += 1
         return True
-
-    async def _letters(self, rid: str, first_id: str) -> list[DeadLetter]:
-        """The resource's parked letters (failed or parked, not undecodable), in order: each
-        of an entry after the last one kept (a resource's entries lie in one shard stream, so
-        entry-ID order is publish order). A letter of an earlier or the same entry is passed
-        over, logged: written late by a consumer that had lost the shard (its dead-letter XADD
-        is fenced by the client only), or twice for one entry redelivered; replaying it would
-        run that event again after later ones (review32 F1)."""
-        letters: list[DeadLetter] = []
-        last: EntryId | None = None
-        start = first_id
-        while True:
-            rows = await retrying.call(
-                self.retry,
-                "dead-letter scan",
-                partial(self.redis.xrange, self._dlq, min=start, count=_LETTERS_PAGE),
-            )
-            for dlq_id, fields in rows:
-                letter = DeadLetter.parse(dlq_id, fields)
-                if letter.resource_id != rid or letter.reason not in ("failed", "parked"):
-                    continue
-                try:
-                    entry = parse_id(letter.entry_id)
-                except ValueError:
-                    entry = None  # (a malformed letter: replayed where it stands)
-                if entry is not None and last is not None and entry <= last:
-                    log.warning(
-                        "parked letter %s of entry %s (resource %r) passed over: not after "
-                        "entry %s, replayed before it",
-                        letter.dlq_id,
-                        letter.entry_id,
-                        rid,
-                        last,
-                    )
-                    continue
-                last = entry or last
-                letters.append(letter)
-            if len(rows) < _LETTERS_PAGE:
-                return letters
-            start = "(" + rows[-1][0].decode()
 
     async def _replay(
         self, control: Delivery, letter: DeadLetter, fence: Fence, handling: Handling

@@ -16,18 +16,17 @@ superseded token when it wakes: found by the chaos harness).
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 import anyio
 from redis.asyncio.retry import Retry
 
-from eventbus.client import retry as retrying
 from eventbus.consumer.context import Context, HandlerCall, Subscription
 from eventbus.consumer.decoding import Decoding
+from eventbus.consumer.dedup import Dedup
 from eventbus.consumer.delivery import (
     NOT_STARTED,
     Delivery,
@@ -47,16 +46,11 @@ from eventbus.errors import DecodeError, HandlerTimeout, UnknownEventType
 from eventbus.locking.member import Member
 from eventbus.ops import hooks
 from eventbus.ops.metrics import METRICS, Observations
-from eventbus.protocol.codec import (
-    F_RESOURCE,
-    Envelope,
-)
+from eventbus.protocol.codec import F_RESOURCE, Envelope
 from eventbus.protocol.dead_letters import is_control
 from eventbus.protocol.replies import send_reply
 
 log = logging.getLogger("eventbus.consumer")
-
-T = TypeVar("T")
 
 
 _FLUSH_AT = 4096  # observations kept before they are added to the histograms regardless
@@ -74,15 +68,10 @@ class Handling:
         sub: Subscription,
         retry: Retry,
         failures: Callable[[Tally], FailurePolicy] | None = None,
-        *,
-        fenced_off: Callable[[Delivery], None] | None = None,
-        fence_in_redis: bool = True,
     ) -> None:
         """`failures` makes the policy for entries that cannot be handled from the tally
-        (default: `Failures`, dead letters and parking; a broadcast drops them instead).
-        `fenced_off(d)` is told when Redis refused the default policy's fenced write for `d`
-        (`Failures`: the lock of `d`'s shard moved on); `fence_in_redis` as for `Failures`
-        (raises its `ConfigError`)."""
+        (default: `Failures` without fencing, dead letters and parking; a group consumer's are
+        fenced by its ownership, a broadcast drops them instead)."""
         self.member = member
         self.redis, self.keys, self.consumer_id = member.redis, member.keys, member.consumer_id
         self.sub = sub
@@ -99,32 +88,16 @@ class Handling:
         # the decoding path, under the names the consumer, broadcast and catch-up call; a wire
         # profile's own format is prepared with its codec (`foreign`)
         codec = self.decoding.codec
-        self.prepare: Callable[[Sequence[Delivery]], None] = (
-            self.decoding.prepare
-            if codec.native
-            else partial(prepare_foreign, self.decoding, codec)
-        )
+        self.prepare: Callable[[Sequence[Delivery]], None] = self.decoding.prepare
+        if not codec.native:
+            self.prepare = partial(prepare_foreign, self.decoding, codec)
         self.decoded = self.decoding.decoded
         self.envelope, self.decode = self.decoding.envelope, self.decoding.decode
-        self.failures: FailurePolicy = (
-            failures(self.tally)
-            if failures
-            else Failures(
-                member,
-                sub,
-                retry,
-                self.tally,
-                fenced_off=fenced_off,
-                fence_in_redis=fence_in_redis,
-            )
+        self.failures: FailurePolicy = (failures or partial(Failures, member, sub, retry))(
+            self.tally
         )
-        self.dedup_s = math.ceil(sub.options.dedup_window_s) if sub.options.dedup_window_s else 0
-        # whose window the marks are: the group's, shared by its members; a broadcast
-        # subscription has no group (every instance handles every event, `_broadcast` is only
-        # its name), so each instance keeps its own (`_broadcast[.<group>]@<consumer id>`)
-        self._dedup_owner = (
-            f"{sub.group}@{member.consumer_id}" if sub.options.broadcast else sub.group
-        )
+        self.dedup = Dedup(member, sub, retry)
+        self.dedup_s = self.dedup.window_s  # 0: none (read per entry by `QueueRunner.run`)
         self.scope = sub.scope
         self.middlewares = tuple(sub.scope.middlewares)  # those registered when it starts
         labels = (sub.topic.name, sub.group)
@@ -160,7 +133,7 @@ class Handling:
             return await self.failures.dead_letter(d, bad, reason="undecodable", fence=fence)
         env, event = d.env, d.event
         assert env is not None
-        if self.dedup_s and await self._seen(env.event_id_bytes):
+        if self.dedup_s and await self.dedup.seen(env.event_id_bytes):
             self.tally.duplicates_skipped += 1
             return Outcome.ACK
         d.attempt += 1
@@ -170,16 +143,9 @@ class Handling:
             return 0.0
         if error is None:
             if self.dedup_s:
-                await self._mark_seen(env.event_id_bytes)
+                await self.dedup.mark(env.event_id_bytes)
             return Outcome.ACK
         return await self.failed(d, env, error, fence)
-
-    def fast(self, d: Delivery) -> bool:
-        """Whether `d` needs nothing but its handler call before it is acked: decoded and
-        validated ahead of its turn, no parked resource to look up and no de-duplication
-        (`QueueRunner.run` then calls `attempt` itself, inlining this test; `step` does the
-        rest)."""
-        return d.event is not None and not self.dedup_s and not self.failures.parked
 
     async def failed(self, d: Delivery, env: Envelope, error: Exception, fence: Fence) -> Step:
         """After attempt `d.attempt` failed with `error`: the delay before the next one, or,
@@ -375,14 +341,3 @@ class Handling:
         timeout = self.sub.options.handler_timeout_s
         assert timeout is not None
         return HandlerTimeout(self.sub.name, timeout, abandoned=not self.sub.call.is_async)
-
-    # -- de-duplication (optional) ----------------------------------------------------------------
-    async def _seen(self, event_id: bytes) -> bool:
-        key = self.keys.dedup(self.sub.topic.name, self._dedup_owner, event_id)
-        return bool(await retrying.call(self.retry, "dedup check", lambda: self.redis.exists(key)))
-
-    async def _mark_seen(self, event_id: bytes) -> None:
-        key = self.keys.dedup(self.sub.topic.name, self._dedup_owner, event_id)
-        await retrying.call(
-            self.retry, "dedup mark", lambda: self.redis.set(key, b"1", ex=self.dedup_s)
-        )

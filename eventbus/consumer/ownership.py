@@ -209,13 +209,12 @@ class Ownership:
         held = [self.table.held[s] for s in shards if s in self.table.held]
         try:
             with refused("XAUTOCLAIM", ",".join(h.stream for h in held)):
-                await claimer.claim(held, self._still_held)
+                await claimer.claim(
+                    held, lambda h: self.table.held.get(h.shard) is h and self.lease.ok()
+                )
         except BaseException:
             self.table.forget(shards)
             raise
-
-    def _still_held(self, h: HeldShard) -> bool:
-        return self.table.held.get(h.shard) is h and self.lease.ok()
 
     def poll_ms(self, block_ms: int) -> int:
         """How long a round that has no shard to read waits before the next: the read loop's

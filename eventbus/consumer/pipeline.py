@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import anyio
@@ -28,6 +29,7 @@ from eventbus.client import retry
 from eventbus.consumer.acks import Acks
 from eventbus.consumer.catching_up import CatchUpHook
 from eventbus.consumer.context import Subscription
+from eventbus.consumer.failures import Failures
 from eventbus.consumer.handling import Handling
 from eventbus.consumer.ownership import Ownership
 from eventbus.consumer.queues import ResourceQueues
@@ -77,14 +79,17 @@ class Pipeline:
         self.own, self.table, self.lease = own, own.table, own.lease
         self.noack = own.noack
         self.reader = Reader(member, self.table.streams, noack=self.noack, count=count)
-        self.handling = Handling(
+        redis_retry = retry.forever(settings.retry_base_s, settings.retry_max_s)
+        failures = partial(
+            Failures,
             member,
             sub,
-            retry.forever(settings.retry_base_s, settings.retry_max_s),
+            redis_retry,
             fenced_off=own.fenced_off,
             # (a custom lock client written before `ShardLocks.fences_writes`: cannot fence)
             fence_in_redis=getattr(own.locks, "fences_writes", False),
         )
+        self.handling = Handling(member, sub, redis_retry, failures)
         self.catch_up = None if catch_up is None else catch_up(self.handling)
         # The per-shard read-ahead bound: a shard is read only while at most one read's worth
         # (`count`) of its entries is in flight, so at most two reads' worth is: one handled,

@@ -2,8 +2,9 @@
 
 `QueueRunner.run` takes the head of a resource's queue (`eventbus.consumer.queues`) through
 the handling path until the queue is empty or its head must wait for a retry. An entry that was
-decoded and validated with its read and needs nothing else (`Handling.fast`) goes straight to
-its handler call (`Handling.attempt`) and to `Settle.ack`; every other entry (control entries,
+decoded and validated with its read and needs nothing else (no parked resource to look up, no
+de-duplication) goes straight to its handler call (`Handling.attempt`) and to `Settle.ack`;
+every other entry (control entries,
 parked resources, de-duplication, entries decoded at their turn, a fence to wait for) goes
 through `Handling.step`. Either way a failed attempt meets the same policy (`Handling.failed`).
 """
@@ -51,7 +52,8 @@ class QueueRunner:
         budget = YIELD_EVERY
         while queue:
             d = queue[0]
-            # `Handling.fast`, inlined (the fence is checked by `attempt`, right before the call)
+            # the fast case: decoded with its read, nothing else to do before the handler call
+            # (`step` does the rest; the fence is checked by `attempt`, right before the call)
             if d.event is not None and not handling.dedup_s and not failures.parked:
                 env: Envelope = d.env  # type: ignore[assignment]  # decoded with its read
                 d.attempt += 1

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 import anyio
 from redis.exceptions import AuthenticationError, ResponseError
 
-from eventbus.client.retry import LOST_REPLY, REDIS_ERRORS, Waits
+from eventbus.client.retry import LOST_REPLY, REDIS_ERRORS, Waits, backoff
 from eventbus.errors import RedisCommandRefused
 from eventbus.ops.metrics import METRICS
 
@@ -83,7 +83,7 @@ async def read_loop(
     to `block_max_ms` while nothing arrives), and `read_linger_ms` after a read that got entries
     but filled no shard's `read_count`. `registry` writes the topic again after Redis lost it."""
     settings, acks, who = pipe.settings, pipe.acks, own.consumer_id
-    waits = Waits(settings.retry_base_s, settings.retry_max_s, log)
+    waits = Waits(backoff(settings.retry_base_s, settings.retry_max_s), log)
     block = settings.block_min_ms
     said = False  # the data loss of this incident was reported
     while not stop.is_set():

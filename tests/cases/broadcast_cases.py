@@ -17,7 +17,7 @@ from redis.exceptions import ResponseError
 from support import Tick, running, wait_until
 
 from eventbus import Context, EventBus
-from eventbus.consumer.broadcast import Gaps
+from eventbus.consumer.broadcast_gaps import Gaps
 from eventbus.dlq import DROP, UNPARK, control_entry
 from eventbus.ops.metrics import METRICS
 
@@ -278,7 +278,7 @@ class BroadcastCases:
                 await run.drain()
         assert handled == {"a": [1], "b": [1]}
         assert [bus.consumers[0].tally.duplicates_skipped for bus in instances] == [1, 1]
-        owners = {c.handling._dedup_owner for bus in instances for c in bus.consumers}  # type: ignore[union-attr]
+        owners = {c.handling.dedup.owner for bus in instances for c in bus.consumers}  # type: ignore[union-attr]
         assert len(owners) == 2 and all(o.startswith("_broadcast@") for o in owners)
 
     async def test_broadcast_takes_no_group_name_of_its_own(self, backend: Backend) -> None:

@@ -340,13 +340,13 @@ async def test_broadcast_with_a_dedup_window_still_reaches_every_instance(
         assert all(isinstance(c, BroadcastConsumer) for c in consumers)
         first_marked = anyio.Event()
         second = consumers[1].handling
-        seen = second._seen
+        seen = second.dedup.seen
 
         async def after_the_first(event_id: bytes) -> bool:
             await first_marked.wait()
             return await seen(event_id)
 
-        second._seen = after_the_first  # type: ignore[method-assign]
+        second.dedup.seen = after_the_first  # type: ignore[method-assign]
         await publisher.publish("cache", Tick(resource="r", seq=1), resource_id="r")
         await wait_until(lambda: handled[0] == [1])
 

@@ -1,8 +1,11 @@
 """The import contracts of eventbus/ (``[tool.importlinter]`` in pyproject.toml: the layers of
-docs/architecture.md, no circle between sibling modules) hold: `lint-imports` passes."""
+docs/architecture.md, no circle between sibling modules, the consumer's Ownership apart from its
+Pipeline) hold: `lint-imports` passes; and the modules and classes of the packages held to the
+size rule stay small."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -22,3 +25,26 @@ def test_import_contracts_are_kept() -> None:
     )
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
     assert "0 broken" in proc.stdout, proc.stdout[-2000:]
+
+
+MAX_MODULE_LINES, MAX_CLASS_LINES = 350, 300
+SMALL = ["eventbus/consumer"]
+"""The packages held to the size rule so far (the others follow as they are split)."""
+
+
+def test_modules_and_classes_stay_small() -> None:
+    """A module does one job and a class holds one kind of state: no module of the packages in
+    `SMALL` over `MAX_MODULE_LINES` lines, no class there over `MAX_CLASS_LINES`."""
+    too_big = []
+    for package in SMALL:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            text = path.read_text()
+            name = path.relative_to(ROOT)
+            if len(text.splitlines()) > MAX_MODULE_LINES:
+                too_big.append(f"{name}: {len(text.splitlines())} lines")
+            for node in ast.walk(ast.parse(text)):
+                if isinstance(node, ast.ClassDef):
+                    size = (node.end_lineno or node.lineno) - node.lineno + 1
+                    if size > MAX_CLASS_LINES:
+                        too_big.append(f"{name}: class {node.name}, {size} lines")
+    assert too_big == []

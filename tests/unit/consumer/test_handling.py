@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from eventbus.client import retry
 from eventbus.config import Settings
 from eventbus.consumer.context import Context, HandlerCall, Subscription
 from eventbus.consumer.delivery import Delivery, Outcome
+from eventbus.consumer.failures import Failures
 from eventbus.consumer.handling import Handling
 from eventbus.consumer.options import SubscriberOptions
 from eventbus.consumer.routing import Routes
@@ -96,9 +98,11 @@ class Harness:
         )
         member = Member(redis, KEYS, Settings(), TOPIC.name, "g", "c-1")
         self.fenced_off: list[Delivery] = []  # deliveries whose fenced write Redis refused
-        self.handling = Handling(
-            member, subscription, retry.forever(0.001, 0.01), fenced_off=self.fenced_off.append
+        redis_retry = retry.forever(0.001, 0.01)
+        failures = partial(
+            Failures, member, subscription, redis_retry, fenced_off=self.fenced_off.append
         )
+        self.handling = Handling(member, subscription, redis_retry, failures)
 
     async def letters(self) -> list[DeadLetter]:
         return [DeadLetter.parse(i, f) for i, f in await self.redis.xrange(DLQ)]
