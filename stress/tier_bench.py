@@ -176,6 +176,16 @@ def warm_up() -> None:
     encode_segment("warm", 0, one, one, [(one, {b"rid": b"r", b"type": b"t", b"data": b"\x01"})])
 
 
+def rebuild_setting(args: argparse.Namespace) -> dict[str, bool]:
+    """``rebuild_data`` for the typed offloads (unless ``--keep-data``), when the measured
+    eventbus has the setting (an A/B's older side may not)."""
+    from eventbus.tier import TierSettings
+
+    if "rebuild_data" not in TierSettings.model_fields:
+        return {}
+    return {"rebuild_data": not args.keep_data}
+
+
 def offload_worker(args: argparse.Namespace) -> None:
     """One offloader process of ``offload_2_processes``: join the offloader group of the topic,
     count itself in at ``<topic>:ready``, wait for ``<topic>:go``, offload until caught up, print
@@ -188,7 +198,13 @@ def offload_worker(args: argparse.Namespace) -> None:
     topic, location = args.offload_worker
     settings = Settings(redis_url=os.environ["REDIS_URL"], shards=args.shards)
     typed = {topic: args.model} if args.model else {}
-    tier = TierSettings(store_url=location, hot_window_s=0, trim_exact=True, typed_models=typed)
+    tier = TierSettings(
+        store_url=location,
+        hot_window_s=0,
+        trim_exact=True,
+        typed_models=typed,
+        **rebuild_setting(args),
+    )
 
     async def main() -> dict[str, Any]:
         warm_up()
@@ -215,11 +231,12 @@ def offload_worker(args: argparse.Namespace) -> None:
 
 
 async def offload_processes(
-    redis: Any, topic: str, location: str, model: str, shards: int
+    redis: Any, topic: str, location: str, model: str, shards: int, keep_data: bool
 ) -> dict[str, Any]:
     """``offload_2_processes``: two `offload_worker` processes on `topic`, released together."""
     cmd = [sys.executable, __file__, "--shards", str(shards), "--offload-worker", topic, location]
     cmd += ["--model", model] if model else []
+    cmd += ["--keep-data"] if keep_data else []
     env = {**os.environ, "REDIS_URL": redis_url_of(redis)}
     procs = [await anyio.open_process(cmd, env=env, stderr=None) for _ in range(2)]
     ready = 0
@@ -284,6 +301,7 @@ async def bench(args: argparse.Namespace, redis: str, store_location: str) -> di
         hot_window_s=0,
         trim_exact=True,
         typed_models={"bench": model} if model else {},
+        **rebuild_setting(args),
     )
     started = time.perf_counter()
     stats = await offload_until_caught_up(
@@ -296,7 +314,9 @@ async def bench(args: argparse.Namespace, redis: str, store_location: str) -> di
         bus.redis, store, topics=["bench_untyped"], settings=bus.settings, tier=tier
     )
     untyped_s = time.perf_counter() - started
-    two = await offload_processes(bus.redis, "bench_2p", store_location, model, args.shards)
+    two = await offload_processes(
+        bus.redis, "bench_2p", store_location, model, args.shards, args.keep_data
+    )
     await bus.aclose()
 
     started = time.perf_counter()
@@ -516,6 +536,11 @@ def main() -> None:
         "--reps", type=int, default=3, help="Alternated repetitions of replay and catch-up."
     )
     parser.add_argument("--untyped", action="store_true", help="Offload without typed columns.")
+    parser.add_argument(
+        "--keep-data",
+        action="store_true",
+        help="Typed segments keep every entry's data (rebuild_data off: segment version 2).",
+    )
     parser.add_argument("--json", default=None, help="Also write the JSON object to this file.")
     parser.add_argument(
         "--offload-worker", nargs=2, metavar=("TOPIC", "STORE"), help=argparse.SUPPRESS

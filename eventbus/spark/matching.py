@@ -65,6 +65,7 @@ class SegmentTyping:
     lo: str | None = None
     hi: str | None = None
     nulls: bool = True
+    rebuilt: bool = False  # some rows' ``data`` left out (segment version 3): Python reads it
 
     @property
     def types(self) -> frozenset[str] | None:
@@ -103,7 +104,8 @@ def segment_typing(key: str, meta: Any) -> SegmentTyping:
     schema = meta.schema.to_arrow_schema()
     fixed = {*COLUMNS, ERROR_COLUMN}
     columns = {f.name: spark_text(f.type) for f in schema if f.name not in fixed}
-    return SegmentTyping(key, models, columns, lo, hi, nulls)
+    rebuilt = int(kv.get(b"eventbus.data_rebuilt", b"0") or 0) > 0
+    return SegmentTyping(key, models, columns, lo, hi, nulls, rebuilt)
 
 
 def _type_range(meta: Any) -> tuple[str | None, str | None, bool]:
@@ -182,11 +184,15 @@ def match(read: ReadTyping, segments: Sequence[SegmentTyping]) -> Match:
     native: list[int] = []
     untyped: list[int] = []
     other: list[int] = []
+    rebuilt: list[int] = []
     conflicts: dict[tuple[str, str], list[str]] = {}
     masked: set[str] = set()
     for i, seg in enumerate(segments):
         if seg.types is None:
             untyped.append(i)
+            continue
+        if seg.rebuilt:  # Spark's reader cannot rebuild ``data`` (`eventbus.tier.rebuild`)
+            rebuilt.append(i)
             continue
         if not all(_covers(seg, key, read.paths[key]) for key in read.keys):
             other.append(i)
@@ -219,7 +225,12 @@ def match(read: ReadTyping, segments: Sequence[SegmentTyping]) -> Match:
             f"{len(other)} of {len(segments)} segments have typed columns for other event "
             f"types than the read's models ({', '.join(sorted(read.keys))})"
         )
-    python = sorted(untyped + other)
+    if rebuilt:
+        whys.append(
+            f"{len(rebuilt)} of {len(segments)} segments leave out the data their typed "
+            "columns rebuild (segment version 3)"
+        )
+    python = sorted(untyped + other + rebuilt)
     return Match(native, python, "; ".join(whys) or None, frozenset(masked))
 
 

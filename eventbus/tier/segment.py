@@ -24,15 +24,18 @@ Envelope-derived columns are null when the entry's envelope does not decode; the
 bytes are kept regardless. A *typed* segment (the topic has registered models:
 `eventbus.tier.typed`) has more columns after ``data``: one per model field (the payload as
 typed values, null where the entry's type has no model or its payload does not validate), then
-``typed_error`` (string: why a modelled entry's typed columns are null). ``data`` stays the
-source of truth. The file's key-value metadata holds ``eventbus.segment_version``
-(``1``; ``2`` for a typed segment, which also has ``eventbus.typed_models``, the models as
-``{"<event type>": "module:Name"}``, ``eventbus.typed_version``, a fingerprint of the models
-and their columns' types, and ``eventbus.typed_invalid``, the entries whose payload did not
-validate), ``eventbus.topic``, ``eventbus.shard``, ``eventbus.first``, ``eventbus.last`` (the range
-the key names), ``eventbus.entries`` and ``eventbus.raw_bytes`` (field names + values of the
-entries, as counted against ``max_payload_bytes``). Data pages carry CRC32 checksums, verified
-on read.
+``typed_error`` (string: why a modelled entry's typed columns are null). A version-3 segment
+(``rebuild_data``) leaves ``data`` null where those columns rebuild its bytes exactly
+(`eventbus.tier.rebuild`, checked per entry when written); `decode_segment` rebuilds it, so
+every reader sees the complete column. The file's key-value metadata holds
+``eventbus.segment_version`` (``1``; ``2`` for a typed segment, ``3`` for one with rebuilt
+data; both also have ``eventbus.typed_models``, the models as ``{"<event type>":
+"module:Name"}``, ``eventbus.typed_version``, a fingerprint of the models and their columns'
+types, and ``eventbus.typed_invalid``, the entries whose payload did not validate; version 3
+``eventbus.data_fields`` and ``eventbus.data_rebuilt``), ``eventbus.topic``,
+``eventbus.shard``, ``eventbus.first``, ``eventbus.last`` (the range the key names),
+``eventbus.entries`` and ``eventbus.raw_bytes`` (field names + values of the entries, as counted
+against ``max_payload_bytes``). Data pages carry CRC32 checksums, verified on read.
 
 Writing: `entry_columns` builds the columns of a run of entries at once (from XRANGE's raw
 replies: no object per entry beyond the decoded envelope), `encode_columns` checks their order
@@ -64,11 +67,15 @@ from eventbus.protocol.codec import (
     decode_entry,
 )
 from eventbus.protocol.ids import EntryId
+from eventbus.tier import rebuild
 from eventbus.tier.errors import CorruptSegment
 from eventbus.tier.typed import ERROR_COLUMN, TypedPayloads
 
 FORMAT_VERSION = "1"
 TYPED_VERSION = "2"
+REBUILT_VERSION = "3"
+"""A typed segment whose ``data`` is null where its other columns rebuild it exactly
+(`eventbus.tier.rebuild`); its metadata adds ``eventbus.data_fields``."""
 
 SCHEMA = pa.schema(
     [
@@ -86,6 +93,9 @@ SCHEMA = pa.schema(
     ]
 )
 COLUMNS = tuple(SCHEMA.names)
+_DATA = len(SCHEMA) - 1
+REBUILT_SCHEMA = pa.schema([*list(SCHEMA)[:_DATA], SCHEMA.field("data").with_nullable(True)])
+"""`SCHEMA` of a version-3 segment: ``data`` null where rebuilt on read."""
 
 RawEntry = tuple[EntryId, dict[bytes, bytes]]
 """An entry as read from Redis: its ID and its field map."""
@@ -104,6 +114,8 @@ class SegmentInfo:
     typed_models: str | None = None  # typed segments: `eventbus.tier.typed.models_spec`
     typed_version: str | None = None  # `TypedPayloads.version`
     typed_invalid: int = 0  # entries of a modelled type whose payload did not validate
+    data_fields: str | None = None  # version 3: `eventbus.tier.rebuild.fields_text`
+    data_rebuilt: int = 0  # version 3: entries whose ``data`` is rebuilt on read
 
 
 def _text(value: bytes | None) -> str | None:
@@ -417,10 +429,13 @@ def encode_columns(
     *,
     zstd_level: int = 3,
     typed: TypedPayloads | None = None,
+    rebuild_data: bool = False,
 ) -> tuple[bytes, SegmentInfo]:
     """Encode `cols` (entries in entry-ID order, all within `first`..`last`; built with the
     same `typed` by `entry_columns`) as a segment file; with `typed`, a typed segment (its
-    payload also as typed columns, see the module docstring).
+    payload also as typed columns, see the module docstring); with `rebuild_data` too, of
+    version 3 when some model's fields are all JSON-native: ``data`` null where the columns
+    rebuild it exactly (`eventbus.tier.rebuild`).
 
     Returns the file's bytes and its `SegmentInfo`. CPU-bound, mostly without the GIL (Parquet
     encoding, zstd): call it in a worker thread from async code. Raises `ValueError` if the
@@ -439,19 +454,47 @@ def encode_columns(
         if cols.typed is None or cols.typed_errors is None:
             raise ValueError("typed segment from columns built without models")
         errors = cols.typed_errors
-        arrays += [*cols.typed.flatten(), pa.array(errors, pa.string())]
-        schema = pa.schema([*SCHEMA, *typed.struct, pa.field(ERROR_COLUMN, pa.string())])
+        payload = cols.typed.flatten()
+        error_array = pa.array(errors, pa.string())
+        arrays += [*payload, error_array]
+        fields = rebuild.rebuildable(typed) if rebuild_data else {}
+        base = REBUILT_SCHEMA if fields else SCHEMA
+        schema = pa.schema([*base, *typed.struct, pa.field(ERROR_COLUMN, pa.string())])
         invalid = n - errors.count(None)
+        rebuilt = 0
+        if fields:
+            named = dict(zip(COLUMNS, arrays, strict=False))
+            named |= {f.name: a for f, a in zip(typed.struct, payload, strict=True)}
+            arrays[_DATA] = rebuild.unneeded(fields, arrays[_DATA], arrays[6], error_array, named)
+            rebuilt = arrays[_DATA].null_count
         info = SegmentInfo(
-            topic, shard, first, last, n, cols.raw_bytes, typed.spec, typed.version, invalid
+            topic,
+            shard,
+            first,
+            last,
+            n,
+            cols.raw_bytes,
+            typed.spec,
+            typed.version,
+            invalid,
+            rebuild.fields_text(fields) if fields else None,
+            rebuilt,
         )
         extra = {
             "eventbus.typed_models": typed.spec,
             "eventbus.typed_version": typed.version,
             "eventbus.typed_invalid": str(invalid),
         }
+        if fields:
+            extra |= {
+                "eventbus.data_fields": rebuild.fields_text(fields),
+                "eventbus.data_rebuilt": str(rebuilt),
+            }
+    version = FORMAT_VERSION if typed is None else TYPED_VERSION
+    if info.data_fields is not None:
+        version = REBUILT_VERSION
     metadata = {
-        "eventbus.segment_version": FORMAT_VERSION if typed is None else TYPED_VERSION,
+        "eventbus.segment_version": version,
         "eventbus.topic": topic,
         "eventbus.shard": str(shard),
         "eventbus.first": str(first),
@@ -493,13 +536,23 @@ def encode_segment(
     *,
     zstd_level: int = 3,
     typed: TypedPayloads | None = None,
+    rebuild_data: bool = False,
 ) -> tuple[bytes, SegmentInfo]:
     """`encode_columns` of `entries` (ID, field map), in entry-ID order, all within
-    `first`..`last`; with `typed`, a typed segment. Returns the file's bytes and its
-    `SegmentInfo`. CPU-bound: call it in a worker thread from async code. Raises `ValueError`
-    if the entries are out of order or outside the range."""
+    `first`..`last`; with `typed`, a typed segment (`rebuild_data`: as `encode_columns`).
+    Returns the file's bytes and its `SegmentInfo`. CPU-bound: call it in a worker thread from
+    async code. Raises `ValueError` if the entries are out of order or outside the range."""
     cols = entry_columns(topic, shard, [str(i) for i, _ in entries], [f for _, f in entries], typed)
-    return encode_columns(topic, shard, first, last, cols, zstd_level=zstd_level, typed=typed)
+    return encode_columns(
+        topic,
+        shard,
+        first,
+        last,
+        cols,
+        zstd_level=zstd_level,
+        typed=typed,
+        rebuild_data=rebuild_data,
+    )
 
 
 def _meta(schema: Any, name: str, key: str) -> str:
@@ -515,9 +568,13 @@ def read_info(schema: Any, key: str) -> SegmentInfo:
 
     try:
         version = _meta(schema, "segment_version", key)
-        if version not in (FORMAT_VERSION, TYPED_VERSION):
+        if version not in (FORMAT_VERSION, TYPED_VERSION, REBUILT_VERSION):
             raise CorruptSegment(key, f"unsupported segment version {version!r}")
-        typed = version == TYPED_VERSION
+        typed = version in (TYPED_VERSION, REBUILT_VERSION)
+        rebuilt = version == REBUILT_VERSION
+        data_fields = _meta(schema, "data_fields", key) if rebuilt else None
+        if data_fields is not None:
+            rebuild.parse_fields(data_fields)
         return SegmentInfo(
             topic=_meta(schema, "topic", key),
             shard=int(_meta(schema, "shard", key)),
@@ -528,6 +585,8 @@ def read_info(schema: Any, key: str) -> SegmentInfo:
             typed_models=_meta(schema, "typed_models", key) if typed else None,
             typed_version=_meta(schema, "typed_version", key) if typed else None,
             typed_invalid=int(_meta(schema, "typed_invalid", key)) if typed else 0,
+            data_fields=data_fields,
+            data_rebuilt=int(_meta(schema, "data_rebuilt", key)) if rebuilt else 0,
         )
     except CorruptSegment:
         raise
@@ -540,7 +599,8 @@ def check_schema(schema: pa.Schema, info: SegmentInfo, key: str) -> None:
     in a typed segment (ending with ``typed_error``)."""
     fields = list(schema)
     extra = fields[len(SCHEMA) :]
-    ok = pa.schema(fields[: len(SCHEMA)]) == pa.schema(list(SCHEMA))
+    base = SCHEMA if info.data_fields is None else REBUILT_SCHEMA
+    ok = pa.schema(fields[: len(SCHEMA)]) == pa.schema(list(base))
     if info.typed_version is None:
         ok = ok and not extra
     else:
@@ -564,8 +624,10 @@ def decode_segment(
     matches `expect` = (topic, shard, first, last) when given, e.g. `SegmentRef.span` from the
     key), the row count, that no required column has nulls, and that entry IDs strictly increase
     within the range (on whole columns). Returns the table (the segment-schema columns, only
-    `columns` if given; the ID columns are always read; typed payload columns never) and its
-    info. Raises `CorruptSegment` naming `key` when any check fails: never returns wrong data.
+    `columns` if given; the ID columns are always read; typed payload columns never returned,
+    but read to rebuild a version-3 segment's ``data``) and its info. Raises `CorruptSegment`
+    naming `key` when any check fails (a left-out ``data`` that cannot be rebuilt too): never
+    returns wrong data.
     """
     try:
         # parsed from a copy Arrow owns, not from `data`: Arrow's worker threads release the
@@ -583,7 +645,10 @@ def decode_segment(
             if columns is None
             else list(dict.fromkeys(["entry_ms", "entry_seq", *columns]))
         )
-        table = pf.read(columns=wanted)
+        needs = _rebuild_columns(info) if "data" in wanted else []
+        table = pf.read(columns=list(dict.fromkeys([*wanted, *needs])))
+        if needs:
+            table = _restored(table, info, wanted)
     except CorruptSegment:
         raise
     except Exception as exc:  # pyarrow raises ArrowInvalid, OSError, ... on damaged files
@@ -601,6 +666,31 @@ def decode_segment(
             raise CorruptSegment(key, f"column {name} has nulls")
     _check_order(table, info, key)
     return table, info
+
+
+_ENVELOPE = ("event_type", "event_id", "event_time_ms", "headers", ERROR_COLUMN)
+
+
+def _rebuild_columns(info: SegmentInfo) -> list[str]:
+    """The columns `_restored` reads to rebuild a version-3 segment's ``data`` (none when no
+    entry's ``data`` was left out)."""
+    if info.data_fields is None or not info.data_rebuilt:
+        return []
+    fields = rebuild.parse_fields(info.data_fields)
+    return list(dict.fromkeys([*_ENVELOPE, *(n for names in fields.values() for n in names)]))
+
+
+def _restored(table: pa.Table, info: SegmentInfo, wanted: list[str]) -> pa.Table:
+    """`table` with its ``data`` column rebuilt where null (`eventbus.tier.rebuild.restore`),
+    cut to the `wanted` columns. Raises `ValueError` when a null cannot be rebuilt."""
+    assert info.data_fields is not None
+    fields = rebuild.parse_fields(info.data_fields)
+    columns = {name: table.column(name) for name in table.column_names}
+    data = rebuild.restore(
+        fields, columns["data"], columns["event_type"], columns[ERROR_COLUMN], columns
+    )
+    table = table.set_column(table.column_names.index("data"), SCHEMA.field("data"), data)
+    return table.select(wanted)
 
 
 def _check_order(table: pa.Table, info: SegmentInfo, key: str) -> None:

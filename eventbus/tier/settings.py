@@ -67,6 +67,12 @@ class TierSettings(BaseSettings):
         '{"<event type>": "pkg.mod:Model"}: segments of these topics also hold the payload as '
         "typed columns (docs/protocol.md). Env: a JSON object.",
     )
+    rebuild_data: bool = Field(
+        False,
+        description="Typed segments leave out an entry's raw data where their columns rebuild "
+        "it byte for byte (segment version 3, docs/tier.md): about half the bytes on flights. "
+        "Spark's native read sends such segments to the Python source.",
+    )
 
     @field_validator("typed_models", mode="before")
     @classmethod

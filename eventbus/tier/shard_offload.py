@@ -277,9 +277,12 @@ class ShardOffload:
         def encode() -> tuple[bytes, SegmentInfo]:
             ids, fields = [r[0] for r in rows], [r[1] for r in rows]
             cols = entry_columns(self.topic, sh.shard, ids, fields, typed)
-            level = o.tier.zstd_level
+            tier = o.tier
             return encode_columns(
-                self.topic, sh.shard, intent.first, intent.last, cols, zstd_level=level, typed=typed
+                *(self.topic, sh.shard, intent.first, intent.last, cols),
+                zstd_level=tier.zstd_level,
+                typed=typed,
+                rebuild_data=tier.rebuild_data,
             )
 
         data, info = await anyio.to_thread.run_sync(encode)

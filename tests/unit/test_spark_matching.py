@@ -57,7 +57,9 @@ def entry(i: int, etype: str, payload: dict[str, Any]) -> tuple[EntryId, dict[by
     return EntryId(MS + i, 0), encode_entry(env)
 
 
-def segment(setting: str, types: list[str], key: str = "pop/0/x.parquet") -> SegmentTyping:
+def segment(
+    setting: str, types: list[str], key: str = "pop/0/x.parquet", rebuild_data: bool = False
+) -> SegmentTyping:
     """A segment the offloader writes with `setting` (``typed_models``'s value for the topic),
     of entries of `types`, as its footer reads."""
     entries = [
@@ -67,7 +69,9 @@ def segment(setting: str, types: list[str], key: str = "pop/0/x.parquet") -> Seg
     models = load_models(setting)
     assert models is not None
     data, _ = encode_segment(
-        "pop", 0, entries[0][0], entries[-1][0], entries, typed=TypedPayloads(models)
+        *("pop", 0, entries[0][0], entries[-1][0], entries),
+        typed=TypedPayloads(models),
+        rebuild_data=rebuild_data,
     )
     return segment_typing(key, pq.read_metadata(io.BytesIO(data)))
 
@@ -157,6 +161,20 @@ def test_untyped_segments_are_named_and_left_to_the_python_source() -> None:
     found = match(reading(Pop), [untyped(["pop.count"]), segment(f"{__name__}:Pop", ["x"])])
     assert (found.native, found.python) == ([1], [0])
     assert found.why == "1 of 2 segments have no typed columns"
+
+
+def test_segments_that_leave_out_rebuilt_data_are_left_to_the_python_source() -> None:
+    """Spark's Parquet reader cannot rebuild ``data`` (segment version 3): the Python source
+    reads those segments, through the tier's reader, which rebuilds it."""
+    setting = f"{__name__}:Pop"
+    kept = segment(setting, ["pop.count"], key="pop/0/kept.parquet")
+    left_out = segment(setting, ["pop.count"], key="pop/0/v3.parquet", rebuild_data=True)
+    assert (kept.rebuilt, left_out.rebuilt) == (False, True)
+    found = match(reading(Pop), [kept, left_out])
+    assert (found.native, found.python) == ([0], [1])
+    assert found.why == (
+        "1 of 2 segments leave out the data their typed columns rebuild (segment version 3)"
+    )
 
 
 def test_a_segment_written_for_every_entry_with_another_model_is_not_taken_for_a_type() -> None:

@@ -245,3 +245,32 @@ def test_a_segment_whose_event_id_is_no_uuid_is_corrupt() -> None:
     obstore.put(store, key, sink.getvalue())
     with pytest.raises(CorruptSegment, match="event_id"):
         list(iter_topic(store, TOPIC))
+
+
+def test_typed_replay_decodes_a_batch_as_each_entry_decodes_and_names_a_corrupt_envelope() -> None:
+    """Envelopes decoded for a whole batch at once equal `ArchivedEntry.envelope`'s; a batch
+    holding an envelope that does not decode yields the entries before it, then its error."""
+    store = open_store("memory://")
+    ids = [EntryId(50 + i, 0) for i in range(6)]
+    rows = [
+        (i, fields(k, rid=f"r{k}", headers={"h": str(k)} if k % 2 else None))
+        for k, i in enumerate(ids)
+    ]
+    rows[4] = (ids[4], {**rows[4][1], b"data": b"\x01\xc1"})  # 0xc1: never used in MessagePack
+    data, _ = encode_segment(TOPIC, 0, ids[0], ids[-1], rows)
+    key = segment_key(TOPIC, 0, ids[0], ids[-1])
+    obstore.put(store, key, data)
+    got = []
+    with pytest.raises(DecodeError, match=f"{key} entry 54-0: corrupt envelope"):
+        for ev in iter_events(store, TOPIC, [Tick]):
+            got.append(ev)
+    assert [ev.event for ev in got] == [Tick(seq=k) for k in range(4)]
+    assert all(ev.envelope == ev.entry.envelope() for ev in got)
+    # without the corrupt entry, the whole batch goes through the one-pass decode
+    clean = open_store("memory://")
+    good = [rows[k] for k in (0, 1, 2, 3, 5)]
+    obstore.put(clean, key, encode_segment(TOPIC, 0, ids[0], ids[-1], good)[0])
+    events = list(iter_events(clean, TOPIC, [Tick]))
+    assert [ev.event for ev in events] == [Tick(seq=k) for k in (0, 1, 2, 3, 5)]
+    assert all(ev.envelope == ev.entry.envelope() for ev in events)
+    assert [ev.envelope.headers for ev in events][:2] == [{}, {"h": "1"}]
