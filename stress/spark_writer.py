@@ -5,11 +5,18 @@ redis-server, next to ``bus.publish_many`` of the same rows (events built before
 ``stress/spark_bench.py`` times it).
 
     python stress/spark_writer.py [--events 100000] [--runs 3] [--json F] [--profile F.prof]
-    stress/ab.sh main HEAD --what spark-writer --pairs 3
+    python stress/spark_writer.py --spark [--events 336776] [--runs 3] [--json F]
+    stress/ab.sh main HEAD --what spark-writer --pairs 3 [-- --spark --events 336776]
 
 Per run: the writer's rate (rows/s) and process CPU (µs per row), publish_many's rate, their
 ratio, and the writer's Redis commands per row (``INFO commandstats``). ``--profile F`` runs the
 writer under cProfile and keeps its stats in F (``python -m pstats F``); its rate is then lower.
+With ``--spark`` the rows go through Spark as ``stress/spark_bench.py`` writes them: a local
+SparkSession (``local[2]``, its Python workers given this ``PYTHONPATH``), the flights as a
+cached DataFrame in two partitions by plane, ``df.write.format("eventbus")``; the session's
+first write is ``cold_*`` (its Python workers start and import the writer, as in spark_bench's
+one writer run), then ``--runs`` warm writes, each followed by ``publish_many`` of the same
+rows in this process; ``ratio`` is then the median of the warm runs' ratios.
 The eventbus under test is the one first on ``PYTHONPATH`` (stress/ab.py sets it per revision).
 The objects loaded beforehand are frozen out of the garbage collector's passes (`gc.freeze`),
 so that they do not weigh on the measured step (a Spark worker holds none of them).
@@ -109,13 +116,88 @@ def measure(events: int, profile: str | None) -> dict[str, float]:
     return out
 
 
+def measure_spark(events: int, runs: int) -> dict[str, float]:
+    """`--spark`: the writer through a local SparkSession, cold then warm, next to
+    ``publish_many`` (see the module docstring); rates in rows/s."""
+    import os
+    import statistics
+
+    from pyspark.sql import SparkSession
+
+    from eventbus.spark import register
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    path = os.environ.get("PYTHONPATH", "")  # the eventbus under test first, examples/ last
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (path, str(ROOT)) if p)
+    rows = load_flights(None, events)
+    table = pa.Table.from_pylist([r._asdict() for r in rows])
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.adaptive.enabled", "false")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    frame = (
+        spark.createDataFrame(table)
+        .repartition(2, "plane")
+        .sortWithinPartitions("position")
+        .cache()
+    )
+    frame.count()
+    out: dict[str, float] = {}
+    ratios, rates = [], []
+    with RedisServer() as server:
+
+        def write(topic: str) -> float:
+            started = time.perf_counter()
+            (
+                frame.write.format("eventbus")
+                .option("topic", topic)
+                .option("redis_url", server.url)
+                .option("resource_id_col", "plane")
+                .option("model", MODEL)
+                .option("event_id_col", "position")
+                .option("shards", "16")
+                .mode("append")
+                .save()
+            )
+            return time.perf_counter() - started
+
+        for run in range(runs + 1):
+            wall = write(f"writer-{run}")
+            many_s = anyio.run(_publish_many, server.url, f"many-{run}", rows)
+            if run == 0:
+                out["cold_writer_per_s"] = events / wall
+                out["cold_ratio"] = many_s / wall
+            else:
+                rates.append(events / wall)
+                ratios.append(many_s / wall)
+            out.setdefault("publish_many_per_s", events / many_s)
+    spark.stop()
+    out["writer_per_s"] = statistics.median(rates)
+    out["ratio"] = statistics.median(ratios)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--json", default=None, help="write the last run's figures here")
     parser.add_argument("--profile", default=None, help="cProfile stats of the writer's run")
+    parser.add_argument("--spark", action="store_true", help="through a local SparkSession")
     args = parser.parse_args()
+    if args.spark:
+        res = measure_spark(args.events, args.runs)
+        print(json.dumps({k: round(v, 3) for k, v in res.items()}), flush=True)
+        if args.json:
+            Path(args.json).write_text(json.dumps(res))
+        return
     for run in range(args.runs):
         res = measure(args.events, args.profile)
         print(json.dumps({"run": run + 1, **{k: round(v, 3) for k, v in res.items()}}), flush=True)

@@ -9,22 +9,48 @@ durable tier's obstore stores. Needs the ``spark`` extra (``pip install eventbus
         .option("topic", "orders").option("redis_url", "redis://...").load()
 
 docs/spark.md lists the options, the schema and the consistency guarantees.
+
+The names below are imported on first use (PEP 562): Spark's Python workers unpickle the source
+and the writer by module path, and each fresh worker process would otherwise import every
+module of this package (the native path's, the stream's) before its first row.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from eventbus.spark.native import read
-from eventbus.spark.options import models_option
-from eventbus.spark.source import EventbusSource
+if TYPE_CHECKING:
+    from eventbus.spark.native import read
+    from eventbus.spark.options import models_option
+    from eventbus.spark.source import EventbusSource
 
 __all__ = ["EventbusSource", "models_option", "read", "register"]
+
+_LAZY = {
+    "EventbusSource": "eventbus.spark.source",
+    "models_option": "eventbus.spark.options",
+    "read": "eventbus.spark.native",
+}
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value  # once
+        return value
+    raise AttributeError(f"module 'eventbus.spark' has no attribute {name!r}")
 
 
 def register(spark: Any) -> None:
     """Register format ``"eventbus"`` on `spark` (a SparkSession) and turn on Python data
     source filter pushdown (``spark.sql.python.filterPushdown.enabled``), which the batch reader
     uses to prune segments; ``option("pushdown", "false")`` reads without it."""
+    from eventbus.spark.source import EventbusSource
+
     spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
     spark.dataSource.register(EventbusSource)

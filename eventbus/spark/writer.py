@@ -26,6 +26,7 @@ are different events.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import logging
@@ -33,7 +34,7 @@ import time
 import types
 import typing
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from itertools import repeat
 from typing import Any
@@ -59,6 +60,11 @@ NAMESPACE = uuid.UUID("6f0e7c52-8d0f-4b59-9a57-3c1f1e0b5e11")
 
 CHUNK = 5000
 """Rows per `Publisher.publish_envelopes` call (one Arrow slice's envelopes)."""
+
+PIPELINES = 8
+"""The writer's ``publish_pipelines``: its pipelines (``publish_batch_max``, 1,000 XADDs) in
+flight at once, more than a chunk's, so that a whole chunk is with Redis while the next is built
+(the default, 2, left Redis idle while this process built the next chunk)."""
 
 
 _NAMESPACE_SHA1 = hashlib.sha1(NAMESPACE.bytes, usedforsecurity=False)
@@ -173,6 +179,38 @@ def typed_payloads(
     return [dict(zip(keys, values, strict=False)) for values in zip(*columns, strict=False)]
 
 
+async def _publish_overlapped(
+    publish: Callable[[Any, list[Envelope]], Awaitable[list[str]]],
+    topic: Any,
+    chunks: Iterator[list[Envelope]],
+) -> int:
+    """Publish each chunk of `chunks` with ``publish(topic, chunk)`` (`Publisher.
+    publish_envelopes`), in order, the next chunk built (Arrow to envelopes, in this process)
+    while the previous one's XADDs are with Redis: one chunk in flight at a time, so Redis and
+    this process work at once instead of in turn. Returns the envelopes published.
+
+    Call order is publish order: each call reserves its places before its first await, and the
+    calls start in chunk order. A chunk that cannot be built or published raises after the chunk
+    in flight settled (its rows stay published; its own error, if any, is logged), so that no
+    XADD is left unconfirmed when the task fails."""
+    count = 0
+    sent: list[asyncio.Future[list[str]]] = []  # the chunk in flight, then the one just sent
+    try:
+        for chunk in chunks:
+            sent.append(asyncio.ensure_future(publish(topic, chunk)))
+            if len(sent) == 2:
+                count += len(await sent.pop(0))
+        if sent:
+            count += len(await sent.pop())
+    except BaseException:
+        for task in sent:  # not yet awaited: let it settle, say how
+            await asyncio.wait((task,))
+            if not task.cancelled() and task.exception() is not None:
+                log.error("a chunk in flight failed too: %s", task.exception())
+        raise
+    return count
+
+
 @dataclass
 class Published(WriterCommitMessage):
     """What one task published: rows and seconds."""
@@ -265,31 +303,36 @@ class EventWriter(DataSourceArrowWriter):
         ]
 
     async def _publish(self, iterator: Iterator[Any]) -> int:
-        from eventbus.app import EventBus
+        from eventbus.app import EventBus  # here: the driver's writer never needs the bus
 
         opts = self.opts
+        # pipelines go over one connection in call order (`eventbus.publishing.sending`); a
+        # whole chunk on the wire at once, so that Redis works through it while the next one is
+        # built (`_publish_overlapped`)
         settings = Settings(
             redis_url=opts.redis_url,
             key_prefix=opts.key_prefix,
             hashtag=opts.hashtag,
-        )  # pipelines go over one connection in call order (`eventbus.publishing.sending`)
+            publish_pipelines=PIPELINES,
+        )
         bus = EventBus(settings)
         models = opts.models()
         model = models[None] if models else None
         adapter = TypeAdapter(list[model]) if model else None  # type: ignore[valid-type]
         etype = event_type_of(model) if model else opts.event_type or ""
         fields = _plain_fields(model) if model else None
-        count = 0
         try:
             async with bus:
                 stored = await bus.redis.hget(bus.keys.topics(), opts.topic)
                 shards = opts.shards or (int(stored) if stored else settings.shards)
                 topic = bus.topic(opts.topic, shards=shards)
                 await bus.registry.ensure(topic)  # checked once, before any row is queued
-                for batch in iterator:
-                    for i in range(0, batch.num_rows, CHUNK):
-                        envelopes = self._envelopes(batch.slice(i, CHUNK), adapter, fields, etype)
-                        count += len(await bus.publisher.publish_envelopes(topic, envelopes))
+                chunks = (
+                    self._envelopes(batch.slice(i, CHUNK), adapter, fields, etype)
+                    for batch in iterator
+                    for i in range(0, batch.num_rows, CHUNK)
+                )
+                count = await _publish_overlapped(bus.publisher.publish_envelopes, topic, chunks)
         finally:
             await bus.aclose()
         return count

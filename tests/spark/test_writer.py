@@ -262,3 +262,45 @@ def test_resource_ids_of_a_number_column_are_its_text(redis_db: str, topic: str)
     EventWriter(opts, from_arrow_schema(table.schema)).write(iter(table.to_batches()))
     envs = sorted((e.payload["k"], e.resource_id) for _, _, e in _entries(redis_db, topic, 16))
     assert envs == [(1, "10"), (2, "20")]
+
+
+def test_rows_of_many_chunks_are_published_once_each_in_row_order(
+    redis_db: str, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One task over several Arrow batches of several chunks each (`CHUNK` made small): the
+    next chunk is built while the one before is with Redis, and every row still reaches its
+    shard once, in row order."""
+    import eventbus.spark.writer as writer_module
+
+    monkeypatch.setattr(writer_module, "CHUNK", 7)
+    table = pa.table({"rid": [f"r{i % 5}" for i in range(100)], "k": range(100)})
+    opts = SourceOptions.parse(
+        {"topic": topic, "redis_url": redis_db, "resource_id_col": "rid", "event_type": "Raw"},
+        need_store=False,
+    )
+    writer = EventWriter(opts, from_arrow_schema(table.schema))
+    published = writer.write(iter(table.to_batches(max_chunksize=30)))
+    assert published.rows == 100
+    entries = _entries(redis_db, topic, 16)
+    assert sorted(e.payload["k"] for _, _, e in entries) == list(range(100))
+    for shard in {s for s, _, _ in entries}:
+        ks = [e.payload["k"] for s, _, e in entries if s == shard]  # entry-ID order
+        assert ks == sorted(ks)
+
+
+def test_a_worker_loading_the_writer_does_not_import_the_bus() -> None:
+    """Spark's Python workers unpickle the writer by module path, each fresh one importing it
+    before its first row: ``eventbus.spark.writer`` alone must not pull in the bus, the consumer
+    or the native read path (it imported all of them through the packages' ``__init__``)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, eventbus.spark.writer; "
+        "print(sorted(m for m in ('eventbus.app', 'eventbus.consumer', 'eventbus.spark.native', "
+        "'eventbus.spark.stream') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.strip() == "[]"
