@@ -61,7 +61,9 @@ async def test_changed_wakes_every_waiter_on_renew_or_wake() -> None:
 
 class FakeLocks:
     """`heartbeat()` answers from `replies` (a bool: was the member live; an exception: raised);
-    `done` is set once they are used up. `acquiring`: a lock round is in flight."""
+    `done` is set once they are used up, and later calls wait until cancelled (a retry 3 ms
+    after the last failure could come before the test cancels the loop: an IndexError under
+    load). `acquiring`: a lock round is in flight."""
 
     member_id = "c-1"
 
@@ -72,6 +74,8 @@ class FakeLocks:
         self.acquiring = acquiring
 
     async def heartbeat(self) -> bool:
+        if not self.replies:  # used up: the test is ending; a slow machine may call once more
+            await anyio.sleep_forever()
         self.calls += 1
         reply = self.replies.pop(0)
         if not self.replies:
