@@ -10,7 +10,7 @@ Redis for integration tests, in order of preference:
 The server is started once per session; each test gets a flushed database. The 3-node Redis
 Cluster (`redis_cluster`) is started only by the tests that ask for it.
 
-Topologies (issue 13): the integration suite's core (the modules in `BOTH_TOPOLOGIES`) runs on a
+Topologies: the integration suite's core (the modules in `BOTH_TOPOLOGIES`) runs on a
 single node and on the 3-primary cluster: `redis_db`, `r` and `settings` follow the `topology`
 fixture ("single" or "cluster"); on the cluster ``EVENTBUS_CLUSTER=true`` is set for the test, so
 every `Settings()`, CLI call and child process of the test uses the Cluster client. A test whose

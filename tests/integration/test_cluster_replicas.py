@@ -1,5 +1,5 @@
 """A Redis Cluster with one replica per primary (6 processes, `eventbus.testing.cluster`):
-`publish_replicas` confirms each batch on every node that took its XADDs (issue 13 item 3)."""
+`publish_replicas` confirms each batch on every node that took its XADDs."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 10 item 2: no hangs. Every Redis connection has deadlines, and `publish_timeout_s` is
+"""No hangs. Every Redis connection has deadlines, and `publish_timeout_s` is
 a deadline on the caller of `publish()`.
 
 A tiny asyncio TCP server on loopback accepts connections and never answers: the library and the

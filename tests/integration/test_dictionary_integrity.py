@@ -1,4 +1,4 @@
-"""Planted zstd dictionaries (issue 20 items 1-2) on a real redis-server: a dictionary whose
+"""Planted zstd dictionaries on a real redis-server: a dictionary whose
 bytes were replaced by another valid one, by garbage, or whose hash was turned into a stream,
 and a topic's ``current`` field set to garbage.
 

@@ -1,4 +1,4 @@
-"""Metrics and health (issue 11 item 6): publish, handler, shard and lag metrics, /healthz and
+"""Metrics and health: publish, handler, shard and lag metrics, /healthz and
 /readyz of one process, and ``eventbus run --processes 2 --metrics-port``: the metrics and the
 health of both children, served by the parent."""
 

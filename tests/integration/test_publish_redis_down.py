@@ -1,4 +1,4 @@
-"""Issue 19 items 6 and 7: `publish()` while Redis is down or restarting, on a private
+"""`publish()` while Redis is down or restarting, on a private
 redis-server (AOF on, restarted on the same port).
 
 - The topic's dictionary refresh (an HGET every `dictionaries.REFRESH_S`) is best effort: a

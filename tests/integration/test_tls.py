@@ -1,4 +1,4 @@
-"""TLS with verification and client certificates (issue 10 item 17), against a real
+"""TLS with verification and client certificates, against a real
 redis-server with ``tls-auth-clients yes``, certificates from a private CA made with the
 ``openssl`` command for this test: the settings fields, not only URL query parameters.
 

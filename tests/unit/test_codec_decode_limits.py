@@ -1,4 +1,4 @@
-"""Issue 10 item 4: MessagePack amplification. Decoding is bounded by structure as well as by
+"""MessagePack amplification. Decoding is bounded by structure as well as by
 bytes, so a small entry cannot make a consumer (or the offloader, ``tail``, ``dlq show``, replay)
 allocate gigabytes.
 

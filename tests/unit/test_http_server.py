@@ -1,4 +1,4 @@
-"""The metrics and health port (issue 20 item 8): `eventbus.ops.health.serve` on loopback, with
+"""The metrics and health port: `eventbus.ops.health.serve` on loopback, with
 real sockets. Idle connections are closed after the deadline, connections (threads) are bounded,
 idle ones give way to a probe, and a connection beyond busy ones is closed unanswered.
 

@@ -1,4 +1,4 @@
-"""`eventbus.testing.running` outside the pytest plugin (issue 19 item 15): what the block
+"""`eventbus.testing.running` outside the pytest plugin: what the block
 raises is raised as itself, not wrapped in an `ExceptionGroup` by the task group that runs the
 subscribers."""
 
