@@ -1,7 +1,6 @@
 """eventbus: event-driven microservices on Redis Streams."""
 
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
 
 from eventbus.app import EventBus
 from eventbus.config import Settings
@@ -59,16 +58,3 @@ __all__ = [
     "log_context",
     "shard_of",
 ]
-
-
-# Paths documented before the package layout of 2026-11-24, kept working: a logging dictConfig
-# naming ``eventbus.logs.JsonFormatter``, ``eventbus.health.serve(...)``.
-_MOVED = {"logs": "eventbus.ops.logs", "health": "eventbus.ops.health"}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        import importlib
-
-        return importlib.import_module(_MOVED[name])
-    raise AttributeError(f"module 'eventbus' has no attribute {name!r}")
