@@ -25,7 +25,7 @@ import pytest
 from support import Tick
 
 from eventbus import EventBus, PublishError, RedisUnavailable, Settings
-from eventbus.testing.server import RedisServer
+from localredis.server import RedisServer
 
 FAST = {  # deadlines of a few tenths of a second, so a hang shows within the test's bounds
     "redis_connect_timeout_s": 1.0,

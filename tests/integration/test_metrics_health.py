@@ -26,7 +26,7 @@ from support import Recorder, Tick, running, wait_until
 from eventbus import Context, EventBus
 from eventbus.config import Settings
 from eventbus.ops.health import Health, serve
-from eventbus.testing.server import free_port
+from localredis.server import free_port
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 

@@ -25,8 +25,8 @@ from eventbus import EventBus, PublishError, RedisUnavailable, Settings
 from eventbus.cli import app
 from eventbus.client.connection import connect
 from eventbus.spark.options import SourceOptions
-from eventbus.testing.cluster import ReplicatedCluster
-from eventbus.testing.server import RedisServer
+from localredis.cluster import ReplicatedCluster
+from localredis.server import RedisServer
 
 PASSWORD = "p/ss#w0rd-s3cret"  # '/' and '#' need percent-encoding in a URL
 ENCODED = "p%2Fss%23w0rd-s3cret"

@@ -22,7 +22,7 @@ from eventbus.cli.topic import sample_bodies
 from eventbus.protocol import dictionaries
 from eventbus.protocol.codec import F_DATA
 from eventbus.protocol.dictionaries import Dictionaries, dictionary_id
-from eventbus.testing.server import RedisServer
+from localredis.server import RedisServer
 
 pytestmark = pytest.mark.anyio
 TOPIC = "orders"

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from eventbus import EventBus, PublishError, RedisUnavailable, Settings
 from eventbus.cli import app
-from eventbus.testing.server import RedisServer, free_port
+from localredis.server import RedisServer, free_port
 
 pytestmark = pytest.mark.anyio
 

@@ -1,5 +1,5 @@
 """Redis Sentinel against a real topology on loopback: a primary, two replicas and
-three sentinels (`eventbus.testing.sentinel.RedisSentinel`, ``redis-server --sentinel``).
+three sentinels (`localredis.sentinel.RedisSentinel`, ``redis-server --sentinel``).
 
 Publishing and consuming go through the Sentinel-managed client of
 `eventbus.client.connection.connect`; the primary is SIGKILLed under load, a replica is promoted,
@@ -28,7 +28,7 @@ from support import Recorder, Tick, running, wait_until
 from eventbus import Context, EventBus, PublishError, Settings, shard_of
 from eventbus.client.connection import connect
 from eventbus.protocol.keys import Keys
-from eventbus.testing.sentinel import RedisSentinel
+from localredis.sentinel import RedisSentinel
 
 pytestmark = pytest.mark.anyio
 

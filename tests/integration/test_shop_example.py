@@ -37,7 +37,7 @@ from sqlalchemy import select
 from support import total_pending, wait_until
 
 from eventbus import Context
-from eventbus.testing.server import RedisServer
+from localredis.server import RedisServer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 

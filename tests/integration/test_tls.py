@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from support import Recorder, Tick, running
 
 from eventbus import EventBus, RedisUnavailable, Settings
-from eventbus.testing.server import RedisServer, free_port
+from localredis.server import RedisServer, free_port
 
 pytestmark = [
     pytest.mark.anyio,

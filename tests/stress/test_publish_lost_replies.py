@@ -26,7 +26,7 @@ from support import Tick, wait_until
 from test_publish_order import RESOURCES, _entries, _first_copies, _out_of_order
 
 from eventbus import EventBus, Settings
-from eventbus.testing.server import RedisServer
+from localredis.server import RedisServer
 
 pytestmark = pytest.mark.anyio
 

@@ -21,11 +21,11 @@ from typer.testing import CliRunner
 
 from eventbus import EventBus, Settings
 from eventbus.cli import app
-from eventbus.testing.cluster import ReplicatedCluster
 from eventbus.tier.gaps import Gap
 from eventbus.tier.offloader import Offloader
 from eventbus.tier.replay import ArchiveGap, check_complete
 from eventbus.tier.store import StoreNotFound, list_keys_sync, open_store
+from localredis.cluster import ReplicatedCluster
 
 pytestmark = pytest.mark.integration
 RUNNER = CliRunner(env={"COLUMNS": "200"})
