@@ -1,8 +1,8 @@
-"""Broadcast subscribers, as test cases run on fakeredis and on a real
-redis-server (`cases.backends`): every running instance gets every event, in order per resource
-within the instance, beside a group subscriber whose events each go to one instance; nothing
-of a broadcast subscriber stays in Redis (no group, no lock); an instance gets only what is
-published while it runs; a failing handler is retried, then dropped (no dead-letter stream)."""
+"""Broadcast subscribers, as test cases run on fakeredis and on a real redis-server
+(`cases.backends`): every running instance gets every event, in order per resource within the
+instance, beside a group subscriber whose events each go to one instance; nothing of a broadcast
+subscriber stays in Redis (no group, no lock); an instance gets only what is published while it
+runs; a failing handler is retried, then dropped (no dead-letter stream)."""
 
 from __future__ import annotations
 

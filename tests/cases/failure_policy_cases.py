@@ -1,7 +1,6 @@
-"""Failure policies, as test cases run on fakeredis and on a real redis-server
-(`cases.backends`): continue, park (then requeue or drop the resource), requeue/drop of single
-letters, de-duplication by event ID, retries that do not hold a worker while they wait, and
-validators that raise anything.
+"""Failure policies, as test cases run on fakeredis and on a real redis-server (`cases.backends`):
+continue, park (then requeue or drop the resource), requeue/drop of single letters, de-duplication
+by event ID, retries that do not hold a worker while they wait, and validators that raise anything.
 
 The CLI case (it needs a Redis URL) is in `tests/integration/test_failure_policy.py`.
 """

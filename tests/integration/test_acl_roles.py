@@ -1,6 +1,5 @@
-"""The ACL roles of docs/security.md, parsed from the
-page, on a real redis-server and on a Redis Cluster (with the Cluster additions of the same page,
-on every node).
+"""The ACL roles of docs/security.md, parsed from the page, on a real redis-server and on a Redis
+Cluster (with the Cluster additions of the same page, on every node).
 
 Each role runs its real code paths under its ACL user with the ACL log staying empty, and is
 refused (NOPERM, one ACL log entry each) every command on a key family it must not touch.

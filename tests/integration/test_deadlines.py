@@ -1,5 +1,5 @@
-"""No hangs. Every Redis connection has deadlines, and `publish_timeout_s` is
-a deadline on the caller of `publish()`.
+"""No hangs. Every Redis connection has deadlines, and `publish_timeout_s` is a deadline on the
+caller of `publish()`.
 
 A tiny asyncio TCP server on loopback accepts connections and never answers: the library and the
 CLI (``run``, ``stats``, ``publish``) must fail with a clear, typed error. A private redis-server

@@ -1,6 +1,6 @@
-"""Metrics and health: publish, handler, shard and lag metrics, /healthz and
-/readyz of one process, and ``eventbus run --processes 2 --metrics-port``: the metrics and the
-health of both children, served by the parent."""
+"""Metrics and health: publish, handler, shard and lag metrics, /healthz and /readyz of one process,
+and ``eventbus run --processes 2 --metrics-port``: the metrics and the health of both children,
+served by the parent."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Publish after commit on the documented paths, against a real redis-server,
-SQLAlchemy on SQLite.
+"""Publish after commit on the documented paths, against a real redis-server, SQLAlchemy on SQLite.
 
 - Under `eventbus.fastapi.lifespan(bus)` (the bus entered on the server's loop) a sync route, in
   a worker thread, publishes through ``bus.sync()`` on that loop, and `AfterCommit` publishes

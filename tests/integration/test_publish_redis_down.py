@@ -1,5 +1,5 @@
-"""`publish()` while Redis is down or restarting, on a private
-redis-server (AOF on, restarted on the same port).
+"""`publish()` while Redis is down or restarting, on a private redis-server (AOF on, restarted on
+the same port).
 
 - The topic's dictionary refresh (an HGET every `dictionaries.REFRESH_S`) is best effort: a
   connection error keeps the cached dictionary, and the caller sees `PublishError`, never a raw

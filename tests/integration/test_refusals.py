@@ -1,7 +1,7 @@
-"""Persistent error replies mid-run: a consumer whose commands Redis refuses
-(here NOPERM under an ACL) keeps backing off, logs the refused command and the server's reason
-at ERROR, counts it in ``eventbus_redis_refusals_total``, and goes on once the operator fixes it;
-it never reads a shard past pending entries whose recovery was refused."""
+"""Persistent error replies mid-run: a consumer whose commands Redis refuses (here NOPERM under an
+ACL) keeps backing off, logs the refused command and the server's reason at ERROR, counts it in
+``eventbus_redis_refusals_total``, and goes on once the operator fixes it; it never reads a shard
+past pending entries whose recovery was refused."""
 
 from __future__ import annotations
 

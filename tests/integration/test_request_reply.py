@@ -1,8 +1,8 @@
-"""Request/reply: a subscriber's return value answers ``bus.request``
-through the caller's reply stream; concurrent requests share it; timeouts say whether anybody
-subscribes, or why the groups could not be listed; the reply stream is capped and expiring; a
-request cannot make a consumer write to another key, nor send a malformed reply key. Forged and
-altered replies: `cases.request_reply_cases`."""
+"""Request/reply: a subscriber's return value answers ``bus.request`` through the caller's reply
+stream; concurrent requests share it; timeouts say whether anybody subscribes, or why the groups
+could not be listed; the reply stream is capped and expiring; a request cannot make a consumer write
+to another key, nor send a malformed reply key. Forged and altered replies:
+`cases.request_reply_cases`."""
 
 from __future__ import annotations
 

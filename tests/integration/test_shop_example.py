@@ -1,5 +1,5 @@
-"""The combined example service (examples/shop) end to end, on a private
-redis-server with AOF (``appendfsync always``) that is restarted in the middle of the run.
+"""The combined example service (examples/shop) end to end, on a private redis-server with AOF
+(``appendfsync always``) that is restarted in the middle of the run.
 
 The app runs as users run it: its own lifespan (`eventbus.fastapi.lifespan` with its subscribers),
 requests through httpx's ASGI transport on the test's event loop (the sync route in a worker

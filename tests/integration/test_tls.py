@@ -1,6 +1,6 @@
-"""TLS with verification and client certificates, against a real
-redis-server with ``tls-auth-clients yes``, certificates from a private CA made with the
-``openssl`` command for this test: the settings fields, not only URL query parameters.
+"""TLS with verification and client certificates, against a real redis-server with
+``tls-auth-clients yes``, certificates from a private CA made with the ``openssl`` command for this
+test: the settings fields, not only URL query parameters.
 
 The certificates carry the extensions RFC 5280 asks for (a CA: ``basicConstraints`` critical,
 ``keyUsage`` keyCertSign and cRLSign, a subject key identifier; a leaf: ``subjectAltName`` for

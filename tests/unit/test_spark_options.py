@@ -1,6 +1,5 @@
-"""Option names of ``format("eventbus")``: Kafka-style camelCase with
-the older names as aliases, a misspelled option refused naming the close match, and Kafka's
-topic-keyed ``startingOffsets``."""
+"""Option names of ``format("eventbus")``: Kafka-style camelCase with the older names as aliases, a
+misspelled option refused naming the close match, and Kafka's topic-keyed ``startingOffsets``."""
 
 from __future__ import annotations
 
