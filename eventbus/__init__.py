@@ -67,11 +67,6 @@ __all__ = [
 ]
 
 
-# Paths documented before the package layout of 2026-11-24, kept working: a logging dictConfig
-# naming ``eventbus.logs.JsonFormatter``, ``eventbus.health.serve(...)``.
-_MOVED = {"logs": "eventbus.ops.logs", "health": "eventbus.ops.health"}
-
-
 _LAZY = {
     "EventBus": "eventbus.app",
     "Settings": "eventbus.config",
@@ -115,6 +110,4 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value  # looked up once
         return value
-    if name in _MOVED:
-        return importlib.import_module(_MOVED[name])
     raise AttributeError(f"module 'eventbus' has no attribute {name!r}")

@@ -64,8 +64,8 @@ def demo_data() -> Iterator[tuple[str, str, str]]:
     import anyio
 
     from eventbus import EventBus, Settings
-    from eventbus.testing.server import RedisServer
     from eventbus.tier import TierSettings, offload_until_caught_up, open_store
+    from localredis.server import RedisServer
 
     async def fill(url: str, store: str) -> None:
         bus = EventBus(Settings(redis_url=url, shards=4))

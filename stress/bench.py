@@ -37,12 +37,12 @@ from pydantic import BaseModel
 from eventbus import Context, EventBus, Settings
 
 try:
-    from eventbus.testing.server import RedisServer, redis_binary
+    from localredis.server import RedisServer, redis_binary
 except ImportError:  # an older eventbus under test (stress/ab.py): this checkout's server helper
     import importlib.util
 
     _spec = importlib.util.spec_from_file_location(
-        "_harness_server", Path(__file__).resolve().parent.parent / "eventbus/testing/server.py"
+        "_harness_server", Path(__file__).resolve().parent.parent / "localredis/server.py"
     )
     assert _spec is not None and _spec.loader is not None
     _server = importlib.util.module_from_spec(_spec)

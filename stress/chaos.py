@@ -68,7 +68,7 @@ from topology import make as make_topology
 from eventbus.errors import DecodeError
 from eventbus.protocol.codec import F_DATA, F_RESOURCE, F_TYPE, decode_entry
 from eventbus.protocol.keys import Keys
-from eventbus.testing.server import redis_binary
+from localredis.server import redis_binary
 
 HERE = Path(__file__).resolve().parent
 CONSUMER_FAULTS = ("kill", "pause", "term")

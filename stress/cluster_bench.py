@@ -29,8 +29,8 @@ from typing import Any
 
 import redis
 
-from eventbus.testing.cluster import ReplicatedCluster
-from eventbus.testing.server import RedisServer
+from localredis.cluster import ReplicatedCluster
+from localredis.server import RedisServer
 
 Latency = Callable[[str, int, float, Path], Awaitable[dict[str, Any]]]
 

@@ -53,7 +53,7 @@ from eventbus.locking.locks import LockClient
 from eventbus.locking.member import Member
 from eventbus.locking.scripts import Scripts
 from eventbus.protocol.keys import Keys
-from eventbus.testing.server import RedisServer
+from localredis.server import RedisServer
 
 TOPIC = "fleet"
 

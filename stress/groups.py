@@ -23,7 +23,7 @@ import anyio
 from pydantic import BaseModel
 
 from eventbus import EventBus, Settings
-from eventbus.testing.server import RedisServer
+from localredis.server import RedisServer
 
 
 class Ping(BaseModel):

@@ -32,7 +32,7 @@ import bench
 import redis.asyncio as aioredis
 
 from eventbus import Context, EventBus, Settings
-from eventbus.testing.server import RedisServer
+from localredis.server import RedisServer
 
 STREAM = "fs"
 ROOT = str(Path(__file__).resolve().parent.parent)

@@ -74,8 +74,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from eventbus import EventBus, Settings  # noqa: E402
-from eventbus.testing.server import RedisServer  # noqa: E402
 from examples.flights.flightdata import load_flights  # noqa: E402
+from localredis.server import RedisServer  # noqa: E402
 
 MODEL = "examples.flights.flightdata:Flight"
 EVENT_TYPE = "flights.Flight"

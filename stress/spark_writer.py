@@ -44,8 +44,8 @@ sys.path.append(str(ROOT))  # examples/ (after the eventbus under test)
 from eventbus import EventBus, Settings  # noqa: E402
 from eventbus.spark.options import SourceOptions  # noqa: E402
 from eventbus.spark.writer import EventWriter  # noqa: E402
-from eventbus.testing.server import RedisServer  # noqa: E402
 from examples.flights.flightdata import FlightRow, load_flights  # noqa: E402
+from localredis.server import RedisServer  # noqa: E402
 
 MODEL = "examples.flights.flightdata:Flight"
 BATCH_ROWS = 10_000

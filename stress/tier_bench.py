@@ -53,7 +53,7 @@ import anyio
 from pydantic import BaseModel
 
 from eventbus import EventBus, Settings
-from eventbus.testing.server import RedisServer, free_port
+from localredis.server import RedisServer, free_port
 
 
 class Synthetic(BaseModel):

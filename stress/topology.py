@@ -1,7 +1,7 @@
 """The Redis deployment of a chaos run, behind one interface: `Single` (one ``redis-server``),
 `Sentinel` (a primary, two replicas, three sentinels: chosen when ``failover`` is among the
 fault kinds) and `Cluster` (3 primaries, with one replica each for ``cluster-failover``), all on
-loopback (`eventbus.testing.server`, `eventbus.testing.cluster`).
+loopback (`localredis.server`, `localredis.cluster`).
 
 What the harness needs from a deployment: start and stop it; the connection settings of a client
 process (directly, or through that process's `links.ClientLinks`); a control client for its
@@ -22,9 +22,9 @@ import redis
 from redis.cluster import RedisCluster
 
 from eventbus.protocol.keys import Keys
-from eventbus.testing.cluster import ReplicatedCluster
-from eventbus.testing.sentinel import RedisSentinel
-from eventbus.testing.server import RedisServer
+from localredis.cluster import ReplicatedCluster
+from localredis.sentinel import RedisSentinel
+from localredis.server import RedisServer
 
 if TYPE_CHECKING:
     from links import ClientLinks

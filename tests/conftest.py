@@ -5,12 +5,12 @@ Redis for integration tests, in order of preference:
 1. ``REDIS_URL`` from the environment: an existing server. Tests FLUSHDB it, so point it at a
    throw-away database.
 2. testcontainers' ``redis:7`` image, when a Docker engine answers.
-3. A private ``redis-server`` on a free loopback port (`eventbus.testing.server.RedisServer`).
+3. A private ``redis-server`` on a free loopback port (`localredis.server.RedisServer`).
 
 The server is started once per session; each test gets a flushed database. The 3-node Redis
 Cluster (`redis_cluster`) is started only by the tests that ask for it.
 
-Topologies (issue 13): the integration suite's core (the modules in `BOTH_TOPOLOGIES`) runs on a
+Topologies: the integration suite's core (the modules in `BOTH_TOPOLOGIES`) runs on a
 single node and on the 3-primary cluster: `redis_db`, `r` and `settings` follow the `topology`
 fixture ("single" or "cluster"); on the cluster ``EVENTBUS_CLUSTER=true`` is set for the test, so
 every `Settings()`, CLI call and child process of the test uses the Cluster client. A test whose
@@ -29,8 +29,8 @@ import redis
 import redis.asyncio
 
 from eventbus.config import Settings
-from eventbus.testing.cluster import ReplicatedCluster
-from eventbus.testing.server import RedisServer
+from localredis.cluster import ReplicatedCluster
+from localredis.server import RedisServer
 
 BOTH_TOPOLOGIES = {
     "test_publish",
@@ -184,7 +184,7 @@ def settings(redis_db: str, topology: str) -> Callable[..., Settings]:
 @pytest.fixture(scope="session")
 def redis_cluster() -> Iterator[ReplicatedCluster]:
     """A 3-primary Redis Cluster on loopback (about 2 s to start), shared by the session (ports
-    chosen with their cluster-bus port free: `eventbus.testing.cluster`)."""
+    chosen with their cluster-bus port free: `localredis.cluster`)."""
     with ReplicatedCluster(3, 0) as cluster:
         yield cluster
 

@@ -36,25 +36,6 @@ DECOMPRESSION_FACTOR = 64
 bigger ones (`DecodeError`) and publishers refuse to send them (`PayloadTooLarge`)."""
 
 
-ENTRY_FORMATS = {4: "0x04", 5: "0x05"}
-"""The envelope formats `Settings.entry_format` may name (docs/protocol.md#envelope)."""
-
-
-def entry_format_of(value: Any) -> int:
-    """`value` (an int, or its decimal or ``0x..`` spelling) as an envelope format of
-    `ENTRY_FORMATS`. Raises `ValueError` (pydantic: `ValidationError` naming the field) for
-    any other value, saying which are known."""
-    if isinstance(value, str):
-        spelled = {**{str(f): f for f in ENTRY_FORMATS}, **{h: f for f, h in ENTRY_FORMATS.items()}}
-        value = spelled.get(value.strip().lower(), value)
-    if type(value) is not int or value not in ENTRY_FORMATS:
-        raise ValueError(
-            f"unknown entry format {value!r}: 5 (0x05, the newest, default) or 4 (0x04, which "
-            "readers older than format 0x05 read: for a rolling upgrade, docs/operations.md)"
-        )
-    return value
-
-
 class Settings(BaseSettings):
     """Deployment-wide settings. Every field can be set as ``EVENTBUS_<FIELD>``.
 
@@ -119,12 +100,6 @@ class Settings(BaseSettings):
     `DECOMPRESSION_FACTOR` (64) times this (max_decompressed_bytes)."""
     compress_threshold_bytes: NonNegativeInt = 1024
     """Envelopes at least this large are zstd-compressed."""
-    entry_format: Literal[4, 5] = 5
-    """Envelope format publishers write for entries with a topic's zstd dictionary: 5 (0x05,
-    the newest, default) or 4 (0x04, which readers of releases before 0x05 read too: set it on
-    publishers during a rolling upgrade until every reader is upgraded, docs/operations.md).
-    Entries without a dictionary (0x01, 0x02) are the same either way. Also spelled "0x05",
-    "0x04"."""
     publish_batch_max: PositiveInt = 1000
     """Most XADDs in one pipeline."""
     publish_pipelines: PositiveInt = 2
@@ -201,11 +176,6 @@ class Settings(BaseSettings):
     @classmethod
     def _valid_url(cls, value: str) -> str:
         return check_redis_url(value)
-
-    @field_validator("entry_format", mode="before")
-    @classmethod
-    def _known_entry_format(cls, value: Any) -> int:
-        return entry_format_of(value)
 
     @field_validator("sentinels", mode="before")
     @classmethod

@@ -11,9 +11,9 @@ A stream entry has three fields (docs/protocol.md gives the bytes):
   ``0x05`` (with a topic's zstd dictionary, `eventbus.protocol.dictionaries`): the dictionary ID
   (8 bytes, big endian: the fingerprint of the dictionary's bytes), the event ID (16 bytes), then
   a zstd frame without magic number (RFC 8878 section 3.1.1 less its first 4 bytes) of the map
-  ``ts``, ``p`` and ``h`` (only when not empty), compressed with that dictionary. ``0x04`` (the
-  same map as ``0x01`` in a zstd frame with its magic number, after the dictionary ID: written
-  until 2026-11-26) is still read; ``0x03`` (an ID not bound to the dictionary) is refused.
+  ``ts``, ``p`` and ``h`` (only when not empty), compressed with that dictionary. ``0x03`` and
+  ``0x04`` (earlier dictionary formats of unreleased versions; no release wrote them) are
+  refused.
 
 Decoding is bounded twice, because a small entry can expand a lot: by bytes (the decompressed
 body is at most `max_bytes`) and by structure (`eventbus.protocol.budget`).
@@ -40,9 +40,8 @@ from eventbus.protocol.compression import compressor as _compressor
 from eventbus.protocol.compression import decompressor as _decompressor
 from eventbus.protocol.dictionaries import (
     FORMAT_DICT_COMPACT,
-    FORMAT_MSGPACK_ZSTD_DICT,
-    FORMAT_RETIRED_DICT,
     ID_BYTES,
+    RETIRED_DICT_FORMATS,
     dictionary_id,
 )
 from eventbus.protocol.event_ids import new_event_id as new_event_id  # (re-exported)
@@ -312,9 +311,8 @@ def decompressed_size(data: bytes) -> int:
     try:
         if fmt == FORMAT_DICT_COMPACT:  # the magic number back in front, for zstd to parse
             return int(zstandard.frame_content_size(_ZSTD_MAGIC + data[_COMPACT_HEAD:]))
-        if fmt in (FORMAT_MSGPACK_ZSTD, FORMAT_MSGPACK_ZSTD_DICT):
-            start = 1 if fmt == FORMAT_MSGPACK_ZSTD else 1 + ID_BYTES
-            return int(zstandard.frame_content_size(data[start:]))
+        if fmt == FORMAT_MSGPACK_ZSTD:
+            return int(zstandard.frame_content_size(data[1:]))
     except zstandard.ZstdError:
         return -1
     return len(data) - 1
@@ -334,13 +332,10 @@ def decompressed_body(data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> byt
             raise DecodeError(f"truncated envelope: {len(data)} bytes of format 0x05")
         dict_id = dictionary_id(data)
         body = _ZSTD_MAGIC + data[_COMPACT_HEAD:]  # parsed as a whole frame, declared size first
-    elif fmt == FORMAT_MSGPACK_ZSTD_DICT:
-        dict_id = dictionary_id(data)
-        body = data[1 + ID_BYTES :]
-    elif fmt == FORMAT_RETIRED_DICT:
+    elif fmt in RETIRED_DICT_FORMATS:
         raise DecodeError(
-            "envelope format 0x03 is retired (its zstd dictionary ID was not bound to the "
-            "dictionary's bytes; docs/protocol.md): not read"
+            f"envelope format 0x{fmt:02x} is retired (a dictionary format of unreleased "
+            "versions, replaced by 0x05; docs/protocol.md): not read"
         )
     elif fmt != FORMAT_MSGPACK_ZSTD:
         raise DecodeError(f"unknown envelope format byte 0x{fmt:02x}")

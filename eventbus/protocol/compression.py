@@ -3,8 +3,7 @@
 zstandard's (de)compressor objects are not thread-safe, and making one per entry costs more
 than compressing a small body, so each thread keeps its own per dictionary. With a topic's
 dictionary (`eventbus.protocol.dictionaries`) frames are written without magic number and
-dictionary ID (format ``0x05``, `eventbus.protocol.codec`), or with their magic number (format
-``0x04``, written during a rolling upgrade: `framed_compressor`).
+dictionary ID (format ``0x05``, `eventbus.protocol.codec`).
 """
 
 from __future__ import annotations
@@ -45,24 +44,6 @@ def compressor(dict_id: int | None) -> zstandard.ZstdCompressor:
     return c
 
 
-_FRAMED: dict[tuple[int, int], zstandard.ZstdCompressor] = {}  # (id(dict), thread)
-
-
-def framed_compressor(dict_id: int) -> zstandard.ZstdCompressor:
-    """A compressor for dictionary `dict_id` whose frames keep their magic number (no
-    dictionary ID, content size written): format ``0x04``'s, for publishers that write it
-    during a rolling upgrade (`eventbus.protocol.entry_formats.encode_entry_0x04`). One per thread.
-    Raises `UnknownDictionary` for a dictionary not in `CACHE`."""
-    d = CACHE.get(dict_id)
-    key = (id(d), threading.get_ident())
-    c = _FRAMED.get(key)
-    if c is None:
-        c = _FRAMED[key] = zstandard.ZstdCompressor(
-            level=ZSTD_LEVEL, dict_data=d, write_dict_id=False, write_content_size=True
-        )
-    return c
-
-
 _DECOMPRESSORS: dict[tuple[int, int], zstandard.ZstdDecompressor] = {}
 
 
@@ -81,5 +62,4 @@ def clear() -> None:
     """Forget every cached compressor and decompressor (they hold their dictionary): after
     dictionaries were dropped from `CACHE`, and between tests."""
     _COMPRESSORS.clear()
-    _FRAMED.clear()
     _DECOMPRESSORS.clear()

@@ -17,9 +17,9 @@ the field names and common values live in the dictionary, not in every entry.
   ``current``; older versions stay, so entries written with them stay readable.
 * **Entries** say which dictionary they need: format byte ``0x05``, the ID as 8 bytes (big
   endian), the event ID, then a zstd frame without magic number nor dictionary ID
-  (docs/protocol.md, `eventbus.protocol.codec`). Format ``0x04`` (the ID, then a whole zstd
-  frame of the full envelope map: written before 2026-11-26) is still read. Format ``0x03`` (a
-  counter ID not bound to the bytes, written before IDs were fingerprints) is refused.
+  (docs/protocol.md, `eventbus.protocol.codec`). Formats ``0x03`` (a counter ID not bound to
+  the bytes) and ``0x04`` (the ID, then a whole zstd frame of the full envelope map), written
+  by unreleased versions only, are refused.
 * **Validity**: a dictionary is loaded only if it is a zstd dictionary (magic number, entropy
   tables) that zstd accepts for compressing and decompressing: a planted garbage dictionary is a
   `BadDictionary` (a `DecodeError`) for readers, and publishers keep the dictionary they had.
@@ -54,11 +54,10 @@ log = logging.getLogger("eventbus")
 
 FORMAT_DICT_COMPACT = 0x05
 """The format byte of entries compressed with a dictionary, as written now (codec.py)."""
-FORMAT_MSGPACK_ZSTD_DICT = 0x04
-"""The format byte of entries compressed with a dictionary as written before 2026-11-26: read."""
-FORMAT_RETIRED_DICT = 0x03
-"""The format byte of entries with a dictionary ID not bound to its bytes: refused."""
-DICT_FORMATS = (FORMAT_DICT_COMPACT, FORMAT_MSGPACK_ZSTD_DICT)
+RETIRED_DICT_FORMATS = (0x03, 0x04)
+"""Format bytes of dictionary entries of unreleased versions (0x03: an ID not bound to the
+dictionary's bytes; 0x04: the ID, then a whole zstd frame of the full envelope map): refused."""
+DICT_FORMATS = (FORMAT_DICT_COMPACT,)
 """Format bytes of entries that name a dictionary (its ID in the 8 bytes after the format byte)."""
 ID_BYTES = 8
 CURRENT = b"current"

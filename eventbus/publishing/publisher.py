@@ -57,10 +57,10 @@ from eventbus.protocol.codec import (
     Envelope,
     decode_entry,
     decompressed_size,
+    encode_entry,
     envelope_of,
 )
 from eventbus.protocol.dictionaries import Dictionaries
-from eventbus.protocol.entry_formats import entry_encoder
 from eventbus.protocol.keys import Keys, check_event_type
 from eventbus.protocol.topics import TopicConfig, TopicRegistry
 from eventbus.publishing.foreign import encode_foreign as _encode_foreign
@@ -98,9 +98,7 @@ class Publisher:
         profile: WireProfile = EVENTBUS,
     ) -> None:
         """`keys` names the shard streams (the profile's key layout, `WireProfile.keys`);
-        `profile` gives the shard hash and the entry format, both picked here, once, as is the
-        format of entries with a dictionary (`Settings.entry_format`: raises `ConfigError` for
-        an unknown one)."""
+        `profile` gives the shard hash and the entry format, both picked here, once."""
         self._redis = redis
         self._settings = settings
         self._keys = keys
@@ -108,7 +106,6 @@ class Publisher:
         self._shard_of = profile.shard_of
         # None: eventbus's own format, encoded inline by `prepare_envelope`
         self._encode: Callable[[TopicConfig, Envelope], dict[bytes, bytes]] | None = None
-        self._encode_entry = entry_encoder(settings.entry_format)  # eventbus's format: 0x05/0x04
         if not profile.codec.native:
             self._encode = partial(_encode_foreign, profile.codec, settings)
         self._streams: dict[str, list[str]] = {}
@@ -171,7 +168,7 @@ class Publisher:
         else:  # first: it says which text is not UTF-8
             settings = self._settings
             try:
-                fields = self._encode_entry(
+                fields = encode_entry(
                     envelope,
                     compress_threshold=settings.compress_threshold_bytes,
                     dictionary=self.dictionaries.cached_current(topic.name),

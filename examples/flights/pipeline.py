@@ -66,7 +66,6 @@ from rich.table import Table
 from eventbus.app import EventBus
 from eventbus.config import Settings
 from eventbus.errors import EventBusError
-from eventbus.testing.server import RedisServer
 from examples.flights import spark_step
 from examples.flights.flightdata import (
     CarrierStats,
@@ -84,6 +83,7 @@ from examples.flights.workers import (
     WorkerConfig,
     settings_for,
 )
+from localredis.server import RedisServer
 
 console = Console(stderr=True)
 

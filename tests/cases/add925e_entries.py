@@ -1,6 +1,6 @@
 """The stream entries add925e's encoder wrote (tests/fixtures/codec/entries.json, made by its
 generate.py): formats 0x04 (with the fixture's zstd dictionary), 0x01 and 0x02, read by the
-old-format tests of the decoder, of the 0x04 encoder and of the consumer on Redis.
+tests of the decoder and of the consumer on Redis (0x01 and 0x02 read, 0x04 refused as retired).
 
 The fixture (a dict): ``dictionary_id`` (a decimal string), ``dictionary_hex``, and
 ``entries``: each with ``case`` (e.g. "0x04, headers"), ``envelope`` (the event's fields, its

@@ -1,8 +1,8 @@
-"""Broadcast subscribers (issue 11 item 11), as test cases run on fakeredis and on a real
-redis-server (`cases.backends`): every running instance gets every event, in order per resource
-within the instance, beside a group subscriber whose events each go to one instance; nothing
-of a broadcast subscriber stays in Redis (no group, no lock); an instance gets only what is
-published while it runs; a failing handler is retried, then dropped (no dead-letter stream)."""
+"""Broadcast subscribers, as test cases run on fakeredis and on a real redis-server
+(`cases.backends`): every running instance gets every event, in order per resource within the
+instance, beside a group subscriber whose events each go to one instance; nothing of a broadcast
+subscriber stays in Redis (no group, no lock); an instance gets only what is published while it
+runs; a failing handler is retried, then dropped (no dead-letter stream)."""
 
 from __future__ import annotations
 
@@ -102,7 +102,7 @@ class BroadcastCases:
     async def test_a_long_read_is_handled_whole_however_slow_the_handler(
         self, backend: Backend
     ) -> None:
-        """Issue 19 item 3: the handling of one read was bounded by `shutdown_grace_s` (with no
+        """The handling of one read was bounded by `shutdown_grace_s` (with no
         shutdown under way) after the read position had moved: 40 events of one resource at
         20 ms each, grace 0.3 s, and about 25 of them were dropped without a word."""
         bus = backend.bus(shards=1, shutdown_grace_s=0.3)
@@ -120,7 +120,7 @@ class BroadcastCases:
         assert bus.consumers[0].dropped == 0  # type: ignore[union-attr]
 
     async def test_a_retry_waiting_at_shutdown_runs_at_once(self, backend: Backend) -> None:
-        """Issue 21 item 4: a broadcast retry waited out its whole delay on shutdown (its wait
+        """A broadcast retry waited out its whole delay on shutdown (its wait
         did not wake on stop), so an event whose retry was due after `shutdown_grace_s` was
         dropped; now the wait ends on stop and the retry runs within the grace."""
         bus = backend.bus(
@@ -144,7 +144,7 @@ class BroadcastCases:
         assert bus.consumers[0].dropped == 0  # type: ignore[union-attr]
 
     async def test_control_entries_never_reach_a_catch_all_handler(self, backend: Backend) -> None:
-        """Issue 19 item 3: a broadcast ``dict`` catch-all handler was handed the operator's
+        """A broadcast ``dict`` catch-all handler was handed the operator's
         control entries (``__eventbus.drop``/``unpark``), which no group handler ever sees."""
         bus = backend.bus(shards=1)
         seen: list[str] = []
@@ -164,7 +164,7 @@ class BroadcastCases:
     async def test_entries_trimmed_before_an_instance_read_them_are_told(
         self, backend: Backend, caplog: pytest.LogCaptureFixture
     ) -> None:
-        """hunt33b: an instance behind the stream's cap read on from the new head, and the
+        """An instance behind the stream's cap read on from the new head, and the
         trimmed entries never reached it without a word. Now they are logged at ERROR with
         their count and counted in ``eventbus_trimmed_unread_total`` (group ``_broadcast``)."""
         bus = backend.bus(shards=1, max_in_flight=1)
@@ -251,7 +251,7 @@ class BroadcastCases:
             await Gaps("me", "t", "_broadcast", {}).check(r, {"gaps-wrong": b"0-0"}, ["gaps-wrong"])
 
     async def test_a_dedup_window_is_each_instances_own(self, backend: Backend) -> None:
-        """hunt33b: the de-duplication marks were keyed by the subscription's name
+        """The de-duplication marks were keyed by the subscription's name
         (``_broadcast``), shared by every instance, so an instance could skip an event another
         had handled. Each instance keeps its own window: a re-published copy (same event ID, an
         ambiguous publish retried) is skipped by each instance once, and both handle the

@@ -298,7 +298,7 @@ class ConsumeCases:
     async def test_a_handler_behind_a_sync_decorator_runs_before_its_ack(
         self, backend: Backend
     ) -> None:
-        """Issue 19 item 1: an ``async def`` handler wrapped by an ordinary sync decorator
+        """An ``async def`` handler wrapped by an ordinary sync decorator
         (``functools.wraps`` around ``def wrapper``) was run in a thread, its coroutine never
         awaited (RuntimeWarning), and the entry acked as handled."""
         r = backend.redis
@@ -328,7 +328,7 @@ class ConsumeCases:
     async def test_header_values_that_are_not_strings_are_undecodable(
         self, backend: Backend
     ) -> None:
-        """Issue 19 item 10: an envelope whose headers map to non-strings (a raw XADD) reached
+        """An envelope whose headers map to non-strings (a raw XADD) reached
         the handler as ``ctx.headers == {"a": 1, "b": None}``, though `Context.headers` is
         ``dict[str, str]``: it is dead-lettered as undecodable."""
         r = backend.redis

@@ -1,7 +1,6 @@
-"""Failure policies, as test cases run on fakeredis and on a real redis-server
-(`cases.backends`): continue, park (then requeue or drop the resource), requeue/drop of single
-letters, de-duplication by event ID, retries that do not hold a worker while they wait, and
-validators that raise anything.
+"""Failure policies, as test cases run on fakeredis and on a real redis-server (`cases.backends`):
+continue, park (then requeue or drop the resource), requeue/drop of single letters, de-duplication
+by event ID, retries that do not hold a worker while they wait, and validators that raise anything.
 
 The CLI case (it needs a Redis URL) is in `tests/integration/test_failure_policy.py`.
 """
@@ -129,7 +128,7 @@ class FailurePolicyCases:
     async def test_a_replay_retry_waiting_at_shutdown_lets_go_at_once(
         self, backend: Backend
     ) -> None:
-        """Issue 21 item 4: the replay of a requeued resource waited for its next attempt with a
+        """The replay of a requeued resource waited for its next attempt with a
         sleep that did not wake on shutdown, so stopping took the whole retry delay (or the
         grace); now the wait ends on stop and the resource stays parked, letters in place."""
         r = backend.redis

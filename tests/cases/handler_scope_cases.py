@@ -1,7 +1,7 @@
-"""Handler ergonomics (issue 23 item 2), as cases run on fakeredis and on a real redis-server
-(`cases.backends`): `Context.publish` chains correlation and causation IDs; middlewares wrap
-every attempt of single, batch and broadcast handlers (before, after, on error); `bus.state`
-reaches handlers as ``ctx.state``; `HandlerLogFilter` names the entry in user log records."""
+"""Handler ergonomics, as cases run on fakeredis and on a real redis-server (`cases.backends`):
+`Context.publish` chains correlation and causation IDs; middlewares wrap every attempt of single,
+batch and broadcast handlers (before, after, on error); `bus.state` reaches handlers as
+``ctx.state``; `HandlerLogFilter` names the entry in user log records."""
 
 from __future__ import annotations
 

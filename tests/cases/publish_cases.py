@@ -1,6 +1,6 @@
 """Publishing, as test cases run on fakeredis and on a real redis-server (`cases.backends`).
 
-Issue 19 item 5: `publish()` on a bus whose `run()` is starting (the run started in a task, the
+`publish()` on a bus whose `run()` is starting (the run started in a task, the
 publish made at once on the same bus, not entered with ``async with``) hung for ever: the call
 took its place while no flusher ran, and awaited the flusher once one had started. It must be
 sent, whatever the shard count.

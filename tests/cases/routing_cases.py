@@ -1,8 +1,8 @@
-"""Event-type routing (issue 11 item 2), as test cases run on fakeredis and on a real
-redis-server (`cases.backends`): several handlers of one (topic, group) share one consumer and
-one queue per resource, so order per resource holds across types; unknown types skipped or
-dead-lettered as the group chose; raw ``dict`` / ``bytes`` handlers; stable type names
-(``__event_type__``) and aliases (``type_name=``) across a rename."""
+"""Event-type routing, as test cases run on fakeredis and on a real redis-server (`cases.backends`):
+several handlers of one (topic, group) share one consumer and one queue per resource, so order per
+resource holds across types; unknown types skipped or dead-lettered as the group chose; raw ``dict``
+/ ``bytes`` handlers; stable type names (``__event_type__``) and aliases (``type_name=``) across a
+rename."""
 
 from __future__ import annotations
 

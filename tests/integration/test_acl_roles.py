@@ -1,6 +1,5 @@
-"""Issue 20 items 4-6 (and issue 10 item 17): the ACL roles of docs/security.md, parsed from the
-page, on a real redis-server and on a Redis Cluster (with the Cluster additions of the same page,
-on every node).
+"""The ACL roles of docs/security.md, parsed from the page, on a real redis-server and on a Redis
+Cluster (with the Cluster additions of the same page, on every node).
 
 Each role runs its real code paths under its ACL user with the ACL log staying empty, and is
 refused (NOPERM, one ACL log entry each) every command on a key family it must not touch.
@@ -247,7 +246,7 @@ async def test_offloader_role_archives(
 def test_operator_role_inspects_a_topic_with_entries(
     users: dict[str, str], settings: Callable[..., Settings], nodes: list[Any]
 ) -> None:
-    """Item 6: ``eventbus stats`` (MEMORY USAGE of the shard streams), ``tail`` and ``dlq list``
+    """``eventbus stats`` (MEMORY USAGE of the shard streams), ``tail`` and ``dlq list``
     under the operator role, on a topic with entries and a group."""
     from eventbus.cli import app
 
@@ -268,7 +267,7 @@ def test_operator_role_inspects_a_topic_with_entries(
 def test_a_command_refused_to_stats_is_reported_as_refused(
     users: dict[str, str], redis_db: str, topology: str, nodes: list[Any], settings: Any
 ) -> None:
-    """Item 6: an operator without MEMORY USAGE gets `RedisCommandRefused` naming the command,
+    """An operator without MEMORY USAGE gets `RedisCommandRefused` naming the command,
     the streams and the server's reason, not redis-py's '{exception.args}' template."""
     from eventbus.cli import app
 
@@ -339,7 +338,7 @@ async def test_a_cluster_user_without_the_cluster_rules_is_told_what_it_lacks(
             r.acl_deluser("bare")
 
 
-# -- what each role must be refused (issue 20 items 1, 3, 5) ----------------------------------
+# -- what each role must be refused ----------------------------------
 K = Keys()
 STREAM, OTHER = K.stream("orders", 0), K.stream("payments", 0)
 REG, RETENTION, DICT = K.topics(), K.retention(), K.dictionaries("orders")
@@ -358,9 +357,9 @@ OTHER_REPLY = K.reply("payments", "0" * 32)
 SHARED = [
     ("HSET", REG, "orders", "3"),  # a shard count changed: every client ShardCountMismatch
     ("HDEL", REG, "orders"),
-    ("HSET", DICT, "current", "abc"),  # item 1: a planted dictionary
+    ("HSET", DICT, "current", "abc"),  # a planted dictionary
     ("HSETNX", DICT, "771003", "garbage"),
-    ("XADD", DICT, "*", "x", "y"),  # item 1: the dictionary hash turned into a stream
+    ("XADD", DICT, "*", "x", "y"),  # the dictionary hash turned into a stream
     ("HSET", CHECKPOINTS, "0", "9999999999999-0"),
     ("HSET", RETENTION, "orders", "maxlen"),
     ("SET", STREAM, "x"),
@@ -389,7 +388,7 @@ REFUSED: dict[str, list[tuple[str, ...]]] = {
         ("XADD", REPLY, "*", "x", "y"),
         ("HSETNX", RETENTION, "orders", "acked"),
     ],
-    "requester": [  # item 3
+    "requester": [
         *SHARED,
         ("XREAD", "STREAMS", STREAM, "0"),
         ("XRANGE", STREAM, "-", "+"),
@@ -398,7 +397,7 @@ REFUSED: dict[str, list[tuple[str, ...]]] = {
         ("DEL", REPLY),
     ],
     "retention": [*SHARED, ("HDEL", RETENTION, "orders"), ("XTRIM", STREAM, "MAXLEN", "0")],
-    "consumer": [  # item 5
+    "consumer": [
         *SHARED,
         ("XTRIM", OTHER, "MAXLEN", "0"),
         ("XADD", STREAM, "*", "x", "y"),

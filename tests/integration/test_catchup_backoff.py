@@ -1,4 +1,4 @@
-"""Issue 19 item 13: catch-up from a corrupt archive is not retried sooner than the catch-up check
+"""Catch-up from a corrupt archive is not retried sooner than the catch-up check
 interval (`CATCH_UP_CHECK_S`). With the Redis backoff alone (`retry_base_s` 0.1 s) the store was
 re-read 6-7 times in 12 s."""
 

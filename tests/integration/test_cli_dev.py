@@ -1,4 +1,4 @@
-"""``eventbus --version`` and ``eventbus run --reload`` (issue 11 item 12)."""
+"""``eventbus --version`` and ``eventbus run --reload``."""
 
 from __future__ import annotations
 

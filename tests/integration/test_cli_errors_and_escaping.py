@@ -1,8 +1,8 @@
-"""Issue 10 items 7, 10, 13 and 15 through the CLI, against a real redis-server.
+"""Names, restricted ACLs, errors and escaping through the CLI, against a real redis-server.
 
-7: names ``.``, ``..`` and a leading ``-`` are refused. 10: ``stats`` under a restricted ACL
-shows Redis's refusal instead of "0 entries". 13: user data (resource IDs, group names, errors)
-reaches the terminal escaped: no rich markup crash, no raw escape sequences. 15: bad input is a
+Names ``.``, ``..`` and a leading ``-`` are refused; ``stats`` under a restricted ACL
+shows Redis's refusal instead of "0 entries"; user data (resource IDs, group names, errors)
+reaches the terminal escaped: no rich markup crash, no raw escape sequences; bad input is a
 one-line error with a non-zero exit, never a traceback.
 """
 
@@ -241,7 +241,7 @@ def test_a_malformed_dead_letter_is_shown_not_a_traceback(redis_db: str) -> None
     _one_line_error(requeued, "is malformed")
 
 
-# -- issue 19 item 14: data printed as it is, pipes, unknown groups ----------------------------
+# -- data printed as it is, pipes, unknown groups ----------------------------
 def test_dlq_list_prints_colons_in_data_as_they_are(redis_db: str) -> None:
     """rich turned ``:id:`` into an emoji (``user:id:42`` printed as "user🆔42")."""
     _publish(redis_db)

@@ -13,7 +13,7 @@ from support import Recorder, Tick, running, wait_until
 
 from eventbus import Context, EventBus, Settings, ShardCountMismatch, shard_of
 from eventbus.app import connect
-from eventbus.testing.cluster import ReplicatedCluster
+from localredis.cluster import ReplicatedCluster
 
 pytestmark = pytest.mark.anyio
 
@@ -216,7 +216,7 @@ async def test_an_unreachable_cluster_is_a_connection_error() -> None:
     client `connect` makes raises `ConnectionError` instead."""
     from redis.exceptions import ConnectionError as RedisConnectionError
 
-    from eventbus.testing.server import free_port
+    from localredis.server import free_port
 
     client = connect(Settings(redis_url=f"redis://127.0.0.1:{free_port()}/0", cluster=True))
     try:

@@ -1,5 +1,5 @@
 """Failover and resharding on a Redis Cluster with one replica per primary (6 processes,
-`eventbus.testing.cluster.ReplicatedCluster`), under load (issue 13 items 3 and 4).
+`localredis.cluster.ReplicatedCluster`), under load.
 
 * **Failover**: the primary holding the coordination hashtag (and some shard streams) is
   SIGKILLed while a publisher (``publish_replicas=1``) and two consumers run; its replica is
@@ -21,7 +21,7 @@ import pytest
 from support import Tick, running, wait_until
 
 from eventbus import Context, EventBus, PublishError, Settings
-from eventbus.testing.cluster import ReplicatedCluster
+from localredis.cluster import ReplicatedCluster
 
 pytestmark = pytest.mark.anyio
 

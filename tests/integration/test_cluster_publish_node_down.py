@@ -22,7 +22,7 @@ from support import Tick
 
 from eventbus import EventBus, PublishError, Settings
 from eventbus.protocol.sharding import shard_of
-from eventbus.testing.cluster import ReplicatedCluster
+from localredis.cluster import ReplicatedCluster
 
 pytestmark = pytest.mark.anyio
 

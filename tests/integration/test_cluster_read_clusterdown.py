@@ -25,7 +25,7 @@ import redis
 from support import Tick, wait_until
 
 from eventbus import Context, EventBus, Settings
-from eventbus.testing.cluster import ReplicatedCluster
+from localredis.cluster import ReplicatedCluster
 
 pytestmark = pytest.mark.anyio
 

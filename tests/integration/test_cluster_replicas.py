@@ -1,5 +1,5 @@
-"""A Redis Cluster with one replica per primary (6 processes, `eventbus.testing.cluster`):
-`publish_replicas` confirms each batch on every node that took its XADDs (issue 13 item 3)."""
+"""A Redis Cluster with one replica per primary (6 processes, `localredis.cluster`):
+`publish_replicas` confirms each batch on every node that took its XADDs."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from support import Tick
 
 from eventbus import EventBus, PublishError, Settings
-from eventbus.testing.cluster import ReplicatedCluster
+from localredis.cluster import ReplicatedCluster
 
 pytestmark = pytest.mark.anyio
 

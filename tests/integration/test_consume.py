@@ -257,7 +257,7 @@ async def test_a_busy_consumer_locks_at_most_every_lock_interval(
 async def test_a_consumer_alone_in_its_group_keeps_its_idle_shards(
     settings: SettingsFactory, redis_db: str
 ) -> None:
-    """Issue 19 item 16: a consumer alone in its group let its idle shards go every
+    """A consumer alone in its group let its idle shards go every
     `idle_release_ms` and took them back at its next lock round (a lock round, an unlock and a
     PEL claim per shard, twice a second, for every idle group of a process). Alone, nobody can
     use them: it keeps them, under the same fencing tokens, over many lock rounds."""
@@ -285,7 +285,7 @@ async def test_a_consumer_alone_in_its_group_keeps_its_idle_shards(
 async def test_read_and_ack_rounds_take_no_pool_connection_each(
     settings: SettingsFactory, redis_db: str
 ) -> None:
-    """Issue 18: a read round and an XACK pipeline each ran on a connection taken from the
+    """A read round and an XACK pipeline each ran on a connection taken from the
     pool, whose checkout health check (a zero-timeout socket read, cancelled) cost more than
     the round's own Python work at a few entries per round. The reader and the ack loop each
     hold one connection now: 50 events handled one by one (50 read rounds and ~50 XACK

@@ -1,6 +1,5 @@
-"""Issue 10, consumer side, against a real redis-server: large entries decoded off the event loop
-(item 4), authenticated control entries (6), handler timeouts (8), persistent error replies (9),
-catch-up backoff (14)."""
+"""Consumer safety against a real redis-server: large entries decoded off the event loop,
+authenticated control entries, handler timeouts, persistent error replies, catch-up backoff."""
 
 from __future__ import annotations
 
@@ -33,7 +32,7 @@ async def letters_are(dl: DeadLetters, n: int) -> bool:
     return len(await dl.letters()) == n
 
 
-# -- item 4: large entries are decoded in a worker thread ------------------------------------------
+# -- large entries are decoded in a worker thread ------------------------------------------
 class Big(BaseModel):
     values: list[int]
 
@@ -149,7 +148,7 @@ def test_the_consumer_decodes_up_to_the_shared_cap(settings: SettingsFactory) ->
     assert h.decoding.max_decoded_bytes == s.max_decompressed_bytes
 
 
-# -- item 6: control entries are authenticated -----------------------------------------------------
+# -- control entries are authenticated -----------------------------------------------------
 def parking_bus(
     settings: SettingsFactory, broken: set[tuple[str, int]]
 ) -> tuple[EventBus, Recorder]:
@@ -256,7 +255,7 @@ async def test_the_publisher_acl_cannot_record_a_control_request(redis_db: str) 
         await admin.aclose()
 
 
-# -- item 8: handler timeout -----------------------------------------------------------------------
+# -- handler timeout -----------------------------------------------------------------------
 async def test_a_hanging_async_handler_times_out_is_retried_then_dead_lettered(
     settings: SettingsFactory, r: redis.asyncio.Redis
 ) -> None:
@@ -349,7 +348,7 @@ async def test_a_sync_handler_attempt_past_the_timeout_is_abandoned_and_counted(
     assert "abandoned" in letter.error
 
 
-# -- item 14: catch-up from an unreachable archive backs off ---------------------------------------
+# -- catch-up from an unreachable archive backs off ---------------------------------------
 def unreachable_archive() -> object:
     """An S3 store on a closed port: every request fails at once (no retries)."""
     from datetime import timedelta
@@ -431,7 +430,7 @@ def test_catch_up_backoff_grows_per_shard_and_resets_on_success() -> None:
     assert schedule.backing_off(0)
     now[0] = 6.0
     schedule.succeeded(0)
-    assert not schedule.backing_off(0)  # a success: checked again at its next lock (hunt32)
+    assert not schedule.backing_off(0)  # a success: checked again at its next lock
     schedule.failed(0)  # the count restarted: compute(1) again, within [1, 2] s
     now[0] += 2.0
     assert not schedule.backing_off(0)

@@ -1,5 +1,5 @@
-"""Issue 10 item 2: no hangs. Every Redis connection has deadlines, and `publish_timeout_s` is
-a deadline on the caller of `publish()`.
+"""No hangs. Every Redis connection has deadlines, and `publish_timeout_s` is a deadline on the
+caller of `publish()`.
 
 A tiny asyncio TCP server on loopback accepts connections and never answers: the library and the
 CLI (``run``, ``stats``, ``publish``) must fail with a clear, typed error. A private redis-server
@@ -25,7 +25,7 @@ import pytest
 from support import Tick
 
 from eventbus import EventBus, PublishError, RedisUnavailable, Settings
-from eventbus.testing.server import RedisServer
+from localredis.server import RedisServer
 
 FAST = {  # deadlines of a few tenths of a second, so a hang shows within the test's bounds
     "redis_connect_timeout_s": 1.0,

@@ -1,18 +1,11 @@
 """Per-topic zstd dictionaries (`eventbus.protocol.dictionaries`) on a real redis-server: training
-from a topic's entries (library and CLI), rotation with old entries still readable, entries of the
-formats written before the upgrade (0x04) consumed beside new ones, publishers that keep writing
-0x04 for a rolling upgrade (entry_format=4) read by add925e's decoder, an unknown dictionary ID
+from a topic's entries (library and CLI), rotation with old entries still readable, entries of an
+older encoder (formats 0x01 and 0x02) consumed beside new ones, an unknown dictionary ID
 dead-lettered with its reason, and the durable tier's copies read back."""
 
 from __future__ import annotations
 
-import io
-import json
 import random
-import subprocess
-import sys
-import tarfile
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, ClassVar
 
@@ -121,13 +114,15 @@ class Flight(BaseModel):
     distance: int
 
 
-async def test_entries_written_before_the_upgrade_are_consumed_beside_new_ones(
+async def test_entries_of_an_older_encoder_are_consumed_beside_new_ones(
     r: Any, settings: Any
 ) -> None:
-    """Entries of add925e's encoder (format 0x04 with its dictionary, 0x01, 0x02) stay in the
-    shard streams across the upgrade: a fresh consumer loads their dictionary from Redis and
-    handles them with their own event IDs and times, beside entries of the new format 0x05."""
+    """Entries of add925e's encoder without a dictionary (0x01, 0x02) stay in the shard streams
+    across an upgrade: a fresh consumer handles them with their own event IDs and times, beside
+    entries of format 0x05 with a dictionary it loads from Redis. (Its 0x04 entries, a dictionary
+    format no release wrote, are refused: tests/unit/test_codec_formats.py.)"""
     old = add925e_entries.load()
+    old["entries"] = [e for e in old["entries"] if not e["case"].startswith("0x04")]
     bus = EventBus(settings())
     rec = Recorder()
     seen: dict[int, tuple[Flight, Context]] = {}
@@ -139,9 +134,6 @@ async def test_entries_written_before_the_upgrade_are_consumed_beside_new_ones(
 
     shards = bus.topic(TOPIC).shards
     await bus.registry.ensure(bus.topic(TOPIC))
-    await r.hsetnx(
-        bus.keys.dictionaries(TOPIC), old["dictionary_id"], bytes.fromhex(old["dictionary_hex"])
-    )
     for e in old["entries"]:  # as the old publisher wrote them
         rid = e["envelope"]["resource_id"]
         await r.xadd(bus.keys.stream(TOPIC, shard_of(rid, shards)), add925e_entries.fields(e))
@@ -163,8 +155,7 @@ async def test_entries_written_before_the_upgrade_are_consumed_beside_new_ones(
         await bus.publish_many(TOPIC, [(f.plane, f) for f in new[300:]])
     data = await stored_data(r, bus)
     assert sum(d[0] == FORMAT_DICT_COMPACT and dictionary_id(d) == dict_id for d in data) == 200
-    assert sum(d[0] == 0x04 for d in data) == 2
-    forget_dictionaries()  # the consumer loads both dictionaries from Redis
+    forget_dictionaries()  # the consumer loads the dictionary from Redis
     async with running(bus):
         await rec.wait_for(500 + len(old["entries"]))
     for e in old["entries"]:
@@ -176,120 +167,6 @@ async def test_entries_written_before_the_upgrade_are_consumed_beside_new_ones(
         assert ctx.headers == want["headers"]
     assert [seen[f.position][0] for f in new] == new
     assert len(seen) == 500 + len(old["entries"])
-
-
-async def _published_in_both_formats(r: Any, settings: Any) -> tuple[dict[str, Any], list[Any]]:
-    """(the fixture, the entries stored): the events of the fixture's 0x04 cases published
-    with entry_format=4, then one event published with the default format, all with the
-    fixture's dictionary current, stored in Redis as `train` stores it."""
-    old = add925e_entries.load()
-    bus4 = EventBus(settings(entry_format=4))
-    await r.hset(
-        bus4.keys.dictionaries(TOPIC),
-        mapping={old["dictionary_id"]: bytes.fromhex(old["dictionary_hex"])},
-    )
-    await r.hset(bus4.keys.dictionaries(TOPIC), "current", old["dictionary_id"])
-    async with bus4:
-        for e in old["entries"]:
-            if e["case"].startswith("0x04"):
-                await bus4.publisher.publish_envelope(
-                    bus4.topic(TOPIC), add925e_entries.envelope(e)
-                )
-    await bus4.aclose()
-    bus5 = EventBus(settings())
-    new = Flight(position=7, plane="N5", dep_delay=None, origin="JFK", dest="BOS", distance=187)
-    async with bus5:
-        await bus5.publish(TOPIC, new, resource_id=new.plane)
-    await bus5.aclose()
-    entries = []
-    for s in range(bus5.topic(TOPIC).shards):
-        entries += [f for _, f in await r.xrange(bus5.keys.stream(TOPIC, s))]
-    return old, sorted(entries, key=lambda f: f[F_DATA][0])
-
-
-async def test_publishers_with_entry_format_4_write_add925e_s_entries(
-    r: Any, settings: Any
-) -> None:
-    """A rolling upgrade's first step (docs/operations.md): publishers with entry_format=4 write
-    format 0x04 with the topic's current dictionary, every field byte for byte what add925e's
-    encoder wrote for the same event (tests/fixtures/codec/entries.json); a publisher left at
-    the default writes 0x05. Both are read by this release."""
-    old, entries = await _published_in_both_formats(r, settings)
-    want = [e for e in old["entries"] if e["case"].startswith("0x04")]
-
-    assert [f[F_DATA][0] for f in entries] == [0x04, 0x04, 0x05]
-    got = [{k.decode(): v.hex() for k, v in f.items()} for f in entries[:2]]
-    assert sorted(got, key=str) == sorted((e["fields"] for e in want), key=str)
-    assert {dictionary_id(f[F_DATA]) for f in entries} == {int(old["dictionary_id"])}
-    assert sorted(decode_entry(f).payload["position"] for f in entries) == sorted(
-        [7] + [e["envelope"]["payload"]["position"] for e in want]
-    )
-
-
-REPO = Path(__file__).resolve().parents[2]
-OLD_RELEASE = "add925e"
-"""The last commit before format 0x05: its readers know 0x01, 0x02 and 0x04."""
-OLD_DECODER = """
-import json, sys
-import eventbus
-from eventbus.protocol.codec import decode_entry
-from eventbus.protocol.dictionaries import CACHE
-given = json.load(sys.stdin)
-CACHE.add(int(given["dictionary_id"]), bytes.fromhex(given["dictionary_hex"]))
-out = {"eventbus": eventbus.__file__, "decoded": []}
-for fields in given["entries"]:
-    try:
-        env = decode_entry({k.encode(): bytes.fromhex(v) for k, v in fields.items()})
-        out["decoded"].append({"event_id_hex": env.event_id_bytes.hex(), "headers": env.headers,
-                               "published_at_ms": env.published_at_ms, "payload": env.payload})
-    except Exception as exc:
-        out["decoded"].append(f"{type(exc).__name__}: {exc}")
-json.dump(out, sys.stdout)
-"""
-
-
-@pytest.fixture(scope="module")
-def old_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """add925e's eventbus package, from this clone's history (skipped without it)."""
-    done = subprocess.run(
-        ["git", "-C", str(REPO), "archive", OLD_RELEASE, "eventbus"], capture_output=True
-    )
-    if done.returncode:
-        pytest.skip(f"{OLD_RELEASE} is not in this clone: {done.stderr.decode()[:200]}")
-    out = tmp_path_factory.mktemp(OLD_RELEASE)
-    with tarfile.open(fileobj=io.BytesIO(done.stdout)) as tar:
-        tar.extractall(out, filter="data")
-    return out
-
-
-async def test_add925e_s_decoder_reads_format_4_and_refuses_0x05(
-    r: Any, settings: Any, old_release: Path
-) -> None:
-    """The entries of publishers with entry_format=4, read from Redis, decoded by add925e's own
-    code in a child process: every event as published. The default format 0x05 is an unknown
-    format byte to it (a `DecodeError`: its consumers dead-letter such entries as undecodable,
-    docs/operations.md)."""
-    old, entries = await _published_in_both_formats(r, settings)
-    given = {
-        "dictionary_id": old["dictionary_id"],
-        "dictionary_hex": old["dictionary_hex"],
-        "entries": [{k.decode(): v.hex() for k, v in f.items()} for f in entries],
-    }
-    done = await anyio.run_process(  # in its folder: not this checkout's eventbus first
-        [sys.executable, "-c", OLD_DECODER],
-        input=json.dumps(given).encode(),
-        cwd=old_release,
-        env={"PYTHONPATH": str(old_release), "PATH": "/usr/bin:/bin"},
-    )
-    out = json.loads(done.stdout)
-
-    assert Path(out["eventbus"]).is_relative_to(old_release)
-    *old_reads, refused = out["decoded"]
-    want = [e["envelope"] for e in old["entries"] if e["case"].startswith("0x04")]
-    for w in want:
-        del w["resource_id"], w["event_type"]
-    assert sorted(old_reads, key=str) == sorted(want, key=str)
-    assert refused == "DecodeError: unknown envelope format byte 0x05"
 
 
 async def test_unknown_dictionary_is_dead_lettered_with_its_reason(r: Any, settings: Any) -> None:
@@ -305,7 +182,11 @@ async def test_unknown_dictionary_is_dead_lettered_with_its_reason(r: Any, setti
     await bus.registry.ensure(bus.topic(TOPIC))
     await r.xadd(
         stream,
-        {F_RESOURCE: b"x", F_TYPE: b"Tick", F_DATA: b"\x04" + (999).to_bytes(8, "big") + frame},
+        {
+            F_RESOURCE: b"x",
+            F_TYPE: b"Tick",
+            F_DATA: b"\x05" + (999).to_bytes(8, "big") + bytes(16) + frame[4:],
+        },
     )
     await bus.publish(TOPIC, Tick(resource="x", seq=1), resource_id="x")
     dl = DeadLetters(r, bus.keys, bus.topic(TOPIC), "g")
@@ -349,8 +230,6 @@ def test_cli_train_dict(redis_db: str) -> None:
         async with bus:
             await publish(bus, range(300))
         await bus.aclose()
-
-    import anyio
 
     anyio.run(seed)
     out = CliRunner().invoke(

@@ -1,6 +1,6 @@
-"""Planted zstd dictionaries (issue 20 items 1-2) on a real redis-server: a dictionary whose
-bytes were replaced by another valid one, by garbage, or whose hash was turned into a stream,
-and a topic's ``current`` field set to garbage.
+"""Planted zstd dictionaries on a real redis-server: a dictionary whose bytes were replaced by
+another valid one, by garbage, or whose hash was turned into a stream, and a topic's ``current``
+field set to garbage.
 
 Whoever reads an entry (consumer, ``eventbus tail``, the offloader) gets a typed `DecodeError`
 naming the dictionary (a consumer dead-letters the entry as ``undecodable`` and goes on), never a

@@ -11,7 +11,7 @@ import redis
 from pydantic import BaseModel
 
 from eventbus import EventBus, PublishError, Settings
-from eventbus.testing.server import RedisServer
+from localredis.server import RedisServer
 
 pytestmark = pytest.mark.anyio
 

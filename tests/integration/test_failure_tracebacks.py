@@ -1,15 +1,18 @@
-"""Failures leave a traceback (issue 11 item 3): a retry is logged at WARNING and a dead letter
-at ERROR, both with the handler's traceback; the dead-letter record keeps a bounded traceback
-and ``eventbus dlq show`` prints it; every undecodable entry dead-lettered is a WARNING."""
+"""Failures leave a traceback: a retry is logged at WARNING and a dead letter at ERROR, both with
+the handler's traceback; the dead-letter record keeps a bounded traceback and ``eventbus dlq show``
+prints it; every undecodable entry dead-lettered is a WARNING; a failure whose message cannot be
+encoded is still dead-lettered and parks its resource."""
 
 from __future__ import annotations
 
 import json
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import anyio
 import pytest
+import redis.asyncio
 from support import Tick, running, wait_until
 from typer.testing import CliRunner
 
@@ -76,3 +79,44 @@ F_DATA_BAD = b"data"
 
 async def _xlen_is(bus: EventBus, key: str, n: int) -> bool:
     return int(await bus.redis.xlen(key)) == n
+
+
+async def test_a_failure_with_an_unencodable_message_still_parks_the_resource(
+    settings: Callable[..., Settings], r: redis.asyncio.Redis
+) -> None:
+    """Park (semantics.md "Park": "Every later event of that resource in the group is then
+    dead-lettered with reason parked, in order").
+
+    `dead_letter_fields` stores ``str(exc).encode()`` (protocol/dead_letters.py), which raises
+    `UnicodeEncodeError` for a message with a lone surrogate (text decoded with
+    ``surrogateescape``: file names from `os.fsdecode`, bytes from a peer). The error escapes
+    `Failures.dead_letter_and_park` before the park; `QueueRunner._settle` takes it for an
+    internal error and writes a plain ``failed`` dead letter (of the UnicodeEncodeError, the
+    handler's own error lost), acks, and the resource is not parked: x:2 runs while x:1 sits in
+    the dead-letter stream, and a requeue by resource finds nothing parked.
+    """
+    bus = EventBus(settings(shards=1))
+    handled: list[int] = []
+
+    @bus.subscriber("t", group="g", on_failure="park", max_attempts=1)
+    async def handle(event: Tick) -> None:
+        if event.seq == 1:
+            raise RuntimeError("cannot open " + b"caf\xe9.txt".decode("utf-8", "surrogateescape"))
+        handled.append(event.seq)
+
+    dlq = bus.keys.dead_letter("t", "g")
+    async with running(bus):
+        for seq in (1, 2):
+            await bus.publish("t", Tick(resource="x", seq=seq), resource_id="x")
+        # x:2 is settled either way: handled (the bug) or dead-lettered as parked
+        await wait_until(lambda: _settled(r, dlq, handled, 2))
+        parked = await r.hget(bus.keys.parked("t", "g"), "x")
+        letters = await r.xrange(dlq)
+    reasons = [fields[b"reason"] for _, fields in letters]
+    assert parked is not None and handled == [], (
+        f"x was not parked after x:1 failed: x:2 handled={handled}, dead letters {reasons}"
+    )
+
+
+async def _settled(r: Any, dlq: str, handled: list[int], n: int) -> bool:
+    return bool(handled) or await r.xlen(dlq) >= n

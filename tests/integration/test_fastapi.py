@@ -1,5 +1,5 @@
-"""eventbus.fastapi (issue 11 item 8): the example app publishes through FastAPI's TestClient
-to a real redis-server; a lifespan with subscribers runs them in the app's process."""
+"""eventbus.fastapi: the example app publishes through FastAPI's TestClient to a real redis-server;
+a lifespan with subscribers runs them in the app's process."""
 
 from __future__ import annotations
 

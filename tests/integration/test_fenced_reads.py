@@ -1,4 +1,4 @@
-"""Fenced delivery (issue 9 item 1) and redelivery counts (item 3) against a real redis-server.
+"""Fenced delivery and redelivery counts against a real redis-server.
 
 A stale consumer's ``XREADGROUP`` that lands late (a process paused between its lease check and
 the send, ``CLIENT PAUSE``, a request delayed in the network past the TTL) delivers entries into

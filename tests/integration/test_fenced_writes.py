@@ -1,9 +1,12 @@
-"""A consumer's fenced writes to the parked hash (``lua/fenced_hash.lua``, review32 F4 and F6),
-on a real redis-server: consumers driven round by round by the test (no read loop, no
-heartbeats), the lock moved on in Redis as after a pause past the liveness TTL."""
+"""A consumer's fenced writes to the parked hash (``lua/fenced_hash.lua``), on a real
+redis-server: consumers driven round by round by the test (no read loop, no heartbeats), the
+lock moved on in Redis as after a pause past the liveness TTL; and a consumer stopped between
+its dead letter and its park, which parks nothing once another consumer took the shard."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -11,7 +14,7 @@ from typing import Any
 import anyio
 import pytest
 import redis.asyncio
-from support import Tick
+from support import Tick, running, wait_until
 
 from eventbus import EventBus, Settings
 from eventbus.consumer.engine import Consumer
@@ -71,7 +74,7 @@ async def _park_after_the_lock_moved_on(bus: EventBus, s: Settings, r: Any) -> C
 async def test_a_refused_park_drops_the_shard_at_once(
     settings: Callable[..., Settings], r: redis.asyncio.Redis
 ) -> None:
-    """review32 F4: Redis refused C's park (the lock moved on). C used to keep the shard until
+    """Redis refused C's park (the lock moved on). C used to keep the shard until
     its next lock round (here a minute away) and read the shard's next entries into its PEL.
     Now the refusal drops the shard: nothing more of it is read by C."""
     s = settings(shards=1, lock_interval_ms=60_000)
@@ -96,7 +99,7 @@ async def test_a_refused_park_drops_the_shard_at_once(
 async def test_a_custom_profile_with_eventbus_locks_parks_fenced(
     settings: Callable[..., Settings], r: redis.asyncio.Redis
 ) -> None:
-    """review32 F6: a profile of its own (here eventbus's, renamed) keeps its shard locks in
+    """A profile of its own (here eventbus's, renamed) keeps its shard locks in
     eventbus's lock hash, so its parks are fenced like eventbus's. `Failures` decided by the
     profile's identity (``is EVENTBUS``) and sent a plain HSETNX: x was parked by a consumer
     whose lock had moved on."""
@@ -113,7 +116,7 @@ async def test_a_custom_profile_with_eventbus_locks_parks_fenced(
 async def test_park_is_refused_for_a_profile_whose_locks_cannot_fence(
     settings: Callable[..., Settings],
 ) -> None:
-    """review32 F6: a profile with eventbus's entries and Verse's shard locks (no lock hash that
+    """A profile with eventbus's entries and Verse's shard locks (no lock hash that
     ``fenced_hash.lua`` can check) would park and unpark unfenced: its consumer refuses
     ``on_failure="park"`` with a `ConfigError` naming what is missing (it used to start, its
     writes silently unfenced)."""
@@ -124,3 +127,115 @@ async def test_park_is_refused_for_a_profile_whose_locks_cannot_fence(
             await _driven(bus, s, "consumer-c")
     finally:
         await bus.aclose()
+
+
+class _FreezeBeforePark:
+    """Stands in for a consumer's Redis client in its `Failures` (every command passes through)
+    but freezes the consumer's whole event loop, synchronously, right before the park's write
+    (an ``HSETNX``, or the fenced script that makes it: the first of them sent): a process
+    stopped (SIGSTOP, a VM freeze) between its dead-letter write and its park, as one process of
+    its own would be. `resume` lets it go on; `parked` is set once the write has been
+    answered."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.frozen = threading.Event()
+        self.resume = threading.Event()
+        self.parked = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+    def _frozen_then(self, send: Callable[[], Any]) -> Any:
+        self.frozen.set()
+        self.resume.wait(60)  # blocks the consumer's event loop: the whole "process" stops
+
+        async def sent() -> Any:
+            try:
+                return await send()
+            finally:
+                self.parked.set()
+
+        return sent()
+
+    def hsetnx(self, *args: Any) -> Any:
+        return self._frozen_then(lambda: self.real.hsetnx(*args))
+
+    def register_script(self, text: str) -> Any:
+        script = self.real.register_script(text)
+        return lambda *a, **kw: self._frozen_then(lambda: script(*a, **kw))
+
+
+@pytest.mark.single_node("a second event loop in a thread; the interleaving is the same")
+async def test_a_consumer_that_lost_its_shard_does_not_park_the_resource(
+    settings: Callable[..., Settings], r: redis.asyncio.Redis
+) -> None:
+    """Park (semantics.md "Park"; failures.py `dead_letter_and_park`): the HSETNX of the parked
+    hash is sent, and retried, without any check of the lease or the lock acquisition (only the
+    dead-letter XADD before it waits for the fence). Consumer A fails x:1 for good, writes its
+    dead letter and stops (a pause past the TTL) before the HSETNX. B takes the shard, recovers
+    x:1, handles it successfully, and handles x:2. A wakes: its HSETNX parks resource x in
+    Redis, naming a letter of an event that was handled. B's own copy of the parked set was
+    loaded when it took the lock, so B goes on; but every later owner of the shard (B after a
+    restart, a scale-out, a takeover) dead-letters x's events as ``parked``, and an operator's
+    requeue replays x:1 after x:2: order broken, by a consumer that held no lock any more.
+    """
+    s = settings(shards=1, liveness_ttl_s=1.0)  # a short TTL: A's pause outlasts it quickly
+    frozen: dict[str, Any] = {}
+    started_a = threading.Event()
+    stop_a = threading.Event()
+
+    async def run_a() -> None:  # consumer A, in an event loop of its own (its own "process")
+        bus_a = EventBus(s)
+
+        @bus_a.subscriber("t", group="g", on_failure="park", max_attempts=1)
+        async def fails(event: Tick) -> None:
+            raise RuntimeError(f"A cannot handle {event.resource}:{event.seq}")
+
+        async with running(bus_a):
+            consumer = next(c for c in bus_a.consumers if isinstance(c, Consumer))
+            hook = _FreezeBeforePark(consumer.handling.failures.redis)
+            consumer.handling.failures.redis = hook  # type: ignore[attr-defined]
+            frozen.update(consumer=consumer, hook=hook)
+            started_a.set()
+            await anyio.to_thread.run_sync(stop_a.wait)
+
+    thread = threading.Thread(target=lambda: asyncio.run(run_a()), daemon=True)
+    thread.start()
+    bus_b = EventBus(s)
+    parked_key, stream = bus_b.keys.parked("t", "g"), bus_b.keys.stream("t", 0)
+    handled_b: list[int] = []
+
+    @bus_b.subscriber("t", group="g", on_failure="park", max_attempts=1)
+    async def works(event: Tick) -> None:
+        handled_b.append(event.seq)
+
+    try:
+        assert await anyio.to_thread.run_sync(started_a.wait, 20)
+        hook: _FreezeBeforePark = frozen["hook"]
+        await bus_b.publish("t", Tick(resource="x", seq=1), resource_id="x")
+        assert await anyio.to_thread.run_sync(hook.frozen.wait, 20)  # A: letter written, frozen
+        assert await r.xlen(bus_b.keys.dead_letter("t", "g")) == 1
+        # A stays stopped past its lease (and Redis's TTL), as after a long pause
+        await wait_until(lambda: not frozen["consumer"].lease.ok())
+        async with running(bus_b):
+            await wait_until(lambda: handled_b == [1])  # B took the shard, recovered x:1
+            await bus_b.publish("t", Tick(resource="x", seq=2), resource_id="x")
+            await wait_until(lambda: handled_b == [1, 2])
+            await wait_until(lambda: _pending(r, stream, 0))
+            hook.resume.set()  # A wakes up
+            assert await anyio.to_thread.run_sync(hook.parked.wait, 20)
+            parked = await r.hget(parked_key, "x")
+    finally:
+        if "hook" in frozen:
+            frozen["hook"].resume.set()
+        stop_a.set()
+        await anyio.to_thread.run_sync(thread.join, 30)
+    assert parked is None, (
+        "resource x was parked (by the consumer that had lost the shard) after the shard's new "
+        f"owner handled x:1 and x:2: {parked!r}"
+    )
+
+
+async def _pending(r: Any, stream: str, n: int) -> bool:
+    return int((await r.xpending(stream, "g"))["pending"]) == n

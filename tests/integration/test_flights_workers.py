@@ -1,7 +1,7 @@
 """The flights workers' handlers (`examples.flights.workers`) in a real bus on a real redis-server,
 with the real Lua scripts: a failed script call makes the consumer retry (a per-event handler) or
 retry then split the batch (a batch handler, whose halves start again at ``ctx.attempt`` 1), and
-the worker's report still counts each event once (review30 F6)."""
+the worker's report still counts each event once."""
 
 from __future__ import annotations
 

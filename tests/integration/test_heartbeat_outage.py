@@ -15,7 +15,7 @@ from eventbus.locking.lease import heartbeat_loop
 from eventbus.locking.locks import LockClient
 from eventbus.locking.member import Member
 from eventbus.protocol.keys import Keys
-from eventbus.testing.server import RedisServer
+from localredis.server import RedisServer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 

@@ -10,7 +10,7 @@ import redis.asyncio
 from support import Tick, running, wait_until
 
 from eventbus import EventBus, RedisUnavailable, Settings
-from eventbus.testing.server import free_port
+from localredis.server import free_port
 
 pytestmark = pytest.mark.anyio
 

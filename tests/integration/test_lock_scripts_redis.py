@@ -11,7 +11,7 @@ import redis.asyncio
 from redis.asyncio.cluster import RedisCluster as ClusterClient
 from unit.lock_script_cases import LockClientCases, LockScriptCases
 
-from eventbus.testing.cluster import ReplicatedCluster
+from localredis.cluster import ReplicatedCluster
 
 
 class TestLockScriptsOnRedis(LockScriptCases):

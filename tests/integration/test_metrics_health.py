@@ -1,6 +1,6 @@
-"""Metrics and health (issue 11 item 6): publish, handler, shard and lag metrics, /healthz and
-/readyz of one process, and ``eventbus run --processes 2 --metrics-port``: the metrics and the
-health of both children, served by the parent."""
+"""Metrics and health: publish, handler, shard and lag metrics, /healthz and /readyz of one process,
+and ``eventbus run --processes 2 --metrics-port``: the metrics and the health of both children,
+served by the parent."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from support import Recorder, Tick, running, wait_until
 from eventbus import Context, EventBus
 from eventbus.config import Settings
 from eventbus.ops.health import Health, serve
-from eventbus.testing.server import free_port
+from localredis.server import free_port
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 

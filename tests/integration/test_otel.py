@@ -1,6 +1,6 @@
-"""OpenTelemetry (issue 11 item 7): the trace context travels in the entry headers from the
-producer span of a publish to the consumer span of the handler, with the messaging semantic
-conventions; nothing is traced once uninstrumented. Uses the SDK's in-memory span exporter."""
+"""OpenTelemetry: the trace context travels in the entry headers from the producer span of a publish
+to the consumer span of the handler, with the messaging semantic conventions; nothing is traced once
+uninstrumented. Uses the SDK's in-memory span exporter."""
 
 from __future__ import annotations
 

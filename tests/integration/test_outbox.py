@@ -1,7 +1,6 @@
-"""Publish after commit (issue 11 item 9): SQLAlchemy on SQLite, events to a real redis-server
-(one node and a Cluster).
-A committed transaction publishes its events in order, a rolled-back one nothing, a rolled-back
-savepoint only what was queued before it."""
+"""Publish after commit: SQLAlchemy on SQLite, events to a real redis-server (one node and a
+Cluster). A committed transaction publishes its events in order, a rolled-back one nothing, a
+rolled-back savepoint only what was queued before it."""
 
 from __future__ import annotations
 

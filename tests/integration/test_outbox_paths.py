@@ -1,5 +1,4 @@
-"""Issue 19 item 2: publish after commit on the documented paths, against a real redis-server,
-SQLAlchemy on SQLite.
+"""Publish after commit on the documented paths, against a real redis-server, SQLAlchemy on SQLite.
 
 - Under `eventbus.fastapi.lifespan(bus)` (the bus entered on the server's loop) a sync route, in
   a worker thread, publishes through ``bus.sync()`` on that loop, and `AfterCommit` publishes
@@ -8,6 +7,10 @@ SQLAlchemy on SQLite.
 - An ``AsyncSession``'s commit starts the publish; ``AfterCommit.flush`` returns the entry IDs.
 - `AfterCommit.publish` refuses, before the commit, what could not be published after it: the
   row is not committed.
+- A session's own life: a savepoint whose flush fails keeps the outer transaction's events, a
+  closed session publishes nothing it discarded, a session whose publish failed works again,
+  two `AfterCommit`s on one sessionmaker publish through their own bus, and an event is
+  published as it was when queued.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from pydantic import BaseModel
 from sqlalchemy import String, create_engine, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 from support import running, wait_until
@@ -283,3 +287,129 @@ async def test_bus_sync_on_the_loop_the_bus_runs_on_is_refused(settings: type[Se
             bus.sync().publish("orders", OrderPlaced(order_id="x"), resource_id="x")
         assert not bus.sync().running
     await bus.aclose()
+
+
+@pytest.fixture
+def outbox_setup(
+    settings: type[Settings], tmp_path: Path
+) -> Iterator[tuple[sessionmaker[Session], AfterCommit, Any, EventBus]]:
+    engine = create_engine(f"sqlite:///{tmp_path / 'app.db'}")
+    Base.metadata.create_all(engine)
+    factory = sessionmaker(engine)
+    bus = EventBus(settings(shards=1))
+    outbox = AfterCommit(bus)
+    outbox.listen(factory)
+    client: Any = redis.Redis.from_url(bus.settings.redis_url)
+    if bus.settings.cluster:
+        client = redis.RedisCluster.from_url(bus.settings.redis_url)  # type: ignore[no-untyped-call]
+    with client as r:
+        yield factory, outbox, r, bus
+    bus.sync().close()
+    engine.dispose()
+
+
+def _published(r: Any, bus: EventBus) -> list[str]:
+    return [decode_entry(f).payload["order_id"] for _, f in r.xrange(bus.keys.stream("orders", 0))]
+
+
+def test_a_savepoint_whose_flush_fails_keeps_the_outer_transactions_events(
+    outbox_setup: tuple,  # type: ignore[type-arg]
+) -> None:
+    """The documented savepoint pattern (catch the IntegrityError of a savepoint, go on with the
+    transaction): the outer transaction's change "a" commits, its event must be published; only
+    the savepoint's event "dup" must be dropped."""
+    factory, outbox, r, bus = outbox_setup
+    with factory() as session, session.begin():
+        session.add(Order(id="dup"))
+        session.flush()
+        session.add(Order(id="a"))
+        outbox.publish(session, "orders", OrderPlaced(order_id="a"), resource_id="a")
+        with pytest.raises(IntegrityError), session.begin_nested():
+            outbox.publish(session, "orders", OrderPlaced(order_id="dup"), resource_id="dup")
+            session.add(Order(id="dup"))  # the same primary key: the flush fails
+    with factory() as session:
+        assert sorted(session.scalars(select(Order.id)).all()) == ["a", "dup"]  # committed
+    assert _published(r, bus) == ["a"]
+
+
+def test_a_closed_session_does_not_publish_its_discarded_events_later(
+    outbox_setup: tuple,  # type: ignore[type-arg]
+) -> None:
+    factory, outbox, r, bus = outbox_setup
+    session = factory()
+    session.add(Order(id="gone"))
+    outbox.publish(session, "orders", OrderPlaced(order_id="gone"), resource_id="gone")
+    session.close()  # the transaction is discarded: "gone" is never committed
+    session.add(Order(id="kept"))  # a Session may be used again after close()
+    outbox.publish(session, "orders", OrderPlaced(order_id="kept"), resource_id="kept")
+    session.commit()
+    session.close()
+    with factory() as check:
+        assert check.scalars(select(Order.id)).all() == ["kept"]
+    assert _published(r, bus) == ["kept"]
+
+
+def test_two_after_commits_on_one_sessionmaker_publish_through_their_own_bus(
+    outbox_setup: tuple,  # type: ignore[type-arg]
+    settings: type[Settings],
+) -> None:
+    """Two buses (two key prefixes here; two Redis deployments alike), each with its
+    AfterCommit on the application's one sessionmaker: an event queued through one must be
+    published by that one's bus."""
+    factory, outbox, r, bus = outbox_setup
+    audit_bus = EventBus(settings(shards=1, key_prefix="audit"))
+    audit = AfterCommit(audit_bus)
+    audit.listen(factory)
+    try:
+        with factory() as session, session.begin():
+            session.add(Order(id="a"))
+            outbox.publish(session, "orders", OrderPlaced(order_id="a"), resource_id="a")
+            audit.publish(session, "orders", OrderPlaced(order_id="audit-a"), resource_id="a")
+        audit_entries = r.xrange(audit_bus.keys.stream("orders", 0))
+        audited = [decode_entry(f).payload["order_id"] for _, f in audit_entries]
+        assert (_published(r, bus), audited) == (["a"], ["audit-a"])
+    finally:
+        audit_bus.sync().close()
+
+
+def test_after_commit_publishes_the_event_as_it_was_when_queued(
+    outbox_setup: tuple,  # type: ignore[type-arg]
+) -> None:
+    """One headers dict reused for each queued event (a loop): each event must carry the
+    headers it was queued with, as `EventBus.publish` (encoded at the call) would."""
+    factory, outbox, r, bus = outbox_setup
+    headers: dict[str, str] = {}
+    with factory() as session, session.begin():
+        for tenant in ("t1", "t2"):
+            headers["tenant"] = tenant
+            session.add(Order(id=f"o-{tenant}"))
+            event = OrderPlaced(order_id=f"o-{tenant}")
+            outbox.publish(session, "orders", event, resource_id=tenant, headers=headers)
+    entries = r.xrange(bus.keys.stream("orders", 0))
+    tenants = [decode_entry(f).headers.get("tenant") for _, f in entries]
+    assert tenants == ["t1", "t2"]
+
+
+def test_a_session_whose_after_commit_publish_failed_can_be_used_again(
+    outbox_setup: tuple,  # type: ignore[type-arg]
+) -> None:
+    """The PublishError is documented (raised from commit(), the database committed); the
+    session that raised it must still work: its next transaction commits and publishes."""
+    from eventbus.errors import PublishError
+
+    factory, outbox, r, bus = outbox_setup
+    stream = bus.keys.stream("orders", 0)
+    r.set(stream, "not a stream")  # the XADD is refused: WRONGTYPE
+    session = factory()
+    session.add(Order(id="a"))
+    outbox.publish(session, "orders", OrderPlaced(order_id="a"), resource_id="a")
+    with pytest.raises(PublishError):
+        session.commit()
+    r.delete(stream)
+    session.add(Order(id="b"))
+    outbox.publish(session, "orders", OrderPlaced(order_id="b"), resource_id="b")
+    session.commit()
+    session.close()
+    with factory() as check:
+        assert sorted(check.scalars(select(Order.id)).all()) == ["a", "b"]
+    assert _published(r, bus) == ["b"]

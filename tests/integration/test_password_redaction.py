@@ -1,9 +1,9 @@
-"""Issue 10 item 1: a Redis password never reaches an error, a log line or the terminal.
+"""A Redis password never reaches an error, a log line or the terminal.
 
 A private redis-server with ``requirepass``; the library and the CLI (``run``, ``stats``,
 ``publish``, ``tail``, ``dlq``) are given a wrong password and must say so without printing it.
 
-Issue 20 item 7: no repr or str of a client eventbus makes (``bus.redis``, its pool and
+No repr or str of a client eventbus makes (``bus.redis``, its pool and
 connections; the Cluster client's nodes; the Spark source's client) shows the password, and the
 client still authenticates with it (redis-py `CredentialProvider`, `eventbus.client.credentials`).
 """
@@ -25,8 +25,8 @@ from eventbus import EventBus, PublishError, RedisUnavailable, Settings
 from eventbus.cli import app
 from eventbus.client.connection import connect
 from eventbus.spark.options import SourceOptions
-from eventbus.testing.cluster import ReplicatedCluster
-from eventbus.testing.server import RedisServer
+from localredis.cluster import ReplicatedCluster
+from localredis.server import RedisServer
 
 PASSWORD = "p/ss#w0rd-s3cret"  # '/' and '#' need percent-encoding in a URL
 ENCODED = "p%2Fss%23w0rd-s3cret"

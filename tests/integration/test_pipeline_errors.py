@@ -1,6 +1,6 @@
-"""Error replies inside pipelines keep the server's reason (issue 19 item 9): redis-py's own
-message for a pipeline's first error is a template it never fills in ("Command # 1 (...) of
-pipeline caused error: {exception.args}"); eventbus raises the reply's own `ResponseError`
+"""Error replies inside pipelines keep the server's reason: redis-py's own message for a pipeline's
+first error is a template it never fills in ("Command # 1 (...) of pipeline caused error:
+{exception.args}"); eventbus raises the reply's own `ResponseError`
 (`eventbus.client.pipelines.execute`). On a real redis-server."""
 
 from __future__ import annotations

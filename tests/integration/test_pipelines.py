@@ -1,7 +1,7 @@
 """`eventbus.client.pipelines` on both topologies: commands run in one round trip (packed with
 hiredis on a single node, a redis-py pipeline on a Cluster), their replies in order, and the
 first error reply raised with the server's own words (redis-py's pipeline replaced them with
-an unfilled template, which hid NOGROUP from the consumer: issue 19 items 4 and 9)."""
+an unfilled template, which hid NOGROUP from the consumer)."""
 
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ from eventbus import (
     shard_of,
 )
 from eventbus.protocol.codec import F_RESOURCE, F_TYPE, decode_entry
-from eventbus.testing.server import RedisServer
+from localredis.server import RedisServer
 
 pytestmark = pytest.mark.anyio
 

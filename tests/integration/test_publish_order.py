@@ -1,4 +1,4 @@
-"""Call-order publishing (issue 9 item 2): concurrent `publish()` calls of one process land in each
+"""Call-order publishing: concurrent `publish()` calls of one process land in each
 resource's shard stream in the order they were made, across the pipelines in flight and across
 the retries after a connection error (Kafka's producer guarantees the same per partition)."""
 
@@ -160,7 +160,7 @@ async def test_without_a_running_bus_concurrent_publish_and_publish_many_do_not_
     settings: Callable[..., Settings], r: redis.asyncio.Redis
 ) -> None:
     """Outside a running bus each call is sent on its own: a publish_many is not held back by a
-    publish() still checking the topic (a review found it waiting for ever)."""
+    publish() still checking the topic (it once waited for ever)."""
     bus = EventBus(settings(shards=2))
     try:
         with anyio.fail_after(20):

@@ -1,5 +1,5 @@
-"""Issue 19 items 6 and 7: `publish()` while Redis is down or restarting, on a private
-redis-server (AOF on, restarted on the same port).
+"""`publish()` while Redis is down or restarting, on a private redis-server (AOF on, restarted on
+the same port).
 
 - The topic's dictionary refresh (an HGET every `dictionaries.REFRESH_S`) is best effort: a
   connection error keeps the cached dictionary, and the caller sees `PublishError`, never a raw
@@ -22,7 +22,7 @@ from eventbus.cli.topic import sample_bodies
 from eventbus.protocol import dictionaries
 from eventbus.protocol.codec import F_DATA
 from eventbus.protocol.dictionaries import Dictionaries, dictionary_id
-from eventbus.testing.server import RedisServer
+from localredis.server import RedisServer
 
 pytestmark = pytest.mark.anyio
 TOPIC = "orders"

@@ -1,4 +1,4 @@
-"""Issue 10 items 5 and 11: publish refuses what no consumer would handle.
+"""Publish refuses what no consumer would handle.
 
 5: event types starting with ``__eventbus.`` (eventbus's control entries) are refused at
 publish (API and CLI) and at subscriber registration; the operator's ``eventbus dlq`` path

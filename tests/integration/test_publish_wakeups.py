@@ -1,6 +1,6 @@
-"""What the publisher schedules per call (issue 18): concurrent `publish()` calls wake the
-flusher once per wait, not once each, and `publish_many` waits for its pipelines' replies, not
-with a done-callback per event. Same entries, same order (test_publish_order checks order)."""
+"""What the publisher schedules per call: concurrent `publish()` calls wake the flusher once per
+wait, not once each, and `publish_many` waits for its pipelines' replies, not with a done-callback
+per event. Same entries, same order (test_publish_order checks order)."""
 
 from __future__ import annotations
 

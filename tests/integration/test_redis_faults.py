@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from eventbus import EventBus, PublishError, RedisUnavailable, Settings
 from eventbus.cli import app
-from eventbus.testing.server import RedisServer, free_port
+from localredis.server import RedisServer, free_port
 
 pytestmark = pytest.mark.anyio
 
@@ -85,7 +85,7 @@ def _all_handled(rec: Recorder, acknowledged: dict[str, list[int]]) -> bool:
 async def test_redis_that_lost_its_data_gets_its_groups_back_and_says_so(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Issue 19 item 4: after FLUSHALL (a restart without persistence, a failover to an empty
+    """After FLUSHALL (a restart without persistence, a failover to an empty
     replica) a running consumer looped for ever on NOGROUP ("XAUTOCLAIM refused" at ERROR every
     30-50 ms) and never handled the next event. It recreates the groups, says once at ERROR
     that the streams and groups vanished and where it restarts, and handles what comes next."""

@@ -1,6 +1,5 @@
-"""A bus used as services and tests use it (issue 11 item 1): entered again and again, from
-several event loops, from many threads through its one `SyncBus`, after `fork`, and after
-`eventbus.testing.running`."""
+"""A bus used as services and tests use it: entered again and again, from several event loops, from
+many threads through its one `SyncBus`, after `fork`, and after `eventbus.testing.running`."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""Persistent error replies mid-run (issue 10 item 9): a consumer whose commands Redis refuses
-(here NOPERM under an ACL) keeps backing off, logs the refused command and the server's reason
-at ERROR, counts it in ``eventbus_redis_refusals_total``, and goes on once the operator fixes it;
-it never reads a shard past pending entries whose recovery was refused."""
+"""Persistent error replies mid-run: a consumer whose commands Redis refuses (here NOPERM under an
+ACL) keeps backing off, logs the refused command and the server's reason at ERROR, counts it in
+``eventbus_redis_refusals_total``, and goes on once the operator fixes it; it never reads a shard
+past pending entries whose recovery was refused."""
 
 from __future__ import annotations
 
@@ -119,7 +119,7 @@ async def test_entries_read_before_a_refused_summary_are_not_read_past(
     restricted: Callable[..., str],
     r: redis.asyncio.Redis,
 ) -> None:
-    """Issue 18: the read round's XPENDING summary (fenced delivery) is refused after the
+    """The read round's XPENDING summary (fenced delivery) is refused after the
     XREADGROUP delivered A. A is not dispatched (it cannot be checked), and it must not stay
     stranded in the consumer's PEL while the next round reads B, a later entry of the same
     resource: the round fails like a lost reply, the shard's PEL is claimed again, and once the
@@ -150,7 +150,7 @@ async def _pending_zero(r: redis.asyncio.Redis, stream: str) -> bool:
 async def test_an_error_reply_of_the_parked_set_read_is_a_refusal_not_a_missing_group(
     settings: Callable[..., Settings], r: redis.asyncio.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """hunt32: the read loop took every error reply that no `refused` named for NOGROUP. The
+    """The read loop took every error reply that no `refused` named for NOGROUP. The
     parked set's ``HGETALL`` (a new lock of a ``park`` subscriber) answered WRONGTYPE: the loop
     said "group missing ... created again", dropped every shard and went on without backing
     off. Now it is a refusal like the others: named with the server's reason, counted, retried,
@@ -180,9 +180,9 @@ async def test_a_refused_acked_trim_is_reported_and_the_shards_are_read_on(
     restricted: Callable[..., str],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """review32 F3: a ``retention="acked"`` consumer whose user may not XTRIM (the trimming rules
+    """A ``retention="acked"`` consumer whose user may not XTRIM (the trimming rules
     of docs/security.md left out). The trim failed the round every time it was due, before the
-    read, so the shard stayed unread while the error lasted (before the hunt32 fixes as a hot
+    read, so the shard stayed unread while the error lasted (earlier as a hot
     "group missing" loop). Now the refused trim is named, counted and logged, and the events
     are handled all the same."""
     url = restricted("-xtrim")

@@ -1,8 +1,8 @@
-"""Request/reply (issue 11 item 10): a subscriber's return value answers ``bus.request``
-through the caller's reply stream; concurrent requests share it; timeouts say whether anybody
-subscribes, or why the groups could not be listed; the reply stream is capped and expiring; a
-request cannot make a consumer write to another key, nor send a malformed reply key. Forged and
-altered replies: `cases.request_reply_cases`."""
+"""Request/reply: a subscriber's return value answers ``bus.request`` through the caller's reply
+stream; concurrent requests share it; timeouts say whether anybody subscribes, or why the groups
+could not be listed; the reply stream is capped and expiring; a request cannot make a consumer write
+to another key, nor send a malformed reply key. Forged and altered replies:
+`cases.request_reply_cases`."""
 
 from __future__ import annotations
 
@@ -129,7 +129,7 @@ async def test_timeout_says_nobody_subscribes(settings: type[Settings]) -> None:
 async def test_a_timeout_not_above_zero_is_refused_before_publishing(
     settings: type[Settings], r: redis.asyncio.Redis, timeout_s: float
 ) -> None:
-    # hunt33b (suspected): 0 or a negative timed out at once with the request published, NaN
+    # 0 or a negative timed out at once with the request published, NaN
     # was taken as no timeout at all
     client = EventBus(settings())
     async with client:
@@ -210,7 +210,7 @@ async def test_a_routed_handler_answers_too(settings: type[Settings]) -> None:
 async def test_a_request_with_a_bad_reply_address_is_dead_lettered_before_the_handler(
     settings: type[Settings],
 ) -> None:
-    """Issue 19 item 8: the reply address was checked after the handler ran, and `InvalidReply`
+    """The reply address was checked after the handler ran, and `InvalidReply`
     counted as a failed attempt: the handler ran `max_attempts` times for nothing. It is
     checked when the entry is decoded; the request is dead-lettered at once, unhandled."""
     bus = EventBus(settings(max_attempts=3))
@@ -275,7 +275,7 @@ async def test_a_request_of_an_older_eventbus_is_dead_lettered_before_the_handle
 async def test_timeout_says_why_the_groups_could_not_be_listed(
     settings: type[Settings], redis_db: str
 ) -> None:
-    """Issue 20 item 6: a requester whose user may not run XINFO GROUPS (NOPERM) was told that
+    """A requester whose user may not run XINFO GROUPS (NOPERM) was told that
     nobody subscribes to the topic, though a group reads it; it is told that the groups could
     not be listed, and the server's reason."""
     admin = redis.asyncio.Redis.from_url(redis_db)
@@ -306,7 +306,7 @@ async def test_a_batch_handler_answers_each_request_with_its_item_of_the_list(
     settings: type[Settings],
 ) -> None:
     """A batch handler returns one answer per event, in order; before, its return value was
-    dropped and the callers timed out (test_hunt33b)."""
+    dropped and the callers timed out."""
     server = EventBus(settings(shards=1))
 
     @server.subscriber("quotes", group="pricing", batch=True)

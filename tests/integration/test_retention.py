@@ -1,5 +1,5 @@
-"""Retention "acked" (issue 9 item 4): Redis keeps a topic's entries until every consumer group
-acked them; consumers trim to that point, and the offloader never trims past it."""
+"""Retention "acked": Redis keeps a topic's entries until every consumer group acked them; consumers
+trim to that point, and the offloader never trims past it."""
 
 from __future__ import annotations
 

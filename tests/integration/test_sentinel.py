@@ -1,5 +1,5 @@
-"""Redis Sentinel (issue 9 item 6) against a real topology on loopback: a primary, two replicas and
-three sentinels (`eventbus.testing.sentinel.RedisSentinel`, ``redis-server --sentinel``).
+"""Redis Sentinel against a real topology on loopback: a primary, two replicas and
+three sentinels (`localredis.sentinel.RedisSentinel`, ``redis-server --sentinel``).
 
 Publishing and consuming go through the Sentinel-managed client of
 `eventbus.client.connection.connect`; the primary is SIGKILLed under load, a replica is promoted,
@@ -28,7 +28,7 @@ from support import Recorder, Tick, running, wait_until
 from eventbus import Context, EventBus, PublishError, Settings, shard_of
 from eventbus.client.connection import connect
 from eventbus.protocol.keys import Keys
-from eventbus.testing.sentinel import RedisSentinel
+from localredis.sentinel import RedisSentinel
 
 pytestmark = pytest.mark.anyio
 
@@ -125,7 +125,7 @@ def test_connect_takes_credentials_database_and_tls_from_the_url() -> None:
     sentinel = sentinel_client.connection_pool.connection_kwargs
     assert sentinel["credential_provider"].get_credentials() == ("sentinel-pass",)
     assert sentinel["retry"].get_retries() == 0
-    # issue 20 item 7: no repr shows a password (they are CredentialProviders, not keywords)
+    # no repr shows a password (they are CredentialProviders, not keywords)
     shown = [client, pool, kwargs, pool.sentinel_manager, sentinel_client, sentinel]
     for text in map(repr, shown):
         assert "pr1mary" not in text and "sentinel-pass" not in text, text
@@ -155,7 +155,7 @@ async def test_publish_and_consume_through_sentinel(sentinel: RedisSentinel) -> 
 
 
 async def test_credentials_reach_the_primary_and_the_sentinels(sentinel: RedisSentinel) -> None:
-    """Issue 20 item 7: the primary's user and password (from redis_url) and the sentinels' own,
+    """The primary's user and password (from redis_url) and the sentinels' own,
     passed as redis-py CredentialProviders instead of keywords, still authenticate: the bus
     talks to the primary as its ACL user and to the sentinels as theirs."""
     for node in sentinel.nodes:  # ACL users are not replicated: each node gets its own

@@ -1,4 +1,4 @@
-"""`eventbus.testing.server.RedisServer`, as far as the fixtures rely on it."""
+"""`localredis.server.RedisServer`, as far as the fixtures rely on it."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import redis
 
 from eventbus.errors import EventBusError
-from eventbus.testing.server import RedisServer, ephemeral_low, free_port
+from localredis.server import RedisServer, ephemeral_low, free_port
 
 
 def test_server_starts_answers_and_stops() -> None:
@@ -43,7 +43,7 @@ def test_free_port_is_below_the_limit_and_the_ephemeral_range() -> None:
 
 
 def test_cluster_ports_avoid_each_other_and_the_ephemeral_range() -> None:
-    from eventbus.testing.cluster import ReplicatedCluster
+    from localredis.cluster import ReplicatedCluster
 
     cluster = ReplicatedCluster(3, 1)  # ports chosen, nothing started
     ports = [n.port for n in cluster.nodes]
@@ -55,7 +55,7 @@ def test_cluster_ports_avoid_each_other_and_the_ephemeral_range() -> None:
 def test_a_cluster_node_whose_bus_port_was_taken_starts_on_another_port() -> None:
     import socket
 
-    from eventbus.testing.cluster import ReplicatedCluster
+    from localredis.cluster import ReplicatedCluster
 
     cluster = ReplicatedCluster(3, 0)
     first = cluster.nodes[0].port

@@ -1,5 +1,5 @@
-"""Issue 19, "done when": the combined example service (examples/shop) end to end, on a private
-redis-server with AOF (``appendfsync always``) that is restarted in the middle of the run.
+"""The combined example service (examples/shop) end to end, on a private redis-server with AOF
+(``appendfsync always``) that is restarted in the middle of the run.
 
 The app runs as users run it: its own lifespan (`eventbus.fastapi.lifespan` with its subscribers),
 requests through httpx's ASGI transport on the test's event loop (the sync route in a worker
@@ -14,7 +14,7 @@ is handled once, except the redeliveries that a connection loss causes (known li
 entries in flight then run again, with ``ctx.redelivered``), and exactly once after the restart;
 request/reply and broadcast work after it; nothing is left pending; no request failed (no raw
 redis-py error reached a route). Then a restart without persistence: the service recovers by
-itself (issue 19 item 4) and handles what comes next.
+itself and handles what comes next.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from sqlalchemy import select
 from support import total_pending, wait_until
 
 from eventbus import Context
-from eventbus.testing.server import RedisServer
+from localredis.server import RedisServer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
@@ -233,8 +233,8 @@ async def test_the_shop_recovers_by_itself_when_redis_lost_its_data(
     shop: Any, server: RedisServer
 ) -> None:
     """A restart without persistence (as FLUSHALL, a failover to an empty replica): what was
-    in Redis is gone, and the service goes on without manual action: the groups come back
-    (issue 19 item 4), publishing, request/reply and broadcast work, and every order placed
+    in Redis is gone, and the service goes on without manual action: the groups come back,
+    publishing, request/reply and broadcast work, and every order placed
     after the loss is handled once."""
     service = sys.modules["examples.shop.service"]
     journal = Journal()

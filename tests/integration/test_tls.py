@@ -1,6 +1,6 @@
-"""TLS with verification and client certificates (issue 10 item 17), against a real
-redis-server with ``tls-auth-clients yes``, certificates from a private CA made with the
-``openssl`` command for this test: the settings fields, not only URL query parameters.
+"""TLS with verification and client certificates, against a real redis-server with
+``tls-auth-clients yes``, certificates from a private CA made with the ``openssl`` command for this
+test: the settings fields, not only URL query parameters.
 
 The certificates carry the extensions RFC 5280 asks for (a CA: ``basicConstraints`` critical,
 ``keyUsage`` keyCertSign and cRLSign, a subject key identifier; a leaf: ``subjectAltName`` for
@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from support import Recorder, Tick, running
 
 from eventbus import EventBus, RedisUnavailable, Settings
-from eventbus.testing.server import RedisServer, free_port
+from localredis.server import RedisServer, free_port
 
 pytestmark = [
     pytest.mark.anyio,

@@ -1,4 +1,4 @@
-"""No silent trim (issue 9 item 4): entries that ``MAXLEN`` trimmed before the group read them are
+"""No silent trim: entries that ``MAXLEN`` trimmed before the group read them are
 detected by the consumer, logged, counted and recorded, both when they are still ahead of the
 group and after it read past them."""
 

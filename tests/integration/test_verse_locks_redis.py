@@ -11,7 +11,7 @@ import redis.asyncio
 from redis.asyncio.cluster import RedisCluster as ClusterClient
 from unit.verse_lock_cases import VerseLockCases
 
-from eventbus.testing.cluster import ReplicatedCluster
+from localredis.cluster import ReplicatedCluster
 
 pytestmark = pytest.mark.anyio
 

@@ -1,7 +1,7 @@
 """`eventbus.spark.jvm.parquet_select` when a PySpark upgrade has moved an internal its fast
 route uses: the native read still builds Spark's Parquet DataFrame (through the public API),
 with the fast route's rows, says which piece is missing once, probes it once per session, and
-still raises the read's own errors (issue 22).
+still raises the read's own errors.
 
 Each upgrade is simulated on the real local session by hiding ONE internal from eventbus only
 (PySpark's own public API keeps its internals): ``spark._jvm`` removed, the import of

@@ -1,6 +1,6 @@
-"""The native path (issue 22 item 2): `eventbus.spark.read` gives the rows of
-``format("eventbus")`` on the same cut, the archived part read by Spark's own Parquet reader;
-it falls back to the Python source, saying so once, when it must."""
+"""The native path: `eventbus.spark.read` gives the rows of ``format("eventbus")`` on the same cut,
+the archived part read by Spark's own Parquet reader; it falls back to the Python source, saying so
+once, when it must."""
 
 from __future__ import annotations
 

@@ -63,7 +63,7 @@ def test_a_swapped_dictionary_in_the_archive_is_a_corrupt_row_not_another_payloa
 ) -> None:
     """The archive's copy of a dictionary replaced by another valid one (``res-`` spelled
     ``RES-`` inside it): the 100 entries that need it read as ``_corrupt`` rows naming the
-    dictionary (issue 20 item 2), never as events of resource ``RES-...``; the others read."""
+    dictionary, never as events of resource ``RES-...``; the others read."""
     from eventbus.tier.layout import dictionary_key
 
     store = tmp_path / "seg"

@@ -406,7 +406,7 @@ def test_micro_batches_list_only_new_segments(
 def test_a_topic_neither_archived_nor_registered_fails_the_stream(
     spark: Any, redis_db: str, tmp_path: Path, topic: str
 ) -> None:
-    """Issue 22 item 4: a misspelled topic is an error for a stream too, as for a batch read;
+    """A misspelled topic is an error for a stream too, as for a batch read;
     it streamed nothing, for ever, without a word."""
     store = tmp_path / "seg"
     store.mkdir()

@@ -1,8 +1,8 @@
-"""Kafka's ``subscribe`` in a stream (issue 22 item 3): several topics, offsets keyed by topic
-then shard, ``maxOffsetsPerTrigger`` spread over every topic's shards, ``Trigger.AvailableNow``
-honouring it, lag over all topics in the progress, a restart from the checkpoint with nothing
-skipped or repeated, a checkpoint of another topic set refused, ``failOnDataLoss`` per topic.
-A stream refused ``subscribe`` with several topics ("batch reads only, for now")."""
+"""Kafka's ``subscribe`` in a stream: several topics, offsets keyed by topic then shard,
+``maxOffsetsPerTrigger`` spread over every topic's shards, ``Trigger.AvailableNow`` honouring it,
+lag over all topics in the progress, a restart from the checkpoint with nothing skipped or repeated,
+a checkpoint of another topic set refused, ``failOnDataLoss`` per topic. A stream refused
+``subscribe`` with several topics ("batch reads only, for now")."""
 
 from __future__ import annotations
 

@@ -397,7 +397,7 @@ def test_all_faults_mixed(tmp_path: Path) -> None:
     assert res["dead_lettered"] == 2
 
 
-# -- on a Redis Cluster (issue 13 item 3) --------------------------------------------------------
+# -- on a Redis Cluster --------------------------------------------------------
 def test_cluster_faults_mixed(tmp_path: Path) -> None:
     """The fault kinds of `stress all` on a 3-primary Redis Cluster: Redis-side faults on the
     node of the coordination hashtag (or another primary), network faults through one link per

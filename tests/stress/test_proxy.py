@@ -15,7 +15,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from eventbus.testing.server import RedisServer
+from localredis.server import RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]
 

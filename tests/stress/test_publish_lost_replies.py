@@ -1,4 +1,4 @@
-"""Call-order publishing when Redis ran the XADDs but their replies were lost (issue 9 item 2).
+"""Call-order publishing when Redis ran the XADDs but their replies were lost.
 
 `tests/integration/test_publish_order.py` holds pipelines unexecuted under ``CLIENT PAUSE WRITE``;
 here they are executed and only the replies are lost, as when a connection drops after Redis
@@ -26,7 +26,7 @@ from support import Tick, wait_until
 from test_publish_order import RESOURCES, _entries, _first_copies, _out_of_order
 
 from eventbus import EventBus, Settings
-from eventbus.testing.server import RedisServer
+from localredis.server import RedisServer
 
 pytestmark = pytest.mark.anyio
 

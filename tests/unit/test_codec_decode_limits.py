@@ -1,6 +1,5 @@
-"""Issue 10 item 4: MessagePack amplification. Decoding is bounded by structure as well as by
-bytes, so a small entry cannot make a consumer (or the offloader, ``tail``, ``dlq show``, replay)
-allocate gigabytes.
+"""MessagePack amplification. Decoding is bounded by structure as well as by bytes, so a small entry
+cannot make a consumer (or the offloader, ``tail``, ``dlq show``, replay) allocate gigabytes.
 
 The bomb below is a ~6 KB entry whose body decompresses to 60 MB of nested empty arrays (60 M
 lists). Today's main decodes it into ~4 GB of Python lists (checked by hand under ``ulimit -v

@@ -1,6 +1,7 @@
 """Entry formats with a zstd dictionary: ``0x05`` as written now (its bytes, and what it saves
-against ``0x04``), and the formats written before the upgrade, which stay readable: entries of
-tests/fixtures/codec/entries.json were written by add925e's encoder (see its generate.py)."""
+against ``0x04``), and entries of an older encoder (tests/fixtures/codec/entries.json, written by
+add925e's, see its generate.py): its ``0x01`` and ``0x02`` entries decode as written, its
+``0x04`` ones (a dictionary format no release wrote) are refused as retired."""
 
 from __future__ import annotations
 
@@ -74,8 +75,12 @@ def trained() -> tuple[int, list[Envelope], list[Envelope]]:
     return dict_id, events[:1000], events[1000:]
 
 
-@pytest.mark.parametrize("entry", OLD["entries"], ids=lambda e: e["case"])
-def test_entries_written_before_the_upgrade_decode_as_written(entry: dict[str, Any]) -> None:
+_RETIRED = [e for e in OLD["entries"] if e["case"].startswith("0x04")]
+_CURRENT = [e for e in OLD["entries"] if not e["case"].startswith("0x04")]
+
+
+@pytest.mark.parametrize("entry", _CURRENT, ids=lambda e: e["case"])
+def test_entries_of_an_older_encoder_decode_as_written(entry: dict[str, Any]) -> None:
     add925e_entries.add_dictionary(OLD)
     fields = add925e_entries.fields(entry)
 
@@ -85,11 +90,14 @@ def test_entries_written_before_the_upgrade_decode_as_written(entry: dict[str, A
     assert decompressed_size(fields[F_DATA]) > 0
 
 
-def test_old_dictionary_entries_name_their_dictionary() -> None:
-    (old,) = [e for e in OLD["entries"] if e["case"] == "0x04, no headers"]
-    data = bytes.fromhex(old["fields"]["data"])
-    assert data[0] == 0x04
-    assert dictionary_id(data) == int(OLD["dictionary_id"])
+@pytest.mark.parametrize("entry", _RETIRED, ids=lambda e: e["case"])
+def test_entries_of_the_retired_dictionary_format_are_refused(entry: dict[str, Any]) -> None:
+    add925e_entries.add_dictionary(OLD)
+    fields = add925e_entries.fields(entry)
+    assert fields[F_DATA][0] == 0x04
+
+    with pytest.raises(DecodeError, match="envelope format 0x04 is retired"):
+        decode_entry(fields)
 
 
 @pytest.mark.parametrize("headers", [{}, {"traceparent": "00-ab-cd-01"}])

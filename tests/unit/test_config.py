@@ -83,29 +83,3 @@ def test_bad_environment_value_raises_validation_error(monkeypatch: pytest.Monke
     monkeypatch.setenv("EVENTBUS_SHARDS", "0")
     with pytest.raises(ValidationError, match="shards"):
         Settings()
-
-
-def test_entry_format_defaults_to_the_newest(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert Settings().entry_format == 5
-    monkeypatch.setenv("EVENTBUS_ENTRY_FORMAT", "4")
-    assert Settings().entry_format == 4
-
-
-@pytest.mark.parametrize(("given", "want"), [(4, 4), (5, 5), ("4", 4), ("0x04", 4), (" 0x05", 5)])
-def test_entry_format_spellings(given: object, want: int) -> None:
-    assert Settings(entry_format=given).entry_format == want
-
-
-@pytest.mark.parametrize("bad", [3, 6, 1, "3", "0x03", "latest", "", 4.0, True, None])
-def test_unknown_entry_format_is_refused_saying_which_are_known(bad: object) -> None:
-    with pytest.raises(ValidationError) as info:
-        Settings(entry_format=bad)
-    text = str(info.value)
-    assert "entry_format" in text
-    assert f"unknown entry format {bad!r}: 5 (0x05, the newest, default) or 4 (0x04" in text
-
-
-def test_unknown_entry_format_in_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("EVENTBUS_ENTRY_FORMAT", "0x03")
-    with pytest.raises(ValidationError, match=r"entry_format\n.*unknown entry format '0x03'"):
-        Settings()

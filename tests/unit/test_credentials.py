@@ -1,7 +1,7 @@
-"""`eventbus.client.credentials` (issue 20 item 7): a URL's user name and password move into a
-redis-py `CredentialProvider`, the rest of the URL connects as before, and no repr shows them.
-Building clients here connects nothing; tests/integration/test_password_redaction.py
-authenticates with them against a real redis-server."""
+"""`eventbus.client.credentials`: a URL's user name and password move into a redis-py
+`CredentialProvider`, the rest of the URL connects as before, and no repr shows them. Building
+clients here connects nothing; tests/integration/test_password_redaction.py authenticates with them
+against a real redis-server."""
 
 from __future__ import annotations
 

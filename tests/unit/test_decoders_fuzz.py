@@ -179,7 +179,7 @@ def mutations(draw: st.DrawFn, data: bytes) -> bytes:
     return mutated(data, draw)
 
 
-# -- a dictionary loaded for the 0x04/0x05 formats ---------------------------------------------
+# -- a dictionary loaded for format 0x05 (and the retired 0x04, refused) ------------------------
 
 
 def _trained_dictionary() -> tuple[int, bytes]:

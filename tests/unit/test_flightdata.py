@@ -1,6 +1,6 @@
 """examples/flights/flightdata.py: the flights in publish order, read by pyarrow when it is
-installed, else by the `csv` module: the same `FlightRow`s either way (issue 18: the CSV reading
-was half of the flights publisher process's CPU per event at ``--limit 50000``)."""
+installed, else by the `csv` module: the same `FlightRow`s either way (the CSV reading
+was once half of the flights publisher process's CPU per event at ``--limit 50000``)."""
 
 from __future__ import annotations
 

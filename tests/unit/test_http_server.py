@@ -1,6 +1,6 @@
-"""The metrics and health port (issue 20 item 8): `eventbus.ops.health.serve` on loopback, with
-real sockets. Idle connections are closed after the deadline, connections (threads) are bounded,
-idle ones give way to a probe, and a connection beyond busy ones is closed unanswered.
+"""The metrics and health port: `eventbus.ops.health.serve` on loopback, with real sockets. Idle
+connections are closed after the deadline, connections (threads) are bounded, idle ones give way to
+a probe, and a connection beyond busy ones is closed unanswered.
 
 Waiting for a close is a blocking ``recv`` returning ``b""`` (with a guard timeout far above the
 configured deadline); thread counts are read until they settle (threads end on their own)."""

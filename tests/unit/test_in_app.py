@@ -1,4 +1,4 @@
-"""Testing a FastAPI app with the test bus (issue 23 item 3), in memory.
+"""Testing a FastAPI app with the test bus, in memory.
 
 ``TestClient`` runs the app on an event loop of its own (a portal thread): with
 `eventbus.testing.running_in_app` the app's lifespan starts the test bus on that loop and the

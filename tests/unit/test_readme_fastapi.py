@@ -1,7 +1,6 @@
-"""The README's "Testing a FastAPI app" recipe runs as shown (issue 23 item 3): its code blocks,
-each naming its file on its first line (``# app.py``), are written to a folder byte for byte and
-pytest runs them in a subprocess, with the eventbus plugin as users get it (in memory, no
-Redis)."""
+"""The README's "Testing a FastAPI app" recipe runs as shown: its code blocks, each naming its file
+on its first line (``# app.py``), are written to a folder byte for byte and pytest runs them in a
+subprocess, with the eventbus plugin as users get it (in memory, no Redis)."""
 
 from __future__ import annotations
 

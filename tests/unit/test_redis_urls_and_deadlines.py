@@ -1,4 +1,4 @@
-"""Issue 10 items 1, 2, 11 and 16 on the settings: redaction, URL validation, deadlines."""
+"""The Redis settings: redaction, URL validation, deadlines."""
 
 from __future__ import annotations
 
@@ -136,7 +136,7 @@ def test_redis_unavailable_with_sentinels_names_the_sentinels_not_the_url() -> N
     ],
 )
 def test_a_sentinel_address_with_credentials_is_refused_without_them(sentinels: object) -> None:
-    """Issue 20 item 7: the settings error says where the sentinels' credentials go and quotes
+    """The settings error says where the sentinels' credentials go and quotes
     no part of the password (the whole string when it is one: a password may hold ',')."""
     with pytest.raises(ValidationError) as info:
         Settings(sentinels=sentinels, sentinel_service="m")

@@ -242,7 +242,7 @@ def test_stream_nth_is_the_nth_entry_id_in_the_range(redis: Any, page: int) -> N
 
 def test_stream_nth_of_a_large_quota_holds_one_page_at_a_time(redis: Any) -> None:
     """A trigger limit of 2,500 entries is found in XRANGE pages of at most `page` entries, not
-    one reply of 2,500 (issue 22 item 5: a shard's tail is never held in memory at once)."""
+    one reply of 2,500 (a shard's tail is never held in memory at once)."""
     for i in range(3000):
         redis.xadd("s", {"n": i}, id=f"{i + 1}-0")
     counts = _xrange_counts(redis)
@@ -255,7 +255,7 @@ def test_stream_nth_of_a_large_quota_holds_one_page_at_a_time(redis: Any) -> Non
 def test_a_stream_cut_in_redis_is_found_page_by_page(redis: Any, tmp_path: Path) -> None:
     """`StreamReader._nth`, maxOffsetsPerTrigger's cut in a shard's Redis tail: 2,500 entries
     found in XRANGE pages of at most `PAGE` (one XRANGE COUNT 2500 before: the whole quota held
-    at once, issue 22 item 5)."""
+    at once)."""
     from eventbus.spark.objects import as_objects
     from eventbus.spark.options import SourceOptions
     from eventbus.spark.schema import read_schema

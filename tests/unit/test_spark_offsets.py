@@ -1,6 +1,6 @@
-"""Offsets keyed by topic then shard (issue 22 item 3): ``startingOffsets`` of a read of
-several topics, a checkpoint's offsets checked against the read's topic set, and
-``maxOffsetsPerTrigger`` split over (topic, shard) pairs in proportion to their lag."""
+"""Offsets keyed by topic then shard: ``startingOffsets`` of a read of several topics, a
+checkpoint's offsets checked against the read's topic set, and ``maxOffsetsPerTrigger`` split over
+(topic, shard) pairs in proportion to their lag."""
 
 from __future__ import annotations
 

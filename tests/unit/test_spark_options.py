@@ -1,6 +1,5 @@
-"""Option names of ``format("eventbus")`` (issue 22 items 3 and 4): Kafka-style camelCase with
-the older names as aliases, a misspelled option refused naming the close match, and Kafka's
-topic-keyed ``startingOffsets``."""
+"""Option names of ``format("eventbus")``: Kafka-style camelCase with the older names as aliases, a
+misspelled option refused naming the close match, and Kafka's topic-keyed ``startingOffsets``."""
 
 from __future__ import annotations
 
@@ -73,7 +72,7 @@ def test_starting_offsets_keyed_by_topic_as_kafka() -> None:
     ],
 )
 def test_a_bad_redis_url_option_is_refused_without_its_password(url: str) -> None:
-    """Issue 20 item 7: the ConfigError names the option and shows the URL redacted."""
+    """The ConfigError names the option and shows the URL redacted."""
     with pytest.raises(ConfigError, match="option redis_url") as info:
         SourceOptions.parse({"store": "memory://", "topic": "orders", "redisUrl": url})
     assert "s3cret" not in str(info.value) and "***" in str(info.value)

@@ -1,6 +1,5 @@
-"""`eventbus.testing.running` outside the pytest plugin (issue 19 item 15): what the block
-raises is raised as itself, not wrapped in an `ExceptionGroup` by the task group that runs the
-subscribers."""
+"""`eventbus.testing.running` outside the pytest plugin: what the block raises is raised as itself,
+not wrapped in an `ExceptionGroup` by the task group that runs the subscribers."""
 
 from __future__ import annotations
 

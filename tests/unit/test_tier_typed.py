@@ -1,5 +1,5 @@
-"""Typed segments (issue 22 item 1): the pydantic -> Arrow mapping, typed columns next to the raw
-``data``, invalid entries, schema evolution, and the archive read by plain Parquet readers."""
+"""Typed segments: the pydantic -> Arrow mapping, typed columns next to the raw ``data``, invalid
+entries, schema evolution, and the archive read by plain Parquet readers."""
 
 from __future__ import annotations
 

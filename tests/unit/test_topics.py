@@ -1,6 +1,6 @@
-"""The topic registry (`eventbus.protocol.topics`) on fakeredis: shard counts registered once,
-and a ``retention="acked"`` topic recorded once (``HSETNX``), never rewritten (issue 20 item 5:
-no role needs ``HSET`` on the retention hash)."""
+"""The topic registry (`eventbus.protocol.topics`) on fakeredis: shard counts registered once, and a
+``retention="acked"`` topic recorded once (``HSETNX``), never rewritten (no role needs ``HSET`` on
+the retention hash)."""
 
 from __future__ import annotations
 

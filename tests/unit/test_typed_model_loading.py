@@ -1,6 +1,6 @@
 """A model spec (`eventbus.tier.typed.load_models`: the Spark source's ``model`` option and the
 offloader's typed models): a module that raises at import, or a name that is no model, is a
-`ConfigError` with a bounded message (issue 19 item 12: an untyped error, and an 11,738-character
+`ConfigError` with a bounded message (not an untyped error, and an 11,738-character
 message)."""
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ MESSAGES = {m["name"]: m for m in FIXTURES["messages"]}
         ("550e8400-e29b-41d4-a716-446655440000", 9),
     ],
 )
-def test_issue_vectors_at_16_shards(key: str, shard: int) -> None:
+def test_reference_vectors_at_16_shards(key: str, shard: int) -> None:
     assert verse_shard_of(key, 16) == shard
 
 

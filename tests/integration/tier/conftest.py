@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from eventbus.testing.server import free_port
+from localredis.server import free_port
 
 BUCKET = "eventbus-test"
 

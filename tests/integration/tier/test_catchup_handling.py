@@ -1,4 +1,4 @@
-"""Catch-up handles entries as the live consumer does (issue 8, item 1: regression tests).
+"""Catch-up handles entries as the live consumer does.
 
 Each test archives a group's backlog (the group exists, nobody reads it, the offloader archives
 and trims it), then catches the group up, either standalone (`eventbus.tier.catch_up`) or inside
@@ -446,7 +446,7 @@ async def test_control_entries_met_in_catch_up_are_executed(
 async def test_a_forged_control_entry_met_in_catch_up_is_dead_lettered(
     redis_db: str, tmp_path: Any, mode: str
 ) -> None:
-    """Issue 10 item 6: a drop entry XADDed by hand (no request recorded by the operator) and
+    """A drop entry XADDed by hand (no request recorded by the operator) and
     archived is dead-lettered as forged by the catch-up; the parked letters stay."""
     from eventbus.dlq import DROP, control_entry
 

@@ -1,7 +1,6 @@
 """The offloader against Redis's limits and a misconfigured store: a long shard is trimmed in one
 round (an approximate ``XTRIM`` evicts at most ``LIMIT`` entries per call), and an ``http://``
-endpoint in ``AWS_ENDPOINT_URL`` without ``AWS_ALLOW_HTTP`` is a clear error, not a retry loop
-(issue 22 item 6)."""
+endpoint in ``AWS_ENDPOINT_URL`` without ``AWS_ALLOW_HTTP`` is a clear error, not a retry loop."""
 
 from __future__ import annotations
 

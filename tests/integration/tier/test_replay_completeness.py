@@ -1,4 +1,4 @@
-"""Issue 10 item 12: ``eventbus replay`` never reports an empty or holed archive as success.
+"""``eventbus replay`` never reports an empty or holed archive as success.
 
 A mistyped ``--store`` path is an error (and nothing is created there); a topic with no segments
 is an error; a segment deleted from the middle of a shard's range is detected against the
@@ -8,20 +8,24 @@ offloader checkpoint and fails the command, or only warns with ``--allow-gaps``.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
+from support import Tick, resources_per_shard
 from tier_support import fast_tier, make_bus, publish_ticks
 from typer.testing import CliRunner
 
+from eventbus import EventBus, Settings
 from eventbus.cli import app
-from eventbus.testing.cluster import ReplicatedCluster
 from eventbus.tier.gaps import Gap
 from eventbus.tier.offloader import Offloader
 from eventbus.tier.replay import ArchiveGap, check_complete
 from eventbus.tier.store import StoreNotFound, list_keys_sync, open_store
+from localredis.cluster import ReplicatedCluster
 
 pytestmark = pytest.mark.integration
 RUNNER = CliRunner(env={"COLUMNS": "200"})
@@ -134,7 +138,7 @@ class Crash(Exception):
 
 
 def test_replay_while_a_gap_is_accounted_but_unrecorded(redis_db: str, tmp_path: Path) -> None:
-    """review33 N1: the completeness check read `<shard>:count`, which includes a gap accounted
+    """The completeness check read `<shard>:count`, which includes a gap accounted
     whose record is not stored yet: "entries are missing (a deleted segment?)", exit 1."""
     segs = tmp_path / "segs"
 
@@ -174,3 +178,107 @@ def test_replay_while_a_gap_is_accounted_but_unrecorded(redis_db: str, tmp_path:
     # the archive is whole (50 archived entries, the loss is accounted, its record pending):
     # expected exit 0 or a message naming the unrecorded gap, not "a deleted segment?"
     assert out.exit_code == 0, out.output[-400:]
+
+
+@pytest.mark.single_node("the CLI on one Redis; the cluster case is test_replay_completeness's")
+def test_replay_of_a_topic_one_of_whose_shards_lost_every_segment_fails(
+    redis_db: str, tmp_path: Path
+) -> None:
+    """Replay refuses holes (tier.md "Replay"; tests/integration/tier/test_replay_completeness:
+    "a segment deleted ... is detected against the offloader checkpoint and fails the command").
+
+    `eventbus replay` checks completeness only for the shards `plan` found: those with a folder
+    in the store (tier/cli/replay.py ``_check_gaps(..., sorted(segments), ...)``, shards from
+    `list_shards_sync`). A shard whose every segment is gone (deleted, expired by a bucket
+    lifecycle rule, a prefix copied without it) has no folder, so it is not checked against its
+    checkpoint at all: a topic of 2 shards with shard 1's 30 archived entries missing replays
+    shard 0 alone and exits 0 without a word (the store's "folder" is a key prefix: on S3 it
+    is gone with its last object; the test removes the emptied local folder likewise). A
+    segment deleted from the middle of a shard is detected (test_replay_completeness).
+    """
+    import anyio
+    from typer.testing import CliRunner
+
+    from eventbus.cli import app
+
+    runner = CliRunner(env={"COLUMNS": "200"})
+    a, b = resources_per_shard(2)  # one resource per shard
+
+    async def publish() -> None:
+        bus = EventBus(Settings(redis_url=redis_db, shards=2))
+        async with bus:
+            for seq in range(30):
+                await bus.publish("two", Tick(resource=a, seq=seq), resource_id=a)
+                await bus.publish("two", Tick(resource=b, seq=seq), resource_id=b)
+        await bus.aclose()
+
+    anyio.run(publish)
+    store = tmp_path / "segs"
+    env = {"EVENTBUS_TIER_HOT_WINDOW_S": "0", "EVENTBUS_TIER_TRIM_EXACT": "true"}
+    args = ["--store", str(store), "--redis-url", redis_db]
+    off = runner.invoke(app, ["offload", "--once", *args], env=env)
+    assert off.exit_code == 0, off.output
+    whole = runner.invoke(app, ["replay", "two", *args, "--no-progress"])
+    assert whole.exit_code == 0 and "missing" not in whole.output, whole.output
+    for segment in (store / "two" / "1").glob("*.parquet"):  # every segment of shard 1
+        segment.unlink()
+    (store / "two" / "1").rmdir()
+    holed = runner.invoke(app, ["replay", "two", *args, "--no-progress"])
+    replayed = [line for line in holed.stdout.splitlines() if line.startswith("{")]
+    assert holed.exit_code == 1, (
+        f"replay exited {holed.exit_code} with {len(replayed)} of 60 events and shard 1's 30 "
+        f"archived entries missing: {holed.output[-300:]!r}"
+    )
+    assert "30 entries are missing from the archive" in holed.output
+
+
+def test_replay_during_an_offload_reports_no_missing_segment(
+    redis_db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``eventbus replay`` lists the segments first (`plan`) and reads the checkpoint counts
+    last (`_check_gaps`): a segment the offloader commits meanwhile is counted by the checkpoint
+    and not read, and the complete archive is reported as holed (exit 1, "20 entries are
+    missing from the archive (a deleted segment?)"). check_complete's docstring says such
+    segments only make the archive look longer."""
+    import subprocess
+    import sys
+
+    from typer.testing import CliRunner
+
+    import eventbus.tier.replay as replay_module
+    from eventbus.cli import app
+
+    runner = CliRunner(env={"COLUMNS": "200"})
+    env = {"EVENTBUS_TIER_HOT_WINDOW_S": "0", "EVENTBUS_TIER_TRIM_EXACT": "true"}
+    store = tmp_path / "segs"
+    args = ["--store", str(store), "--redis-url", redis_db]
+    offload = [sys.executable, "-m", "eventbus.cli", "offload", "--once", *args]
+    offload += ["--segment-max-entries", "20"]
+
+    async def publish(first: int, n: int) -> None:
+        bus = EventBus(Settings(redis_url=redis_db, shards=1))
+        async with bus:
+            await bus.publish_many(
+                "live", [(f"r{i % 3}", Tick(resource=f"r{i % 3}", seq=i)) for i in range(first, n)]
+            )
+        await bus.aclose()
+
+    anyio.run(publish, 0, 60)
+    done = subprocess.run(offload, env={**os.environ, **env}, capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    anyio.run(publish, 60, 80)  # the offloader's next segment, archived during the replay
+
+    planned = replay_module.plan
+
+    def plan_then_offload(*a: Any, **kw: Any) -> Any:
+        segments = planned(*a, **kw)
+        again = subprocess.run(offload, env={**os.environ, **env}, capture_output=True, timeout=120)
+        assert again.returncode == 0, again.stderr
+        return segments
+
+    monkeypatch.setattr(replay_module, "plan", plan_then_offload)
+    result = runner.invoke(app, ["replay", "live", *args, "--no-progress"])
+    events = [x for x in result.stdout.splitlines() if x.startswith("{")]
+    assert len(events) == 60  # what the store held when the replay listed it
+    assert len(list((store / "live" / "0").glob("*.parquet"))) == 4  # nothing deleted
+    assert result.exit_code == 0, result.output[-500:]

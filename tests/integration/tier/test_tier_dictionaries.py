@@ -4,9 +4,12 @@ emptied, Redis flushed) decodes every entry from the archive alone."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from tier_support import Tick, fast_tier, make_bus, publish_ticks
 
+from eventbus import EventBus, Settings
 from eventbus.cli.topic import sample_bodies
 from eventbus.protocol import compression
 from eventbus.protocol.dictionaries import CACHE, Dictionaries, dictionary_id
@@ -55,7 +58,7 @@ async def test_offloaded_dictionary_entries_replay_without_redis(redis_db: str, 
 
 
 async def test_a_store_s_copied_dictionaries_are_forgotten_with_it(redis_db: str, tmp_path) -> None:
-    # hunt33 (suspected): the offloader remembers the dictionaries it copied by id(store); a
+    # the offloader remembers the dictionaries it copied by id(store); a
     # store made later at a freed store's address (another folder or bucket) was taken for it,
     # and got no copy: its entries read back undecodable
     import gc
@@ -119,3 +122,62 @@ async def test_entries_compressed_with_a_dictionary_get_their_envelope_columns(
     compressed = [r for r in rows if dictionary_id(r["data"]) is not None]
     assert len(compressed) == 100
     assert all(r["event_id"] is not None for r in rows)
+
+
+@pytest.mark.single_node("one shard stream; the same on a cluster")
+async def test_a_dictionary_missing_from_redis_is_not_skipped_silently(
+    redis_db: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Never swallow an error silently (tier/dictionaries.py `archive_dictionaries`: "One
+    missing in Redis, refused by it ... or not valid ... is skipped with a WARNING and never
+    copied: its entries are archived as they are and read back as undecodable").
+
+    The code does ``if data is None: continue`` before the ``try`` whose ``except`` logs the
+    WARNING: a dictionary absent from the topic's dictionary hash (deleted by an operator, a
+    Redis restored without it) is skipped without a word, and the 10 entries compressed with
+    it go into a segment that nothing can decode, with no log line naming the dictionary.
+    """
+    from eventbus.cli.topic import sample_bodies
+    from eventbus.protocol import compression
+    from eventbus.protocol.dictionaries import CACHE, Dictionaries, dictionary_id
+    from eventbus.tier.offloader import offload_until_caught_up
+
+    def forget_dictionaries() -> None:  # as tests/integration/tier/test_tier_dictionaries.py
+        CACHE._dicts.clear()
+        CACHE._missing.clear()
+        compression.clear()
+
+    forget_dictionaries()
+    bus = EventBus(Settings(redis_url=redis_db, shards=1))
+    store = open_store(str(tmp_path / "segments"))
+    pad = "abcdefgh" * 8
+
+    async def publish(seqs: range) -> None:
+        for i in seqs:
+            rid = f"r{i % 7}"
+            await bus.publish("ticks", Tick(resource=rid, seq=i, pad=pad), resource_id=rid)
+
+    try:
+        async with bus:
+            await publish(range(300))
+            dicts = Dictionaries(bus.redis, bus.keys)
+            samples = await sample_bodies(bus, dicts, "ticks", 300, bus.settings)
+            dict_id = await dicts.train("ticks", samples, 2048)
+            bus.publisher.dictionaries._current.clear()
+            await publish(range(300, 310))  # compressed with the new dictionary
+            rows = await bus.redis.xrange(bus.keys.stream("ticks", 0))
+            assert sum(dictionary_id(f[b"data"]) == dict_id for _, f in rows) == 10
+            await bus.redis.hdel(bus.keys.dictionaries("ticks"), str(dict_id))  # gone
+            forget_dictionaries()
+            caplog.set_level("WARNING", logger="eventbus")
+            await offload_until_caught_up(
+                bus.redis, store, settings=bus.settings, tier=fast_tier(), timeout_s=30
+            )
+    finally:
+        await bus.aclose()
+        forget_dictionaries()
+    said = [rec.getMessage() for rec in caplog.records if str(dict_id) in rec.getMessage()]
+    assert said, (
+        f"10 entries compressed with dictionary {dict_id}, missing from Redis, were archived "
+        "without any log line naming it"
+    )

@@ -125,7 +125,7 @@ async def test_replay_order_and_filters(redis_db: str, store_url: str) -> None:
         e.entry_id for e in iter_topic(store, "mixed", ReplayFilter(since_ms=since, until_ms=until))
     ]
     assert timed == [i for i in all_ids if since <= i.ms < until]
-    # until the epoch (exclusive): nothing is before it (hunt33: 0 set no upper bound at all)
+    # until the epoch (exclusive): nothing is before it (0 once set no upper bound at all)
     assert list(iter_topic(store, "mixed", ReplayFilter(until_ms=0))) == []
 
     # typed replay: same models as live consumers, unknown types skipped

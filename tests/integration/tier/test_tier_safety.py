@@ -5,15 +5,20 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import anyio
 import obstore
 import pytest
+import redis.asyncio
 from prometheus_client import REGISTRY
+from support import Tick, running
 from tier_support import assert_no_overlap, fast_tier, make_bus, publish_ticks, wait_until
 
+from eventbus import EventBus, Settings
 from eventbus.tier.errors import CorruptSegment, StoreError
 from eventbus.tier.layout import parse_segment_key
 from eventbus.tier.offloader import Offloader
@@ -351,3 +356,116 @@ async def test_a_pending_segment_that_lost_entries_is_recorded_once_across_a_cra
         report = verify_archive(store, "pending")
         assert report.entries == 170 and report.gap_records == 1
     await bus.aclose()
+
+
+async def test_no_loss_is_reported_for_a_new_group_when_nothing_was_trimmed(
+    settings: Callable[..., Settings], caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    """Loss is never silent, and never invented (semantics.md "Stream caps"; tier.md gaps).
+
+    `ShardCatchUp.behind` returns True whenever the stream's first entry lies after the
+    successor of the group's last-delivered ID and the offloader has no checkpoint for the
+    shard (catchup_shard.py: ``if checkpoint.last is None ...: return True``). A group created
+    at ``0`` (``start="beginning"``, the default) has last-delivered ``0-0``, and any entry ID
+    lies after ``0-1``; so the first consumer with an archive that takes the shard before the
+    offloader archived anything logs at ERROR that the entries up to the stream's first one
+    "were trimmed from Redis and are not in any segment: lost before archiving", although
+    nothing ever left the stream (``entries-added`` equals its length).
+    """
+    store = open_store(str(tmp_path / "segments"))
+    bus = EventBus(settings(shards=1), archive=store)
+    seen: list[int] = []
+
+    @bus.subscriber("t", group="g")
+    async def handle(event: Tick) -> None:
+        seen.append(event.seq)
+
+    for seq in range(3):  # published before the group's consumers start; nothing trimmed
+        await bus.publish("t", Tick(resource="x", seq=seq), resource_id="x")
+    caplog.set_level("ERROR", logger="eventbus")
+    async with running(bus):
+        await wait_until(lambda: seen == [0, 1, 2])
+    false_alarms = [r.getMessage() for r in caplog.records if "lost before" in r.getMessage()]
+    assert not false_alarms, false_alarms
+
+
+class _PausedBeforeGapCheck:
+    """Stands in for an offloader's Redis client (every command passes through), but once
+    `armed`, its next ``XINFO STREAM`` (the gap check that opens `ShardOffload.work`) waits
+    for `resume`, setting `paused` first: a process stopped (GC, SIGSTOP) between its lock round
+    and its gap check."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.armed = False
+        self.paused = anyio.Event()
+        self.resume = anyio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+    async def xinfo_stream(self, *args: Any, **kwargs: Any) -> Any:
+        if self.armed:
+            self.armed = False
+            self.paused.set()
+            await self.resume.wait()
+        return await self.real.xinfo_stream(*args, **kwargs)
+
+
+@pytest.mark.single_node("two offloaders of one shard; the same on a cluster")
+async def test_an_offloader_that_lost_its_shard_records_no_gap(
+    settings: Callable[..., Settings],
+    r: redis.asyncio.Redis,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Loss is never silent, and never invented (tier.md "Gaps", "Racing offloaders": a paused
+    offloader's late steps are fenced off; `ArchiveReport.exactly_once`).
+
+    `ShardOffload.work` starts with the gap check: ``XINFO STREAM``, then `find_gap` with the
+    offloader's own `count` and read position, then `gap` writes the gap record to the store
+    (create-only, unfenced), counts and logs it, and only then `account_lost` runs the fenced
+    script, which refuses. Offloader A archives x:0..x:2 and takes its next round's lock; it
+    pauses before that round's gap check, past its liveness. B takes the shard, archives
+    x:3..x:5 and trims them. A resumes: the stream's first entry lies after A's position and
+    3 entries left it that A's count does not know, so A records "LOST 3 entries" between x:2
+    and the end, logs it at ERROR, and only then is fenced off. The archive is complete, but
+    its gap record says otherwise for ever (`verify_archive` reports it, `eventbus replay`'s
+    completeness check counts it as accounted: it would excuse a missing segment of 3).
+    """
+    from eventbus.tier.gaps import gap_records
+    from eventbus.tier.settings import OFFLOADER_GROUP
+
+    store = open_store(str(tmp_path / "segments"))
+    s = settings(shards=1)
+    bus = EventBus(s)
+    paused = _PausedBeforeGapCheck(bus.redis)
+    a = Offloader(paused, store, settings=s, tier=fast_tier(), consumer_id="offloader-a")
+    b = Offloader(bus.redis, store, settings=s, tier=fast_tier(), consumer_id="offloader-b")
+    try:
+        for seq in range(3):
+            await bus.publish("t", Tick(resource="x", seq=seq), resource_id="x")
+        await a.round(flush=True)  # A: takes shard 0, archives x:0..x:2, trims
+        for seq in (3, 4, 5):
+            await bus.publish("t", Tick(resource="x", seq=seq), resource_id="x")
+        paused.armed = True
+        caplog.set_level("ERROR", logger="eventbus.tier")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: a.round(flush=True))
+            with anyio.fail_after(20):
+                await paused.paused.wait()  # A holds the lock, before its gap check
+            # A's liveness lapses (its deadline passes while it is stopped)
+            await r.zadd(bus.keys.members("t", OFFLOADER_GROUP), {"offloader-a": 0})
+            await b.round(flush=True)  # B: takes shard 0, archives x:3..x:5, trims
+            assert await r.hget(bus.keys.locks("t", OFFLOADER_GROUP), "0") == b"offloader-b"
+            assert await r.xlen(bus.keys.stream("t", 0)) == 0
+            paused.resume.set()  # A wakes up
+        gaps = gap_records(store, "t", 0)
+    finally:
+        await a.close()
+        await b.close()
+        await bus.aclose()
+    lost = [rec.getMessage() for rec in caplog.records if "LOST" in rec.getMessage()]
+    assert (gaps, lost) == ([], []), (
+        f"every entry is archived, but the lapsed offloader recorded gaps {gaps} and logged {lost}"
+    )

@@ -1,7 +1,6 @@
-"""Typed segments end to end (issue 22 item 1): ``eventbus offload --once`` with
-``EVENTBUS_TIER_TYPED_MODELS`` writes the payload as typed columns, an entry that does not
-validate keeps its ``data`` and is counted, and DuckDB reads the archive's typed columns with one
-``read_parquet`` call (docs/spark.md)."""
+"""Typed segments end to end: ``eventbus offload --once`` with ``EVENTBUS_TIER_TYPED_MODELS`` writes
+the payload as typed columns, an entry that does not validate keeps its ``data`` and is counted, and
+DuckDB reads the archive's typed columns with one ``read_parquet`` call (docs/spark.md)."""
 
 from __future__ import annotations
 

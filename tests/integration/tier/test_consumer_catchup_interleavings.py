@@ -1,9 +1,10 @@
-"""Correctness hunt (helper hunt33): interleavings at the seams of the consumer and the durable
-tier that the chaos harness does not produce.
+"""A live consumer's catch-up from the archive, at its seams with the lock round, the trim check,
+the offloader and a graceful stop: nothing the group never handled is read past, the group moves
+only past entries handled, and a stop lets the next entry go.
 
 Each test drives, against a real redis-server with events and hooks (never sleeps), a sequence
-of ordinary operations that breaks a promise of docs/semantics.md or docs/tier.md. They are
-strict xfails until the library is fixed: each names the bug in its ``reason``.
+of ordinary operations that once broke a promise of docs/semantics.md or docs/tier.md; each
+docstring names the promise and how it was broken.
 """
 
 from __future__ import annotations
@@ -16,26 +17,15 @@ import anyio
 import anyio.lowlevel
 import pytest
 import redis.asyncio
-from support import Tick, resources_per_shard
+from support import Tick
+from tier_support import fast_tier
 
 from eventbus import EventBus, Settings
 from eventbus.consumer.engine import Consumer
 from eventbus.tier.offloader import Offloader
-from eventbus.tier.settings import TierSettings
 from eventbus.tier.store import open_store
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
-
-
-def _fast_tier() -> TierSettings:
-    """Small segments, no hot window, exact trims (as tests/integration/tier/tier_support.py)."""
-    return TierSettings(
-        segment_max_entries=300,
-        segment_max_age_s=0.0,
-        hot_window_s=0.0,
-        trim_exact=True,
-        poll_interval_s=0.02,
-    )
 
 
 def _recording(s: Settings, archive: Any = None, **options: Any) -> tuple[EventBus, list[int]]:
@@ -64,7 +54,7 @@ async def _driven(bus: EventBus, s: Settings, member_id: str = "consumer-c") -> 
 async def _offload(bus: EventBus, s: Settings, store: Any) -> None:
     """Archive everything in Redis and trim it (no hot window): what the offloader does to
     entries older than `hot_window_s`."""
-    await Offloader(bus.redis, store, settings=s, tier=_fast_tier()).run_until_caught_up(30)
+    await Offloader(bus.redis, store, settings=s, tier=fast_tier()).run_until_caught_up(30)
 
 
 def _recording_dispatch(c: Consumer) -> list[bytes]:
@@ -248,58 +238,6 @@ async def test_a_stop_during_a_catch_up_retry_lets_the_entry_go(
     )
 
 
-@pytest.mark.single_node("the CLI on one Redis; the cluster case is test_replay_completeness's")
-def test_replay_of_a_topic_one_of_whose_shards_lost_every_segment_fails(
-    redis_db: str, tmp_path: Path
-) -> None:
-    """Replay refuses holes (tier.md "Replay"; tests/integration/tier/test_replay_completeness:
-    "a segment deleted ... is detected against the offloader checkpoint and fails the command").
-
-    `eventbus replay` checks completeness only for the shards `plan` found: those with a folder
-    in the store (tier/cli/replay.py ``_check_gaps(..., sorted(segments), ...)``, shards from
-    `list_shards_sync`). A shard whose every segment is gone (deleted, expired by a bucket
-    lifecycle rule, a prefix copied without it) has no folder, so it is not checked against its
-    checkpoint at all: a topic of 2 shards with shard 1's 30 archived entries missing replays
-    shard 0 alone and exits 0 without a word (the store's "folder" is a key prefix: on S3 it
-    is gone with its last object; the test removes the emptied local folder likewise). A
-    segment deleted from the middle of a shard is detected (test_replay_completeness).
-    """
-    import anyio
-    from typer.testing import CliRunner
-
-    from eventbus.cli import app
-
-    runner = CliRunner(env={"COLUMNS": "200"})
-    a, b = resources_per_shard(2)  # one resource per shard
-
-    async def publish() -> None:
-        bus = EventBus(Settings(redis_url=redis_db, shards=2))
-        async with bus:
-            for seq in range(30):
-                await bus.publish("two", Tick(resource=a, seq=seq), resource_id=a)
-                await bus.publish("two", Tick(resource=b, seq=seq), resource_id=b)
-        await bus.aclose()
-
-    anyio.run(publish)
-    store = tmp_path / "segs"
-    env = {"EVENTBUS_TIER_HOT_WINDOW_S": "0", "EVENTBUS_TIER_TRIM_EXACT": "true"}
-    args = ["--store", str(store), "--redis-url", redis_db]
-    off = runner.invoke(app, ["offload", "--once", *args], env=env)
-    assert off.exit_code == 0, off.output
-    whole = runner.invoke(app, ["replay", "two", *args, "--no-progress"])
-    assert whole.exit_code == 0 and "missing" not in whole.output, whole.output
-    for segment in (store / "two" / "1").glob("*.parquet"):  # every segment of shard 1
-        segment.unlink()
-    (store / "two" / "1").rmdir()
-    holed = runner.invoke(app, ["replay", "two", *args, "--no-progress"])
-    replayed = [line for line in holed.stdout.splitlines() if line.startswith("{")]
-    assert holed.exit_code == 1, (
-        f"replay exited {holed.exit_code} with {len(replayed)} of 60 events and shard 1's 30 "
-        f"archived entries missing: {holed.output[-300:]!r}"
-    )
-    assert "30 entries are missing from the archive" in holed.output
-
-
 @pytest.mark.single_node("one shard, a consumer driven round by round; the same on a cluster")
 async def test_entries_archived_and_trimmed_during_a_live_catch_up_are_handled(
     settings: Callable[..., Settings], r: redis.asyncio.Redis, tmp_path: Path
@@ -357,153 +295,12 @@ async def test_entries_archived_and_trimmed_during_a_live_catch_up_are_handled(
     )
 
 
-class _PausedBeforeGapCheck:
-    """Stands in for an offloader's Redis client (every command passes through), but once
-    `armed`, its next ``XINFO STREAM`` (the gap check that opens `ShardOffload.work`) waits
-    for `resume`, setting `paused` first: a process stopped (GC, SIGSTOP) between its lock round
-    and its gap check."""
-
-    def __init__(self, real: Any) -> None:
-        self.real = real
-        self.armed = False
-        self.paused = anyio.Event()
-        self.resume = anyio.Event()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.real, name)
-
-    async def xinfo_stream(self, *args: Any, **kwargs: Any) -> Any:
-        if self.armed:
-            self.armed = False
-            self.paused.set()
-            await self.resume.wait()
-        return await self.real.xinfo_stream(*args, **kwargs)
-
-
-@pytest.mark.single_node("two offloaders of one shard; the same on a cluster")
-async def test_an_offloader_that_lost_its_shard_records_no_gap(
-    settings: Callable[..., Settings],
-    r: redis.asyncio.Redis,
-    tmp_path: Path,
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    """Loss is never silent, and never invented (tier.md "Gaps", "Racing offloaders": a paused
-    offloader's late steps are fenced off; `ArchiveReport.exactly_once`).
-
-    `ShardOffload.work` starts with the gap check: ``XINFO STREAM``, then `find_gap` with the
-    offloader's own `count` and read position, then `gap` writes the gap record to the store
-    (create-only, unfenced), counts and logs it, and only then `account_lost` runs the fenced
-    script, which refuses. Offloader A archives x:0..x:2 and takes its next round's lock; it
-    pauses before that round's gap check, past its liveness. B takes the shard, archives
-    x:3..x:5 and trims them. A resumes: the stream's first entry lies after A's position and
-    3 entries left it that A's count does not know, so A records "LOST 3 entries" between x:2
-    and the end, logs it at ERROR, and only then is fenced off. The archive is complete, but
-    its gap record says otherwise for ever (`verify_archive` reports it, `eventbus replay`'s
-    completeness check counts it as accounted: it would excuse a missing segment of 3).
-    """
-    from eventbus.tier.gaps import gap_records
-    from eventbus.tier.settings import OFFLOADER_GROUP
-
-    store = open_store(str(tmp_path / "segments"))
-    s = settings(shards=1)
-    bus = EventBus(s)
-    paused = _PausedBeforeGapCheck(bus.redis)
-    a = Offloader(paused, store, settings=s, tier=_fast_tier(), consumer_id="offloader-a")
-    b = Offloader(bus.redis, store, settings=s, tier=_fast_tier(), consumer_id="offloader-b")
-    try:
-        for seq in range(3):
-            await bus.publish("t", Tick(resource="x", seq=seq), resource_id="x")
-        await a.round(flush=True)  # A: takes shard 0, archives x:0..x:2, trims
-        for seq in (3, 4, 5):
-            await bus.publish("t", Tick(resource="x", seq=seq), resource_id="x")
-        paused.armed = True
-        caplog.set_level("ERROR", logger="eventbus.tier")
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(lambda: a.round(flush=True))
-            with anyio.fail_after(20):
-                await paused.paused.wait()  # A holds the lock, before its gap check
-            # A's liveness lapses (its deadline passes while it is stopped)
-            await r.zadd(bus.keys.members("t", OFFLOADER_GROUP), {"offloader-a": 0})
-            await b.round(flush=True)  # B: takes shard 0, archives x:3..x:5, trims
-            assert await r.hget(bus.keys.locks("t", OFFLOADER_GROUP), "0") == b"offloader-b"
-            assert await r.xlen(bus.keys.stream("t", 0)) == 0
-            paused.resume.set()  # A wakes up
-        gaps = gap_records(store, "t", 0)
-    finally:
-        await a.close()
-        await b.close()
-        await bus.aclose()
-    lost = [rec.getMessage() for rec in caplog.records if "LOST" in rec.getMessage()]
-    assert (gaps, lost) == ([], []), (
-        f"every entry is archived, but the lapsed offloader recorded gaps {gaps} and logged {lost}"
-    )
-
-
-@pytest.mark.single_node("one shard stream; the same on a cluster")
-async def test_a_dictionary_missing_from_redis_is_not_skipped_silently(
-    redis_db: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    """Never swallow an error silently (tier/dictionaries.py `archive_dictionaries`: "One
-    missing in Redis, refused by it ... or not valid ... is skipped with a WARNING and never
-    copied: its entries are archived as they are and read back as undecodable").
-
-    The code does ``if data is None: continue`` before the ``try`` whose ``except`` logs the
-    WARNING: a dictionary absent from the topic's dictionary hash (deleted by an operator, a
-    Redis restored without it) is skipped without a word, and the 10 entries compressed with
-    it go into a segment that nothing can decode, with no log line naming the dictionary.
-    """
-    from eventbus.cli.topic import sample_bodies
-    from eventbus.protocol import compression
-    from eventbus.protocol.dictionaries import CACHE, Dictionaries, dictionary_id
-    from eventbus.tier.offloader import offload_until_caught_up
-
-    def forget_dictionaries() -> None:  # as tests/integration/tier/test_tier_dictionaries.py
-        CACHE._dicts.clear()
-        CACHE._missing.clear()
-        compression.clear()
-
-    forget_dictionaries()
-    bus = EventBus(Settings(redis_url=redis_db, shards=1))
-    store = open_store(str(tmp_path / "segments"))
-    pad = "abcdefgh" * 8
-
-    async def publish(seqs: range) -> None:
-        for i in seqs:
-            rid = f"r{i % 7}"
-            await bus.publish("ticks", Tick(resource=rid, seq=i, pad=pad), resource_id=rid)
-
-    try:
-        async with bus:
-            await publish(range(300))
-            dicts = Dictionaries(bus.redis, bus.keys)
-            samples = await sample_bodies(bus, dicts, "ticks", 300, bus.settings)
-            dict_id = await dicts.train("ticks", samples, 2048)
-            bus.publisher.dictionaries._current.clear()
-            await publish(range(300, 310))  # compressed with the new dictionary
-            rows = await bus.redis.xrange(bus.keys.stream("ticks", 0))
-            assert sum(dictionary_id(f[b"data"]) == dict_id for _, f in rows) == 10
-            await bus.redis.hdel(bus.keys.dictionaries("ticks"), str(dict_id))  # gone
-            forget_dictionaries()
-            caplog.set_level("WARNING", logger="eventbus")
-            await offload_until_caught_up(
-                bus.redis, store, settings=bus.settings, tier=_fast_tier(), timeout_s=30
-            )
-    finally:
-        await bus.aclose()
-        forget_dictionaries()
-    said = [rec.getMessage() for rec in caplog.records if str(dict_id) in rec.getMessage()]
-    assert said, (
-        f"10 entries compressed with dictionary {dict_id}, missing from Redis, were archived "
-        "without any log line naming it"
-    )
-
-
 @pytest.mark.single_node("one shard, consumers driven round by round")
 @pytest.mark.parametrize("ack", ["before", "after"])
 async def test_a_stop_mid_segment_hands_handled_entries_to_the_next_owner(
     settings: Callable[..., Settings], r: redis.asyncio.Redis, tmp_path: Path, ack: str
 ) -> None:
-    """review33 B1: the stop-aware catch-up fence let the next entry go mid-segment, and the
+    """The stop-aware catch-up fence let the next entry go mid-segment, and the
     group moved only after a whole segment: the next owner handled x:0..x:2 again (at-most-once
     subscribers too)."""
     from eventbus.consumer.catchup import shard_hook

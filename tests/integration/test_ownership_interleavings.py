@@ -1,8 +1,11 @@
-"""Correctness hunt (helper hunt32): interleavings the chaos harness does not produce.
+"""The fence of a group consumer (lock round, lease, held-shard table, catch-up scheduling, PEL
+recovery) under interleavings the chaos harness does not produce: a consumer that lost or may
+have lost its shards claims nothing, renews no lease over them and starts no handler on them, and
+a held shard is caught up before it is read and without overtaking entries in flight.
 
 Each test drives an interleaving that once violated a promise of docs/semantics.md against a
 real redis-server, with events and hooks, never with sleeps; each failed on the code before its
-fix (a029e58..4eb8527 held them as strict xfails).
+fix.
 """
 
 from __future__ import annotations
@@ -129,114 +132,6 @@ async def test_catch_up_of_a_held_shard_waits_for_its_entries_in_flight(
     )
     firsts = list(dict.fromkeys(done))
     assert firsts == list(range(6)), f"x handled out of order: {done}"
-
-
-class _FreezeBeforePark:
-    """Stands in for a consumer's Redis client in its `Failures` (every command passes through)
-    but freezes the consumer's whole event loop, synchronously, right before the park's write
-    (an ``HSETNX``, or the fenced script that makes it: the first of them sent): a process
-    stopped (SIGSTOP, a VM freeze) between its dead-letter write and its park, as one process of
-    its own would be. `resume` lets it go on; `parked` is set once the write has been
-    answered."""
-
-    def __init__(self, real: Any) -> None:
-        self.real = real
-        self.frozen = threading.Event()
-        self.resume = threading.Event()
-        self.parked = threading.Event()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.real, name)
-
-    def _frozen_then(self, send: Callable[[], Any]) -> Any:
-        self.frozen.set()
-        self.resume.wait(60)  # blocks the consumer's event loop: the whole "process" stops
-
-        async def sent() -> Any:
-            try:
-                return await send()
-            finally:
-                self.parked.set()
-
-        return sent()
-
-    def hsetnx(self, *args: Any) -> Any:
-        return self._frozen_then(lambda: self.real.hsetnx(*args))
-
-    def register_script(self, text: str) -> Any:
-        script = self.real.register_script(text)
-        return lambda *a, **kw: self._frozen_then(lambda: script(*a, **kw))
-
-
-@pytest.mark.single_node("a second event loop in a thread; the interleaving is the same")
-async def test_a_consumer_that_lost_its_shard_does_not_park_the_resource(
-    settings: Callable[..., Settings], r: redis.asyncio.Redis
-) -> None:
-    """Park (semantics.md "Park"; failures.py `dead_letter_and_park`): the HSETNX of the parked
-    hash is sent, and retried, without any check of the lease or the lock acquisition (only the
-    dead-letter XADD before it waits for the fence). Consumer A fails x:1 for good, writes its
-    dead letter and stops (a pause past the TTL) before the HSETNX. B takes the shard, recovers
-    x:1, handles it successfully, and handles x:2. A wakes: its HSETNX parks resource x in
-    Redis, naming a letter of an event that was handled. B's own copy of the parked set was
-    loaded when it took the lock, so B goes on; but every later owner of the shard (B after a
-    restart, a scale-out, a takeover) dead-letters x's events as ``parked``, and an operator's
-    requeue replays x:1 after x:2: order broken, by a consumer that held no lock any more.
-    """
-    s = settings(shards=1, liveness_ttl_s=1.0)  # a short TTL: A's pause outlasts it quickly
-    frozen: dict[str, Any] = {}
-    started_a = threading.Event()
-    stop_a = threading.Event()
-
-    async def run_a() -> None:  # consumer A, in an event loop of its own (its own "process")
-        bus_a = EventBus(s)
-
-        @bus_a.subscriber("t", group="g", on_failure="park", max_attempts=1)
-        async def fails(event: Tick) -> None:
-            raise RuntimeError(f"A cannot handle {event.resource}:{event.seq}")
-
-        async with running(bus_a):
-            consumer = next(c for c in bus_a.consumers if isinstance(c, Consumer))
-            hook = _FreezeBeforePark(consumer.handling.failures.redis)
-            consumer.handling.failures.redis = hook  # type: ignore[attr-defined]
-            frozen.update(consumer=consumer, hook=hook)
-            started_a.set()
-            await anyio.to_thread.run_sync(stop_a.wait)
-
-    thread = threading.Thread(target=lambda: asyncio.run(run_a()), daemon=True)
-    thread.start()
-    bus_b = EventBus(s)
-    parked_key, stream = bus_b.keys.parked("t", "g"), bus_b.keys.stream("t", 0)
-    handled_b: list[int] = []
-
-    @bus_b.subscriber("t", group="g", on_failure="park", max_attempts=1)
-    async def works(event: Tick) -> None:
-        handled_b.append(event.seq)
-
-    try:
-        assert await anyio.to_thread.run_sync(started_a.wait, 20)
-        hook: _FreezeBeforePark = frozen["hook"]
-        await bus_b.publish("t", Tick(resource="x", seq=1), resource_id="x")
-        assert await anyio.to_thread.run_sync(hook.frozen.wait, 20)  # A: letter written, frozen
-        assert await r.xlen(bus_b.keys.dead_letter("t", "g")) == 1
-        # A stays stopped past its lease (and Redis's TTL), as after a long pause
-        await wait_until(lambda: not frozen["consumer"].lease.ok())
-        async with running(bus_b):
-            await wait_until(lambda: handled_b == [1])  # B took the shard, recovered x:1
-            await bus_b.publish("t", Tick(resource="x", seq=2), resource_id="x")
-            await wait_until(lambda: handled_b == [1, 2])
-            await wait_until(lambda: _pending(r, stream, 0))
-            hook.resume.set()  # A wakes up
-            assert await anyio.to_thread.run_sync(hook.parked.wait, 20)
-            parked = await r.hget(parked_key, "x")
-    finally:
-        if "hook" in frozen:
-            frozen["hook"].resume.set()
-        stop_a.set()
-        await anyio.to_thread.run_sync(thread.join, 30)
-    assert parked is None, (
-        "resource x was parked (by the consumer that had lost the shard) after the shard's new "
-        f"owner handled x:1 and x:2: {parked!r}"
-    )
 
 
 async def _pause_in_catch_up(
@@ -471,78 +366,6 @@ async def test_a_shard_retaken_soon_after_its_check_is_caught_up_before_it_is_re
     )
 
 
-async def test_no_loss_is_reported_for_a_new_group_when_nothing_was_trimmed(
-    settings: Callable[..., Settings], caplog: pytest.LogCaptureFixture, tmp_path: Path
-) -> None:
-    """Loss is never silent, and never invented (semantics.md "Stream caps"; tier.md gaps).
-
-    `ShardCatchUp.behind` returns True whenever the stream's first entry lies after the
-    successor of the group's last-delivered ID and the offloader has no checkpoint for the
-    shard (catchup_shard.py: ``if checkpoint.last is None ...: return True``). A group created
-    at ``0`` (``start="beginning"``, the default) has last-delivered ``0-0``, and any entry ID
-    lies after ``0-1``; so the first consumer with an archive that takes the shard before the
-    offloader archived anything logs at ERROR that the entries up to the stream's first one
-    "were trimmed from Redis and are not in any segment: lost before archiving", although
-    nothing ever left the stream (``entries-added`` equals its length).
-    """
-    store = open_store(str(tmp_path / "segments"))
-    bus = EventBus(settings(shards=1), archive=store)
-    seen: list[int] = []
-
-    @bus.subscriber("t", group="g")
-    async def handle(event: Tick) -> None:
-        seen.append(event.seq)
-
-    for seq in range(3):  # published before the group's consumers start; nothing trimmed
-        await bus.publish("t", Tick(resource="x", seq=seq), resource_id="x")
-    caplog.set_level("ERROR", logger="eventbus")
-    async with running(bus):
-        await wait_until(lambda: seen == [0, 1, 2])
-    false_alarms = [r.getMessage() for r in caplog.records if "lost before" in r.getMessage()]
-    assert not false_alarms, false_alarms
-
-
-async def test_a_failure_with_an_unencodable_message_still_parks_the_resource(
-    settings: Callable[..., Settings], r: redis.asyncio.Redis
-) -> None:
-    """Park (semantics.md "Park": "Every later event of that resource in the group is then
-    dead-lettered with reason parked, in order").
-
-    `dead_letter_fields` stores ``str(exc).encode()`` (protocol/dead_letters.py), which raises
-    `UnicodeEncodeError` for a message with a lone surrogate (text decoded with
-    ``surrogateescape``: file names from `os.fsdecode`, bytes from a peer). The error escapes
-    `Failures.dead_letter_and_park` before the park; `QueueRunner._settle` takes it for an
-    internal error and writes a plain ``failed`` dead letter (of the UnicodeEncodeError, the
-    handler's own error lost), acks, and the resource is not parked: x:2 runs while x:1 sits in
-    the dead-letter stream, and a requeue by resource finds nothing parked.
-    """
-    bus = EventBus(settings(shards=1))
-    handled: list[int] = []
-
-    @bus.subscriber("t", group="g", on_failure="park", max_attempts=1)
-    async def handle(event: Tick) -> None:
-        if event.seq == 1:
-            raise RuntimeError("cannot open " + b"caf\xe9.txt".decode("utf-8", "surrogateescape"))
-        handled.append(event.seq)
-
-    dlq = bus.keys.dead_letter("t", "g")
-    async with running(bus):
-        for seq in (1, 2):
-            await bus.publish("t", Tick(resource="x", seq=seq), resource_id="x")
-        # x:2 is settled either way: handled (the bug) or dead-lettered as parked
-        await wait_until(lambda: _settled(r, dlq, handled, 2))
-        parked = await r.hget(bus.keys.parked("t", "g"), "x")
-        letters = await r.xrange(dlq)
-    reasons = [fields[b"reason"] for _, fields in letters]
-    assert parked is not None and handled == [], (
-        f"x was not parked after x:1 failed: x:2 handled={handled}, dead letters {reasons}"
-    )
-
-
-async def _settled(r: Any, dlq: str, handled: list[int], n: int) -> bool:
-    return bool(handled) or await r.xlen(dlq) >= n
-
-
 async def _owner(r: Any, key: str, shard: int, who: bytes, *, negate: bool = False) -> bool:
     owner = await r.hget(key, str(shard))
     return (owner is not None and owner != who) if negate else owner == who
@@ -559,7 +382,7 @@ async def _has_entries(r: Any, key: str) -> bool:
 async def test_a_lock_round_answered_after_its_lease_claims_no_pending_entries(
     settings: Callable[..., Settings], r: redis.asyncio.Redis
 ) -> None:
-    """hunt32 (suspected there): `_recover` sent ``XAUTOCLAIM ... 0 0-0`` without looking at the
+    """`_recover` sent ``XAUTOCLAIM ... 0 0-0`` without looking at the
     lease. A lock round whose reply arrives after the lease it grants has run out (a reply
     delayed past the TTL: another consumer may hold the shard by then) must claim nothing; the
     next round, answered in time, recovers the pending entry."""
@@ -599,7 +422,7 @@ async def test_a_lock_round_answered_after_its_lease_claims_no_pending_entries(
 async def test_a_lapse_during_the_catch_up_of_shards_behind_leaves_the_round_standing(
     settings: Callable[..., Settings], r: redis.asyncio.Redis
 ) -> None:
-    """review32 F2: two held shards behind the archive; while the second one's catch-up runs,
+    """Two held shards behind the archive; while the second one's catch-up runs,
     the heartbeat finds the consumer lapsed and drops every shard. `_catch_up_behind` then
     cleared the `behind` flag of shards no longer in the table (KeyError: the read loop does
     not catch it, so `bus.run` failed). Now the round ends with nothing held."""

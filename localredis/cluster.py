@@ -16,7 +16,7 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 from eventbus.errors import EventBusError
-from eventbus.testing.server import RedisServer, bindable, ephemeral_low, free_port, redis_binary
+from localredis.server import RedisServer, bindable, ephemeral_low, free_port, redis_binary
 
 _BUS_OFFSET = 10000  # a node's cluster bus listens on its port + 10000 (Redis's default)
 

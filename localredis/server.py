@@ -1,5 +1,5 @@
-"""Start a private ``redis-server`` on a free loopback port (a Cluster: `eventbus.testing.cluster`;
-a Sentinel topology: `eventbus.testing.sentinel`).
+"""Start a private ``redis-server`` on a free loopback port (a Cluster: `localredis.cluster`;
+a Sentinel topology: `localredis.sentinel`).
 
 Used by ``python -m examples.flights`` when no ``REDIS_URL`` is set, by the test fixtures and by the
 benchmarks. Needs the ``redis-server`` binary (Debian package ``redis-server``) on PATH.

@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from eventbus.errors import EventBusError
-from eventbus.testing.server import RedisServer, redis_binary
+from localredis.server import RedisServer, redis_binary
 
 SENTINEL_SERVICE = "eventbus"
 """Master name the `RedisSentinel` topology's sentinels monitor."""
