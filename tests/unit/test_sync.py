@@ -1,8 +1,8 @@
 """`SyncBus`'s methods are `EventBus`'s, blocking, and `Context.publish` is `EventBus.publish`:
 the same parameters and results (`Context.publish`'s result: awaitable in an ``async def``
-handler, the entry ID in a ``def`` one's worker thread). The wrappers take the keyword arguments as one record
-(``**options: Unpack[PublishOptions]``, PEP 692) and pass them on, so the defaults live in
-`EventBus` alone; these tests check that the record lists exactly `EventBus`'s keywords."""
+handler, the entry ID in a ``def`` one's worker thread). The wrappers take the keyword arguments
+as one record (``**options: Unpack[PublishOptions]``, PEP 692) and pass them on, so the defaults
+live in `EventBus` alone; these tests check that the record lists exactly `EventBus`'s keywords."""
 
 from __future__ import annotations
 
