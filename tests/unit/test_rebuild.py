@@ -238,3 +238,20 @@ def test_scalar_payloads_of_every_msgpack_form_are_rebuilt_byte_for_byte(
     got, rebuilt = _round_trip(entries, TypedPayloads({None: Flat}))
     assert got == [f[F_DATA] for _, f in entries]
     assert rebuilt == sum(f[F_DATA][0] == 1 for _, f in entries)
+
+
+def test_an_entry_whose_envelope_does_not_decode_keeps_its_data() -> None:
+    """A header value that is not text: the envelope columns are null (`decode_entry` refuses
+    it) while the payload validates; nothing rebuilds such an entry, so its data stays."""
+    good = Item(sku="s", qty=1, tags=[]).model_dump(mode="json")
+    odd = Envelope("r1", "Item", new_event_id(), MS + 1, {"k": 1}, good)  # type: ignore[dict-item]
+    entries = [_raw(0, good, "Item"), (EntryId(MS + 1, 0), encode_entry(odd))]
+    data, info = encode_segment(
+        *("t", 0, entries[0][0], entries[-1][0], entries),
+        typed=TypedPayloads({"Item": Item}),
+        rebuild_data=True,
+    )
+    stored = pq.read_table(io.BytesIO(data)).column("data").to_pylist()
+    assert [d is None for d in stored] == [True, False] and info.data_rebuilt == 1
+    table, _ = decode_segment(data, "k")
+    assert table.column("data").to_pylist() == [f[F_DATA] for _, f in entries]
