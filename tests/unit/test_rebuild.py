@@ -255,3 +255,18 @@ def test_an_entry_whose_envelope_does_not_decode_keeps_its_data() -> None:
     assert [d is None for d in stored] == [True, False] and info.data_rebuilt == 1
     table, _ = decode_segment(data, "k")
     assert table.column("data").to_pylist() == [f[F_DATA] for _, f in entries]
+
+
+def test_a_left_out_count_unlike_the_metadata_is_a_corrupt_segment() -> None:
+    entries = _entries([(f"r{i}", Item(sku=f"s{i}", qty=i, tags=[])) for i in range(3)])
+    data, _ = encode_segment(
+        *("t", 0, entries[0][0], entries[-1][0], entries),
+        typed=TypedPayloads({None: Item}),
+        rebuild_data=True,
+    )
+    table = pq.read_table(io.BytesIO(data))
+    meta = {**table.schema.metadata, b"eventbus.data_rebuilt": b"2"}
+    sink = io.BytesIO()
+    pq.write_table(table.replace_schema_metadata(meta), sink)
+    with pytest.raises(CorruptSegment, match="3 entries without data, metadata says 2"):
+        decode_segment(sink.getvalue(), "bad")
