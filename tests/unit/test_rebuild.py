@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import math
+from collections.abc import Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -43,14 +44,19 @@ class Order(BaseModel):
     note: str | None = None
 
 
-def _entries(events: list[tuple[str, BaseModel]], headers: dict[str, str] | None = None) -> list:
-    out = []
+Entries = list[tuple[EntryId, dict[bytes, bytes]]]
+
+
+def _entries(
+    events: Sequence[tuple[str, BaseModel]], headers: dict[str, str] | None = None
+) -> Entries:
+    out: Entries = []
     for i, (rid, event) in enumerate(events):
         out.append((EntryId(MS + i, i % 3), encode_entry(envelope_of(rid, event, headers))))
     return out
 
 
-def _round_trip(entries: list, typed: TypedPayloads) -> tuple[list[bytes], int]:
+def _round_trip(entries: Entries, typed: TypedPayloads) -> tuple[list[bytes], int]:
     """The ``data`` the tier's reader gives for `entries` written as a typed segment, and how
     many entries the file holds without their ``data``."""
     data, info = encode_segment(
