@@ -47,8 +47,14 @@ def rebuildable(typed: TypedPayloads) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for key, model in typed.models.items():
         struct = model_struct(model)
-        if all(_native(f.type) for f in struct):
-            out["*" if key is None else key] = [f.name for f in struct]
+        if not all(_native(f.type) for f in struct):
+            continue
+        names = [f.name for f in struct]
+        try:  # the Struct the bodies are encoded with (a name msgspec refuses: not rebuilt)
+            _payload_struct(tuple(names))
+        except (TypeError, ValueError):
+            continue
+        out["*" if key is None else key] = names
     return out
 
 
@@ -68,11 +74,20 @@ def parse_fields(text: str) -> dict[str, list[str]]:
 
 
 def candidates(
-    fields: Mapping[str, Sequence[str]], event_types: pa.Array, errors: pa.Array
+    fields: Mapping[str, Sequence[str]],
+    event_types: pa.Array,
+    errors: pa.Array,
+    columns: Mapping[str, Any],
 ) -> dict[str, pa.Array]:
-    """Per key of `fields`, the row indexes whose ``data`` the typed columns may rebuild: rows
-    of that event type (any, for ``"*"``) whose typed values are set (`errors` null)."""
+    """Per key of `fields`, the row indexes whose ``data`` the columns may rebuild: rows of
+    that event type (any, for ``"*"``) whose typed values are set (`errors` null) and whose
+    envelope columns (``event_id``, ``event_time_ms``, ``headers`` in `columns`) are not null:
+    an envelope `decode_entry` refused has null ones even when its payload validates."""
     ok = pc.is_null(errors)
+    for name in ("event_id", "event_time_ms", "headers"):
+        column = _flat(columns[name])
+        if column.null_count:
+            ok = pc.and_(ok, pc.is_valid(column))
     out: dict[str, pa.Array] = {}
     for key in fields:
         mask = ok if key == "*" else pc.and_(ok, pc.fill_null(pc.equal(event_types, key), False))
@@ -145,7 +160,7 @@ def unneeded(
     back from `columns`: what a typed segment stores (format version 3)."""
     if not fields:
         return data
-    rows = candidates(fields, event_types, errors)
+    rows = candidates(fields, event_types, errors, columns)
     if not rows:
         return data
     raw = data.to_pylist()
@@ -172,7 +187,7 @@ def restore(
     if not nulls:
         return data
     wanted = pc.is_null(data)
-    rows = candidates(fields, _flat(event_types), _flat(errors))
+    rows = candidates(fields, _flat(event_types), _flat(errors), columns)
     rows = {
         k: v for k, v in ((k, pc.filter(i, pc.take(wanted, i))) for k, i in rows.items()) if len(v)
     }

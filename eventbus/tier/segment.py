@@ -686,6 +686,10 @@ def _restored(table: pa.Table, info: SegmentInfo, wanted: list[str]) -> pa.Table
     assert info.data_fields is not None
     fields = rebuild.parse_fields(info.data_fields)
     columns = {name: table.column(name) for name in table.column_names}
+    if columns["data"].null_count != info.data_rebuilt:
+        raise ValueError(
+            f"{columns['data'].null_count} entries without data, metadata says {info.data_rebuilt}"
+        )
     data = rebuild.restore(
         fields, columns["data"], columns["event_type"], columns[ERROR_COLUMN], columns
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import math
+from collections.abc import Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -43,14 +44,19 @@ class Order(BaseModel):
     note: str | None = None
 
 
-def _entries(events: list[tuple[str, BaseModel]], headers: dict[str, str] | None = None) -> list:
-    out = []
+Entries = list[tuple[EntryId, dict[bytes, bytes]]]
+
+
+def _entries(
+    events: Sequence[tuple[str, BaseModel]], headers: dict[str, str] | None = None
+) -> Entries:
+    out: Entries = []
     for i, (rid, event) in enumerate(events):
         out.append((EntryId(MS + i, i % 3), encode_entry(envelope_of(rid, event, headers))))
     return out
 
 
-def _round_trip(entries: list, typed: TypedPayloads) -> tuple[list[bytes], int]:
+def _round_trip(entries: Entries, typed: TypedPayloads) -> tuple[list[bytes], int]:
     """The ``data`` the tier's reader gives for `entries` written as a typed segment, and how
     many entries the file holds without their ``data``."""
     data, info = encode_segment(
@@ -238,3 +244,35 @@ def test_scalar_payloads_of_every_msgpack_form_are_rebuilt_byte_for_byte(
     got, rebuilt = _round_trip(entries, TypedPayloads({None: Flat}))
     assert got == [f[F_DATA] for _, f in entries]
     assert rebuilt == sum(f[F_DATA][0] == 1 for _, f in entries)
+
+
+def test_an_entry_whose_envelope_does_not_decode_keeps_its_data() -> None:
+    """A header value that is not text: the envelope columns are null (`decode_entry` refuses
+    it) while the payload validates; nothing rebuilds such an entry, so its data stays."""
+    good = Item(sku="s", qty=1, tags=[]).model_dump(mode="json")
+    odd = Envelope("r1", "Item", new_event_id(), MS + 1, {"k": 1}, good)  # type: ignore[dict-item]
+    entries = [_raw(0, good, "Item"), (EntryId(MS + 1, 0), encode_entry(odd))]
+    data, info = encode_segment(
+        *("t", 0, entries[0][0], entries[-1][0], entries),
+        typed=TypedPayloads({"Item": Item}),
+        rebuild_data=True,
+    )
+    stored = pq.read_table(io.BytesIO(data)).column("data").to_pylist()
+    assert [d is None for d in stored] == [True, False] and info.data_rebuilt == 1
+    table, _ = decode_segment(data, "k")
+    assert table.column("data").to_pylist() == [f[F_DATA] for _, f in entries]
+
+
+def test_a_left_out_count_unlike_the_metadata_is_a_corrupt_segment() -> None:
+    entries = _entries([(f"r{i}", Item(sku=f"s{i}", qty=i, tags=[])) for i in range(3)])
+    data, _ = encode_segment(
+        *("t", 0, entries[0][0], entries[-1][0], entries),
+        typed=TypedPayloads({None: Item}),
+        rebuild_data=True,
+    )
+    table = pq.read_table(io.BytesIO(data))
+    meta = {**table.schema.metadata, b"eventbus.data_rebuilt": b"2"}
+    sink = io.BytesIO()
+    pq.write_table(table.replace_schema_metadata(meta), sink)
+    with pytest.raises(CorruptSegment, match="3 entries without data, metadata says 2"):
+        decode_segment(sink.getvalue(), "bad")
