@@ -100,8 +100,10 @@ def tree(rev: str) -> Tree:
 
 def command(what: str, out: Path, args: list[str]) -> list[str]:
     """The command line of one run of `what` writing its JSON to `out` (paths relative to the
-    run's working directory), with this checkout's interpreter."""
-    py = str(ROOT / ".venv" / "bin" / "python")
+    run's working directory), with the interpreter running this script (the checkout's
+    ``.venv``, or ``.venv-3.13`` under ``--python 3.13``: a fixed ``.venv`` path was missing
+    there)."""
+    py = sys.executable
     if what == "bench":
         return [py, "stress/bench.py", "--json", str(out), *(args or ["--events", "100000"])]
     if what == "flights":

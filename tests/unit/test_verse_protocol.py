@@ -183,11 +183,18 @@ def test_a_zlib_bomb_stops_at_max_bytes() -> None:
 
 def test_a_header_nested_past_jsons_depth_is_a_decode_error_naming_it() -> None:
     """A ~50-byte Verse entry whose header value is nested 1,000 deep: its JSON text raised
-    ``RecursionError`` out of `decode_verse`, and `bus.run()` with it, at every restart."""
+    ``RecursionError`` out of `decode_verse`, and `bus.run()` with it, at every restart. JSON's
+    encoder goes that deep from Python 3.12 (its C recursion limit is no longer the
+    interpreter's 1,000, gh-91079): there the header is that JSON text."""
     deep: Any = []
     for _ in range(1_000):
         deep = [deep]
     body = {"i": "abc", "c": {"n": 7}, "h": {"event": "Ev", "x": deep}, "r": None}
     fields = {b"msg": zlib.compress(msgpack.packb(body, use_bin_type=True))}
-    with pytest.raises(DecodeError, match=r"header 'x' .*RecursionError"):
-        decode_verse(fields)
+    try:
+        text = json.dumps(deep)
+    except RecursionError:  # this interpreter's JSON encoder stops before 1,000 levels
+        with pytest.raises(DecodeError, match=r"header 'x' .*RecursionError"):
+            decode_verse(fields)
+    else:
+        assert decode_verse(fields).headers["x"] == text
