@@ -13,14 +13,19 @@ connection of its own to its node, the first to return entries ending the others
 Fenced delivery: Redis does not fence XREADGROUP, so a stale consumer's read that lands late (a
 process paused between its lease check and the send, a request delayed in the network past the
 TTL) delivers entries into *its* pending entries list while this consumer holds the shard. Every
-read is therefore followed, in the same round trip (so after the read on the server), by an
-``XPENDING`` summary of each shard read (packed once per shard; a summary with nothing pending,
-or only ours, is passed over with two tests): entries pending for any other consumer are claimed
+read that returns entries of a shard is therefore followed (after the read on the server) by an
+``XPENDING`` summary of that shard (packed once per shard; a summary with nothing pending, or
+only ours, is passed over with two tests): entries pending for any other consumer are claimed
 (``XCLAIM ... 0``) and merged, by entry ID, with what was read, before anything is dispatched.
 A late read that lands after that summary took entries newer than those just read; the next
-read's summary claims them, and they are still older than that read's entries. So no later
-entry of a resource is dispatched before an earlier one, on a single node and on a Cluster (the
-summary follows the read on the stream's own node). See docs/protocol.md, "Fenced delivery".
+read that returns entries of the shard claims them with its summary, and they are still older
+than that read's entries. So no later entry of a resource is dispatched before an earlier one,
+on a single node and on a Cluster (the summary follows the read on the stream's own node). A
+read that returns nothing of a shard has nothing to order: on a single node its summary is
+skipped, but for every `SWEEP_EVERY`-th read, so that a late read into a shard that gets nothing
+more is still handled. The summaries of shards that had entries in the last read go in the
+read's round trip, the others that got entries in a second one. (On a Cluster each blocking
+read carries its shard's summary.) See docs/protocol.md, "Fenced delivery".
 
 Redelivery: entries read with ``>`` are first deliveries (count 1); claimed entries carry the
 PEL's delivery count (``XPENDING`` times-delivered), so a handler can tell a redelivery.
@@ -51,6 +56,11 @@ Counts = Mapping[bytes, int]
 Dispatch = Callable[[HeldShard, Entries, Counts], None]
 
 _STRAYS_PAGE = 1000
+
+SWEEP_EVERY = 8
+"""Every this many reads, a single node's read round summarizes the PEL of every stream read,
+not only of those that returned entries: a late read into a stream that gets nothing more is
+claimed within that many reads (`Reader._read_round`)."""
 
 
 @dataclass(slots=True)
@@ -87,6 +97,11 @@ class Reader:
         self._me = self.consumer_id.encode()
         # a single node's XPENDING summaries, packed once per shard stream
         self._summaries = {s: Packed.of("XPENDING", s, self.group) for s in streams}
+        # the streams whose last read returned entries: their summaries go with the next read
+        # (a busy stream is summarized in the read's round trip); `_rounds` counts the reads
+        # toward the sweep that summarizes every stream read (`SWEEP_EVERY`)
+        self._busy: set[str] = set()
+        self._rounds = 0
 
     async def aclose(self) -> None:
         """Close the connections of blocking reads on a Cluster (`cluster_reads`), and give a
@@ -179,30 +194,54 @@ class Reader:
         self, streams: list[str], block_ms: int, check: bool
     ) -> tuple[list[tuple[bytes, Any]], dict[int, list[bytes]]]:
         """A single node's read round: ``XREADGROUP`` then, with `check`, the ``XPENDING``
-        summary of each stream read (packed once per stream), in one round trip. Returns the
-        read's reply (`parse_xread`'s shape) and, by index in `streams`, the names of the other
-        consumers with entries pending there. An error reply to the read is raised; one to a
-        summary too, or, when the read delivered entries, a `redis.exceptions.ConnectionError`
-        (the read loop then forgets the shards and claims their PELs again, as after a lost
-        reply: the entries read cannot be checked, so they are not dispatched)."""
+        summaries the fenced delivery needs (docs/protocol.md): of each stream the read
+        returned entries of, and of every stream read on every `SWEEP_EVERY`-th read (so that a
+        late read into a stream that gets nothing more is not stranded). The summaries of the
+        streams whose last read had entries are sent with the read, in its round trip; those of
+        the others that got entries follow in a second one (still after the read on the
+        server, which is all the check needs). Returns the read's reply (`parse_xread`'s shape)
+        and, by index in `streams`, the names of the other consumers with entries pending
+        there. An error reply to the read is raised; one to a summary too, or, when the read
+        delivered entries, a `redis.exceptions.ConnectionError` (the read loop then forgets the
+        shards and claims their PELs again, as after a lost reply: the entries read cannot be
+        checked, so they are not dispatched)."""
         read = (*self._xreadgroup, block_ms, *self._noack, "STREAMS", *streams)
         commands: list[Any] = [(*read, *(">",) * len(streams))]
+        ahead: list[int] = []  # indexes in `streams` of the summaries sent with the read
         if check:
+            self._rounds += 1
+            if self._rounds % SWEEP_EVERY == 0:
+                ahead = list(range(len(streams)))
+            else:
+                busy = self._busy
+                ahead = [i for i, s in enumerate(streams) if s in busy]
             summaries = self._summaries
-            commands += [summaries[stream] for stream in streams]
+            commands += [summaries[streams[i]] for i in ahead]
         got, *rest = await self._conn.execute(commands, raise_on_error=False)
         if isinstance(got, Exception):
             raise got
         replies = parse_xread(got)
+        if not check:
+            return replies, {}
+        read_from = {_name(stream) for stream, rows in replies if rows}
+        self._busy = read_from
+        sent = set(ahead)
+        after = [i for i, s in enumerate(streams) if s in read_from and i not in sent]
+        if after:  # entries of streams not summarized with the read: summarize them now
+            summaries = self._summaries
+            rest += await self._conn.execute(
+                [summaries[streams[i]] for i in after], raise_on_error=False
+            )
+            ahead += after
         bad = next((r for r in rest if isinstance(r, Exception)), None)
         if bad is not None:
-            if any(rows for _, rows in replies):
+            if read_from:
                 raise RedisConnectionError(
                     f"entries read, then an XPENDING summary failed ({type(bad).__name__}: "
                     f"{bad}): the PELs are claimed again"
                 ) from bad
             raise bad
-        return replies, strays(rest, self._me)
+        return replies, {ahead[i]: names for i, names in strays(rest, self._me).items()}
 
     async def _claim_strays(
         self, h: HeldShard, others: list[bytes], reads: dict[bytes, Read]
@@ -249,6 +288,10 @@ class Reader:
             stream, self.group, entries[0][0], entries[-1][0], len(entries), self.consumer_id
         )
         return {row["message_id"]: int(row["times_delivered"]) for row in rows}
+
+
+def _name(stream: bytes | str) -> str:
+    return stream.decode() if isinstance(stream, bytes) else stream
 
 
 def strays(summaries: list[Any], me: bytes) -> dict[int, list[bytes]]:
