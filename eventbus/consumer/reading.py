@@ -21,11 +21,12 @@ A late read that lands after that summary took entries newer than those just rea
 read that returns entries of the shard claims them with its summary, and they are still older
 than that read's entries. So no later entry of a resource is dispatched before an earlier one,
 on a single node and on a Cluster (the summary follows the read on the stream's own node). A
-read that returns nothing of a shard has nothing to order: on a single node its summary is
-skipped, but for every `SWEEP_EVERY`-th read, so that a late read into a shard that gets nothing
-more is still handled. The summaries of shards that had entries in the last read go in the
-read's round trip, the others that got entries in a second one. (On a Cluster each blocking
-read carries its shard's summary.) See docs/protocol.md, "Fenced delivery".
+read that returns nothing of a shard has nothing to order: on a single node its summary is skipped,
+but for a sweep (every `SWEEP_EVERY` reads and `SWEEP_S` at the most often), so that a late read
+into a shard that gets nothing more is still handled. The summaries of shards that gave several
+entries to the last read go in the read's round trip, the others that got entries in a second one.
+(On a Cluster each blocking read carries its shard's summary.) See docs/protocol.md, "Fenced
+delivery".
 
 Redelivery: entries read with ``>`` are first deliveries (count 1); claimed entries carry the
 PEL's delivery count (``XPENDING`` times-delivered), so a handler can tell a redelivery.
@@ -34,6 +35,7 @@ PEL's delivery count (``XPENDING`` times-delivered), so a handler can tell a red
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,9 +60,11 @@ Dispatch = Callable[[HeldShard, Entries, Counts], None]
 _STRAYS_PAGE = 1000
 
 SWEEP_EVERY = 8
-"""Every this many reads, a single node's read round summarizes the PEL of every stream read,
-not only of those that returned entries: a late read into a stream that gets nothing more is
-claimed within that many reads (`Reader._read_round`)."""
+SWEEP_S = 1.0
+"""A single node's read round summarizes the PEL of every stream read, not only of those that
+returned entries, once at least `SWEEP_EVERY` reads and `SWEEP_S` seconds passed since the last
+such sweep: a late read into a stream that gets nothing more is claimed within that many reads,
+and a busy consumer's sweeps cost a few commands a second (`Reader._read_round`)."""
 
 
 @dataclass(slots=True)
@@ -97,11 +101,13 @@ class Reader:
         self._me = self.consumer_id.encode()
         # a single node's XPENDING summaries, packed once per shard stream
         self._summaries = {s: Packed.of("XPENDING", s, self.group) for s in streams}
-        # the streams whose last read returned entries: their summaries go with the next read
-        # (a busy stream is summarized in the read's round trip); `_rounds` counts the reads
-        # toward the sweep that summarizes every stream read (`SWEEP_EVERY`)
+        # the streams whose last read returned several entries: their summaries go with the next
+        # read (a busy stream is summarized in the read's round trip); `_rounds` counts the reads
+        # toward the sweep that summarizes every stream read (`SWEEP_EVERY`, `SWEEP_S`), due at
+        # monotonic time `_sweep_at`
         self._busy: set[str] = set()
         self._rounds = 0
+        self._sweep_at = 0.0
 
     async def aclose(self) -> None:
         """Close the connections of blocking reads on a Cluster (`cluster_reads`), and give a
@@ -193,24 +199,25 @@ class Reader:
     async def _read_round(
         self, streams: list[str], block_ms: int, check: bool
     ) -> tuple[list[tuple[bytes, Any]], dict[int, list[bytes]]]:
-        """A single node's read round: ``XREADGROUP`` then, with `check`, the ``XPENDING``
-        summaries the fenced delivery needs (docs/protocol.md): of each stream the read
-        returned entries of, and of every stream read on every `SWEEP_EVERY`-th read (so that a
-        late read into a stream that gets nothing more is not stranded). The summaries of the
-        streams whose last read had entries are sent with the read, in its round trip; those of
-        the others that got entries follow in a second one (still after the read on the
-        server, which is all the check needs). Returns the read's reply (`parse_xread`'s shape)
-        and, by index in `streams`, the names of the other consumers with entries pending
-        there. An error reply to the read is raised; one to a summary too, or, when the read
-        delivered entries, a `redis.exceptions.ConnectionError` (the read loop then forgets the
-        shards and claims their PELs again, as after a lost reply: the entries read cannot be
-        checked, so they are not dispatched)."""
+        """A single node's read round: ``XREADGROUP`` then, with `check`, the ``XPENDING`` summaries
+        the fenced delivery needs (docs/protocol.md): of each stream the read returned entries of,
+        and of every stream read on a sweep (`SWEEP_EVERY`, `SWEEP_S`: so that a late read into a
+        stream that gets nothing more is not stranded). The summaries of the streams whose last read
+        gave several entries are sent with the read, in its round trip; those of the others that got
+        entries follow in a second one (still after the read on the server, which is all the check
+        needs). Returns the read's reply (`parse_xread`'s shape) and, by index in `streams`, the
+        names of the other consumers with entries pending there. An error reply to the read is
+        raised; one to a summary too, or, when the read delivered entries, a
+        `redis.exceptions.ConnectionError` (the read loop then forgets the shards and claims their
+        PELs again, as after a lost reply: the entries read cannot be checked, so they are not
+        dispatched)."""
         read = (*self._xreadgroup, block_ms, *self._noack, "STREAMS", *streams)
         commands: list[Any] = [(*read, *(">",) * len(streams))]
         ahead: list[int] = []  # indexes in `streams` of the summaries sent with the read
         if check:
             self._rounds += 1
-            if self._rounds % SWEEP_EVERY == 0:
+            if self._rounds >= SWEEP_EVERY and time.monotonic() >= self._sweep_at:
+                self._rounds, self._sweep_at = 0, time.monotonic() + SWEEP_S
                 ahead = list(range(len(streams)))
             else:
                 busy = self._busy
@@ -224,7 +231,10 @@ class Reader:
         if not check:
             return replies, {}
         read_from = {_name(stream) for stream, rows in replies if rows}
-        self._busy = read_from
+        # a stream that gave more than one entry is likely to give more at the next read: its
+        # summary goes with it; one entry at a time (a trickle, or a round that woke up on one
+        # event) is summarized after, rather than every read of it sending one for nothing
+        self._busy = {_name(stream) for stream, rows in replies if len(rows) > 1}
         sent = set(ahead)
         after = [i for i, s in enumerate(streams) if s in read_from and i not in sent]
         if after:  # entries of streams not summarized with the read: summarize them now
