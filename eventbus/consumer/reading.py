@@ -44,7 +44,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from eventbus.client.pipelines import HeldConnection, Packed, execute
 from eventbus.consumer.cluster_reads import BlockingReads
-from eventbus.consumer.raw_replies import parse_xpending, parse_xread
+from eventbus.consumer.raw_replies import name_of, others_of, parse_xread, strays
 from eventbus.consumer.shards import HeldShard
 from eventbus.locking.member import Member
 from eventbus.ops.metrics import METRICS
@@ -101,10 +101,10 @@ class Reader:
         self._me = self.consumer_id.encode()
         # a single node's XPENDING summaries, packed once per shard stream
         self._summaries = {s: Packed.of("XPENDING", s, self.group) for s in streams}
-        # the streams whose last read returned several entries: their summaries go with the next
-        # read (a busy stream is summarized in the read's round trip); `_rounds` counts the reads
-        # toward the sweep that summarizes every stream read (`SWEEP_EVERY`, `SWEEP_S`), due at
-        # monotonic time `_sweep_at`
+        # the streams whose last read returned several entries: their summaries go with their
+        # next read (a busy stream is summarized in the read's round trip); `_rounds` counts the
+        # reads toward the sweep that summarizes every stream read (`SWEEP_EVERY`, `SWEEP_S`),
+        # due at monotonic time `_sweep_at`
         self._busy: set[str] = set()
         self._rounds = 0
         self._sweep_at = 0.0
@@ -144,16 +144,22 @@ class Reader:
         self, shards: list[HeldShard], dispatch: Dispatch, held: Callable[[HeldShard], bool]
     ) -> None:
         """Claim and dispatch the PEL of `shards`, in entry-ID order, page by page; the first
-        page of every shard goes in one pipeline (most PELs are empty). A shard for which
-        `held` turns False is left (the next owner claims its entries again). Raises what the
-        client raises: the caller must not read a shard whose recovery failed."""
+        page of every shard goes in one pipeline (most PELs are empty), and so do the delivery
+        counts of the first pages that claimed entries (a takeover of many shards: one round
+        trip, not one per shard). A shard for which `held` turns False is left (the next owner
+        claims its entries again). Raises what the client raises: the caller must not read a
+        shard whose recovery failed."""
         pipe = self.redis.pipeline(transaction=False)
         for h in shards:
             pipe.xautoclaim(h.stream, self.group, self.consumer_id, 0, "0-0", count=self.count)
-        for h, page in zip(shards, await execute(pipe), strict=True):
+        pages = await execute(pipe)
+        first_counts = await self._first_counts(shards, pages)
+        for i, (h, page) in enumerate(zip(shards, pages, strict=True)):
             cursor, entries, deleted = page
+            counts: dict[bytes, int] | None = first_counts.get(i, {})
             while True:
-                counts = await self._counts(h.stream, entries) if entries else {}
+                if counts is None:
+                    counts = await self._counts(h.stream, entries) if entries else {}
                 if not held(h):
                     break
                 if entries:
@@ -178,6 +184,7 @@ class Reader:
                 cursor, entries, deleted = await self.redis.xautoclaim(
                     h.stream, self.group, self.consumer_id, 0, cursor, count=self.count
                 )
+                counts = None
 
     async def read(self, shards: list[HeldShard], block_ms: int) -> list[Read]:
         """New entries (``>``) of `shards`, blocking at most `block_ms` ms when there are none,
@@ -230,11 +237,22 @@ class Reader:
         replies = parse_xread(got)
         if not check:
             return replies, {}
-        read_from = {_name(stream) for stream, rows in replies if rows}
-        # a stream that gave more than one entry is likely to give more at the next read: its
-        # summary goes with it; one entry at a time (a trickle, or a round that woke up on one
-        # event) is summarized after, rather than every read of it sending one for nothing
-        self._busy = {_name(stream) for stream, rows in replies if len(rows) > 1}
+        # a stream that gave more than one entry is likely to give more at its next read (which
+        # may come rounds later: a shard with a full read in flight is not read): its summary
+        # goes with it; one entry at a time (a trickle, or a round that woke up on one event)
+        # or none is summarized after, rather than every read of it sending one for nothing
+        read_from = set()
+        busy = self._busy
+        for stream, rows in replies:
+            if rows:
+                name = name_of(stream)
+                read_from.add(name)
+                if len(rows) > 1:
+                    busy.add(name)
+                else:
+                    busy.discard(name)
+        if len(read_from) < len(streams):
+            busy.difference_update([s for s in streams if s not in read_from])
         sent = set(ahead)
         after = [i for i, s in enumerate(streams) if s in read_from and i not in sent]
         if after:  # entries of streams not summarized with the read: summarize them now
@@ -292,36 +310,33 @@ class Reader:
                 return rows
             start = b"(" + page[-1]["message_id"]
 
+    async def _first_counts(
+        self, shards: list[HeldShard], pages: list[Any]
+    ) -> dict[int, dict[bytes, int]]:
+        """Delivery counts of the entries claimed by the first ``XAUTOCLAIM`` page of each of
+        `shards` (`pages`, in the same order), by index, in one pipeline; only the indexes whose
+        page claimed entries."""
+        claimed = [
+            (i, h.stream, page[1])
+            for i, (h, page) in enumerate(zip(shards, pages, strict=True))
+            if page[1]
+        ]
+        if not claimed:
+            return {}
+        pipe = self.redis.pipeline(transaction=False)
+        for _, stream, entries in claimed:
+            pipe.xpending_range(
+                stream, self.group, entries[0][0], entries[-1][0], len(entries), self.consumer_id
+            )
+        rows = await execute(pipe)
+        return {
+            i: {row["message_id"]: int(row["times_delivered"]) for row in page}
+            for (i, _, _), page in zip(claimed, rows, strict=True)
+        }
+
     async def _counts(self, stream: str, entries: Entries) -> dict[bytes, int]:
         """Delivery counts of claimed `entries` (first to last) from the PEL."""
         rows = await self.redis.xpending_range(
             stream, self.group, entries[0][0], entries[-1][0], len(entries), self.consumer_id
         )
         return {row["message_id"]: int(row["times_delivered"]) for row in rows}
-
-
-def _name(stream: bytes | str) -> str:
-    return stream.decode() if isinstance(stream, bytes) else stream
-
-
-def strays(summaries: list[Any], me: bytes) -> dict[int, list[bytes]]:
-    """By index in `summaries` (``XPENDING`` summary replies, raw or as redis-py parses them),
-    the names of the consumers other than `me` with entries pending; only the indexes that have
-    some. A raw summary with nothing pending, or only `me`'s, costs two tests."""
-    found: dict[int, list[bytes]] = {}
-    for i, reply in enumerate(summaries):
-        if type(reply) is list:  # raw: [count, min, max, [[name, count], ...]]
-            if not reply[0] or (len(reply[3]) == 1 and reply[3][0][0] == me):
-                continue
-            names = [name for name, n in reply[3] if name != me and int(n)]
-        else:
-            names = others_of(parse_xpending(reply), me)
-        if names:
-            found[i] = names
-    return found
-
-
-def others_of(summary: Any, me: bytes) -> list[bytes]:
-    """The consumers other than `me` with entries pending in an ``XPENDING`` summary
-    (`raw_replies.parse_xpending`'s shape)."""
-    return [c["name"] for c in summary.get("consumers") or [] if c["name"] != me and c["pending"]]
