@@ -82,3 +82,31 @@ def parse_xpending(reply: Any) -> dict[str, Any]:
         "max": reply[2],
         "consumers": [{"name": n, "pending": int(p)} for n, p in reply[3] or []],
     }
+
+
+def name_of(stream: bytes | str) -> str:
+    """A stream name as text."""
+    return stream.decode() if isinstance(stream, bytes) else stream
+
+
+def strays(summaries: list[Any], me: bytes) -> dict[int, list[bytes]]:
+    """By index in `summaries` (``XPENDING`` summary replies, raw or as redis-py parses them),
+    the names of the consumers other than `me` with entries pending; only the indexes that have
+    some. A raw summary with nothing pending, or only `me`'s, costs two tests."""
+    found: dict[int, list[bytes]] = {}
+    for i, reply in enumerate(summaries):
+        if type(reply) is list:  # raw: [count, min, max, [[name, count], ...]]
+            if not reply[0] or (len(reply[3]) == 1 and reply[3][0][0] == me):
+                continue
+            names = [name for name, n in reply[3] if name != me and int(n)]
+        else:
+            names = others_of(parse_xpending(reply), me)
+        if names:
+            found[i] = names
+    return found
+
+
+def others_of(summary: Any, me: bytes) -> list[bytes]:
+    """The consumers other than `me` with entries pending in an ``XPENDING`` summary
+    (`raw_replies.parse_xpending`'s shape)."""
+    return [c["name"] for c in summary.get("consumers") or [] if c["name"] != me and c["pending"]]

@@ -13,14 +13,20 @@ connection of its own to its node, the first to return entries ending the others
 Fenced delivery: Redis does not fence XREADGROUP, so a stale consumer's read that lands late (a
 process paused between its lease check and the send, a request delayed in the network past the
 TTL) delivers entries into *its* pending entries list while this consumer holds the shard. Every
-read is therefore followed, in the same round trip (so after the read on the server), by an
-``XPENDING`` summary of each shard read (packed once per shard; a summary with nothing pending,
-or only ours, is passed over with two tests): entries pending for any other consumer are claimed
+read that returns entries of a shard is therefore followed (after the read on the server) by an
+``XPENDING`` summary of that shard (packed once per shard; a summary with nothing pending, or
+only ours, is passed over with two tests): entries pending for any other consumer are claimed
 (``XCLAIM ... 0``) and merged, by entry ID, with what was read, before anything is dispatched.
 A late read that lands after that summary took entries newer than those just read; the next
-read's summary claims them, and they are still older than that read's entries. So no later
-entry of a resource is dispatched before an earlier one, on a single node and on a Cluster (the
-summary follows the read on the stream's own node). See docs/protocol.md, "Fenced delivery".
+read that returns entries of the shard claims them with its summary, and they are still older
+than that read's entries. So no later entry of a resource is dispatched before an earlier one,
+on a single node and on a Cluster (the summary follows the read on the stream's own node). A
+read that returns nothing of a shard has nothing to order: on a single node its summary is skipped,
+but for a sweep (every `SWEEP_EVERY` reads and `SWEEP_S` at the most often), so that a late read
+into a shard that gets nothing more is still handled. The summaries of shards that gave several
+entries to the last read go in the read's round trip, the others that got entries in a second one.
+(On a Cluster each blocking read carries its shard's summary.) See docs/protocol.md, "Fenced
+delivery".
 
 Redelivery: entries read with ``>`` are first deliveries (count 1); claimed entries carry the
 PEL's delivery count (``XPENDING`` times-delivered), so a handler can tell a redelivery.
@@ -29,6 +35,7 @@ PEL's delivery count (``XPENDING`` times-delivered), so a handler can tell a red
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,7 +44,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from eventbus.client.pipelines import HeldConnection, Packed, execute
 from eventbus.consumer.cluster_reads import BlockingReads
-from eventbus.consumer.raw_replies import parse_xpending, parse_xread
+from eventbus.consumer.raw_replies import name_of, others_of, parse_xread, strays
 from eventbus.consumer.shards import HeldShard
 from eventbus.locking.member import Member
 from eventbus.ops.metrics import METRICS
@@ -51,6 +58,13 @@ Counts = Mapping[bytes, int]
 Dispatch = Callable[[HeldShard, Entries, Counts], None]
 
 _STRAYS_PAGE = 1000
+
+SWEEP_EVERY = 8
+SWEEP_S = 1.0
+"""A single node's read round summarizes the PEL of every stream read, not only of those that
+returned entries, once at least `SWEEP_EVERY` reads and `SWEEP_S` seconds passed since the last
+such sweep: a late read into a stream that gets nothing more is claimed within that many reads,
+and a busy consumer's sweeps cost a few commands a second (`Reader._read_round`)."""
 
 
 @dataclass(slots=True)
@@ -87,6 +101,13 @@ class Reader:
         self._me = self.consumer_id.encode()
         # a single node's XPENDING summaries, packed once per shard stream
         self._summaries = {s: Packed.of("XPENDING", s, self.group) for s in streams}
+        # the streams whose last read returned several entries: their summaries go with their
+        # next read (a busy stream is summarized in the read's round trip); `_rounds` counts the
+        # reads toward the sweep that summarizes every stream read (`SWEEP_EVERY`, `SWEEP_S`),
+        # due at monotonic time `_sweep_at`
+        self._busy: set[str] = set()
+        self._rounds = 0
+        self._sweep_at = 0.0
 
     async def aclose(self) -> None:
         """Close the connections of blocking reads on a Cluster (`cluster_reads`), and give a
@@ -123,16 +144,22 @@ class Reader:
         self, shards: list[HeldShard], dispatch: Dispatch, held: Callable[[HeldShard], bool]
     ) -> None:
         """Claim and dispatch the PEL of `shards`, in entry-ID order, page by page; the first
-        page of every shard goes in one pipeline (most PELs are empty). A shard for which
-        `held` turns False is left (the next owner claims its entries again). Raises what the
-        client raises: the caller must not read a shard whose recovery failed."""
+        page of every shard goes in one pipeline (most PELs are empty), and so do the delivery
+        counts of the first pages that claimed entries (a takeover of many shards: one round
+        trip, not one per shard). A shard for which `held` turns False is left (the next owner
+        claims its entries again). Raises what the client raises: the caller must not read a
+        shard whose recovery failed."""
         pipe = self.redis.pipeline(transaction=False)
         for h in shards:
             pipe.xautoclaim(h.stream, self.group, self.consumer_id, 0, "0-0", count=self.count)
-        for h, page in zip(shards, await execute(pipe), strict=True):
+        pages = await execute(pipe)
+        first_counts = await self._first_counts(shards, pages)
+        for i, (h, page) in enumerate(zip(shards, pages, strict=True)):
             cursor, entries, deleted = page
+            counts: dict[bytes, int] | None = first_counts.get(i, {})
             while True:
-                counts = await self._counts(h.stream, entries) if entries else {}
+                if counts is None:
+                    counts = await self._counts(h.stream, entries) if entries else {}
                 if not held(h):
                     break
                 if entries:
@@ -157,6 +184,7 @@ class Reader:
                 cursor, entries, deleted = await self.redis.xautoclaim(
                     h.stream, self.group, self.consumer_id, 0, cursor, count=self.count
                 )
+                counts = None
 
     async def read(self, shards: list[HeldShard], block_ms: int) -> list[Read]:
         """New entries (``>``) of `shards`, blocking at most `block_ms` ms when there are none,
@@ -178,31 +206,70 @@ class Reader:
     async def _read_round(
         self, streams: list[str], block_ms: int, check: bool
     ) -> tuple[list[tuple[bytes, Any]], dict[int, list[bytes]]]:
-        """A single node's read round: ``XREADGROUP`` then, with `check`, the ``XPENDING``
-        summary of each stream read (packed once per stream), in one round trip. Returns the
-        read's reply (`parse_xread`'s shape) and, by index in `streams`, the names of the other
-        consumers with entries pending there. An error reply to the read is raised; one to a
-        summary too, or, when the read delivered entries, a `redis.exceptions.ConnectionError`
-        (the read loop then forgets the shards and claims their PELs again, as after a lost
-        reply: the entries read cannot be checked, so they are not dispatched)."""
+        """A single node's read round: ``XREADGROUP`` then, with `check`, the ``XPENDING`` summaries
+        the fenced delivery needs (docs/protocol.md): of each stream the read returned entries of,
+        and of every stream read on a sweep (`SWEEP_EVERY`, `SWEEP_S`: so that a late read into a
+        stream that gets nothing more is not stranded). The summaries of the streams whose last read
+        gave several entries are sent with the read, in its round trip; those of the others that got
+        entries follow in a second one (still after the read on the server, which is all the check
+        needs). Returns the read's reply (`parse_xread`'s shape) and, by index in `streams`, the
+        names of the other consumers with entries pending there. An error reply to the read is
+        raised; one to a summary too, or, when the read delivered entries, a
+        `redis.exceptions.ConnectionError` (the read loop then forgets the shards and claims their
+        PELs again, as after a lost reply: the entries read cannot be checked, so they are not
+        dispatched)."""
         read = (*self._xreadgroup, block_ms, *self._noack, "STREAMS", *streams)
         commands: list[Any] = [(*read, *(">",) * len(streams))]
+        ahead: list[int] = []  # indexes in `streams` of the summaries sent with the read
         if check:
+            self._rounds += 1
+            if self._rounds >= SWEEP_EVERY and time.monotonic() >= self._sweep_at:
+                self._rounds, self._sweep_at = 0, time.monotonic() + SWEEP_S
+                ahead = list(range(len(streams)))
+            else:
+                busy = self._busy
+                ahead = [i for i, s in enumerate(streams) if s in busy]
             summaries = self._summaries
-            commands += [summaries[stream] for stream in streams]
+            commands += [summaries[streams[i]] for i in ahead]
         got, *rest = await self._conn.execute(commands, raise_on_error=False)
         if isinstance(got, Exception):
             raise got
         replies = parse_xread(got)
+        if not check:
+            return replies, {}
+        # a stream that gave more than one entry is likely to give more at its next read (which
+        # may come rounds later: a shard with a full read in flight is not read): its summary
+        # goes with it; one entry at a time (a trickle, or a round that woke up on one event)
+        # or none is summarized after, rather than every read of it sending one for nothing
+        read_from = set()
+        busy = self._busy
+        for stream, rows in replies:
+            if rows:
+                name = name_of(stream)
+                read_from.add(name)
+                if len(rows) > 1:
+                    busy.add(name)
+                else:
+                    busy.discard(name)
+        if len(read_from) < len(streams):
+            busy.difference_update([s for s in streams if s not in read_from])
+        sent = set(ahead)
+        after = [i for i, s in enumerate(streams) if s in read_from and i not in sent]
+        if after:  # entries of streams not summarized with the read: summarize them now
+            summaries = self._summaries
+            rest += await self._conn.execute(
+                [summaries[streams[i]] for i in after], raise_on_error=False
+            )
+            ahead += after
         bad = next((r for r in rest if isinstance(r, Exception)), None)
         if bad is not None:
-            if any(rows for _, rows in replies):
+            if read_from:
                 raise RedisConnectionError(
                     f"entries read, then an XPENDING summary failed ({type(bad).__name__}: "
                     f"{bad}): the PELs are claimed again"
                 ) from bad
             raise bad
-        return replies, strays(rest, self._me)
+        return replies, {ahead[i]: names for i, names in strays(rest, self._me).items()}
 
     async def _claim_strays(
         self, h: HeldShard, others: list[bytes], reads: dict[bytes, Read]
@@ -243,32 +310,33 @@ class Reader:
                 return rows
             start = b"(" + page[-1]["message_id"]
 
+    async def _first_counts(
+        self, shards: list[HeldShard], pages: list[Any]
+    ) -> dict[int, dict[bytes, int]]:
+        """Delivery counts of the entries claimed by the first ``XAUTOCLAIM`` page of each of
+        `shards` (`pages`, in the same order), by index, in one pipeline; only the indexes whose
+        page claimed entries."""
+        claimed = [
+            (i, h.stream, page[1])
+            for i, (h, page) in enumerate(zip(shards, pages, strict=True))
+            if page[1]
+        ]
+        if not claimed:
+            return {}
+        pipe = self.redis.pipeline(transaction=False)
+        for _, stream, entries in claimed:
+            pipe.xpending_range(
+                stream, self.group, entries[0][0], entries[-1][0], len(entries), self.consumer_id
+            )
+        rows = await execute(pipe)
+        return {
+            i: {row["message_id"]: int(row["times_delivered"]) for row in page}
+            for (i, _, _), page in zip(claimed, rows, strict=True)
+        }
+
     async def _counts(self, stream: str, entries: Entries) -> dict[bytes, int]:
         """Delivery counts of claimed `entries` (first to last) from the PEL."""
         rows = await self.redis.xpending_range(
             stream, self.group, entries[0][0], entries[-1][0], len(entries), self.consumer_id
         )
         return {row["message_id"]: int(row["times_delivered"]) for row in rows}
-
-
-def strays(summaries: list[Any], me: bytes) -> dict[int, list[bytes]]:
-    """By index in `summaries` (``XPENDING`` summary replies, raw or as redis-py parses them),
-    the names of the consumers other than `me` with entries pending; only the indexes that have
-    some. A raw summary with nothing pending, or only `me`'s, costs two tests."""
-    found: dict[int, list[bytes]] = {}
-    for i, reply in enumerate(summaries):
-        if type(reply) is list:  # raw: [count, min, max, [[name, count], ...]]
-            if not reply[0] or (len(reply[3]) == 1 and reply[3][0][0] == me):
-                continue
-            names = [name for name, n in reply[3] if name != me and int(n)]
-        else:
-            names = others_of(parse_xpending(reply), me)
-        if names:
-            found[i] = names
-    return found
-
-
-def others_of(summary: Any, me: bytes) -> list[bytes]:
-    """The consumers other than `me` with entries pending in an ``XPENDING`` summary
-    (`raw_replies.parse_xpending`'s shape)."""
-    return [c["name"] for c in summary.get("consumers") or [] if c["name"] != me and c["pending"]]

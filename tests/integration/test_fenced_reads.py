@@ -80,3 +80,40 @@ async def test_a_late_read_with_nothing_after_it_is_not_stranded(
 async def _pel_empty(r: redis.asyncio.Redis, stream: str) -> bool:
     summary = await r.xpending(stream, "g")
     return not summary["pending"]
+
+
+async def _calls(r: redis.asyncio.Redis, command: str) -> int:
+    stats = await r.info("commandstats")
+    return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+@pytest.mark.single_node("a Cluster's blocking reads each carry their summary")
+async def test_reads_that_return_nothing_summarize_the_pels_only_on_the_sweep(
+    settings: Callable[..., Settings], r: redis.asyncio.Redis
+) -> None:
+    """An idle consumer's read rounds send no XPENDING summary but every `SWEEP_EVERY`-th
+    (which summarizes every shard read): a read that returns nothing of a shard has nothing to
+    order."""
+    from eventbus.consumer.reading import SWEEP_EVERY
+
+    shards = 8
+    bus = EventBus(settings(shards=shards, block_max_ms=20, block_min_ms=5))
+    bus.subscriber("t", group="g")(Recorder().add)
+    async with running(bus):
+        await wait_until(lambda: _holds_all(bus, shards))
+        await r.config_resetstat()
+        await wait_until(lambda: _reads_at_least(r, 4 * SWEEP_EVERY))
+        stats = await r.info("commandstats")
+    reads = int(stats["cmdstat_xreadgroup"]["calls"])
+    summaries = int(stats.get("cmdstat_xpending", {}).get("calls", 0))
+    # every SWEEP_EVERY-th read summarizes the shards (the count started mid-cycle)
+    assert summaries <= (reads // SWEEP_EVERY + 2) * shards
+    assert summaries < reads * shards / 2  # (each read summarized every shard before)
+
+
+def _holds_all(bus: EventBus, shards: int) -> bool:
+    return sum(len(c.ownership.table.held) for c in bus.consumers) == shards
+
+
+async def _reads_at_least(r: redis.asyncio.Redis, n: int) -> bool:
+    return await _calls(r, "xreadgroup") >= n

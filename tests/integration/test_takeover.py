@@ -242,3 +242,31 @@ async def _handled_count_is(r: redis.asyncio.Redis, n: int) -> bool:
 
 async def _is_member(r: redis.asyncio.Redis, bus: EventBus, consumer_id: str) -> bool:
     return await r.zscore(bus.keys.members(TOPIC, GROUP), consumer_id) is not None
+
+
+async def test_pending_entries_of_many_shards_are_recovered_with_their_delivery_counts(
+    settings: SettingsFactory, r: redis.asyncio.Redis
+) -> None:
+    """A consumer that takes several shards at once, each with entries pending for a consumer
+    gone without releasing them, handles them all, in order, with their delivery counts (each
+    read once before: 2), read for all the shards in one pipeline."""
+    shards = 4
+    bus = EventBus(settings(shards=shards))
+    rec = Recorder()
+    bus.subscriber(TOPIC, group=GROUP)(rec.add)
+    names = resources_per_shard(shards)
+    for s in range(shards):
+        await r.xgroup_create(bus.keys.stream(TOPIC, s), GROUP, id="0", mkstream=True)
+    for seq in range(3):
+        for name in names:
+            stream, fields = bus.publisher.prepare(
+                bus.topic(TOPIC), Tick(resource=name, seq=seq), name
+            )
+            await r.xadd(stream, fields)
+    for s in range(shards):  # read by a consumer name that holds no lock: left pending
+        got = await r.xreadgroup(GROUP, "gone", {bus.keys.stream(TOPIC, s): ">"}, count=100)
+        assert len(got[0][1]) == 3
+    async with running(bus):
+        await rec.wait_for(3 * shards)
+    assert rec.by_resource() == {name: [0, 1, 2] for name in names}
+    assert [h.ctx.delivery_count for h in rec.log] == [2] * (3 * shards)
