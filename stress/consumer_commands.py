@@ -23,11 +23,11 @@ from typing import Any
 
 import anyio
 import redis.asyncio
-from eventbus.testing.server import RedisServer
 from pydantic import BaseModel
 
 from eventbus import EventBus, Settings
 from eventbus.testing import running
+from localredis.server import RedisServer
 
 
 class Tick(BaseModel):
