@@ -3,7 +3,7 @@
 
     python stress/spark_bench.py                    # the first 200,000 NYC flights of 2013
     python stress/spark_bench.py --events 336776    # the whole year
-    python stress/spark_bench.py --out stress/results/spark_bench.json
+    python stress/spark_bench.py --out stress/results/spark_bench.json   # or --json
 
 Starts a private redis-server (or uses REDIS_URL, whose database it FLUSHES), publishes the
 flights with ``bus.publish_many`` (timed: the writer's reference), archives them with the
@@ -246,24 +246,29 @@ def bounded(
     import pyarrow.parquet as pq
 
     from eventbus.spark import read
+    from eventbus.tier.layout import parse_segment_key
+
+    def shard(f: str) -> str:  # the shard of a segment file, either layout's folder
+        ref = parse_segment_key(f)
+        assert ref is not None, f
+        return str(ref.shard)
 
     starts: dict[str, str] = {}
     ends: dict[str, str] = {}
-    for shard in sorted({Path(f).parent.name for f in files}, key=int):
+    for s in sorted({shard(f) for f in files}, key=int):
         ids = [
             i
             for f in files
-            if Path(f).parent.name == shard
+            if shard(f) == s
             for i in pq.read_table(f, columns=["entry_id"]).column(0).to_pylist()
         ]
         if len(ids) >= 4:
-            starts[shard], ends[shard] = ids[len(ids) // 4], ids[3 * len(ids) // 4]
+            starts[s], ends[s] = ids[len(ids) // 4], ids[3 * len(ids) // 4]
     expected = sum(
         1
         for f in files
         for i in pq.read_table(f, columns=["entry_id"]).column(0).to_pylist()
-        if Path(f).parent.name not in starts
-        or _id(starts[Path(f).parent.name]) < _id(i) <= _id(ends[Path(f).parent.name])
+        if shard(f) not in starts or _id(starts[shard(f)]) < _id(i) <= _id(ends[shard(f)])
     )
     topic = opts["topic"]
     options = {
@@ -307,7 +312,7 @@ def stream_run(spark: Any, opts: dict[str, Any], limit: int | None) -> Callable[
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--events", type=int, default=200_000)
-    parser.add_argument("--out", type=Path)
+    parser.add_argument("--out", "--json", type=Path, help="write the JSON result here too")
     parser.add_argument("--runs", type=int, default=3, help="timed runs per read (median kept)")
     args = parser.parse_args()
     runs = args.runs
@@ -399,7 +404,7 @@ def main() -> None:
             return run
 
         opts = {"store": store, "topic": "bench-a", "model": MODEL}
-        uris = [Path(f).as_uri() for f in files]
+        uris = [f"file://{Path(f).resolve()}" for f in files]  # (as_uri: shard%3D0, not found)
         result["typed_agg"] = measure(
             phased(lambda: spark.read.format("eventbus").options(**opts).load()), n, runs
         )

@@ -288,9 +288,9 @@ def test_replay_of_a_topic_one_of_whose_shards_lost_every_segment_fails(
     assert off.exit_code == 0, off.output
     whole = runner.invoke(app, ["replay", "two", *args, "--no-progress"])
     assert whole.exit_code == 0 and "missing" not in whole.output, whole.output
-    for segment in (store / "two" / "1").glob("*.parquet"):  # every segment of shard 1
+    for segment in (store / "two" / "shard=1").glob("*.parquet"):  # every segment of shard 1
         segment.unlink()
-    (store / "two" / "1").rmdir()
+    (store / "two" / "shard=1").rmdir()
     holed = runner.invoke(app, ["replay", "two", *args, "--no-progress"])
     replayed = [line for line in holed.stdout.splitlines() if line.startswith("{")]
     assert holed.exit_code == 1, (

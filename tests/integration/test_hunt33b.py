@@ -243,7 +243,7 @@ def test_replay_during_an_offload_reports_no_missing_segment(
     result = runner.invoke(app, ["replay", "live", *args, "--no-progress"])
     events = [x for x in result.stdout.splitlines() if x.startswith("{")]
     assert len(events) == 60  # what the store held when the replay listed it
-    assert len(list((store / "live" / "0").glob("*.parquet"))) == 4  # nothing deleted
+    assert len(list((store / "live" / "shard=0").glob("*.parquet"))) == 4  # nothing deleted
     assert result.exit_code == 0, result.output[-500:]
 
 

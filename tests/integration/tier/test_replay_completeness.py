@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from eventbus.cli import app
 from eventbus.testing.cluster import ReplicatedCluster
 from eventbus.tier.gaps import Gap
+from eventbus.tier.layout import gap_prefix
 from eventbus.tier.offloader import Offloader
 from eventbus.tier.replay import ArchiveGap, check_complete
 from eventbus.tier.store import StoreNotFound, list_keys_sync, open_store
@@ -58,7 +59,7 @@ def test_a_deleted_middle_segment_fails_replay_unless_gaps_are_allowed(
     args = ["--store", str(store), "--redis-url", redis_db]
     off = RUNNER.invoke(app, ["offload", "--once", *args, "--segment-max-entries", "20"], env=env)
     assert off.exit_code == 0, off.output
-    segments = sorted((store / "holes" / "0").glob("*.parquet"))
+    segments = sorted((store / "holes" / "shard=0").glob("*.parquet"))
     assert len(segments) == 3
 
     whole = RUNNER.invoke(app, ["replay", "holes", *args, "--no-progress"])
@@ -105,7 +106,7 @@ def test_replay_checks_the_checkpoints_on_a_cluster(
     args = ["--store", str(store), "--redis-url", url]
     off = RUNNER.invoke(app, ["offload", "--once", *args, "--segment-max-entries", "20"], env=env)
     assert off.exit_code == 0, off.output
-    segments = sorted((store / topic / "0").glob("*.parquet"))
+    segments = sorted((store / topic / "shard=0").glob("*.parquet"))
     assert len(segments) == 3
 
     whole = RUNNER.invoke(app, ["replay", topic, *args, "--no-progress"], env=env)
@@ -162,7 +163,7 @@ def test_replay_while_a_gap_is_accounted_but_unrecorded(redis_db: str, tmp_path:
                 ).run_until_caught_up(20)
             cps = bus.keys.checkpoints("lossy")
             gap = json.loads(await bus.redis.hget(cps, "0:gap"))
-            assert list_keys_sync(store, "lossy/0/gaps/") == []
+            assert list_keys_sync(store, gap_prefix("lossy", 0)) == []
         await bus.aclose()
         return int(gap["lost_entries"])
 
