@@ -58,7 +58,7 @@ def main() -> None:
 
     rounds, variants = int(sys.argv[1]), json.loads(sys.argv[2])
     store = os.environ["STORE"]
-    files = sorted(Path(f).as_uri() for f in glob.glob(f"{store}/bench-a/*/*.parquet"))
+    files = sorted(f"file://{Path(f).resolve()}" for f in glob.glob(f"{store}/bench-a/*/*.parquet"))
     spark = start_spark()
     spark.conf.set("spark.sql.adaptive.enabled", "false")
     pid = spark._jvm.java.lang.ProcessHandle.current().pid()

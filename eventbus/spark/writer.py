@@ -186,13 +186,14 @@ async def _publish_overlapped(
 ) -> int:
     """Publish each chunk of `chunks` with ``publish(topic, chunk)`` (`Publisher.
     publish_envelopes`), in order, the next chunk built (Arrow to envelopes, in this process)
-    while the previous one's XADDs are with Redis: one chunk in flight at a time, so Redis and
-    this process work at once instead of in turn. Returns the envelopes published.
+    while the previous one's XADDs are with Redis (at most two chunks sent and unconfirmed), so
+    Redis and this process work at once instead of in turn. Returns the envelopes published.
 
-    Call order is publish order: each call reserves its places before its first await, and the
-    calls start in chunk order. A chunk that cannot be built or published raises after the chunk
-    in flight settled (its rows stay published; its own error, if any, is logged), so that no
-    XADD is left unconfirmed when the task fails."""
+    Call order is publish order: each call's task reserves its places before its first await,
+    and asyncio starts the tasks in the order they were made, chunk order. A chunk that cannot
+    be built or published raises after the chunk in flight settled (its rows stay published;
+    its own error, if any, is logged), so that no XADD is left unconfirmed when the task
+    fails."""
     count = 0
     sent: list[asyncio.Future[list[str]]] = []  # the chunk in flight, then the one just sent
     try:

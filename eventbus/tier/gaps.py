@@ -37,7 +37,7 @@ from pydantic import TypeAdapter, ValidationError
 from eventbus.errors import ConfigError
 from eventbus.protocol.ids import ZERO, EntryId, parse_id
 from eventbus.tier.errors import CorruptGapRecord
-from eventbus.tier.layout import gap_key, gap_prefix, parse_gap_key
+from eventbus.tier.layout import gap_key, gap_prefixes, parse_gap_key
 from eventbus.tier.metrics import TIER_METRICS
 from eventbus.tier.store import Store, get_bytes_sync, list_keys_sync, put_create
 
@@ -127,8 +127,13 @@ def gap_records(
     """The gap records of `topic`/`shard` (`parse_gap` dicts), in key order; `get` reads an
     object (default: `get_bytes_sync` on `store`). Raises `CorruptGapRecord`, `StoreError`."""
     read = get or (lambda key: get_bytes_sync(store, key))
-    keys = [k for k, _ in list_keys_sync(store, gap_prefix(topic, shard)) if parse_gap_key(k)]
-    return [parse_gap(read(key), key) for key in keys]
+    # both layouts' folders (`eventbus.tier.layout`), one record per range: the new folder's
+    by_range: dict[str, str] = {}
+    for prefix in gap_prefixes(topic, shard):
+        for key, _ in list_keys_sync(store, prefix):
+            if parse_gap_key(key):
+                by_range.setdefault(key.rsplit("/", 1)[-1], key)
+    return [parse_gap(read(by_range[name]), by_range[name]) for name in sorted(by_range)]
 
 
 async def record_gap(store: Store, gap: Gap) -> bool:

@@ -27,8 +27,9 @@ from eventbus.tier.layout import (
     SEGMENT_SUFFIX,
     SegmentRef,
     parse_segment_key,
-    segment_key,
-    shard_prefix,
+    segment_key_in,
+    shard_of_folder,
+    shard_prefixes,
 )
 
 Store = LocalStore | MemoryStore | S3Store | Any
@@ -153,60 +154,74 @@ def get_bytes_sync(store: Store, key: str) -> bytes:
         raise StoreError(f"get {key!r} from {describe(store)} failed: {exc}") from exc
 
 
-def _refs(metas: list[Any], after: str | None) -> list[SegmentRef]:
-    refs = []
+def _refs(metas: list[Any]) -> list[SegmentRef]:
+    """The segments among listed objects, in entry-ID order; one per range when both layouts
+    hold it (an offloader of each version finished the same intent): the first listed, the
+    Hive-style folder's."""
+    refs: dict[tuple[Any, Any], SegmentRef] = {}
     for meta in metas:
-        if after is not None and meta["path"] <= after:
-            continue
         ref = parse_segment_key(meta["path"], int(meta["size"]))
         if ref is not None:
-            refs.append(ref)
-    refs.sort()
-    return refs
+            refs.setdefault((ref.first, ref.last), ref)
+    return sorted(refs.values())
 
 
-def _offset(topic: str, shard: int, after: SegmentRef | None) -> str | None:
-    return None if after is None else segment_key(topic, shard, after.first, after.last)
+def _listings(topic: str, shard: int, after: SegmentRef | None) -> list[tuple[str, str | None]]:
+    """(prefix, offset) of each folder of the shard (`shard_prefixes`): the keys after `after`'s
+    range in that folder, when given."""
+    return [
+        (prefix, None if after is None else segment_key_in(prefix, after.first, after.last))
+        for prefix in shard_prefixes(topic, shard)
+    ]
+
+
+def _after(meta: Any, offset: str | None) -> bool:
+    # a store that ignores ``offset`` must not hand back the segment listed after
+    return offset is None or meta["path"] > offset
 
 
 async def list_segments(
     store: Store, topic: str, shard: int, *, after: SegmentRef | None = None
 ) -> list[SegmentRef]:
-    """The segments of one shard in entry-ID order; only those whose key sorts after `after`'s
-    when given (a cheap "what is new since" listing). Raises `StoreError`."""
-    offset = _offset(topic, shard, after)
-    try:
-        stream = obstore.list(store, shard_prefix(topic, shard), offset=offset, chunk_size=1000)
-        metas = [m async for chunk in stream for m in chunk]
-    except (BaseError, OSError) as exc:
-        raise StoreError(f"list {shard_prefix(topic, shard)!r} failed: {exc}") from exc
-    return _refs(metas, offset)
+    """The segments of one shard in entry-ID order, from both layouts' folders
+    (`eventbus.tier.layout`); only those whose key sorts after `after`'s when given (a cheap
+    "what is new since" listing). Raises `StoreError`."""
+    metas = []
+    for prefix, offset in _listings(topic, shard, after):
+        try:
+            stream = obstore.list(store, prefix, offset=offset, chunk_size=1000)
+            metas += [m async for chunk in stream for m in chunk if _after(m, offset)]
+        except (BaseError, OSError) as exc:
+            raise StoreError(f"list {prefix!r} failed: {exc}") from exc
+    return _refs(metas)
 
 
 def list_segments_sync(
     store: Store, topic: str, shard: int, *, after: SegmentRef | None = None
 ) -> list[SegmentRef]:
     """Blocking `list_segments`."""
-    offset = _offset(topic, shard, after)
-    try:
-        stream = obstore.list(store, shard_prefix(topic, shard), offset=offset, chunk_size=1000)
-        metas = [m for chunk in stream for m in chunk]
-    except (BaseError, OSError) as exc:
-        raise StoreError(f"list {shard_prefix(topic, shard)!r} failed: {exc}") from exc
-    return _refs(metas, offset)
+    metas = []
+    for prefix, offset in _listings(topic, shard, after):
+        try:
+            stream = obstore.list(store, prefix, offset=offset, chunk_size=1000)
+            metas += [m for chunk in stream for m in chunk if _after(m, offset)]
+        except (BaseError, OSError) as exc:
+            raise StoreError(f"list {prefix!r} failed: {exc}") from exc
+    return _refs(metas)
 
 
 def list_shards_sync(store: Store, topic: str) -> list[int]:
-    """The shard folders present for `topic`, ascending. Raises `StoreError`."""
+    """The shards that have a folder for `topic` (either layout's), ascending. Raises
+    `StoreError`."""
     try:
         result = obstore.list_with_delimiter(store, f"{topic}/")
     except (BaseError, OSError) as exc:
         raise StoreError(f"list {topic!r}/ failed: {exc}") from exc
-    shards = []
+    shards = set()
     for prefix in result["common_prefixes"]:
-        name = prefix.rstrip("/").rsplit("/", 1)[-1]
-        if name.isdigit():
-            shards.append(int(name))
+        shard = shard_of_folder(prefix.rstrip("/").rsplit("/", 1)[-1])
+        if shard is not None:
+            shards.add(shard)
     return sorted(shards)
 
 

@@ -205,7 +205,7 @@ def test_overlapping_segments_give_each_entry_once(
     data, _ = encode_segment(topic, 0, first, last, forged)
     path = Path(store) / segment_key(topic, 0, first, last)
     path.write_bytes(data)
-    assert len(list((Path(store) / topic / "0").glob("*.parquet"))) == 4
+    assert len(list((Path(store) / topic / "shard=0").glob("*.parquet"))) == 4
     want = sorted(str(e.entry_id) for e in entries)
     # the path of stream batches and of a cut's tail: segments read in one task
     objects = Objects(open_store(store))

@@ -207,7 +207,7 @@ def test_errors_of_the_read_itself_still_raise(
     found missing when the session is probed, toSeq changed: found while the relation is
     built), and an intact session keeps its fast route after them; a good read then works."""
     _, segments = archived(redis_db, tmp_path, topic)
-    paths = sorted(p.resolve().as_uri() for p in segments)
+    paths = sorted(f"file://{p.resolve()}" for p in segments)  # (as_uri: shard%3D0)
     schema = spark.read.parquet(*paths).schema
     for upgrade in (None, TO_SEQ_GONE, TO_SEQ_CHANGED):
         with monkeypatch.context() as patched:
@@ -258,7 +258,7 @@ def test_bad_input_raises_and_keeps_the_fast_route(
     its fast route and nothing is said (before 29c4412 the route was given up for the session,
     with a warning naming an internal that had not moved)."""
     options, segments = archived(redis_db, tmp_path, topic)
-    schema = spark.read.parquet(*[p.as_uri() for p in segments]).schema
+    schema = spark.read.parquet(*[f"file://{p.resolve()}" for p in segments]).schema
     with caplog.at_level(logging.WARNING, "eventbus.spark"):
         with pytest.raises(TypeError):
             jvm.parquet_select(spark, schema, [Path(p) for p in segments], ["resource_id"])

@@ -309,7 +309,7 @@ def test_without_a_jvm_in_this_process_the_frame_is_built_through_the_public_api
 
     store = tmp_path / "archive"
     archive(redis_db, str(store), topic, typed=False)
-    paths = sorted(p.as_uri() for p in store.glob(f"{topic}/*/*.parquet"))
+    paths = sorted(f"file://{p.resolve()}" for p in store.glob(f"{topic}/*/*.parquet"))
     schema = spark.read.parquet(*paths).schema
     exprs = ["`resource_id` AS `rid`", "timestamp_millis(event_time_ms) AS `at`", "data"]
 

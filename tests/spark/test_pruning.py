@@ -58,7 +58,7 @@ def test_shard_and_resource_filters_skip_segments(
     Path(store).parent.joinpath("reads.log").unlink()
     rows = counted(spark, store, topic, shards="4").where(F.col("resource_id") == "res-3").collect()
     assert len(rows) == len([i for i in range(800) if i % 9 == 3])
-    assert {k.split("/")[1] for k in reads(store)} == {str(shard_of("res-3", 4))}
+    assert {k.split("/")[1] for k in reads(store)} == {f"shard={shard_of('res-3', 4)}"}
 
 
 def test_entry_time_and_id_filters_skip_segments(

@@ -61,7 +61,7 @@ def test_key_layout_round_trips() -> None:
     first, last = EntryId(1, 2), EntryId(3, 4)
     key = segment_key("orders", 12, first, last)
     assert key == (
-        "orders/12/00000000000000000001-00000000000000000002-"
+        "orders/shard=12/00000000000000000001-00000000000000000002-"
         "00000000000000000003-00000000000000000004.parquet"
     )
     ref = parse_segment_key("some/prefix/" + key, size=10)
@@ -73,9 +73,25 @@ def test_key_layout_round_trips() -> None:
         10,
     )
     gkey = gap_key("orders", 12, first, last)
-    assert gkey.startswith("orders/12/gaps/") and parse_gap_key(gkey) == (first, last)
+    assert gkey.startswith("orders/shard=12/_gaps/") and parse_gap_key(gkey) == (first, last)
     assert parse_segment_key(gkey) is None
-    assert parse_segment_key("orders/12/tmp#1") is None
+    assert parse_segment_key("orders/shard=12/tmp#1") is None
+    assert parse_segment_key("orders/shard=x/" + key.rsplit("/", 1)[1]) is None
+
+
+def test_segment_keys_of_the_earlier_layout_still_parse() -> None:
+    """Segments stored before the Hive-style folders (``<topic>/<shard>/``) name the same
+    range and shard."""
+    first, last = EntryId(1, 2), EntryId(3, 4)
+    name = segment_key("orders", 12, first, last).rsplit("/", 1)[1]
+    ref = parse_segment_key(f"orders/12/{name}")
+    assert ref is not None and (ref.topic, ref.shard, ref.first, ref.last) == (
+        "orders",
+        12,
+        first,
+        last,
+    )
+    assert parse_segment_key(f"orders/12/gaps/{name}") is None
 
 
 # -- segments -----------------------------------------------------------------------------------
@@ -169,7 +185,6 @@ def test_a_payload_string_that_is_not_utf8_is_archived_raw() -> None:
     data, info = encode_segment("t", 0, rows[0][0], rows[-1][0], rows)
     table = pq.read_table(io.BytesIO(data)).to_pylist()
     assert info.entries == 2 and table[1]["data"] == bad_data
-
 
     class Tick(BaseModel):
         seq: int
@@ -288,3 +303,55 @@ def test_open_store_schemes(tmp_path) -> None:
         assert [r.key for r in await list_segments(store, "t", 0, after=refs[0])] == [later]
 
     anyio.run(create_only)
+
+
+def test_listings_cover_both_layouts_once_per_range() -> None:
+    """A store holding segments and gap records of the earlier layout (``t/0/``,
+    ``t/0/gaps/``) and of the Hive-style one (``t/shard=0/``, ``t/shard=0/_gaps/``): shards,
+    segments (in entry-ID order, after a given one too) and gap records are listed from both,
+    a range stored in both folders once (the Hive-style folder's)."""
+    import anyio
+
+    from eventbus.tier.gaps import gap_records
+    from eventbus.tier.store import (
+        list_segments,
+        list_segments_sync,
+        list_shards_sync,
+        open_store,
+        put_create,
+    )
+
+    def ids(a: int, b: int) -> tuple[EntryId, EntryId]:
+        return EntryId(a, 0), EntryId(b, 0)
+
+    def gap(a: int, b: int, shard: int) -> bytes:
+        return (
+            f'{{"topic": "t", "shard": {shard}, "after": "{a}-0", "before": "{b}-0", '
+            '"lost_entries": 1, "detected_at_ms": 1, "detected_by": "x", "reason": "r"}'
+        ).encode()
+
+    def name(a: int, b: int) -> str:
+        return segment_key("t", 0, *ids(a, b)).rsplit("/", 1)[1]
+
+    async def fill() -> None:
+        for key in (f"t/0/{name(1, 2)}", f"t/0/{name(5, 6)}", f"t/3/{name(1, 1)}"):
+            await put_create(store, key, b"old")
+        for a, b in ((3, 4), (5, 6), (7, 8)):
+            await put_create(store, segment_key("t", 0, *ids(a, b)), b"new")
+        await put_create(store, f"t/0/gaps/{name(2, 3)[:-8]}.json", gap(2, 3, 0))
+        await put_create(store, gap_key("t", 0, *ids(4, 5)), gap(4, 5, 0))
+        await put_create(store, "t/_dictionaries/1.zdict", b"d")
+
+    store = open_store("memory://")
+    anyio.run(fill)
+    assert list_shards_sync(store, "t") == [0, 3]
+    refs = list_segments_sync(store, "t", 0)
+    assert [(r.first.ms, r.last.ms) for r in refs] == [(1, 2), (3, 4), (5, 6), (7, 8)]
+    assert refs[2].key.startswith("t/shard=0/")  # the range in both folders: listed once
+    after = anyio.run(lambda: list_segments(store, "t", 0, after=refs[1]))
+    assert [(r.first.ms, r.last.ms) for r in after] == [(5, 6), (7, 8)]
+    assert [r.shard for r in list_segments_sync(store, "t", 3)] == [3]
+    assert [(g["after"], g["before"]) for g in gap_records(store, "t", 0)] == [
+        ("2-0", "3-0"),
+        ("4-0", "5-0"),
+    ]

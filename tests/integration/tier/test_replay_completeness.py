@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 from eventbus import EventBus, Settings
 from eventbus.cli import app
 from eventbus.tier.gaps import Gap
+from eventbus.tier.layout import gap_prefix
 from eventbus.tier.offloader import Offloader
 from eventbus.tier.replay import ArchiveGap, check_complete
 from eventbus.tier.store import StoreNotFound, list_keys_sync, open_store
@@ -62,7 +63,7 @@ def test_a_deleted_middle_segment_fails_replay_unless_gaps_are_allowed(
     args = ["--store", str(store), "--redis-url", redis_db]
     off = RUNNER.invoke(app, ["offload", "--once", *args, "--segment-max-entries", "20"], env=env)
     assert off.exit_code == 0, off.output
-    segments = sorted((store / "holes" / "0").glob("*.parquet"))
+    segments = sorted((store / "holes" / "shard=0").glob("*.parquet"))
     assert len(segments) == 3
 
     whole = RUNNER.invoke(app, ["replay", "holes", *args, "--no-progress"])
@@ -109,7 +110,7 @@ def test_replay_checks_the_checkpoints_on_a_cluster(
     args = ["--store", str(store), "--redis-url", url]
     off = RUNNER.invoke(app, ["offload", "--once", *args, "--segment-max-entries", "20"], env=env)
     assert off.exit_code == 0, off.output
-    segments = sorted((store / topic / "0").glob("*.parquet"))
+    segments = sorted((store / topic / "shard=0").glob("*.parquet"))
     assert len(segments) == 3
 
     whole = RUNNER.invoke(app, ["replay", topic, *args, "--no-progress"], env=env)
@@ -166,7 +167,7 @@ def test_replay_while_a_gap_is_accounted_but_unrecorded(redis_db: str, tmp_path:
                 ).run_until_caught_up(20)
             cps = bus.keys.checkpoints("lossy")
             gap = json.loads(await bus.redis.hget(cps, "0:gap"))
-            assert list_keys_sync(store, "lossy/0/gaps/") == []
+            assert list_keys_sync(store, gap_prefix("lossy", 0)) == []
         await bus.aclose()
         return int(gap["lost_entries"])
 
@@ -220,9 +221,9 @@ def test_replay_of_a_topic_one_of_whose_shards_lost_every_segment_fails(
     assert off.exit_code == 0, off.output
     whole = runner.invoke(app, ["replay", "two", *args, "--no-progress"])
     assert whole.exit_code == 0 and "missing" not in whole.output, whole.output
-    for segment in (store / "two" / "1").glob("*.parquet"):  # every segment of shard 1
+    for segment in (store / "two" / "shard=1").glob("*.parquet"):  # every segment of shard 1
         segment.unlink()
-    (store / "two" / "1").rmdir()
+    (store / "two" / "shard=1").rmdir()
     holed = runner.invoke(app, ["replay", "two", *args, "--no-progress"])
     replayed = [line for line in holed.stdout.splitlines() if line.startswith("{")]
     assert holed.exit_code == 1, (
@@ -280,5 +281,5 @@ def test_replay_during_an_offload_reports_no_missing_segment(
     result = runner.invoke(app, ["replay", "live", *args, "--no-progress"])
     events = [x for x in result.stdout.splitlines() if x.startswith("{")]
     assert len(events) == 60  # what the store held when the replay listed it
-    assert len(list((store / "live" / "0").glob("*.parquet"))) == 4  # nothing deleted
+    assert len(list((store / "live" / "shard=0").glob("*.parquet"))) == 4  # nothing deleted
     assert result.exit_code == 0, result.output[-500:]

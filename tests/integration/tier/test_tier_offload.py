@@ -219,7 +219,7 @@ async def test_typed_replay_names_segment_and_entry_of_a_bad_payload(
         )
     await bus.aclose()
     got = []
-    with pytest.raises(DecodeError, match=rf"typed/0/.*\.parquet entry {bad_id}: payload"):
+    with pytest.raises(DecodeError, match=rf"typed/shard=0/.*\.parquet entry {bad_id}: payload"):
         for replayed in iter_events(store, "typed", [Tick]):
             got.append(replayed.event.seq)  # type: ignore[attr-defined]
     assert got == [0, 1, 2]
@@ -243,7 +243,7 @@ async def test_a_segment_ends_at_the_entry_that_reaches_segment_max_bytes(
         assert verify_archive(store, "ticks", expected_entry_ids=published).exactly_once
     await bus.aclose()
     for shard in (0, 1):
-        files = sorted((tmp_path / "ticks" / str(shard)).glob("*.parquet"))
+        files = sorted((tmp_path / "ticks" / f"shard={shard}").glob("*.parquet"))
         assert len(files) > 2
         for i, f in enumerate(files):
             table = pq.read_table(f, columns=["resource_id", "event_type", "data"])

@@ -20,7 +20,7 @@ from tier_support import assert_no_overlap, fast_tier, make_bus, publish_ticks, 
 
 from eventbus import EventBus, Settings
 from eventbus.tier.errors import CorruptSegment, StoreError
-from eventbus.tier.layout import parse_segment_key
+from eventbus.tier.layout import gap_prefix, parse_segment_key
 from eventbus.tier.offloader import Offloader
 from eventbus.tier.replay import iter_topic
 from eventbus.tier.settings import OFFLOADER_GROUP
@@ -183,7 +183,7 @@ async def test_gap_detected_recorded_counted_and_logged(
         ).run_until_caught_up(20)
         lost = 1000 - remaining
         assert (stats.gaps, stats.lost, stats.entries) == (1, lost, remaining)
-        gap_keys = [k for k, _ in list_keys_sync(store, "lossy/0/gaps/")]
+        gap_keys = [k for k, _ in list_keys_sync(store, gap_prefix("lossy", 0))]
         assert len(gap_keys) == 1
         record = json.loads(bytes(obstore.get(store, gap_keys[0]).bytes()))
         assert record["lost_entries"] == lost and record["topic"] == "lossy"
@@ -206,7 +206,7 @@ async def test_gap_detected_recorded_counted_and_logged(
             bus.redis, store, settings=bus.settings, tier=fast_tier()
         ).run_until_caught_up(20)
         assert third.gaps == 1 and third.entries == 19
-        assert len(list_keys_sync(store, "lossy/0/gaps/")) == 2
+        assert len(list_keys_sync(store, gap_prefix("lossy", 0))) == 2
     await bus.aclose()
 
 
@@ -292,7 +292,7 @@ async def test_a_gap_accounted_but_not_yet_recorded_is_recorded_once(
             with pytest.raises(Crash):
                 await first.run_until_caught_up(20)
             # accounted, not recorded: the next owner must record it
-            assert list_keys_sync(store, "lossy/0/gaps/") == []
+            assert list_keys_sync(store, gap_prefix("lossy", 0)) == []
             assert int(await bus.redis.hget(cps, "0:count")) == 50 + lost
             assert json.loads(await bus.redis.hget(cps, "0:gap"))["lost_entries"] == lost
             stats = await Offloader(
@@ -301,7 +301,7 @@ async def test_a_gap_accounted_but_not_yet_recorded_is_recorded_once(
         else:
             stats = await first.run_until_caught_up(20)
         assert (stats.gaps, stats.lost, stats.entries) == (1, lost, remaining)
-        gap_keys = [k for k, _ in list_keys_sync(store, "lossy/0/gaps/")]
+        gap_keys = [k for k, _ in list_keys_sync(store, gap_prefix("lossy", 0))]
         assert gap_keys == failed
         record = json.loads(bytes(obstore.get(store, gap_keys[0]).bytes()))
         assert record["lost_entries"] == lost
@@ -345,12 +345,14 @@ async def test_a_pending_segment_that_lost_entries_is_recorded_once_across_a_cra
             ).run_until_caught_up(20)
         assert await bus.redis.hget(cps, "0:pending") is None
         assert int(await bus.redis.hget(cps, "0:count")) == 200  # 170 archived + 30 lost
-        assert list_keys_sync(store, "pending/0/gaps/") == []
+        assert list_keys_sync(store, gap_prefix("pending", 0)) == []
         stats = await Offloader(
             bus.redis, store, settings=bus.settings, tier=tier
         ).run_until_caught_up(20)
         assert (stats.gaps, stats.lost) == (1, 30)
-        assert [k for k, _ in list_keys_sync(store, "pending/0/gaps/")] == [str(crashed.value)]
+        assert [k for k, _ in list_keys_sync(store, gap_prefix("pending", 0))] == [
+            str(crashed.value)
+        ]
         assert int(await bus.redis.hget(cps, "0:count")) == 200
         assert await bus.redis.hget(cps, "0:gap") is None
         report = verify_archive(store, "pending")
