@@ -313,7 +313,10 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if upto <= after:
                 continue
             listed = self._segments(objects, topic, s)
-            cp = archived_upto(cps.get(s), listed) if redis is not None else upto
+            if redis is not None:
+                cp = archived_upto(cps.get(s), listed)
+            else:  # the archive is all there is: a segment the range ends inside is read too
+                cp = max(upto, listed[-1].last) if listed else upto  # (it was `upto`: skipped)
             refs = tuple(
                 r
                 for r in listed

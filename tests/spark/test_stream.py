@@ -417,3 +417,43 @@ def test_a_topic_neither_archived_nor_registered_fails_the_stream(
             q.awaitTermination(120)
     finally:
         q.stop()
+
+
+def test_an_archive_only_stream_reads_micro_batches_that_end_inside_a_segment(
+    spark: Any, redis_db: str, tmp_path: Path, topic: str
+) -> None:
+    """Without Redis (the archive is all there is), a micro-batch whose end falls inside a
+    segment read nothing of it: the batch's end stood for the archive's end, so the segment
+    (last entry past it) was left out, and the offsets moved on. 2,000 archived entries in one
+    segment per shard, 300 per trigger: batches of 0 rows, then the last 200 alone (the flights
+    bench lost 300,000 of 336,776 rows the same way)."""
+    store = str(tmp_path / "seg")
+    events = ticks(2000)
+    ids = publish(redis_db, topic, events)
+    offload(redis_db, store, topic, segment_max_entries=100_000)
+    seen: list[tuple[int, str]] = []
+    sizes: list[int] = []
+
+    def collect(df: Any, batch_id: int) -> None:
+        rows = df.select("shard", "entry_id").collect()
+        seen.extend((r.shard, r.entry_id) for r in rows)
+        sizes.append(len(rows))
+
+    q = (
+        spark.readStream.format("eventbus")
+        .option("store", store)
+        .option("topic", topic)
+        .option("model", "spark_support:Tick")
+        .option("maxOffsetsPerTrigger", "300")
+        .load()
+        .writeStream.foreachBatch(collect)
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    try:
+        assert q.awaitTermination(180)
+    finally:
+        q.stop()
+    assert sorted(seen) == _keyed(events, ids)  # every entry, once
+    assert len(sizes) >= 7 and max(sizes) <= 300 and min(sizes[:-1]) > 0
