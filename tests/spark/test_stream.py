@@ -18,14 +18,17 @@ from eventbus.spark.stream import parse_start
 pytestmark = pytest.mark.integration
 
 
-def _stream(spark: Any, store: str, topic: str, redis_url: str, **options: Any) -> Any:
+def _stream(spark: Any, store: str, topic: str, redis_url: str | None, **options: Any) -> Any:
+    """A typed stream of `topic` from `store`, with Redis's tail at `redis_url` (None: the
+    archive alone)."""
     r = (
         spark.readStream.format("eventbus")
         .option("store", store)
         .option("topic", topic)
-        .option("redis_url", redis_url)
         .option("model", "spark_support:Tick")
     )
+    if redis_url is not None:
+        r = r.option("redis_url", redis_url)
     for k, v in options.items():
         r = r.option(k, v)
     return r.load()
@@ -440,12 +443,7 @@ def test_an_archive_only_stream_reads_micro_batches_that_end_inside_a_segment(
         sizes.append(len(rows))
 
     q = (
-        spark.readStream.format("eventbus")
-        .option("store", store)
-        .option("topic", topic)
-        .option("model", "spark_support:Tick")
-        .option("maxOffsetsPerTrigger", "300")
-        .load()
+        _stream(spark, store, topic, None, maxOffsetsPerTrigger="300")
         .writeStream.foreachBatch(collect)
         .option("checkpointLocation", str(tmp_path / "cp"))
         .trigger(availableNow=True)
