@@ -15,9 +15,12 @@
 -- ARGV[7+H..]   candidate shards, in the caller's order of preference
 --
 -- A lock is taken when it is free, or held by a consumer whose liveness has expired, or already
--- held by the caller. The caller holds at most ceil(shards / live consumers) locks after the call
--- (the fair share); locks it already holds are kept even above that (the caller releases its
--- surplus once the shard is idle). Every change of owner increments the lock's fencing token.
+-- held by the caller. The caller takes locks up to its fair share: with S shards and N live
+-- members, floor(S / N), plus one for the (S mod N) members first by consumer ID (the shares
+-- add up to S, so a member that joins is owed floor(S / N) even when ceil(S / N) does not
+-- change; Kafka's range assignor splits partitions alike). Locks it already holds are kept even
+-- above that (the caller releases its surplus once the shard is idle). Every change of owner
+-- increments the lock's fencing token.
 --
 -- The epoch grows whenever a lock may have become takeable or the share may have changed: a
 -- member joined or was dropped (here), or locks were released or a member left
@@ -27,7 +30,9 @@
 -- from the caller only makes it scan, or miss takeable locks until the next change; it never
 -- gives it a lock another member holds.
 --
--- Returns {fair_share, epoch, {shard, token, state}, ...}: one triple per lock the caller now
+-- Returns {fair_share, epoch, {shard, token, state}, ...}: fair_share is -1 when the caller's
+-- epoch was current (membership unchanged since its scan, so its share is the one that scan
+-- returned); one triple per lock the caller now
 -- holds, state 0 = it already held the lock, 1 = it has just taken a free lock, 2 = it has just
 -- taken the lock from a consumer whose liveness expired. On 1 and 2 the caller is the new owner
 -- and must recover the shard's pending entries before reading new ones.
@@ -58,10 +63,9 @@ if not since then  -- a new epoch key (first use, or the data was lost): a new e
 end
 -- "<since>:<n>": after a FLUSHALL the counter starts again, the era does not come back
 local epoch = since .. ':' .. tostring(n or 0)
-local live = redis.call('ZCARD', members)
-local share = math.ceil(shard_count / live)
 
 local held = {}
+local share = -1
 if known_epoch == epoch then
   for i = 6, 5 + n_held do
     local shard = ARGV[i]
@@ -70,6 +74,15 @@ if known_epoch == epoch then
     end
   end
 else
+  local live = redis.call('ZCARD', members)
+  share = math.floor(shard_count / live)
+  if shard_count % live > 0 then  -- the first (S mod N) members by ID hold one more
+    local before = 0
+    for _, member in ipairs(redis.call('ZRANGE', members, 0, -1)) do
+      if member < me then before = before + 1 end
+    end
+    if before < shard_count % live then share = share + 1 end
+  end
   local count = 0
   local free = {}
   local start = ARGV[6 + n_held]

@@ -41,7 +41,17 @@ local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('ZREMRANGEBYSCORE', members, '-inf', '(' .. now_ms)
 redis.call('ZADD', members, now_ms + ttl_ms, me)
 redis.call('SET', liveness, '1', 'PX', ttl_ms)
-local share = math.ceil(shard_count / redis.call('ZCARD', members))
+-- the fair share as lock_shards.lua counts it: floor(S / N), one more for the first (S mod N)
+-- members by consumer ID
+local live = redis.call('ZCARD', members)
+local share = math.floor(shard_count / live)
+if shard_count % live > 0 then
+  local before = 0
+  for _, member in ipairs(redis.call('ZRANGE', members, 0, -1)) do
+    if member < me then before = before + 1 end
+  end
+  if before < shard_count % live then share = share + 1 end
+end
 
 local held = {}
 local count = 0

@@ -25,9 +25,10 @@ It reports, per group count and shape:
 * ``unowned_samples``: samples, once fair, in which a shard had no live owner (should be 0
   outside a kill).
 
-A fair share: every shard's lock held by a live member, none above ``ceil(shards / members)``
-(the share ``lock_shards.lua`` grants). Samples are one ``HGETALL`` of the lock hash and one
-``ZRANGE`` of the members every 50 ms, taken outside the steady window.
+A fair share: every shard's lock held by a live member, each member holding ``floor(shards /
+members)`` or ``ceil(shards / members)`` (the shares ``lock_shards.lua`` grants). Samples are
+one ``HGETALL`` of the lock hash and one ``ZRANGE`` of the members every 50 ms, taken outside the
+steady window.
 """
 
 from __future__ import annotations
@@ -162,10 +163,11 @@ class Fleet:
 
 
 def fair(
-    r: Any, keys: Keys, group: str, shards: int, gone: str = ""
+    r: Any, keys: Keys, group: str, shards: int, gone: str = "", joined: str = ""
 ) -> tuple[bool, dict[int, str], int]:
-    """Whether `group` has a fair share now (and member `gone`, one that left or was killed, is
-    out of it), its owners (shard -> member ID), and how many shards have no live owner."""
+    """Whether `group` has a fair share now (member `gone`, one that left or was killed, out of
+    it; member `joined` in it), its owners (shard -> member ID), and how many shards have no
+    live owner."""
     pipe = r.pipeline(transaction=False)
     pipe.hgetall(keys.locks(TOPIC, group))
     pipe.zrangebyscore(keys.members(TOPIC, group), "(" + str(server_ms(r)), "+inf")
@@ -173,11 +175,13 @@ def fair(
     live = {m.decode() for m in live_raw} - {gone}
     owners = {int(k): v.decode() for k, v in raw.items() if k.isdigit()}
     unowned = sum(1 for s in range(shards) if owners.get(s) not in live)
-    if not live:
+    if not live or (joined and joined not in live):  # (a join is sent, not yet made)
         return False, owners, unowned
-    share = math.ceil(shards / len(live))
-    counts = Counter(owners.values())
-    return unowned == 0 and max(counts.values(), default=0) <= share, owners, unowned
+    counts = Counter(o for o in owners.values() if o in live)
+    # each live member holds floor(S / N) or ceil(S / N): nobody starves, nobody hogs
+    least, most = shards // len(live), math.ceil(shards / len(live))
+    spread = [counts.get(m, 0) for m in live]
+    return unowned == 0 and least <= min(spread) and max(spread) <= most, owners, unowned
 
 
 def server_ms(r: Any) -> int:
@@ -186,13 +190,19 @@ def server_ms(r: Any) -> int:
 
 
 def until_fair(
-    r: Any, keys: Keys, group: str, shards: int, timeout_s: float, gone: str = ""
+    r: Any,
+    keys: Keys,
+    group: str,
+    shards: int,
+    timeout_s: float,
+    gone: str = "",
+    joined: str = "",
 ) -> tuple[float, dict[int, str]]:
-    """Seconds until `group` has a fair share without member `gone` (sampled every 50 ms), and
-    its owners then."""
+    """Seconds until `group` has a fair share without member `gone` and with member `joined`
+    (sampled every 50 ms), and its owners then."""
     start = time.monotonic()
     while True:
-        ok, owners, _ = fair(r, keys, group, shards, gone)
+        ok, owners, _ = fair(r, keys, group, shards, gone, joined)
         if ok:
             return time.monotonic() - start, owners
         if time.monotonic() - start > timeout_s:
@@ -260,7 +270,7 @@ def measure(args: argparse.Namespace, url: str) -> dict[str, Any]:
         g0 = groups[0]
         _, before = until_fair(r, keys, g0, args.shards, timeout_s)
         fleet.join(g0, f"{g0}-joiner")
-        join_s, after = until_fair(r, keys, g0, args.shards, timeout_s)
+        join_s, after = until_fair(r, keys, g0, args.shards, timeout_s, joined=f"{g0}-joiner")
         result["rebalance_s_join"] = round(join_s, 3)
         changes.append(moved(before, after))
 

@@ -6,8 +6,10 @@ Consumers, the offloader (group ``_offloader``) and catch-up all take shard lock
 
 A member is live while its score in the group's members sorted set (a deadline in Redis server
 time) lies in the future. ``lock_shards`` refreshes that deadline, takes locks that are free, held
-by a member whose liveness expired, or already held by the caller, up to the fair share
-``ceil(shards / live members)``, and increments a lock's fencing token on every change of owner.
+by a member whose liveness expired, or already held by the caller, up to the caller's fair share
+(``floor(shards / live members)``, one more for the first ``shards mod live members`` members by
+consumer ID: the shares add up to the shards), and increments a lock's fencing token on every
+change of owner.
 """
 
 from __future__ import annotations
@@ -68,8 +70,10 @@ class Grant:
 class LockRound:
     """The reply of one `LockClient.acquire`.
 
-    `share` is the fair share ceil(shards / live members); `grants` maps each shard the caller
-    holds after the call (including locks held before it, even above the share) to its `Grant`;
+    `share` is the caller's fair share: floor(shards / live members), one more for the first
+    (shards mod live members) members by consumer ID (``lock_shards.lua``); `grants` maps each
+    shard the caller holds after the call (including locks held before it, even above the share)
+    to its `Grant`;
     `sent_at` is the `time.monotonic()` at which the request was sent, the earliest instant the
     refreshed liveness can count from (so the start of a lease); `unusable` maps each candidate
     shard whose lock key the script could not read (``verse_lock_shards.lua``: a key of another
@@ -153,6 +157,7 @@ class LockClient:
         # round reads only those (``lock_shards.lua``; docs/protocol.md).
         self._epoch = ""
         self._held: set[int] = set()
+        self._share = 0  # the fair share of the last lock round
         self._every: list[int] = []  # range(shards) twice: rotations are slices of it
 
     @property
@@ -189,7 +194,9 @@ class LockClient:
             )
         finally:
             self._acquiring -= 1
-        got = LockRound.parse([reply[0], *reply[2:]], sent_at)
+        share = int(reply[0])  # -1: the share of this member's last scan (the epoch held)
+        got = LockRound.parse([self._share if share < 0 else share, *reply[2:]], sent_at)
+        self._share = got.share
         self._held = set(got.grants)
         epoch = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
         self._epoch = epoch if every else ""

@@ -167,7 +167,7 @@ class LockScriptCases:
         self, client: Any, scripts: Scripts
     ) -> None:
         assert (await self.lock(scripts, "a", 1)).locks == {0: (1, TAKEN_FREE)}
-        assert await self.unlock(scripts, "a", [0]) == {0}
+        assert await self.unlock(scripts, "a", [0], leave=True) == {0}
         assert (await self.lock(scripts, "b", 1, ttl_ms=5)).locks == {0: (2, TAKEN_FREE)}
         await self.expire_now(client, "b")
         assert (await self.lock(scripts, "a", 1)).locks == {0: (3, TAKEN_FROM_DEAD)}
@@ -175,10 +175,10 @@ class LockScriptCases:
 
     @pytest.mark.anyio
     @pytest.mark.parametrize(("shard_count", "live"), [(10, 3), (16, 5), (4, 4), (3, 7)])
-    async def test_fair_share_is_ceil_shards_over_live(
+    async def test_the_first_member_by_id_has_the_ceiling_share(
         self, client: Any, scripts: Scripts, shard_count: int, live: int
     ) -> None:
-        for i in range(live - 1):  # register the others without taking anything
+        for i in range(live - 1):  # register the others ("other0", ...: after "me") untaken
             assert (await self.lock(scripts, f"other{i}", shard_count, [])).locks == {}
         preference = list(reversed(range(shard_count)))
 
@@ -196,8 +196,40 @@ class LockScriptCases:
             await self.lock(scripts, name, 10, [])
         got = {name: (await self.lock(scripts, name, 10)).shards for name in names}
 
-        assert [len(got[n]) for n in names] == [4, 4, 2]
+        # floor(10 / 3) each, and the one left over to the first member by consumer ID
+        assert [len(got[n]) for n in names] == [4, 3, 3]
         assert set().union(*got.values()) == set(range(10))
+
+    @pytest.mark.anyio
+    async def test_the_extra_shards_go_to_the_first_members_by_consumer_id(
+        self, client: Any, scripts: Scripts
+    ) -> None:
+        for name in ["c", "a", "d", "b"]:  # joined in another order than their IDs'
+            await self.lock(scripts, name, 6, [])
+        shares = {name: (await self.lock(scripts, name, 6, [])).share for name in "abcd"}
+        assert shares == {"a": 2, "b": 2, "c": 1, "d": 1}
+
+    @pytest.mark.anyio
+    async def test_a_member_that_joins_is_owed_shards_when_the_ceiling_share_stays(
+        self, client: Any, scripts: Scripts
+    ) -> None:
+        # 5 shards over a, b, c: 2, 2, 1. With d, ceil(5 / 4) is still 2, but the shares are
+        # 2, 1, 1, 1: b gives one up (once drained, as a consumer does) and d takes it
+        for name in "abc":
+            await self.lock(scripts, name, 5, [])
+        held = {name: (await self.lock(scripts, name, 5)).shards for name in "abc"}
+        assert [len(held[n]) for n in "abc"] == [2, 2, 1]
+
+        joined = await self.lock(scripts, "d", 5)
+        assert (joined.share, joined.locks) == (1, {})  # every shard is held
+        b = await self.lock(scripts, "b", 5)
+        assert b.share == 1 and b.shards == held["b"]  # held above the share until released
+        surplus = sorted(held["b"])[0]
+        assert await self.unlock(scripts, "b", [surplus]) == {surplus}
+
+        got = await self.lock(scripts, "d", 5)
+        assert got.shards == {surplus}
+        assert (await self.lock(scripts, "b", 5)).shards == held["b"] - {surplus}
 
     @pytest.mark.anyio
     async def test_locks_above_the_share_are_kept(self, client: Any, scripts: Scripts) -> None:
@@ -455,6 +487,20 @@ class LockClientCases:
         assert [g.is_new for g in first.grants.values()] == [True, True]
         assert again.grants == {0: Grant(0, 2, LockState.HELD), 1: Grant(1, 1, LockState.HELD)}
         assert not any(g.is_new for g in again.grants.values())
+
+    @pytest.mark.anyio
+    async def test_a_round_at_an_unchanged_epoch_keeps_the_share_of_the_last_scan(
+        self, client: Any
+    ) -> None:
+        # the script answers -1 for the share when it did not scan; the client keeps its own
+        a, b = self.member(client, "a", shards=5), self.member(client, "b", shards=5)
+        assert (await a.acquire(range(5))).share == 5
+        assert (await b.acquire(range(5))).share == 2  # a joined before: floor 2, the extra a's
+        again = await a.acquire(range(5))  # (b's join: a scan)
+        assert again.share == 3 and set(again.grants) == set(range(5))
+        assert a._epoch  # so the next round is sent at the current epoch, and not scanned
+        steady = await a.acquire(range(5))
+        assert steady.share == 3 and set(steady.grants) == set(range(5))
 
     @pytest.mark.anyio
     async def test_fair_share_follows_the_candidates_order(self, client: Any) -> None:
