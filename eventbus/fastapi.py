@@ -36,7 +36,8 @@ from eventbus.app import EventBus
 from eventbus.errors import EventBusError, extra_missing
 
 try:
-    from fastapi import Depends, Request
+    from fastapi import APIRouter, Depends, Request
+    from fastapi.responses import HTMLResponse
 except ImportError as exc:
     raise extra_missing("eventbus.fastapi", "fastapi", exc) from exc
 
@@ -96,4 +97,47 @@ def get_bus(request: Request) -> EventBus:
 BusDep = Annotated[EventBus, Depends(get_bus)]
 """A route parameter typed ``bus: BusDep`` receives the application's bus."""
 
-__all__ = ["BusDep", "get_bus", "lifespan"]
+
+def asyncapi_routes(
+    bus: EventBus, *, path: str = "/asyncapi", title: str = "eventbus", version: str = "0.0.0"
+) -> APIRouter:
+    """Routes serving `bus`'s AsyncAPI 3.0 document, as ``eventbus describe --asyncapi`` writes
+    it: ``GET {path}`` the viewer page (`eventbus.asyncapi_view`), ``GET {path}.json`` the
+    document; ``app.include_router(asyncapi_routes(bus))``. The document is made at the first
+    request, when every router and subscriber is registered, then kept (the contract is the
+    code's; Redis is not read). Both are left out of the app's OpenAPI schema.
+
+    :param title: ``info.title``; `version`: ``info.version`` (the application's)
+    """
+    from eventbus.asyncapi import asyncapi_document
+    from eventbus.asyncapi_view import asyncapi_html
+    from eventbus.contract import contract_of
+
+    router = APIRouter(include_in_schema=False)
+    made: dict[str, Any] = {}
+
+    def document() -> dict[str, Any]:
+        if "doc" not in made:
+            made["doc"] = asyncapi_document(
+                contract_of(bus),
+                keys=bus.keys,
+                title=title,
+                version=version,
+                redis_url=bus.settings.redis_url,
+                profile=bus.profile,
+            )
+        doc: dict[str, Any] = made["doc"]
+        return doc
+
+    @router.get(path, response_class=HTMLResponse)
+    def page() -> str:
+        return asyncapi_html(document())
+
+    @router.get(f"{path}.json")
+    def json_document() -> dict[str, Any]:
+        return document()
+
+    return router
+
+
+__all__ = ["BusDep", "asyncapi_routes", "get_bus", "lifespan"]

@@ -1,7 +1,8 @@
 """``eventbus describe app:bus``: the application's contract, from its code (`eventbus.contract`):
 topics, groups, handlers, event types, policies and declared publishers, as tables; with
-``--asyncapi FILE`` also an AsyncAPI 3.0 document (`eventbus.asyncapi`), with ``--html FILE`` the
-tables as an HTML page. Nothing is read from Redis."""
+``--asyncapi FILE`` also an AsyncAPI 3.0 document (`eventbus.asyncapi`); ``--html FILE`` writes
+the tables as an HTML page, or with ``--asyncapi`` the document's viewer page
+(`eventbus.asyncapi_view`). Nothing is read from Redis."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from eventbus.asyncapi import asyncapi_document, model_schema
+from eventbus.asyncapi_view import asyncapi_html
 from eventbus.cli.output import cell, user_errors
 from eventbus.cli.run import load_bus
 from eventbus.contract import Contract, GroupContract, contract_of
@@ -29,7 +31,13 @@ def describe(
         Path | None,
         output_file("Write the AsyncAPI 3.0 document (JSON) to this file ('-': stdout)."),
     ] = None,
-    html: Annotated[Path | None, output_file("Write the tables as HTML to this file.")] = None,
+    html: Annotated[
+        Path | None,
+        output_file(
+            "Write an HTML page to this file: the tables, or with --asyncapi the document "
+            "rendered by AsyncAPI's viewer."
+        ),
+    ] = None,
     title: Annotated[
         str | None, typer.Option(help="The document's title (default: TARGET).")
     ] = None,
@@ -42,7 +50,7 @@ def describe(
         bus = load_bus(target)
         contract = contract_of(bus)
         to_stdout = asyncapi is not None and str(asyncapi) == "-"
-        console = Console(record=html is not None, stderr=to_stdout)
+        console = Console(record=html is not None and asyncapi is None, stderr=to_stdout)
         for table in tables(contract):
             console.print(table)
         if asyncapi is not None:
@@ -60,7 +68,10 @@ def describe(
             else:
                 asyncapi.write_text(text)
                 console.print(f"AsyncAPI 3.0 document written to {cell(asyncapi)}")
-        if html is not None:
+            if html is not None:
+                html.write_text(asyncapi_html(doc))
+                console.print(f"its HTML view written to {cell(html)}")
+        elif html is not None:
             console.save_html(str(html))
 
 

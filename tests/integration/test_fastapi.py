@@ -4,6 +4,7 @@ a lifespan with subscribers runs them in the app's process."""
 from __future__ import annotations
 
 import importlib
+import json
 import sys
 import time
 
@@ -15,8 +16,11 @@ from fastapi.testclient import TestClient
 from pydantic import BaseModel
 
 from eventbus import Context, EventBus
+from eventbus.asyncapi import asyncapi_document
+from eventbus.asyncapi_view import asyncapi_html
 from eventbus.config import Settings
-from eventbus.fastapi import BusDep, lifespan
+from eventbus.contract import contract_of
+from eventbus.fastapi import BusDep, asyncapi_routes, lifespan
 from eventbus.testing import running_in_app
 
 pytestmark = pytest.mark.integration
@@ -89,6 +93,32 @@ def test_lifespan_serves_once_broadcast_subscribers_read(settings: type[Settings
             client.portal.call(anyio.sleep, 0.01)  # on the app's loop, where the handler runs
         handled = list(seen)
     assert handled == ["first"]
+
+
+def test_the_app_serves_the_buss_asyncapi_document_and_its_viewer() -> None:
+    bus = EventBus(Settings())
+    app = FastAPI()
+
+    @bus.subscriber("echo", group="g")
+    async def handle(event: Echo) -> None:
+        pass
+
+    app.include_router(asyncapi_routes(bus, path="/docs/events", title="echo service"))
+
+    @bus.subscriber("later", group="g")  # registered after the routes: in the document too
+    async def later(event: Echo) -> None:
+        pass
+
+    with TestClient(app) as client:
+        doc = client.get("/docs/events.json").json()
+        page = client.get("/docs/events")
+    assert doc == asyncapi_document(
+        contract_of(bus), keys=bus.keys, title="echo service", redis_url=bus.settings.redis_url
+    )
+    assert set(doc["channels"]) == {"echo", "later"}
+    assert page.headers["content-type"].startswith("text/html")
+    assert page.text == asyncapi_html(doc)
+    assert "/docs/events" not in json.dumps(app.openapi())  # not part of the app's own API
 
 
 def test_get_bus_without_lifespan_is_a_clear_error() -> None:

@@ -203,6 +203,22 @@ def test_tables_wrap_names_and_html_is_written(tmp_path: Path) -> None:
     assert "Declared publishers" in out.read_text() and "Invoiced" in out.read_text()
 
 
+def test_html_with_asyncapi_is_the_documents_viewer_page(tmp_path: Path) -> None:
+    doc_file, page_file = tmp_path / "doc.json", tmp_path / "doc.html"
+    result = CliRunner().invoke(
+        app,
+        ["describe", "examples.orders_service:bus", "--asyncapi", str(doc_file)]
+        + ["--html", str(page_file)],
+    )
+    assert result.exit_code == 0, result.output
+    page = page_file.read_text()
+    [embedded] = re.findall(r'id="asyncapi-document">(.*?)</script>', page, re.S)
+    assert json.loads(embedded) == json.loads(doc_file.read_text())
+    assert "AsyncApiStandalone.render" in page
+    assert "Declared publishers" not in page  # the tables stay on the console
+    assert "Declared publishers" in result.output
+
+
 def test_a_target_that_is_no_bus_is_one_line() -> None:
     result = CliRunner().invoke(app, ["describe", "examples.orders_service:ledger"])
     assert result.exit_code == 1
