@@ -74,6 +74,10 @@ class RequestOptions(PublishOptions):
 
 
 _READ_COUNT = 100
+EARLY_MAX = 1000
+"""Replies kept per request while its publish is on its way (its entry ID, which a reply must
+answer, is not known yet): past that, a flood of entries claiming its correlation ID (only a
+writer of the reply stream can add them) is dropped with a warning instead of held in memory."""
 
 
 @dataclass(slots=True)
@@ -160,6 +164,16 @@ class Requester:
         if waiting is None or waiting.future.done():
             return  # a late reply (its request timed out) or a second one: nobody waits for it
         if waiting.entry_id is None:
+            if len(waiting.early) >= EARLY_MAX:
+                log.warning(
+                    "reply stream %s: entry %s dropped: %d replies to request %s already wait "
+                    "for its publish to return",
+                    self.stream,
+                    reply_id,
+                    EARLY_MAX,
+                    cid,
+                )
+                return
             waiting.early.append((reply_id, env))
         else:
             self._check(reply_id, cid, waiting, env)
