@@ -12,7 +12,7 @@ Steps, each on a fresh private ``redis-server`` (same binary, same machine, same
 6. latency: publish at a fixed rate (default 2,000 events/s) while one consumer process handles
    them; p50/p99 of publish-to-handler time (publisher wall clock to handler start, ms).
 
-Every figure is printed with its ratio to the matching ceiling. Targets (issue 18): 4 >= 0.75 x 2,
+Every figure is printed with its ratio to the matching ceiling. Targets: 4 >= 0.75 x 2,
 5 >= 0.6 x 3, p99 <= 5 ms at 2,000 events/s (10 ms on a Cluster), consumer peak RSS < 150 MB.
 """
 
@@ -301,7 +301,7 @@ def report(res: dict[str, Any]) -> None:
 
 
 def run_cluster_mode(args: argparse.Namespace) -> None:
-    """``--cluster``: single-node vs cluster latency and CPU per event, one run (issue 13)."""
+    """``--cluster``: single-node vs cluster latency and CPU per event, one run."""
     import cluster_bench
 
     result = asyncio.run(cluster_bench.cluster_vs_single(args, eventbus_latency))

@@ -13,8 +13,8 @@ process, one consumer process with a no-op handler) and records:
 * ``<topo>_publisher_cpu_us_per_event`` (this process) and ``<topo>_consumer_cpu_us_per_event``
   (the consumer process, from ``getrusage(RUSAGE_CHILDREN)``).
 
-Keys are ``single_...`` and ``cluster_...``; `cluster_latency_ms_p99` is the issue-13 target
-(<= 10 ms at 2,000 events/s). Compare CPU per event, not wall time: the machine is shared.
+Keys are ``single_...`` and ``cluster_...``; `cluster_latency_ms_p99` has a target of
+<= 10 ms at 2,000 events/s. Compare CPU per event, not wall time: the machine is shared.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Many consumer groups in one process (issue 19 item 16): idle cost and fan-out latency.
+"""Many consumer groups in one process: idle cost and fan-out latency.
 
     python stress/groups.py [--groups 100] [--shards 16] [--idle-s 10] [--json F]
 

@@ -1,5 +1,5 @@
 """``stress/bench.py --peers``: FastStream on the same events, Redis binary and run, eventbus's
-batch handlers and several consumer processes, and Redis bytes per flights entry (issue 12).
+batch handlers and several consumer processes, and Redis bytes per flights entry.
 
 Steps, each on a fresh private ``redis-server``:
 
@@ -295,7 +295,7 @@ async def run(args: Any, res: dict[str, Any]) -> dict[str, Any]:
         / peers["faststream_publish_pipelined_per_s"],
         "publish_ratio_faststream_one_by_one": res["eventbus_publish_per_s"]
         / peers["faststream_publish_one_by_one_per_s"],
-        # two consumer processes of one group against one (issue 18): on 2 cores Redis needs
+        # two consumer processes of one group against one: on 2 cores Redis needs
         # its share, hence also the pair against the raw read+ack of the same run
         "consume_scaling_2_processes": peers["eventbus_consume_2_processes_per_s"]
         / peers["eventbus_consume_1_processes_per_s"],

@@ -1,4 +1,4 @@
-"""Before/after measurements of the per-event paths (issue 12 item 4), ratios from one run.
+"""Before/after measurements of the per-event paths, ratios from one run.
 
     python stress/perf.py consume [--events N] [--runs 3] [--profile F.svg]
     python stress/perf.py publish [--events N] [--runs 3] [--profile F.svg]
@@ -424,7 +424,7 @@ def _batch_consume_child(url: str, expect: int, out: str) -> None:
 
 
 def batch_redis(events: int, profile: str | None) -> dict[str, float]:
-    """A batch subscriber's costs (issue 18: batch handler >= 0.7 x raw read+ack): one plain
+    """A batch subscriber's costs (target: a batch handler >= 0.7 x the raw read+ack): one plain
     run over N events published beforehand (rate, CPU share of the handled window, time blocked
     waiting for Redis per 1,000 events, Redis calls per 1,000 events by command, INFO
     commandstats), then callgrind runs over N / 25 and 3 N / 25 events, the difference over

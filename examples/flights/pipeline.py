@@ -495,7 +495,7 @@ async def summarize(bus: EventBus, run: Run) -> dict[str, Any]:
         "events_published": published,
         "events_handled": main_group["handled"],
         # CPU microseconds per event: the publisher process over the events it published, the
-        # consumer processes (both groups) over the events they handled (issue 18's targets)
+        # consumer processes (both groups) over the events they handled (the targets' unit)
         "publisher_cpu_us_per_event": round(publisher_cpu_s * 1e6 / max(1, published), 2),
         "consumer_cpu_us_per_event": round(consumer_cpu_s * 1e6 / max(1, handled_all), 2),
         # the publish step alone (the publisher process's CPU above also counts its imports,
