@@ -1,5 +1,5 @@
-"""``stress/consumer_commands.py``: the Redis commands a group consumer sends, by phase (issues
-37 item 5 and 38), counted by a private ``redis-server``'s ``INFO commandstats``.
+"""``stress/consumer_commands.py``: the Redis commands a group consumer sends, by phase, counted
+by a private ``redis-server``'s ``INFO commandstats``.
 
 One subscriber of a topic of ``--shards`` shards runs in ``eventbus.testing.running`` against
 the server (``block_max_ms`` 50, as the in-memory test bus caps it). Phases, each after a

