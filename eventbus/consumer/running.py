@@ -28,7 +28,8 @@ from eventbus.protocol.topics import TopicConfig, TopicRegistry
 log = logging.getLogger("eventbus")
 
 MANY_CONSUMERS = 50
-"""Past this many subscriptions in one process, `run_consumers` warns (issue 19 item 16)."""
+"""Past this many subscriptions in one process, `run_consumers` warns: each group's idle lock
+rounds and reads cost CPU, and a process with hundreds of them idles at most of a core."""
 
 
 class Lease(Protocol):

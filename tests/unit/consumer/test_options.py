@@ -1,5 +1,5 @@
 """`SubscriberOptions`: every option of ``@bus.subscriber`` checked once, when it is called, with
-a `ConfigError` naming the option (issue 19 item 12), and the options of a (topic, group) merged
+a `ConfigError` naming the option, and the options of a (topic, group) merged
 across its handlers. docs/operations.md's option table lists exactly its fields."""
 
 from __future__ import annotations
