@@ -57,6 +57,12 @@ def test_a_bad_option_is_a_config_error_naming_it(bus: EventBus, option: str, ba
         bus.subscriber("t", group="g", **{option: bad})
 
 
+@pytest.mark.parametrize("option", sorted(SubscriberArgs.__optional_keys__ - {"group"}))
+def test_every_option_given_an_odd_object_says_what_it_must_be(bus: EventBus, option: str) -> None:
+    with pytest.raises(ConfigError, match=rf"^{option} must be .+, got <object object"):
+        bus.subscriber("t", group="g", **{option: object()})
+
+
 def test_an_odd_object_is_shown_cut_short(bus: EventBus) -> None:
     """An option given a huge object names it in a bounded message, not its whole repr."""
     huge = {f"key{i}": "x" * 100 for i in range(1000)}
