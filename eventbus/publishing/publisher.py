@@ -78,6 +78,7 @@ class Publisher:
         self._settings = settings
         self._registry = registry
         self.sender = Sender(redis, settings)
+        self._queue = self.sender.queue  # its calls' slots, in call order
         self.dictionaries = Dictionaries(redis, keys)  # the topics' current zstd dictionaries
         self.encoder = Encoder(settings, keys, self.dictionaries, profile)
         self._setup = TopicSetup(registry, self.dictionaries, settings, self.sender.backoff)
@@ -109,7 +110,7 @@ class Publisher:
     ) -> str:
         # Before the first await: the call's place in the order, and its deadline (enforced by
         # the sender: a cancel scope per call cost ~10x the rest of publish() under load).
-        slot = self.sender.reserve(self._settings.publish_timeout_s)
+        slot = self._queue.reserve(self._settings.publish_timeout_s)
         try:
             if not self._registry.checked(topic.name) or self.dictionaries.due(topic.name):
                 await self._setup.run(topic)
@@ -118,26 +119,26 @@ class Publisher:
             envelope = envelope_of(resource_id, event, headers)
             stream, fields = self.encoder.prepare_envelope(topic, envelope)
         except BaseException:
-            self.sender.withdraw(slot)
+            self._queue.withdraw(slot)
             raise
-        self.sender.ready(slot, stream, fields, topic.maxlen)
-        if slot.queued and self.sender.running:  # `Sender.sends`, inline: the flusher sends it
+        self._queue.ready(slot, stream, fields, topic.maxlen)
+        if slot.queued and self._queue.running:  # `Sender.sends`, inline: the flusher sends it
             return await slot.future
         return await self.sender.submit(slot)
 
     async def publish_envelope(self, topic: TopicConfig, envelope: Envelope) -> str:
         """Append a ready envelope (no model needed); returns its entry ID. Same errors and
         deadline as `publish`."""
-        slot = self.sender.reserve(self._settings.publish_timeout_s)
+        slot = self._queue.reserve(self._settings.publish_timeout_s)
         try:
             # rarely, as in `_publish`: run per call, its cancel scope cost more than the rest
             if not self._registry.checked(topic.name) or self.dictionaries.due(topic.name):
                 await self._setup.run(topic)
             stream, fields = self.encoder.prepare_envelope(topic, envelope)
         except BaseException:
-            self.sender.withdraw(slot)
+            self._queue.withdraw(slot)
             raise
-        self.sender.ready(slot, stream, fields, topic.maxlen)
+        self._queue.ready(slot, stream, fields, topic.maxlen)
         return await self.sender.submit(slot)
 
     def publish_many(
@@ -190,14 +191,14 @@ class Publisher:
         dictionary changed during the topic's setup)."""
         used = self.dictionaries.cached_current(topic.name)
         prepared = prepare()
-        slots = self.sender.reserve_many(len(prepared))  # no await before: call order
+        slots = self._queue.reserve_many(len(prepared))  # no await before: call order
         try:
             if not self._registry.checked(topic.name) or self.dictionaries.due(topic.name):
                 await self._setup.run(topic)
                 if self.dictionaries.cached_current(topic.name) != used:  # the new dictionary
                     prepared = prepare()
             for slot, (stream, fields) in zip(slots, prepared, strict=True):
-                self.sender.ready(slot, stream, fields, topic.maxlen)
+                self._queue.ready(slot, stream, fields, topic.maxlen)
             if slots and not self.sender.sends(slots[0]):  # (all reserved at once)
                 await self.sender.send_now(slots)
             # Each future in turn, not `asyncio.wait` (a done-callback, so a `call_soon`, per
@@ -207,7 +208,7 @@ class Publisher:
                     await asyncio.wait((slot.future,))
         finally:
             for slot in slots:
-                self.sender.withdraw(slot)
+                self._queue.withdraw(slot)
         errors = [s.future.exception() for s in slots]
         if any(errors):
             first = next(e for e in errors if e is not None)
