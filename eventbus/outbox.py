@@ -167,7 +167,7 @@ class AfterCommit:
         if not isinstance(event, BaseModel):
             raise ConfigError(f"event must be a pydantic model, got {type(event).__name__}")
         envelope = envelope_of(resource_id, event, headers)  # copies the headers
-        self.bus.publisher.prepare_envelope(self.bus.topic(topic), envelope)  # its checks
+        self.bus.publisher.encoder.prepare_envelope(self.bus.topic(topic), envelope)  # its checks
         queue = self._queue(sync)
         queue.pending.append(Pending(topic, envelope))
         queue.is_async = queue.is_async or is_async

@@ -32,8 +32,10 @@ policy; only the last step differs (dropped, not dead-lettered).
 
 from __future__ import annotations
 
+import functools
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
@@ -54,6 +56,9 @@ from eventbus.consumer.shards import HeldShard, Item, read_items
 from eventbus.consumer.supervision import start_when_reachable
 from eventbus.locking.member import Member
 from eventbus.protocol.topics import TopicRegistry
+
+if TYPE_CHECKING:
+    from eventbus.consumer.running import ReadMarks
 
 log = logging.getLogger("eventbus.consumer")
 
@@ -172,18 +177,13 @@ class BroadcastConsumer:
             self._capacity.set()
             self._capacity = anyio.Event()
 
-    async def behind(self) -> list[str]:
-        """The streams this consumer has not read to their end, and entries in flight (for
-        `eventbus.testing.TestBus.drain`)."""
-        out = []
+    def mark_reads(self, marks: Callable[[str], ReadMarks]) -> None:
+        """Its position on every shard stream of the topic, kept here: no group in Redis
+        tells what it read (`Running.mark_reads`)."""
         for stream in self.streams:
-            last = await self.redis.xrevrange(stream, count=1)
-            if last and last[0][0] != self.positions.get(stream):
-                out.append(f"{stream} broadcast {self.consumer_id}")
-        # after the reads above: a read that moved a position meanwhile counted its entries
-        if self.in_flight:
-            out.append(f"{self.group}: {self.in_flight} in flight")
-        return out
+            marks(stream).positions.append(
+                (self.consumer_id, functools.partial(self.positions.get, stream))
+            )
 
     # -- running --------------------------------------------------------------------------------
     async def run(self, stop: anyio.Event) -> None:

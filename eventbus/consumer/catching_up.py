@@ -3,7 +3,7 @@
 A shard is checked for a gap behind the archive every time its lock is taken (a few Redis
 commands; the archive is read only when the group is behind it): a shard released and taken
 again seconds later may have had its unread entries archived and trimmed meanwhile, and a check
-skipped then read past them (hunt32). A check that fails (archive unreachable, a damaged
+skipped then read past them. A check that fails (archive unreachable, a damaged
 segment) leaves the shard unread, since reading it would skip the missing entries, and the shard
 is not taken again before a backoff that starts at the check interval: ``max(CATCH_UP_CHECK_S,
 retry.backoff(retry_base_s, retry_max_s).compute(n))`` seconds after its n-th failure in a row

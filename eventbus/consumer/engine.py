@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import anyio
 
@@ -51,6 +52,9 @@ from eventbus.locking.lease import heartbeat_loop
 from eventbus.locking.member import Member
 from eventbus.locking.scripts import Scripts
 from eventbus.protocol.topics import TopicRegistry
+
+if TYPE_CHECKING:
+    from eventbus.consumer.running import ReadMarks
 
 log = logging.getLogger("eventbus.consumer")
 
@@ -102,10 +106,11 @@ class Consumer:
         """Entries read (or claimed) and not yet finished: acked, or let go unacked."""
         return self.pipeline.acks.in_flight
 
-    async def behind(self) -> list[str]:
-        """Its entries in flight, for `eventbus.testing.TestBus.drain` (which reads the group's
-        PELs and position from Redis)."""
-        return [f"{self.group}: {self.in_flight} in flight"] if self.in_flight else []
+    def mark_reads(self, marks: Callable[[str], ReadMarks]) -> None:
+        """Its group on every shard stream of the topic: Redis knows what the group was
+        delivered and what it has pending (`Running.mark_reads`)."""
+        for stream in self.ownership.table.streams:
+            marks(stream).groups.append(self.group)
 
     async def run(self, stop: anyio.Event) -> None:
         """Consume until `stop` is set, then shut down gracefully.

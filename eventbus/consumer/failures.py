@@ -13,7 +13,7 @@ entry's fencing token). The lease check before a write is the client's; a proces
 (or a request delayed past the liveness TTL) would otherwise park, re-park or unpark a resource
 after the shard's new owner handled its entries. A write refused there lets the entry go unacked
 (`Outcome.LET_GO`): the new owner handles it again, and the consumer is told (`fenced_off`), so
-that it stops reading that shard at once rather than at its next lock round (review32 F4).
+that it stops reading that shard at once rather than at its next lock round.
 """
 
 from __future__ import annotations
@@ -67,8 +67,7 @@ class Failures:
         it under `d`'s acquisition). `fence_in_redis`: the consumer's shard locks are kept in
         eventbus's lock hash, which ``lua/fenced_hash.lua`` checks (`ShardLocks.fences_writes`;
         catch-up's `LockClient` does). Without it a request delete goes as a plain ``HDEL``,
-        and ``on_failure="park"`` raises `ConfigError`: a park could not be fenced (review32
-        F6)."""
+        and ``on_failure="park"`` raises `ConfigError`: a park could not be fenced."""
         self.sub, self.retry, self.tally = sub, retry, tally
         self._fenced_off = fenced_off
         # Any: redis-py types replies for its sync and async clients at once (``int |
@@ -202,7 +201,7 @@ class Failures:
 
     async def _already(self, key: str, op: str, field: Any, value: Any = None) -> bool:
         """Whether a refused `_fenced` write is in place all the same: an earlier try of it was
-        applied and its reply lost, then the lock moved on (review32 F5). The field holds
+        applied and its reply lost, then the lock moved on. The field holds
         `value` (``HSETNX``, ``HSET``), or is gone (``HDEL``: also when another consumer did it,
         which is the same outcome)."""
         got = await retrying.call(

@@ -266,21 +266,7 @@ class Handling:
             coro = hooks.tracing.consume(call, event, ctx)  # type: ignore[arg-type]
         else:
             coro = call(event, ctx)  # type: ignore[arg-type]
-        # the handler call under the watchdog, as `watched` does, without its coroutine
-        slot = slot or self.watchdog.slot()
-        started = slot.started = time.monotonic()
-        error: Exception | None = None
-        result: Any = None
-        try:
-            result = await coro
-        except BaseException as exc:
-            error = self._failure(slot, exc)
-        else:
-            if slot.fired:  # a handler that swallowed the cancellation ran to its end
-                slot.timed_out()
-        finally:
-            slot.started = 0.0
-            self.durations.values.append(time.monotonic() - started)
+        result, error = await self.watched(slot or self.watchdog.slot(), coro)
         if error is None and result is not None:  # the answer to a request (eventbus.request)
             try:
                 await send_reply(
@@ -303,15 +289,15 @@ class Handling:
         """Await a handler call under the watchdog (`slot` is the calling worker's; no cancel
         scope per call: one with a deadline cost 6-12 us, `eventbus.consumer.watchdog`). Returns
         its result and None, or None and what it raised (`HandlerTimeout` when the watchdog
-        cancelled it past `handler_timeout_s`), counted as a failure; records its duration.
-        (`attempt` does the same inline: a coroutine less per event.)"""
+        cancelled it past `handler_timeout_s`), counted as a failure; records its duration."""
         started = slot.started = time.monotonic()
         try:
             result = await call
         except BaseException as exc:
             return None, self._failure(slot, exc)
         else:
-            slot.timed_out()  # a handler that swallowed the cancellation ran to its end
+            if slot.fired:  # a handler that swallowed the cancellation ran to its end
+                slot.timed_out()
             return result, None
         finally:
             slot.started = 0.0

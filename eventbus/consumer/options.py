@@ -13,9 +13,12 @@ value is a `ConfigError`. `given` names those a handler set explicitly.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
-from typing import Any, Literal, TypedDict, Unpack
+from typing import Annotated, Any, Literal, Unpack, get_args
+
+from pydantic import ConfigDict, Field, SkipValidation, TypeAdapter, ValidationError, with_config
+from typing_extensions import TypedDict  # pydantic validates this one's on Python 3.11
 
 from eventbus.config import Settings
 from eventbus.consumer.context import RetryPolicy
@@ -25,7 +28,7 @@ from eventbus.protocol.keys import check_name
 Ack = Literal["after", "before"]
 OnFailure = Literal["continue", "park"]
 OnUnknown = Literal["dead_letter", "skip"]
-ON_UNKNOWN: tuple[OnUnknown, ...] = ("dead_letter", "skip")
+ON_UNKNOWN: tuple[OnUnknown, ...] = get_args(OnUnknown)
 BROADCAST_PREFIX = "_broadcast"
 GROUP_OPTIONS = (
     "ack",
@@ -38,32 +41,52 @@ GROUP_OPTIONS = (
     "on_unknown",
 )
 """The options of the (topic, group), shared by all its handlers."""
-_CHOICES: dict[str, tuple[str, ...]] = {
-    "ack": ("after", "before"),
-    "on_failure": ("continue", "park"),
-    "on_unknown": ON_UNKNOWN,
-}
+
+Positive = Annotated[float, Field(gt=0)]  # NaN is not > 0; inf is (no limit)
+Count = Annotated[int, Field(gt=0)]
+TypeName = Annotated[str, Field(min_length=1)]
 
 
+@with_config(ConfigDict(strict=True, extra="forbid"))
 class SubscriberArgs(TypedDict, total=False):
     """The keyword arguments of ``@bus.subscriber(topic, **options)`` as a caller gives them
     (None or absent: unset), listed once for `EventBus.subscriber` and `SubscriberOptions.of`
-    (``**options: Unpack[SubscriberArgs]``, PEP 692). `SubscriberOptions` documents each; the
-    one name that differs is ``type_name`` (one name or several), kept as ``type_names``."""
+    (``**options: Unpack[SubscriberArgs]``, PEP 692), and checked by pydantic from these
+    annotations (strict: ``True`` is no count, ``"3"`` no number; `ARGS`). `SubscriberOptions`
+    documents each; the one name that differs is ``type_name`` (one name or several), kept as
+    ``type_names``."""
 
-    group: str | None
+    group: SkipValidation[str | None]  # checked once prefixed, as a name (`check_name`)
     ack: Ack | None
-    max_attempts: int | None
+    max_attempts: Count | None
     on_failure: OnFailure | None
-    retry_base_s: float | None
-    retry_max_s: float | None
-    dedup_window_s: float | None
-    handler_timeout_s: float | None
+    retry_base_s: Positive | None
+    retry_max_s: Positive | None
+    dedup_window_s: Positive | None
+    handler_timeout_s: Annotated[float, Field(ge=0)] | None
     batch: bool
-    max_batch: int
+    max_batch: Count
     on_unknown: OnUnknown | None
-    type_name: str | Sequence[str] | None
+    type_name: TypeName | list[TypeName] | tuple[TypeName, ...] | None
     broadcast: bool
+
+
+ARGS = TypeAdapter(SubscriberArgs)
+_MUST = {
+    "ack": f"one of {get_args(Ack)}",
+    "max_attempts": "an integer > 0",
+    "on_failure": f"one of {get_args(OnFailure)}",
+    "retry_base_s": "a number > 0",
+    "retry_max_s": "a number > 0",
+    "dedup_window_s": "a number > 0",
+    "handler_timeout_s": "a number >= 0",
+    "batch": "True or False",
+    "max_batch": "an integer > 0",
+    "on_unknown": f"one of {ON_UNKNOWN}",
+    "type_name": "an event type name or a list of them (non-empty strings)",
+    "broadcast": "True or False",
+}
+"""What each checked option must be, as its `ConfigError` says."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -117,51 +140,32 @@ class SubscriberOptions:
     ) -> SubscriberOptions:
         """The options of ``@bus.subscriber(topic, **options)`` (None: unset, the settings'
         value or the one another handler of the group set), checked whatever their types: a
-        caller mypy does not check may pass anything. Raises `ConfigError` naming the option,
-        or the unknown keyword."""
-        raw: dict[str, Any] = dict(options)  # checked by value, whatever the declared types
-        get = raw.get
-        unknown = set(options) - SubscriberArgs.__optional_keys__
-        if unknown:
-            raise ConfigError(f"subscriber of topic {topic!r}: no option {sorted(unknown)}")
-        for name in ("batch", "broadcast"):
-            if not isinstance(get(name, False), bool):
-                raise ConfigError(f"{name} must be True or False, got {shown(get(name))}")
-        for name, allowed in _CHOICES.items():
-            if get(name) is not None and get(name) not in allowed:
-                raise ConfigError(f"{name} must be one of {allowed}, got {shown(get(name))}")
-        for name in ("max_attempts", "max_batch"):
-            _number(name, get(name), integer=True)
-        for name in ("retry_base_s", "retry_max_s", "dedup_window_s"):
-            _number(name, get(name))
-        _number("handler_timeout_s", get("handler_timeout_s"), zero=True)
-        if get("batch") and get("dedup_window_s") is not None:
+        caller mypy does not check may pass anything. Raises `ConfigError` naming the option
+        and the value refused, or the unknown keywords."""
+        try:
+            args = ARGS.validate_python(options)
+        except ValidationError as exc:
+            raise _refused(topic, options, exc) from None
+        if args.get("batch") and args.get("dedup_window_s") is not None:
             raise ConfigError("batch=True takes no dedup_window_s")
-        group, broadcast = get("group"), get("broadcast", False)
-        if broadcast:
-            group = BROADCAST_PREFIX if group is None else f"{BROADCAST_PREFIX}.{group}"
-        if group is None:
-            raise ConfigError(f"subscriber of topic {topic!r}: give a group (or broadcast=True)")
-        check_name("group", group)
-        if group.startswith("_") and not broadcast:
-            raise ConfigError(f"group {group!r}: names starting with '_' are reserved for eventbus")
-        timeout_s = get("handler_timeout_s")
+        timeout_s = args.get("handler_timeout_s")
         timeout_s = settings.handler_timeout_s if timeout_s is None else timeout_s
+        type_name = args.get("type_name") or ()
         return cls(
-            group=group,
-            ack=get("ack") or "after",
-            max_attempts=get("max_attempts") or settings.max_attempts,
-            on_failure=get("on_failure") or "continue",
-            retry_base_s=get("retry_base_s") or settings.retry_base_s,
-            retry_max_s=get("retry_max_s") or settings.retry_max_s,
-            dedup_window_s=get("dedup_window_s"),
+            group=_group(topic, args.get("group"), args.get("broadcast", False)),
+            ack=args.get("ack") or "after",
+            max_attempts=args.get("max_attempts") or settings.max_attempts,
+            on_failure=args.get("on_failure") or "continue",
+            retry_base_s=args.get("retry_base_s") or settings.retry_base_s,
+            retry_max_s=args.get("retry_max_s") or settings.retry_max_s,
+            dedup_window_s=args.get("dedup_window_s"),
             handler_timeout_s=timeout_s or None,  # 0: no limit
-            on_unknown=get("on_unknown") or "dead_letter",
-            batch=get("batch", False),
-            max_batch=get("max_batch", 500),
-            type_names=_type_names(get("type_name")),
-            broadcast=broadcast,
-            given=frozenset(name for name in GROUP_OPTIONS if get(name) is not None),
+            on_unknown=args.get("on_unknown") or "dead_letter",
+            batch=args.get("batch", False),
+            max_batch=args.get("max_batch", 500),
+            type_names=(type_name,) if isinstance(type_name, str) else tuple(type_name),
+            broadcast=args.get("broadcast", False),
+            given=frozenset(name for name in GROUP_OPTIONS if args.get(name) is not None),
         )
 
     @property
@@ -191,29 +195,26 @@ FIELDS = tuple(f.name for f in fields(SubscriberOptions) if f.name != "given")
 """The options, in order (docs/operations.md's table lists them)."""
 
 
-def _number(name: str, value: Any, *, integer: bool = False, zero: bool = False) -> None:
-    """`value` is None, or a number > 0 (>= 0 with `zero`; an integer with `integer`)."""
-    if value is None:
-        return
-    kinds = int if integer else (int, float)
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, kinds)
-        or not value >= 0
-        or (value == 0 and not zero)
-    ):
-        what = ("an integer" if integer else "a number") + (" >= 0" if zero else " > 0")
-        raise ConfigError(f"{name} must be {what}, got {shown(value)}")
+def _refused(topic: str, given: Mapping[str, Any], exc: ValidationError) -> ConfigError:
+    """The `ConfigError` of `ARGS`'s `exc`: the unknown keywords if any (all of them), else
+    the first option refused, with what it must be and the value given (cut short)."""
+    errors = exc.errors()
+    unknown = sorted(str(e["loc"][0]) for e in errors if e["type"] == "extra_forbidden")
+    if unknown:
+        return ConfigError(f"subscriber of topic {topic!r}: no option {unknown}")
+    name = str(errors[0]["loc"][0])
+    return ConfigError(f"{name} must be {_MUST[name]}, got {shown(given.get(name))}")
 
 
-def _type_names(type_name: Any) -> tuple[str, ...]:
-    """``type_name=``: one event type name or a list of them, each a non-empty string."""
-    if type_name is None:
-        return ()
-    names = [type_name] if isinstance(type_name, str) else type_name
-    if not isinstance(names, list | tuple) or not all(isinstance(n, str) and n for n in names):
-        raise ConfigError(
-            "type_name must be an event type name or a list of them (non-empty strings), "
-            f"got {shown(type_name)}"
-        )
-    return tuple(names)
+def _group(topic: str, group: Any, broadcast: bool) -> str:
+    """The consumer group's name: `group`, or a broadcast subscriber's ``_broadcast[.group]``.
+    Raises `ConfigError` when there is none, it is no valid name, or a group's starts with
+    ``_`` (eventbus's own)."""
+    if broadcast:
+        group = BROADCAST_PREFIX if group is None else f"{BROADCAST_PREFIX}.{group}"
+    if group is None:
+        raise ConfigError(f"subscriber of topic {topic!r}: give a group (or broadcast=True)")
+    check_name("group", group)
+    if group.startswith("_") and not broadcast:
+        raise ConfigError(f"group {group!r}: names starting with '_' are reserved for eventbus")
+    return str(group)

@@ -5,7 +5,7 @@ when the bus has an archive), all supervised in one task group until `stop` is s
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import anyio
@@ -28,7 +28,8 @@ from eventbus.protocol.topics import TopicConfig, TopicRegistry
 log = logging.getLogger("eventbus")
 
 MANY_CONSUMERS = 50
-"""Past this many subscriptions in one process, `run_consumers` warns (issue 19 item 16)."""
+"""Past this many subscriptions in one process, `run_consumers` warns: each group's idle lock
+rounds and reads cost CPU, and a process with hundreds of them idles at most of a core."""
 
 
 class Lease(Protocol):
@@ -55,9 +56,20 @@ class Running(Protocol):
 
     async def run(self, stop: anyio.Event) -> None: ...
 
-    async def behind(self) -> list[str]:
-        """What it has not finished, for `eventbus.testing.TestBus.drain` (a group's PELs and
-        positions are read from Redis there)."""
+    def mark_reads(self, marks: Callable[[str], ReadMarks]) -> None:
+        """Add to `marks(stream)`, for each stream it reads, how a reader of that stream tells
+        it has read the stream to its end: its group (whose delivery and pending entries Redis
+        knows) or its position (kept in process). `eventbus.testing.TestBus.drain` asks every
+        consumer alike, whatever its kind."""
+
+
+class ReadMarks(Protocol):
+    """What tells that one stream was read to its end (`eventbus.testing.drain.Watch`)."""
+
+    groups: list[str]
+    """Groups that must have been delivered its last entry, with none pending."""
+    positions: list[tuple[str, Callable[[], Any]]]
+    """(reader name, its last entry ID read or None) of readers without a group."""
 
 
 def make_consumers(

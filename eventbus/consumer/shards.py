@@ -157,7 +157,7 @@ class ShardTable:
         2,000 events/s (a lock, an unlock, a token and an XAUTOCLAIM each time). A member that
         is alone in its group (its last share was every shard) keeps idle shards: nobody else
         could take them, and re-taking them twice a second cost an idle process with many
-        groups most of a core (issue 19 item 16)."""
+        groups most of a core."""
         out = []
         for h in self.held.values():
             if h.shard in read or h.in_flight:

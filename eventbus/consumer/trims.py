@@ -24,7 +24,7 @@ the catch-up moves a group, or an AOF reload) nothing is counted: its ``lag`` is
 once the group's position lies before the stream's first entry, Redis *estimates* it as the
 stream's length (which counts nothing trimmed). Such a shard is returned as `uncounted` when
 entries after the group's position may have left the stream, for the consumer's catch-up hook
-to tell from the archive (hunt33). A backlog over `COUNT_LIMIT` entries inside the stream is not
+to tell from the archive. A backlog over `COUNT_LIMIT` entries inside the stream is not
 counted (too costly) until it shrinks or the head passes it.
 """
 

@@ -1,5 +1,5 @@
 """Encoding an event in a wire profile's own entry format (`eventbus.profiles.Codec` that is not
-native, e.g. Verse's ``msg``), with the refusals `Publisher.prepare_envelope` makes for
+native, e.g. Verse's ``msg``), with the refusals `Encoder.prepare_envelope` makes for
 eventbus's format: what every consumer would refuse is not sent.
 
 Eventbus's format is checked by the publisher's fast path; a foreign format is decoded once by

@@ -1,14 +1,14 @@
 """Sending publishes in call order: one ordered queue, one connection, pipelines sent in order.
 
-Every `publish()` takes a `Slot` in the queue the moment it is called, before anything that
-can wait (the topic's shard-count check), and marks it ready once its entry is encoded. The
-flusher sends the longest ready prefix of the queue as one pipeline, so entries leave in call
-order. On a single node all pipelines go over *one* connection, up to `publish_pipelines` of
-them written ahead of their replies: Redis runs one connection's commands in the order received,
-so what it applied is always a prefix of what was sent. After a connection error the unconfirmed
-batches go back to the front of the queue, in order, and are sent again ahead of anything later:
-the first copy of every event lands in call order. (A batch whose reply was lost may have been
-applied: its second copy, with the same event ID, lands later; `dedup_window_s` drops it.)
+Every `publish()` takes a `Slot` in the queue (`eventbus.publishing.slots`) the moment it is
+called and marks it ready once its entry is encoded. The flusher (`Sender.run`) sends the
+longest ready prefix of the queue as one pipeline, so entries leave in call order. On a single
+node all pipelines go over *one* connection, up to `publish_pipelines` of them written ahead of
+their replies: Redis runs one connection's commands in the order received, so what it applied is
+always a prefix of what was sent. After a connection error the unconfirmed batches go back to
+the front of the queue, in order, and are sent again ahead of anything later: the first copy of
+every event lands in call order. (A batch whose reply was lost may have been applied: its second
+copy, with the same event ID, lands later; `dedup_window_s` drops it.)
 Concurrent calls for one resource therefore land as Kafka's producer lands them in a partition.
 
 On a Redis Cluster (and fakeredis) one batch is in flight at a time, sent as redis-py's pipeline,
@@ -21,18 +21,16 @@ How a batch is packed, sent and answered (hiredis's packer, redis-py's pipeline,
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
 import anyio
 import anyio.abc
-import msgspec
 from redis.asyncio import Redis
 from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
 
@@ -40,7 +38,7 @@ from eventbus.client import retry
 from eventbus.client.retry import LOST_REPLY
 from eventbus.config import Settings
 from eventbus.errors import PublishError
-from eventbus.ops.metrics import METRICS
+from eventbus.publishing.slots import Slot, SlotQueue
 from eventbus.publishing.wire import Wire
 
 log = logging.getLogger("eventbus.publisher")
@@ -48,45 +46,16 @@ log = logging.getLogger("eventbus.publisher")
 _FAST_CONNECTIONS = (Connection, SSLConnection, UnixDomainSocketConnection)
 
 
-class Slot(msgspec.Struct, eq=False):
-    """One publish's place in the queue; `stream` is None until its entry is encoded (ready).
-    `deadline` (monotonic seconds) is set when the slot is first sent: it fails with
-    `PublishError` if not confirmed by then. `queued`: taken while the flusher ran (it sends
-    the slot); else its caller sends it (`submit`), also if the flusher started meanwhile.
-    A `msgspec.Struct` (one per call): its constructor runs in C, a dataclass's in Python."""
-
-    future: asyncio.Future[str]
-    stream: str | None = None
-    fields: dict[bytes, bytes] | None = None
-    maxlen: int = 0
-    deadline: float = math.inf
-    queued: bool = False
-
-    def settle(self, result: Any) -> None:
-        if self.future.done():  # the caller was cancelled (its deadline passed)
-            return
-        if isinstance(result, Exception):
-            METRICS.publish_errors.inc()
-            if not isinstance(result, PublishError):
-                result = PublishError(f"XADD {self.stream} failed: {result}")
-            self.future.set_exception(result)
-        else:
-            self.future.set_result(result.decode() if isinstance(result, bytes) else result)
-
-
 class Sender:
-    """The ordered queue of one publisher and the flusher that sends it (`run`)."""
+    """Sends the ordered queue of one publisher (`queue`): the flusher (`run`), or each caller
+    its own slots while no flusher runs (`submit`, `send_now`)."""
 
     def __init__(self, redis: Any, settings: Settings) -> None:
         self._redis = redis
         self._settings = settings
-        self._queue: deque[Slot] = deque()
-        self._wake = anyio.Event()
-        self._idle = False  # the flusher waits on `_wake` (`ready` wakes it only then)
+        self.queue = SlotQueue(settings)
         self._sent = anyio.Event()  # a batch was written: the reader has replies to read
         self._written = 0
-        self.running = False
-        self._running_loop: asyncio.AbstractEventLoop | None = None
         pool = getattr(redis, "connection_pool", None)
         self._packed = type(redis) is Redis and issubclass(
             getattr(pool, "connection_class", object), _FAST_CONNECTIONS
@@ -97,47 +66,10 @@ class Sender:
         self.backoff = retry.backoff(0.05, min(2.0, settings.publish_timeout_s / 4))
         self._wire = Wire(redis, settings)
 
-    # -- the queue ------------------------------------------------------------------------------
-    def reserve(self, timeout_s: float | None = None) -> Slot:
-        """A new slot at the end of the queue: call it before the caller's first await. With
-        `timeout_s` its deadline runs from now (`publish()`: a deadline on the caller), else from
-        when it is first sent (`publish_many`: one pipeline's worth of time per batch)."""
-        loop = self._running_loop if self.running else None
-        slot = Slot((loop or asyncio.get_running_loop()).create_future())
-        if timeout_s is not None:
-            slot.deadline = time.monotonic() + timeout_s
-        if self.running:  # without a flusher each call is sent on its own (`submit`)
-            slot.queued = True
-            self._queue.append(slot)
-        return slot
-
-    def reserve_many(self, count: int) -> list[Slot]:
-        """`count` new slots at the end of the queue, in order, their deadlines running from
-        when each is first sent (`publish_many`); as `reserve()` `count` times, in one pass."""
-        loop = (self._running_loop if self.running else None) or asyncio.get_running_loop()
-        slots = [Slot(loop.create_future()) for _ in range(count)]
-        if self.running:
-            for slot in slots:
-                slot.queued = True
-            self._queue.extend(slots)
-        return slots
-
-    def ready(self, slot: Slot, stream: str, fields: dict[bytes, bytes], maxlen: int) -> None:
-        slot.stream, slot.fields, slot.maxlen = stream, fields, maxlen
-        if self._idle:  # the flusher waits for work (else its next batch takes this slot)
-            self._idle = False  # woken once: the calls ready before it runs need not set it
-            self._wake.set()
-
-    def withdraw(self, slot: Slot) -> None:
-        """Take a slot that was never made ready out of the queue (its caller failed first)."""
-        if slot.stream is None:
-            with contextlib.suppress(ValueError):
-                self._queue.remove(slot)
-            self._wake.set()  # the slot may have held back the ones behind it
-
+    # -- without the flusher --------------------------------------------------------------------
     def sends(self, slot: Slot) -> bool:
         """Whether the flusher sends `slot` (else its caller must: `submit`)."""
-        return self.running and slot.queued
+        return self.queue.running and slot.queued
 
     async def submit(self, slot: Slot) -> str:
         """Wait for a ready slot's entry ID. Without a running flusher the slot is sent at once,
@@ -149,80 +81,21 @@ class Sender:
     async def send_now(self, slots: list[Slot]) -> None:
         """Send ready `slots` now, in order, in batches of `publish_batch_max` (no flusher
         running: bus not entered, or stopping)."""
-        for slot in slots:
-            with contextlib.suppress(ValueError):
-                self._queue.remove(slot)
+        self.queue.remove(slots)
         step = self._settings.publish_batch_max
         for i in range(0, len(slots), step):
             await self._send_alone(slots[i : i + step])
-
-    def _take(self) -> list[Slot]:
-        """The ready prefix of the queue, up to `publish_batch_max` slots, started (`_start`,
-        in the same pass); cancelled callers' slots are dropped."""
-        batch: list[Slot] = []
-        queue = self._queue
-        now = time.monotonic()
-        start_deadline = now + self._settings.publish_timeout_s
-        room = self._settings.publish_batch_max
-        while queue and room:
-            head = queue[0]
-            if head.future.done():
-                queue.popleft()
-            elif head.stream is None:
-                break
-            elif head.deadline <= now:  # waited its whole deadline in the queue
-                queue.popleft().settle(self._timed_out(TimeoutError("not sent in time")))
-            else:
-                if head.deadline == math.inf:
-                    head.deadline = start_deadline
-                batch.append(queue.popleft())
-                room -= 1
-        return batch
-
-    def _timed_out(self, error: BaseException) -> PublishError:
-        return PublishError(
-            f"XADD not confirmed within {self._settings.publish_timeout_s:g} s "
-            f"(EVENTBUS_PUBLISH_TIMEOUT_S): {type(error).__name__}: {error}; the event may or "
-            "may not be stored (its event ID tells duplicates apart)"
-        )
-
-    def _put_back(self, batches: Iterable[list[Slot]], error: Exception) -> None:
-        """Return unconfirmed slots to the front of the queue in their order; fail those whose
-        deadline passed."""
-        now = time.monotonic()
-        back = []
-        for slot in (s for batch in batches for s in batch if not s.future.done()):
-            if now >= slot.deadline:
-                slot.settle(self._timed_out(error))
-            else:
-                back.append(slot)
-        self._queue.extendleft(reversed(back))
 
     async def _back_off(self, delay: float, error: Exception) -> None:
         """Wait `delay` seconds before the next try, failing each queued slot at its deadline
         meanwhile, not at the end of the wait (a whole backoff overshot `publish_timeout_s`)."""
         end = time.monotonic() + delay
         while True:  # a timer over the deadlines, not a poll
-            earliest = self._expire(error)
+            earliest = self.queue.expire(error)
             now = time.monotonic()
             if now >= end:
                 return
             await anyio.sleep(max(0.0, min(end, earliest) - now))
-
-    def _expire(self, error: Exception) -> float:
-        """Fail the queued slots whose deadline passed (Redis unreachable: nothing is sent);
-        return the earliest deadline of the others (monotonic seconds, inf if none)."""
-        now = time.monotonic()
-        earliest = math.inf
-        waiting = [s for s in self._queue if not s.future.done()]
-        self._queue.clear()
-        for slot in waiting:
-            if slot.deadline <= now:
-                slot.settle(self._timed_out(error))
-            else:
-                earliest = min(earliest, slot.deadline)
-                self._queue.append(slot)
-        return earliest
 
     # -- the flusher ----------------------------------------------------------------------------
     async def run(
@@ -230,24 +103,23 @@ class Sender:
     ) -> None:
         """Send the queue until cancelled (run by the bus); then, shielded, read the replies of
         what is on the wire and send what is still queued (each bounded by its deadline)."""
-        self._running_loop = asyncio.get_running_loop()  # reserve's loop while the flusher runs
-        self.running = True
+        self.queue.loop = asyncio.get_running_loop()  # reserve's loop while the flusher runs
+        self.queue.running = True
         task_status.started()
         inflight: deque[list[Slot]] = deque()
         try:
             await self._loop(inflight)
         finally:
-            self.running = False
+            self.queue.running = False
             with anyio.CancelScope(shield=True):
-                self._put_back(inflight, PublishError("publisher stopped"))
+                self.queue.put_back(inflight, PublishError("publisher stopped"))
                 await self.flush()
 
     async def flush(self) -> None:
         """Send every ready slot now, in order, one pipeline at a time (the flusher stopped).
         A slot still being prepared does not hold back the ones behind it: its caller sends it
         on its own once ready (`submit`)."""
-        ready = [s for s in self._queue if s.stream is not None and not s.future.done()]
-        await self.send_now(ready)
+        await self.send_now(self.queue.ready_slots())
 
     async def _loop(self, inflight: deque[list[Slot]]) -> None:
         """Send the queue, retrying failed sessions: what was on the wire goes back to the front
@@ -266,7 +138,7 @@ class Sender:
                 except LOST_REPLY as exc:
                     if conn is not None:
                         await conn.disconnect()  # replies may be half read: never reuse it
-                    self._put_back(inflight, exc)
+                    self.queue.put_back(inflight, exc)
                     inflight.clear()
                     failures += 1
                     delay = self.backoff.compute(failures)
@@ -328,17 +200,17 @@ class Sender:
     async def _next_batch(self, inflight: deque[list[Slot]]) -> list[Slot]:
         """Wait for room on the wire and a ready batch; it is appended to `inflight`."""
         while True:
-            if len(inflight) < self._depth and (batch := self._take()):
+            if len(inflight) < self._depth and (batch := self.queue.take()):
                 inflight.append(batch)
                 return batch
-            self._wake = anyio.Event()  # set by ready(), withdraw() and the reader
+            wake = self.queue.wake = anyio.Event()  # set by ready(), withdraw() and the reader
             # `ready` wakes it only when a ready slot can be sent: not while the wire is full
             # (the reader wakes it when a batch is answered)
-            self._idle = len(inflight) < self._depth
+            self.queue.idle = len(inflight) < self._depth
             try:
-                await self._wake.wait()
+                await wake.wait()
             finally:
-                self._idle = False
+                self.queue.idle = False
 
     async def _write_all(self, conn: Any, inflight: deque[list[Slot]]) -> None:
         while True:
@@ -359,7 +231,7 @@ class Sender:
                 await self._wire.read(conn, inflight[0])
             inflight.popleft()
             self._written -= 1
-            self._wake.set()  # room for the writer
+            self.queue.wake.set()  # room for the writer
 
     def _start(self, batch: list[Slot]) -> None:
         deadline = time.monotonic() + self._settings.publish_timeout_s
@@ -385,7 +257,7 @@ class Sender:
                 if time.monotonic() + delay >= pending[0].deadline:
                     for slot in pending:
                         slot.deadline = 0.0
-                    self._put_back([pending], exc)  # every slot is past its deadline: failed
+                    self.queue.put_back([pending], exc)  # every slot is past its deadline: failed
                     return
                 log.warning(
                     "XADD of %d entries failed (%s); retry in %.2f s", len(pending), exc, delay

@@ -26,7 +26,7 @@ from eventbus.protocol.codec import F_DATA, F_RESOURCE, F_TYPE
 from eventbus.publishing.cluster_wait import wait_targets
 
 if TYPE_CHECKING:
-    from eventbus.publishing.sending import Slot
+    from eventbus.publishing.slots import Slot
 
 
 class Wire:

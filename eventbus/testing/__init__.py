@@ -33,7 +33,6 @@ thread (`eventbus.testing.in_app`). An async test calling the app through
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -42,7 +41,6 @@ from anyio.abc import TaskStatus
 from pydantic import BaseModel
 
 from eventbus.app import EventBus
-from eventbus.consumer.broadcast import BroadcastConsumer
 from eventbus.dlq import DeadLetter
 from eventbus.errors import ConfigError
 from eventbus.locking.member import AsyncRedis
@@ -180,16 +178,8 @@ class TestBus:
         def watch(stream: str) -> Watch:
             return by_stream.setdefault(stream, Watch(stream))
 
-        for sub in self.bus.subscriptions:
-            if not sub.options.broadcast:
-                for shard in range(sub.topic.shards):
-                    watch(self.bus.keys.stream(sub.topic.name, shard)).groups.append(sub.group)
         for consumer in self.bus.consumers:
-            if isinstance(consumer, BroadcastConsumer):
-                for stream in consumer.streams:
-                    watch(stream).positions.append(
-                        (consumer.consumer_id, functools.partial(consumer.positions.get, stream))
-                    )
+            consumer.mark_reads(watch)
         self._watch_list = list(by_stream.values())
         self._watched_consumers = len(self.bus.consumers)
         return self._watch_list

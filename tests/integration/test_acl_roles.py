@@ -192,7 +192,8 @@ async def test_consumer_role_claims_a_stale_read_and_records_trims(
     async with anyio.create_task_group() as tg:
         tg.start_soon(lambda: bus.run(stop=stop))
         await wait_until(lambda: bus.consumers and bus.consumers[0].ownership.table.held)
-        fields = bus.publisher.prepare(bus.topic("acl"), Tick(resource="a", seq=1), "a")[1]
+        encode = bus.publisher.encoder.prepare
+        fields = encode(bus.topic("acl"), Tick(resource="a", seq=1), "a")[1]
         async with admin.pipeline(transaction=True) as tx:  # a stale consumer's late read
             tx.xadd(stream, fields)
             tx.xreadgroup("g", "stale", {stream: ">"})
@@ -200,10 +201,7 @@ async def test_consumer_role_claims_a_stale_read_and_records_trims(
         await seen.wait_for(1)
         async with admin.pipeline(transaction=True) as tx:  # trimmed before anyone reads
             for i in range(2, 12):
-                tx.xadd(
-                    stream,
-                    bus.publisher.prepare(bus.topic("acl"), Tick(resource="a", seq=i), "a")[1],
-                )
+                tx.xadd(stream, encode(bus.topic("acl"), Tick(resource="a", seq=i), "a")[1])
             tx.xtrim(stream, maxlen=0, approximate=False)
             await tx.execute()
         async with async_client(redis_db) as any_node:

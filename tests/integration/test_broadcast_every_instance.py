@@ -77,7 +77,7 @@ async def test_broadcast_with_a_dedup_window_still_reaches_every_instance(
     for b, seen in zip(instances, handled, strict=True):
         subscribe(b, seen)
     publisher = EventBus(s)
-    async with publisher, running(*instances):
+    async with publisher, running(*instances) as runs:
         consumers = [b.consumers[0] for b in instances]
         assert all(isinstance(c, BroadcastConsumer) for c in consumers)
         first_marked = anyio.Event()
@@ -98,9 +98,6 @@ async def test_broadcast_with_a_dedup_window_still_reaches_every_instance(
         await wait_until(marked)
         first_marked.set()
 
-        async def both_done() -> bool:  # read to the stream's end, nothing in flight
-            behind = [await c.behind() for c in consumers]  # type: ignore[union-attr]
-            return not any(behind)
-
-        await wait_until(both_done)
+        for run in runs:  # read to the stream's end, nothing in flight
+            await run.drain()
     assert handled == [[1], [1]]

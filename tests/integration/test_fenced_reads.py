@@ -25,7 +25,7 @@ pytestmark = pytest.mark.anyio
 
 async def _stale_read(r: Any, bus: EventBus, event: Tick) -> bytes:
     """Publish `event` and, atomically with it, read it as consumer "stale" of group "g"."""
-    stream, fields = bus.publisher.prepare(bus.topic("t"), event, event.resource)
+    stream, fields = bus.publisher.encoder.prepare(bus.topic("t"), event, event.resource)
     if on_cluster():
         await r.initialize()
     node = r.get_node_from_key(stream) if on_cluster() else None

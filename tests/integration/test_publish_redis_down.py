@@ -22,6 +22,7 @@ from eventbus.cli.topic import sample_bodies
 from eventbus.protocol import dictionaries
 from eventbus.protocol.codec import F_DATA
 from eventbus.protocol.dictionaries import Dictionaries, dictionary_id
+from eventbus.protocol.sharding import shard_of
 from localredis.server import RedisServer
 
 pytestmark = pytest.mark.anyio
@@ -59,7 +60,7 @@ async def test_dictionary_refresh_while_redis_restarts_keeps_the_cached_one(
 
             await anyio.to_thread.run_sync(server.start)  # same port, AOF reloaded
             entry_id = await _publish(bus, 302)  # the first call after the restart
-            stream = bus.publisher._stream(bus.topic(TOPIC), "r1")
+            stream = bus.keys.stream(TOPIC, shard_of("r1", bus.topic(TOPIC).shards))
             ((_, fields),) = await bus.redis.xrange(stream, entry_id, entry_id)
             assert dictionary_id(fields[F_DATA]) == dict_id
         await bus.aclose()

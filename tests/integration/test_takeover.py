@@ -259,7 +259,7 @@ async def test_pending_entries_of_many_shards_are_recovered_with_their_delivery_
         await r.xgroup_create(bus.keys.stream(TOPIC, s), GROUP, id="0", mkstream=True)
     for seq in range(3):
         for name in names:
-            stream, fields = bus.publisher.prepare(
+            stream, fields = bus.publisher.encoder.prepare(
                 bus.topic(TOPIC), Tick(resource=name, seq=seq), name
             )
             await r.xadd(stream, fields)

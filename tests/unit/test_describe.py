@@ -278,11 +278,11 @@ def test_an_event_type_name_with_a_space_colon_or_slash_is_refused() -> None:
         bus.publishes("orders", Spaced)
     for name in ("a:b", "a/b", "x" * 201, "tab\there"):
         with pytest.raises(InvalidEventType):
-            bus.publisher.prepare(
+            bus.publisher.encoder.prepare(
                 bus.topic("orders"), type("Named", (BaseModel,), {"__event_type__": name})(), "r"
             )
     bus.publishes("orders", Underscored)  # a valid name
-    assert bus.publisher.prepare(bus.topic("orders"), Underscored(), "r")[0]
+    assert bus.publisher.encoder.prepare(bus.topic("orders"), Underscored(), "r")[0]
 
 
 def test_asyncapi_names_that_would_collide_are_a_config_error() -> None:

@@ -28,7 +28,7 @@ def test_import_contracts_are_kept() -> None:
 
 
 MAX_MODULE_LINES, MAX_CLASS_LINES = 350, 300
-SMALL = ["eventbus/consumer"]
+SMALL = ["eventbus/consumer", "eventbus/publishing", "eventbus/testing"]
 """The packages held to the size rule so far (the others follow as they are split)."""
 
 

@@ -63,9 +63,9 @@ def test_the_default_bus_keeps_eventbus_parts() -> None:
     assert bus.profile is EVENTBUS and type(bus.keys) is Keys
     assert bus.keys.stream("orders", 3) == "eventbus:stream:orders:3"
     publisher = bus.publisher
-    assert publisher._encode is None  # its own fast path, inline: no codec call
-    assert publisher._shard_of is shard_of
-    stream, fields = publisher.prepare(bus.topic("orders"), Placed(order_id="a"), "user-42")
+    assert publisher.encoder._encode is None  # its own fast path, inline: no codec call
+    assert publisher.encoder._shard_of is shard_of
+    stream, fields = publisher.encoder.prepare(bus.topic("orders"), Placed(order_id="a"), "user-42")
     assert stream == bus.keys.stream("orders", shard_of("user-42", 16))
     assert set(fields) == {F_RESOURCE, F_TYPE, F_DATA}
 
@@ -121,7 +121,7 @@ def test_the_publisher_writes_the_bytes_verse_writes() -> None:
         {"tenant": "acme", REPLY_TO_HEADER: "REPLY_TO:abc"},
         {"order_id": "o-2", "total_cents": 99},
     )
-    stream, fields = bus.publisher.prepare_envelope(bus.topic("orders"), env)
+    stream, fields = bus.publisher.encoder.prepare_envelope(bus.topic("orders"), env)
     assert fields == {b"msg": bytes.fromhex(m["msg_hex"])}
     assert stream == f"VERSE:STREAM:RESOURCE:orders${verse_shard_of('o-2', 16)}"
 
@@ -130,14 +130,14 @@ def test_the_publisher_writes_the_bytes_verse_writes() -> None:
 def test_a_header_the_envelope_writes_itself_is_refused(header: str) -> None:
     bus = EventBus(profile="verse")
     with pytest.raises(InvalidEvent, match=header):
-        bus.publisher.prepare(bus.topic("orders"), Placed(order_id="a"), "a", {header: "x"})
+        bus.publisher.encoder.prepare(bus.topic("orders"), Placed(order_id="a"), "a", {header: "x"})
 
 
 def test_an_entry_over_the_payload_limit_is_refused() -> None:
     bus = EventBus(Settings(max_payload_bytes=1024), profile="verse")
     noise = random.Random(0).randbytes(2048).hex()  # random: zlib cannot shrink it to 1 KiB
     with pytest.raises(PayloadTooLarge):
-        bus.publisher.prepare(bus.topic("orders"), Placed(order_id=noise), "a")
+        bus.publisher.encoder.prepare(bus.topic("orders"), Placed(order_id=noise), "a")
 
 
 def test_an_entry_consumers_could_not_decode_is_refused() -> None:

@@ -49,6 +49,11 @@ COVERED_BY: dict[str, list[str]] = {
     "eventbus.consumer.supervision": ["tests/integration/test_redis_faults.py"],
     "eventbus.protocol.dead_letters": ["tests/unit/test_dlq.py"],
     "eventbus.publishing.cluster_wait": ["tests/integration/test_cluster_replicas.py"],
+    "eventbus.publishing.sending": [
+        "tests/integration/test_publish_order.py",
+        "tests/integration/test_publish_wakeups.py",
+        "tests/integration/test_publish_redis_down.py",
+    ],
     "eventbus.publishing.topic_setup": [
         "tests/integration/test_publish.py",
         "tests/integration/test_publish_redis_down.py",

@@ -10,7 +10,7 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from eventbus.config import Settings
-from eventbus.publishing.sending import Slot
+from eventbus.publishing.slots import Slot
 from eventbus.publishing.wire import Wire
 
 pytestmark = pytest.mark.anyio

@@ -280,7 +280,7 @@ async def test_an_older_generation_batch_still_queued_is_settled_by_a_newer_ack(
 async def test_shutdown_report_tells_running_handlers_from_unconfirmed_acks(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Issue 19 item 14: a slow handler at shutdown was reported as "Redis unreachable?". Of 5
+    """A slow handler at shutdown was reported as "Redis unreachable?". Of 5
     entries in flight, 2 are handled with their XACK on its way (held by the gate), 1 handled
     with its XACK queued, 2 not handled yet (of them, a handler call is running): the report
     counts each, and the handler calls running apart."""

@@ -122,7 +122,7 @@ def test_name_falls_back_to_repr_for_callables_without_a_qualname() -> None:
 
 
 def test_generators_and_keyword_only_parameters_are_refused_at_registration() -> None:
-    """Issue 19 item 1: an ``async def`` generator, and a handler whose event is a keyword-only
+    """An ``async def`` generator, and a handler whose event is a keyword-only
     parameter, registered and then failed every delivery."""
 
     async def agen(event: object) -> Any:

@@ -291,7 +291,7 @@ async def test_a_park_is_refused_by_redis_once_the_shard_lock_moved_on(
     """The client's fence passes (a process paused after its lease check), but the shard's lock
     in Redis has another owner, a newer token, or none: the park is not written, the entry is
     let go unacked (its new owner handles it), and this process does not hold the resource
-    back; the consumer is told (review32 F4: it drops the shard)."""
+    back; the consumer is told (it drops the shard)."""
     h = Harness(fake_redis, on_failure="park", max_attempts=1, retry_base_s=0.01, retry_max_s=0.01)
     if owner is not None:
         await h.hold(owner, token)
@@ -325,7 +325,7 @@ async def test_an_unpark_is_refused_by_redis_once_the_shard_lock_moved_on(
 
 
 async def test_a_refused_park_deletes_its_own_dead_letter(fake_redis: Any) -> None:
-    """review32 F1: a consumer whose lock moved on wrote its letter (the XADD is fenced by the
+    """A consumer whose lock moved on wrote its letter (the XADD is fenced by the
     client only) and is refused the park: its letter is deleted, since the new owner handles
     the entry again; left, a requeue would replay it after the owner's later letters."""
     h = Harness(fake_redis, on_failure="park", max_attempts=1, retry_base_s=0.01, retry_max_s=0.01)
@@ -336,7 +336,7 @@ async def test_a_refused_park_deletes_its_own_dead_letter(fake_redis: Any) -> No
 
 
 async def test_a_requeue_passes_over_a_late_letter_of_an_earlier_entry(fake_redis: Any) -> None:
-    """review32 F1: the owner parked r1 at its letter of entry 5-0 (seq 2); then a letter of
+    """The owner parked r1 at its letter of entry 5-0 (seq 2); then a letter of
     entry 1-0 (seq 1, which the owner had handled) lands, written late by a consumer that had
     lost the shard and never got to delete it. A requeue replays seq 2 only, not seq 2 then 1."""
     h = Harness(fake_redis, on_failure="park", max_attempts=1, retry_base_s=0.01, retry_max_s=0.01)
@@ -369,7 +369,7 @@ async def test_a_requeue_passes_over_a_late_letter_of_an_earlier_entry(fake_redi
 async def test_a_fenced_write_applied_before_its_reply_was_lost_counts_as_done(
     fake_redis: Any,
 ) -> None:
-    """review32 F5: a park applied, its reply lost with the connection, the lock moved on, and
+    """A park applied, its reply lost with the connection, the lock moved on, and
     the retry refused: the resource is parked at this consumer's letter all the same, so the
     write is done (not let go: the new owner would dead-letter the entry a second time)."""
     h = Harness(fake_redis, on_failure="park")
@@ -416,7 +416,7 @@ async def test_a_failed_attempt_is_not_marked_seen(fake_redis: Any) -> None:
 def test_skipping_many_unknown_types_warns_a_bounded_number_of_times(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Issue 19 item 11: with ``on_unknown="skip"``, 2,000 distinct unknown types logged 2,000
+    """With ``on_unknown="skip"``, 2,000 distinct unknown types logged 2,000
     WARNING lines and grew a set without bound: the first 100 types are named once each, the
     rest summed up in at most one WARNING a minute."""
     h = Harness(None)

@@ -1,5 +1,5 @@
 """`SubscriberOptions`: every option of ``@bus.subscriber`` checked once, when it is called, with
-a `ConfigError` naming the option (issue 19 item 12), and the options of a (topic, group) merged
+a `ConfigError` naming the option, and the options of a (topic, group) merged
 across its handlers. docs/operations.md's option table lists exactly its fields."""
 
 from __future__ import annotations
@@ -55,6 +55,12 @@ def test_a_bad_type_name_is_a_config_error_naming_it(bus: EventBus, bad: Any) ->
 def test_a_bad_option_is_a_config_error_naming_it(bus: EventBus, option: str, bad: Any) -> None:
     with pytest.raises(ConfigError, match=f"^{option} must be"):
         bus.subscriber("t", group="g", **{option: bad})
+
+
+@pytest.mark.parametrize("option", sorted(SubscriberArgs.__optional_keys__ - {"group"}))
+def test_every_option_given_an_odd_object_says_what_it_must_be(bus: EventBus, option: str) -> None:
+    with pytest.raises(ConfigError, match=rf"^{option} must be .+, got <object object"):
+        bus.subscriber("t", group="g", **{option: object()})
 
 
 def test_an_odd_object_is_shown_cut_short(bus: EventBus) -> None:

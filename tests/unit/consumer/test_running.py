@@ -34,7 +34,7 @@ class _Quick:
 async def test_many_subscriptions_in_one_process_are_warned_about(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Issue 19 item 16: 300 groups in one process idled at 85 % of a core with nothing said;
+    """300 groups in one process idled at 85 % of a core with nothing said;
     past `MANY_CONSUMERS` subscriptions the run says what they cost and what to do instead."""
     many = [_Quick() for _ in range(MANY_CONSUMERS + 1)]
     with caplog.at_level(logging.WARNING, logger="eventbus"):
