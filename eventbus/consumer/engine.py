@@ -14,9 +14,9 @@ ownership whose fence always holds (`ownership.OPEN`).
 The life of a round (`Pipeline.round`, run by `supervision.read_loop`):
 
 1. **Acquire**: ``lock_shards.lua`` refreshes this consumer's liveness and takes shard locks up to
-   the fair share ``ceil(shards / live consumers)`` (`eventbus.locking.locks`). Steps 1-5 run at
-   most every `lock_interval_ms` (at once when no shard is held or the lease ran out); the rounds
-   between them read the shards held.
+   its fair share, ``floor(shards / live consumers)`` or one more (`eventbus.locking.locks`).
+   Steps 1-5 run at most every `lock_interval_ms` (at once when no shard is held or the lease
+   ran out); the rounds between them read the shards held.
 2. **Apply** the grants to the held-shard table (`shards`): shards lost to others are forgotten,
    shards newly held get a new generation.
 3. **Catch up** newly held shards from the durable tier when the group fell behind Redis's first

@@ -1,11 +1,11 @@
 """What a group consumer owns: its shard locks, and the fence of every entry it handles.
 
-`Ownership` runs the lock round (``lock_shards.lua``: liveness, locks up to the fair share
-``ceil(shards / live consumers)``), keeps the lease (`eventbus.locking.lease`) and the held-shard
-table (`shards`), checks the held shards for trimmed entries (`trims`), schedules their catch-up
-from the durable tier (`catching_up`), has the pending entries of newly held shards recovered
-first, releases idle and surplus shards, and at the end releases every lock and leaves the
-group. It is the `Fence`: an entry is handled only while its shard is held under the
+`Ownership` runs the lock round (``lock_shards.lua``: liveness, locks up to this consumer's fair
+share, ``floor(shards / live consumers)`` or one more), keeps the lease (`eventbus.locking.lease`)
+and the held-shard table (`shards`), checks the held shards for trimmed entries (`trims`),
+schedules their catch-up from the durable tier (`catching_up`), has the pending entries of newly
+held shards recovered first, releases idle and surplus shards, and at the end releases every lock
+and leaves the group. It is the `Fence`: an entry is handled only while its shard is held under the
 acquisition it was read in and the lease is valid (docs/semantics.md).
 
 It knows nothing of how entries are read, decoded, queued or acked: the pipeline
@@ -222,10 +222,10 @@ class Ownership:
         this consumer holds none, the last lock round gave it a share, and it joined or was
         granted a shard less than `block_max_ms` ago (a consumer joining a busy group: the
         others release its shards once they have drained them, and it took them up to the 1 s
-        of `block_max_ms` late). The lock round does not tell whether any shard is owed to it:
-        a share of 1 is also every standby's when members outnumber shards, and a standby that
-        kept polling every `lock_interval_ms` ran 10 lock rounds a second for ever; after the
-        window it backs off with the BLOCK, never later than it was."""
+        of `block_max_ms` late). A standby (members outnumber shards) has a share of 0 and
+        backs off with the BLOCK; the window also bounds a member whose share is owed by others
+        that are slow to release (one polling every `lock_interval_ms` for ever ran 10 lock
+        rounds a second); after it, the BLOCK, never later than it was."""
         if not self.table.held and self.share and time.monotonic() < self.owed_until:
             return min(block_ms, self.settings.lock_interval_ms or block_ms)
         return block_ms
