@@ -188,18 +188,22 @@ _STANDARD_NAMES = ({F_RESOURCE}, {F_TYPE}, {F_DATA})  # what publishers write, i
 
 
 def _uuid_text(ids: list[bytes]) -> Any:
-    """16-byte event IDs as UUID text (``str(uuid.UUID(bytes=...))``), for all at once."""
+    """16-byte event IDs as UUID text (``str(uuid.UUID(bytes=...))``), for all at once: the hex
+    digits of all IDs copied into place with strided slices (32 copies of `n` bytes, not `n`
+    Python steps), the dashes likewise."""
     n = len(ids)
-    hexed = pa.StringArray.from_buffers(
-        n,
-        pa.array(range(0, 32 * n + 1, 32), pa.int32()).buffers()[1],
-        pa.py_buffer(b"".join(ids).hex().encode()),
-    )
-    parts = [pc.utf8_slice_codeunits(hexed, a, b) for a, b in _UUID_PARTS]
-    return pc.binary_join_element_wise(*parts, "-")
+    hexed = b"".join(ids).hex().encode()
+    out = bytearray(36 * n)
+    for src, dst in _UUID_DIGITS:
+        out[dst::36] = hexed[src::32]
+    for dash in (8, 13, 18, 23):
+        out[dash::36] = b"-" * n
+    fixed = pa.FixedSizeBinaryArray.from_buffers(pa.binary(36), n, [None, pa.py_buffer(out)])
+    return fixed.cast(pa.string())
 
 
-_UUID_PARTS = ((0, 8), (8, 12), (12, 16), (16, 20), (20, 32))
+# where each hex digit of an ID goes in its 36 characters: 8-4-4-4-12 with dashes between
+_UUID_DIGITS = [(i, i + sum(i >= edge for edge in (8, 12, 16, 20))) for i in range(32)]
 
 
 class _Head(msgspec.Struct, gc=False):
