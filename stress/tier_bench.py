@@ -339,8 +339,12 @@ async def bench(args: argparse.Namespace, redis: str, store_location: str) -> di
     )
     verify_s = time.perf_counter() - started
 
-    replay = await anyio.to_thread.run_sync(replay_bench, store, models, args.reps)
-    catchup = await catchup_bench(args, redis, store, data, models)
+    if args.offload_only:  # quick iterations on the offload: no replay, no catch-up
+        replay: dict[str, Any] = {}
+        catchup: dict[str, Any] = {}
+    else:
+        replay = await anyio.to_thread.run_sync(replay_bench, store, models, args.reps)
+        catchup = await catchup_bench(args, redis, store, data, models)
 
     mb = 1024 * 1024
     return {
@@ -556,6 +560,9 @@ def main() -> None:
         help="Typed segments keep every entry's data (rebuild_data off: segment version 2).",
     )
     parser.add_argument("--json", default=None, help="Also write the JSON object to this file.")
+    parser.add_argument(
+        "--offload-only", action="store_true", help="Only the offload (no replay, catch-up)."
+    )
     parser.add_argument(
         "--offload-worker", nargs=2, metavar=("TOPIC", "STORE"), help=argparse.SUPPRESS
     )
