@@ -160,8 +160,7 @@ Fields = Sequence[bytes] | Mapping[bytes, bytes]
 def _field_lists(fields: Sequence[Any]) -> tuple[list[Any], list[Any], list[Any], int]:
     """Per entry its ``rid``, ``type`` and ``data`` values (None where missing) and the raw bytes
     of all fields. The common shape, raw lists of exactly those three fields in XADD's order,
-    is taken column by column; any other shape
-    entry by entry."""
+    is taken column by column; any other shape entry by entry."""
     if (
         fields
         and set(map(type, fields)) == {list}

@@ -81,14 +81,14 @@ def dictionary_rows(rows: Sequence[Row]) -> list[Any]:
         and set(map(len, fields)) <= {6}
         and {f[4] for f in fields} <= {F_DATA}
     )
-    if standard and not {f[5][:1] for f in fields} & _DICT_FORMATS:
+    if standard and not {f[5][:1] for f in fields} & _DICT_PREFIXES:
         return []  # as publishers write them, none with a dictionary: no Python step per row
     datas = [_data_of(f) for f in fields]
     return [(None, {F_DATA: d}) for d in datas if d[:1] in _DICT_FORMAT_BYTES]
 
 
 _DICT_FORMAT_BYTES = tuple(bytes([f]) for f in DICT_FORMATS)
-_DICT_FORMATS = set(_DICT_FORMAT_BYTES)
+_DICT_PREFIXES = set(_DICT_FORMAT_BYTES)
 
 
 @dataclass
