@@ -46,6 +46,7 @@ Reading: `decode_segment`, the one reader, verifies a file.
 from __future__ import annotations
 
 import bisect
+import functools
 import io
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -60,6 +61,7 @@ from eventbus.errors import DecodeError
 from eventbus.protocol.budget import MIN_CONTAINERS
 from eventbus.protocol.codec import (
     _BODY,
+    _ENCODER,
     F_DATA,
     F_RESOURCE,
     F_TYPE,
@@ -147,22 +149,25 @@ class EntryColumns:
     raw_bytes: int
     typed: pa.StructArray | None = None
     typed_errors: list[str | None] | None = None
+    bodies: list[Any] | None = None  # the decoded bodies, when decoded in one pass
+    datas: list[bytes] | None = None  # their raw ``data``
 
 
 Fields = Sequence[bytes] | Mapping[bytes, bytes]
 """An entry's fields: an XRANGE reply's raw list ``[name, value, ...]`` or a field map."""
-_STANDARD = (F_RESOURCE, F_TYPE, F_DATA, 6)  # what publishers write, in XADD's order
 
 
 def _field_lists(fields: Sequence[Any]) -> tuple[list[Any], list[Any], list[Any], int]:
     """Per entry its ``rid``, ``type`` and ``data`` values (None where missing) and the raw bytes
     of all fields. The common shape, raw lists of exactly those three fields in XADD's order,
     is taken column by column; any other shape entry by entry."""
-    try:
-        shapes = {(f[0], f[2], f[4], len(f)) for f in fields}
-    except (IndexError, KeyError, TypeError):
-        shapes = set()
-    if shapes == {_STANDARD}:
+    if (
+        fields
+        and set(map(type, fields)) == {list}
+        and set(map(len, fields)) == {6}
+        and ({f[0] for f in fields}, {f[2] for f in fields}, {f[4] for f in fields})
+        == _STANDARD_NAMES
+    ):
         rids, types, datas = [f[1] for f in fields], [f[3] for f in fields], [f[5] for f in fields]
         size = len(fields) * 11 + sum(map(len, rids)) + sum(map(len, types)) + sum(map(len, datas))
         return rids, types, datas, size
@@ -178,19 +183,26 @@ def _field_lists(fields: Sequence[Any]) -> tuple[list[Any], list[Any], list[Any]
     )
 
 
+_STANDARD_NAMES = ({F_RESOURCE}, {F_TYPE}, {F_DATA})  # what publishers write, in XADD's order
+
+
 def _uuid_text(ids: list[bytes]) -> Any:
-    """16-byte event IDs as UUID text (``str(uuid.UUID(bytes=...))``), for all at once."""
+    """16-byte event IDs as UUID text (``str(uuid.UUID(bytes=...))``), for all at once: the hex
+    digits of all IDs copied into place with strided slices (32 copies of `n` bytes, not `n`
+    Python steps), the dashes likewise."""
     n = len(ids)
-    hexed = pa.StringArray.from_buffers(
-        n,
-        pa.array(range(0, 32 * n + 1, 32), pa.int32()).buffers()[1],
-        pa.py_buffer(b"".join(ids).hex().encode()),
-    )
-    parts = [pc.utf8_slice_codeunits(hexed, a, b) for a, b in _UUID_PARTS]
-    return pc.binary_join_element_wise(*parts, "-")
+    hexed = b"".join(ids).hex().encode()
+    out = bytearray(36 * n)
+    for src, dst in _UUID_DIGITS:
+        out[dst::36] = hexed[src::32]
+    for dash in (8, 13, 18, 23):
+        out[dash::36] = b"-" * n
+    fixed = pa.FixedSizeBinaryArray.from_buffers(pa.binary(36), n, [None, pa.py_buffer(out)])
+    return fixed.cast(pa.string())
 
 
-_UUID_PARTS = ((0, 8), (8, 12), (12, 16), (16, 20), (20, 32))
+# where each hex digit of an ID goes in its 36 characters: 8-4-4-4-12 with dashes between
+_UUID_DIGITS = [(i, i + sum(i >= edge for edge in (8, 12, 16, 20))) for i in range(32)]
 
 
 class _Head(msgspec.Struct, gc=False):
@@ -210,23 +222,71 @@ _DECODE_BODY = _BODY.decode
 
 
 def _decode_all(
-    rids: list[Any], types: list[Any], datas: list[Any], payloads: bool
+    rids: list[Any], types: list[Any], datas: list[Any], typed: TypedPayloads | None
 ) -> list[Any] | None:
-    """The envelope bodies of all entries in one pass (with their `payloads` decoded, else as
-    raw bytes), when every entry is the common case `decode_entry` decodes in one typed pass
-    (``rid`` and ``type`` present, format ``0x01``, at most `MIN_CONTAINERS` bytes); None when
-    any entry is not (or does not decode): then each goes through `decode_entry`."""
+    """The envelope bodies of all entries in one pass (with `typed`, their payloads decoded,
+    into the model's msgspec mirror where the page has one model that has one
+    (`TypedPayloads.mirrors`): validated in the same pass; else as raw bytes), when every entry
+    is the common case `decode_entry` decodes in one typed pass (``rid`` and ``type`` present,
+    format ``0x01``, at most `MIN_CONTAINERS` bytes); None when any entry is not (or does not
+    decode): then each goes through `decode_entry`."""
     if None in rids or None in types or None in datas:
         return None
-    if not all(d[:1] == _PLAIN and len(d) <= MIN_CONTAINERS for d in datas):
+    if {d[:1] for d in datas} != {_PLAIN} or max(map(len, datas)) > MIN_CONTAINERS:
         return None
-    decode = _DECODE_BODY if payloads else _DECODE_HEAD
+    mirrored = None if typed is None else _mirror_decoder(typed, types)
+    decode = _DECODE_HEAD if typed is None else (mirrored or _DECODE_BODY)
     try:
         return [decode(d[1:]) for d in datas]
     # a payload string that is not UTF-8, or nesting past msgspec's depth (a poison entry):
     # each entry then goes through `decode_entry`, which makes either its own DecodeError
     except (msgspec.MsgspecError, UnicodeDecodeError, RecursionError):
+        if mirrored is None:
+            return None
+    try:  # some payload is not the mirror's (pydantic validates it): entry by entry
+        return [_decode_either(mirrored, d[1:]) for d in datas]
+    except (msgspec.MsgspecError, UnicodeDecodeError, RecursionError):
         return None
+
+
+def _decode_either(mirrored: Any, body: bytes) -> Any:
+    try:
+        return mirrored(body)
+    except (msgspec.MsgspecError, UnicodeDecodeError, RecursionError):
+        return _DECODE_BODY(body)
+
+
+def _mirror_decoder(typed: TypedPayloads, types: list[bytes]) -> Any:
+    """The decoder of bodies whose payload is the mirror of the one model of every entry of
+    `types` (None: the entries have several models, or theirs has no mirror)."""
+    if typed.any_type:
+        key = None
+    else:
+        kinds = set(types)
+        if len(kinds) != 1:
+            return None
+        key = _text(kinds.pop())
+        if key not in typed.models:
+            return None
+    mirror = typed.mirrors[key]
+    return None if mirror is None else _mirrored_body(mirror)
+
+
+@functools.lru_cache(maxsize=64)
+def _mirrored_body(mirror: type[msgspec.Struct]) -> Any:
+    """`codec._Body`'s decoder with the payload typed as `mirror`."""
+    body = msgspec.defstruct(
+        "Body",
+        [
+            ("v", Literal[1]),
+            ("id", Annotated[bytes, msgspec.Meta(min_length=16, max_length=16)]),
+            ("ts", int),
+            ("h", dict[str, str]),
+            ("p", mirror),
+        ],
+        gc=False,
+    )
+    return msgspec.msgpack.Decoder(body).decode
 
 
 _PLAIN = bytes([FORMAT_MSGPACK])
@@ -262,7 +322,7 @@ def entry_columns(
         seq = pc.list_element(parts, 1).cast(pa.int64())
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
         raise ValueError(f"entry IDs of {topic}/{shard} are not <ms>-<seq>: {exc}") from None
-    bodies = _decode_all(rids, types, datas, typed is not None)
+    bodies = _decode_all(rids, types, datas, typed)
     rid_text, type_text = _texts(rids), _texts(types)
     if bodies is None or rid_text is None or type_text is None:
         return _entry_by_entry(topic, shard, ms, seq, rids, types, datas, raw_bytes, typed)
@@ -289,7 +349,7 @@ def entry_columns(
     if typed is None:
         return EntryColumns(arrays, raw_bytes)
     struct, errors = typed.columns_of([b.p for b in bodies], type_text)
-    return EntryColumns(arrays, raw_bytes, struct, errors)
+    return EntryColumns(arrays, raw_bytes, struct, errors, bodies, datas)
 
 
 def _zeros(n: int) -> Any:
@@ -465,7 +525,16 @@ def encode_columns(
         if fields:
             named = dict(zip(COLUMNS, arrays, strict=False))
             named |= {f.name: a for f, a in zip(typed.struct, payload, strict=True)}
-            arrays[_DATA] = rebuild.unneeded(fields, arrays[_DATA], arrays[6], error_array, named)
+            same = _reencoded(fields, typed, cols)
+            if same is None:
+                data = rebuild.unneeded(fields, arrays[_DATA], arrays[6], error_array, named)
+            elif any(same):
+                data = pc.if_else(
+                    pa.array(same, pa.bool_()), pa.nulls(n, pa.binary()), arrays[_DATA]
+                )
+            else:
+                data = arrays[_DATA]
+            arrays[_DATA] = data
             rebuilt = arrays[_DATA].null_count
         info = SegmentInfo(
             topic,
@@ -525,6 +594,34 @@ def encode_columns(
 
 
 _ROW_GROUP = 65536
+
+
+def _reencoded(
+    fields: Mapping[str, Sequence[str]], typed: TypedPayloads, cols: EntryColumns
+) -> list[bool] | None:
+    """Per entry whether `eventbus.tier.rebuild` gives its ``data`` back, found without
+    rebuilding, when every payload of `cols` was decoded into the mirror of one rebuildable
+    model (`_decode_all`): the typed columns then hold the decoded values as they are (Arrow
+    gives back the same int, float, str, bool or None), so the rebuilt bytes are the decoded
+    body encoded again, which `rebuild.rebuild` encodes the same way (the same map, fields in
+    the model's order). None when not known this way (`rebuild.unneeded` decides)."""
+    bodies, datas = cols.bodies, cols.datas
+    if not bodies or datas is None:
+        return None
+    kinds = {type(b.p) for b in bodies}
+    if len(kinds) != 1:
+        return None
+    mirror = kinds.pop()
+    keys = [k for k, m in typed.mirrors.items() if m is mirror]
+    if not keys:
+        return None
+    names = fields.get("*" if keys[0] is None else keys[0])
+    if names is None or tuple(names) != mirror.__struct_fields__:
+        return None
+    again = list(map(_ENCODER.encode, bodies))
+    if _PLAIN + _PLAIN.join(again) == b"".join(datas):  # the common case: all, at once
+        return [True] * len(datas)
+    return [len(d) == len(e) + 1 and d.endswith(e) for d, e in zip(datas, again, strict=True)]
 
 
 def encode_segment(

@@ -17,6 +17,7 @@ from pydantic import BaseModel
 
 from eventbus.protocol.codec import F_DATA, Envelope, encode_entry, envelope_of, new_event_id
 from eventbus.protocol.ids import EntryId
+from eventbus.tier import rebuild
 from eventbus.tier.errors import CorruptSegment
 from eventbus.tier.segment import SCHEMA, decode_segment, encode_segment
 from eventbus.tier.typed import TypedPayloads
@@ -276,3 +277,42 @@ def test_a_left_out_count_unlike_the_metadata_is_a_corrupt_segment() -> None:
     pq.write_table(table.replace_schema_metadata(meta), sink)
     with pytest.raises(CorruptSegment, match="3 entries without data, metadata says 2"):
         decode_segment(sink.getvalue(), "bad")
+
+
+def test_data_is_left_out_exactly_where_rebuilding_gives_it_back() -> None:
+    """A page of one model decoded into its msgspec mirror (the offloader's one pass) leaves
+    out the ``data`` of the entries whose bodies encode again to the same bytes; that is
+    exactly where rebuilding from the written columns (`rebuild.unneeded`) gives them back,
+    also for bodies no publisher writes: integers and floats in wider forms, an int where the
+    model says float."""
+    flat = Flat(n=5, x=0.5, ok=True, s="s", maybe_n=7).model_dump(mode="json")
+    canonical = [_raw(i, flat, "Flat") for i in range(3)]
+    wide_int = _with(canonical[0], b"\xa1n\x05", b"\xa1n\xcd\x00\x05")
+    float32 = _with(canonical[1], b"\xa1x\xcb?\xe0" + bytes(6), b"\xa1x\xca?\x00\x00\x00")
+    int_for_float = _raw(3, {**flat, "x": 3}, "Flat")
+    entries = [*canonical, wide_int, float32, int_for_float]
+    entries = [(EntryId(MS + i, 0), f) for i, (_, f) in enumerate(entries)]
+    typed = TypedPayloads({"Flat": Flat})
+    assert typed.mirrors["Flat"] is not None
+    data, info = encode_segment(
+        "t", 0, entries[0][0], entries[-1][0], entries, typed=typed, rebuild_data=True
+    )
+    table = pq.read_table(io.BytesIO(data))
+    stored = table.column("data").to_pylist()
+    assert [d is None for d in stored] == [True] * 3 + [False] * 3 and info.data_rebuilt == 3
+    columns = {n: table.column(n).combine_chunks() for n in table.column_names}
+    full = pa.array([f[F_DATA] for _, f in entries], pa.binary())
+    fields = rebuild.rebuildable(typed)
+    by_rebuild = rebuild.unneeded(
+        fields, full, columns["event_type"], columns["typed_error"], columns
+    )
+    assert [d is None for d in by_rebuild.to_pylist()] == [d is None for d in stored]
+    assert decode_segment(data, "k")[0].column("data").to_pylist() == full.to_pylist()
+
+
+def _with(
+    e: tuple[EntryId, dict[bytes, bytes]], old: bytes, new: bytes
+) -> tuple[EntryId, dict[bytes, bytes]]:
+    """`e` with `old` replaced by `new` in its ``data`` (once, and it must be there)."""
+    assert e[1][F_DATA].count(old) == 1
+    return e[0], {**e[1], F_DATA: e[1][F_DATA].replace(old, new)}

@@ -15,13 +15,13 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from eventbus.errors import ConfigError
 from eventbus.protocol.codec import F_DATA, Envelope, encode_entry, new_event_id
 from eventbus.protocol.ids import EntryId
 from eventbus.tier.segment import SCHEMA, decode_segment, encode_segment, entry_columns
-from eventbus.tier.typed import TypedPayloads, arrow_type, typed_struct
+from eventbus.tier.typed import TypedPayloads, arrow_type, mirror_struct, typed_struct
 
 MS = 1_700_000_000_000
 
@@ -219,3 +219,81 @@ def test_per_type_models_as_docs_tier_md_writes_them(monkeypatch: pytest.MonkeyP
     assert load_models(TierSettings().typed_models["orders"]) == {None: Placed}
     as_text = TierSettings(typed_models={"orders": json.dumps({"Placed": here})})
     assert load_models(as_text.typed_models["orders"]) == {"Placed": Placed}
+
+
+class Reading(BaseModel):  # simple enough for a msgspec mirror
+    sensor: str
+    value: float
+    count: int
+    ok: bool | None
+    unit: str = "C"
+
+
+class Checked(Reading):
+    @field_validator("count")
+    @classmethod
+    def _positive(cls, v: int) -> int:
+        return abs(v)
+
+
+class Bounded(BaseModel):
+    count: int = Field(gt=0)
+
+
+class Aliased(BaseModel):
+    count: int = Field(alias="n")
+
+
+class Forbidding(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    count: int
+
+
+class Stripping(BaseModel):
+    model_config = ConfigDict(str_strip_whitespace=True)
+    name: str
+
+
+def test_only_models_validated_alike_by_msgspec_get_a_mirror() -> None:
+    mirror = mirror_struct(Reading)
+    assert mirror is not None and mirror.__struct_fields__ == tuple(Reading.model_fields)
+    default = mirror(sensor="s", value=1.0, count=1, ok=None).unit  # type: ignore[attr-defined]
+    assert default == "C"
+    for model in (Checked, Bounded, Aliased, Forbidding, Stripping, Placed):
+        assert mirror_struct(model) is None, model
+    assert mirror_struct(Cancelled) is not None  # int and str fields only
+
+
+def test_payloads_decoded_into_a_mirror_give_the_columns_pydantic_gives() -> None:
+    """A page of one mirrored model is validated by msgspec as it is decoded; what msgspec
+    refuses is validated by pydantic (lax: "3" and True for an int, 2.0 for an int). The typed
+    columns and errors equal those of validating every payload with pydantic."""
+    typed = TypedPayloads({"Reading": Reading})
+    good = {"sensor": "a", "value": 1.5, "count": 2, "ok": True}
+    payloads: list[dict[str, object]] = [
+        good,
+        {**good, "value": 3},  # an int for a float: 3.0 in both
+        {**good, "count": "3"},  # lax: pydantic only
+        {**good, "count": True},
+        {**good, "count": 2.0},
+        {**good, "count": 2.5},  # invalid
+        {"sensor": "b", "value": 0.5, "count": 1},  # missing ok: invalid (required)
+        {**good, "extra": [1, 2]},  # ignored
+        {**good, "unit": "K", "ok": None},
+    ]
+    rows = [entry(i, "Reading", payloads[i % len(payloads)]) for i in range(45)]
+    ids = [str(i).encode() for i, _ in rows]
+    fields = [[x for kv in f.items() for x in kv] for _, f in rows]
+    paged = entry_columns("r", 0, ids, fields, typed)
+    by_pydantic, errors = typed.columns([f[F_DATA] for _, f in rows], ["Reading"] * len(rows))
+    assert paged.typed is not None and paged.typed.to_pylist() == by_pydantic.to_pylist()
+    assert paged.typed_errors == errors and errors.count(None) == 35
+    assert paged.typed.field("value").to_pylist()[1] == 3.0
+    # all valid and as msgspec wants them: one pass, the same columns
+    clean = [entry(i, "Reading", good) for i in range(5)]
+    ids = [str(i).encode() for i, _ in clean]
+    fields = [[x for kv in f.items() for x in kv] for _, f in clean]
+    fast = entry_columns("r", 0, ids, fields, typed)
+    assert fast.typed is not None and fast.bodies is not None
+    assert {type(b.p) for b in fast.bodies} == {typed.mirrors["Reading"]}
+    assert fast.typed.to_pylist() == [{**good, "unit": "C"}] * 5
