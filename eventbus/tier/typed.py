@@ -232,7 +232,7 @@ class TypedPayloads:
             as_row = (lambda m: m.__dict__) if self.flat[key] else _row
             for i, m in zip(idx, valid, strict=True):
                 rows[i] = as_row(m)
-        return pa.array(rows, self.struct)
+        return _struct_array(rows, self.struct, errors)
 
     def columns_of(
         self, payloads: list[Any], types: pa.Array
@@ -258,7 +258,8 @@ class TypedPayloads:
                 and mirror.__struct_fields__ == tuple(self.struct.names)
                 and set(map(type, payloads)) == {mirror}
             ):
-                return pa.array(list(map(msgspec.structs.astuple, payloads)), self.struct), errors
+                rows = list(map(msgspec.structs.astuple, payloads))
+                return _struct_array(rows, self.struct, errors), errors
         return self.validate(payloads, groups, errors), errors
 
     def columns(
@@ -268,6 +269,30 @@ class TypedPayloads:
         has no typed values (None: valid, or a type without a model)."""
         payloads, groups, errors = self.payloads(data, types)
         return self.validate(payloads, groups, errors), errors
+
+
+_ARROW_REFUSED = (OverflowError, pa.ArrowInvalid, pa.ArrowTypeError)
+
+
+def _struct_array(rows: list[Any], struct: pa.StructType, errors: list[str | None]) -> Any:
+    """``pa.array(rows, struct)``; when Arrow refuses a value that validated (an int beyond
+    int64 — pydantic's ``int`` is unbounded, MessagePack carries up to 2**64 - 1 — or a value
+    past a type's range), the rows it refuses are null with the reason in `errors`, as an
+    invalid payload is, instead of failing the whole page (and so the offloader, at that entry,
+    for ever)."""
+    try:
+        return pa.array(rows, struct)
+    except _ARROW_REFUSED:
+        kept: list[Any] = []
+        for i, row in enumerate(rows):
+            if row is not None:
+                try:
+                    pa.array([row], struct)
+                except _ARROW_REFUSED as exc:
+                    errors[i] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                    row = None
+            kept.append(row)
+        return pa.array(kept, struct)
 
 
 _MIRRORED = (int, float, str, bool)

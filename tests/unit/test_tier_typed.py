@@ -165,6 +165,27 @@ def test_typed_columns_of_a_page_equal_those_built_entry_by_entry() -> None:
     assert paged.typed_errors is not None and paged.typed_errors.count(None) == 30
 
 
+@pytest.mark.parametrize("model", [Cancelled, Placed], ids=["msgspec mirror", "pydantic"])
+def test_a_value_arrow_cannot_hold_is_a_typed_error_not_a_failed_segment(
+    model: type[BaseModel],
+) -> None:
+    # pydantic's int is unbounded and MessagePack carries up to 2**64 - 1: an order number of
+    # 2**63 validates, but no int64 column holds it; the segment is written all the same
+    typed = TypedPayloads({model.__name__: model})
+    big = {**placed(1), "order": 2**63, "reason": "x"}
+    entries = [
+        entry(0, model.__name__, {**placed(0), "reason": "x"}),
+        entry(1, model.__name__, big),
+        entry(2, model.__name__, {**placed(2), "reason": "x"}),
+    ]
+    data, info = encode_segment("orders", 0, entries[0][0], entries[-1][0], entries, typed=typed)
+    rows = pq.read_table(io.BytesIO(data)).to_pylist()
+    assert [r["order"] for r in rows] == [0, None, 2]
+    assert rows[1]["typed_error"].startswith("OverflowError")
+    assert info.typed_invalid == 1
+    assert [r["data"] for r in rows] == [e[1][F_DATA] for e in entries]  # nothing lost
+
+
 def test_a_typed_segment_with_a_forged_schema_is_corrupt() -> None:
     typed = TypedPayloads({None: Cancelled})
     entries = [entry(0, "Cancelled", {"order": 1, "reason": "x"})]
