@@ -141,9 +141,7 @@ def _shard_batches(
     filtered by record batches in `pool`, a batch ahead of the one handed on; a segment's rows
     start after the previous one's last (overlapping segments give each entry once)."""
     last: EntryId | None = None
-    fetched = _prefetched(
-        fetch_pool, refs, lambda r: (r, get_bytes_sync(store, r.key)), max(0, prefetch - 1)
-    )
+    fetched = _prefetched(fetch_pool, refs, lambda r: (r, get_bytes_sync(store, r.key)), prefetch)
     for ref, held, batch in _stepped(pool, _segment_reads(fetched, flt)):
         if batch is None:  # the segment's end
             if counts is not None:
@@ -301,7 +299,7 @@ def _topic_batches(
                 s,
                 flt,
                 on_segment=on_segment,
-                prefetch=2,
+                prefetch=1,
                 pool=pool,
                 fetch_pool=fetch_pool,
                 counts=counts,

@@ -616,9 +616,10 @@ def decode_segment(
     expect: tuple[str, int, EntryId, EntryId] | None = None,
     columns: Sequence[str] | None = None,
 ) -> tuple[pa.Table, SegmentInfo]:
-    """Parse and verify a segment file; `key` names it in errors. The one segment reader:
-    replay (`eventbus.tier.archived`), the offloader adopting an object and the Spark source
-    (`eventbus.spark.reading`) all read segments through it.
+    """Parse and verify a segment file; `key` names it in errors. The one segment reader, with
+    `decode_segment_batches` (the same checks, by record batches: replay, `eventbus.tier.
+    archived`): the offloader adopting an object, catch-up and the Spark source
+    (`eventbus.spark.reading`) read segments through it.
 
     Checks the Parquet structure and page checksums, the schema, the metadata (and that it
     matches `expect` = (topic, shard, first, last) when given, e.g. `SegmentRef.span` from the
