@@ -149,7 +149,8 @@ def _ints(values: pa.Array) -> pa.Array:
     low, high = (v.as_py() for v in pc.min_max(large).values())
     for lo, hi, header, width in _INT_FORMS:  # the small ones by value, the rest one form
         if lo <= low and high <= hi:
-            clipped = pc.subtract(pc.max_element_wise(pc.min_element_wise(values, _SMALL[1]), _SMALL[0]), _SMALL[0])
+            inside = pc.max_element_wise(pc.min_element_wise(values, _SMALL[1]), _SMALL[0])
+            clipped = pc.subtract(inside, _SMALL[0])
             rest = join([const(header), _low(big, width)]) if header else _low(big, width)
             return pc.if_else(small, _small_ints().take(clipped), rest)
     conditions, choices = [], []
@@ -166,20 +167,8 @@ def _str_headers(lengths: pa.Array) -> pa.Array:
     n = pc.fill_null(lengths.cast(pa.int64()), 0)
     if not len(n):
         return pa.array([], pa.binary())
+    short = _str_header_table().take(pc.min_element_wise(n, (1 << 16) - 1))
     if pc.max(n).as_py() < 1 << 16:
-        return _str_header_table().take(n)
-    big = _big_endian(n)
-    forms = [  # by disjoint ranges of lengths
-        (0, 31, lambda: _low(_big_endian(pc.add(n, 0xA0)), 1)),
-        (32, 255, lambda: join([const(b"\xd9"), _low(big, 1)])),
-        (256, (1 << 16) - 1, lambda: join([const(b"\xda"), _low(big, 2)])),
-        (1 << 16, (1 << 32) - 1, lambda: join([const(b"\xdb"), _low(big, 4)])),
-    ]
-    shortest, longest = (v.as_py() for v in pc.min_max(n).values())
-    for lo, hi, headers in forms:  # one form for every row: the common case
-        if lo <= shortest and longest <= hi:
-            return headers()
-    cases = pa.StructArray.from_arrays(
-        [pc.less_equal(n, hi) for _, hi, _ in forms], [str(i) for i in range(len(forms))]
-    )
-    return pc.case_when(cases, *(h() for _, _, h in forms))
+        return short
+    long = join([const(b"\xdb"), _low(_big_endian(n), 4)])  # str32 (a value is below 4 GiB)
+    return pc.if_else(pc.less(n, 1 << 16), short, long)
