@@ -28,7 +28,7 @@ from eventbus.protocol.codec import F_DATA, F_RESOURCE, F_TYPE, Envelope, decode
 from eventbus.protocol.ids import EntryId
 from eventbus.tier.errors import CorruptSegment
 from eventbus.tier.layout import SegmentRef
-from eventbus.tier.segment import decode_segment
+from eventbus.tier.segment import decode_segment, decode_segment_batches
 from eventbus.tier.store import Store, get_bytes_sync
 
 _MAX_ID = EntryId((1 << 64) - 1, (1 << 64) - 1)
@@ -270,7 +270,32 @@ def read_batch(
     rows are filtered on their Arrow columns. Raises as `read_segment`."""
     data = get_bytes_sync(store, ref.key)
     table, info = decode_segment(data, ref.key, expect=ref.span)
-    flt = flt or ReplayFilter()
+    table = _filtered(table, flt or ReplayFilter(), ref)
+    return EntryBatch(table.combine_chunks(), info.topic, info.shard, ref.key), info.entries
+
+
+def open_batches(
+    data: bytes, ref: SegmentRef, flt: ReplayFilter | None, rows: int
+) -> tuple[int, Iterator[EntryBatch]]:
+    """Segment `ref`'s bytes `data` opened as `EntryBatch`es of its rows that match `flt`,
+    each cut from a record batch of at most `rows` rows as it is decoded and verified
+    (`decode_segment_batches`), none empty; and the segment's entry count (matching or not).
+    Raises `CorruptSegment`: here for the file's checks, from the iterator for a batch's."""
+    info, tables = decode_segment_batches(data, ref.key, expect=ref.span, batch_rows=rows)
+    return info.entries, _matching(tables, info.topic, info.shard, ref, flt or ReplayFilter())
+
+
+def _matching(
+    tables: Iterator[pa.Table], topic: str, shard: int, ref: SegmentRef, flt: ReplayFilter
+) -> Iterator[EntryBatch]:
+    for table in tables:
+        table = _filtered(table, flt, ref)
+        if table.num_rows:
+            yield EntryBatch(table.combine_chunks(), topic, shard, ref.key)
+
+
+def _filtered(table: pa.Table, flt: ReplayFilter, ref: SegmentRef) -> pa.Table:
+    """The rows of `table` (of segment `ref`, in entry-ID order) that match `flt`."""
     start, stop = _bounds(table, flt.lower, flt.upper, ref)
     if (start, stop) != (0, table.num_rows):
         table = table.slice(start, stop - start)
@@ -280,9 +305,7 @@ def read_batch(
     if flt.event_types is not None:
         m = pc.is_in(table["event_type"], pa.array(sorted(flt.event_types), pa.string()))
         mask = m if mask is None else pc.and_(mask, m)
-    if mask is not None:
-        table = table.filter(mask)
-    return EntryBatch(table.combine_chunks(), info.topic, info.shard, ref.key), info.entries
+    return table if mask is None else table.filter(mask)
 
 
 def read_segment(store: Store, ref: SegmentRef, flt: ReplayFilter | None = None) -> SegmentEntries:

@@ -20,11 +20,12 @@ re-exported here.
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from itertools import compress, count, repeat
-from operator import is_
+from operator import is_, itemgetter
 from typing import Any, TypeVar
 
 import msgspec
@@ -33,23 +34,26 @@ import pyarrow.compute as pc
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from eventbus.errors import DecodeError
-from eventbus.protocol.codec import Envelope, event_type_of
+from eventbus.protocol.budget import MIN_CONTAINERS
+from eventbus.protocol.codec import FORMAT_MSGPACK, Envelope, _Body, event_type_of
 from eventbus.protocol.ids import EntryId
 from eventbus.protocol.keys import check_name
 from eventbus.tier.archived import (
     ArchivedEntry,
     EntryBatch,
     ReplayFilter,
+    open_batches,
     paused_gc,
-    read_batch,
     read_segment,
 )
 from eventbus.tier.completeness import ArchiveGap, check_complete, recorded_lost
 from eventbus.tier.dictionaries import read_from
 from eventbus.tier.layout import SegmentRef
-from eventbus.tier.store import Store, list_segments_sync, list_shards_sync
+from eventbus.tier.store import Store, get_bytes_sync, list_segments_sync, list_shards_sync
 
 T = TypeVar("T")
+
+_FIRST = itemgetter(0)
 
 BATCH_ROWS = 8192
 """Entries per batch a shard hands to the merge (a segment's matching entries, cut)."""
@@ -93,6 +97,33 @@ def _prefetched(
             fut.cancel()
 
 
+def _segment_reads(
+    fetched: Iterator[tuple[SegmentRef, bytes]], flt: ReplayFilter
+) -> Iterator[tuple[SegmentRef, int, EntryBatch | None]]:
+    """Each fetched segment's matching batches as ``(ref, held, batch)``, then ``(ref, held,
+    None)`` at its end (`held`: the entries it holds); run a step at a time in a worker
+    thread (`_stepped`): decoding, verifying and rebuilding a batch release the GIL."""
+    for ref, data in fetched:
+        held, batches = open_batches(data, ref, flt, BATCH_ROWS)
+        for batch in batches:
+            yield ref, held, batch
+        yield ref, held, None
+
+
+def _stepped(pool: ThreadPoolExecutor, it: Iterator[T]) -> Iterator[T]:
+    """The items of `it`, each made in `pool` while the one before is handed on (one ahead)."""
+    fut = pool.submit(next, it, None)
+    try:
+        while (item := fut.result()) is not None:
+            fut = pool.submit(next, it, None)
+            yield item
+    finally:
+        if not fut.cancel():
+            with contextlib.suppress(Exception):
+                fut.result()  # a step under way: `it` cannot be closed while it runs
+        it.close()  # type: ignore[attr-defined]
+
+
 def _shard_batches(
     store: Store,
     refs: Sequence[SegmentRef],
@@ -102,30 +133,29 @@ def _shard_batches(
     on_segment: Callable[[SegmentRef], None] | None,
     prefetch: int,
     pool: ThreadPoolExecutor,
+    fetch_pool: ThreadPoolExecutor,
     counts: dict[int, int] | None,
 ) -> Iterator[EntryBatch]:
     """One shard's matching rows in entry-ID order, as batches of at most `BATCH_ROWS` (none
-    empty). Segments are read (fetched, verified, filtered on their Arrow columns) in `pool`,
-    `prefetch` ahead; a segment's rows start after the previous one's last (overlapping
-    segments give each entry once)."""
+    empty). Segments are fetched in `fetch_pool`, `prefetch` ahead, and decoded, verified and
+    filtered by record batches in `pool`, a batch ahead of the one handed on; a segment's rows
+    start after the previous one's last (overlapping segments give each entry once)."""
     last: EntryId | None = None
-    loaded = _prefetched(pool, refs, lambda r: (r, read_batch(store, r, flt)), prefetch)
-    for ref, (batch, held) in loaded:
-        if counts is not None:
-            counts[shard] = counts.get(shard, 0) + held
+    fetched = _prefetched(fetch_pool, refs, lambda r: (r, get_bytes_sync(store, r.key)), prefetch)
+    for ref, held, batch in _stepped(pool, _segment_reads(fetched, flt)):
+        if batch is None:  # the segment's end
+            if counts is not None:
+                counts[shard] = counts.get(shard, 0) + held
+            if on_segment is not None:
+                on_segment(ref)
+            continue
         n = batch.n
         start = 0
-        if n and last is not None and batch.id_at(0) <= last:  # overlapping segments
+        if last is not None and batch.id_at(0) <= last:  # overlapping segments
             start = batch.after(last)
         if start < n:
             last = batch.last
-            if start == 0 and n <= BATCH_ROWS:
-                yield batch
-            else:
-                for i in range(start, n, BATCH_ROWS):
-                    yield batch.slice(i, min(n, i + BATCH_ROWS))
-        if on_segment is not None:
-            on_segment(ref)
+            yield batch if start == 0 else batch.slice(start, n)
 
 
 def iter_shard(
@@ -148,7 +178,8 @@ def iter_shard(
     if refs is None:
         refs = [r for r in list_segments_sync(store, topic, shard) if flt.overlaps(r)]
     own = pool is None
-    executor = pool or ThreadPoolExecutor(max(1, prefetch), thread_name_prefix="eventbus-replay")
+    executor = pool or ThreadPoolExecutor(1, thread_name_prefix="eventbus-replay")
+    fetcher = ThreadPoolExecutor(max(1, prefetch), thread_name_prefix="eventbus-fetch")
     try:
         for batch in _shard_batches(
             store,
@@ -158,10 +189,12 @@ def iter_shard(
             on_segment=on_segment,
             prefetch=prefetch,
             pool=executor,
+            fetch_pool=fetcher,
             counts=counts,
         ):
             yield from batch.entries()
     finally:
+        fetcher.shutdown(wait=True, cancel_futures=True)
         if own:
             executor.shutdown(wait=True, cancel_futures=True)
 
@@ -255,7 +288,10 @@ def _topic_batches(
 ) -> Iterator[list[ArchivedEntry]]:
     """`iter_topic`'s entries as lists (batches), in the same order."""
     planned = segments if segments is not None else plan(store, topic, flt, shards)
-    with ThreadPoolExecutor(4, thread_name_prefix="eventbus-replay") as pool:
+    with (
+        ThreadPoolExecutor(4, thread_name_prefix="eventbus-replay") as pool,
+        ThreadPoolExecutor(4, thread_name_prefix="eventbus-fetch") as fetch_pool,
+    ):
         per_shard = [
             _shard_batches(
                 store,
@@ -265,6 +301,7 @@ def _topic_batches(
                 on_segment=on_segment,
                 prefetch=1,
                 pool=pool,
+                fetch_pool=fetch_pool,
                 counts=counts,
             )
             for s, refs in sorted(planned.items())
@@ -350,26 +387,26 @@ class _Decoder:
         self.models = models
         self.adapters: dict[type[BaseModel], TypeAdapter[Any]] = {}
 
-    def decode(self, batch: list[ArchivedEntry]) -> Iterator[ReplayedEvent]:
-        """The batch's events in its order; raises `DecodeError` (as `decode_event`) at the
-        first entry that does not decode or validate, after yielding those before it."""
+    def decode(self, batch: list[ArchivedEntry]) -> tuple[list[ReplayedEvent], int]:
+        """The events of `batch` in its order up to the first entry that does not decode or
+        validate, and that entry's place (``len(batch)`` when there is none): from there on,
+        `decode_each` gives the events and raises its `DecodeError`."""
         with paused_gc():  # payload dicts and models: tracked objects, no cycles
             envelopes, events = self._validated(batch)
             ok = next(compress(count(), map(is_, events, repeat(None))), len(events))
-            out = list(map(ReplayedEvent, events[:ok], envelopes[:ok], batch[:ok]))
-        yield from out
-        if ok < len(batch):
-            yield from self.decode_each(batch[ok:])
+            return list(map(ReplayedEvent, events[:ok], envelopes[:ok], batch[:ok])), ok
 
     def _validated(self, batch: list[ArchivedEntry]) -> tuple[list[Envelope], list[Any]]:
         """The envelopes of `batch` up to the first that does not decode, and their events
         (None where the list of its model did not validate, or from an unknown type on)."""
-        envelopes: list[Envelope] = []
-        for entry in batch:
-            try:
-                envelopes.append(entry.envelope())
-            except DecodeError:
-                break  # its error comes in its turn (`decode_each`)
+        envelopes = _envelopes_at_once(batch)
+        if envelopes is None:
+            envelopes = []
+            for entry in batch:
+                try:
+                    envelopes.append(entry.envelope())
+                except DecodeError:
+                    break  # its error comes in its turn (`decode_each`)
         events: list[Any] = [None] * len(envelopes)
         groups: dict[type[BaseModel], list[int]] = {}
         models = self.models
@@ -394,6 +431,47 @@ class _Decoder:
         """`decode_event` on each of `entries`: the path of a batch holding a bad entry."""
         for entry in entries:
             yield decode_event(entry, self.models)
+
+
+_BODIES = msgspec.msgpack.Decoder(list[_Body])
+_ARRAY32 = b"\xdd"
+
+
+def _envelopes_at_once(batch: list[ArchivedEntry]) -> list[Envelope] | None:
+    """The envelopes of `batch` from one MessagePack decode of all their bodies (an array's
+    elements are its values' encodings one after another: the bodies joined under an array
+    header), the same as `ArchivedEntry.envelope` gives each. None, for the entry by entry
+    path, unless every entry is of the short plain form `decode_entry` decodes in one typed
+    pass and decoded when it was archived (its envelope columns are set), and the array
+    decodes with each body's time where the archive has it (no body took another's bytes)."""
+    datas = [e.data for e in batch]
+    sizes = list(map(len, datas))
+    if (
+        not datas
+        or min(sizes) == 0
+        or max(sizes) > MIN_CONTAINERS
+        or set(map(_FIRST, datas)) != {FORMAT_MSGPACK}
+        or None in [e.event_id for e in batch]
+    ):
+        return None
+    joined = b"".join([_ARRAY32, len(datas).to_bytes(4, "big"), *(d[1:] for d in datas)])
+    try:
+        bodies = _BODIES.decode(joined)
+    except Exception:  # (any failure: entry by entry, each with its own error)
+        return None
+    if [b.ts for b in bodies] != [e.published_at_ms for e in batch]:
+        return None
+    return list(
+        map(
+            Envelope,
+            [e.resource_id for e in batch],
+            [e.event_type for e in batch],
+            [b.id for b in bodies],
+            [b.ts for b in bodies],
+            [b.h for b in bodies],
+            [b.p for b in bodies],
+        )
+    )
 
 
 def iter_events(
@@ -427,7 +505,10 @@ def iter_events(
         on_segment=None,
         counts=None,
     ):
-        yield from decoder.decode(batch)
+        events, ok = decoder.decode(batch)
+        yield from events
+        if ok < len(batch):
+            yield from decoder.decode_each(batch[ok:])
 
 
 __all__ = [

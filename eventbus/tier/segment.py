@@ -48,7 +48,7 @@ from __future__ import annotations
 import bisect
 import functools
 import io
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -713,9 +713,10 @@ def decode_segment(
     expect: tuple[str, int, EntryId, EntryId] | None = None,
     columns: Sequence[str] | None = None,
 ) -> tuple[pa.Table, SegmentInfo]:
-    """Parse and verify a segment file; `key` names it in errors. The one segment reader:
-    replay (`eventbus.tier.archived`), the offloader adopting an object and the Spark source
-    (`eventbus.spark.reading`) all read segments through it.
+    """Parse and verify a segment file; `key` names it in errors. The one segment reader, with
+    `decode_segment_batches` (the same checks, by record batches: replay, `eventbus.tier.
+    archived`): the offloader adopting an object, catch-up and the Spark source
+    (`eventbus.spark.reading`) read segments through it.
 
     Checks the Parquet structure and page checksums, the schema, the metadata (and that it
     matches `expect` = (topic, shard, first, last) when given, e.g. `SegmentRef.span` from the
@@ -765,6 +766,80 @@ def decode_segment(
     return table, info
 
 
+def decode_segment_batches(
+    data: bytes,
+    key: str,
+    *,
+    expect: tuple[str, int, EntryId, EntryId] | None = None,
+    batch_rows: int,
+) -> tuple[SegmentInfo, Iterator[pa.Table]]:
+    """`decode_segment` by record batches of at most `batch_rows` rows (the segment-schema
+    columns), so that a reader works on the first rows while the next are decoded. The
+    Parquet structure, schema, metadata (and `expect`) and the footer's row count are checked
+    before this returns; each batch, as it is read, for its page checksums, nulls, entry order
+    (after the batch before) and range, its left-out ``data`` rebuilt; the rows read and
+    ``data`` left out are compared with the metadata after the last. Raises `CorruptSegment`
+    naming `key`: from here for the file's checks, from the iterator at the batch that fails
+    (the batches before it held right rows)."""
+    try:
+        owned = pa.allocate_buffer(len(data))  # (why a copy: `decode_segment`)
+        memoryview(owned).cast("B")[:] = data
+        pf = pq.ParquetFile(pa.BufferReader(owned), page_checksum_verification=True)
+        schema = pf.schema_arrow
+        info = read_info(schema, key)
+        check_schema(schema, info, key)
+        rows = pf.metadata.num_rows
+    except CorruptSegment:
+        raise
+    except Exception as exc:  # pyarrow raises ArrowInvalid, OSError, ... on damaged files
+        raise CorruptSegment(key, f"{type(exc).__name__}: {exc}") from None
+    if expect is not None and (info.topic, info.shard, info.first, info.last) != expect:
+        raise CorruptSegment(
+            key,
+            f"metadata says {info.topic}/{info.shard} {info.first}..{info.last}, "
+            f"the key says {expect[0]}/{expect[1]} {expect[2]}..{expect[3]}",
+        )
+    if rows != info.entries:
+        raise CorruptSegment(key, f"{rows} rows, metadata says {info.entries}")
+    return info, _batches(pf, info, key, batch_rows)
+
+
+def _batches(pf: Any, info: SegmentInfo, key: str, batch_rows: int) -> Iterator[pa.Table]:
+    """`decode_segment_batches`'s batches."""
+    wanted = list(COLUMNS)
+    needs = _rebuild_columns(info)
+    reader = pf.iter_batches(batch_size=batch_rows, columns=list(dict.fromkeys([*wanted, *needs])))
+    last: EntryId | None = None
+    rows = left_out = 0
+    while True:
+        try:
+            batch = next(reader, None)
+            if batch is None:
+                break
+            table = pa.Table.from_batches([batch])
+            if needs:
+                left_out += table.column("data").null_count
+                table = _restored(table, info, wanted, whole=False)
+        except Exception as exc:  # as `decode_segment`'s
+            raise CorruptSegment(key, f"{type(exc).__name__}: {exc}") from None
+        for name in table.column_names:
+            if not SCHEMA.field(name).nullable and table.column(name).null_count:
+                raise CorruptSegment(key, f"column {name} has nulls")
+        _check_order(table, info, key, last)
+        n = table.num_rows
+        if n:
+            rows += n
+            ms, seq = table.column("entry_ms"), table.column("entry_seq")
+            last = EntryId(ms[n - 1].as_py(), seq[n - 1].as_py())
+            yield table
+    if rows != info.entries:
+        raise CorruptSegment(key, f"{rows} rows read, metadata says {info.entries}")
+    if needs and left_out != info.data_rebuilt:
+        raise CorruptSegment(
+            key, f"{left_out} entries without data, metadata says {info.data_rebuilt}"
+        )
+
+
 _ENVELOPE = ("event_type", "event_id", "event_time_ms", "headers", ERROR_COLUMN)
 
 
@@ -777,13 +852,16 @@ def _rebuild_columns(info: SegmentInfo) -> list[str]:
     return list(dict.fromkeys([*_ENVELOPE, *(n for names in fields.values() for n in names)]))
 
 
-def _restored(table: pa.Table, info: SegmentInfo, wanted: list[str]) -> pa.Table:
+def _restored(
+    table: pa.Table, info: SegmentInfo, wanted: list[str], *, whole: bool = True
+) -> pa.Table:
     """`table` with its ``data`` column rebuilt where null (`eventbus.tier.rebuild.restore`),
-    cut to the `wanted` columns. Raises `ValueError` when a null cannot be rebuilt."""
+    cut to the `wanted` columns. Raises `ValueError` when a null cannot be rebuilt, or (for the
+    `whole` segment) when the nulls are not as many as the metadata says."""
     assert info.data_fields is not None
     fields = rebuild.parse_fields(info.data_fields)
     columns = {name: table.column(name) for name in table.column_names}
-    if columns["data"].null_count != info.data_rebuilt:
+    if whole and columns["data"].null_count != info.data_rebuilt:
         raise ValueError(
             f"{columns['data'].null_count} entries without data, metadata says {info.data_rebuilt}"
         )
@@ -794,10 +872,13 @@ def _restored(table: pa.Table, info: SegmentInfo, wanted: list[str]) -> pa.Table
     return table.select(wanted)
 
 
-def _check_order(table: pa.Table, info: SegmentInfo, key: str) -> None:
-    """Raise `CorruptSegment` naming the first entry that is not after the one before it or
-    lies outside ``info.first..info.last``. The order is checked on whole columns; the range on
-    the first and last rows, and on a fault by bisecting the ordered prefix (never row by row)."""
+def _check_order(
+    table: pa.Table, info: SegmentInfo, key: str, previous: EntryId | None = None
+) -> None:
+    """Raise `CorruptSegment` naming the first entry that is not after the one before it (the
+    first row: not after `previous`, the last row of the batch before, when given) or lies outside
+    ``info.first..info.last``. The order is checked on whole columns; the range on the first
+    and last rows, and on a fault by bisecting the ordered prefix (never row by row)."""
     n = table.num_rows
     if n == 0:
         return
@@ -812,7 +893,7 @@ def _check_order(table: pa.Table, info: SegmentInfo, key: str) -> None:
         after = _after_previous(ms, seq)
         if not pc.all(after).as_py():  # where: only on a fault (`index` is the slower scan)
             disorder = pc.index(after, False).as_py() + 1
-    bad = 0 if entry(0) < info.first else None
+    bad = 0 if entry(0) < info.first or (previous is not None and entry(0) <= previous) else None
     if bad is None and (disorder < n or entry(n - 1) > info.last):
         # rows before `disorder` increase: the first one past `last`, else `disorder`
         beyond = bisect.bisect_right(range(disorder), info.last, key=entry)
