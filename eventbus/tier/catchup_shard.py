@@ -198,7 +198,7 @@ class ShardCatchUp:
         if checkpoint.last is not None and checkpoint.last > delivered:
             return True  # archived entries after the group's position
         # nothing archived after it (or nothing archived yet: a new group at ``0`` on a stream
-        # nothing ever left is not behind, hunt32)
+        # nothing ever left is not behind)
         archived = checkpoint.count if checkpoint.last is not None else 0
         removed = int(info.get("entries-added") or 0) - int(info.get("length") or 0)
         deleted = parse_id(info.get("max-deleted-entry-id") or b"0-0")

@@ -205,11 +205,8 @@ def test_tables_wrap_names_and_html_is_written(tmp_path: Path) -> None:
 
 def test_html_with_asyncapi_is_the_documents_viewer_page(tmp_path: Path) -> None:
     doc_file, page_file = tmp_path / "doc.json", tmp_path / "doc.html"
-    result = CliRunner().invoke(
-        app,
-        ["describe", "examples.orders_service:bus", "--asyncapi", str(doc_file)]
-        + ["--html", str(page_file)],
-    )
+    args = ["describe", "examples.orders_service:bus", "--asyncapi", str(doc_file)]
+    result = CliRunner().invoke(app, [*args, "--html", str(page_file)])
     assert result.exit_code == 0, result.output
     page = page_file.read_text()
     [embedded] = re.findall(r'id="asyncapi-document">(.*?)</script>', page, re.S)
