@@ -22,15 +22,17 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from eventbus.spark.native import read
+    from eventbus.spark.native_stream import read_stream
     from eventbus.spark.options import models_option
     from eventbus.spark.source import EventbusSource
 
-__all__ = ["EventbusSource", "models_option", "read", "register"]
+__all__ = ["EventbusSource", "models_option", "read", "read_stream", "register"]
 
 _LAZY = {
     "EventbusSource": "eventbus.spark.source",
     "models_option": "eventbus.spark.options",
     "read": "eventbus.spark.native",
+    "read_stream": "eventbus.spark.native_stream",
 }
 
 

@@ -54,7 +54,7 @@ ALIASES = {
     "event_type": "eventType",
     "headers_col": "headersCol",
 }
-INTERNAL = ("_ranges",)  # set by `eventbus.spark.native` for its tail read
+INTERNAL = ("_ranges", "_plan")  # set by `eventbus.spark.native` / `.native_stream`
 
 _BY_LOWER = {n.lower(): n for n in (*NAMES, *INTERNAL)}
 _ALIAS_LOWER = {a.lower(): t.lower() for a, t in ALIASES.items()}

@@ -107,6 +107,7 @@ class SourceOptions:
     pushdown: bool = True  # filter pushdown prunes segments
     starting_timestamp: int | None = None  # batch reads: entries added at or after (Unix ms)
     ranges: str | None = None  # internal: the Redis-tail parts planned by `eventbus.spark.native`
+    plan: bool = False  # internal: a stream of micro-batch bounds (`eventbus.spark.native_stream`)
 
     @classmethod
     def parse(cls, options: Mapping[str, str], *, need_store: bool = True) -> SourceOptions:
@@ -159,6 +160,7 @@ class SourceOptions:
             pushdown=_bool(opts, "pushdown", True),
             starting_timestamp=_int(opts, "startingtimestamp", None),
             ranges=opts.get("_ranges") or None,
+            plan=_bool(opts, "_plan", False),
             subscribed=topics or (topic,),
         )
         parsed.keys()  # validates key_prefix / hashtag

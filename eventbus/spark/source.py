@@ -60,6 +60,10 @@ class EventbusSource(DataSource):
         opts = self._opts()
         if opts.table == "gaps":
             return GAPS
+        if opts.plan:
+            from eventbus.spark.stream import PLAN
+
+            return PLAN
         return read_schema(opts.models())
 
     def reader(self, schema: StructType) -> DataSourceReader:

@@ -22,6 +22,7 @@ is checked per topic.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -35,7 +36,7 @@ from pyspark.sql.streaming.datasource import (
     ReadMaxRows,
     SupportsTriggerAvailableNow,
 )
-from pyspark.sql.types import StructType
+from pyspark.sql.types import StringType, StructField, StructType
 
 from eventbus.errors import ConfigError
 from eventbus.protocol.ids import ZERO, EntryId, parse_id
@@ -58,9 +59,20 @@ from eventbus.spark.reading import read_range
 from eventbus.spark.schema import arrow_schema
 from eventbus.tier.layout import SegmentRef
 
-__all__ = ["Offset", "Offsets", "StreamReader", "parse_start"]
+__all__ = ["PLAN", "Offset", "Offsets", "StreamReader", "parse_start"]
 
 log = logging.getLogger("eventbus.spark")
+
+# option ``_plan`` (`eventbus.spark.native_stream`): one row per micro-batch, its offsets as JSON
+PLAN = StructType([StructField("start", StringType()), StructField("end", StringType())])
+
+
+@dataclass(frozen=True)
+class PlanPart(InputPartition):
+    """A micro-batch of a ``_plan`` stream: its start and end offsets (`Offsets` as JSON)."""
+
+    start: str
+    end: str
 
 
 @dataclass
@@ -151,8 +163,10 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         redis = self.opts.redis()
         try:
             parts: list[InputPartition] = []
-            for t in self.topics:
+            for t in self.topics:  # (also `_plan`'s: its gap checks, as failOnDataLoss says)
                 parts += self._partitions(objects, redis, t, begin[t], upto[t])
+            if self.opts.plan:  # the batch's bounds, read natively by `native_stream`
+                return [PlanPart(json.dumps(begin), json.dumps(upto))] if parts else []
             return parts
         finally:
             if redis is not None:
@@ -332,7 +346,10 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Nothing to do: offsets live in Spark's checkpoint, entries stay where they are."""
 
     # -- task side ----------------------------------------------------------------------------
-    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        if isinstance(partition, PlanPart):
+            yield (partition.start, partition.end)
+            return
         assert isinstance(partition, RangePart)
         opts = self.opts
         objects = as_objects(opts.open_store())

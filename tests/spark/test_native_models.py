@@ -136,6 +136,40 @@ def test_bounded_reads_are_native_with_rows_filtered_inside_segments(
             assert [r["seq"] for r in got] == list(range(first, 430))
 
 
+def test_bounded_reads_of_several_shards_and_topics_keep_each_shards_bounds(
+    spark: Any, redis_db: str, tmp_path: Path, topic: str
+) -> None:
+    """``subscribe`` of two topics of three shards, each shard bounded inside its segments
+    (some shards of one topic only): read natively, each shard's rows within its own bounds,
+    the unbounded shards whole; rows equal to the Python source's."""
+    import json
+
+    store = str(tmp_path / "archive")
+    other = topic + "-b"
+    for t in (topic, other):
+        publish(redis_db, t, ticks(240), shards=3)
+        offload(redis_db, store, t, shards=3, typed_models={t: "spark_support:Tick"})
+    base = {"store": store, "subscribe": f"{topic},{other}", "model": "spark_support:Tick"}
+    ids: dict[tuple[str, int], list[str]] = {}
+    for r in rows(python(spark, **base)):
+        ids.setdefault((r["topic"], r["shard"]), []).append(r["entry_id"])
+    starts = {t: {str(s): ids[t, s][len(ids[t, s]) // 4] for s in (0, 1, 2)} for t in (topic,)}
+    ends = {t: {str(s): ids[t, s][3 * len(ids[t, s]) // 4] for s in (1, 2)} for t in (topic,)}
+    starts[other], ends[other] = {"2": ids[other, 2][10]}, {"0": ids[other, 0][-5]}
+    bounds = {"startingOffsets": json.dumps(starts), "endingOffsets": json.dumps(ends)}
+    df = native(spark, **base, **bounds)
+    assert len([f for f in df.inputFiles() if f.endswith(".parquet")]) == len(
+        segments(store, topic) + segments(store, other)
+    )
+    got = rows(df)
+    assert got == rows(python(spark, **base, **bounds))
+    for (t, s), all_ids in ids.items():
+        lo = all_ids.index(starts[t][str(s)]) + 1 if str(s) in starts[t] else 0
+        hi = all_ids.index(ends[t][str(s)]) + 1 if str(s) in ends[t] else len(all_ids)
+        want = all_ids[lo:hi]
+        assert [r["entry_id"] for r in got if (r["topic"], r["shard"]) == (t, s)] == want
+
+
 def _text(model: dict[str, str]) -> str:
     import json
 
