@@ -53,7 +53,8 @@ def _started(folder: Path) -> list[list[str]]:
     return [line.split() for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def _wait_for(predicate, within_s: float = 30) -> None:  # type: ignore[no-untyped-def]
+def _wait_for(predicate, within_s: float = 120) -> None:  # type: ignore[no-untyped-def]
+    # (a start imports eventbus, pydantic and redis: ~1 s on a quiet machine, 12 s at load 12)
     deadline = time.monotonic() + within_s
     while not predicate():  # a child process's file: polled
         assert time.monotonic() < deadline, "timed out"

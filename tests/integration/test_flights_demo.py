@@ -14,8 +14,12 @@ import pytest
 pytestmark = pytest.mark.integration
 
 LIMIT = 5000
+JOB_TIMEOUT_S = 840
+"""How long the job may take: ~60-160 s alone on 2 cores, 240 s and more at load 12 (its
+consumer and Spark processes start Python and the JVM). Within the tests' own bound below."""
 
 
+@pytest.mark.timeout(JOB_TIMEOUT_S + 60)
 def test_flights_demo_small_run(tmp_path: Path) -> None:
     summary_file = tmp_path / "summary.json"
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "EVENTBUS_REDIS_URL")}
@@ -34,7 +38,7 @@ def test_flights_demo_small_run(tmp_path: Path) -> None:
         cwd=Path(__file__).resolve().parents[2],  # `python -m examples.flights` from the root
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=JOB_TIMEOUT_S,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summary = json.loads(summary_file.read_text())
@@ -76,6 +80,7 @@ def test_flights_demo_small_run(tmp_path: Path) -> None:
 KILL_LIMIT, KILL_AFTER = 3000, 1000
 
 
+@pytest.mark.timeout(JOB_TIMEOUT_S + 60)
 def test_flights_demo_survives_a_consumer_killed_mid_run(tmp_path: Path) -> None:
     """``--kill-after``: one order-check process is SIGKILLed after its group handled 1,000 of
     3,000 flights; the others take its shards over once its liveness (2 s here) expires. The
@@ -105,7 +110,7 @@ def test_flights_demo_survives_a_consumer_killed_mid_run(tmp_path: Path) -> None
         cwd=Path(__file__).resolve().parents[2],
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=JOB_TIMEOUT_S,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     said = " ".join((proc.stdout + proc.stderr).split())  # rich wraps its lines
