@@ -77,11 +77,16 @@ else
   local live = redis.call('ZCARD', members)
   share = math.floor(shard_count / live)
   if shard_count % live > 0 then  -- the first (S mod N) members by ID hold one more
-    local before = 0
-    for _, member in ipairs(redis.call('ZRANGE', members, 0, -1)) do
-      if member < me then before = before + 1 end
+    local ranked = redis.pcall('ZRANGE', members, 0, -1)
+    if ranked.err then  -- a role without ZRANGE (docs/security.md before it was added): ceil
+      share = share + 1
+    else
+      local before = 0
+      for _, member in ipairs(ranked) do
+        if member < me then before = before + 1 end
+      end
+      if before < shard_count % live then share = share + 1 end
     end
-    if before < shard_count % live then share = share + 1 end
   end
   local count = 0
   local free = {}

@@ -46,11 +46,16 @@ redis.call('SET', liveness, '1', 'PX', ttl_ms)
 local live = redis.call('ZCARD', members)
 local share = math.floor(shard_count / live)
 if shard_count % live > 0 then
-  local before = 0
-  for _, member in ipairs(redis.call('ZRANGE', members, 0, -1)) do
-    if member < me then before = before + 1 end
+  local ranked = redis.pcall('ZRANGE', members, 0, -1)
+  if ranked.err then  -- a role without ZRANGE: every member's share is the ceiling, as it was
+    share = share + 1
+  else
+    local before = 0
+    for _, member in ipairs(ranked) do
+      if member < me then before = before + 1 end
+    end
+    if before < shard_count % live then share = share + 1 end
   end
-  if before < shard_count % live then share = share + 1 end
 end
 
 local held = {}

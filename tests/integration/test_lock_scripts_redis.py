@@ -11,7 +11,10 @@ import redis.asyncio
 from redis.asyncio.cluster import RedisCluster as ClusterClient
 from unit.lock_script_cases import LockClientCases, LockScriptCases
 
+from eventbus.locking.scripts import Scripts
 from localredis.cluster import ReplicatedCluster
+
+pytestmark = pytest.mark.anyio
 
 
 class TestLockScriptsOnRedis(LockScriptCases):
@@ -42,3 +45,43 @@ class TestLockClientOnCluster(LockClientCases):
         await client.flushall()
         yield client
         await client.aclose()
+
+
+# the lock selector of docs/security.md's consumer role, with and without ZRANGE
+_LOCK_RULES = (
+    "~eventbus:{eventbus}:members:* ~eventbus:{eventbus}:locks:* +evalsha +zadd +zcard"
+    " +zrem +zremrangebyscore +zscore +hget +hset +hincrby +hdel"
+)
+
+
+@pytest.mark.parametrize(("zrange", "share"), [(True, 1), (False, 2)])
+async def test_a_role_without_zrange_gets_the_ceiling_share_instead_of_failing(
+    r: redis.asyncio.Redis, redis_db: str, zrange: bool, share: int
+) -> None:
+    # 3 shards, members "a" and "b": with ZRANGE b's share is floor (a, first by ID, has the
+    # one left over); a role made before the script ranked members cannot ZRANGE: the script
+    # falls back to every member's ceiling instead of failing the lock round with NOPERM
+    await r.execute_command("SCRIPT", "FLUSH")
+    rules = _LOCK_RULES + (" +zrange" if zrange else "")
+    await r.execute_command(
+        "ACL",
+        "SETUSER",
+        "locker",
+        "on",
+        ">pw",
+        "resetkeys",
+        "-@all",
+        "+ping",
+        "+time",
+        "+script|load",
+        f"({rules})",
+    )
+    user = redis.asyncio.Redis.from_url(redis_db, username="locker", password="pw")
+    try:
+        scripts = Scripts.register(user)
+        assert (await LockScriptCases.lock(scripts, "a", 3, [])).locks == {}
+        got = await LockScriptCases.lock(scripts, "b", 3)
+        assert (got.share, len(got.locks)) == (share, share)
+    finally:
+        await user.aclose()
+        await r.execute_command("ACL", "DELUSER", "locker")
