@@ -35,7 +35,6 @@ from eventbus.protocol.codec import (
     THREAD_DECODE_BYTES,
     Envelope,
     decode_entry,
-    decompressed_size,
 )
 from eventbus.protocol.dictionaries import (
     CACHE,
@@ -43,6 +42,7 @@ from eventbus.protocol.dictionaries import (
     Dictionaries,
     dictionary_id,
 )
+from eventbus.protocol.framing import decompressed_size
 from eventbus.protocol.replies import reply_stream
 
 log = logging.getLogger("eventbus.consumer")

@@ -30,24 +30,23 @@ import uuid
 from typing import Annotated, Any, Final, Literal
 
 import msgspec
-import zstandard
 from pydantic import BaseModel
 
 from eventbus.config import DECOMPRESSION_FACTOR
 from eventbus.errors import DecodeError
 from eventbus.protocol.budget import MIN_CONTAINERS, unpack_body
 from eventbus.protocol.compression import compressor as _compressor
-from eventbus.protocol.compression import decompressor as _decompressor
-from eventbus.protocol.dictionaries import (
-    FORMAT_DICT_COMPACT,
-    ID_BYTES,
-    RETIRED_DICT_FORMATS,
-    dictionary_id,
-)
+from eventbus.protocol.dictionaries import FORMAT_DICT_COMPACT, ID_BYTES
 from eventbus.protocol.event_ids import new_event_id as new_event_id  # (re-exported)
+from eventbus.protocol.framing import (
+    COMPACT_HEAD,
+    DEFAULT_MAX_BYTES,
+    EVENT_ID_BYTES,
+    decompressed_body,
+)
+from eventbus.protocol.framing import FORMAT_MSGPACK as FORMAT_MSGPACK  # (re-exported)
+from eventbus.protocol.framing import FORMAT_MSGPACK_ZSTD as FORMAT_MSGPACK_ZSTD  # (re-exported)
 
-FORMAT_MSGPACK = 0x01
-FORMAT_MSGPACK_ZSTD = 0x02
 ENVELOPE_VERSION: Final = 1
 
 RESERVED_TYPE_PREFIX = "__eventbus."
@@ -62,8 +61,6 @@ F_DATA = b"data"
 THREAD_DECODE_BYTES = 64 * 1024
 """Callers on an event loop should decode entries whose ``data`` field is larger than this
 (bytes) in a worker thread: below it, `decode_entry` takes well under a millisecond."""
-DEFAULT_MAX_BYTES = 64 << 20
-"""`decode_entry`'s default decompression cap (64 MiB = 64 x the default max_payload_bytes)."""
 
 
 def event_type_of(model: type[BaseModel]) -> str:
@@ -128,9 +125,6 @@ class _DictBody(msgspec.Struct, gc=False, omit_defaults=True):
 
 
 _DICT_BODY = msgspec.msgpack.Decoder(_DictBody)
-EVENT_ID_BYTES = 16
-_COMPACT_HEAD = 1 + ID_BYTES + EVENT_ID_BYTES
-"""Bytes of a format ``0x05`` field before its zstd frame: format, dictionary ID, event ID."""
 
 
 _ENCODER = msgspec.msgpack.Encoder()
@@ -193,9 +187,6 @@ def dictionary_body(envelope: Envelope) -> bytes:
 _DICT_PREFIX: dict[int, bytes] = {}
 _ZSTD_PREFIX = bytes([FORMAT_MSGPACK_ZSTD])
 _PLAIN_PREFIX = bytes([FORMAT_MSGPACK])
-_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-"""A zstd frame's first 4 bytes, which format 0x05 leaves out: readers put them back in front
-of its frame, which is then a whole zstd frame (the magicless format is exactly that)."""
 
 
 def _dict_prefix(dict_id: int) -> bytes:
@@ -286,7 +277,7 @@ def decode_entry(
             raise
         except Exception as exc:  # as above
             raise DecodeError(f"corrupt envelope: {type(exc).__name__}: {exc}") from None
-        return Envelope(rid, etype, data[1 + ID_BYTES : _COMPACT_HEAD], d.ts, d.h, d.p)
+        return Envelope(rid, etype, data[1 + ID_BYTES : COMPACT_HEAD], d.ts, d.h, d.p)
     body = decompressed_body(data, max_bytes=max_bytes)
     try:
         b = msgspec.convert(unpack_body(body, max_containers=max_containers), _Body)
@@ -297,58 +288,3 @@ def decode_entry(
     except Exception as exc:  # as above
         raise DecodeError(f"corrupt envelope: {type(exc).__name__}: {exc}") from None
     return Envelope(rid, etype, b.id, b.ts, b.h, b.p)
-
-
-def decompressed_size(data: bytes) -> int:
-    """Size in bytes of the MessagePack body of an entry's ``data`` field once decompressed
-    (-1 when a zstd frame does not declare it or is unreadable). Cheap: reads the frame header
-    only."""
-    if not data:
-        return 0
-    fmt = data[0]
-    if fmt == FORMAT_MSGPACK:
-        return len(data) - 1
-    try:
-        if fmt == FORMAT_DICT_COMPACT:  # the magic number back in front, for zstd to parse
-            return int(zstandard.frame_content_size(_ZSTD_MAGIC + data[_COMPACT_HEAD:]))
-        if fmt == FORMAT_MSGPACK_ZSTD:
-            return int(zstandard.frame_content_size(data[1:]))
-    except zstandard.ZstdError:
-        return -1
-    return len(data) - 1
-
-
-def decompressed_body(data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
-    """The MessagePack body of an entry's ``data`` field (format byte read, zstd undone): for
-    format ``0x05``, the map its frame holds (no ``v`` nor ``id``: module docstring). Raises
-    `DecodeError` for an unknown format, a corrupt or truncated frame, more than `max_bytes`,
-    or a dictionary that is not loaded or not valid (`UnknownDictionary`, `BadDictionary`)."""
-    fmt, body = data[0], data[1:]
-    if fmt == FORMAT_MSGPACK:
-        return body
-    dict_id = None
-    if fmt == FORMAT_DICT_COMPACT:
-        if len(data) <= _COMPACT_HEAD:
-            raise DecodeError(f"truncated envelope: {len(data)} bytes of format 0x05")
-        dict_id = dictionary_id(data)
-        body = _ZSTD_MAGIC + data[_COMPACT_HEAD:]  # parsed as a whole frame, declared size first
-    elif fmt in RETIRED_DICT_FORMATS:
-        raise DecodeError(
-            f"envelope format 0x{fmt:02x} is retired (a dictionary format of unreleased "
-            "versions, replaced by 0x05; docs/protocol.md): not read"
-        )
-    elif fmt != FORMAT_MSGPACK_ZSTD:
-        raise DecodeError(f"unknown envelope format byte 0x{fmt:02x}")
-    try:
-        decompressor = None if dict_id is None else _decompressor(dict_id)
-        # `max_output_size` only bounds frames that do not declare their size; a frame that
-        # declares one is decompressed into a buffer of that size, so check it first.
-        declared = zstandard.frame_content_size(body)
-        if declared > max_bytes:
-            raise DecodeError(f"envelope decompresses to {declared} bytes, over {max_bytes}")
-        decompressor = decompressor or zstandard.ZstdDecompressor()
-        return decompressor.decompress(body, max_output_size=max_bytes)
-    except DecodeError:
-        raise
-    except Exception as exc:  # zstd raises several exception types
-        raise DecodeError(f"corrupt envelope: {type(exc).__name__}: {exc}") from None

@@ -34,11 +34,11 @@ from eventbus.protocol.codec import (
     RESERVED_TYPE_PREFIX,
     Envelope,
     decode_entry,
-    decompressed_size,
     encode_entry,
     envelope_of,
 )
 from eventbus.protocol.dictionaries import Dictionaries
+from eventbus.protocol.framing import decompressed_size
 from eventbus.protocol.keys import Keys, check_event_type
 from eventbus.protocol.topics import TopicConfig
 from eventbus.publishing.foreign import encode_foreign as _encode_foreign

@@ -1,37 +1,43 @@
 """The offloader's steps on one held shard: recover, detect gaps, read, write, commit, trim.
 
-`OffloadShard` is the offload state of a shard whose ``_offloader`` lock this offloader holds
-(dropped with the lock); `ShardOffload` runs the steps of docs/tier.md on it for one topic:
+`OffloadShard` (`eventbus.tier.offload_state`) is the offload state of a shard whose
+``_offloader`` lock this offloader holds (dropped with the lock); `ShardOffload` runs the steps of
+docs/tier.md on it for one topic:
 `recover` (finish a pending intent, adopt segments stored past the checkpoint), then each round
 `work` (gap detection, `fill` by ``XRANGE``, `write` as intent → put create-only → commit, `trim`).
-The `eventbus.tier.offloader` module docstring describes the life of a shard.
+Gaps are accounted and recorded by its `ShardGaps` (`eventbus.tier.shard_gaps`). The
+`eventbus.tier.offloader` module docstring describes the life of a shard.
 """
 
 from __future__ import annotations
 
-import bisect
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from itertools import accumulate, chain
-from typing import TYPE_CHECKING, Any
+from itertools import accumulate
+from typing import TYPE_CHECKING
 
 import anyio
 import anyio.to_thread
 from redis.exceptions import ResponseError
 
 from eventbus.client.pipelines import execute_packed
-from eventbus.protocol.codec import F_DATA, encoded_size
-from eventbus.protocol.dictionaries import DICT_FORMATS
 from eventbus.protocol.ids import EntryId, parse_id
 from eventbus.protocol.retention import acked_point
 from eventbus.tier.checkpoint import Checkpoints, Intent
 from eventbus.tier.dictionaries import archive_dictionaries
-from eventbus.tier.gaps import Gap, find_gap, gap_json, load_gap, new_gap, record_gap
+from eventbus.tier.gaps import Gap, find_gap, gap_json
 from eventbus.tier.layout import SegmentRef, segment_key
 from eventbus.tier.metrics import TIER_METRICS
+from eventbus.tier.offload_state import (
+    OffloadShard,
+    Row,
+    dictionary_rows,
+    row_bytes,
+    rows_bytes,
+)
 from eventbus.tier.segment import SegmentInfo, decode_segment, encode_columns, entry_columns
+from eventbus.tier.shard_gaps import ShardGaps
 from eventbus.tier.store import get_bytes, list_segments, put_create
 
 if TYPE_CHECKING:
@@ -42,81 +48,6 @@ log = logging.getLogger("eventbus.tier")
 _MAX_SEGMENTS_PER_ROUND = 8  # per shard, so one backlog does not starve the other shards
 
 
-Row = Sequence[Any]
-"""An entry as XRANGE replies: ``[id, fields]``, the ID ``b"<ms>-<seq>"``, the fields a raw list
-``[name, value, ...]`` (one node: `execute_packed`'s replies) or a field map (a Cluster's
-pipeline parses them). Kept as read: the columns are built for a whole segment at once."""
-
-
-def row_bytes(rows: Sequence[Row]) -> list[int]:
-    """Per row the bytes of its field names and values (what counts against
-    `max_payload_bytes`)."""
-    return [sum(map(len, f)) if type(f) is list else encoded_size(f) for _, f in rows]
-
-
-def rows_bytes(rows: Sequence[Row]) -> int:
-    """`row_bytes` summed: on raw lists (one node) without a Python step per row."""
-    fields = [f for _, f in rows]
-    if set(map(type, fields)) <= {list}:
-        return sum(map(len, chain.from_iterable(fields)))
-    return sum(row_bytes(rows))
-
-
-def _data_of(fields: Any) -> bytes:
-    """The ``data`` field of a row's fields (b"" when missing)."""
-    if type(fields) is list:
-        if len(fields) == 6 and fields[4] == F_DATA:  # as publishers write them
-            return fields[5]  # type: ignore[no-any-return]
-        fields = dict(zip(fields[::2], fields[1::2], strict=True))
-    return fields.get(F_DATA, b"")  # type: ignore[no-any-return]
-
-
-def dictionary_rows(rows: Sequence[Row]) -> list[Any]:
-    """The rows (as `archive_dictionaries` takes them) whose ``data`` is compressed with a zstd
-    dictionary: those dictionaries go to the store, and into this process's cache, before the
-    segment is encoded (its envelope columns need them) and put."""
-    fields = [f for _, f in rows]
-    standard = (
-        set(map(type, fields)) <= {list}
-        and set(map(len, fields)) <= {6}
-        and {f[4] for f in fields} <= {F_DATA}
-    )
-    if standard and not {f[5][:1] for f in fields} & _DICT_PREFIXES:
-        return []  # as publishers write them, none with a dictionary: no Python step per row
-    datas = [_data_of(f) for f in fields]
-    return [(None, {F_DATA: d}) for d in datas if d[:1] in _DICT_FORMAT_BYTES]
-
-
-_DICT_FORMAT_BYTES = tuple(bytes([f]) for f in DICT_FORMATS)
-_DICT_PREFIXES = set(_DICT_FORMAT_BYTES)
-
-
-@dataclass
-class OffloadShard:
-    """The offload state of a held shard lock (`token` is its fencing token); dropped with it."""
-
-    shard: int
-    token: int
-    stream: str
-    checkpoint: EntryId | None = None
-    count: int = 0  # entries accounted for (archived + recorded lost)
-    buffer: list[Row] = field(default_factory=list)  # read, not archived yet, in ID order
-    buffer_bytes: int = 0
-    read_to: EntryId | None = None  # last entry read into the buffer (or the checkpoint)
-    recovered: bool = False
-    gaps_seen: set[str] = field(default_factory=set)
-    unrecorded: str | None = None  # a gap accounted in Redis whose record is not stored yet
-
-    def reset_to(self, checkpoint: EntryId | None, count: int) -> None:
-        self.checkpoint, self.count = checkpoint, count
-        if checkpoint is not None and self.buffer:  # drop the rows up to it (IDs increase)
-            keep = bisect.bisect_right(self.buffer, checkpoint, key=lambda r: parse_id(r[0]))
-            if keep:
-                self.buffer = self.buffer[keep:]
-                self.buffer_bytes = rows_bytes(self.buffer)
-        self.read_to = parse_id(self.buffer[-1][0]) if self.buffer else checkpoint
-
-
 class ShardOffload:
     """The steps of offloading a held shard of `topic`, for `owner` (its Redis client, store,
     tier settings, stats and test hook)."""
@@ -125,6 +56,7 @@ class ShardOffload:
         self.o = owner
         self.topic = topic
         self.checkpoints = Checkpoints(owner.redis, owner.keys, topic)
+        self.gaps = ShardGaps(owner, topic, self.checkpoints)
 
     # -- recovery -------------------------------------------------------------------------------
     async def recover(self, sh: OffloadShard) -> None:
@@ -133,7 +65,7 @@ class ShardOffload:
         cp = await self.checkpoints.read(sh.shard)
         sh.reset_to(cp.last, cp.count)
         if cp.gap is not None:
-            await self.record(sh, cp.gap)
+            await self.gaps.record(sh, cp.gap)
         if cp.pending is not None:
             await self.finish(sh, cp.pending)
         after = None if sh.checkpoint is None else SegmentRef(sh.checkpoint, sh.checkpoint, "")
@@ -186,7 +118,7 @@ class ShardOffload:
             lost = intent.entries - (stored or 0)
             after = intent.first.prev() if intent.first > EntryId(0, 0) else intent.first
             reason = "trimmed from Redis while its segment was being written"
-            gap = self.new_gap(after, intent.last.next(), lost, reason, sh)
+            gap = self.gaps.new_gap(after, intent.last.next(), lost, reason, sh)
             # accounted with the commit, in one step: a crash after it leaves the unrecorded
             # gap (not the intent) to the next owner, so the loss is counted once
             await self.commit(sh, intent.last, intent.entries, gap=gap)
@@ -200,7 +132,7 @@ class ShardOffload:
         there is more to read right away."""
         tier = self.o.tier
         if sh.unrecorded is not None:  # its record failed to store last round
-            await self.record(sh, sh.unrecorded)
+            await self.gaps.record(sh, sh.unrecorded)
         try:
             info = await self.o.redis.xinfo_stream(sh.stream)
         except ResponseError:  # no such key: nothing published on this shard yet
@@ -208,7 +140,7 @@ class ShardOffload:
         found = find_gap(info, sh.read_to, sh.count, len(sh.buffer))
         if found is not None:
             after, before, lost, reason = found
-            if not await self.gap(sh, after, before, lost, reason):
+            if not await self.gaps.account(sh, after, before, lost, reason):
                 return True  # the state moved: resynced, the next round checks again
         written = 0
         more = False
@@ -346,7 +278,7 @@ class ShardOffload:
         me = self.o.consumer_id
         if not await self.checkpoints.commit(sh.shard, me, sh.token, last, entries, body):
             # another gap is unrecorded (not expected: recover and work record it first)
-            await self.record_unrecorded(sh)
+            await self.gaps.record_unrecorded(sh)
             if not await self.checkpoints.commit(sh.shard, me, sh.token, last, entries, body):
                 raise RuntimeError(f"{self.checkpoints.key} {sh.shard}:gap is set again")
         if adopted:
@@ -356,79 +288,12 @@ class ShardOffload:
         if gap is not None and body is not None and cp.gap == body:
             sh.unrecorded = body
             await self.o.hook("gap_accounted", sh.shard, gap.key)
-            await self.record(sh, body)
+            await self.gaps.record(sh, body)
         await self.o.hook("after_commit", sh.shard, str(last))
 
     def _count_adopted(self) -> None:
         TIER_METRICS.adopted.labels(self.topic).inc()
         self.o.stats.adopted += 1
-
-    def new_gap(
-        self, after: EntryId, before: EntryId, lost: int | None, reason: str, sh: OffloadShard
-    ) -> Gap:
-        return new_gap(self.topic, sh.shard, after, before, lost, reason, self.o.consumer_id)
-
-    async def gap(
-        self, sh: OffloadShard, after: EntryId, before: EntryId, lost: int | None, reason: str
-    ) -> bool:
-        """Account a gap found from `sh`'s checkpoint, count and read position, then record it
-        (docs/tier.md "Gaps"). `Checkpoints.account_gap` adds its entries to the count and keeps
-        its record as the shard's unrecorded gap in one fenced step, only while this offloader
-        holds the shard with its token and the checkpoint and count are those it was found
-        from; only then is the record stored, logged and counted (`record`). A crash in between
-        leaves the unrecorded gap to the next owner: recorded once, counted once, never lost.
-        Returns False, recording nothing, when the checkpoint or count moved (`sh` is resynced:
-        the next round checks again). Raises `Fenced` (a lapsed owner records no gap)."""
-        gap = self.new_gap(after, before, lost, reason, sh)
-        if gap.key in sh.gaps_seen:
-            return True
-        body = gap_json(gap)
-        me = self.o.consumer_id
-        seen = (sh.checkpoint, sh.count)
-        for attempt in range(2):
-            if await self.checkpoints.account_gap(sh.shard, me, sh.token, seen, lost or 0, body):
-                break
-            cp = await self.checkpoints.read(sh.shard)
-            if cp.gap is not None:  # another gap first (not expected: see recover and work)
-                await self.record(sh, cp.gap)
-            if (cp.last, cp.count) != seen or attempt:
-                log.warning(
-                    "offloader %s: the checkpoint of %s shard %d moved (%s, %d accounted; we "
-                    "had %s, %d): gap check deferred to the next round",
-                    me,
-                    self.topic,
-                    sh.shard,
-                    cp.last,
-                    cp.count,
-                    sh.checkpoint,
-                    sh.count,
-                )
-                sh.reset_to(cp.last, cp.count)
-                return False
-        sh.count += lost or 0
-        sh.unrecorded = body
-        await self.o.hook("gap_accounted", sh.shard, gap.key)
-        await self.record(sh, body)
-        return True
-
-    async def record_unrecorded(self, sh: OffloadShard) -> None:
-        """Record the shard's unrecorded gap in Redis, if any."""
-        cp = await self.checkpoints.read(sh.shard)
-        if cp.gap is not None:
-            await self.record(sh, cp.gap)
-
-    async def record(self, sh: OffloadShard, body: str) -> None:
-        """Store the record of a gap already accounted (`body`, its JSON; create-only: a second
-        try finds it stored), log and count it, then clear it as the shard's unrecorded gap in
-        Redis (fenced). Raises `CorruptGapRecord` when `body` is not a gap record, `StoreError`
-        (it stays unrecorded: retried next round), `Fenced`."""
-        gap = load_gap(body, f"{self.checkpoints.key} {sh.shard}:gap")
-        if await record_gap(self.o.store, gap):
-            self.o.stats.gaps += 1
-            self.o.stats.lost += gap.lost_entries or 0
-        await self.checkpoints.gap_recorded(sh.shard, self.o.consumer_id, sh.token, body)
-        sh.unrecorded = None
-        sh.gaps_seen.add(gap.key)
 
     async def trim(self, sh: OffloadShard, now_ms: int) -> None:
         """``XTRIM MINID`` to the smaller of just after the checkpoint and now minus the hot

@@ -19,8 +19,9 @@ from eventbus.locking.lease import heartbeat_loop
 from eventbus.locking.locks import Fenced, LockClient
 from eventbus.locking.member import Member
 from eventbus.tier.errors import StoreError
+from eventbus.tier.offload_state import OffloadShard
 from eventbus.tier.settings import OFFLOADER_GROUP
-from eventbus.tier.shard_offload import OffloadShard, ShardOffload
+from eventbus.tier.shard_offload import ShardOffload
 
 if TYPE_CHECKING:
     from eventbus.tier.offloader import Offloader

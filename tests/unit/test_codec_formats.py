@@ -21,7 +21,6 @@ from eventbus.protocol.codec import (
     F_TYPE,
     Envelope,
     decode_entry,
-    decompressed_size,
     dictionary_body,
     encode_entry,
 )
@@ -32,6 +31,7 @@ from eventbus.protocol.dictionaries import (
     dictionary_id,
     fingerprint,
 )
+from eventbus.protocol.framing import decompressed_size
 
 OLD = add925e_entries.load()
 

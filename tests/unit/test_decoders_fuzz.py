@@ -46,7 +46,6 @@ from eventbus.protocol.codec import (
     F_TYPE,
     Envelope,
     decode_entry,
-    decompressed_size,
     encode_entry,
 )
 from eventbus.protocol.dead_letters import DeadLetter
@@ -58,6 +57,7 @@ from eventbus.protocol.dictionaries import (
     fingerprint,
     parse_id,
 )
+from eventbus.protocol.framing import decompressed_size
 from eventbus.protocol.ids import EntryId
 from eventbus.protocol.keys import Keys
 from eventbus.protocol.replies import (

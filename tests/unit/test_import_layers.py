@@ -28,8 +28,20 @@ def test_import_contracts_are_kept() -> None:
 
 
 MAX_MODULE_LINES, MAX_CLASS_LINES = 350, 300
-SMALL = ["eventbus/consumer", "eventbus/publishing", "eventbus/testing"]
-"""The packages held to the size rule so far (the others follow as they are split)."""
+SMALL = [
+    "eventbus",  # its top-level modules; the packages below are listed one by one
+    "eventbus/cli",
+    "eventbus/client",
+    "eventbus/config",
+    "eventbus/consumer",
+    "eventbus/locking",
+    "eventbus/ops",
+    "eventbus/protocol",
+    "eventbus/publishing",
+    "eventbus/testing",
+    "localredis",
+]
+"""The packages held to the size rule so far (spark/ and tier/ follow as they are split)."""
 
 
 def test_modules_and_classes_stay_small() -> None:
@@ -37,7 +49,8 @@ def test_modules_and_classes_stay_small() -> None:
     `SMALL` over `MAX_MODULE_LINES` lines, no class there over `MAX_CLASS_LINES`."""
     too_big = []
     for package in SMALL:
-        for path in sorted((ROOT / package).rglob("*.py")):
+        folder = ROOT / package
+        for path in sorted(folder.glob("*.py") if package == "eventbus" else folder.rglob("*.py")):
             text = path.read_text()
             name = path.relative_to(ROOT)
             if len(text.splitlines()) > MAX_MODULE_LINES:

@@ -21,6 +21,7 @@ COVERED_BY: dict[str, list[str]] = {
     ],
     "eventbus.cli.settings": ["tests/unit/test_cli_settings.py"],
     "eventbus.config.settings": ["tests/unit/test_config.py"],
+    "eventbus.declarations": ["tests/unit/test_app_api.py", "tests/unit/test_router.py"],
     "eventbus.consumer.batch_call": ["tests/cases/batch_cases.py"],
     "eventbus.consumer.batching": ["tests/cases/batch_cases.py"],
     "eventbus.consumer.broadcast": ["tests/cases/broadcast_cases.py"],
@@ -71,6 +72,11 @@ COVERED_BY: dict[str, list[str]] = {
     "eventbus.tier.cli.export": ["tests/integration/tier/test_tier_cli.py"],
     "eventbus.tier.cli.offload": ["tests/integration/tier/test_tier_cli.py"],
     "eventbus.tier.cli.replay": ["tests/integration/tier/test_tier_cli.py"],
+    "eventbus.tier.offload_state": ["tests/integration/tier/test_tier_offload.py"],
+    "eventbus.tier.shard_gaps": [
+        "tests/integration/tier/test_checkpoints.py",
+        "tests/integration/tier/test_tier_safety.py",
+    ],
     "eventbus.tier.shard_offload": ["tests/integration/tier/test_tier_offload.py"],
     "eventbus.tier.topic_offload": ["tests/integration/tier/test_tier_offload.py"],
 }

@@ -34,7 +34,8 @@ import msgpack
 from eventbus.config import DECOMPRESSION_FACTOR
 from eventbus.errors import DecodeError
 from eventbus.protocol.budget import MIN_CONTAINERS, unpack_body
-from eventbus.protocol.codec import DEFAULT_MAX_BYTES, Envelope
+from eventbus.protocol.codec import Envelope
+from eventbus.protocol.framing import DEFAULT_MAX_BYTES
 
 F_MSG = b"msg"
 EVENT_HEADER = "event"
