@@ -74,10 +74,29 @@ def _percentile(sorted_values: list[float], q: float) -> float:
 def redis_benchmark_xadd(events: int) -> float:
     with RedisServer() as server:
         out = subprocess.run(
-            [redis_binary("redis-benchmark"), "-p", str(server.port), "-n", str(events),
-             "-c", "50", "-P", "16", "--csv",
-             "XADD", "rb", "MAXLEN", "~", "1000000", "*", "d", "x" * 200],
-            capture_output=True, text=True, check=True,
+            [
+                redis_binary("redis-benchmark"),
+                "-p",
+                str(server.port),
+                "-n",
+                str(events),
+                "-c",
+                "50",
+                "-P",
+                "16",
+                "--csv",
+                "XADD",
+                "rb",
+                "MAXLEN",
+                "~",
+                "1000000",
+                "*",
+                "d",
+                "x" * 200,
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout
     # --csv prints a header and one row: "test","rps",...
     row = [line for line in out.splitlines() if line.startswith('"XADD')][-1]
@@ -163,13 +182,17 @@ def consumer_main(url: str, expect: int, out: str) -> None:
     anyio.run(lambda: bus.run(stop=stop))
     rss_kb = int(re.search(r"VmHWM:\s+(\d+)", Path("/proc/self/status").read_text())[1])
     latencies.sort()
-    Path(out).write_text(json.dumps({
-        "handled": state["n"],
-        "events_per_s": (state["n"] - 1) / max(1e-9, state["last"] - state["first"]),
-        "latency_ms_p50": _percentile(latencies, 0.50),
-        "latency_ms_p99": _percentile(latencies, 0.99),
-        "peak_rss_mb": rss_kb / 1024,
-    }))
+    Path(out).write_text(
+        json.dumps(
+            {
+                "handled": state["n"],
+                "events_per_s": (state["n"] - 1) / max(1e-9, state["last"] - state["first"]),
+                "latency_ms_p50": _percentile(latencies, 0.50),
+                "latency_ms_p99": _percentile(latencies, 0.99),
+                "peak_rss_mb": rss_kb / 1024,
+            }
+        )
+    )
 
 
 def child_env() -> dict[str, str]:
@@ -278,25 +301,49 @@ def report(res: dict[str, Any]) -> None:
 
     r = res["ratios"]
     t = Table("measure", "value", "ratio", "target", title="eventbus benchmark (one run)")
-    t.add_row("redis-benchmark XADD -P16 -c50", f"{res['redis_benchmark_xadd_per_s']:,.0f}/s",
-              "1.00 (server limit)", "")
-    t.add_row("raw redis-py pipelined XADD", f"{res['raw_xadd_pipelined_per_s']:,.0f}/s",
-              f"{res['raw_xadd_pipelined_per_s'] / res['redis_benchmark_xadd_per_s']:.2f} x rb", "")
+    t.add_row(
+        "redis-benchmark XADD -P16 -c50",
+        f"{res['redis_benchmark_xadd_per_s']:,.0f}/s",
+        "1.00 (server limit)",
+        "",
+    )
+    t.add_row(
+        "raw redis-py pipelined XADD",
+        f"{res['raw_xadd_pipelined_per_s']:,.0f}/s",
+        f"{res['raw_xadd_pipelined_per_s'] / res['redis_benchmark_xadd_per_s']:.2f} x rb",
+        "",
+    )
     t.add_row("raw XREADGROUP+XACK+decode", f"{res['raw_read_ack_per_s']:,.0f}/s", "", "")
-    t.add_row("eventbus publish() concurrent", f"{res['eventbus_publish_per_s']:,.0f}/s",
-              f"{r['publish_vs_raw_pipelined']:.2f} x raw", ">= 0.75 x raw")
-    t.add_row("eventbus consumer (1 process)", f"{res['consume']['events_per_s']:,.0f}/s",
-              f"{r['consume_vs_raw_read_ack']:.2f} x raw", ">= 0.6 x raw")
+    t.add_row(
+        "eventbus publish() concurrent",
+        f"{res['eventbus_publish_per_s']:,.0f}/s",
+        f"{r['publish_vs_raw_pipelined']:.2f} x raw",
+        ">= 0.75 x raw",
+    )
+    t.add_row(
+        "eventbus consumer (1 process)",
+        f"{res['consume']['events_per_s']:,.0f}/s",
+        f"{r['consume_vs_raw_read_ack']:.2f} x raw",
+        ">= 0.6 x raw",
+    )
     lat = res["latency"]
-    t.add_row("latency p50 / p99 at rate", f"{lat['latency_ms_p50']:.2f} / "
-              f"{lat['latency_ms_p99']:.2f} ms", "", "p99 <= 5 ms")
+    t.add_row(
+        "latency p50 / p99 at rate",
+        f"{lat['latency_ms_p50']:.2f} / {lat['latency_ms_p99']:.2f} ms",
+        "",
+        "p99 <= 5 ms",
+    )
     t.add_row("consumer peak RSS", f"{res['consume']['peak_rss_mb']:.0f} MB", "", "< 150 MB")
     for step, label in (("consume", "draining"), ("latency", "at rate")):
         calls = res[step].get("redis_calls")
         if calls:
             per_k = {c: n * 1000 / max(1, res[step]["handled"]) for c, n in calls.items()}
-            t.add_row(f"EVALSHA / XREADGROUP, {label}", f"{per_k['evalsha']:.1f} / "
-                      f"{per_k['xreadgroup']:.1f} per 1,000 events", "", "")
+            t.add_row(
+                f"EVALSHA / XREADGROUP, {label}",
+                f"{per_k['evalsha']:.1f} / {per_k['xreadgroup']:.1f} per 1,000 events",
+                "",
+                "",
+            )
     Console().print(t)
 
 
@@ -319,13 +366,22 @@ if __name__ == "__main__":
     parser.add_argument("--rate", type=int, default=2000, help="events/s for the latency step")
     parser.add_argument("--seconds", type=float, default=10.0, help="length of the latency step")
     parser.add_argument("--json", default="stress/results/bench.json")
-    parser.add_argument("--peers", action="store_true", help="also FastStream, batch handlers, "
-                        "1/2/4 consumer processes, flights bytes per entry (stress/peers.py)")
-    parser.add_argument("--single-events", type=int, default=20_000,
-                        help="events of the slow one-by-one peer steps")
+    parser.add_argument(
+        "--peers",
+        action="store_true",
+        help="also FastStream, batch handlers, "
+        "1/2/4 consumer processes, flights bytes per entry (stress/peers.py)",
+    )
+    parser.add_argument(
+        "--single-events", type=int, default=20_000, help="events of the slow one-by-one peer steps"
+    )
     parser.add_argument("--flights", type=int, default=50_000, help="flights entries measured")
-    parser.add_argument("--cluster", action="store_true", help="only the latency step, on one "
-                        "Redis and on a 3-primary cluster (stress/cluster_bench.py)")
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="only the latency step, on one "
+        "Redis and on a 3-primary cluster (stress/cluster_bench.py)",
+    )
     args = parser.parse_args()
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     if args.cluster:

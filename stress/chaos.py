@@ -123,18 +123,48 @@ PRESETS: dict[str, dict[str, Any]] = {
     "net-delay": {"consumers": 4, "faults": 4, "kinds": ["net-delay"]},
     "partition": {"consumers": 4, "faults": 4, "kinds": ["partition"], "publish_timeout_s": 3.0},
     "poison": {"events": 100_000, "poison": 6},
-    "slow": {"events": 40_000, "rate": 8_000, "slow_ms": 5.0, "slow_fraction": 1.0,
-             "concurrency": 4, "max_in_flight": 100},
-    "failover": {"consumers": 3, "faults": 3, "kinds": ["failover"], "publish_replicas": 1,
-                 "ttl_s": 3.0, "rate": 4_000, "events": 40_000},
-    "cluster-failover": {"consumers": 3, "faults": 3, "kinds": ["cluster-failover"],
-                         "publish_replicas": 1, "ttl_s": 3.0, "rate": 3_000, "events": 40_000},
+    "slow": {
+        "events": 40_000,
+        "rate": 8_000,
+        "slow_ms": 5.0,
+        "slow_fraction": 1.0,
+        "concurrency": 4,
+        "max_in_flight": 100,
+    },
+    "failover": {
+        "consumers": 3,
+        "faults": 3,
+        "kinds": ["failover"],
+        "publish_replicas": 1,
+        "ttl_s": 3.0,
+        "rate": 4_000,
+        "events": 40_000,
+    },
+    "cluster-failover": {
+        "consumers": 3,
+        "faults": 3,
+        "kinds": ["cluster-failover"],
+        "publish_replicas": 1,
+        "ttl_s": 3.0,
+        "rate": 3_000,
+        "events": 40_000,
+    },
     # publish_timeout_s above a failover's length (down-after-milliseconds, the election):
     # publishes in flight during one are late, not failed
-    "all": {"events": 1_000_000, "rate": 4_000, "consumers": 4, "faults": 30,
-            "kinds": list(MIXED_KINDS), "aof": True, "poison": 8, "slow_ms": 2.0,
-            "slow_fraction": 0.02, "ttl_s": 3.0, "publish_timeout_s": 10.0,
-            "publish_replicas": 1},
+    "all": {
+        "events": 1_000_000,
+        "rate": 4_000,
+        "consumers": 4,
+        "faults": 30,
+        "kinds": list(MIXED_KINDS),
+        "aof": True,
+        "poison": 8,
+        "slow_ms": 2.0,
+        "slow_fraction": 0.02,
+        "ttl_s": 3.0,
+        "publish_timeout_s": 10.0,
+        "publish_replicas": 1,
+    },
 }
 
 
@@ -196,8 +226,10 @@ class Chaos:
         with log.open("ab") as out:
             return subprocess.Popen(
                 [sys.executable, str(HERE / "roles.py"), role, json.dumps(cfg)],
-                env=env, stdin=subprocess.PIPE if publisher else subprocess.DEVNULL,
-                stdout=subprocess.PIPE if publisher else out, stderr=out,
+                env=env,
+                stdin=subprocess.PIPE if publisher else subprocess.DEVNULL,
+                stdout=subprocess.PIPE if publisher else out,
+                stderr=out,
             )
 
     def spawn_consumer(self) -> Proc:
@@ -206,9 +238,13 @@ class Chaos:
         cfg = {
             "ledger": str(self.dir / f"con-{index}.log"),
             "settings": {
-                **self.conn(f"con-{index}"), "shards": SHARDS, "liveness_ttl_s": p.ttl_s,
-                "block_max_ms": 100, "max_attempts": p.max_attempts,
-                "retry_base_s": p.retry_base_s, "retry_max_s": max(0.5, p.retry_base_s),
+                **self.conn(f"con-{index}"),
+                "shards": SHARDS,
+                "liveness_ttl_s": p.ttl_s,
+                "block_max_ms": 100,
+                "max_attempts": p.max_attempts,
+                "retry_base_s": p.retry_base_s,
+                "retry_max_s": max(0.5, p.retry_base_s),
                 "concurrency": p.concurrency,
             },
         }
@@ -297,8 +333,13 @@ class Chaos:
                 continue
             if c.state != "terming" or code != 0:
                 out = (self.dir / f"con-{c.index}.out").read_text(errors="replace")
-                event = {"consumer": c.index, "code": code, "state": c.state,
-                         "t_ns": time.time_ns(), "output_tail": out[-3000:]}
+                event = {
+                    "consumer": c.index,
+                    "code": code,
+                    "state": c.state,
+                    "t_ns": time.time_ns(),
+                    "output_tail": out[-3000:],
+                }
                 if "RedisUnavailable" in out and not self.consumer_id(c):
                     # started while Redis restarted: the documented clear error at start (also
                     # for a connection lost between the start's PING and the topic's
@@ -307,8 +348,7 @@ class Chaos:
                     self.startup_failures.append(event)
                 else:
                     self.incidents.append({"kind": "consumer exited", **event})
-                print(f"  consumer {c.index} exited with {code} ({c.state}): replaced",
-                      flush=True)
+                print(f"  consumer {c.index} exited with {code} ({c.state}): replaced", flush=True)
                 if c.state != "terming":
                     self.spawn_consumer()
             else:
@@ -348,8 +388,12 @@ class Chaos:
             if left != last:
                 last, changed = left, time.monotonic()
             elif time.monotonic() - changed > stall_s:
-                return {"drained": False, "drain_s": time.monotonic() - start,
-                        "remaining": left, "stuck": self._stuck()}
+                return {
+                    "drained": False,
+                    "drain_s": time.monotonic() - start,
+                    "remaining": left,
+                    "stuck": self._stuck(),
+                }
             time.sleep(0.1)
 
     def _stuck(self, per_shard: int = 10) -> list[dict[str, Any]]:
@@ -367,17 +411,26 @@ class Chaos:
             for pe in pending:
                 got = self.r.xrange(stream, pe["message_id"], pe["message_id"])
                 step = _decode_step(got[0][1]) if got else None
-                entries.append({"entry_id": pe["message_id"].decode(),
-                                "consumer": pe["consumer"].decode(),
-                                "idle_ms": pe["time_since_delivered"],
-                                "deliveries": pe["times_delivered"], "event": step})
-            out.append({
-                "shard": s, "pending": info["pending"], "lag": info.get("lag"),
-                "last_delivered": info["last-delivered-id"].decode(),
-                "lock_owner": (locks.get(str(s).encode()) or b"").decode(),
-                "lock_token": int(locks.get(f"{s}:token".encode()) or 0),
-                "pending_entries": entries,
-            })
+                entries.append(
+                    {
+                        "entry_id": pe["message_id"].decode(),
+                        "consumer": pe["consumer"].decode(),
+                        "idle_ms": pe["time_since_delivered"],
+                        "deliveries": pe["times_delivered"],
+                        "event": step,
+                    }
+                )
+            out.append(
+                {
+                    "shard": s,
+                    "pending": info["pending"],
+                    "lag": info.get("lag"),
+                    "last_delivered": info["last-delivered-id"].decode(),
+                    "lock_owner": (locks.get(str(s).encode()) or b"").decode(),
+                    "lock_token": int(locks.get(f"{s}:token".encode()) or 0),
+                    "pending_entries": entries,
+                }
+            )
         return [{"members": [(m.decode(), sc) for m, sc in members]}, *out]
 
     # -- faults ---------------------------------------------------------------------------------
@@ -436,15 +489,22 @@ class Chaos:
         fault["at_published"] = progress
         self.faults.append(fault)
         shown = ("victim", "victim_shards", "detail", "node")
-        print(f"  fault {len(self.faults):>2} at {fault['t_rel_s']:7.2f} s: {kind} "
-              f"{ {k: v for k, v in fault.items() if k in shown} }", flush=True)
+        print(
+            f"  fault {len(self.faults):>2} at {fault['t_rel_s']:7.2f} s: {kind} "
+            f"{ {k: v for k, v in fault.items() if k in shown} }",
+            flush=True,
+        )
 
     def _consumer_fault(self, kind: str, victim: Proc) -> dict[str, Any]:
         cid = self.consumer_id(victim)
         assert cid is not None
         shards = self._held(cid)
-        fault: dict[str, Any] = {"kind": kind, "victim": victim.index, "victim_id": cid,
-                                 "victim_shards": shards}
+        fault: dict[str, Any] = {
+            "kind": kind,
+            "victim": victim.index,
+            "victim_id": cid,
+            "victim_shards": shards,
+        }
         fault["t_ns"] = time.time_ns()
         if kind == "kill":
             victim.popen.kill()
@@ -512,7 +572,8 @@ class Chaos:
             with (self.dir / "monitor.log").open("wb") as out:
                 monitor = subprocess.Popen(
                     [redis_binary("redis-cli"), "-p", str(self.top.target()), "monitor"],
-                    stdout=out, stderr=subprocess.STDOUT,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
                 )
         try:
             return self._run(started)
@@ -553,8 +614,11 @@ class Chaos:
             for i, cfg in enumerate(workload)
         ]
         members = self.keys.members(TOPIC, GROUP)
-        self._wait("consumers to join",
-                   lambda: self._redis(lambda: self.r.zcard(members)) >= p.consumers, 120)
+        self._wait(
+            "consumers to join",
+            lambda: self._redis(lambda: self.r.zcard(members)) >= p.consumers,
+            120,
+        )
         for pub in self.publishers:  # blocks until each has connected (or died)
             assert pub.stdout is not None
             if pub.stdout.readline().strip() != b"ready":
@@ -565,9 +629,11 @@ class Chaos:
             assert pub.stdin is not None
             pub.stdin.write(b"go\n")
             pub.stdin.close()
-        print(f"{p.scenario}: {p.events:,} events, {p.publishers} publishers, {p.consumers} "
-              f"consumers, rate {p.rate:,.0f}/s, {p.faults} faults, ledgers in {self.dir}",
-              flush=True)
+        print(
+            f"{p.scenario}: {p.events:,} events, {p.publishers} publishers, {p.consumers} "
+            f"consumers, rate {p.rate:,.0f}/s, {p.faults} faults, ledgers in {self.dir}",
+            flush=True,
+        )
         schedule = self._schedule()
         faults_due, next_fault = len(schedule), 0
         while True:
@@ -587,33 +653,50 @@ class Chaos:
         published_s = time.monotonic() - self._t0
         for i, pub in enumerate(self.publishers):
             if pub.returncode:
-                self.incidents.append({"kind": "publisher exited", "publisher": i,
-                                       "code": pub.returncode})
-        print(f"  started in {ready_s:.1f} s, published in {published_s:.1f} s; draining ...",
-              flush=True)
+                self.incidents.append(
+                    {"kind": "publisher exited", "publisher": i, "code": pub.returncode}
+                )
+        print(
+            f"  started in {ready_s:.1f} s, published in {published_s:.1f} s; draining ...",
+            flush=True,
+        )
         drain = self._drain()
         dead = self._dead_letters()
         t = time.monotonic()
         stop = self._stop_consumers()
         stop["stop_s"] = time.monotonic() - t
-        print(f"  drained in {drain['drain_s']:.1f} s, consumers stopped in {stop['stop_s']:.1f} s",
-              flush=True)
-        return {"drain": drain, "dead": dead, "stop": stop, "published_s": published_s,
-                "wall_s": time.monotonic() - started}
+        print(
+            f"  drained in {drain['drain_s']:.1f} s, consumers stopped in {stop['stop_s']:.1f} s",
+            flush=True,
+        )
+        return {
+            "drain": drain,
+            "dead": dead,
+            "stop": stop,
+            "published_s": published_s,
+            "wall_s": time.monotonic() - started,
+        }
 
     def _dead_letters(self) -> list[DeadLetter]:
         out = []
         for entry_id, fields in self._redis(
             lambda: self.r.xrange(self.keys.dead_letter(TOPIC, GROUP))
         ):
-            orig = {F_RESOURCE: fields.get(b"orig_rid", b""), F_TYPE: fields.get(b"orig_type", b""),
-                    F_DATA: fields.get(b"orig_data", b"")}
+            orig = {
+                F_RESOURCE: fields.get(b"orig_rid", b""),
+                F_TYPE: fields.get(b"orig_type", b""),
+                F_DATA: fields.get(b"orig_data", b""),
+            }
             step = _decode_step(orig)
-            out.append(DeadLetter(
-                step["r"] if step else "?", step["s"] if step else -1,
-                fields.get(b"entry_id", entry_id).decode(),
-                int(fields.get(b"attempts", b"-1")), fields.get(b"error_type", b"").decode(),
-            ))
+            out.append(
+                DeadLetter(
+                    step["r"] if step else "?",
+                    step["s"] if step else -1,
+                    fields.get(b"entry_id", entry_id).decode(),
+                    int(fields.get(b"attempts", b"-1")),
+                    fields.get(b"error_type", b"").decode(),
+                )
+            )
         return out
 
     def _stop_consumers(self, within_s: float = 30) -> dict[str, Any]:
@@ -636,9 +719,15 @@ class Chaos:
                 continue
             if c.popen.returncode != 0:
                 out = (self.dir / f"con-{c.index}.out").read_text(errors="replace")
-                self.incidents.append({"kind": "consumer exited", "consumer": c.index,
-                                       "code": c.popen.returncode, "state": "terming",
-                                       "output_tail": out[-3000:]})
+                self.incidents.append(
+                    {
+                        "kind": "consumer exited",
+                        "consumer": c.index,
+                        "code": c.popen.returncode,
+                        "state": "terming",
+                        "output_tail": out[-3000:],
+                    }
+                )
             c.state = "exited"
         return {"stopped": len(running)}
 
@@ -689,8 +778,13 @@ def verdict(plan: Plan, res: dict[str, Any]) -> dict[str, bool]:
     # A SIGKILLed or SIGSTOPped consumer keeps its locks until its liveness expires, at least
     # TTL - TTL/3 after its last refresh: another consumer starting work on its shards sooner
     # would mean two owners at once.
-    early = [f for f in victims if (f["kind"] in ("kill", "pause") or "blackhole_s" in f)
-             and f.get("takeover_s") is not None and f["takeover_s"] < 0.5 * plan.ttl_s]
+    early = [
+        f
+        for f in victims
+        if (f["kind"] in ("kill", "pause") or "blackhole_s" in f)
+        and f.get("takeover_s") is not None
+        and f["takeover_s"] < 0.5 * plan.ttl_s
+    ]
     if victims:
         checks["no_takeover_before_liveness_expiry"] = not early
     if plan.poison:
@@ -711,15 +805,24 @@ def run_plan(plan: Plan, workdir: Path | None = None, keep: bool = False) -> dic
     chaos = Chaos(plan, wd)
     run = chaos.run()
     led = read_run(wd)
-    res: dict[str, Any] = {"scenario": plan.scenario, "plan": asdict(plan), "workdir": str(wd),
-                           "t0_ns": chaos._t0_ns}
+    res: dict[str, Any] = {
+        "scenario": plan.scenario,
+        "plan": asdict(plan),
+        "workdir": str(wd),
+        "t0_ns": chaos._t0_ns,
+    }
     res |= check(led, run["dead"], chaos.faults, chaos._t0_ns)
     locktrace.annotate(res["stale_token_examples"], wd, chaos._t0_ns)  # lock timelines
     res["faults"] = chaos.faults
     res["topology"] = chaos.top.describe()
     res["promotions_logged"] = chaos.promotions
-    res["faults_by_kind"] = dict(sorted(defaultdict(int, {
-        k: sum(1 for f in chaos.faults if f["kind"] == k) for k in FAULT_KINDS}).items()))
+    res["faults_by_kind"] = dict(
+        sorted(
+            defaultdict(
+                int, {k: sum(1 for f in chaos.faults if f["kind"] == k) for k in FAULT_KINDS}
+            ).items()
+        )
+    )
     res["incidents"] = chaos.incidents
     res["startup_failures"] = chaos.startup_failures
     res["drain"] = run["drain"]
@@ -776,8 +879,18 @@ def summary(res: dict[str, Any]) -> str:
 
 def plan_from_args(args: argparse.Namespace) -> Plan:
     values: dict[str, Any] = dict(PRESETS[args.scenario])
-    for name in ("events", "rate", "consumers", "publishers", "resources", "faults", "ttl_s",
-                 "poison", "slow_ms", "seed"):
+    for name in (
+        "events",
+        "rate",
+        "consumers",
+        "publishers",
+        "resources",
+        "faults",
+        "ttl_s",
+        "poison",
+        "slow_ms",
+        "seed",
+    ):
         if getattr(args, name) is not None:
             values[name] = getattr(args, name)
     if args.kinds:
@@ -798,8 +911,10 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
             "cluster-failover" if k == "failover" else k for k in kinds
             if k != "failover" or args.kinds))  # fmt: skip
         if "redis-restart" in kinds and "cluster-failover" in kinds:
-            raise SystemExit("redis-restart is not combined with cluster-failover: a node down "
-                             "past cluster-node-timeout is failed over by its replica (unplanned)")
+            raise SystemExit(
+                "redis-restart is not combined with cluster-failover: a node down "
+                "past cluster-node-timeout is failed over by its replica (unplanned)"
+            )
         if "cluster-failover" not in kinds and args.publish_replicas is None:
             values["publish_replicas"] = 0  # a Cluster without replicas: nobody to WAIT for
     if "redis-restart" in kinds:
@@ -824,13 +939,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--poison", type=int, help="poison events")
     parser.add_argument("--slow-ms", dest="slow_ms", type=float)
     parser.add_argument("--seed", type=int)
-    parser.add_argument("--cluster", action="store_true",
-                        help="run on a 3-primary Redis Cluster (EVENTBUS_CLUSTER=true)")
-    parser.add_argument("--publish-replicas", dest="publish_replicas", type=int,
-                        help="replicas each publish waits for (WAIT); failover presets: 1")
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="run on a 3-primary Redis Cluster (EVENTBUS_CLUSTER=true)",
+    )
+    parser.add_argument(
+        "--publish-replicas",
+        dest="publish_replicas",
+        type=int,
+        help="replicas each publish waits for (WAIT); failover presets: 1",
+    )
     parser.add_argument("--baseline", action="store_true", help="also run redis-benchmark XADD")
-    parser.add_argument("--monitor", action="store_true",
-                        help="record redis-cli MONITOR into the ledger folder (slow; for evidence)")
+    parser.add_argument(
+        "--monitor",
+        action="store_true",
+        help="record redis-cli MONITOR into the ledger folder (slow; for evidence)",
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--plot", type=Path, help="PNG path (default: beside the JSON)")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG (saves seconds)")

@@ -316,8 +316,13 @@ def _describe(h: Handling) -> dict[str, Any]:
 
 def _lost_example(key: tuple[str, int], p: Published, led: Ledgers) -> dict[str, Any]:
     runs = [_describe(h) | {"ok": h.ok} for h in led.handlings if (h.resource, h.seq) == key]
-    return {"resource": key[0], "seq": key[1], "entry_id": p.entry_id,
-            "acked_ns": p.acked_ns, "handler_runs": runs}
+    return {
+        "resource": key[0],
+        "seq": key[1],
+        "entry_id": p.entry_id,
+        "acked_ns": p.acked_ns,
+        "handler_runs": runs,
+    }
 
 
 WAKE_SLACK_NS = 100_000_000
@@ -375,8 +380,12 @@ def stale_token_starts(
             if i and prefix_max[i - 1].token > h.token:
                 stale += 1
                 if len(found) < examples:
-                    found.append({"run": _describe(h) | {"resource": h.resource, "seq": h.seq},
-                                  "after": _describe(prefix_max[i - 1])})
+                    found.append(
+                        {
+                            "run": _describe(h) | {"resource": h.resource, "seq": h.seq},
+                            "after": _describe(prefix_max[i - 1]),
+                        }
+                    )
     return stale, found
 
 
@@ -428,5 +437,10 @@ def timeline(
         pr.append(pubs.get(b, 0) / bin_s)
         p50.append(percentile(lat, 0.5))
         p99.append(percentile(lat, 0.99))
-    return {"t_s": t, "handled_per_s": hr, "published_per_s": pr,
-            "latency_ms_p50": p50, "latency_ms_p99": p99}
+    return {
+        "t_s": t,
+        "handled_per_s": hr,
+        "published_per_s": pr,
+        "latency_ms_p50": p50,
+        "latency_ms_p99": p99,
+    }

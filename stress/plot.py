@@ -34,8 +34,13 @@ def plot(result: dict[str, Any], path: Path) -> None:
     for key, style in (("latency_ms_p50", "-"), ("latency_ms_p99", "--")):
         pts = [(t, v) for t, v in zip(tl["t_s"], tl[key], strict=True) if v is not None]
         if pts:
-            bottom.plot(*zip(*pts, strict=True), style, color="tab:green", lw=1,
-                        label=key.removeprefix("latency_ms_"))
+            bottom.plot(
+                *zip(*pts, strict=True),
+                style,
+                color="tab:green",
+                lw=1,
+                label=key.removeprefix("latency_ms_"),
+            )
     bottom.set_yscale("log")
     bottom.set_ylabel("publish→handler ms")
     bottom.set_xlabel("seconds since the first publish")

@@ -8,8 +8,19 @@ from pathlib import Path
 from typing import Any
 
 COLUMNS = (
-    "scenario", "deployment", "events", "events/s", "p50 ms", "p99 ms", "lost", "order viol.",
-    "duplicates", "dead-lettered", "takeover median / max s", "faults", "checks",
+    "scenario",
+    "deployment",
+    "events",
+    "events/s",
+    "p50 ms",
+    "p99 ms",
+    "lost",
+    "order viol.",
+    "duplicates",
+    "dead-lettered",
+    "takeover median / max s",
+    "faults",
+    "checks",
 )
 
 

@@ -75,9 +75,18 @@ async def consumer_role(cfg: dict[str, Any]) -> None:
             await anyio.sleep(event.slow_ms / 1000)
         # written before returning: the entry is acked only after this line is in the file
         led.write(
-            RAISED if event.poison else HANDLED, event.r, event.s, ctx.entry_id,
-            ctx.fencing_token, ctx.shard, ctx.attempt, start, time.time_ns(),
-            ctx.published_at_ms, ctx.event_id_bytes.hex(), fence,
+            RAISED if event.poison else HANDLED,
+            event.r,
+            event.s,
+            ctx.entry_id,
+            ctx.fencing_token,
+            ctx.shard,
+            ctx.attempt,
+            start,
+            time.time_ns(),
+            ctx.published_at_ms,
+            ctx.event_id_bytes.hex(),
+            fence,
         )
         if event.poison:
             raise PoisonEvent(f"{event.r}#{event.s} is poison")
@@ -135,8 +144,13 @@ async def _publish_all(bus: EventBus, led: LineWriter, cfg: dict[str, Any]) -> N
                 if delay > 0:
                     await anyio.sleep(delay)
             flags = ("p" if (r, s) in poison else "") + ("s" if r in slow else "") or "-"
-            event = Step(r=r, s=s, poison=(r, s) in poison,
-                         slow_ms=cfg["slow_ms"] if r in slow else 0.0, pad=pad)
+            event = Step(
+                r=r,
+                s=s,
+                poison=(r, s) in poison,
+                slow_ms=cfg["slow_ms"] if r in slow else 0.0,
+                pad=pad,
+            )
             try:
                 entry_id = await bus.publish(TOPIC, event, resource_id=r)
             except PublishError as exc:  # not acknowledged: may or may not be stored
