@@ -16,7 +16,8 @@ packages are this checkout's virtual environment, and runs get ``PYTHONSAFEPATH=
 ``--what flights`` run import this checkout's ``eventbus`` on both sides. The runs alternate,
 A B A B ..., so that a machine whose speed drifts during the session drifts for both trees
 alike. For each numeric figure of the runs' JSON it prints the median per tree and the ratio
-B/A of the medians; with ``--json`` it also writes every run.
+B/A of the medians; with ``--json`` it also writes every run. A run that writes no result is
+reported and left out (the medians are those of the runs that did); the exit code is then 1.
 
 ``--what``:
 
@@ -124,9 +125,13 @@ def command(what: str, out: Path, args: list[str]) -> list[str]:
     return [py, "stress/perf.py", what, "--runs", "1", "--json", str(out), *args]
 
 
+class RunFailed(Exception):
+    """A run wrote no result (its output's tail was written to stderr)."""
+
+
 def run_once(side: Tree, what: str, args: list[str], whole_tree: bool = False) -> dict[str, Any]:
     """One run of `what` on `side` (`Tree.where` says which code); its JSON result. Raises
-    `SystemExit` with the run's output when it wrote no result."""
+    `RunFailed` when it wrote no result, after writing the tail of its output to stderr."""
     cwd, pythonpath = side.where(whole_tree)
     with tempfile.TemporaryDirectory(prefix="ab-") as tmp:
         out = Path(tmp) / "result.json"
@@ -143,7 +148,7 @@ def run_once(side: Tree, what: str, args: list[str], whole_tree: bool = False) -
         )
         if not out.exists():
             sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
-            raise SystemExit(
+            raise RunFailed(
                 f"run of {side.label} in {cwd} wrote no result (exit code {proc.returncode})"
             )
         result: dict[str, Any] = json.loads(out.read_text())
@@ -213,10 +218,20 @@ def main() -> None:
     a = p.parse_args(argv)
     trees = [tree(a.rev_a), tree(a.rev_b)]
     runs: list[list[dict[str, float]]] = [[], []]
+    # a run that fails (a benchmark's Redis connect timing out on a loaded machine, say) is
+    # counted and reported, and the pairs go on: the medians are those of the runs that wrote
+    # a result, and a failure never throws away the others' results
+    failed: list[list[str]] = [[], []]
     for i in range(a.pairs):
         for side, t in enumerate(trees):
             print(f"pair {i + 1}/{a.pairs}: {'AB'[side]} = {t.label} ...", flush=True)
-            runs[side].append(numbers(run_once(t, a.what, extra, a.whole_tree)))
+            try:
+                runs[side].append(numbers(run_once(t, a.what, extra, a.whole_tree)))
+            except RunFailed as exc:
+                print(f"pair {i + 1}: {exc}; going on", file=sys.stderr, flush=True)
+                failed[side].append(f"pair {i + 1}: {exc}")
+    if not runs[0] or not runs[1]:
+        raise SystemExit(f"no result on one side: A failed {failed[0]}, B failed {failed[1]}")
     keys = [k for k in runs[0][0] if all(k in r for side in runs for r in side)]
     only = [s for s in a.only.split(",") if s]
     rows = []
@@ -235,7 +250,7 @@ def main() -> None:
         f"B: {trees[1].label}",
         "B/A",
         title=f"A/B, {a.what}{', whole trees' if a.whole_tree else ''}, medians of "
-        f"{a.pairs} alternated runs each",
+        f"{len(runs[0])} (A) and {len(runs[1])} (B) alternated runs",
     )
     for k, ma, mb, ratio in rows:
         t.add_row(k, _fmt(ma), _fmt(mb), f"{ratio:.3f}")
@@ -251,6 +266,8 @@ def main() -> None:
                     "b": trees[1].label,
                     "runs_a": runs[0],
                     "runs_b": runs[1],
+                    "failed_a": failed[0],
+                    "failed_b": failed[1],
                     "medians": {
                         k: {"a": ma, "b": mb, "b_over_a": ratio} for k, ma, mb, ratio in rows
                     },
@@ -259,6 +276,8 @@ def main() -> None:
             )
         )
         print(f"written {a.json}")
+    if failed[0] or failed[1]:
+        sys.exit(f"{len(failed[0])} run(s) of A and {len(failed[1])} of B wrote no result")
 
 
 if __name__ == "__main__":

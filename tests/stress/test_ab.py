@@ -100,13 +100,47 @@ def test_a_stress_script_run_imports_its_neighbours(tmp_path: Path) -> None:
     assert got["argv"][0] == "consume" and got["argv"][-2:] == ["--events", "10"]
 
 
-def test_a_run_that_writes_no_result_stops_the_ab_with_its_label(
+def test_a_run_that_writes_no_result_fails_with_its_label(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(ab, "command", lambda what, out, args: [sys.executable, "-c", "pass"])
 
-    with pytest.raises(SystemExit, match="rev-a"):
+    with pytest.raises(ab.RunFailed, match="rev-a"):
         ab.run_once(_stub_tree(tmp_path, "rev-a"), "bench", [], whole_tree=True)
+
+
+def test_a_failed_run_is_reported_and_the_other_runs_are_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One run dying (a benchmark's Redis connect timing out under load) lost every run's
+    result: the A/B stopped at the failure. Now the medians are those of the runs that wrote
+    a result, the JSON lists the failure, and the exit code is 1."""
+    trees = {"rev-a": _stub_tree(tmp_path, "rev-a"), "rev-b": _stub_tree(tmp_path, "rev-b")}
+    monkeypatch.setattr(ab, "tree", trees.__getitem__)
+    calls: list[str] = []
+
+    def run_once(side: Any, what: str, args: list[str], whole_tree: bool = False) -> Any:
+        calls.append(side.label)
+        if len(calls) == 3:  # pair 2's A run
+            raise ab.RunFailed(f"run of {side.label} wrote no result (exit code 1)")
+        return {"rate": 100.0 if side.label == "rev-a" else 150.0 + len(calls)}
+
+    monkeypatch.setattr(ab, "run_once", run_once)
+    out = tmp_path / "ab.json"
+    monkeypatch.setattr(
+        sys, "argv", ["ab.py", "rev-a", "rev-b", "--pairs", "3", "--json", str(out)]
+    )
+
+    with pytest.raises(SystemExit, match="1 run"):
+        ab.main()
+
+    written = json.loads(out.read_text())
+    assert calls == ["rev-a", "rev-b"] * 3  # the pairs went on after the failure
+    assert len(written["runs_a"]) == 2 and len(written["runs_b"]) == 3
+    assert written["failed_a"] == ["pair 2: run of rev-a wrote no result (exit code 1)"]
+    assert written["failed_b"] == []
+    assert written["medians"]["rate"]["a"] == 100.0
+    assert written["medians"]["rate"]["b"] == 154.0  # the median of 152, 154, 156
 
 
 def test_old_flights_summaries_get_the_cpu_per_event_figures() -> None:
