@@ -34,6 +34,7 @@ from eventbus.protocol.dead_letters import (
     control_request,
     dead_letter_fields,
     is_control,
+    parked_resources,
 )
 from eventbus.protocol.keys import Keys
 from eventbus.protocol.sharding import shard_of
@@ -62,9 +63,10 @@ class DeadLetters:
         return DeadLetter.parse(*rows[0]) if rows else None
 
     async def parked(self) -> dict[str, str]:
-        """Parked resources: resource ID -> dead-letter ID of its first parked event."""
-        raw = await self.redis.hgetall(self.keys.parked(self.topic.name, self.group))
-        return {k.decode(): v.decode() for k, v in raw.items()}
+        """Parked resources: resource ID -> dead-letter ID of its first parked event (a field
+        that is not UTF-8 is left out with a warning: `parked_resources`)."""
+        key = self.keys.parked(self.topic.name, self.group)
+        return parked_resources(await self.redis.hgetall(key), key)
 
     async def requeue(self, dlq_ids: list[str]) -> list[str]:
         """Append these dead letters' original entries to their shard streams again, then delete

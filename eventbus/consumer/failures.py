@@ -37,6 +37,7 @@ from eventbus.protocol.dead_letters import (
     DROP,
     DeadLetter,
     dead_letter_fields,
+    parked_resources,
 )
 
 if TYPE_CHECKING:
@@ -223,7 +224,7 @@ class Failures:
             changes = self._changes
             raw = await self.redis.hgetall(self.parked_key)
             if changes == self._changes:
-                self.parked = {k.decode(): v.decode() for k, v in raw.items()}
+                self.parked = parked_resources(raw, self.parked_key)
                 return
 
     async def control(self, d: Delivery, fence: Fence, handling: Handling) -> Outcome:

@@ -28,6 +28,7 @@ control hash (`Keys.control`). Consumers never hand a control entry to a handler
 from __future__ import annotations
 
 import json
+import logging
 import time
 import traceback
 from dataclasses import dataclass
@@ -46,6 +47,8 @@ CONTROL_PREFIX = RESERVED_TYPE_PREFIX
 UNPARK = "__eventbus.unpark"
 TRACEBACK_BYTES = 4096
 DROP = "__eventbus.drop"
+
+log = logging.getLogger("eventbus.dlq")
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +179,26 @@ def control_request(kind: str, resource_id: str) -> bytes:
     return json.dumps({"kind": kind, "resource": resource_id}, sort_keys=True).encode()
 
 
+def parked_resources(raw: dict[bytes, bytes], where: str) -> dict[str, str]:
+    """A (topic, group)'s parked hash (`Keys.parked`: resource ID -> dead-letter ID of its first
+    parked event) as read with HGETALL. A field that is not UTF-8 names no resource (resource IDs
+    are UTF-8 strings: an entry whose ``rid`` is not is undecodable), so it is left out, with a
+    warning naming `where` (the key) and the field; any other client may write the hash. A value
+    that is not UTF-8 keeps its resource parked (its letters are found by resource ID, not by
+    this value): it is decoded with replacement characters. Raises nothing."""
+    parked: dict[str, str] = {}
+    for field, value in raw.items():
+        try:
+            resource = field.decode()
+        except UnicodeDecodeError:
+            log.warning(
+                "parked hash %s: field %r is not UTF-8 (no resource ID): ignored", where, field
+            )
+            continue
+        parked[resource] = value.decode("utf-8", "replace")
+    return parked
+
+
 _CONTROL_PREFIX_BYTES = CONTROL_PREFIX.encode()
 
 
@@ -194,5 +217,6 @@ __all__ = [
     "control_request",
     "dead_letter_fields",
     "is_control",
+    "parked_resources",
     "traceback_tail",
 ]

@@ -109,6 +109,25 @@ class FailurePolicyCases:
         assert rec.by_resource() == {"bad": [1, 2, 3, 4, 5], "good": [1, 2, 3]}
         assert await dl.parked() == {}
 
+    async def test_a_parked_field_that_is_not_utf8_is_skipped_not_a_stop(
+        self, backend: Backend, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """The parked hash is Redis data another client may write: a field that is not UTF-8
+        (no resource ID is) stopped the consumer at every shard lock (`UnicodeDecodeError` out
+        of loading the parked set). It names no resource, so it is skipped, with a warning; the
+        parked resources beside it stay parked."""
+        r = backend.redis
+        bus, rec = failing_bus(backend, set(), on_failure="park")
+        key = bus.keys.parked("orders", "billing")
+        await r.hset(key, mapping={b"\xff\xfe": b"1-0", b"held": b"2-0"})
+        await publish(bus, "good", range(1, 4))
+        await publish(bus, "held", range(1, 3))
+        async with running(bus):
+            await rec.wait_for(3)
+            await wait_until(lambda: letters_are(dead_letters(bus, r), 2))  # held#1, #2 parked
+        assert rec.by_resource() == {"good": [1, 2, 3]}
+        assert "not UTF-8" in caplog.text
+
     async def test_drop_resource_discards_its_parked_events_and_unparks_it(
         self, backend: Backend
     ) -> None:

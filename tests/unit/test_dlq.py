@@ -3,8 +3,11 @@ entries. The operator API (`DeadLetters`) runs in the shared failure-policy case
 
 from __future__ import annotations
 
+import pytest
+
 from eventbus.dlq import DROP, UNPARK, DeadLetter, control_entry, dead_letter_fields, is_control
 from eventbus.protocol.codec import F_DATA, F_RESOURCE, F_TYPE, decode_entry
+from eventbus.protocol.dead_letters import parked_resources
 
 ORIGINAL = {F_RESOURCE: b"o-1", F_TYPE: b"OrderPlaced", F_DATA: b"\x01\x80"}
 
@@ -109,3 +112,16 @@ def test_a_short_traceback_is_whole_and_a_parked_letter_has_none() -> None:
     assert "test_a_short_traceback_is_whole" in tb and tb.endswith("ValueError: bad total\n")
     parked = DeadLetter.parse("1-0", letter_fields(reason="parked", exc=None, attempts=0))
     assert parked.traceback == ""
+
+
+def test_parked_fields_that_are_not_utf8_are_left_out_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    raw = {b"\xff\xfe": b"1-0", b"order-1": b"2-0", b"order-2": b"\xff"}
+
+    with caplog.at_level("WARNING", logger="eventbus.dlq"):
+        parked = parked_resources(raw, "eventbus:parked:{x}:orders:billing")
+
+    assert parked == {"order-1": "2-0", "order-2": "\ufffd"}
+    assert "eventbus:parked:{x}:orders:billing" in caplog.text
+    assert "b'\\xff\\xfe'" in caplog.text
