@@ -150,10 +150,15 @@ def checkpoint_state(
         if pending is not None:
             first, end, n = pending.decode().split()
             intent = Intent(parse_id(first), parse_id(end), int(n))
+            if intent.entries < 0 or intent.first > intent.last:
+                raise ValueError(f"pending {pending.decode()!r} is no range of entries")
+        counted = int(count or 0)
+        if counted < 0:  # a count the offloader never writes; catch-up would trust it
+            raise ValueError(f"count {counted} is negative")
         return ShardCheckpoint(
             parse_id(last) if last is not None else None,
             intent,
-            int(count or 0),
+            counted,
             None if gap is None else gap.decode(),
         )
     except Exception as exc:  # ValueError, UnicodeDecodeError, ConfigError of parse_id

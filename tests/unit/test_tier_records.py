@@ -103,6 +103,9 @@ def test_source_options_repr_hides_the_redis_password() -> None:
         ({"0": b"5-0", "0:pending": b"1-0 2-0"}, "ValueError"),
         ({"0": b"5-0", "0:pending": b"1-0 x 3"}, "not a stream entry ID"),
         ({"0:count": b"many"}, "ValueError"),
+        ({"0:count": b"-5"}, "count -5 is negative"),
+        ({"0": b"5-0", "0:pending": b"6-0 9-0 -3"}, "no range of entries"),
+        ({"0": b"5-0", "0:pending": b"9-0 6-0 3"}, "no range of entries"),
         ({"0:gap": b"\xff"}, "UnicodeDecodeError"),
     ],
 )
