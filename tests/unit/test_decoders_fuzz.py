@@ -48,7 +48,7 @@ from eventbus.protocol.codec import (
     decode_entry,
     encode_entry,
 )
-from eventbus.protocol.dead_letters import DeadLetter
+from eventbus.protocol.dead_letters import DeadLetter, parked_resources
 from eventbus.protocol.dictionaries import (
     CACHE,
     BadDictionary,
@@ -402,6 +402,11 @@ class Property:
             sys.setrecursionlimit(limit)
 
 
+def _parked(raw: dict[bytes, bytes]) -> None:
+    parked = parked_resources(raw, "parked")
+    assert all(isinstance(k, str) and isinstance(v, str) for k, v in parked.items())
+
+
 def _decode_entry(fields: dict[bytes, bytes]) -> None:
     decompressed_size(fields.get(F_DATA, b""))
     env = decode_entry(fields, max_bytes=1 << 16)
@@ -556,6 +561,12 @@ PROPERTIES: dict[str, Property] = {
             (CorruptCheckpoint,),
         ),
         Property("dead-letter", fields_maps, _dead_letter, ()),
+        Property(
+            "parked-hash",
+            st.dictionaries(st.binary(max_size=40), st.binary(max_size=40), max_size=8),
+            _parked,
+            (),
+        ),
         Property("cli-rendering", st.one_of(entry_fields(), entry_fields(True)), _rendered, ()),
         Property("typed-columns", st.one_of(entry_fields(), entry_fields(True)), _typed, ()),
     ]
