@@ -64,15 +64,44 @@ end
 -- "<since>:<n>": after a FLUSHALL the counter starts again, the era does not come back
 local epoch = since .. ':' .. tostring(n or 0)
 
+-- HMGET of `fields` of the lock hash in chunks (Lua's unpack has a limit): their values, false
+-- where absent. A role without HMGET (docs/security.md before it was added) reads them one by
+-- one: the same values, one command each.
+local CHUNK = 1000
+local function hget_many(fields)
+  local values = {}
+  for from = 1, #fields, CHUNK do
+    local to = math.min(from + CHUNK - 1, #fields)
+    local got = redis.pcall('HMGET', locks, unpack(fields, from, to))
+    if got.err then
+      for j = from, to do values[j] = redis.call('HGET', locks, fields[j]) end
+    else
+      for j = 1, #got do values[from + j - 1] = got[j] end
+    end
+  end
+  return values
+end
+
+-- {shard, token, 0} for each of `shards` (strings) whose lock the caller holds, in their order
+local function held_of(shards, owners)
+  local mine = {}
+  for j, shard in ipairs(shards) do
+    if owners[j] == me then mine[#mine + 1] = shard end
+  end
+  local token_fields = {}
+  for j, shard in ipairs(mine) do token_fields[j] = shard .. ':token' end
+  local tokens = hget_many(token_fields)
+  local out = {}
+  for j, shard in ipairs(mine) do out[j] = {tonumber(shard), tonumber(tokens[j] or 0), 0} end
+  return out
+end
+
 local held = {}
 local share = -1
 if known_epoch == epoch then
-  for i = 6, 5 + n_held do
-    local shard = ARGV[i]
-    if redis.call('HGET', locks, shard) == me then
-      held[#held + 1] = {tonumber(shard), tonumber(redis.call('HGET', locks, shard .. ':token') or 0), 0}
-    end
-  end
+  local listed = {}
+  for i = 6, 5 + n_held do listed[#listed + 1] = ARGV[i] end
+  held = held_of(listed, hget_many(listed))
 else
   local live = redis.call('ZCARD', members)
   share = math.floor(shard_count / live)
@@ -88,25 +117,30 @@ else
       if before < shard_count % live then share = share + 1 end
     end
   end
-  local count = 0
-  local free = {}
+  local candidates = {}
   local start = ARGV[6 + n_held]
-  local first, last = 7 + n_held, #ARGV
   if start ~= '' then
     start = tonumber(start)
-    first, last = 0, shard_count - 1
+    for i = 0, shard_count - 1 do candidates[#candidates + 1] = tostring((start + i) % shard_count) end
+  else
+    for i = 7 + n_held, #ARGV do candidates[#candidates + 1] = ARGV[i] end
   end
-  for i = first, last do
-    local shard
-    if start ~= '' then shard = tostring((start + i) % shard_count) else shard = ARGV[i] end
-    local owner = redis.call('HGET', locks, shard)
-    if owner == me then
-      count = count + 1
-      held[#held + 1] = {tonumber(shard), tonumber(redis.call('HGET', locks, shard .. ':token') or 0), 0}
-    elseif not owner then
+  local owners = hget_many(candidates)
+  held = held_of(candidates, owners)
+  local count = #held
+  local free = {}
+  local live_owner = {}  -- owner -> whether it is a live member (ZSCORE once per owner)
+  for j, shard in ipairs(candidates) do
+    local owner = owners[j]
+    if not owner then
       free[#free + 1] = {shard, 1}
-    elseif not redis.call('ZSCORE', members, owner) then  -- expired members were removed above
-      free[#free + 1] = {shard, 2}
+    elseif owner ~= me then
+      local is_live = live_owner[owner]
+      if is_live == nil then
+        is_live = redis.call('ZSCORE', members, owner) ~= false  -- expired ones were removed above
+        live_owner[owner] = is_live
+      end
+      if not is_live then free[#free + 1] = {shard, 2} end
     end
   end
 

@@ -85,3 +85,40 @@ async def test_a_role_without_zrange_gets_the_ceiling_share_instead_of_failing(
     finally:
         await user.aclose()
         await r.execute_command("ACL", "DELUSER", "locker")
+
+
+async def _calls(r: redis.asyncio.Redis, command: str) -> int:
+    return int((await r.info("commandstats")).get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+@pytest.mark.parametrize("hmget", [True, False])
+async def test_lock_rounds_read_the_lock_hash_in_one_hmget_or_one_by_one_without_it(
+    r: redis.asyncio.Redis, redis_db: str, hmget: bool
+) -> None:
+    # a scan reads every candidate's owner, a steady round the listed shards' owners and
+    # tokens: with HMGET a command per 1,000 fields instead of one per field; a role made
+    # before the scripts used HMGET reads them one by one, with the same grants
+    await r.execute_command("SCRIPT", "FLUSH")
+    rules = _LOCK_RULES + " +zrange" + (" +hmget" if hmget else "")
+    await r.execute_command(
+        "ACL", "SETUSER", "locker", "on", ">pw", "resetkeys", "-@all", "+ping", "+time",
+        "+script|load", f"({rules})",
+    )  # fmt: skip
+    user = redis.asyncio.Redis.from_url(redis_db, username="locker", password="pw")
+    try:
+        scripts = Scripts.register(user)
+        hmgets, hgets = await _calls(r, "hmget"), await _calls(r, "hget")
+        scanned = await LockScriptCases.lock(scripts, "a", 2_500)  # 3 chunks of candidates
+        epoch = await LockScriptCases.epoch(r)
+        _, steady = await LockScriptCases.round_at(scripts, "a", 2_500, epoch, list(range(2_500)))
+        hmgets, hgets = await _calls(r, "hmget") - hmgets, await _calls(r, "hget") - hgets
+    finally:
+        await user.aclose()
+        await r.execute_command("ACL", "DELUSER", "locker")
+
+    assert scanned.locks == {s: (1, 1) for s in range(2_500)}
+    assert steady.locks == {s: (1, 0) for s in range(2_500)}
+    if hmget:  # the scan: 3 owners + 0 tokens (none held); the round: 3 owners + 3 tokens
+        assert (hmgets, hgets) == (9, 6)  # (the epoch's n and since: 2 rounds and `epoch`)
+    else:
+        assert hmgets == 0 and hgets == 2_500 + 2 * 2_500 + 6
