@@ -5,12 +5,21 @@ waits for a chain of handlers."""
 
 from __future__ import annotations
 
+import hashlib
+
 import anyio
 import pytest
 from pydantic import BaseModel
 
 from eventbus import Context, EventBus
-from eventbus.testing import memory_redis, running, unblock_reads_at_stop
+from eventbus.locking import scripts
+from eventbus.testing import (
+    LOCK_SCRIPTS,
+    load_lock_scripts,
+    memory_redis,
+    running,
+    unblock_reads_at_stop,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -107,3 +116,13 @@ async def test_entries_left_at_the_stop_are_handled_once_by_the_next_run() -> No
         await again.drain()
 
     assert sorted(seen) == list(range(60))  # none lost, none handled twice
+
+
+async def test_the_lock_scripts_are_loaded_into_a_fresh_server_at_once() -> None:
+    r = memory_redis()
+    shas = [hashlib.sha1(scripts.source(n).encode()).hexdigest() for n in LOCK_SCRIPTS]
+    assert await r.script_exists(*shas) == [False] * len(shas)
+
+    await load_lock_scripts(r)
+
+    assert await r.script_exists(*shas) == [True] * len(shas)
