@@ -60,8 +60,9 @@ from eventbus.testing.recording import (
 
 
 def memory_redis() -> Any:
-    """A fresh fakeredis asyncio client with Lua scripting. Raises `ConfigError` saying what to
-    install when the ``testing`` extra (fakeredis with lupa) is missing."""
+    """A fresh fakeredis asyncio client with Lua scripting, whose blocking ``XREADGROUP`` waits
+    for an entry as Redis's does (`eventbus.testing.blocking_reads`). Raises `ConfigError` saying
+    what to install when the ``testing`` extra (fakeredis with lupa) is missing."""
     try:
         import fakeredis
         import lupa  # noqa: F401  # fakeredis runs the Lua scripts with it
@@ -262,8 +263,9 @@ async def running(
     exist. On exit the subscribers shut down gracefully, as in production, and the block waits
     for them.
 
-    :param redis: where to run: nothing for a fresh in-memory Redis (`memory_redis`; blocking
-        reads are then capped at 50 ms so that the subscribers stop quickly), a Redis URL (a
+    :param redis: where to run: nothing for a fresh in-memory Redis (`memory_redis`, with the
+        lock scripts loaded and the test bus's `MEMORY_SETTINGS`; at the stop the subscribers'
+        blocking reads are ended at once: `unblock_reads_at_stop`), a Redis URL (a
         real server: it is connected like `EventBus` connects, and closed at the end), or a
         client (e.g. ``bus.redis``: the bus's own connection, left open). Afterwards the bus is
         as it was (its own connection and settings): it can be run again, or entered.
