@@ -58,10 +58,10 @@ class ResourceQueues:
         self._queues: dict[Key, deque[Item]] = {}
         self._ready: deque[Key] = deque()
         self._idle: deque[asyncio.Future[None]] = deque()  # one future per idle worker
-        self._spawn: Callable[[], None] | None = None  # starts one more worker
+        self._spawn: Callable[[], object] | None = None  # starts one more worker
         self._room = 0  # workers that may still be started
 
-    def start_workers(self, spawn: Callable[[], None], most: int) -> None:
+    def start_workers(self, spawn: Callable[[], object], most: int) -> None:
         """Have `spawn()` start a worker (a task running `worker`) whenever a resource becomes
         ready and no idle worker takes it, `most` times at most (none is started before)."""
         self._spawn, self._room = spawn, most

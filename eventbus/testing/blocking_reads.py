@@ -20,17 +20,25 @@ from typing import Any
 @functools.cache
 def blocking_reads_connection() -> type[Any]:
     """A fakeredis asyncio connection class whose socket blocks empty ``XREADGROUP`` reads
-    (see the module docstring); the same class at every call."""
+    (see the module docstring); the same class at every call. On a fakeredis whose socket is
+    not where 2.x keeps it, fakeredis's own connection class (reads as fakeredis answers them:
+    correct, only busier)."""
     from fakeredis import FakeAsyncRedisConnection
-    from fakeredis._socket import AsyncFakeSocket  # the socket class fakeredis connects with
 
-    class BlockingReadsSocket(AsyncFakeSocket):  # type: ignore[misc]
+    try:  # the socket class fakeredis 2.x connects with (not public API)
+        from fakeredis._socket import AsyncFakeSocket
+    except ImportError:
+        return FakeAsyncRedisConnection
+    if not hasattr(AsyncFakeSocket, "_xreadgroup"):
+        return FakeAsyncRedisConnection
+
+    class BlockingReadsSocket(AsyncFakeSocket):
         def _xreadgroup(self, *args: Any, **kwargs: Any) -> Any:
             # None keeps a blocking read waiting (fakeredis's `_blocking`); an empty answer
             # ended it
             return super()._xreadgroup(*args, **kwargs) or None
 
-    class BlockingReadsConnection(FakeAsyncRedisConnection):  # type: ignore[misc]
+    class BlockingReadsConnection(FakeAsyncRedisConnection):
         async def _connect(self) -> None:
             await super()._connect()
             if self._sock is not None and type(self._sock) is AsyncFakeSocket:

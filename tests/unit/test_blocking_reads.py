@@ -4,6 +4,8 @@ at once what it can answer, and ``CLIENT UNBLOCK`` ends it empty."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 import pytest
 
@@ -12,14 +14,14 @@ from eventbus.testing import memory_redis
 pytestmark = pytest.mark.anyio
 
 
-async def _read(r: object, streams: dict[str, str], got: list[object], block: int) -> None:
-    got.append(await r.xreadgroup("g", "c", streams, count=10, block=block))  # type: ignore[attr-defined]
+async def _read(r: Any, streams: dict[str, str], got: list[Any], block: int) -> None:
+    got.append(await r.xreadgroup("g", "c", streams, count=10, block=block))
 
 
 async def test_a_read_with_count_waits_for_the_entry_added_after_it() -> None:
     r = memory_redis()
     await r.xgroup_create("s", "g", id="0", mkstream=True)
-    got: list[object] = []
+    got: list[Any] = []
     async with anyio.create_task_group() as tg:
         tg.start_soon(_read, r, {"s": ">"}, got, 0)  # BLOCK 0: until an entry comes
         await anyio.wait_all_tasks_blocked()
@@ -45,7 +47,7 @@ async def test_a_read_with_something_to_answer_answers_at_once() -> None:
 async def test_client_unblock_ends_a_waiting_read_empty() -> None:
     r = memory_redis()
     await r.xgroup_create("s", "g", id="0", mkstream=True)
-    got: list[object] = []
+    got: list[Any] = []
     with anyio.fail_after(10):  # (a hang guard: without the unblock the read waits for ever)
         async with anyio.create_task_group() as tg:
             tg.start_soon(_read, r, {"s": ">"}, got, 0)
