@@ -208,8 +208,9 @@ class BroadcastConsumer:
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self.handling.watchdog.run)
-                for _ in range(self.settings.concurrency):
-                    tg.start_soon(self._worker, tg)
+                self.queues.start_workers(
+                    lambda: tg.start_soon(self._worker, tg), self.settings.concurrency
+                )
                 async with anyio.create_task_group() as readers:
                     readers.start_soon(self._cancel_reads_on, stop, readers.cancel_scope)
                     for streams in reads:

@@ -152,8 +152,9 @@ class Consumer:
                 )
                 tg.start_soon(pipe.acks.loop)
                 tg.start_soon(pipe.handling.watchdog.run)
-                for _ in range(settings.concurrency):
-                    tg.start_soon(pipe.worker, tg)
+                pipe.queues.start_workers(
+                    lambda: tg.start_soon(pipe.worker, tg), settings.concurrency
+                )
                 tg.start_soon(pipe.stop_starting, stop)
                 await read_loop(pipe, own, self.registry, stop)
                 await pipe.acks.drain(settings.shutdown_grace_s, pipe.handling.watchdog.running)

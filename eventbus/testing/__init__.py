@@ -43,6 +43,7 @@ from pydantic import BaseModel
 from eventbus.app import EventBus
 from eventbus.dlq import DeadLetter
 from eventbus.errors import ConfigError
+from eventbus.locking import scripts
 from eventbus.locking.member import AsyncRedis
 from eventbus.protocol.keys import Keys
 from eventbus.testing.drain import Watch, behind, memory_streams, redis_streams
@@ -59,8 +60,9 @@ from eventbus.testing.recording import (
 
 
 def memory_redis() -> Any:
-    """A fresh fakeredis asyncio client with Lua scripting. Raises `ConfigError` saying what to
-    install when the ``testing`` extra (fakeredis with lupa) is missing."""
+    """A fresh fakeredis asyncio client with Lua scripting, whose blocking ``XREADGROUP`` waits
+    for an entry as Redis's does (`eventbus.testing.blocking_reads`). Raises `ConfigError` saying
+    what to install when the ``testing`` extra (fakeredis with lupa) is missing."""
     try:
         import fakeredis
         import lupa  # noqa: F401  # fakeredis runs the Lua scripts with it
@@ -70,7 +72,12 @@ def memory_redis() -> Any:
             "pip install 'eventbus[testing]'"
         ) from None
 
-    return fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(version=(7, 0)))
+    from eventbus.testing.blocking_reads import blocking_reads_connection
+
+    return fakeredis.FakeAsyncRedis(
+        server=fakeredis.FakeServer(version=(7, 0)),
+        connection_class=blocking_reads_connection(),
+    )
 
 
 class TestBus:
@@ -91,6 +98,7 @@ class TestBus:
         self._memory = memory_streams(self.redis)  # None: ask Redis
         self._watch_list: list[Watch] | None = None
         self._watched_consumers = 0
+        self._last_behind: Watch | None = None  # the stream found behind by the last check
 
     def events(self, topic: str | None = None) -> list[Any]:
         """The events handlers returned from without error (of `topic`, if given)."""
@@ -148,19 +156,31 @@ class TestBus:
         """
         try:
             with anyio.fail_after(within_s):
-                while await self._behind():
+                while await self._behind(first=True):
                     self.raise_failures()
                     await anyio.sleep(0.002)
         except TimeoutError:
             raise TimeoutError(f"not drained after {within_s} s: {await self._behind()}") from None
         self.raise_failures()
 
-    async def _behind(self) -> list[str]:
-        """Why the bus is not drained yet (empty: drained)."""
+    async def _behind(self, *, first: bool = False) -> list[str]:
+        """Why the bus is not drained yet (empty: drained). With `first`, the stream found
+        behind last time is read first, alone, and if it still is, that is the answer: a drain
+        that waits reads one stream per check, not all of them."""
         flying = [f"{c.group}: {c.in_flight} in flight" for c in self.bus.consumers if c.in_flight]
         if flying:  # known in process: no need to ask Redis yet
             return flying
         watches = self._watches()
+        last = self._last_behind
+        if first and last is not None and last in watches:
+            reasons = await self._read_behind([last])
+            if reasons:
+                return reasons
+        reasons = await self._read_behind(watches)
+        self._last_behind = next((w for w in watches if w.stream == _stream_of(reasons)), None)
+        return reasons
+
+    async def _read_behind(self, watches: list[Watch]) -> list[str]:
         if self._memory is not None:
             try:
                 return behind(watches, self._memory(watches))
@@ -185,6 +205,52 @@ class TestBus:
         return self._watch_list
 
 
+MEMORY_SETTINGS: dict[str, Any] = {"block_max_ms": 50, "lock_interval_ms": 1000}
+"""The settings `running` gives a bus on its in-memory Redis (the bus's own are restored after).
+Blocking reads end within 50 ms (and at the stop at once: `unblock_reads_at_stop`). One lock
+round a second rather than ten: each consumer is alone in its group on a server of its own, so
+a round after the first one only confirms its locks (each costs ~3 ms of Lua in fakeredis), and
+another instance run on the same server still gets its share within a second."""
+
+LOCK_SCRIPTS = [
+    f"{p}{n}" for p in ("", "verse_") for n in ("lock_shards", "unlock_shards", "heartbeat")
+]
+"""The scripts every consumer runs (eventbus's and the Verse profile's: `Scripts.register`)."""
+
+
+async def load_lock_scripts(redis: AsyncRedis) -> None:
+    """``SCRIPT LOAD`` the `LOCK_SCRIPTS` into a fresh server, in one round trip: else each
+    consumer's first call of each one is answered NOSCRIPT, and loads it, and calls it again
+    (30 more round trips for 5 subscribers)."""
+    pipe = redis.pipeline(transaction=False)
+    for name in LOCK_SCRIPTS:
+        pipe.script_load(scripts.source(name))
+    await pipe.execute()
+
+
+UNBLOCK_EVERY_S = 0.01
+"""How often `unblock_reads_at_stop` looks again for reads blocked since its last look."""
+
+
+async def unblock_reads_at_stop(redis: AsyncRedis, stop: anyio.Event, done: anyio.Event) -> None:
+    """Once `stop` is set, end every blocking read on `redis` (``CLIENT UNBLOCK ... TIMEOUT``:
+    the read returns empty, as when its BLOCK runs out), again every `UNBLOCK_EVERY_S` seconds
+    until `done` is set, so that the consumers see the stop at once rather than after their
+    BLOCK. Only for a server the test bus owns (in memory): on a shared server it would end
+    other clients' reads too."""
+    await stop.wait()
+    while not done.is_set():
+        for client in await redis.client_list():
+            await redis.client_unblock(int(client["id"]))
+        with anyio.move_on_after(UNBLOCK_EVERY_S):
+            await done.wait()
+
+
+def _stream_of(reasons: list[str]) -> str | None:
+    """The stream the first reason of `behind` names (``"<stream> group <g>"``...)."""
+    return reasons[0].partition(" ")[0] if reasons else None
+
+
 @contextlib.asynccontextmanager
 async def running(
     bus: EventBus,
@@ -197,8 +263,9 @@ async def running(
     exist. On exit the subscribers shut down gracefully, as in production, and the block waits
     for them.
 
-    :param redis: where to run: nothing for a fresh in-memory Redis (`memory_redis`; blocking
-        reads are then capped at 50 ms so that the subscribers stop quickly), a Redis URL (a
+    :param redis: where to run: nothing for a fresh in-memory Redis (`memory_redis`, with the
+        lock scripts loaded and the test bus's `MEMORY_SETTINGS`; at the stop the subscribers'
+        blocking reads are ended at once: `unblock_reads_at_stop`), a Redis URL (a
         real server: it is connected like `EventBus` connects, and closed at the end), or a
         client (e.g. ``bus.redis``: the bus's own connection, left open). Afterwards the bus is
         as it was (its own connection and settings): it can be run again, or entered.
@@ -214,7 +281,7 @@ async def running(
         bus.settings = bus.settings.model_copy(update={"key_prefix": key_prefix})
         bus.keys = Keys(key_prefix, bus.settings.hashtag)
     if redis is None:
-        bus.settings = bus.settings.model_copy(update={"block_max_ms": 50})
+        bus.settings = bus.settings.model_copy(update=MEMORY_SETTINGS)
         bus._open_session(memory_redis(), owned=False)  # nothing to close: kept for `tb.redis`
     elif isinstance(redis, str):
         bus.settings = bus.settings.model_copy(update={"redis_url": redis})
@@ -238,6 +305,9 @@ async def running(
 
     try:
         async with bus, anyio.create_task_group() as tg:
+            if redis is None and bus.subscriptions:  # our own server: no one else's reads
+                await load_lock_scripts(tb.redis)
+                tg.start_soon(unblock_reads_at_stop, tb.redis, stop, tb.done)
             if bus.subscriptions:
                 # returns once every subscriber reads: events published from now on reach them
                 # (or raises what the run raised)

@@ -272,3 +272,52 @@ async def test_a_ready_resource_wakes_one_idle_worker_not_every_idle_worker(
         finally:
             del loop.call_soon
     assert len(woken) == expected
+
+
+async def test_workers_start_on_demand_up_to_the_most_allowed() -> None:
+    """No worker before a resource is ready; one more for each resource that becomes ready with
+    none idle, never more than `most`; a resource past them waits for a busy one; an idle one
+    takes the next resource rather than a new one starting."""
+    stopped = anyio.Event()
+    watchdog = Watchdog(None)
+    release = anyio.Event()
+    started: list[int] = []
+    running: list[str] = []
+    done: list[str] = []
+
+    async def run(queue: deque[Item], slot: Slot) -> float | None:
+        while queue:
+            running.append(label(queue[0]))
+            await release.wait()
+            done.append(label(queue.popleft()))
+        return None
+
+    async with anyio.create_task_group() as tg:
+
+        async def worker() -> None:
+            await queues.worker(run, watchdog.slot(), tg, stopped)
+
+        def spawn() -> None:
+            started.append(len(started))
+            tg.start_soon(worker)
+
+        queues = ResourceQueues(lambda h, n: None)
+        queues.start_workers(spawn, 2)
+        await anyio.wait_all_tasks_blocked()
+        assert started == []  # nothing to run yet
+
+        queues.dispatch(HELD, items(HELD, ("a", 1), ("b", 2), ("c", 3)))
+        await anyio.wait_all_tasks_blocked()
+        assert len(started) == 2  # the most: c waits for one of them
+        assert sorted(running) == ["a1", "b2"]
+
+        release.set()
+        with anyio.fail_after(5):
+            while len(done) < 3:
+                await anyio.wait_all_tasks_blocked()
+        queues.dispatch(HELD, items(HELD, ("d", 4)))  # both idle now: one of them takes it
+        await anyio.wait_all_tasks_blocked()
+        tg.cancel_scope.cancel()
+
+    assert len(started) == 2
+    assert sorted(done) == ["a1", "b2", "c3", "d4"]
