@@ -199,7 +199,9 @@ def iter_shard(
             executor.shutdown(wait=True, cancel_futures=True)
 
 
-def merge_batches(shards: Sequence[Iterator[EntryBatch]]) -> Iterator[list[ArchivedEntry]]:
+def merge_batches(
+    shards: Sequence[Iterator[EntryBatch]], *, chunk: int | None = None
+) -> Iterator[list[ArchivedEntry]]:
     """Merge the batch streams of `shards` (each in entry-ID order, no batch empty) into one
     entry-ID order, ties between shards broken by their place in `shards` (shard index, as
     `iter_topic` lists them), as lists of entries.
@@ -209,17 +211,24 @@ def merge_batches(shards: Sequence[Iterator[EntryBatch]]) -> Iterator[list[Archi
     in any shard), and hands on every current row up to it (found by bisecting each batch's ID
     columns), made entries and ordered by an Arrow ``sort_indices`` on the ID columns; a shard
     whose rows up to the horizon are the only ones goes on whole, unsorted (a shard behind the
-    others, or the last one left). A shard whose batch is consumed moves on to its next. Rows
-    become Python objects only when handed on."""
+    others, or the last one left). A shard whose batch is consumed moves on to its next.
+
+    Rows become Python objects when first handed on, a chunk of a batch at a time (`_Cursor.
+    take`: made once per chunk, not per round, which cut a chunk into several pieces and made
+    each apart, twice the merge's cost), so a merge holds at most about ``16 * BATCH_ROWS``
+    made entries across shards, whatever their number (`chunk` rows: by default 1,024 to
+    `BATCH_ROWS`, less the more shards)."""
     cursors: list[_Cursor] = []
+    if chunk is None:
+        chunk = max(1024, min(BATCH_ROWS, BATCH_ROWS * 16 // max(1, len(shards))))
     for rank, it in enumerate(shards):
         batch = next(it, None)
         if batch is not None:
-            cursors.append(_Cursor(rank, it, batch))
+            cursors.append(_Cursor(rank, it, batch, chunk))
     while cursors:
         if len(cursors) == 1:
             (c,) = cursors
-            yield c.batch.entries(c.pos)
+            yield c.take(c.pos, c.batch.n)
             for batch in c.rest:
                 yield batch.entries()
             return
@@ -231,7 +240,7 @@ def merge_batches(shards: Sequence[Iterator[EntryBatch]]) -> Iterator[list[Archi
                 parts.append((c, c.pos, cut))
         if len(parts) == 1:
             c, start, cut = parts[0]
-            yield c.batch.entries(start, cut)
+            yield c.take(start, cut)
         else:
             yield _sorted(parts)
         for c, _, cut in parts:
@@ -240,19 +249,37 @@ def merge_batches(shards: Sequence[Iterator[EntryBatch]]) -> Iterator[list[Archi
 
 
 class _Cursor:
-    """A shard's place in `merge_batches`: its current batch and the next entry in it."""
+    """A shard's place in `merge_batches`: its current batch, the next entry in it, and the
+    entries made of its rows ``made_at:made_at + len(made)`` (`take`; `chunk` rows at most)."""
 
-    __slots__ = ("batch", "pos", "rank", "rest")
+    __slots__ = ("batch", "chunk", "made", "made_at", "pos", "rank", "rest")
 
-    def __init__(self, rank: int, rest: Iterator[EntryBatch], batch: EntryBatch) -> None:
-        self.rank, self.rest, self.batch, self.pos = rank, rest, batch, 0
+    def __init__(
+        self, rank: int, rest: Iterator[EntryBatch], batch: EntryBatch, chunk: int
+    ) -> None:
+        self.rank, self.rest, self.batch, self.pos, self.chunk = rank, rest, batch, 0, chunk
+        self.made: list[ArchivedEntry] = []
+        self.made_at = 0
+
+    def take(self, start: int, cut: int) -> list[ArchivedEntry]:
+        """The entries of rows ``start:cut`` of the batch, made `chunk` rows at a time, each
+        chunk once (rows are taken in order)."""
+        out: list[ArchivedEntry] = []
+        while start < cut:
+            if not self.made_at <= start < self.made_at + len(self.made):
+                self.made_at = start
+                self.made = self.batch.entries(start, min(self.batch.n, start + self.chunk))
+            end = min(cut, self.made_at + len(self.made))
+            out += self.made[start - self.made_at : end - self.made_at]
+            start = end
+        return out
 
     def advance(self) -> bool:
         """Move on to the shard's next batch; False when it has none."""
         batch = next(self.rest, None)
         if batch is None:
             return False
-        self.batch, self.pos = batch, 0
+        self.batch, self.pos, self.made, self.made_at = batch, 0, [], 0
         return True
 
 
@@ -262,7 +289,7 @@ def _sorted(parts: list[tuple[_Cursor, int, int]]) -> list[ArchivedEntry]:
     ms, seq, rank = [], [], []
     for c, start, cut in parts:
         n = cut - start
-        entries += c.batch.entries(start, cut)
+        entries += c.take(start, cut)
         ms.append(c.batch.ms.slice(start, n))
         seq.append(c.batch.seq.slice(start, n))
         rank.append(pa.repeat(c.rank, n).cast(pa.int32()))

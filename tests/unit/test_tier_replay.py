@@ -89,7 +89,8 @@ def test_interleaved_shards_merge_in_entry_id_order_ties_by_shard(small_batches:
 
 def test_merge_batches_on_random_cuts_equals_a_sort() -> None:
     """Whatever the batch sizes, and with one shard entirely before the others (handed on whole)
-    or one left alone at the end, the merge gives the sorted order."""
+    or one left alone at the end, and whatever the chunks its entries are made by, the merge
+    gives the sorted order."""
     rng = random.Random(11)
     for _ in range(50):
         shards = rng.randrange(1, 6)
@@ -110,7 +111,12 @@ def test_merge_batches_on_random_cuts_equals_a_sort() -> None:
                 i += n
 
         merged = [
-            e for b in merge_batches([batches(s, ids) for s, ids in enumerate(streams)]) for e in b
+            e
+            for b in merge_batches(
+                [batches(s, ids) for s, ids in enumerate(streams)],
+                chunk=rng.choice([None, 1, 2, 5]),
+            )
+            for e in b
         ]
         assert ids_of(merged) == sorted((i, s) for s, ids in enumerate(streams) for i in ids)
 
