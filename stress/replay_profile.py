@@ -10,7 +10,8 @@
 ``bench_live`` (16 shards) and offloads ``bench`` to the folder (typed columns, as the flights
 job; Redis keeps the emptied streams and the offloader's checkpoints, which catch-up reads).
 ``raw`` / ``typed`` time one pass of `iter_topic` / `iter_events` after a warm-up pass and
-print events/s as JSON; ``catchup`` times `catch_up` of a new group at ``0`` (behind the
+print events/s and the process's CPU time per event (steadier than wall time on a shared
+machine) as JSON; ``catchup`` times `catch_up` of a new group at ``0`` (behind the
 archive) into a no-op batch subscriber (``max_batch=500``), then the live batch consumer on
 ``bench_live``, as `stress/tier_bench.py` does. Run it under another tree's ``eventbus`` with
 ``PYTHONPATH`` for an A/B (the same store, alternated runs).
@@ -69,14 +70,15 @@ def replay(folder: str, what: str) -> dict[str, object]:
         return sum(1 for _ in iter_events(store, "bench", [Flight]))
 
     one()  # warm-up: the page cache, imports, adapters
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     n = one()
-    seconds = time.perf_counter() - started
+    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
     return {
         "what": what,
         "events": n,
         "seconds": round(seconds, 3),
         "events_per_s": round(n / seconds),
+        "cpu_us_per_event": round(cpu / n * 1e6, 2),
     }
 
 
@@ -85,13 +87,18 @@ async def catchup(folder: str, n: int) -> dict[str, object]:
     redis = os.environ["REDIS_URL"]
     store = open_store(folder)
     tag = uuid.uuid4().hex[:6]
+    cpu = time.process_time()
     caught, handled = await batch_rate(redis, SHARDS, "bench", f"c{tag}", n, [Flight], store)
+    cpu_caught, cpu = time.process_time() - cpu, time.process_time()
     live, _ = await batch_rate(redis, SHARDS, "bench_live", f"l{tag}", n, [Flight])
+    cpu_live = time.process_time() - cpu
     return {
         "what": "catchup",
         "events_per_s": round(caught),
         "live_batch_events_per_s": round(live),
         "ratio_live_batch": round(caught / live, 3),
+        "cpu_us_per_event": round(cpu_caught / handled * 1e6, 2),
+        "live_cpu_us_per_event": round(cpu_live / n * 1e6, 2),
         "handled": handled,
     }
 

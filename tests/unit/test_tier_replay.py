@@ -280,3 +280,26 @@ def test_typed_replay_decodes_a_batch_as_each_entry_decodes_and_names_a_corrupt_
     assert [ev.event for ev in events] == [Tick(seq=k) for k in (0, 1, 2, 3, 5)]
     assert all(ev.envelope == ev.entry.envelope() for ev in events)
     assert [ev.envelope.headers for ev in events][:2] == [{}, {"h": "1"}]
+
+
+def test_stream_entries_are_each_entry_id_and_fields_as_the_stream_held_them() -> None:
+    """What catch-up hands the handling path: each row's ID and field map, the same as its
+    `ArchivedEntry` gives, entries without a resource ID or type (not decoded) included."""
+    ids = [EntryId(5, 0), EntryId(5, 1), EntryId(1_700_000_000_123, 42), EntryId(1 << 40, 7)]
+    rows = [
+        (ids[0], fields(1)),
+        (ids[1], {b"data": b"\x00not an envelope"}),  # no rid, no type
+        (ids[2], fields(3, rid="é-unicode", headers={"h": "v"})),
+        (ids[3], {b"data": b"raw", b"type": b"T"}),  # a type, no rid
+    ]
+    table = pa.Table.from_arrays(entry_arrays(TOPIC, 2, rows), schema=SCHEMA)
+    for batch in (EntryBatch(table, TOPIC, 2, "seg"), EntryBatch(table.slice(0, 0), TOPIC, 2, "s")):
+        entries = batch.entries()
+        assert batch.stream_entries() == (
+            [str(e.entry_id).encode() for e in entries],
+            [e.fields() for e in entries],
+        )
+    assert EntryBatch(table, TOPIC, 2, "seg").stream_entries()[0][2] == b"1700000000123-42"
+    nulls = EntryBatch(table, TOPIC, 2, "seg").stream_entries()[1]
+    assert nulls[1] == {b"data": b"\x00not an envelope"}
+    assert nulls[3] == {b"data": b"raw", b"type": b"T"}
