@@ -3,6 +3,7 @@
     REDIS_URL=redis://127.0.0.1:6399/0 python stress/replay_profile.py build /tmp/store 336776
     python stress/replay_profile.py raw /tmp/store            # iter_topic, merged
     python stress/replay_profile.py typed /tmp/store          # iter_events (Flight)
+    python stress/replay_profile.py stages /tmp/store         # CPU µs/event per stage
     REDIS_URL=... python stress/replay_profile.py catchup /tmp/store   # + the live batch rate
     py-spy record -r 200 -o flame.svg -- python stress/replay_profile.py raw /tmp/store
 
@@ -20,12 +21,15 @@ archive) into a no-op batch subscriber (``max_batch=500``), then the live batch 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from statistics import median
 
 import anyio
 
@@ -34,8 +38,13 @@ sys.path.insert(1, str(Path(__file__).resolve().parent))  # tier_bench, after PY
 from tier_bench import batch_rate, warm_up
 
 from eventbus import EventBus, Settings
+from eventbus.protocol.codec import event_type_of
 from eventbus.tier import TierSettings, iter_events, iter_topic, open_store
+from eventbus.tier.archived import ArchivedEntry, EntryBatch, ReplayFilter, open_batches
+from eventbus.tier.layout import SegmentRef
 from eventbus.tier.offloader import offload_until_caught_up
+from eventbus.tier.replay import BATCH_ROWS, _Decoder, merge_batches, plan
+from eventbus.tier.store import get_bytes_sync
 from examples.flights.flightdata import Flight, load_flights
 
 SHARDS = 16
@@ -82,6 +91,47 @@ def replay(folder: str, what: str) -> dict[str, object]:
     }
 
 
+def stages(folder: str, reps: int = 3) -> dict[str, object]:
+    """CPU µs per event of replay's stages, one thread, nothing held across batches (as a
+    streaming reader): each stage also does the ones before it; medians of `reps` runs."""
+    warm_up()
+    store = open_store(folder)
+    planned = sorted(plan(store, "bench").items())
+    decoder = _Decoder({event_type_of(Flight): Flight})
+
+    def batches(refs: list[SegmentRef]) -> Iterator[EntryBatch]:
+        for ref in refs:
+            data = get_bytes_sync(store, ref.key)
+            yield from open_batches(data, ref, ReplayFilter(), BATCH_ROWS)[1]
+
+    def merged() -> Iterator[list[ArchivedEntry]]:
+        return merge_batches([batches(refs) for _, refs in planned])
+
+    runs: dict[str, Callable[[], int]] = {
+        "decode_verify_rebuild": lambda: sum(b.n for _, r in planned for b in batches(r)),
+        "entries_per_shard": lambda: sum(len(b.entries()) for _, r in planned for b in batches(r)),
+        "entries_merged": lambda: sum(map(len, merged())),
+        "typed_merged": lambda: sum(len(decoder.decode(lst)[0]) for lst in merged()),
+        "catchup_items_per_shard": lambda: sum(
+            len(b.stream_entries()[0]) for _, r in planned for b in batches(r)
+        ),
+    }
+    if not hasattr(EntryBatch, "stream_entries"):  # a tree from before it (an A/B's base)
+        del runs["catchup_items_per_shard"]
+    out: dict[str, list[float]] = {}
+    for _ in range(reps):
+        for name, run in [*runs.items(), *((f"{k}_gc_off", v) for k, v in runs.items())]:
+            paused = name.endswith("_gc_off")
+            if paused:
+                gc.disable()
+            cpu = time.process_time()
+            n = run()
+            out.setdefault(name, []).append((time.process_time() - cpu) / n * 1e6)
+            if paused:
+                gc.enable()
+    return {"what": "stages_cpu_us_per_event", **{k: round(median(v), 2) for k, v in out.items()}}
+
+
 async def catchup(folder: str, n: int) -> dict[str, object]:
     warm_up()
     redis = os.environ["REDIS_URL"]
@@ -107,12 +157,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
-    parser.add_argument("step", choices=["build", "raw", "typed", "catchup"])
+    parser.add_argument("step", choices=["build", "raw", "typed", "catchup", "stages"])
     parser.add_argument("folder", help="the store folder")
     parser.add_argument("events", nargs="?", type=int, default=336776, help="flights")
     args = parser.parse_args()
     if args.step == "build":
         out = anyio.run(build, args.folder, args.events)
+    elif args.step == "stages":
+        out = stages(args.folder)
     elif args.step == "catchup":
         out = anyio.run(catchup, args.folder, args.events)
     else:
