@@ -22,7 +22,9 @@ from eventbus.tier.archived import EntryBatch, ReplayFilter, read_segment
 from eventbus.tier.completeness import check_complete
 from eventbus.tier.errors import CorruptSegment
 from eventbus.tier.layout import segment_key
-from eventbus.tier.replay import iter_events, iter_shard, iter_topic, merge_batches
+from eventbus.tier.merge import merge_batches
+from eventbus.tier.replay import iter_events, iter_shard, iter_topic
+from eventbus.tier.replay_events import decode_event, models_by_type
 from eventbus.tier.segment import SCHEMA, encode_segment, entry_arrays
 from eventbus.tier.store import Store, open_store
 
@@ -280,6 +282,7 @@ def test_typed_replay_decodes_a_batch_as_each_entry_decodes_and_names_a_corrupt_
     assert [ev.event for ev in events] == [Tick(seq=k) for k in (0, 1, 2, 3, 5)]
     assert all(ev.envelope == ev.entry.envelope() for ev in events)
     assert [ev.envelope.headers for ev in events][:2] == [{}, {"h": "1"}]
+    assert events == [decode_event(ev.entry, models_by_type([Tick])) for ev in events]
 
 
 def test_stream_entries_are_each_entry_id_and_fields_as_the_stream_held_them() -> None:
