@@ -7,6 +7,7 @@ those before it. Segments are written with the offloader's own encoder into a me
 from __future__ import annotations
 
 import random
+import uuid
 from collections.abc import Iterator
 
 import obstore
@@ -253,6 +254,11 @@ def test_a_segment_whose_event_id_is_no_uuid_is_corrupt() -> None:
     obstore.put(store, key, sink.getvalue())
     with pytest.raises(CorruptSegment, match="event_id"):
         list(iter_topic(store, TOPIC))
+    rows = bad.combine_chunks()
+    with pytest.raises(CorruptSegment, match="event_id"):  # what typed catch-up reads
+        EntryBatch(rows, TOPIC, 0, key).stream_entries()
+    braces = rows.set_column(8, "event_id", pa.array(["{" + str(uuid.uuid4()) + "}"]))
+    assert len(EntryBatch(braces, TOPIC, 0, key).stream_entries()[0]) == 1  # as uuid.UUID takes
 
 
 def test_typed_replay_decodes_a_batch_as_each_entry_decodes_and_names_a_corrupt_envelope() -> None:
