@@ -29,11 +29,11 @@ def merge_batches(
     whose rows up to the horizon are the only ones goes on whole, unsorted (a shard behind the
     others, or the last one left). A shard whose batch is consumed moves on to its next.
 
-    Rows become Python objects when first handed on, a chunk of a batch at a time (`_Cursor.
-    take`: made once per chunk, not per round, which cut a chunk into several pieces and made
-    each apart, twice the merge's cost), so a merge holds at most about ``16 * CHUNK_ROWS``
-    made entries across shards, whatever their number (`chunk` rows: by default 1,024 to
-    `CHUNK_ROWS`, less the more shards)."""
+    Rows become Python objects when first handed on, a chunk of a batch at a time
+    (`_Cursor.take`), each chunk once however many rounds hand it on in pieces (making each
+    piece apart doubled the merge's cost). `chunk` rows: by default `CHUNK_ROWS` up to 16
+    shards, fewer beyond, at least 1,024; so a merge holds about ``16 * CHUNK_ROWS`` made
+    entries up to 128 shards, 1,024 per shard beyond."""
     cursors: list[_Cursor] = []
     if chunk is None:
         chunk = max(1024, min(CHUNK_ROWS, CHUNK_ROWS * 16 // max(1, len(shards))))
