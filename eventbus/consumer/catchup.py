@@ -23,6 +23,7 @@ from eventbus.consumer.watchdog import Slot
 from eventbus.errors import ConfigError
 from eventbus.locking.locks import Fenced
 from eventbus.protocol.ids import parse_id
+from eventbus.tier.archived import EntryBatch
 from eventbus.tier.catchup import CatchUp, CatchUpStats, _member
 from eventbus.tier.catchup_shard import MAX_ROUNDS, ShardCatchUp
 from eventbus.tier.replay import ArchivedEntry
@@ -147,14 +148,7 @@ class TypedCatchUp:
     async def batch(self, entries: Sequence[ArchivedEntry], sc: ShardCatchUp) -> int:
         """Handle `entries` (consecutive entries of `sc`'s shard) in order; returns how many were
         finished before the rest were let go (`BatchHandle.batch`)."""
-        handling = self.handling
-        if sc not in self._parked_for and handling.sub.options.on_failure == "park":
-            # as a new lock owner does: the shard's resources may have been parked before
-            self._parked_for.add(sc)
-            await handling.failures.load_parked()
-        held = self._held.get(sc)
-        if held is None:
-            held = self._held[sc] = HeldShard(sc.shard, sc.stream, sc.token, 0)
+        held = await self._held_shard(sc)
         items = [
             Item(
                 e.shard,
@@ -168,6 +162,35 @@ class TypedCatchUp:
             )
             for e in entries
         ]
+        return await self._items(items, sc)
+
+    async def rows(self, batch: EntryBatch, sc: ShardCatchUp) -> int:
+        """`batch` for the rows of a segment as read (`RowsHandle.rows`): the items made from
+        its columns (`EntryBatch.stream_entries`), without `ArchivedEntry`s."""
+        held = await self._held_shard(sc)
+        ids, fields = batch.stream_entries()
+        shard, token, segment = sc.shard, sc.token, batch.segment
+        items = [
+            Item(shard, token, i, f, 0, 0, segment, held=held)
+            for i, f in zip(ids, fields, strict=True)
+        ]
+        return await self._items(items, sc)
+
+    async def _held_shard(self, sc: ShardCatchUp) -> HeldShard:
+        """The `HeldShard` the items of `sc` are read under; the first time, the subscription's
+        parked resources loaded when it parks."""
+        handling = self.handling
+        if sc not in self._parked_for and handling.sub.options.on_failure == "park":
+            # as a new lock owner does: the shard's resources may have been parked before
+            self._parked_for.add(sc)
+            await handling.failures.load_parked()
+        held = self._held.get(sc)
+        if held is None:
+            held = self._held[sc] = HeldShard(sc.shard, sc.stream, sc.token, 0)
+        return held
+
+    async def _items(self, items: list[Item], sc: ShardCatchUp) -> int:
+        handling = self.handling
         try:
             if is_batch(handling.sub.call):
                 return await self._batches(items, sc)

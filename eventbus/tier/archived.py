@@ -151,6 +151,37 @@ class EntryBatch:
             self.rows.slice(start, stop - start), self.topic, self.shard, self.segment
         )
 
+    def stream_entries(self) -> tuple[list[bytes], list[dict[bytes, bytes]]]:
+        """The rows as their stream held them: each entry's ID (``b"<ms>-<seq>"``) and field
+        map (what `ArchivedEntry.fields` gives), made column by column without the
+        `ArchivedEntry`s (no UUIDs, headers, ID tuples): what catch-up hands the handling
+        path, which decodes the entry from its fields as a live read's. Raises
+        `CorruptSegment` for an ``event_id`` that is not a UUID, as `entries` does."""
+        rows = self.rows
+        if not self.n:
+            return [], []
+        event_ids = rows.column("event_id")
+        if not pc.all(pc.match_substring_regex(event_ids, _UUID_TEXT)).as_py():
+            _uuids(event_ids, self.segment)  # another spelling, or not a UUID: its error
+        ids = pc.binary_join_element_wise(
+            rows.column("entry_ms").cast(pa.string()),
+            rows.column("entry_seq").cast(pa.string()),
+            "-",
+        )
+        rid, kind = rows.column("resource_id"), rows.column("event_type")
+        with paused_gc():  # a dict per row: no cycles
+            datas = rows.column("data").to_pylist()
+            rids = rid.cast(pa.binary()).to_pylist()
+            kinds = kind.cast(pa.binary()).to_pylist()
+            if rid.null_count or kind.null_count:
+                fields = list(map(_fields, datas, rids, kinds))
+            else:
+                fields = [
+                    {F_DATA: d, F_RESOURCE: r, F_TYPE: t}
+                    for d, r, t in zip(datas, rids, kinds, strict=True)
+                ]
+            return ids.cast(pa.binary()).to_pylist(), fields
+
     def entries(self, start: int = 0, stop: int | None = None) -> list[ArchivedEntry]:
         """Rows ``start:stop`` as `ArchivedEntry`s, built column by column. Raises
         `CorruptSegment` for an ``event_id`` that is not a UUID."""
@@ -158,6 +189,21 @@ class EntryBatch:
         rows = self.rows if (start, stop) == (0, self.n) else self.rows.slice(start, stop - start)
         with paused_gc():
             return _entries(rows, self.topic, self.shard, self.segment)
+
+
+_UUID_TEXT = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+"""A UUID's usual spelling (`stream_entries` checks the column against it in Arrow; a value
+that does not match is checked as `entries` converts it)."""
+
+
+def _fields(data: bytes, rid: bytes | None, kind: bytes | None) -> dict[bytes, bytes]:
+    """An entry's field map, as `ArchivedEntry.fields` (the fields the stream entry had)."""
+    out = {F_DATA: data}
+    if rid is not None:
+        out[F_RESOURCE] = rid
+    if kind is not None:
+        out[F_TYPE] = kind
+    return out
 
 
 _gc_lock = threading.Lock()

@@ -20,7 +20,7 @@ from redis.exceptions import ResponseError
 from eventbus.locking.locks import Fenced
 from eventbus.protocol.codec import F_DATA, F_RESOURCE, F_TYPE
 from eventbus.protocol.ids import EntryId, parse_id
-from eventbus.tier.archived import ArchivedEntry, ReplayFilter, read_segment
+from eventbus.tier.archived import ArchivedEntry, EntryBatch, ReplayFilter, read_batch, read_segment
 from eventbus.tier.errors import CatchUpOutpaced
 from eventbus.tier.layout import SegmentRef
 from eventbus.tier.metrics import TIER_METRICS
@@ -42,7 +42,9 @@ up (a handler slower than the publishers for longer than ``hot_window_s``)."""
 Handle = Callable[[ArchivedEntry, "ShardCatchUp"], Awaitable[None]]
 """How a shard's catch-up handles one entry: a raw handler, or the subscription's handling path
 (`eventbus.consumer.catchup.TypedCatchUp`), which needs the shard's fence. A handle with a
-`BatchHandle.batch` method is given the entries of a segment (or a Redis page) at once."""
+`BatchHandle.batch` method is given the entries of a segment (or a Redis page) at once; one with
+a `RowsHandle.rows` method too is given a segment's rows as read (an `EntryBatch`), without
+the `ArchivedEntry` objects it does not need."""
 
 
 class BatchHandle(Protocol):
@@ -55,6 +57,17 @@ class BatchHandle(Protocol):
         """Handle `entries` in order; returns how many were finished, in order, before the
         rest were let go (the shard's lock lost, or the consumer stopping): ``len(entries)``
         when all were. Raises what the handler path raises."""
+        ...
+
+
+class RowsHandle(BatchHandle, Protocol):
+    """A `BatchHandle` that also takes a segment's matching rows as they were read: the
+    typed handling path, which needs each entry's ID and fields only (`EntryBatch.
+    stream_entries`), not the `ArchivedEntry` objects (making them and the items from them:
+    ≈ 40 % of a flights catch-up's samples, stress/results/replay-profile-s5.md)."""
+
+    async def rows(self, batch: EntryBatch, sc: ShardCatchUp) -> int:
+        """Handle the rows of `batch` in order; returns as `BatchHandle.batch`."""
         ...
 
 
@@ -225,6 +238,14 @@ class ShardCatchUp:
     async def read(self, ref: SegmentRef, flt: ReplayFilter) -> list[ArchivedEntry]:
         return (await anyio.to_thread.run_sync(read_segment, self.o.store, ref, flt)).entries
 
+    async def read_rows(self, ref: SegmentRef, flt: ReplayFilter) -> EntryBatch:
+        """Segment `ref`'s rows matching `flt`, verified, as read (no `ArchivedEntry`s)."""
+        return (await anyio.to_thread.run_sync(read_batch, self.o.store, ref, flt))[0]
+
+    def takes_rows(self) -> bool:
+        """Whether the handle takes a segment's rows as read (`RowsHandle`)."""
+        return getattr(self.handle, "rows", None) is not None
+
     async def handle_many(self, entries: Sequence[ArchivedEntry]) -> int:
         """Handle `entries` in order, at once when the handle takes batches (`BatchHandle`),
         else one by one. Returns how many were finished before the rest were let go (a lost
@@ -242,17 +263,26 @@ class ShardCatchUp:
             return done
         return done
 
+    async def handle_read(self, got: list[ArchivedEntry] | EntryBatch) -> int:
+        """Handle a segment's entries (`read_many`'s result): its rows by the handle's
+        `RowsHandle.rows`, its entries by `handle_many`; returns as `handle_many`."""
+        if isinstance(got, EntryBatch):
+            return int(await self.handle.rows(got, self))  # type: ignore[attr-defined]
+        return await self.handle_many(got)
+
     async def read_many(
         self, refs: Sequence[SegmentRef], flt: ReplayFilter
-    ) -> list[list[ArchivedEntry]]:
-        """Read `refs` concurrently (per-segment latency dominates on S3); results in order.
-        Raises the first error (e.g. `CorruptSegment`) unwrapped."""
-        results: list[list[ArchivedEntry]] = [[] for _ in refs]
+    ) -> list[list[ArchivedEntry] | EntryBatch]:
+        """Read `refs` concurrently (per-segment latency dominates on S3); results in order:
+        each segment's rows as read when the handle takes them (`takes_rows`), else its
+        entries. Raises the first error (e.g. `CorruptSegment`) unwrapped."""
+        results: list[list[ArchivedEntry] | EntryBatch] = [[] for _ in refs]
         errors: list[BaseException] = []
+        read = self.read_rows if self.takes_rows() else self.read
 
         async def one(i: int, ref: SegmentRef) -> None:
             try:
-                results[i] = await self.read(ref, flt)
+                results[i] = await read(ref, flt)
             except Exception as exc:
                 errors.append(exc)
 
@@ -414,23 +444,24 @@ class ShardCatchUp:
         flt = ReplayFilter(start_id=delivered.next())
         for i in range(0, len(refs), READ_AHEAD):
             chunk = refs[i : i + READ_AHEAD]
-            for ref, entries in zip(chunk, await self.read_many(chunk, flt), strict=True):
-                done = await self.handle_many(entries)
-                if done < len(entries):  # let go: the lock lost, or the consumer stopping
+            for ref, got in zip(chunk, await self.read_many(chunk, flt), strict=True):
+                n = _count(got)
+                done = await self.handle_read(got)
+                if done < n:  # let go: the lock lost, or the consumer stopping
                     if done and self.stopped():  # keep what was handled: the lock is still ours
                         await self.confirm()
-                        last = entries[done - 1].entry_id
+                        last = _id_at(got, done - 1)
                         await redis.xgroup_setid(self.stream, group, str(last))
                         self.delivered = last
                     raise Fenced
-                handled += len(entries)
-                if entries:
+                handled += n
+                if n:
                     await self.confirm()
-                    delivered = entries[-1].entry_id
+                    delivered = _id_at(got, n - 1)
                     await redis.xgroup_setid(self.stream, group, str(delivered))
                     self.delivered = delivered
-                    self.stats.from_segments += len(entries)
-                    TIER_METRICS.caught_up.labels(self.o.topic).inc(len(entries))
+                    self.stats.from_segments += n
+                    TIER_METRICS.caught_up.labels(self.o.topic).inc(n)
                 self.o.consumed[self.shard] = ref
         if handled == 0:
             self.stats.lost_ranges += 1
@@ -445,3 +476,13 @@ class ShardCatchUp:
             )
             return False
         return True
+
+
+def _count(got: list[ArchivedEntry] | EntryBatch) -> int:
+    """The entries of a segment read (`ShardCatchUp.read_many`)."""
+    return got.n if isinstance(got, EntryBatch) else len(got)
+
+
+def _id_at(got: list[ArchivedEntry] | EntryBatch, i: int) -> EntryId:
+    """The ID of entry `i` of a segment read (`ShardCatchUp.read_many`)."""
+    return got.id_at(i) if isinstance(got, EntryBatch) else got[i].entry_id

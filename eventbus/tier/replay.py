@@ -2,8 +2,8 @@
 
 * `iter_shard` yields one shard's entries in entry-ID order;
 * `iter_topic` yields every shard's, either merged into one entry-ID order across shards
-  (``merge=True``, a k-way `heapq.merge`; ties between shards broken by shard index) or shard
-  after shard;
+  (``merge=True``, by batch cursors: `merge_batches`; ties between shards broken by shard
+  index) or shard after shard;
 * `iter_events` decodes them into the same pydantic events live consumers get.
 
 `ReplayFilter` narrows by entry-ID range, entry time (the ID's millisecond part: when Redis
@@ -14,8 +14,9 @@ yields wrong data. The iterators are synchronous (threads prefetch the next segm
 runs them with ``anyio.to_thread``.
 
 `ArchivedEntry`, `ReplayFilter` and `read_segment` live in `eventbus.tier.archived`, the
-completeness check (`check_complete`, `ArchiveGap`) in `eventbus.tier.completeness`; both are
-re-exported here.
+completeness check (`check_complete`, `ArchiveGap`) in `eventbus.tier.completeness`, the merge
+across shards (`merge_batches`) in `eventbus.tier.merge`, typed decoding (`ReplayedEvent`,
+`decode_event`, `models_by_type`) in `eventbus.tier.replay_events`; all are re-exported here.
 """
 
 from __future__ import annotations
@@ -24,18 +25,10 @@ import contextlib
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from itertools import compress, count, repeat
-from operator import is_, itemgetter
-from typing import Any, TypeVar
+from typing import TypeVar
 
-import msgspec
-import pyarrow as pa
-import pyarrow.compute as pc
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import BaseModel
 
-from eventbus.errors import DecodeError
-from eventbus.protocol.budget import MIN_CONTAINERS
-from eventbus.protocol.codec import FORMAT_MSGPACK, Envelope, _Body, event_type_of
 from eventbus.protocol.ids import EntryId
 from eventbus.protocol.keys import check_name
 from eventbus.tier.archived import (
@@ -43,17 +36,16 @@ from eventbus.tier.archived import (
     EntryBatch,
     ReplayFilter,
     open_batches,
-    paused_gc,
     read_segment,
 )
 from eventbus.tier.completeness import ArchiveGap, check_complete, recorded_lost
 from eventbus.tier.dictionaries import read_from
 from eventbus.tier.layout import SegmentRef
+from eventbus.tier.merge import merge_batches
+from eventbus.tier.replay_events import ReplayedEvent, _Decoder, decode_event, models_by_type
 from eventbus.tier.store import Store, get_bytes_sync, list_segments_sync, list_shards_sync
 
 T = TypeVar("T")
-
-_FIRST = itemgetter(0)
 
 BATCH_ROWS = 8192
 """Entries per batch a shard hands to the merge (a segment's matching entries, cut)."""
@@ -199,82 +191,6 @@ def iter_shard(
             executor.shutdown(wait=True, cancel_futures=True)
 
 
-def merge_batches(shards: Sequence[Iterator[EntryBatch]]) -> Iterator[list[ArchivedEntry]]:
-    """Merge the batch streams of `shards` (each in entry-ID order, no batch empty) into one
-    entry-ID order, ties between shards broken by their place in `shards` (shard index, as
-    `iter_topic` lists them), as lists of entries.
-
-    By batch cursors, never entry by entry: each round takes the smallest last entry ID of the
-    shards' current batches (the *horizon*: no entry after it can come before an entry up to it
-    in any shard), and hands on every current row up to it (found by bisecting each batch's ID
-    columns), made entries and ordered by an Arrow ``sort_indices`` on the ID columns; a shard
-    whose rows up to the horizon are the only ones goes on whole, unsorted (a shard behind the
-    others, or the last one left). A shard whose batch is consumed moves on to its next. Rows
-    become Python objects only when handed on."""
-    cursors: list[_Cursor] = []
-    for rank, it in enumerate(shards):
-        batch = next(it, None)
-        if batch is not None:
-            cursors.append(_Cursor(rank, it, batch))
-    while cursors:
-        if len(cursors) == 1:
-            (c,) = cursors
-            yield c.batch.entries(c.pos)
-            for batch in c.rest:
-                yield batch.entries()
-            return
-        horizon = min(c.batch.last for c in cursors)
-        parts = []
-        for c in cursors:
-            cut = c.batch.after(horizon, c.pos)
-            if cut > c.pos:
-                parts.append((c, c.pos, cut))
-        if len(parts) == 1:
-            c, start, cut = parts[0]
-            yield c.batch.entries(start, cut)
-        else:
-            yield _sorted(parts)
-        for c, _, cut in parts:
-            c.pos = cut
-        cursors = [c for c in cursors if c.pos < c.batch.n or c.advance()]
-
-
-class _Cursor:
-    """A shard's place in `merge_batches`: its current batch and the next entry in it."""
-
-    __slots__ = ("batch", "pos", "rank", "rest")
-
-    def __init__(self, rank: int, rest: Iterator[EntryBatch], batch: EntryBatch) -> None:
-        self.rank, self.rest, self.batch, self.pos = rank, rest, batch, 0
-
-    def advance(self) -> bool:
-        """Move on to the shard's next batch; False when it has none."""
-        batch = next(self.rest, None)
-        if batch is None:
-            return False
-        self.batch, self.pos = batch, 0
-        return True
-
-
-def _sorted(parts: list[tuple[_Cursor, int, int]]) -> list[ArchivedEntry]:
-    """The entries ``start:cut`` of each cursor's batch in entry-ID order, ties by rank."""
-    entries: list[ArchivedEntry] = []
-    ms, seq, rank = [], [], []
-    for c, start, cut in parts:
-        n = cut - start
-        entries += c.batch.entries(start, cut)
-        ms.append(c.batch.ms.slice(start, n))
-        seq.append(c.batch.seq.slice(start, n))
-        rank.append(pa.repeat(c.rank, n).cast(pa.int32()))
-    keys = pa.table(
-        {"ms": pa.concat_arrays(ms), "seq": pa.concat_arrays(seq), "rank": pa.concat_arrays(rank)}
-    )
-    order = pc.sort_indices(
-        keys, sort_keys=[("ms", "ascending"), ("seq", "ascending"), ("rank", "ascending")]
-    )
-    return list(map(entries.__getitem__, order.to_pylist()))
-
-
 def _topic_batches(
     store: Store,
     topic: str,
@@ -340,138 +256,6 @@ def iter_topic(
         counts=counts,
     ):
         yield from batch
-
-
-class ReplayedEvent(msgspec.Struct, frozen=True, gc=False):
-    """A decoded event and the archived entry it came from (immutable; a `msgspec.Struct`:
-    one is built per event replayed)."""
-
-    event: BaseModel
-    envelope: Envelope
-    entry: ArchivedEntry
-
-
-def models_by_type(
-    models: Iterable[type[BaseModel]] | Mapping[str, type[BaseModel]],
-) -> dict[str, type[BaseModel]]:
-    """Event type name -> model, named as publishers name them (`event_type_of`)."""
-    if isinstance(models, Mapping):
-        return dict(models)
-    return {event_type_of(m): m for m in models}
-
-
-def decode_event(entry: ArchivedEntry, models: Mapping[str, type[BaseModel]]) -> ReplayedEvent:
-    """Decode `entry` into its model. Raises `DecodeError` naming the segment and entry when the
-    envelope is corrupt, the type unknown, or the payload does not validate."""
-    env = entry.envelope()
-    model = models.get(env.event_type)
-    if model is None:
-        raise DecodeError(
-            f"{entry.segment} entry {entry.entry_id}: no model for event type {env.event_type!r}"
-        )
-    try:
-        return ReplayedEvent(model.model_validate(env.payload), env, entry)
-    except ValidationError as exc:
-        raise DecodeError(
-            f"{entry.segment} entry {entry.entry_id}: payload does not validate as "
-            f"{model.__name__}: {exc}"
-        ) from None
-
-
-class _Decoder:
-    """Decodes batches of entries into `ReplayedEvent`s: the envelopes of a batch, then the
-    payloads of each model in one ``TypeAdapter(list[Model])`` call (entry by entry, with
-    `decode_event`, only when that list does not validate: the first bad entry's error)."""
-
-    def __init__(self, models: Mapping[str, type[BaseModel]]) -> None:
-        self.models = models
-        self.adapters: dict[type[BaseModel], TypeAdapter[Any]] = {}
-
-    def decode(self, batch: list[ArchivedEntry]) -> tuple[list[ReplayedEvent], int]:
-        """The events of `batch` in its order up to the first entry that does not decode or
-        validate, and that entry's place (``len(batch)`` when there is none): from there on,
-        `decode_each` gives the events and raises its `DecodeError`."""
-        with paused_gc():  # payload dicts and models: tracked objects, no cycles
-            envelopes, events = self._validated(batch)
-            ok = next(compress(count(), map(is_, events, repeat(None))), len(events))
-            return list(map(ReplayedEvent, events[:ok], envelopes[:ok], batch[:ok])), ok
-
-    def _validated(self, batch: list[ArchivedEntry]) -> tuple[list[Envelope], list[Any]]:
-        """The envelopes of `batch` up to the first that does not decode, and their events
-        (None where the list of its model did not validate, or from an unknown type on)."""
-        envelopes = _envelopes_at_once(batch)
-        if envelopes is None:
-            envelopes = []
-            for entry in batch:
-                try:
-                    envelopes.append(entry.envelope())
-                except DecodeError:
-                    break  # its error comes in its turn (`decode_each`)
-        events: list[Any] = [None] * len(envelopes)
-        groups: dict[type[BaseModel], list[int]] = {}
-        models = self.models
-        for i, env in enumerate(envelopes):
-            model = models.get(env.event_type)
-            if model is None:
-                break  # its error comes in its turn
-            groups.setdefault(model, []).append(i)
-        for model, idx in groups.items():
-            adapter = self.adapters.get(model)
-            if adapter is None:
-                adapter = self.adapters[model] = TypeAdapter(list[model])  # type: ignore[valid-type]
-            try:
-                valid = adapter.validate_python([envelopes[i].payload for i in idx])
-            except Exception:  # (a validator may raise anything): each entry on its own
-                continue  # in its turn, its error (or exception) in entry order
-            for i, event in zip(idx, valid, strict=True):
-                events[i] = event
-        return envelopes, events
-
-    def decode_each(self, entries: list[ArchivedEntry]) -> Iterator[ReplayedEvent]:
-        """`decode_event` on each of `entries`: the path of a batch holding a bad entry."""
-        for entry in entries:
-            yield decode_event(entry, self.models)
-
-
-_BODIES = msgspec.msgpack.Decoder(list[_Body])
-_ARRAY32 = b"\xdd"
-
-
-def _envelopes_at_once(batch: list[ArchivedEntry]) -> list[Envelope] | None:
-    """The envelopes of `batch` from one MessagePack decode of all their bodies (an array's
-    elements are its values' encodings one after another: the bodies joined under an array
-    header), the same as `ArchivedEntry.envelope` gives each. None, for the entry by entry
-    path, unless every entry is of the short plain form `decode_entry` decodes in one typed
-    pass and decoded when it was archived (its envelope columns are set), and the array
-    decodes with each body's time where the archive has it (no body took another's bytes)."""
-    datas = [e.data for e in batch]
-    sizes = list(map(len, datas))
-    if (
-        not datas
-        or min(sizes) == 0
-        or max(sizes) > MIN_CONTAINERS
-        or set(map(_FIRST, datas)) != {FORMAT_MSGPACK}
-        or None in [e.event_id for e in batch]
-    ):
-        return None
-    joined = b"".join([_ARRAY32, len(datas).to_bytes(4, "big"), *(d[1:] for d in datas)])
-    try:
-        bodies = _BODIES.decode(joined)
-    except Exception:  # (any failure: entry by entry, each with its own error)
-        return None
-    if [b.ts for b in bodies] != [e.published_at_ms for e in batch]:
-        return None
-    return list(
-        map(
-            Envelope,
-            [e.resource_id for e in batch],
-            [e.event_type for e in batch],
-            [b.id for b in bodies],
-            [b.ts for b in bodies],
-            [b.h for b in bodies],
-            [b.p for b in bodies],
-        )
-    )
 
 
 def iter_events(

@@ -7,6 +7,7 @@ those before it. Segments are written with the offloader's own encoder into a me
 from __future__ import annotations
 
 import random
+import uuid
 from collections.abc import Iterator
 
 import obstore
@@ -22,7 +23,9 @@ from eventbus.tier.archived import EntryBatch, ReplayFilter, read_segment
 from eventbus.tier.completeness import check_complete
 from eventbus.tier.errors import CorruptSegment
 from eventbus.tier.layout import segment_key
-from eventbus.tier.replay import iter_events, iter_shard, iter_topic, merge_batches
+from eventbus.tier.merge import merge_batches
+from eventbus.tier.replay import iter_events, iter_shard, iter_topic
+from eventbus.tier.replay_events import decode_event, models_by_type
 from eventbus.tier.segment import SCHEMA, encode_segment, entry_arrays
 from eventbus.tier.store import Store, open_store
 
@@ -89,7 +92,8 @@ def test_interleaved_shards_merge_in_entry_id_order_ties_by_shard(small_batches:
 
 def test_merge_batches_on_random_cuts_equals_a_sort() -> None:
     """Whatever the batch sizes, and with one shard entirely before the others (handed on whole)
-    or one left alone at the end, the merge gives the sorted order."""
+    or one left alone at the end, and whatever the chunks its entries are made by, the merge
+    gives the sorted order."""
     rng = random.Random(11)
     for _ in range(50):
         shards = rng.randrange(1, 6)
@@ -110,7 +114,12 @@ def test_merge_batches_on_random_cuts_equals_a_sort() -> None:
                 i += n
 
         merged = [
-            e for b in merge_batches([batches(s, ids) for s, ids in enumerate(streams)]) for e in b
+            e
+            for b in merge_batches(
+                [batches(s, ids) for s, ids in enumerate(streams)],
+                chunk=rng.choice([None, 1, 2, 5]),
+            )
+            for e in b
         ]
         assert ids_of(merged) == sorted((i, s) for s, ids in enumerate(streams) for i in ids)
 
@@ -245,6 +254,11 @@ def test_a_segment_whose_event_id_is_no_uuid_is_corrupt() -> None:
     obstore.put(store, key, sink.getvalue())
     with pytest.raises(CorruptSegment, match="event_id"):
         list(iter_topic(store, TOPIC))
+    rows = bad.combine_chunks()
+    with pytest.raises(CorruptSegment, match="event_id"):  # what typed catch-up reads
+        EntryBatch(rows, TOPIC, 0, key).stream_entries()
+    braces = rows.set_column(8, "event_id", pa.array(["{" + str(uuid.uuid4()) + "}"]))
+    assert len(EntryBatch(braces, TOPIC, 0, key).stream_entries()[0]) == 1  # as uuid.UUID takes
 
 
 def test_typed_replay_decodes_a_batch_as_each_entry_decodes_and_names_a_corrupt_envelope() -> None:
@@ -274,3 +288,27 @@ def test_typed_replay_decodes_a_batch_as_each_entry_decodes_and_names_a_corrupt_
     assert [ev.event for ev in events] == [Tick(seq=k) for k in (0, 1, 2, 3, 5)]
     assert all(ev.envelope == ev.entry.envelope() for ev in events)
     assert [ev.envelope.headers for ev in events][:2] == [{}, {"h": "1"}]
+    assert events == [decode_event(ev.entry, models_by_type([Tick])) for ev in events]
+
+
+def test_stream_entries_are_each_entry_id_and_fields_as_the_stream_held_them() -> None:
+    """What catch-up hands the handling path: each row's ID and field map, the same as its
+    `ArchivedEntry` gives, entries without a resource ID or type (not decoded) included."""
+    ids = [EntryId(5, 0), EntryId(5, 1), EntryId(1_700_000_000_123, 42), EntryId(1 << 40, 7)]
+    rows = [
+        (ids[0], fields(1)),
+        (ids[1], {b"data": b"\x00not an envelope"}),  # no rid, no type
+        (ids[2], fields(3, rid="é-unicode", headers={"h": "v"})),
+        (ids[3], {b"data": b"raw", b"type": b"T"}),  # a type, no rid
+    ]
+    table = pa.Table.from_arrays(entry_arrays(TOPIC, 2, rows), schema=SCHEMA)
+    for batch in (EntryBatch(table, TOPIC, 2, "seg"), EntryBatch(table.slice(0, 0), TOPIC, 2, "s")):
+        entries = batch.entries()
+        assert batch.stream_entries() == (
+            [str(e.entry_id).encode() for e in entries],
+            [e.fields() for e in entries],
+        )
+    assert EntryBatch(table, TOPIC, 2, "seg").stream_entries()[0][2] == b"1700000000123-42"
+    nulls = EntryBatch(table, TOPIC, 2, "seg").stream_entries()[1]
+    assert nulls[1] == {b"data": b"\x00not an envelope"}
+    assert nulls[3] == {b"data": b"raw", b"type": b"T"}
