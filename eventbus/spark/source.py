@@ -68,6 +68,11 @@ class EventbusSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         opts = self._opts()
+        if opts.plan:  # set by `read_stream` on its planning stream, never a batch read's
+            raise ConfigError(
+                "option _plan is internal to eventbus.spark.read_stream (a stream's micro-batch "
+                "plan): a batch read does not take it"
+            )
         if opts.table == "gaps":
             return GapsReader(opts)
         if not opts.pushdown:
