@@ -230,7 +230,12 @@ def bounds_filter(bounded: Sequence[tuple[SegmentRef, SegmentsPart]]) -> str | N
     ``entry_seq``). Its size does not grow with the shard count: the bounds are array literals
     indexed by ``shard`` (`_shard_bounds`), and a read of several topics picks its topic's
     arrays with one ``CASE topic``. (A condition per shard made a filter of 16 shards read 0.09
-    x the unbounded read's rate; `stress/spark_bench.py`'s ``bounded_native``.)"""
+    x the unbounded read's rate; `stress/spark_bench.py`'s ``bounded_native``.)
+
+    It starts with the range of ``entry_ms`` any kept row has (`_time_range`): two plain
+    comparisons, which Spark pushes to its Parquet reader (row groups, and pages where the file
+    has a page index, outside them are skipped) and which drop most rows outside the bounds
+    before the per-shard comparisons."""
     by_topic: dict[str, dict[int, tuple[EntryId, EntryId]]] = {}
     for ref, part in bounded:
         if ref.first < part.lo or ref.last > part.hi:
@@ -239,9 +244,20 @@ def bounds_filter(bounded: Sequence[tuple[SegmentRef, SegmentsPart]]) -> str | N
         return None
     conds = {topic: _shard_bounds(bounds) for topic, bounds in by_topic.items()}
     if len({ref.topic for ref, _ in bounded}) == 1:
-        return next(iter(conds.values()))
-    whens = " ".join(f"WHEN {_literal(t)} THEN {c}" for t, c in sorted(conds.items()))
-    return f"(CASE topic {whens} ELSE true END)"
+        fine = next(iter(conds.values()))
+    else:
+        whens = " ".join(f"WHEN {_literal(t)} THEN {c}" for t, c in sorted(conds.items()))
+        fine = f"(CASE topic {whens} ELSE true END)"
+    lo, hi = _time_range(bounded)
+    return f"entry_ms >= {lo}L AND entry_ms <= {hi}L AND {fine}"
+
+
+def _time_range(bounded: Sequence[tuple[SegmentRef, SegmentsPart]]) -> tuple[int, int]:
+    """The first and last ``entry_ms`` of any row a read of `bounded` keeps: a segment's rows
+    lie within its first and last entry IDs, the kept ones also within its part's bounds."""
+    lo = min(max(ref.first, part.lo).ms for ref, part in bounded)
+    hi = max(min(ref.last, part.hi).ms for ref, part in bounded)
+    return lo, min(hi, INT64_MAX)
 
 
 def _shard_bounds(bounds: Mapping[int, tuple[EntryId, EntryId]]) -> str:

@@ -26,7 +26,6 @@ from pyspark.sql.types import StructType
 
 from eventbus.errors import ConfigError
 from eventbus.protocol.ids import ZERO
-from eventbus.spark.decode import Converter
 from eventbus.spark.objects import Objects, as_objects
 from eventbus.spark.options import SourceOptions, batch_offsets
 from eventbus.spark.planning import (
@@ -39,7 +38,6 @@ from eventbus.spark.planning import (
     surface_beyond,
     surface_gaps,
 )
-from eventbus.spark.reading import id_mask, read_range, segment_batches, stats_exclude
 from eventbus.spark.schema import CORRUPT, GAPS, arrow_schema, read_schema
 from eventbus.tier.errors import CorruptSegment
 
@@ -68,6 +66,11 @@ class EventbusSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         opts = self._opts()
+        if opts.plan:  # set by `read_stream` on its planning stream, never a batch read's
+            raise ConfigError(
+                "option _plan is internal to eventbus.spark.read_stream (a stream's micro-batch "
+                "plan): a batch read does not take it"
+            )
         if opts.table == "gaps":
             return GapsReader(opts)
         if not opts.pushdown:
@@ -138,6 +141,11 @@ class BatchReader(DataSourceReader):
         return parts or [SegmentsPart((), self.pruning.lo, self.pruning.hi)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        # here, not at the top: they import the tier's segment codec (and pandas), which the
+        # writer's and the driver's Python processes that unpickle this source never need
+        from eventbus.spark.decode import Converter
+        from eventbus.spark.reading import id_mask, read_range, segment_batches, stats_exclude
+
         opts = self.opts
         objects = as_objects(opts.open_store())
         conv = Converter(arrow_schema(self.schema), opts.models(), opts.mode, opts.validate)

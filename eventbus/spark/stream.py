@@ -41,7 +41,6 @@ from pyspark.sql.types import StringType, StructField, StructType
 from eventbus.errors import ConfigError
 from eventbus.protocol.ids import ZERO, EntryId, parse_id
 from eventbus.spark.backlog import Backlog, segment_ids, stream_nth
-from eventbus.spark.decode import Converter
 from eventbus.spark.objects import Objects, as_objects
 from eventbus.spark.offsets import Offset, Offsets, by_topic, parse_start, share
 from eventbus.spark.options import SourceOptions
@@ -55,7 +54,6 @@ from eventbus.spark.planning import (
     surface_gaps,
     unknown_topic,
 )
-from eventbus.spark.reading import read_range
 from eventbus.spark.schema import arrow_schema
 from eventbus.tier.layout import SegmentRef
 
@@ -351,6 +349,11 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             yield (partition.start, partition.end)
             return
         assert isinstance(partition, RangePart)
+        # here, not at the top: the tier's segment codec (and pandas) is the tasks' alone; the
+        # driver's stream process (offsets, planning) starts without it
+        from eventbus.spark.decode import Converter
+        from eventbus.spark.reading import read_range
+
         opts = self.opts
         objects = as_objects(opts.open_store())
         conv = Converter(arrow_schema(self.schema), opts.models(), opts.mode, opts.validate)

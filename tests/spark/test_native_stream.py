@@ -89,3 +89,17 @@ def test_an_archive_only_stream_reads_each_batch_from_its_segments_only(
     assert all(b["files"] for b in batches)
     ordered = [r["seq"] for b in batches for r in sorted(b["rows"], key=_key)]
     assert ordered == list(range(240))
+
+
+def test_a_batch_read_refuses_the_streams_internal_plan_option(
+    spark: Any, redis_db: str, tmp_path: Path, topic: str
+) -> None:
+    """``_plan`` (the micro-batch plan `read_stream` asks the stream for) is no batch option: a
+    batch read with it fails with a `ConfigError` naming it, instead of returning plan rows."""
+    store = str(tmp_path / "archive")
+    publish(redis_db, topic, ticks(10), shards=1)
+    offload(redis_db, store, topic, shards=1)
+    df = spark.read.format("eventbus").options(store=store, topic=topic, _plan="true").load()
+    with pytest.raises(Exception, match=r"ConfigError: option _plan is internal") as caught:
+        df.collect()
+    assert "read_stream" in str(caught.value)

@@ -24,10 +24,10 @@ def straddling(topic: str, shards: int) -> list[tuple[SegmentRef, SegmentsPart]]
 def test_the_filter_compares_entry_ids_a_fixed_number_of_times_however_many_shards() -> None:
     """A comparison per shard made the filter of 16 shards cost the JVM more than the read
     itself (``bounded_native`` at 0.09 x the whole read's rate): the bounds are array literals
-    indexed by ``shard``, four ID comparisons for 4 shards as for 256."""
+    indexed by ``shard``, four ID comparisons for 4 shards as for 256 (and the time range)."""
     few, many = bounds_filter(straddling("t", 4)), bounds_filter(straddling("t", 256))
     assert few is not None and many is not None
-    assert few.count("entry_ms") == many.count("entry_ms") == 4
+    assert few.count("entry_ms") == many.count("entry_ms") == 6
     assert "1455L" in many and "1545L" in many  # shard 255's bounds are there
 
 
@@ -38,5 +38,18 @@ def test_segments_inside_their_bounds_need_no_filter_and_topics_get_their_own() 
     assert bounds_filter(inside) is None
     both = bounds_filter([*straddling("a", 2), *inside])
     assert both is not None
-    assert both.startswith("(CASE topic WHEN 'a' THEN") and "'t'" not in both
-    assert both.count("entry_ms") == 4
+    assert " AND (CASE topic WHEN 'a' THEN" in both and "'t'" not in both
+    assert both.count("entry_ms") == 6
+
+
+def test_the_filter_starts_with_the_time_range_of_the_rows_kept() -> None:
+    """Plain ``entry_ms`` comparisons first (Spark pushes them to its Parquet reader): from the
+    earliest kept row (a part's start inside its segment, or a segment's first entry when its
+    part starts before it) to the latest one (likewise), whatever the shard."""
+    bounded = straddling("t", 4)  # kept: 1200-1 .. 1800-2 in shard 0, 1203-1 .. 1797-2 in 3
+    got = bounds_filter(bounded)
+    assert got is not None and got.startswith("entry_ms >= 1200L AND entry_ms <= 1800L AND (")
+    late = SegmentRef(EntryId(2500, 0), EntryId(2600, 0), "t/9/y.parquet", 1, "t", 9)
+    whole = (late, SegmentsPart((late,), EntryId(0, 1), EntryId(9000, 0)))  # kept whole
+    got = bounds_filter([*bounded, whole])
+    assert got is not None and got.startswith("entry_ms >= 1200L AND entry_ms <= 2600L AND (")
