@@ -21,7 +21,7 @@ there; docs/operations.md lists them). Other tests run on the single node only.
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from typing import Any
 
 import pytest
@@ -95,6 +95,7 @@ SPARK_TESTS = "tests/spark/"
 """Test IDs starting so share one pytest-xdist worker (`pytest_xdist_make_scheduler`)."""
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: unknown without it (-p no:xdist)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Under ``--dist loadgroup`` (scripts/dev.sh test) every test of tests/spark runs on one
     worker, first (the largest group goes first): its SparkSession is a JVM of about 1 GiB and
@@ -105,9 +106,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     rewriting ``item._nodeid``, which pytest 9 no longer reads, so marks group nothing."""
     if config.getvalue("dist") != "loadgroup":
         return None
-    from xdist.scheduler import LoadGroupScheduling
+    from xdist.scheduler import LoadGroupScheduling  # type: ignore[import-untyped]
 
-    class SparkTogether(LoadGroupScheduling):
+    class SparkTogether(LoadGroupScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
             return "spark" if nodeid.startswith(SPARK_TESTS) else super()._split_scope(nodeid)
 
@@ -115,7 +116,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_report_to_serializable(report: pytest.TestReport) -> Iterator[Any]:
+def pytest_report_to_serializable(report: pytest.TestReport) -> Generator[None, Any, Any]:
     """A report as pytest-xdist sends it from a worker, its texts made UTF-8 encodable.
 
     Tests of text decoded with ``surrogateescape`` (a lone surrogate: file names, a peer's bytes)
