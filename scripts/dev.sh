@@ -3,7 +3,7 @@
 # (redis-server from Debian's packages, uv, the locked Python dependencies in .venv), then runs.
 #
 #   ./scripts/dev.sh flights [ARGS]   the main job: `python -m examples.flights` on embedded defaults
-#   ./scripts/dev.sh test [ARGS]      the whole test suite (pytest ARGS)
+#   ./scripts/dev.sh test [ARGS]      the whole test suite (pytest ARGS), over 4 pytest-xdist workers
 #   ./scripts/dev.sh bench [ARGS]     the throughput/latency benchmark (stress/bench.py)
 #   ./scripts/dev.sh stress [ARGS]    the chaos harness (stress/chaos.py)
 #   ./scripts/dev.sh setup            only install
@@ -113,6 +113,20 @@ ensure_venv() {
 
 setup() { ensure_redis; ensure_java; ensure_venv; }
 
+# The suite mostly waits (Redis round trips, child processes, Spark), so it runs over more
+# pytest-xdist workers than the machine has cores: each worker starts its own redis-server(s) on
+# free ports, and tests/spark's tests share one worker's SparkSession (--dist loadgroup).
+# EVENTBUS_TEST_WORKERS=0 runs in one process; an -n or -p no:xdist among ARGS wins.
+run_tests() {
+  local workers=${EVENTBUS_TEST_WORKERS:-4} arg
+  for arg in "$@"; do
+    case "$arg" in -n | -n[0-9a]* | --numprocesses | --numprocesses=* | no:xdist) workers=0 ;; esac
+  done
+  [[ $workers =~ ^[0-9]+$ ]] || die "EVENTBUS_TEST_WORKERS takes a number of workers, not '$workers'"
+  if [ "$workers" != 0 ]; then set -- -n "$workers" --dist loadgroup "$@"; fi
+  exec "$VENV/bin/pytest" "$@"
+}
+
 cmd=${1:-}
 [ $# -gt 0 ] && shift
 args=()  # the command's own arguments, without --python VERSION
@@ -128,7 +142,7 @@ if [ -n "$PYTHON" ]; then VENV=.venv-$(cut -d. -f1,2 <<<"$PYTHON"); fi
 case "$cmd" in
   setup) setup ;;
   flights) setup; exec "$VENV/bin/python" -m examples.flights "$@" ;;
-  test) setup; exec "$VENV/bin/pytest" "$@" ;;
+  test) setup; run_tests "$@" ;;
   bench) setup; exec "$VENV/bin/python" stress/bench.py "$@" ;;
   stress) setup; exec "$VENV/bin/python" stress/chaos.py "$@" ;;
   *) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;

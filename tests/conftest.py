@@ -21,7 +21,7 @@ there; docs/operations.md lists them). Other tests run on the single node only.
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from typing import Any
 
 import pytest
@@ -89,6 +89,55 @@ def topology(request: pytest.FixtureRequest) -> str:
             pytest.skip(f"single node only: {marker.args[0] if marker.args else ''}")
         request.getfixturevalue("monkeypatch").setenv("EVENTBUS_CLUSTER", "true")
     return name
+
+
+SPARK_TESTS = "tests/spark/"
+"""Test IDs starting so share one pytest-xdist worker (`pytest_xdist_make_scheduler`)."""
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: unknown without it (-p no:xdist)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under ``--dist loadgroup`` (scripts/dev.sh test) every test of tests/spark runs on one
+    worker, first (the largest group goes first): its SparkSession is a JVM of about 1 GiB and
+    15 s to start, and a session per worker cost more than it spread (with one on each of 4
+    workers at load 14, py4j calls failed). Other tests go one by one to the next free worker.
+
+    By test ID, not by an ``xdist_group`` mark: pytest-xdist 3.8 names a marked test by
+    rewriting ``item._nodeid``, which pytest 9 no longer reads, so marks group nothing."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling  # type: ignore[import-untyped]
+
+    class SparkTogether(LoadGroupScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return "spark" if nodeid.startswith(SPARK_TESTS) else super()._split_scope(nodeid)
+
+    return SparkTogether(config, log)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_report_to_serializable(report: pytest.TestReport) -> Generator[None, Any, Any]:
+    """A report as pytest-xdist sends it from a worker, its texts made UTF-8 encodable.
+
+    Tests of text decoded with ``surrogateescape`` (a lone surrogate: file names, a peer's bytes)
+    log it; execnet cannot encode such a captured log, and the worker stopped the whole run with
+    an INTERNALERROR. A lone surrogate is shown as its backslash escape instead."""
+    data = yield
+    return _utf8_safe(data)
+
+
+def _utf8_safe(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "backslashreplace").decode("utf-8")
+        return value
+    if isinstance(value, dict):
+        return {key: _utf8_safe(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_utf8_safe(item) for item in value)
+    return value
 
 
 pytest_plugins = ["pytester"]  # tests of eventbus.testing.pytest_plugin
