@@ -52,7 +52,7 @@ local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 local dropped = redis.call('ZREMRANGEBYSCORE', members, '-inf', '(' .. now_ms)
 local joined = redis.call('ZADD', members, now_ms + ttl_ms, me)
-local n = redis.call('HGET', epoch_key, 'n')  -- (HGET twice: the roles allow no HMGET)
+local n = redis.call('HGET', epoch_key, 'n')  -- (2 HGETs: roles from before +hmget lack HMGET)
 local since = redis.call('HGET', epoch_key, 'since')
 if dropped > 0 or joined > 0 then
   n = redis.call('HINCRBY', epoch_key, 'n', 1)
