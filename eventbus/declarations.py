@@ -75,6 +75,7 @@ class Declarations:
             self.settings.shards if shards is None else shards,
             self.settings.maxlen if maxlen is None else maxlen,
             self.settings.retention if retention is None else retention,
+            shards_from_settings=shards is None,
         )
         self.profile.check_shards(config.shards)
         self._topics[name] = config

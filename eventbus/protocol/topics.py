@@ -7,7 +7,7 @@ topic writes it (HSETNX); everyone after compares, and refuses a different count
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from eventbus.errors import ConfigError, ShardCountMismatch
@@ -25,6 +25,9 @@ class TopicConfig:
     shards: int
     maxlen: int
     retention: Retention = "maxlen"
+    shards_from_settings: bool = field(default=False, compare=False, repr=False)
+    """Whether `shards` is the settings' default (the topic was declared without a count):
+    the in-memory test bus runs such topics on fewer shards (`eventbus.testing.MEMORY_SHARDS`)."""
 
     def __post_init__(self) -> None:
         check_name("topic", self.name)

@@ -42,12 +42,19 @@ from pydantic import BaseModel
 
 from eventbus.app import EventBus
 from eventbus.dlq import DeadLetter
-from eventbus.errors import ConfigError
-from eventbus.locking import scripts
 from eventbus.locking.member import AsyncRedis
 from eventbus.protocol.keys import Keys
 from eventbus.testing.drain import Watch, behind, memory_streams, redis_streams
 from eventbus.testing.in_app import AppTestBus, running_in_app
+from eventbus.testing.memory import (
+    MEMORY_SETTINGS,
+    MEMORY_SHARDS,
+    in_memory,
+    load_lock_scripts,
+    memory_redis,
+    unblock_reads_at_stop,
+    use_memory_shards,
+)
 from eventbus.testing.recording import (
     Handled,
     HandlerFailed,
@@ -57,27 +64,6 @@ from eventbus.testing.recording import (
     failure_of,
     published,
 )
-
-
-def memory_redis() -> Any:
-    """A fresh fakeredis asyncio client with Lua scripting, whose blocking ``XREADGROUP`` waits
-    for an entry as Redis's does (`eventbus.testing.blocking_reads`). Raises `ConfigError` saying
-    what to install when the ``testing`` extra (fakeredis with lupa) is missing."""
-    try:
-        import fakeredis
-        import lupa  # noqa: F401  # fakeredis runs the Lua scripts with it
-    except ImportError as exc:
-        raise ConfigError(
-            f"the in-memory bus needs fakeredis with Lua ({exc.name} is missing): "
-            "pip install 'eventbus[testing]'"
-        ) from None
-
-    from eventbus.testing.blocking_reads import blocking_reads_connection
-
-    return fakeredis.FakeAsyncRedis(
-        server=fakeredis.FakeServer(version=(7, 0)),
-        connection_class=blocking_reads_connection(),
-    )
 
 
 class TestBus:
@@ -205,47 +191,6 @@ class TestBus:
         return self._watch_list
 
 
-MEMORY_SETTINGS: dict[str, Any] = {"block_max_ms": 50, "lock_interval_ms": 1000}
-"""The settings `running` gives a bus on its in-memory Redis (the bus's own are restored after).
-Blocking reads end within 50 ms (and at the stop at once: `unblock_reads_at_stop`). One lock
-round a second rather than ten: each consumer is alone in its group on a server of its own, so
-a round after the first one only confirms its locks (each costs ~3 ms of Lua in fakeredis), and
-another instance run on the same server still gets its share within a second."""
-
-LOCK_SCRIPTS = [
-    f"{p}{n}" for p in ("", "verse_") for n in ("lock_shards", "unlock_shards", "heartbeat")
-]
-"""The scripts every consumer runs (eventbus's and the Verse profile's: `Scripts.register`)."""
-
-
-async def load_lock_scripts(redis: AsyncRedis) -> None:
-    """``SCRIPT LOAD`` the `LOCK_SCRIPTS` into a fresh server, in one round trip: else each
-    consumer's first call of each one is answered NOSCRIPT, and loads it, and calls it again
-    (30 more round trips for 5 subscribers)."""
-    pipe = redis.pipeline(transaction=False)
-    for name in LOCK_SCRIPTS:
-        pipe.script_load(scripts.source(name))
-    await pipe.execute()
-
-
-UNBLOCK_EVERY_S = 0.01
-"""How often `unblock_reads_at_stop` looks again for reads blocked since its last look."""
-
-
-async def unblock_reads_at_stop(redis: AsyncRedis, stop: anyio.Event, done: anyio.Event) -> None:
-    """Once `stop` is set, end every blocking read on `redis` (``CLIENT UNBLOCK ... TIMEOUT``:
-    the read returns empty, as when its BLOCK runs out), again every `UNBLOCK_EVERY_S` seconds
-    until `done` is set, so that the consumers see the stop at once rather than after their
-    BLOCK. Only for a server the test bus owns (in memory): on a shared server it would end
-    other clients' reads too."""
-    await stop.wait()
-    while not done.is_set():
-        for client in await redis.client_list():
-            await redis.client_unblock(int(client["id"]))
-        with anyio.move_on_after(UNBLOCK_EVERY_S):
-            await done.wait()
-
-
 def _stream_of(reasons: list[str]) -> str | None:
     """The stream the first reason of `behind` names (``"<stream> group <g>"``...)."""
     return reasons[0].partition(" ")[0] if reasons else None
@@ -264,8 +209,8 @@ async def running(
     for them.
 
     :param redis: where to run: nothing for a fresh in-memory Redis (`memory_redis`, with the
-        lock scripts loaded and the test bus's `MEMORY_SETTINGS`; at the stop the subscribers'
-        blocking reads are ended at once: `unblock_reads_at_stop`), a Redis URL (a
+        lock scripts loaded, the test bus's `MEMORY_SETTINGS` and `MEMORY_SHARDS`; at the stop
+        the subscribers' blocking reads are ended at once: `unblock_reads_at_stop`), a Redis URL (a
         real server: it is connected like `EventBus` connects, and closed at the end), or a
         client (e.g. ``bus.redis``: the bus's own connection, left open). Afterwards the bus is
         as it was (its own connection and settings): it can be run again, or entered.
@@ -276,7 +221,7 @@ async def running(
     """
     if bus.running:
         raise RuntimeError("the bus is already running")
-    saved = (bus._session, bus.settings, bus.keys)
+    saved = (bus._session, bus.settings, bus.keys, dict(bus._topics))
     if key_prefix is not None:
         bus.settings = bus.settings.model_copy(update={"key_prefix": key_prefix})
         bus.keys = Keys(key_prefix, bus.settings.hashtag)
@@ -292,7 +237,9 @@ async def running(
     stop = anyio.Event()
     tb = TestBus(bus, stop)
     tb.fail_fast = fail_fast
-    calls = [s.call for s in bus.subscriptions]
+    calls = [(s.call, s.topic) for s in bus.subscriptions]
+    if in_memory(bus._current().redis) and "shards" not in bus.settings.model_fields_set:
+        use_memory_shards(bus)  # also on a memory server passed in: the count it registered
     for sub in bus.subscriptions:
         if not hasattr(sub.call, "call_batch"):
             sub.call = Watched(sub.call, tb.handled, fail_fast=fail_fast)
@@ -328,12 +275,14 @@ async def running(
     finally:
         # the bus as it was: its own connection, settings and handlers (the consumers of this
         # run stay in `bus.consumers`, for inspection)
-        bus._session, bus.settings, bus.keys = saved
-        for sub, call in zip(bus.subscriptions, calls, strict=True):
-            sub.call = call
+        bus._session, bus.settings, bus.keys, bus._topics = saved
+        for sub, (call, topic) in zip(bus.subscriptions, calls, strict=True):
+            sub.call, sub.topic = call, topic
 
 
 __all__ = [
+    "MEMORY_SETTINGS",
+    "MEMORY_SHARDS",
     "AppTestBus",
     "Handled",
     "HandlerFailed",

@@ -1,7 +1,8 @@
 """`eventbus.testing.running` outside the pytest plugin: what the block raises is raised as itself,
 not wrapped in an `ExceptionGroup` by the task group that runs the subscribers; the stop ends the
 consumers' blocking reads at once and loses or repeats nothing; a drain right after the start
-waits for a chain of handlers."""
+waits for a chain of handlers; topics declared without a shard count run on `MEMORY_SHARDS` in
+memory."""
 
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ from pydantic import BaseModel
 
 from eventbus import Context, EventBus
 from eventbus.locking import scripts
-from eventbus.testing import (
+from eventbus.testing import running
+from eventbus.testing.memory import (
     LOCK_SCRIPTS,
+    MEMORY_SHARDS,
     load_lock_scripts,
     memory_redis,
-    running,
     unblock_reads_at_stop,
 )
 
@@ -126,3 +128,41 @@ async def test_the_lock_scripts_are_loaded_into_a_fresh_server_at_once() -> None
     await load_lock_scripts(r)
 
     assert await r.script_exists(*shas) == [True] * len(shas)
+
+
+async def test_topics_declared_without_a_shard_count_run_on_memory_shards() -> None:
+    bus = _bus()  # "pings": no shard count
+    bus.topic("wide", shards=8)
+
+    async with running(bus) as tb:
+        assert bus.topic("pings").shards == MEMORY_SHARDS
+        assert bus.topic("wide").shards == 8  # a count the code chose is kept
+        for n in range(40):
+            await tb.publish("pings", Ping(n=n), resource_id=f"r{n}")
+        await tb.drain()
+        streams = {key.decode() async for key in tb.redis.scan_iter(match="*pings*")}
+        shard_streams = {bus.keys.stream("pings", s) for s in range(16)} & streams
+        assert shard_streams == {bus.keys.stream("pings", s) for s in range(MEMORY_SHARDS)}
+    # the run ends, and the bus declares what it declared
+    assert bus.topic("pings").shards == 16
+
+
+async def test_a_memory_server_run_again_keeps_the_shard_count_it_registered() -> None:
+    bus = _bus()
+    async with running(bus) as tb:
+        await tb.publish("pings", Ping(n=1), resource_id="a")
+    async with running(bus, redis=tb.redis) as again:  # no ShardCountMismatch
+        await again.publish("pings", Ping(n=2), resource_id="b")
+        await again.drain()
+        assert bus.topic("pings").shards == MEMORY_SHARDS
+
+
+async def test_a_shard_count_the_settings_set_is_kept_in_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("EVENTBUS_SHARDS", "4")
+    bus = _bus()
+    async with running(bus) as tb:
+        await tb.publish("pings", Ping(n=1), resource_id="a")
+        await tb.drain()
+        assert bus.topic("pings").shards == 4
