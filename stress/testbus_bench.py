@@ -1,8 +1,9 @@
 """``stress/testbus_bench.py``: how long a service's test takes with eventbus's test bus and with
 FastStream's ``TestRedisBroker``, and what an empty ``TestBus.drain()`` costs.
 
-The same service is written twice: 8 topics (default shards: 16), 5 subscribers, two of which
-publish on (orders -> invoices -> emails; payments -> shipments -> stock -> audit). The same 4
+The same service is written twice: 8 topics declared without a shard count (16 on a server, the
+test bus's `MEMORY_SHARDS` in memory), 5 subscribers, two of which publish on (orders -> invoices
+-> emails; payments -> shipments -> stock -> audit). The same 4
 test cases run against each, with the same assertions:
 
 * eventbus: each case in ``eventbus.testing.running(bus, fail_fast=True)``, what the pytest
