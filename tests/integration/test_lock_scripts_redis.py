@@ -13,6 +13,7 @@ from unit.lock_script_cases import LockClientCases, LockScriptCases
 
 from eventbus.locking.scripts import Scripts
 from localredis.cluster import ReplicatedCluster
+from localredis.server import RedisServer
 
 pytestmark = pytest.mark.anyio
 
@@ -91,14 +92,24 @@ async def _calls(r: redis.asyncio.Redis, command: str) -> int:
     return int((await r.info("commandstats")).get(f"cmdstat_{command}", {}).get("calls", 0))
 
 
+@pytest.fixture
+async def private_r() -> AsyncIterator[tuple[redis.asyncio.Redis, str]]:
+    """A client of a redis-server of the test's own: its ``INFO commandstats`` counts only
+    what the test sends (the worker's shared server also serves what earlier tests left)."""
+    with RedisServer() as server:
+        client = redis.asyncio.Redis.from_url(server.url)
+        yield client, server.url
+        await client.aclose()
+
+
 @pytest.mark.parametrize("hmget", [True, False])
 async def test_lock_rounds_read_the_lock_hash_in_one_hmget_or_one_by_one_without_it(
-    r: redis.asyncio.Redis, redis_db: str, hmget: bool
+    private_r: tuple[redis.asyncio.Redis, str], hmget: bool
 ) -> None:
     # a scan reads every candidate's owner, a steady round the listed shards' owners and
     # tokens: with HMGET a command per 1,000 fields instead of one per field; a role made
     # before the scripts used HMGET reads them one by one, with the same grants
-    await r.execute_command("SCRIPT", "FLUSH")
+    r, redis_db = private_r
     rules = _LOCK_RULES + " +zrange" + (" +hmget" if hmget else "")
     await r.execute_command(
         "ACL", "SETUSER", "locker", "on", ">pw", "resetkeys", "-@all", "+ping", "+time",
