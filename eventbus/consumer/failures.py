@@ -253,7 +253,9 @@ class Failures:
         )
         if first is None:  # unparked meanwhile (or a redelivery after the unpark)
             return await self._request_done(d, nonce)
-        letters = await parked_letters(self.redis, self.retry, self._dlq, rid, first.decode())
+        letters = await parked_letters(
+            self.redis, self.retry, self._dlq, rid, self._first(rid, first)
+        )
         if env.event_type == DROP:
             if letters:
                 ids = [x.dlq_id for x in letters]
@@ -276,6 +278,23 @@ class Failures:
         self.parked.pop(rid, None)
         self._changes += 1
         return await self._request_done(d, nonce)
+
+    def _first(self, rid: str, value: bytes) -> str:
+        """The dead-letter ID to scan `rid`'s parked letters from: its parked hash's `value`.
+        One that is not UTF-8 (any client may write the hash) names no ID: the letters are
+        looked up from the start of the dead-letter stream (they are found by resource ID, as
+        `parked_resources` keeps such a resource parked), with a WARNING naming key and field."""
+        try:
+            return value.decode()
+        except UnicodeDecodeError:
+            log.warning(
+                "parked hash %s: the value of field %r is not UTF-8 (no dead-letter ID): its "
+                "parked letters are looked up from the start of %s",
+                self.parked_key,
+                rid,
+                self._dlq,
+            )
+            return "-"
 
     async def _request_done(self, d: Delivery, nonce: str) -> Outcome:
         """Delete the operator's request: its control entry `d` has been executed (ACK), or the
