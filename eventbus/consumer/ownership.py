@@ -334,17 +334,3 @@ class Ownership:
         for s in sorted(self._unusable - unusable.keys()):
             log.warning("consumer %s: shard %d's lock key is usable again", self.consumer_id, s)
         self._unusable = set(unusable)
-
-
-class OpenOwnership:
-    """The ownership of a broadcast consumer: nothing is locked (every instance reads every
-    shard from its own positions), so its fence always holds."""
-
-    def holds(self, d: Delivery) -> bool:
-        return True
-
-    async def wait(self, d: Delivery) -> bool:
-        return True
-
-
-OPEN = OpenOwnership()
