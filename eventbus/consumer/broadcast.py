@@ -26,9 +26,9 @@ behind by a crashed instance. Its guarantees are those of a plain read:
   handler, a catch-all one included.
 
 The assembly: an open ownership (`open_ownership.OpenOwnership`: every shard, no lock, no lease,
-a fence that always holds, its own read positions) and a group's pipeline parts: the handling
-path (`handling`: decoded and validated per read, the retry policy, the watchdog's timeouts),
-per-resource queues (`queues`) run by a pool of workers (`runner`), and the count of entries in
+a fence that always holds, its own read positions) and a group's pipeline stages
+(`pipeline.Stages`): the handling path (decoded and validated per read, the retry policy, the
+watchdog's timeouts), per-resource queues run by a pool of workers, and the count of entries in
 flight (`acks`, as for ``NOACK`` reads: nothing is sent); only the last step differs (`Drops`:
 dropped, not dead-lettered), and the reads are plain ``XREAD`` from the positions.
 """
@@ -39,20 +39,16 @@ import logging
 from typing import Any
 
 import anyio
-import anyio.abc
 from redis.exceptions import ResponseError
 from redis.typing import KeyT, StreamIdT
 
 from eventbus.client import retry
 from eventbus.client.retry import LOST_REPLY
-from eventbus.consumer.acks import Acks
 from eventbus.consumer.context import Subscription
 from eventbus.consumer.delivery import Delivery, Fence, Outcome, Tally
 from eventbus.consumer.handling import Handling
 from eventbus.consumer.open_ownership import OpenOwnership
-from eventbus.consumer.queues import ResourceQueues
-from eventbus.consumer.runner import QueueRunner
-from eventbus.consumer.shards import read_items
+from eventbus.consumer.pipeline import Stages, per_resource
 from eventbus.consumer.supervision import start_when_reachable
 from eventbus.locking.member import Member
 from eventbus.protocol.topics import TopicRegistry
@@ -107,8 +103,8 @@ class Drops:
 
 class BroadcastConsumer:
     """Runs one broadcast `Subscription` until stopped; see the module docstring. Its parts:
-    `ownership` (open), `handling` (with `Drops` as its failure policy), `queues` run by
-    `runner`, `acks` (the count of entries in flight, nothing sent)."""
+    `ownership` (open) and the pipeline's `stages` (per-resource queues; `handling` with
+    `Drops` as its failure policy; `acks`, the count of entries in flight, nothing sent)."""
 
     def __init__(self, member: Member, registry: TopicRegistry, sub: Subscription) -> None:
         """`member` names this instance (its topic and group are `sub`'s); `registry` checks the
@@ -120,14 +116,22 @@ class BroadcastConsumer:
         self.lease = own  # readiness (`Running.lease`): it reads once its positions are taken
         self.started, self.gaps, self.mark_reads = own.started, own.gaps, own.mark_reads
         self.backoff = retry.backoff(settings.retry_base_s, settings.retry_max_s)
-        redis_retry = retry.forever(settings.retry_base_s, settings.retry_max_s)
         self.drops: Drops | None = None
-        self.handling = Handling(member, sub, redis_retry, failures=self._drops)
-        self.tally = self.handling.tally  # dead_lettered stays 0: no dead-letter stream here
-        # entries are finished when handled (or dropped): acked as NOACK reads are, unsent
-        self.acks = Acks(member, own.table, None, noack=True, backoff=self.backoff)
-        self.queues = ResourceQueues(self.acks.started)
-        self.runner = QueueRunner(self.handling, own, self.acks)
+        # a group's stages, fenced by the open ownership; entries are finished when handled
+        # (or dropped): acked as NOACK reads are, nothing sent
+        stages = self.stages = Stages(
+            member,
+            sub,
+            own,
+            own.table,
+            None,
+            noack=True,
+            queues=per_resource,
+            failures=self._drops,
+            backoff=self.backoff,
+        )
+        self.handling, self.acks = stages.handling, stages.acks
+        self.tally = stages.tally  # dead_lettered stays 0: no dead-letter stream here
 
     def _drops(self, tally: Tally) -> Drops:
         self.drops = Drops(self.sub, tally)
@@ -167,8 +171,8 @@ class BroadcastConsumer:
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self.handling.watchdog.run)
-                self.queues.start_workers(
-                    lambda: tg.start_soon(self._worker, tg), self.settings.concurrency
+                self.stages.queues.start_workers(
+                    lambda: tg.start_soon(self.stages.worker, tg), self.settings.concurrency
                 )
                 async with anyio.create_task_group() as readers:
                     readers.start_soon(self._cancel_reads_on, stop, readers.cancel_scope)
@@ -189,10 +193,6 @@ class BroadcastConsumer:
                 self.in_flight,
                 self.settings.shutdown_grace_s,
             )
-
-    async def _worker(self, tg: anyio.abc.TaskGroup) -> None:
-        stopping = self.handling.stopping  # a retry waiting at shutdown is tried at once
-        await self.queues.worker(self.runner.run, self.handling.watchdog.slot(), tg, stopping)
 
     async def _read_loop(self, streams: list[str], stop: anyio.Event) -> None:
         """Read `streams` from their positions into the queues until `stop` is set (then the
@@ -222,10 +222,7 @@ class BroadcastConsumer:
         own = self.ownership
         for stream, entries in reply:
             key = stream.decode() if isinstance(stream, bytes) else stream
-            held = own.by_stream[key]
-            items = read_items(held, entries, None)
-            self.handling.prepare(items)
-            self.queues.dispatch(held, items)
+            self.stages.dispatch(own.by_stream[key], entries, None)
             if entries:
                 own.read(key, entries)
 
