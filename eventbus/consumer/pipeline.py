@@ -5,10 +5,13 @@ the shards held there, with a valid lease, blocking no longer than it lasts; han
 its queues (decoded and validated in one pass first, unless a batch worker decodes them); runs
 them through the handling path (`handling`) under the ownership's fence (`runner`, or a batch
 subscription's `BatchRunner`); and acks them in batches (`acks`). The queues and the workers'
-step are the assembly's choice, made at construction (`Queues`).
+step are the assembly's choice, made at construction (`Queues`). Everything after the read is
+`Stages` (handling, queues and workers, acks), which the broadcast assembly builds too
+(`eventbus.consumer.broadcast`: its own reads, an open ownership's fence, `Drops` as its last
+step).
 
 One entry, from the read to the ack: `Reader.read` (``XREADGROUP``, `reading`) ->
-`Pipeline._dispatch` -> `Handling.prepare` (`decoding`: envelope, model) ->
+`Pipeline._dispatch` -> `Stages.dispatch` -> `Handling.prepare` (`decoding`: envelope, model) ->
 `ResourceQueues.dispatch` (`queues`) -> a worker's `QueueRunner.run` (`runner`) ->
 `Handling.attempt` (the fence, the handler call) -> `Acks.ack` -> `Acks.loop` (``XACK``,
 `acks`).
