@@ -67,7 +67,7 @@ class EventBus(Declarations, Lifecycle):
         with the verse profile (the durable tier reads eventbus's own entries only)."""
         self.settings = settings or Settings()
         self.profile = profile_named(profile)
-        if archive is not None and not self.profile.codec.native:
+        if archive is not None and not self.profile.codec.archived:
             raise ConfigError(
                 f"the {self.profile.name} profile has no durable tier: the offloader, catch-up "
                 "and replay read eventbus's own entries; make the bus without archive="

@@ -124,7 +124,7 @@ class Declarations:
         """`subscriber`, its handlers entered in `scope`'s middlewares (`include_router`)."""
         resolved = SubscriberOptions.of(self.settings, topic, **options)
 
-        if resolved.on_failure == "park" and not self.profile.codec.native:
+        if resolved.on_failure == "park" and not self.profile.codec.orders_by_resource:
             raise ConfigError(
                 f"subscriber of topic {topic!r}: on_failure='park' needs per-resource order, "
                 f"and the {self.profile.name} profile orders by shard (docs/verse.md)"

@@ -2,7 +2,8 @@
 
 A `WireProfile` is four parts, each picked at construction and then called without a test per
 event: the **stream naming** (a `Keys` whose ``stream(topic, shard)`` names the shard streams),
-the **envelope codec** (`Codec`: entry fields <-> `Envelope`), the **shard hash** (resource ID
+the **envelope codec** (`Codec`: entry fields <-> `Envelope`, and which path of the publisher and
+the consumers handles them: `NativeCodec` is eventbus's own), the **shard hash** (resource ID
 -> shard) and the **lock client** of the consumers (whose lock keys exclude whom).
 
 * `EVENTBUS` (``EventBus(profile="eventbus")``, the default): docs/protocol.md.
@@ -18,9 +19,10 @@ tools use it. A service that also uses eventbus's own topics makes a second bus 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from functools import partial
+from typing import TYPE_CHECKING, ClassVar
 
 from eventbus.errors import ConfigError
 from eventbus.locking.locks import LockClient, ShardLocks
@@ -33,17 +35,24 @@ from eventbus.protocol.verse.keys import VerseKeys, VerseStreamKeys
 from eventbus.protocol.verse.sharding import check_verse_shards, verse_shard_of
 
 if TYPE_CHECKING:
+    from eventbus.consumer.decoding import Decoding
+    from eventbus.consumer.delivery import Delivery
     from eventbus.locking.member import Member
     from eventbus.locking.scripts import Scripts
+    from eventbus.protocol.topics import TopicConfig
+    from eventbus.publishing.encoding import Encoder
+
+    Prepared = tuple[str, dict[bytes, bytes]]
+    """(shard stream key, entry fields): what the publisher sends."""
 
 
 @dataclass(frozen=True, slots=True)
 class Codec:
-    """A profile's entry format.
+    """A profile's entry format, one entry at a time through its own functions (a format other
+    than eventbus's, e.g. Verse's ``msg``); `NativeCodec` is eventbus's own. The publisher and the
+    consumers ask the codec for their path (`publishes`, `reads`) once, when they are made:
+    each kind of codec is its own implementation, not a test per event.
 
-    :param native: eventbus's own format, which the publisher and the consumers encode and
-        decode on their own fast paths (zstd dictionaries, decoding in threads, validation of a
-        read in one pass); a codec that is not native goes through `encode` and `decode`
     :param encode: ``encode(envelope) -> fields``, the entry's field map; raises `ValueError`
         for an envelope the format cannot carry
     :param decode: ``decode(fields, *, max_bytes, entry_id) -> Envelope``; `max_bytes` bounds
@@ -53,10 +62,44 @@ class Codec:
         letter keeps
     """
 
-    native: bool
     encode: Callable[[Envelope], dict[bytes, bytes]]
     decode: Callable[..., Envelope]
     fields: tuple[bytes, ...]
+
+    orders_by_resource: ClassVar[bool] = False
+    """Whether a consumer queues an entry behind its resource's earlier ones (and so can park a
+    resource); a format that need not carry the resource ID is ordered per shard
+    (`eventbus.consumer.foreign`)."""
+    archived: ClassVar[bool] = False
+    """Whether the durable tier (offloader, catch-up, replay) reads entries of this format."""
+
+    def reads(self, decoding: Decoding) -> Callable[[Sequence[Delivery]], None]:
+        """How `decoding` decodes one read ahead of the entries' turn: entry by entry through
+        `decode`, in shard order (`Decoding.prepare_foreign`)."""
+        return partial(decoding.prepare_foreign, self)
+
+    def publishes(self, encoder: Encoder) -> Callable[[TopicConfig, Envelope], Prepared]:
+        """How `encoder` encodes an envelope: through `encode`, checked by `decode`
+        (`Encoder.prepare_foreign`)."""
+        return partial(encoder.prepare_foreign, self)
+
+
+@dataclass(frozen=True, slots=True)
+class NativeCodec(Codec):
+    """eventbus's own format (docs/protocol.md), which the publisher and the consumers encode and
+    decode on their own fast paths: zstd dictionaries, large entries decoded in threads, a read
+    validated in one pass, ordered per resource, archived by the durable tier."""
+
+    orders_by_resource: ClassVar[bool] = True
+    archived: ClassVar[bool] = True
+
+    def reads(self, decoding: Decoding) -> Callable[[Sequence[Delivery]], None]:
+        """`Decoding.prepare`: the consumers' own path for eventbus's format."""
+        return decoding.prepare
+
+    def publishes(self, encoder: Encoder) -> Callable[[TopicConfig, Envelope], Prepared]:
+        """`Encoder.prepare_native`: the publisher's own path for eventbus's format."""
+        return encoder.prepare_native
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +154,7 @@ EVENTBUS = WireProfile(
     keys=Keys,
     shard_of=shard_of,
     check_shards=check_shards,
-    codec=Codec(True, encode_entry, _decode_entry, (F_RESOURCE, F_TYPE, F_DATA)),
+    codec=NativeCodec(encode_entry, _decode_entry, (F_RESOURCE, F_TYPE, F_DATA)),
     lock_client=_eventbus_locks,
     shard_rule="xxh64(utf8(resource_id)) mod {shards} (docs/protocol.md)",
 )
@@ -122,7 +165,7 @@ VERSE = WireProfile(
     keys=VerseStreamKeys,
     shard_of=verse_shard_of,
     check_shards=check_verse_shards,
-    codec=Codec(False, encode_verse, decode_verse, (F_MSG,)),
+    codec=Codec(encode_verse, decode_verse, (F_MSG,)),
     lock_client=_verse_locks,
     shard_rule="Verse's 32-bit linear-congruential fold of utf8(resource_id) mod {shards} "
     "(docs/verse.md)",
@@ -130,6 +173,12 @@ VERSE = WireProfile(
 """Verse's protocol (docs/verse.md)."""
 
 PROFILES = {p.name: p for p in (EVENTBUS, VERSE)}
+
+
+def profile_of(member: Member) -> WireProfile:
+    """The wire profile `member` speaks: its own, or eventbus's when it names none (a member
+    made by the durable tier, which reads eventbus's format only)."""
+    return member.profile or EVENTBUS
 
 
 def profile_named(profile: str | WireProfile) -> WireProfile:

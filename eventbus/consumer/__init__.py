@@ -1,8 +1,10 @@
 """The consumer: one `Consumer` per subscription, assembled from an `Ownership` (`ownership`:
 lock rounds, lease, held-shard table, recovery, release: the fence) and a `Pipeline`
 (`pipeline`: `reading` -> `decoding` -> `queues` and `runner` -> `acks`), run by `engine` and
-`supervision`; each entry goes through the handling path shared with catch-up (`handling`,
-`delivery`, `failures`). docs/architecture.md lists every module and the path of an entry.
+`supervision`; a broadcast one (`broadcast`) is an open ownership (`open_ownership`: no lock, no
+lease, its own read positions) with the pipeline's `Stages` (handling, queues, runner, acks).
+Each entry goes through the handling path shared with catch-up (`handling`, `delivery`,
+`failures`). docs/architecture.md lists every module and the path of an entry.
 """
 
 from eventbus.consumer.catching_up import CatchUpHook

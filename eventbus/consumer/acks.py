@@ -34,7 +34,8 @@ class _Batch:
 
 
 class Acks:
-    """Acks of `member` for the shards of `table` while `lease` is valid, at most
+    """Acks of `member` for the shards of `table` while `lease` is valid (None: no lease, the
+    fence of a broadcast consumer's entries always holds), at most
     `settings.max_in_flight` entries in flight; `noack` (at-most-once reads) finishes entries
     without XACK; `backoff` spaces the retries of a failed XACK; `before_send` is called before
     each XACK pipeline (the handling path's metrics are flushed before the entries' acks);
@@ -46,7 +47,7 @@ class Acks:
         self,
         member: Member,
         table: ShardTable,
-        lease: Lease,
+        lease: Lease | None,
         *,
         noack: bool,
         backoff: AbstractBackoff,
@@ -168,8 +169,9 @@ class Acks:
             self._wake = asyncio.Event()
             batches, self._batches = self._batches, {}
             self._sending = batches
-            while not self.lease.ok() and self.table.held:
-                await self.lease.changed()
+            lease = self.lease
+            while lease is not None and not lease.ok() and self.table.held:
+                await lease.changed()
             current = [
                 b for b in batches.values() if self.table.current(b.held.shard, b.generation)
             ]

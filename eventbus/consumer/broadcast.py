@@ -25,55 +25,38 @@ behind by a crashed instance. Its guarantees are those of a plain read:
 * Control entries (the operator's requeue/drop for groups) are not events: never handed to a
   handler, a catch-all one included.
 
-The entries go through the same core as a group's (`eventbus.consumer.runner`): decoded and
-validated per read, per-resource queues, a pool of workers, the watchdog's timeouts, the retry
-policy; only the last step differs (dropped, not dead-lettered).
+The assembly: an open ownership (`open_ownership.OpenOwnership`: every shard, no lock, no lease,
+a fence that always holds, its own read positions) and a group's pipeline stages
+(`pipeline.Stages`): the handling path (decoded and validated per read, the retry policy, the
+watchdog's timeouts), per-resource queues run by a pool of workers, and the count of entries in
+flight (`acks`, as for ``NOACK`` reads: nothing is sent); only the last step differs (`Drops`:
+dropped, not dead-lettered), and the reads are plain ``XREAD`` from the positions.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
-import anyio.abc
 from redis.exceptions import ResponseError
 from redis.typing import KeyT, StreamIdT
 
 from eventbus.client import retry
-from eventbus.client.pipelines import execute
 from eventbus.client.retry import LOST_REPLY
-from eventbus.consumer.broadcast_gaps import Gaps, missing
 from eventbus.consumer.context import Subscription
 from eventbus.consumer.delivery import Delivery, Fence, Outcome, Tally
 from eventbus.consumer.handling import Handling
-from eventbus.consumer.ownership import OPEN
-from eventbus.consumer.queues import ResourceQueues
-from eventbus.consumer.runner import QueueRunner
-from eventbus.consumer.shards import HeldShard, Item, read_items
+from eventbus.consumer.open_ownership import OpenOwnership
+from eventbus.consumer.pipeline import Stages, per_resource
 from eventbus.consumer.supervision import start_when_reachable
 from eventbus.locking.member import Member
 from eventbus.protocol.topics import TopicRegistry
-
-if TYPE_CHECKING:
-    from eventbus.consumer.running import ReadMarks
 
 log = logging.getLogger("eventbus.consumer")
 
 _BATCH = 500  # entries per stream per XREAD
 _RETRIED: tuple[type[Exception], ...] = (*LOST_REPLY, ResponseError)  # reads start over
-
-
-class _Started:
-    """What stands for a lease in readiness checks (`eventbus.ops.health`): ready once reading."""
-
-    def __init__(self, started: anyio.Event) -> None:
-        self._started = started
-
-    def ok(self) -> bool:
-        return self._started.is_set()
 
 
 class Drops:
@@ -119,7 +102,9 @@ class Drops:
 
 
 class BroadcastConsumer:
-    """Runs one broadcast `Subscription` until stopped; see the module docstring."""
+    """Runs one broadcast `Subscription` until stopped; see the module docstring. Its parts:
+    `ownership` (open) and the pipeline's `stages` (per-resource queues; `handling` with
+    `Drops` as its failure policy; `acks`, the count of entries in flight, nothing sent)."""
 
     def __init__(self, member: Member, registry: TopicRegistry, sub: Subscription) -> None:
         """`member` names this instance (its topic and group are `sub`'s); `registry` checks the
@@ -127,30 +112,26 @@ class BroadcastConsumer:
         settings = self.settings = member.settings
         self.redis, self.consumer_id, self.group = member.redis, member.consumer_id, member.group
         self.registry, self.sub, self.topic = registry, sub, sub.topic
-        self.streams = [member.keys.stream(sub.topic.name, s) for s in range(sub.topic.shards)]
-        self._shards = {
-            stream: HeldShard(s, stream, token=0, generation=0)  # never lost: nothing is locked
-            for s, stream in enumerate(self.streams)
-        }
-        self.positions: dict[KeyT, StreamIdT] = {}  # stream -> last entry ID read
-        redis_retry = retry.forever(settings.retry_base_s, settings.retry_max_s)
-        self.drops: Drops | None = None
-        self.handling = Handling(member, sub, redis_retry, failures=self._drops)
-        self.tally = self.handling.tally  # dead_lettered stays 0: no dead-letter stream here
-        self.queues = ResourceQueues(self._started)
-        self.runner = QueueRunner(self.handling, OPEN, self)
+        own = self.ownership = OpenOwnership(member, sub)
+        self.lease = own  # readiness (`Running.lease`): it reads once its positions are taken
+        self.started, self.gaps, self.mark_reads = own.started, own.gaps, own.mark_reads
         self.backoff = retry.backoff(settings.retry_base_s, settings.retry_max_s)
-        self.in_flight = 0
-        self._idle = anyio.Event()
-        self._capacity = anyio.Event()
-        self.started = anyio.Event()  # set once the start positions are taken
-        self.gaps = Gaps(
-            self.consumer_id,
-            sub.topic.name,
-            sub.group,
-            {stream: held.shard for stream, held in self._shards.items()},
+        self.drops: Drops | None = None
+        # a group's stages, fenced by the open ownership; entries are finished when handled
+        # (or dropped): acked as NOACK reads are, nothing sent
+        stages = self.stages = Stages(
+            member,
+            sub,
+            own,
+            own.table,
+            None,
+            noack=True,
+            queues=per_resource,
+            failures=self._drops,
+            backoff=self.backoff,
         )
-        self.lease = _Started(self.started)
+        self.handling, self.acks = stages.handling, stages.acks
+        self.tally = stages.tally  # dead_lettered stays 0: no dead-letter stream here
 
     def _drops(self, tally: Tally) -> Drops:
         self.drops = Drops(self.sub, tally)
@@ -161,29 +142,10 @@ class BroadcastConsumer:
         """Entries not handled: failed after their retries, undecodable, unknown."""
         return self.drops.dropped if self.drops else 0
 
-    # -- in flight (the `Settle` of the queue runner) ------------------------------------------
-    def _started(self, held: HeldShard, n: int) -> None:
-        self.in_flight += n
-
-    def ack(self, item: Item) -> None:
-        self.finish(item)
-
-    def finish(self, item: Item) -> None:
-        self.in_flight -= 1
-        if self.in_flight == 0:
-            self._idle.set()
-            self._idle = anyio.Event()
-        if self.in_flight == self.settings.max_in_flight - 1:
-            self._capacity.set()
-            self._capacity = anyio.Event()
-
-    def mark_reads(self, marks: Callable[[str], ReadMarks]) -> None:
-        """Its position on every shard stream of the topic, kept here: no group in Redis
-        tells what it read (`Running.mark_reads`)."""
-        for stream in self.streams:
-            marks(stream).positions.append(
-                (self.consumer_id, functools.partial(self.positions.get, stream))
-            )
+    @property
+    def in_flight(self) -> int:
+        """Entries read and not yet handled (or dropped)."""
+        return self.acks.in_flight
 
     # -- running --------------------------------------------------------------------------------
     async def run(self, stop: anyio.Event) -> None:
@@ -204,21 +166,22 @@ class BroadcastConsumer:
         )
         # One XREAD of every shard stream on a single node; on a Cluster one per stream, each
         # on its own connection: the keys of one XREAD must share a hash slot there.
-        reads = [[s] for s in self.streams] if self.settings.cluster else [self.streams]
+        streams = self.ownership.table.streams
+        reads = [[s] for s in streams] if self.settings.cluster else [streams]
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self.handling.watchdog.run)
-                self.queues.start_workers(
-                    lambda: tg.start_soon(self._worker, tg), self.settings.concurrency
+                self.stages.queues.start_workers(
+                    lambda: tg.start_soon(self.stages.worker, tg), self.settings.concurrency
                 )
                 async with anyio.create_task_group() as readers:
                     readers.start_soon(self._cancel_reads_on, stop, readers.cancel_scope)
-                    for streams in reads:
-                        readers.start_soon(self._read_loop, streams, stop)
+                    for these in reads:
+                        readers.start_soon(self._read_loop, these, stop)
                 with anyio.move_on_after(self.settings.shutdown_grace_s):
                     await self._last_check()
-                    while self.in_flight:
-                        await self._idle.wait()
+                    while self.acks.in_flight:
+                        await self.acks.wait_idle()
                 tg.cancel_scope.cancel()
         finally:
             self.handling.flush_metrics()
@@ -231,27 +194,22 @@ class BroadcastConsumer:
                 self.settings.shutdown_grace_s,
             )
 
-    async def _worker(self, tg: anyio.abc.TaskGroup) -> None:
-        stopping = self.handling.stopping  # a retry waiting at shutdown is tried at once
-        await self.queues.worker(self.runner.run, self.handling.watchdog.slot(), tg, stopping)
-
     async def _read_loop(self, streams: list[str], stop: anyio.Event) -> None:
         """Read `streams` from their positions into the queues until `stop` is set (then the
         task group's cancellation ends a blocked read), at most `max_in_flight` entries
         unfinished."""
+        own, acks, settings = self.ownership, self.acks, self.settings
         waits = retry.Waits(self.backoff, log)
         behind = False  # whether trimming may have caught up with the position (`Gaps`)
         while not stop.is_set():
-            while self.in_flight >= self.settings.max_in_flight:
+            while acks.in_flight >= settings.max_in_flight:
                 behind = True  # not reading, while the stream may grow past its cap
-                await self._capacity.wait()
+                await own.table.changed()  # (`Acks` wakes it once back under the cap)
             try:
-                if behind or self.gaps.due(streams, self.settings.trim_check_s):
-                    await self.gaps.check(self.redis, self.positions, streams)
-                positions: dict[KeyT, StreamIdT] = {s: self.positions[s] for s in streams}
-                reply = await self.redis.xread(
-                    positions, count=_BATCH, block=self.settings.block_max_ms
-                )
+                if behind or own.gaps.due(streams, settings.trim_check_s):
+                    await own.check_gaps(streams)
+                positions: dict[KeyT, StreamIdT] = {s: own.positions[s] for s in streams}
+                reply = await self.redis.xread(positions, count=_BATCH, block=settings.block_max_ms)
                 waits.ok()
             except _RETRIED as exc:
                 await waits.wait(stop, f"broadcast consumer {self.consumer_id}: read failed", exc)
@@ -261,15 +219,12 @@ class BroadcastConsumer:
             behind = any(len(entries) >= _BATCH for _, entries in reply or [])  # more to read
 
     def _dispatch(self, reply: list[Any]) -> None:
+        own = self.ownership
         for stream, entries in reply:
             key = stream.decode() if isinstance(stream, bytes) else stream
-            held = self._shards[key]
-            items = read_items(held, entries, None)
-            self.handling.prepare(items)
-            self.queues.dispatch(held, items)
+            self.stages.dispatch(own.by_stream[key], entries, None)
             if entries:
-                self.positions[key] = entries[-1][0]
-                self.gaps.count_read(key, len(entries))
+                own.read(key, entries)
 
     async def _cancel_reads_on(self, stop: anyio.Event, scope: anyio.CancelScope) -> None:
         """A blocking XREAD does not wait for its block time once `stop` is set, nor does a
@@ -281,7 +236,7 @@ class BroadcastConsumer:
     async def _last_check(self) -> None:
         """At stop, once reading ended: tell the entries trimmed since the last check."""
         try:
-            await self.gaps.check(self.redis, self.positions, self.streams)
+            await self.ownership.check_gaps(self.ownership.table.streams)
         except _RETRIED as exc:
             log.warning(
                 "broadcast consumer %s: could not check for entries trimmed before it read "
@@ -292,18 +247,4 @@ class BroadcastConsumer:
 
     async def _start(self) -> None:
         await self.registry.ensure(self.topic)
-        await self._start_positions()
-
-    async def _start_positions(self) -> None:
-        """The streams' last entries (``XINFO STREAM``: with the count of entries ever added,
-        for `Gaps`); a missing stream starts at ``0-0``. Raises other error replies."""
-        pipe = self.redis.pipeline(transaction=False)
-        for stream in self.streams:
-            pipe.xinfo_stream(stream)
-        for stream, info in zip(
-            self.streams, await execute(pipe, raise_on_error=False), strict=True
-        ):
-            last = None if missing(info) else info.get("last-entry")
-            self.positions[stream] = last[0] if last else b"0-0"
-            self.gaps.start(stream, info)
-        self.started.set()
+        await self.ownership.start()

@@ -24,10 +24,11 @@ from redis.asyncio.retry import Retry
 from eventbus.client import retry as retrying
 from eventbus.consumer.context import Subscription
 from eventbus.consumer.delivery import Delivery
+from eventbus.consumer.foreign import prepare_foreign
 from eventbus.errors import DecodeError, InvalidReply, UnknownEventType, undecodable
 from eventbus.locking.member import Member
 from eventbus.ops.metrics import METRICS
-from eventbus.profiles import EVENTBUS
+from eventbus.profiles import Codec, profile_of
 from eventbus.protocol.codec import (
     F_DATA,
     FORMAT_MSGPACK,
@@ -63,7 +64,7 @@ class Decoding:
         self._skipped_types: set[str] = set()  # at most _SKIPPED_TYPES
         self._skipped_more = 0  # entries of other unknown types since the last WARNING
         self._next_skip_warning = 0.0
-        self.codec = (member.profile or EVENTBUS).codec  # a wire profile's own format: its codec
+        self.codec = profile_of(member).codec  # the format, and how a read is prepared
 
     def prepare(self, batch: Sequence[Delivery]) -> None:
         """Decode and validate the entries of one read ahead of their turn: each envelope
@@ -72,7 +73,7 @@ class Decoding:
         whose dictionary is not loaded yet to `step`, which decodes them as before. Whatever
         decoding an entry raises is that entry's `error` (`undecodable`: a dead letter naming
         it), never the read's. Raises nothing. (A wire profile's own format decodes with
-        `prepare_foreign` instead.)"""
+        `prepare_foreign` instead: `Codec.reads`.)"""
         limit = self.max_decoded_bytes
         decoded: list[Delivery] = []
         for d in batch:
@@ -93,6 +94,11 @@ class Decoding:
             d.env = env
             decoded.append(d)
         self.route(decoded)
+
+    def prepare_foreign(self, codec: Codec, batch: Sequence[Delivery]) -> None:
+        """`prepare` for a read of a format other than eventbus's, decoded by `codec` entry by
+        entry and queued per shard (`eventbus.consumer.foreign`; `Codec.reads` picks it)."""
+        prepare_foreign(self, codec, batch)
 
     def route(self, decoded: Sequence[Delivery]) -> None:
         """Route and validate `decoded` (deliveries whose `env` is set), whatever their wire

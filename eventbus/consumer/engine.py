@@ -8,8 +8,9 @@ process in order -> ack -> unlock.
 The three assemblies: a **group** consumer is an Ownership and a Pipeline with one queue per
 resource (`pipeline.per_resource`); a **batch** one the same with one queue per shard run in
 batches (`batching.batch_queues`), both wired here at construction; a **broadcast** one
-(`broadcast`) reads without locks with the pipeline's queues and handling under an open
-ownership whose fence always holds (`ownership.OPEN`).
+(`broadcast.BroadcastConsumer`) is an open ownership (`open_ownership`: every shard, no lock, no
+lease, a fence that always holds, its own read positions) with the pipeline's `Stages`
+(handling, queues, runner, acks), dropping what a group dead-letters, reading with ``XREAD``.
 
 The life of a round (`Pipeline.round`, run by `supervision.read_loop`):
 

@@ -32,7 +32,7 @@ from eventbus.errors import ConfigError, DecodeError
 from eventbus.locking.member import Member
 from eventbus.locking.scripts import register
 from eventbus.ops.metrics import METRICS
-from eventbus.profiles import EVENTBUS
+from eventbus.profiles import profile_of
 from eventbus.protocol.dead_letters import (
     DROP,
     DeadLetter,
@@ -86,7 +86,7 @@ class Failures:
                 f"subscriber of topic {sub.topic.name!r}, group {sub.group!r}: "
                 f"on_failure='park' needs its writes to the parked set fenced by the shard "
                 f"locks (lua/fenced_hash.lua checks eventbus's lock hash), and the "
-                f"{(member.profile or EVENTBUS).name} profile's lock client keeps its locks "
+                f"{profile_of(member).name} profile's lock client keeps its locks "
                 f"elsewhere (its fences_writes is False): use eventbus's lock client "
                 f"(profiles.EVENTBUS.lock_client) or on_failure='continue'"
             )
@@ -94,7 +94,7 @@ class Failures:
         self.parked: dict[str, str] = {}  # resource -> its first parked letter's ID
         self._changes = 0  # local parks and unparks, to detect a reload racing them
         self._m_dead = METRICS.dead_lettered.labels(sub.topic.name, sub.group)
-        self._kept = (member.profile or EVENTBUS).codec.fields  # what a dead letter keeps
+        self._kept = profile_of(member).codec.fields  # what a dead letter keeps
 
     def gives_up(self, parking: bool) -> str:
         return "dead-lettering and parking the resource" if parking else "dead-lettering"
@@ -253,7 +253,9 @@ class Failures:
         )
         if first is None:  # unparked meanwhile (or a redelivery after the unpark)
             return await self._request_done(d, nonce)
-        letters = await parked_letters(self.redis, self.retry, self._dlq, rid, first.decode())
+        letters = await parked_letters(
+            self.redis, self.retry, self._dlq, rid, self._first(rid, first)
+        )
         if env.event_type == DROP:
             if letters:
                 ids = [x.dlq_id for x in letters]
@@ -276,6 +278,23 @@ class Failures:
         self.parked.pop(rid, None)
         self._changes += 1
         return await self._request_done(d, nonce)
+
+    def _first(self, rid: str, value: bytes) -> str:
+        """The dead-letter ID to scan `rid`'s parked letters from: its parked hash's `value`.
+        One that is not UTF-8 (any client may write the hash) names no ID: the letters are
+        looked up from the start of the dead-letter stream (they are found by resource ID, as
+        `parked_resources` keeps such a resource parked), with a WARNING naming key and field."""
+        try:
+            return value.decode()
+        except UnicodeDecodeError:
+            log.warning(
+                "parked hash %s: the value of field %r is not UTF-8 (no dead-letter ID): its "
+                "parked letters are looked up from the start of %s",
+                self.parked_key,
+                rid,
+                self._dlq,
+            )
+            return "-"
 
     async def _request_done(self, d: Delivery, nonce: str) -> Outcome:
         """Delete the operator's request: its control entry `d` has been executed (ACK), or the

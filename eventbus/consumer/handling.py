@@ -38,7 +38,6 @@ from eventbus.consumer.delivery import (
     Tally,
 )
 from eventbus.consumer.failures import Failures
-from eventbus.consumer.foreign import prepare_foreign
 from eventbus.consumer.routing import Router
 from eventbus.consumer.scope import around
 from eventbus.consumer.watchdog import Slot, Watchdog
@@ -85,12 +84,11 @@ class Handling:
         """Set when the consumer stops reading (with `stopping`, or before it: an at-most-once
         consumer handles what it read first): a catch-up from the archive stops there."""
         self.decoding = Decoding(member, sub, retry)
-        # the decoding path, under the names the consumer, broadcast and catch-up call; a wire
-        # profile's own format is prepared with its codec (`foreign`)
-        codec = self.decoding.codec
-        self.prepare: Callable[[Sequence[Delivery]], None] = self.decoding.prepare
-        if not codec.native:
-            self.prepare = partial(prepare_foreign, self.decoding, codec)
+        # the decoding path, under the names the consumer, broadcast and catch-up call; the
+        # profile's codec picks how a read is prepared (`Codec.reads`)
+        self.prepare: Callable[[Sequence[Delivery]], None] = self.decoding.codec.reads(
+            self.decoding
+        )
         self.decoded = self.decoding.decoded
         self.envelope, self.decode = self.decoding.envelope, self.decoding.decode
         self.failures: FailurePolicy = (failures or partial(Failures, member, sub, retry))(

@@ -36,7 +36,7 @@ from eventbus.locking.lease import Lease
 from eventbus.locking.member import Member
 from eventbus.locking.scripts import Scripts
 from eventbus.ops.metrics import METRICS, ShardMetrics
-from eventbus.profiles import EVENTBUS
+from eventbus.profiles import profile_of
 from eventbus.protocol.retention import trim_held_to_acked
 from eventbus.tier.settings import OFFLOADER_GROUP
 
@@ -78,7 +78,7 @@ class Ownership:
         self.noack = sub.options.ack == "before"
         self.on_refused = on_refused
         n = self.topic.shards
-        self.locks = (member.profile or EVENTBUS).lock_client(member, n, scripts)
+        self.locks = profile_of(member).lock_client(member, n, scripts)
         self.lease = Lease(settings.lease_s)
         self.table = ShardTable([self.keys.stream(self.topic.name, s) for s in range(n)])
         self.trims = TrimWatch(member)
@@ -334,17 +334,3 @@ class Ownership:
         for s in sorted(self._unusable - unusable.keys()):
             log.warning("consumer %s: shard %d's lock key is usable again", self.consumer_id, s)
         self._unusable = set(unusable)
-
-
-class OpenOwnership:
-    """The ownership of a broadcast consumer: nothing is locked (every instance reads every
-    shard from its own positions), so its fence always holds."""
-
-    def holds(self, d: Delivery) -> bool:
-        return True
-
-    async def wait(self, d: Delivery) -> bool:
-        return True
-
-
-OPEN = OpenOwnership()

@@ -5,10 +5,13 @@ the shards held there, with a valid lease, blocking no longer than it lasts; han
 its queues (decoded and validated in one pass first, unless a batch worker decodes them); runs
 them through the handling path (`handling`) under the ownership's fence (`runner`, or a batch
 subscription's `BatchRunner`); and acks them in batches (`acks`). The queues and the workers'
-step are the assembly's choice, made at construction (`Queues`).
+step are the assembly's choice, made at construction (`Queues`). Everything after the read is
+`Stages` (handling, queues and workers, acks), which the broadcast assembly builds too
+(`eventbus.consumer.broadcast`: its own reads, an open ownership's fence, `Drops` as its last
+step).
 
 One entry, from the read to the ack: `Reader.read` (``XREADGROUP``, `reading`) ->
-`Pipeline._dispatch` -> `Handling.prepare` (`decoding`: envelope, model) ->
+`Pipeline._dispatch` -> `Stages.dispatch` -> `Handling.prepare` (`decoding`: envelope, model) ->
 `ResourceQueues.dispatch` (`queues`) -> a worker's `QueueRunner.run` (`runner`) ->
 `Handling.attempt` (the fence, the handler call) -> `Acks.ack` -> `Acks.loop` (``XACK``,
 `acks`).
@@ -29,31 +32,100 @@ from eventbus.client import retry
 from eventbus.consumer.acks import Acks
 from eventbus.consumer.catching_up import CatchUpHook
 from eventbus.consumer.context import Subscription
+from eventbus.consumer.delivery import FailurePolicy, Fence, Tally
 from eventbus.consumer.failures import Failures
 from eventbus.consumer.handling import Handling
 from eventbus.consumer.ownership import Ownership
 from eventbus.consumer.queues import ResourceQueues
 from eventbus.consumer.reading import Counts, Entries, Reader
 from eventbus.consumer.runner import QueueRunner
-from eventbus.consumer.shards import HeldShard, read_items
+from eventbus.consumer.shards import HeldShard, ShardTable, read_items
 from eventbus.consumer.supervision import refused
+from eventbus.locking.lease import Lease
 from eventbus.locking.member import Member
 from eventbus.ops.metrics import METRICS
 
-Queues = Callable[[Handling, Ownership, QueueRunner, Acks], tuple[ResourceQueues, Any]]
+Queues = Callable[[Handling, Fence, QueueRunner, Acks], tuple[ResourceQueues, Any]]
 """An assembly's queues and its workers' step, from the pipeline's parts: per resource
 (`per_resource`) or per shard in batches (`eventbus.consumer.batching.batch_queues`)."""
 
 
 def per_resource(
-    handling: Handling, own: Ownership, runner: QueueRunner, acks: Acks
+    handling: Handling, fence: Fence, runner: QueueRunner, acks: Acks
 ) -> tuple[ResourceQueues, Any]:
     """One queue per resource, run entry by entry (`QueueRunner.run`)."""
     return ResourceQueues(acks.started), runner.run
 
 
-class Pipeline:
-    """Reads, handles and acks the entries of `sub` for `member` on the shards `own` holds.
+class Stages:
+    """The stages of a pipeline after its reads: decode (the handling path) -> queues and
+    workers -> acks, under `fence`; every assembly's (a group's `Pipeline`, a broadcast's).
+
+    :param table: the shards read (`Acks` finishes their entries and wakes readers on room)
+    :param lease: the lease acks are sent under (None: no lease, nothing fenced)
+    :param noack: entries are finished when handled, without ``XACK`` (``NOACK`` reads, a
+        broadcast's)
+    :param queues: the queues and the workers' step (`per_resource`, or a batch's)
+    :param failures: makes the policy for entries that cannot be handled (`Handling`)
+    :param backoff: spaces the retries of a failed XACK
+    :param on_refused: counts a refused command
+    :param shard_room: a shard is read again once at most this many of its entries are in
+        flight (None: `max_in_flight`)
+    """
+
+    def __init__(
+        self,
+        member: Member,
+        sub: Subscription,
+        fence: Fence,
+        table: ShardTable,
+        lease: Lease | None,
+        *,
+        noack: bool,
+        queues: Queues,
+        failures: Callable[[Tally], FailurePolicy],
+        backoff: AbstractBackoff,
+        on_refused: Callable[[str], None] = lambda command: None,
+        shard_room: int | None = None,
+    ) -> None:
+        settings = self.settings = member.settings
+        redis_retry = retry.forever(settings.retry_base_s, settings.retry_max_s)
+        self.handling = Handling(member, sub, redis_retry, failures)
+        self.acks = Acks(
+            member,
+            table,
+            lease,
+            noack=noack,
+            backoff=backoff,
+            before_send=self.handling.flush_metrics,  # an entry's metrics before its ack
+            on_refused=on_refused,
+            shard_room=shard_room,
+        )
+        self.runner = QueueRunner(self.handling, fence, self.acks)
+        self.queues, self._work = queues(self.handling, fence, self.runner, self.acks)
+        self._prepare = self.queues.prepared_on_read
+        self.tally = self.handling.tally  # handled, dead-lettered, duplicates skipped
+
+    def dispatch(self, held: HeldShard, entries: Entries, counts: Counts | None) -> None:
+        """Queue what one read (or one page of recovery) got from `held`'s stream, decoded and
+        validated in one pass first (`Handling.prepare`), unless the queues' workers decode
+        (a batch subscription's: its queues are keyed by shard, not by the resource the decode
+        finds, and the read loop sends its next read while the workers decode)."""
+        items = read_items(held, entries, counts)
+        if self._prepare:
+            self.handling.prepare(items)
+        self.queues.dispatch(held, items)
+
+    async def worker(self, tg: anyio.abc.TaskGroup) -> None:
+        """One of the `concurrency` workers, with its own watchdog slot."""
+        stopped = self.handling.stopping  # retry waits end at once
+        await self.queues.worker(self._work, self.handling.watchdog.slot(), tg, stopped)
+
+
+class Pipeline(Stages):
+    """Reads, handles and acks the entries of `sub` for `member` on the shards `own` holds:
+    `Reader` (``XREADGROUP``, recovery) -> the `Stages`, fenced by `own`, failures
+    dead-lettered (`Failures`).
 
     :param count: entries a read takes per shard at most (``COUNT``)
     :param queues: the queues and the workers' step (`per_resource`, or a batch's)
@@ -75,22 +147,19 @@ class Pipeline:
         backoff: AbstractBackoff,
         on_refused: Callable[[str], None],
     ) -> None:
-        settings = self.settings = member.settings
+        settings = member.settings
         self.own, self.table, self.lease = own, own.table, own.lease
         self.noack = own.noack
         self.reader = Reader(member, self.table.streams, noack=self.noack, count=count)
-        redis_retry = retry.forever(settings.retry_base_s, settings.retry_max_s)
         failures = partial(
             Failures,
             member,
             sub,
-            redis_retry,
+            retry.forever(settings.retry_base_s, settings.retry_max_s),
             fenced_off=own.fenced_off,
             # (a custom lock client written before `ShardLocks.fences_writes`: cannot fence)
             fence_in_redis=getattr(own.locks, "fences_writes", False),
         )
-        self.handling = Handling(member, sub, redis_retry, failures)
-        self.catch_up = None if catch_up is None else catch_up(self.handling)
         # The per-shard read-ahead bound: a shard is read only while at most one read's worth
         # (`count`) of its entries is in flight, so at most two reads' worth is: one handled,
         # the next read meanwhile. One hot shard cannot take all of `max_in_flight`, and what
@@ -100,20 +169,20 @@ class Pipeline:
         # theirs is read again only once its last read is finished, so at most `count` x held
         # shards are lost (docs/semantics.md, at-most-once).
         self.shard_room = 0 if self.noack else count
-        self.acks = Acks(
+        super().__init__(
             member,
+            sub,
+            own,
             self.table,
             self.lease,
             noack=self.noack,
+            queues=queues,
+            failures=failures,
             backoff=backoff,
-            before_send=self.handling.flush_metrics,  # an entry's metrics before its ack
             on_refused=on_refused,
             shard_room=self.shard_room,
         )
-        self.runner = QueueRunner(self.handling, own, self.acks)
-        self.queues, self._work = queues(self.handling, own, self.runner, self.acks)
-        self._prepare = self.queues.prepared_on_read
-        self.tally = self.handling.tally  # handled, dead-lettered, duplicates skipped
+        self.catch_up = None if catch_up is None else catch_up(self.handling)
         self.read_full = False  # the last read filled a shard's read_count (`read_linger_ms`)
         self.stopping = False  # set at the stop: no more reads
         self._handled_reported = 0
@@ -184,21 +253,9 @@ class Pipeline:
         return got
 
     def _dispatch(self, held: HeldShard, entries: Entries, counts: Counts) -> None:
-        """Queue what one read (or one page of recovery) got from `held`'s stream, decoded and
-        validated in one pass first (`Handling.prepare`), unless the queues' workers decode
-        (a batch subscription's: its queues are keyed by shard, not by the resource the decode
-        finds, and the read loop sends its next read while the workers decode)."""
-        items = read_items(held, entries, counts)
-        if self._prepare:
-            self.handling.prepare(items)
-        self.queues.dispatch(held, items)
+        self.dispatch(held, entries, counts)  # (the reads' and recovery's: `Stages.dispatch`)
 
-    # -- workers and the stop -------------------------------------------------------------------
-    async def worker(self, tg: anyio.abc.TaskGroup) -> None:
-        """One of the `concurrency` workers, with its own watchdog slot."""
-        stopped = self.handling.stopping  # retry waits end at once
-        await self.queues.worker(self._work, self.handling.watchdog.slot(), tg, stopped)
-
+    # -- the stop -------------------------------------------------------------------------------
     async def stop_starting(self, stop: anyio.Event) -> None:
         """Once `stop` is set, read no more and, at once, start no more handlers: the read loop
         may still be in a blocking read for a while, and queued entries must not keep running

@@ -49,7 +49,10 @@ class Running(Protocol):
     """Set once it reads: an event published from then on reaches it."""
 
     @property
-    def lease(self) -> Lease: ...
+    def lease(self) -> Lease:
+        """What a readiness check asks (`eventbus.ops.health`): a group's lease, valid while it
+        holds its locks; a broadcast's open ownership, ok once it reads."""
+        ...
 
     @property
     def in_flight(self) -> int: ...

@@ -10,7 +10,6 @@ sends what it encodes.
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 from pydantic import BaseModel
@@ -24,7 +23,7 @@ from eventbus.errors import (
     PayloadTooLarge,
     ReservedEventType,
 )
-from eventbus.profiles import EVENTBUS, WireProfile
+from eventbus.profiles import EVENTBUS, Codec, WireProfile
 from eventbus.protocol.budget import MIN_CONTAINERS
 from eventbus.protocol.codec import (
     F_DATA,
@@ -41,7 +40,7 @@ from eventbus.protocol.dictionaries import Dictionaries
 from eventbus.protocol.framing import decompressed_size
 from eventbus.protocol.keys import Keys, check_event_type
 from eventbus.protocol.topics import TopicConfig
-from eventbus.publishing.foreign import encode_foreign as _encode_foreign
+from eventbus.publishing.foreign import encode_foreign
 
 _TYPES_KEPT = 10_000  # event type names an encoder remembers as checked
 _FIELD_NAME_BYTES = len(F_RESOURCE) + len(F_TYPE) + len(F_DATA)  # `encoded_size`'s share of names
@@ -64,10 +63,10 @@ class Encoder:
         self._keys = keys
         self._shard_of = profile.shard_of
         self.dictionaries = dictionaries
-        # None: eventbus's own format, encoded inline by `prepare_envelope`
-        self._encode: Callable[[TopicConfig, Envelope], dict[bytes, bytes]] | None = None
-        if not profile.codec.native:
-            self._encode = partial(_encode_foreign, profile.codec, settings)
+        self.prepare_envelope: Callable[[TopicConfig, Envelope], tuple[str, dict[bytes, bytes]]]
+        """Encode a ready envelope (e.g. a raw payload from the CLI); see `prepare`: the path
+        of the profile's format (`Codec.publishes`: `prepare_native` for eventbus's own)."""
+        self.prepare_envelope = profile.codec.publishes(self)
         self._streams: dict[str, list[str]] = {}
         self._types_ok: set[str] = set()  # event type names `_check_type` passed
 
@@ -94,49 +93,63 @@ class Encoder:
             raise ConfigError(f"event must be a pydantic model, got {type(event).__name__}")
         return self.prepare_envelope(topic, envelope_of(resource_id, event, headers))
 
-    def prepare_envelope(
+    def prepare_native(
         self, topic: TopicConfig, envelope: Envelope
     ) -> tuple[str, dict[bytes, bytes]]:
-        """Encode a ready envelope (e.g. a raw payload from the CLI); see `prepare`.
+        """`prepare_envelope` in eventbus's own format (`NativeCodec`).
 
         Refuses what every consumer would refuse: raises `ReservedEventType`, `InvalidEvent`
         (headers not str -> str, text that is not valid UTF-8, a body over the decoders'
-        structural budget), `PayloadTooLarge`, `DecompressedTooLarge`.
+        structural budget), `PayloadTooLarge`, `DecompressedTooLarge`, and `ConfigError` for an
+        empty resource ID.
 
-        One function on eventbus's own format (the common case, once per `publish()`): the
-        checks, the encoding and the stream key inline, no call per step.
+        One function (the common case, once per `publish()`): the encoding and the stream key
+        inline, no call per step but the envelope's checks (`_check`).
         """
         rid, etype = envelope.resource_id, envelope.event_type
+        self._check(topic, rid, etype, envelope.headers)
+        settings = self._settings
+        try:  # first: it says which text is not UTF-8
+            fields = encode_entry(
+                envelope,
+                compress_threshold=settings.compress_threshold_bytes,
+                dictionary=self.dictionaries.cached_current(topic.name),
+            )
+        except UnicodeEncodeError:  # which text: checked again, one by one, to say it
+            _check_text(topic, "resource_id", rid)
+            _check_text(topic, "event type", etype)
+            raise
+        data = fields[F_DATA]
+        size = len(data) + len(fields[F_RESOURCE]) + len(fields[F_TYPE]) + _FIELD_NAME_BYTES
+        if size > settings.max_payload_bytes:
+            raise PayloadTooLarge(topic.name, size, settings.max_payload_bytes)
+        if data[0] != FORMAT_MSGPACK or len(data) > MIN_CONTAINERS:  # (else: always decodes)
+            self._check_decodable(topic, fields)
+        streams = self._streams.get(topic.name) or self._streams_of(topic)
+        return streams[self._shard_of(rid, topic.shards)], fields
+
+    def prepare_foreign(
+        self, codec: Codec, topic: TopicConfig, envelope: Envelope
+    ) -> tuple[str, dict[bytes, bytes]]:
+        """`prepare_envelope` in `codec`'s format, another than eventbus's
+        (`eventbus.publishing.foreign`): the same checks and refusals as `prepare_native`."""
+        rid = envelope.resource_id
+        self._check(topic, rid, envelope.event_type, envelope.headers)
+        fields = encode_foreign(codec, self._settings, topic, envelope)
+        streams = self._streams.get(topic.name) or self._streams_of(topic)
+        return streams[self._shard_of(rid, topic.shards)], fields
+
+    def _check(self, topic: TopicConfig, rid: Any, etype: Any, headers: Any) -> None:
+        """Refuse an envelope no format may carry: raises `ConfigError` for an empty resource
+        ID, `InvalidEvent` for an empty event type or bad headers, `ReservedEventType`."""
         if not isinstance(rid, str) or not rid:
             raise ConfigError(f"resource_id must be a non-empty string, got {rid!r}")
         if not isinstance(etype, str) or not etype:
             raise InvalidEvent(topic.name, "event type", f"must be a non-empty string: {etype!r}")
         if etype not in self._types_ok:  # checked once per name
             self._check_type(topic, etype)
-        if envelope.headers:
-            _check_headers(topic, envelope.headers)
-        if self._encode is not None:  # another wire format (`WireProfile.codec`)
-            fields = self._encode(topic, envelope)
-        else:  # first: it says which text is not UTF-8
-            settings = self._settings
-            try:
-                fields = encode_entry(
-                    envelope,
-                    compress_threshold=settings.compress_threshold_bytes,
-                    dictionary=self.dictionaries.cached_current(topic.name),
-                )
-            except UnicodeEncodeError:  # which text: checked again, one by one, to say it
-                _check_text(topic, "resource_id", rid)
-                _check_text(topic, "event type", etype)
-                raise
-            data = fields[F_DATA]
-            size = len(data) + len(fields[F_RESOURCE]) + len(fields[F_TYPE]) + _FIELD_NAME_BYTES
-            if size > settings.max_payload_bytes:
-                raise PayloadTooLarge(topic.name, size, settings.max_payload_bytes)
-            if data[0] != FORMAT_MSGPACK or len(data) > MIN_CONTAINERS:  # (else: always decodes)
-                self._check_decodable(topic, fields)
-        streams = self._streams.get(topic.name) or self._streams_of(topic)
-        return streams[self._shard_of(rid, topic.shards)], fields
+        if headers:
+            _check_headers(topic, headers)
 
     def _check_type(self, topic: TopicConfig, etype: str) -> None:
         """Raise `ReservedEventType` or `InvalidEventType` for event type `etype`; remember a

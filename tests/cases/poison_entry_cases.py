@@ -183,7 +183,7 @@ class PoisonEntryCases:
                 raise MemoryError("a decoder's own bug")
             return decode_entry(fields, max_bytes=max_bytes)
 
-        codec = Codec(False, EVENTBUS.codec.encode, decode, EVENTBUS.codec.fields)
+        codec = Codec(EVENTBUS.codec.encode, decode, EVENTBUS.codec.fields)
         profile = dataclasses.replace(EVENTBUS, name="buggy", codec=codec)
         bus = EventBus(
             backend.settings(shards=1),

@@ -19,7 +19,6 @@ from eventbus import EventBus, Settings
 from eventbus.asyncapi import asyncapi_document
 from eventbus.consumer import Consumer
 from eventbus.consumer.decoding import Decoding
-from eventbus.consumer.foreign import prepare_foreign
 from eventbus.consumer.running import make_consumers
 from eventbus.contract import contract_of
 from eventbus.errors import ConfigError, InvalidEvent, PayloadTooLarge
@@ -63,7 +62,8 @@ def test_the_default_bus_keeps_eventbus_parts() -> None:
     assert bus.profile is EVENTBUS and type(bus.keys) is Keys
     assert bus.keys.stream("orders", 3) == "eventbus:stream:orders:3"
     publisher = bus.publisher
-    assert publisher.encoder._encode is None  # its own fast path, inline: no codec call
+    # its own fast path, inline: no codec call
+    assert publisher.encoder.prepare_envelope == publisher.encoder.prepare_native
     assert publisher.encoder._shard_of is shard_of
     stream, fields = publisher.encoder.prepare(bus.topic("orders"), Placed(order_id="a"), "user-42")
     assert stream == bus.keys.stream("orders", shard_of("user-42", 16))
@@ -146,7 +146,8 @@ def test_an_entry_consumers_could_not_decode_is_refused() -> None:
     env = Envelope("a", "placed", bytes(16), 0, {}, {"blob": "x" * (5 << 20)})  # zlib: ~5 KiB
     with pytest.raises(InvalidEvent, match=r"would not decode: .*more than"):
         foreign.encode_foreign(codec, settings, EventBus().topic("orders"), env)
-    assert EVENTBUS.codec.native and not VERSE.codec.native
+    assert EVENTBUS.codec.orders_by_resource and not VERSE.codec.orders_by_resource
+    assert EVENTBUS.codec.archived and not VERSE.codec.archived
     assert EVENTBUS.codec.encode is encode_entry
 
 
@@ -190,5 +191,6 @@ def test_a_consumer_gets_its_profiles_parts_once(profile: str) -> None:
         assert consumer.ownership.table.streams[3] == "eventbus:stream:orders:3"
     else:
         assert isinstance(consumer.ownership.locks, VerseLockClient)
-        assert isinstance(prepare, functools.partial) and prepare.func is prepare_foreign
+        assert isinstance(prepare, functools.partial)
+        assert prepare.func.__func__ is Decoding.prepare_foreign  # type: ignore[attr-defined]
         assert consumer.ownership.table.streams[3] == "VERSE:STREAM:RESOURCE:orders$3"

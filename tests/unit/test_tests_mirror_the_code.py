@@ -32,6 +32,7 @@ COVERED_BY: dict[str, list[str]] = {
     "eventbus.consumer.engine": ["tests/cases/consume_cases.py"],
     "eventbus.consumer.failures": ["tests/cases/failure_policy_cases.py"],
     "eventbus.consumer.foreign": ["tests/cases/verse_profile_cases.py"],
+    "eventbus.consumer.open_ownership": ["tests/cases/broadcast_cases.py"],
     "eventbus.consumer.pipeline": ["tests/cases/consume_cases.py"],
     "eventbus.consumer.raw_replies": [
         "tests/integration/test_cluster.py",

@@ -282,6 +282,34 @@ async def test_an_unpark_control_entry_replays_the_parked_letters_in_order(
     assert await h.letters() == [] and await fake_redis.hgetall(PARKED) == {}
 
 
+async def test_an_unpark_replays_the_letters_when_the_parked_value_is_not_utf8(
+    fake_redis: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another client wrote a value that is not UTF-8 (so no dead-letter ID) for r1 in the
+    parked hash: the operator's unpark still replays r1's letters, looked up from the start of
+    the dead-letter stream, and says so at WARNING naming the key and the field."""
+    h = Harness(fake_redis, on_failure="park", max_attempts=1, retry_base_s=0.01, retry_max_s=0.01)
+    await h.hold()
+    h.fail_with = RuntimeError("boom")
+    await h.handling.step(delivery(encode_entry(entry()), 1), Fence())
+    h.fail_with = None
+    await h.handling.step(
+        delivery(encode_entry(entry(payload={"resource": "r1", "seq": 2})), 2), Fence()
+    )
+    await fake_redis.hset(PARKED, "r1", b"\xff\xfe")
+    h.calls.clear()
+    await fake_redis.hsetnx(
+        KEYS.control("orders", "g"), "n1", control_request("__eventbus.unpark", "r1")
+    )
+    control = delivery(control_entry("__eventbus.unpark", "r1", "g", nonce="n1"), 3)
+    with caplog.at_level(logging.WARNING, "eventbus.consumer"):
+        assert await h.handling.step(control, Fence()) is Outcome.ACK
+    assert [e.seq for e, _ in h.calls] == [1, 2]
+    assert await h.letters() == [] and await fake_redis.hgetall(PARKED) == {}
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(PARKED in m and "'r1'" in m and "not UTF-8" in m for m in warned), warned
+
+
 @pytest.mark.parametrize(
     ("owner", "token"), [("c-2", 8), ("c-1", 8), (None, 7)], ids=["taken", "retaken", "released"]
 )
