@@ -20,7 +20,8 @@ from redis.exceptions import ResponseError
 from eventbus.locking.locks import Fenced
 from eventbus.protocol.codec import F_DATA, F_RESOURCE, F_TYPE
 from eventbus.protocol.ids import EntryId, parse_id
-from eventbus.tier.archived import ArchivedEntry, EntryBatch, ReplayFilter, read_batch, read_segment
+from eventbus.tier.archived import ArchivedEntry, EntryBatch, ReplayFilter, read_segment
+from eventbus.tier.catchup_read import read_ahead
 from eventbus.tier.errors import CatchUpOutpaced
 from eventbus.tier.layout import SegmentRef
 from eventbus.tier.metrics import TIER_METRICS
@@ -31,7 +32,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("eventbus.tier")
 
-READ_AHEAD = 8  # segments fetched concurrently by catch-up
 TAIL_COUNT = 500  # entries per XRANGE when catch-up reads Redis after the archive
 MAX_ROUNDS = 10
 """Default bound on a shard's rounds in one catch-up: passes over the archive (then Redis)
@@ -238,10 +238,6 @@ class ShardCatchUp:
     async def read(self, ref: SegmentRef, flt: ReplayFilter) -> list[ArchivedEntry]:
         return (await anyio.to_thread.run_sync(read_segment, self.o.store, ref, flt)).entries
 
-    async def read_rows(self, ref: SegmentRef, flt: ReplayFilter) -> EntryBatch:
-        """Segment `ref`'s rows matching `flt`, verified, as read (no `ArchivedEntry`s)."""
-        return (await anyio.to_thread.run_sync(read_batch, self.o.store, ref, flt))[0]
-
     def takes_rows(self) -> bool:
         """Whether the handle takes a segment's rows as read (`RowsHandle`)."""
         return getattr(self.handle, "rows", None) is not None
@@ -262,36 +258,6 @@ class ShardCatchUp:
         except Fenced:
             return done
         return done
-
-    async def handle_read(self, got: list[ArchivedEntry] | EntryBatch) -> int:
-        """Handle a segment's entries (`read_many`'s result): its rows by the handle's
-        `RowsHandle.rows`, its entries by `handle_many`; returns as `handle_many`."""
-        if isinstance(got, EntryBatch):
-            return int(await self.handle.rows(got, self))  # type: ignore[attr-defined]
-        return await self.handle_many(got)
-
-    async def read_many(
-        self, refs: Sequence[SegmentRef], flt: ReplayFilter
-    ) -> list[list[ArchivedEntry] | EntryBatch]:
-        """Read `refs` concurrently (per-segment latency dominates on S3); results in order:
-        each segment's rows as read when the handle takes them (`takes_rows`), else its
-        entries. Raises the first error (e.g. `CorruptSegment`) unwrapped."""
-        results: list[list[ArchivedEntry] | EntryBatch] = [[] for _ in refs]
-        errors: list[BaseException] = []
-        read = self.read_rows if self.takes_rows() else self.read
-
-        async def one(i: int, ref: SegmentRef) -> None:
-            try:
-                results[i] = await read(ref, flt)
-            except Exception as exc:
-                errors.append(exc)
-
-        async with anyio.create_task_group() as tg:
-            for i, ref in enumerate(refs):
-                tg.start_soon(one, i, ref)
-        if errors:
-            raise errors[0]
-        return results
 
     async def start(self) -> EntryId | None:
         """Handle the group's pending entries (`pending`); returns the group's last-delivered ID,
@@ -442,27 +408,37 @@ class ShardCatchUp:
         handled = 0
         refs = await self.segments_after(delivered, resume=True)
         flt = ReplayFilter(start_id=delivered.next())
-        for i in range(0, len(refs), READ_AHEAD):
-            chunk = refs[i : i + READ_AHEAD]
-            for ref, got in zip(chunk, await self.read_many(chunk, flt), strict=True):
-                n = _count(got)
-                done = await self.handle_read(got)
+        rows = self.takes_rows()
+        async with read_ahead(self.o.store, refs, flt, entries=not rows) as batches:
+            async for ref, batch, entries in batches:
+                if batch is None:  # the segment's end: every entry of it handled
+                    self.o.consumed[self.shard] = ref
+                    continue
+                if batch.id_at(0) <= delivered:  # overlapping segments: each entry once
+                    start = batch.after(delivered)
+                    if start == batch.n:
+                        continue
+                    batch = batch.slice(start, batch.n)
+                    entries = None if entries is None else entries[start:]
+                n = batch.n
+                if rows:
+                    done = int(await self.handle.rows(batch, self))  # type: ignore[attr-defined]
+                else:
+                    done = await self.handle_many(entries or [])
                 if done < n:  # let go: the lock lost, or the consumer stopping
                     if done and self.stopped():  # keep what was handled: the lock is still ours
                         await self.confirm()
-                        last = _id_at(got, done - 1)
+                        last = batch.id_at(done - 1)
                         await redis.xgroup_setid(self.stream, group, str(last))
                         self.delivered = last
                     raise Fenced
                 handled += n
-                if n:
-                    await self.confirm()
-                    delivered = _id_at(got, n - 1)
-                    await redis.xgroup_setid(self.stream, group, str(delivered))
-                    self.delivered = delivered
-                    self.stats.from_segments += n
-                    TIER_METRICS.caught_up.labels(self.o.topic).inc(n)
-                self.o.consumed[self.shard] = ref
+                await self.confirm()
+                delivered = batch.last
+                await redis.xgroup_setid(self.stream, group, str(delivered))
+                self.delivered = delivered
+                self.stats.from_segments += n
+                TIER_METRICS.caught_up.labels(self.o.topic).inc(n)
         if handled == 0:
             self.stats.lost_ranges += 1
             log.error(
@@ -476,13 +452,3 @@ class ShardCatchUp:
             )
             return False
         return True
-
-
-def _count(got: list[ArchivedEntry] | EntryBatch) -> int:
-    """The entries of a segment read (`ShardCatchUp.read_many`)."""
-    return got.n if isinstance(got, EntryBatch) else len(got)
-
-
-def _id_at(got: list[ArchivedEntry] | EntryBatch, i: int) -> EntryId:
-    """The ID of entry `i` of a segment read (`ShardCatchUp.read_many`)."""
-    return got.id_at(i) if isinstance(got, EntryBatch) else got[i].entry_id
