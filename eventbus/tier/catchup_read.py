@@ -1,23 +1,32 @@
-"""Catch-up's reading of one shard's segments (`read_ahead`): fetched ahead, decoded and
-verified a record batch at a time in a worker thread while the batch before is handled, so
-handling starts on a segment's first batch and never waits for a read the thread could have
-done meanwhile. Used by `eventbus.tier.catchup_shard.ShardCatchUp.after`."""
+"""Catch-up's pass over one shard's archive (`archive_pass`, `ShardCatchUp.after`) and its
+reading (`read_ahead`): segments fetched ahead, decoded and verified a record batch at a time
+in a worker thread while the batch before is handled, so handling starts on a segment's first
+batch and never waits for a read the thread could have done meanwhile."""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Generator, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import anyio
 import anyio.to_thread
 from anyio.streams.memory import MemoryObjectSendStream
 
+from eventbus.locking.locks import Fenced
+from eventbus.protocol.ids import EntryId
 from eventbus.tier.archived import ArchivedEntry, EntryBatch, ReplayFilter
 from eventbus.tier.layout import SegmentRef
+from eventbus.tier.metrics import TIER_METRICS
 from eventbus.tier.replay import _prefetched, _segment_reads
 from eventbus.tier.store import Store, get_bytes_sync
+
+if TYPE_CHECKING:
+    from eventbus.tier.catchup_shard import ShardCatchUp
+
+log = logging.getLogger("eventbus.tier")
 
 READ_AHEAD = 8
 """Segments fetched ahead of the one being decoded (concurrently: per-segment latency
@@ -111,4 +120,66 @@ async def read_ahead(
         raise failure
 
 
-__all__ = ["READ_AHEAD", "ReadBatch", "read_ahead"]
+async def archive_pass(sc: ShardCatchUp, delivered: EntryId) -> bool:
+    """`ShardCatchUp.after` for `sc`: if Redis lacks entries after `delivered`, handle every
+    archived entry after it, to the end of the archive, a batch at a time as `read_ahead`
+    gives them (rows before the last one handled skipped: overlapping segments give each
+    entry once), ``XGROUP SETID`` after each batch under a confirmed lock; a batch let go
+    (the lock lost, or the consumer stopping: then what was handled is kept) raises `Fenced`.
+    Returns whether Redis lacked entries after `delivered` and segments held them; False when
+    Redis held everything after it, or the missing entries are in no segment (lost: logged
+    and counted)."""
+    redis, group = sc.o.redis, sc.o.group
+    if not await sc.behind(delivered):
+        return False  # Redis holds every entry after the last-delivered ID
+    head = await sc.head()
+    handled = 0
+    refs = await sc.segments_after(delivered, resume=True)
+    flt = ReplayFilter(start_id=delivered.next())
+    rows = sc.takes_rows()
+    async with read_ahead(sc.o.store, refs, flt, entries=not rows) as batches:
+        async for ref, batch, entries in batches:
+            if batch is None:  # the segment's end: every entry of it handled
+                sc.o.consumed[sc.shard] = ref
+                continue
+            if batch.id_at(0) <= delivered:  # overlapping segments: each entry once
+                start = batch.after(delivered)
+                if start == batch.n:
+                    continue
+                batch = batch.slice(start, batch.n)
+                entries = None if entries is None else entries[start:]
+            n = batch.n
+            if rows:
+                done = int(await sc.handle.rows(batch, sc))  # type: ignore[attr-defined]
+            else:
+                done = await sc.handle_many(entries or [])
+            if done < n:  # let go: the lock lost, or the consumer stopping
+                if done and sc.stopped():  # keep what was handled: the lock is still ours
+                    await sc.confirm()
+                    last = batch.id_at(done - 1)
+                    await redis.xgroup_setid(sc.stream, group, str(last))
+                    sc.delivered = last
+                raise Fenced
+            handled += n
+            await sc.confirm()
+            delivered = batch.last
+            await redis.xgroup_setid(sc.stream, group, str(delivered))
+            sc.delivered = delivered
+            sc.stats.from_segments += n
+            TIER_METRICS.caught_up.labels(sc.o.topic).inc(n)
+    if handled == 0:
+        sc.stats.lost_ranges += 1
+        log.error(
+            "catch-up %s/%s shard %d: entries after %s up to %s were trimmed from Redis "
+            "and are not in any segment: lost before archiving (see the gap records)",
+            sc.o.topic,
+            group,
+            sc.shard,
+            delivered,
+            head,
+        )
+        return False
+    return True
+
+
+__all__ = ["READ_AHEAD", "ReadBatch", "archive_pass", "read_ahead"]
