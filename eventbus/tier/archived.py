@@ -10,24 +10,69 @@ columns (the ID range by bisecting the ordered ID columns, resource IDs and even
 from __future__ import annotations
 
 import bisect
+import contextlib
+import gc
+import threading
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import NamedTuple
+from itertools import repeat
+from typing import Any, NamedTuple
 
+import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from eventbus.protocol.codec import F_DATA, F_RESOURCE, F_TYPE
+from eventbus.errors import DecodeError
+from eventbus.protocol.codec import F_DATA, F_RESOURCE, F_TYPE, Envelope, decode_entry
 from eventbus.protocol.ids import EntryId
-from eventbus.tier.entry import ArchivedEntry as ArchivedEntry  # re-exported
-from eventbus.tier.entry import check_event_ids, rows_entries
-from eventbus.tier.entry import paused_gc as paused_gc  # re-exported
+from eventbus.tier.errors import CorruptSegment
 from eventbus.tier.layout import SegmentRef
 from eventbus.tier.segment import decode_segment, decode_segment_batches
 from eventbus.tier.store import Store, get_bytes_sync
 
 _MAX_ID = EntryId((1 << 64) - 1, (1 << 64) - 1)
 _MIN_ID = EntryId(0, 0)
+
+
+class ArchivedEntry(msgspec.Struct, frozen=True, gc=False):
+    """One archived stream entry. `segment` is the key of the object it came from.
+
+    Times are Unix milliseconds: `entry_id.ms` is Redis's clock when the entry was added,
+    `published_at_ms` the publisher's (the segment column ``event_time_ms``). `event_id` is the
+    event's UUID, as `Context.event_id`. Envelope-derived fields are None when the entry's
+    envelope did not decode when it was archived.
+
+    Immutable, compared field by field. A `msgspec.Struct`, not a dataclass: replay builds
+    one per entry, several times faster (``gc=False``: nothing it holds refers back to it).
+    """
+
+    topic: str
+    shard: int
+    entry_id: EntryId
+    resource_id: str | None
+    event_type: str | None
+    published_at_ms: int | None
+    event_id: uuid.UUID | None
+    headers: dict[str, str] | None
+    data: bytes
+    segment: str
+
+    def fields(self) -> dict[bytes, bytes]:
+        """The entry's field map as it was in the stream (``rid``, ``type``, ``data``)."""
+        out = {F_DATA: self.data}
+        if self.resource_id is not None:
+            out[F_RESOURCE] = self.resource_id.encode()
+        if self.event_type is not None:
+            out[F_TYPE] = self.event_type.encode()
+        return out
+
+    def envelope(self) -> Envelope:
+        """The decoded envelope. Raises `DecodeError` naming the segment and entry."""
+        try:
+            return decode_entry(self.fields())
+        except DecodeError as exc:
+            raise DecodeError(f"{self.segment} entry {self.entry_id}: {exc}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +160,9 @@ class EntryBatch:
         rows = self.rows
         if not self.n:
             return [], []
-        check_event_ids(rows.column("event_id"), self.segment)
+        event_ids = rows.column("event_id")
+        if not pc.all(pc.match_substring_regex(event_ids, _UUID_TEXT)).as_py():
+            _uuids(event_ids, self.segment)  # another spelling, or not a UUID: its error
         ids = pc.binary_join_element_wise(
             rows.column("entry_ms").cast(pa.string()),
             rows.column("entry_seq").cast(pa.string()),
@@ -137,11 +184,16 @@ class EntryBatch:
 
     def entries(self, start: int = 0, stop: int | None = None) -> list[ArchivedEntry]:
         """Rows ``start:stop`` as `ArchivedEntry`s, built column by column. Raises
-        `CorruptSegment` for an ``event_id`` that is not a UUID (`rows_entries`: each field
-        read from the rows when first asked for)."""
+        `CorruptSegment` for an ``event_id`` that is not a UUID."""
         stop = self.n if stop is None else stop
         rows = self.rows if (start, stop) == (0, self.n) else self.rows.slice(start, stop - start)
-        return rows_entries(rows, self.topic, self.shard, self.segment)
+        with paused_gc():
+            return _entries(rows, self.topic, self.shard, self.segment)
+
+
+_UUID_TEXT = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+"""A UUID's usual spelling (`stream_entries` checks the column against it in Arrow; a value
+that does not match is checked as `entries` converts it)."""
 
 
 def _fields(data: bytes, rid: bytes | None, kind: bytes | None) -> dict[bytes, bytes]:
@@ -152,6 +204,42 @@ def _fields(data: bytes, rid: bytes | None, kind: bytes | None) -> dict[bytes, b
     if kind is not None:
         out[F_TYPE] = kind
     return out
+
+
+_gc_lock = threading.Lock()
+_gc_pausers = 0  # threads making entries with the cyclic garbage collector paused
+_gc_paused_by_us = False
+
+
+@contextlib.contextmanager
+def paused_gc() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector (process-wide) while entries are made: a batch
+    allocates a few tracked objects per row (UUIDs, ID tuples, column lists), whose
+    collections took 40-45 % of a raw replay (flights, measured with ``gc.callbacks``); the
+    objects form no cycles, reference counting frees them. Resumed when the last concurrent
+    pauser ends, unless the application had disabled the collector itself (the pattern of
+    `eventbus.consumer.decoding`'s large-entry decode, which tier code cannot import)."""
+    global _gc_pausers, _gc_paused_by_us
+    with _gc_lock:
+        if _gc_pausers == 0 and gc.isenabled():
+            gc.disable()
+            _gc_paused_by_us = True
+        _gc_pausers += 1
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_pausers -= 1
+            if _gc_pausers == 0 and _gc_paused_by_us:
+                _gc_paused_by_us = False
+                gc.enable()
+
+
+_NEW_ID = tuple.__new__  # EntryId(ms, seq) without its Python-level __new__: in C, via map
+
+
+def _ids(ms: list[int], seq: list[int]) -> list[EntryId]:
+    return list(map(_NEW_ID, repeat(EntryId), zip(ms, seq, strict=True)))
 
 
 def _bounds(table: pa.Table, low: EntryId, high: EntryId, ref: SegmentRef) -> tuple[int, int]:
@@ -169,6 +257,55 @@ def _bounds(table: pa.Table, low: EntryId, high: EntryId, ref: SegmentRef) -> tu
     start = bisect.bisect_left(range(n), low, key=key) if ref.first < low else 0
     stop = bisect.bisect_right(range(start, n), high, key=key) + start if ref.last > high else n
     return start, stop
+
+
+def _uuids(column: Any, key: str) -> list[uuid.UUID | None]:
+    """The ``event_id`` column (UUID text, null where the envelope did not decode) as UUIDs:
+    converted in one call (msgspec, in C), entry by entry only for nulls or odd spellings.
+    Raises `CorruptSegment` for a value that is not a UUID."""
+    texts = column.to_pylist()
+    if not column.null_count:
+        try:
+            return msgspec.convert(texts, list[uuid.UUID])  # type: ignore[no-any-return]
+        except msgspec.ValidationError:
+            pass  # a spelling msgspec refuses (braces, urn:): uuid.UUID's rules, below
+    try:
+        return [None if t is None else uuid.UUID(t) for t in texts]
+    except ValueError as exc:
+        raise CorruptSegment(
+            key, f"column event_id holds a value that is not a UUID: {exc}"
+        ) from None
+
+
+def _headers(maps: pa.MapArray) -> list[dict[str, str] | None]:
+    """The ``headers`` column as dicts (None where null); without a Python list per row when
+    no row has a header (the common case)."""
+    offsets = maps.offsets
+    if not maps.null_count and offsets[0].as_py() == offsets[len(maps)].as_py():
+        return list(map(dict, repeat((), len(maps))))
+    return [None if m is None else dict(m) for m in maps.to_pylist()]
+
+
+def _entries(table: pa.Table, topic: str, shard: int, key: str) -> list[ArchivedEntry]:
+    """The rows of `table` (segment columns) as `ArchivedEntry`s, built column by column."""
+    n = table.num_rows
+    if n == 0:
+        return []
+    return list(
+        map(
+            ArchivedEntry,
+            repeat(topic, n),
+            repeat(shard, n),
+            _ids(table.column("entry_ms").to_pylist(), table.column("entry_seq").to_pylist()),
+            table.column("resource_id").to_pylist(),
+            table.column("event_type").to_pylist(),
+            table.column("event_time_ms").to_pylist(),
+            _uuids(table.column("event_id"), key),
+            _headers(table.column("headers").combine_chunks()),
+            table.column("data").to_pylist(),
+            repeat(key, n),
+        )
+    )
 
 
 def read_batch(

@@ -17,7 +17,6 @@ from eventbus.errors import DecodeError
 from eventbus.protocol.budget import MIN_CONTAINERS
 from eventbus.protocol.codec import FORMAT_MSGPACK, Envelope, _Body, event_type_of
 from eventbus.tier.archived import ArchivedEntry, paused_gc
-from eventbus.tier.entry import all_have_event_ids, envelope_columns
 
 _FIRST = itemgetter(0)
 
@@ -124,14 +123,14 @@ def _envelopes_at_once(batch: list[ArchivedEntry]) -> list[Envelope] | None:
     path, unless every entry is of the short plain form `decode_entry` decodes in one typed
     pass and decoded when it was archived (its envelope columns are set), and the array
     decodes with each body's time where the archive has it (no body took another's bytes)."""
-    datas, times, rids, kinds = envelope_columns(batch)
+    datas = [e.data for e in batch]
     sizes = list(map(len, datas))
     if (
         not datas
         or min(sizes) == 0
         or max(sizes) > MIN_CONTAINERS
         or set(map(_FIRST, datas)) != {FORMAT_MSGPACK}
-        or not all_have_event_ids(batch)
+        or None in [e.event_id for e in batch]
     ):
         return None
     joined = b"".join([_ARRAY32, len(datas).to_bytes(4, "big"), *(d[1:] for d in datas)])
@@ -139,13 +138,13 @@ def _envelopes_at_once(batch: list[ArchivedEntry]) -> list[Envelope] | None:
         bodies = _BODIES.decode(joined)
     except Exception:  # (any failure: entry by entry, each with its own error)
         return None
-    if [b.ts for b in bodies] != times:
+    if [b.ts for b in bodies] != [e.published_at_ms for e in batch]:
         return None
     return list(
         map(
             Envelope,
-            rids,
-            kinds,
+            [e.resource_id for e in batch],
+            [e.event_type for e in batch],
             [b.id for b in bodies],
             [b.ts for b in bodies],
             [b.h for b in bodies],
