@@ -30,8 +30,8 @@ log = logging.getLogger("eventbus.tier")
 
 READ_AHEAD = 8
 """Segments fetched ahead of the one being decoded (concurrently: per-segment latency
-dominates on S3); with the batch being decoded and the one being handled, what a shard's
-catch-up holds at most."""
+dominates on S3); with that one, the batch being decoded and the one being handled, what a
+shard's catch-up holds at most."""
 
 
 class ReadBatch(NamedTuple):
@@ -90,7 +90,8 @@ async def read_ahead(
     """The matching rows of segments `refs` (one shard's, in entry-ID order), as `ReadBatch`es
     in order: each segment's batches, then its end. A task reads them a step ahead of the one
     handed on (decoding and verifying release the GIL), the next `depth` segments fetched
-    meanwhile: bounded memory (`depth` segments' bytes and two batches). `entries`: the rows
+    meanwhile: bounded memory (the bytes of the `depth` segments fetched ahead and of the one
+    being decoded, two batches). `entries`: the rows
     also as `ArchivedEntry`s. Iterating raises `CorruptSegment`, `FileNotFoundError`,
     `StoreError` at the segment that has it; leaving the block stops the reading."""
     send, receive = anyio.create_memory_object_stream[object](0)
