@@ -2,6 +2,7 @@
 
     REDIS_URL=redis://127.0.0.1:6399/0 python stress/replay_profile.py build /tmp/store 336776
     python stress/replay_profile.py raw /tmp/store            # iter_topic, merged
+    python stress/replay_profile.py raw_fields /tmp/store     # the same, every field read
     python stress/replay_profile.py typed /tmp/store          # iter_events (Flight)
     python stress/replay_profile.py stages /tmp/store         # CPU µs/event per stage
     REDIS_URL=... python stress/replay_profile.py catchup /tmp/store   # + the live batch rate
@@ -28,6 +29,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from operator import attrgetter
 from pathlib import Path
 from statistics import median
 
@@ -48,6 +50,10 @@ from eventbus.tier.store import get_bytes_sync
 from examples.flights.flightdata import Flight, load_flights
 
 SHARDS = 16
+_FIELDS = (
+    *("topic", "shard", "entry_id", "resource_id", "event_type", "published_at_ms"),
+    *("event_id", "headers", "data", "segment"),
+)
 
 
 async def build(folder: str, n: int) -> dict[str, object]:
@@ -73,9 +79,13 @@ def replay(folder: str, what: str) -> dict[str, object]:
     warm_up()
     store = open_store(folder)
 
+    every_field = attrgetter(*_FIELDS)
+
     def one() -> int:
         if what == "raw":
             return sum(1 for _ in iter_topic(store, "bench"))
+        if what == "raw_fields":  # a reader of every field (entries may make them lazily)
+            return sum(1 for e in iter_topic(store, "bench") if every_field(e))
         return sum(1 for _ in iter_events(store, "bench", [Flight]))
 
     one()  # warm-up: the page cache, imports, adapters
@@ -157,7 +167,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
-    parser.add_argument("step", choices=["build", "raw", "typed", "catchup", "stages"])
+    parser.add_argument(
+        "step", choices=["build", "raw", "raw_fields", "typed", "catchup", "stages"]
+    )
     parser.add_argument("folder", help="the store folder")
     parser.add_argument("events", nargs="?", type=int, default=336776, help="flights")
     args = parser.parse_args()

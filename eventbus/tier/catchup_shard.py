@@ -9,18 +9,22 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.to_thread
 from redis.exceptions import ResponseError
 
 from eventbus.locking.locks import Fenced
-from eventbus.protocol.codec import F_DATA, F_RESOURCE, F_TYPE
 from eventbus.protocol.ids import EntryId, parse_id
-from eventbus.tier.archived import ArchivedEntry, EntryBatch, ReplayFilter, read_batch, read_segment
+from eventbus.tier.archived import ArchivedEntry, ReplayFilter, read_segment
+from eventbus.tier.catchup_handles import BatchHandle as BatchHandle
+from eventbus.tier.catchup_handles import CatchUpStats as CatchUpStats
+from eventbus.tier.catchup_handles import Handle as Handle
+from eventbus.tier.catchup_handles import RowsHandle as RowsHandle
+from eventbus.tier.catchup_handles import redis_entry
+from eventbus.tier.catchup_read import archive_pass
 from eventbus.tier.errors import CatchUpOutpaced
 from eventbus.tier.layout import SegmentRef
 from eventbus.tier.metrics import TIER_METRICS
@@ -31,57 +35,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("eventbus.tier")
 
-READ_AHEAD = 8  # segments fetched concurrently by catch-up
 TAIL_COUNT = 500  # entries per XRANGE when catch-up reads Redis after the archive
 MAX_ROUNDS = 10
 """Default bound on a shard's rounds in one catch-up: passes over the archive (then Redis)
 begun because the group's position lay before the stream's first entry. The first is the
 catch-up itself; each other means the offloader trimmed past the group again while it caught
 up (a handler slower than the publishers for longer than ``hot_window_s``)."""
-
-Handle = Callable[[ArchivedEntry, "ShardCatchUp"], Awaitable[None]]
-"""How a shard's catch-up handles one entry: a raw handler, or the subscription's handling path
-(`eventbus.consumer.catchup.TypedCatchUp`), which needs the shard's fence. A handle with a
-`BatchHandle.batch` method is given the entries of a segment (or a Redis page) at once; one with
-a `RowsHandle.rows` method too is given a segment's rows as read (an `EntryBatch`), without
-the `ArchivedEntry` objects it does not need."""
-
-
-class BatchHandle(Protocol):
-    """A `Handle` that also takes consecutive entries of one shard at once (the handling
-    path's batches: `eventbus.consumer.catchup.TypedCatchUp`)."""
-
-    async def __call__(self, entry: ArchivedEntry, sc: ShardCatchUp) -> None: ...
-
-    async def batch(self, entries: Sequence[ArchivedEntry], sc: ShardCatchUp) -> int:
-        """Handle `entries` in order; returns how many were finished, in order, before the
-        rest were let go (the shard's lock lost, or the consumer stopping): ``len(entries)``
-        when all were. Raises what the handler path raises."""
-        ...
-
-
-class RowsHandle(BatchHandle, Protocol):
-    """A `BatchHandle` that also takes a segment's matching rows as they were read: the
-    typed handling path, which needs each entry's ID and fields only (`EntryBatch.
-    stream_entries`), not the `ArchivedEntry` objects (making them and the items from them:
-    ≈ 40 % of a flights catch-up's samples, stress/results/replay-profile-s5.md)."""
-
-    async def rows(self, batch: EntryBatch, sc: ShardCatchUp) -> int:
-        """Handle the rows of `batch` in order; returns as `BatchHandle.batch`."""
-        ...
-
-
-@dataclass
-class CatchUpStats:
-    """What a catch-up did: entries handled from segments and from Redis (pending entries still
-    there), pending entries acked, entries known lost, shards done; seconds of wall time."""
-
-    from_segments: int = 0
-    from_redis: int = 0
-    pending_acked: int = 0
-    lost_ranges: int = 0
-    shards: int = 0
-    seconds: float = 0.0
 
 
 def _head(info: dict[str, Any]) -> EntryId:
@@ -90,25 +49,6 @@ def _head(info: dict[str, Any]) -> EntryId:
     if first is not None:
         return parse_id(first[0])
     return parse_id(info.get("last-generated-id") or b"0-0").next()
-
-
-def _entry(topic: str, shard: int, entry_id: EntryId, fields: dict[bytes, bytes]) -> ArchivedEntry:
-    def text(name: bytes) -> str | None:
-        value = fields.get(name)
-        return None if value is None else value.decode("utf-8", "replace")
-
-    return ArchivedEntry(
-        topic=topic,
-        shard=shard,
-        entry_id=entry_id,
-        resource_id=text(F_RESOURCE),
-        event_type=text(F_TYPE),
-        published_at_ms=None,  # in the envelope (F_DATA), decoded by the handling path
-        event_id=None,
-        headers=None,
-        data=fields.get(F_DATA, b""),
-        segment="",  # read from Redis, not from a segment
-    )
 
 
 class ShardCatchUp:
@@ -238,10 +178,6 @@ class ShardCatchUp:
     async def read(self, ref: SegmentRef, flt: ReplayFilter) -> list[ArchivedEntry]:
         return (await anyio.to_thread.run_sync(read_segment, self.o.store, ref, flt)).entries
 
-    async def read_rows(self, ref: SegmentRef, flt: ReplayFilter) -> EntryBatch:
-        """Segment `ref`'s rows matching `flt`, verified, as read (no `ArchivedEntry`s)."""
-        return (await anyio.to_thread.run_sync(read_batch, self.o.store, ref, flt))[0]
-
     def takes_rows(self) -> bool:
         """Whether the handle takes a segment's rows as read (`RowsHandle`)."""
         return getattr(self.handle, "rows", None) is not None
@@ -262,36 +198,6 @@ class ShardCatchUp:
         except Fenced:
             return done
         return done
-
-    async def handle_read(self, got: list[ArchivedEntry] | EntryBatch) -> int:
-        """Handle a segment's entries (`read_many`'s result): its rows by the handle's
-        `RowsHandle.rows`, its entries by `handle_many`; returns as `handle_many`."""
-        if isinstance(got, EntryBatch):
-            return int(await self.handle.rows(got, self))  # type: ignore[attr-defined]
-        return await self.handle_many(got)
-
-    async def read_many(
-        self, refs: Sequence[SegmentRef], flt: ReplayFilter
-    ) -> list[list[ArchivedEntry] | EntryBatch]:
-        """Read `refs` concurrently (per-segment latency dominates on S3); results in order:
-        each segment's rows as read when the handle takes them (`takes_rows`), else its
-        entries. Raises the first error (e.g. `CorruptSegment`) unwrapped."""
-        results: list[list[ArchivedEntry] | EntryBatch] = [[] for _ in refs]
-        errors: list[BaseException] = []
-        read = self.read_rows if self.takes_rows() else self.read
-
-        async def one(i: int, ref: SegmentRef) -> None:
-            try:
-                results[i] = await read(ref, flt)
-            except Exception as exc:
-                errors.append(exc)
-
-        async with anyio.create_task_group() as tg:
-            for i, ref in enumerate(refs):
-                tg.start_soon(one, i, ref)
-        if errors:
-            raise errors[0]
-        return results
 
     async def start(self) -> EntryId | None:
         """Handle the group's pending entries (`pending`); returns the group's last-delivered ID,
@@ -356,7 +262,7 @@ class ShardCatchUp:
             if not rows:
                 break
             gap_accepted = False
-            entries = [_entry(self.o.topic, self.shard, parse_id(i), f) for i, f in rows]
+            entries = [redis_entry(self.o.topic, self.shard, parse_id(i), f) for i, f in rows]
             if await self.handle_many(entries) < len(entries):
                 raise Fenced  # let go: the position stays before the page
             await self.confirm()
@@ -416,7 +322,7 @@ class ShardCatchUp:
             if i >= head:
                 rows = await redis.xrange(self.stream, str(i), str(i), count=1)
                 if rows:
-                    entries.append(_entry(self.o.topic, self.shard, i, rows[0][1]))
+                    entries.append(redis_entry(self.o.topic, self.shard, i, rows[0][1]))
                 else:
                     deleted.append(i)
         if deleted:  # acked, so that they do not stay pending (and hold acked retention) for ever
@@ -432,57 +338,8 @@ class ShardCatchUp:
 
     async def after(self, delivered: EntryId) -> bool:
         """If Redis lacks entries after `delivered`, handle every archived entry after it, to
-        the end of the archive. Returns whether Redis lacked entries after
-        `delivered` and segments held them; False when Redis held everything after it, or the
-        missing entries are in no segment (lost: logged and counted)."""
-        redis, group = self.o.redis, self.o.group
-        if not await self.behind(delivered):
-            return False  # Redis holds every entry after the last-delivered ID
-        head = await self.head()
-        handled = 0
-        refs = await self.segments_after(delivered, resume=True)
-        flt = ReplayFilter(start_id=delivered.next())
-        for i in range(0, len(refs), READ_AHEAD):
-            chunk = refs[i : i + READ_AHEAD]
-            for ref, got in zip(chunk, await self.read_many(chunk, flt), strict=True):
-                n = _count(got)
-                done = await self.handle_read(got)
-                if done < n:  # let go: the lock lost, or the consumer stopping
-                    if done and self.stopped():  # keep what was handled: the lock is still ours
-                        await self.confirm()
-                        last = _id_at(got, done - 1)
-                        await redis.xgroup_setid(self.stream, group, str(last))
-                        self.delivered = last
-                    raise Fenced
-                handled += n
-                if n:
-                    await self.confirm()
-                    delivered = _id_at(got, n - 1)
-                    await redis.xgroup_setid(self.stream, group, str(delivered))
-                    self.delivered = delivered
-                    self.stats.from_segments += n
-                    TIER_METRICS.caught_up.labels(self.o.topic).inc(n)
-                self.o.consumed[self.shard] = ref
-        if handled == 0:
-            self.stats.lost_ranges += 1
-            log.error(
-                "catch-up %s/%s shard %d: entries after %s up to %s were trimmed from Redis "
-                "and are not in any segment: lost before archiving (see the gap records)",
-                self.o.topic,
-                group,
-                self.shard,
-                delivered,
-                head,
-            )
-            return False
-        return True
-
-
-def _count(got: list[ArchivedEntry] | EntryBatch) -> int:
-    """The entries of a segment read (`ShardCatchUp.read_many`)."""
-    return got.n if isinstance(got, EntryBatch) else len(got)
-
-
-def _id_at(got: list[ArchivedEntry] | EntryBatch, i: int) -> EntryId:
-    """The ID of entry `i` of a segment read (`ShardCatchUp.read_many`)."""
-    return got.id_at(i) if isinstance(got, EntryBatch) else got[i].entry_id
+        the end of the archive (`eventbus.tier.catchup_read.archive_pass`). Returns whether
+        Redis lacked entries after `delivered` and segments held them; False when Redis held
+        everything after it, or the missing entries are in no segment (lost: logged and
+        counted)."""
+        return await archive_pass(self, delivered)

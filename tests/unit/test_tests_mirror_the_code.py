@@ -68,6 +68,7 @@ COVERED_BY: dict[str, list[str]] = {
     "eventbus.spark.source": ["tests/spark/test_batch.py"],
     "eventbus.testing.recording": ["tests/integration/test_pytest_plugin.py"],
     "eventbus.tier.archived": ["tests/integration/tier/test_tier_offload.py"],
+    "eventbus.tier.catchup_handles": ["tests/integration/tier/test_tier_catchup.py"],
     "eventbus.tier.catchup_shard": ["tests/integration/tier/test_tier_catchup.py"],
     "eventbus.tier.cli.common": ["tests/integration/tier/test_tier_cli.py"],
     "eventbus.tier.cli.export": ["tests/integration/tier/test_tier_cli.py"],

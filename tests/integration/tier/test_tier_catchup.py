@@ -6,6 +6,7 @@ import logging
 from collections import defaultdict
 
 import anyio
+import obstore
 import pytest
 from tier_support import PacedPublisher, Tick, fast_tier, make_bus, publish_ticks, wait_until
 
@@ -13,9 +14,11 @@ from eventbus import Context
 from eventbus.consumer.catchup import catch_up
 from eventbus.protocol.ids import parse_id
 from eventbus.tier.catchup import catch_up_group
+from eventbus.tier.layout import segment_key
 from eventbus.tier.offloader import Offloader
-from eventbus.tier.replay import ArchivedEntry
-from eventbus.tier.store import open_store
+from eventbus.tier.replay import ArchivedEntry, read_segment
+from eventbus.tier.segment import encode_segment
+from eventbus.tier.store import list_segments_sync, open_store
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
@@ -138,6 +141,35 @@ async def test_catch_up_group_raw_and_lost_range(redis_db: str, tmp_path) -> Non
         assert [str(e.entry_id) for e in got] == kept and stats.from_redis == len(kept)
         groups = await bus.redis.xinfo_groups(stream)
         assert groups[0]["last-delivered-id"] == kept[-1].encode()
+    await bus.aclose()
+
+
+async def test_overlapping_segments_are_caught_up_each_entry_once(redis_db: str, tmp_path) -> None:
+    """A segment whose range overlaps the ones before it (entries archived twice) hands each
+    entry on once, in order: catch-up reads on from the last entry it handled, as replay."""
+    bus = make_bus(redis_db, shards=1)
+    store = open_store(str(tmp_path))
+    async with bus:
+        ids = await bus.publish_many("dup", [("r", Tick(resource="r", seq=i)) for i in range(30)])
+        stream = bus.keys.stream("dup", 0)
+        await bus.redis.xgroup_create(stream, "g", id="0")
+        await Offloader(
+            bus.redis, store, settings=bus.settings, tier=fast_tier(segment_max_entries=10)
+        ).run_until_caught_up(20)
+        refs = list_segments_sync(store, "dup", 0)
+        assert len(refs) == 3
+        twice = [e for ref in refs[:2] for e in read_segment(store, ref).entries][5:15]
+        first, last = twice[0].entry_id, twice[-1].entry_id
+        data, _ = encode_segment("dup", 0, first, last, [(e.entry_id, e.fields()) for e in twice])
+        obstore.put(store, segment_key("dup", 0, first, last), data)
+        assert len(list_segments_sync(store, "dup", 0)) == 4
+        got: list[str] = []
+
+        async def handle(entry: ArchivedEntry, token: int) -> None:
+            got.append(str(entry.entry_id))
+
+        stats = await catch_up_group(bus.redis, store, "dup", "g", handle, shards=1)
+        assert got == ids and stats.from_segments == 30
     await bus.aclose()
 
 
