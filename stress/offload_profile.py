@@ -6,8 +6,9 @@
 ``publish`` FLUSHES the database and publishes the first N flights to topic ``bench`` (16
 shards); ``offload`` archives them to the folder given (typed columns, as the flights job;
 ``--untyped``: without) after a warm-up (pyarrow imports pandas on first use), and prints
-entries/s, the process's CPU (all threads) per entry and stored bytes per entry as JSON. Run it under another tree's ``eventbus`` with
-``PYTHONPATH`` (the A/B harness's ``.cache/ab/pkg-<sha>``) for the flame graph of a base.
+entries/s, the process's CPU (all threads) per entry and stored bytes per entry as JSON. Run
+it under another tree's ``eventbus`` with ``PYTHONPATH`` (the A/B harness's
+``.cache/ab/pkg-<sha>``) for the flame graph of a base.
 """
 
 from __future__ import annotations

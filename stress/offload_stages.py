@@ -23,30 +23,83 @@ import re
 # (stage, patterns): the deepest frame matching a pattern names the stage
 STAGES: list[tuple[str, tuple[str, ...]]] = [
     ("cyclic GC (young and full collections, in any thread)", (r"gc_collect",)),
-    ("idle: worker threads and the event loop waiting (not CPU)", (
-        r"Condition\.wait", r"EpollSelector\.select", r"epoll_wait",
-    )),
-    ("Parquet encode + zstd (pq.write_table, order check)", (
-        r"encode_columns \(eventbus/tier/segment\.py:(5[89]\d)\)", r"\(parquet", r"_misplaced",
-        r"Table\.from_arrays", r"libparquet", r"libzstd", r"ZSTD_", r"_parquet",
-    )),
-    ("typed columns (validation, struct, data rebuild check)", (
-        r"eventbus/tier/typed\.py", r"eventbus/tier/rebuild\.py", r"_reencoded",
-        r"encode_columns \(eventbus/tier/segment\.py",
-    )),
-    ("envelope + header decode, raw columns (IDs, rid/type, UUIDs, maps)", (
-        r"_decode_all", r"_field_lists", r"_texts", r"_uuid_text", r"_map_array", r"_fixed",
-        r"_zeros", r"entry_columns", r"_entry_by_entry", r"ShardOffload\.put\.<locals>\.encode",
-    )),
-    ("object-store put, segment listing", (r"eventbus/tier/store\.py", r"obstore",)),
-    ("checkpoint, locks, trim, gap check", (
-        r"eventbus/tier/checkpoint\.py", r"ShardOffload\.trim", r"xtrim", r"xinfo",
-        r"eventbus/locking/", r"find_gap", r"TopicOffloader\.lock",
-    )),
-    ("XRANGE + reply parsing, buffer accounting", (
-        r"ShardOffload\.xrange", r"ShardOffload\.fill", r"execute_packed", r"hiredis",
-        r"redis/", r"rows_bytes", r"row_bytes", r"dictionary_rows",
-    )),
+    (
+        "idle: worker threads and the event loop waiting (not CPU)",
+        (
+            r"Condition\.wait",
+            r"EpollSelector\.select",
+            r"epoll_wait",
+        ),
+    ),
+    (
+        "Parquet encode + zstd (pq.write_table, order check)",
+        (
+            r"encode_columns \(eventbus/tier/segment\.py:(5[89]\d)\)",
+            r"\(parquet",
+            r"_misplaced",
+            r"Table\.from_arrays",
+            r"libparquet",
+            r"libzstd",
+            r"ZSTD_",
+            r"_parquet",
+        ),
+    ),
+    (
+        "typed columns (validation, struct, data rebuild check)",
+        (
+            r"eventbus/tier/typed\.py",
+            r"eventbus/tier/rebuild\.py",
+            r"_reencoded",
+            r"encode_columns \(eventbus/tier/segment\.py",
+        ),
+    ),
+    (
+        "envelope + header decode, raw columns (IDs, rid/type, UUIDs, maps)",
+        (
+            r"_decode_all",
+            r"_field_lists",
+            r"_texts",
+            r"_uuid_text",
+            r"_map_array",
+            r"_fixed",
+            r"_zeros",
+            r"entry_columns",
+            r"_entry_by_entry",
+            r"ShardOffload\.put\.<locals>\.encode",
+        ),
+    ),
+    (
+        "object-store put, segment listing",
+        (
+            r"eventbus/tier/store\.py",
+            r"obstore",
+        ),
+    ),
+    (
+        "checkpoint, locks, trim, gap check",
+        (
+            r"eventbus/tier/checkpoint\.py",
+            r"ShardOffload\.trim",
+            r"xtrim",
+            r"xinfo",
+            r"eventbus/locking/",
+            r"find_gap",
+            r"TopicOffloader\.lock",
+        ),
+    ),
+    (
+        "XRANGE + reply parsing, buffer accounting",
+        (
+            r"ShardOffload\.xrange",
+            r"ShardOffload\.fill",
+            r"execute_packed",
+            r"hiredis",
+            r"redis/",
+            r"rows_bytes",
+            r"row_bytes",
+            r"dictionary_rows",
+        ),
+    ),
     ("event loop, thread hand-off, rest", (r".",)),
 ]
 
@@ -63,7 +116,9 @@ def main() -> None:
     stages: collections.Counter[str] = collections.Counter()
     threads: collections.Counter[str] = collections.Counter()
     startup = 0
-    for line in open(args.raw):
+    with open(args.raw) as f:
+        lines = f.readlines()
+    for line in lines:
         stack, _, count = line.rstrip("\n").rpartition(" ")
         n = int(count)
         frames = stack.split(";")
