@@ -48,22 +48,17 @@ def bounds(table: Any) -> tuple[int, int]:
     return ms[n // 4].as_py(), ms[3 * n // 4].as_py()
 
 
-def kept_share(meta: Any, lo: int, hi: int, page_rows: int, page_index: bool) -> tuple[int, int]:
-    """Rows a reader decodes for ``lo <= entry_ms <= hi``: whole row groups whose statistics
-    overlap; with a page index, only the overlapping pages (of `page_rows` rows: `entry_ms` is
-    delta-encoded, far below the page byte limit, so pages end at the row limit) — rows
-    counted from the group's first ``entry_ms`` page boundaries, as Spark's column-index
-    filter does, from the statistics of the pages (here: the rows, which are in order)."""
+def rows_by_row_group(meta: Any, lo: int, hi: int) -> int:
+    """Rows of the row groups whose ``entry_ms`` statistics overlap ``lo..hi`` (what a reader
+    decodes for that range when it prunes by row group only)."""
     col = meta.schema.to_arrow_schema().get_field_index("entry_ms")
-    by_group, by_page = 0, 0
+    kept = 0
     for g in range(meta.num_row_groups):
         group = meta.row_group(g)
         stats = group.column(col).statistics
-        if stats.max < lo or stats.min > hi:
-            continue
-        by_group += group.num_rows
-        by_page += group.num_rows  # refined by `page_rows_kept` when a page index exists
-    return by_group, by_page
+        if stats.max >= lo and stats.min <= hi:
+            kept += group.num_rows
+    return kept
 
 
 def page_rows_kept(ms: list[int], lo: int, hi: int, group: int, page_rows: int) -> int:
@@ -103,7 +98,7 @@ def main() -> None:
             ms = t.column("entry_ms")
             wanted += pc.sum(pc.and_(pc.greater_equal(ms, lo), pc.less_equal(ms, hi))).as_py()
             meta = pq.read_metadata(io.BytesIO(blob))
-            by_group, _ = kept_share(meta, lo, hi, page_rows, page_index)
+            by_group = rows_by_row_group(meta, lo, hi)
             rows_group += by_group
             rows_page += (
                 page_rows_kept(ms.to_pylist(), lo, hi, group, page_rows) if page_index else by_group
