@@ -6,8 +6,9 @@
 ``publish`` FLUSHES the database and publishes the first N flights to topic ``bench`` (16
 shards); ``offload`` archives them to the folder given (typed columns, as the flights job;
 ``--untyped``: without) after a warm-up (pyarrow imports pandas on first use), and prints
-entries/s and stored bytes per entry as JSON. Run it under another tree's ``eventbus`` with
-``PYTHONPATH`` (the A/B harness's ``.cache/ab/pkg-<sha>``) for the flame graph of a base.
+entries/s, the process's CPU (all threads) per entry and stored bytes per entry as JSON. Run
+it under another tree's ``eventbus`` with ``PYTHONPATH`` (the A/B harness's
+``.cache/ab/pkg-<sha>``) for the flame graph of a base.
 """
 
 from __future__ import annotations
@@ -41,11 +42,12 @@ async def main(args: argparse.Namespace) -> None:
     encode_segment("warm", 0, one, one, [(one, {b"rid": b"r", b"type": b"t", b"data": b"\x01"})])
     typed = {} if args.untyped else {"bench": f"{Flight.__module__}:{Flight.__qualname__}"}
     tier = TierSettings(store_url=args.arg, hot_window_s=0, trim_exact=True, typed_models=typed)
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     stats = await offload_until_caught_up(
         bus.redis, open_store(args.arg), settings=bus.settings, tier=tier
     )
     seconds = time.perf_counter() - started
+    cpu = time.process_time() - cpu  # all threads: comparable under load, unlike wall time
     await bus.aclose()
     print(
         json.dumps(
@@ -53,6 +55,7 @@ async def main(args: argparse.Namespace) -> None:
                 "entries": stats.entries,
                 "seconds": round(seconds, 3),
                 "entries_per_s": round(stats.entries / seconds),
+                "cpu_us_per_entry": round(cpu * 1e6 / max(1, stats.entries), 2),
                 "stored_bytes_per_entry": round(stats.stored_bytes / max(1, stats.entries), 1),
             }
         )

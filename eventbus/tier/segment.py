@@ -573,9 +573,24 @@ def encode_columns(
         **extra,
     }
     table = pa.Table.from_arrays(arrays, schema=schema.with_metadata(metadata))
+    return write_parquet(table, zstd_level), info
+
+
+def write_parquet(
+    table: pa.Table,
+    zstd_level: int = 3,
+    *,
+    row_group: int | None = None,
+    page_rows: int | None = None,
+    page_index: bool | None = None,
+) -> bytes:
+    """`table` (a segment's columns and metadata) as the segment file's bytes: zstd, page
+    checksums, the per-column encodings (`_ENCODINGS`), row groups of `_ROW_GROUP` rows, data
+    pages of at most `_PAGE_ROWS` rows and a page index (`_PAGE_INDEX`). The keywords override
+    those three for `stress/segment_layout_bench.py`, which measured them."""
     dictionary = [
         path
-        for field in schema
+        for field in table.schema
         if field.name not in _UNDICTIONARIED
         for path in _leaves(field.name, field.type)
     ]
@@ -586,14 +601,20 @@ def encode_columns(
         compression="zstd",
         compression_level=zstd_level,
         write_page_checksum=True,
-        row_group_size=_ROW_GROUP,
+        row_group_size=_ROW_GROUP if row_group is None else row_group,
+        max_rows_per_page=_PAGE_ROWS if page_rows is None else page_rows,
+        write_page_index=_PAGE_INDEX if page_index is None else page_index,
         use_dictionary=dictionary,
         column_encoding=_ENCODINGS,
     )
-    return sink.getvalue(), info
+    return sink.getvalue()
 
 
+# The layout a bounded read prunes by (`entry_ms` range: Spark pushes it to its Parquet reader,
+# which skips row groups, and with a page index pages, whose statistics are outside it).
 _ROW_GROUP = 65536
+_PAGE_ROWS = 2000  # pages end at 1 MiB or these many rows (pyarrow's default: 20,000)
+_PAGE_INDEX = True
 
 
 def _reencoded(

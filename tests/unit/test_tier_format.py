@@ -18,7 +18,13 @@ from eventbus.protocol.ids import EntryId, parse_id
 from eventbus.tier.errors import CorruptSegment
 from eventbus.tier.gaps import find_gap
 from eventbus.tier.layout import gap_key, parse_gap_key, parse_segment_key, segment_key
-from eventbus.tier.segment import SCHEMA, decode_segment, encode_segment, entry_columns
+from eventbus.tier.segment import (
+    SCHEMA,
+    decode_segment,
+    encode_segment,
+    entry_columns,
+    write_parquet,
+)
 from eventbus.tier.typed import TypedPayloads
 
 
@@ -119,6 +125,33 @@ def test_segment_round_trip_and_plain_pandas_read() -> None:
     assert pd.isna(df["event_time_ms"].iloc[-1])
     meta = pq.read_metadata(io.BytesIO(data)).metadata
     assert meta[b"eventbus.entries"] == b"501"
+
+
+def test_segments_have_a_page_index_and_segments_without_one_read_alike() -> None:
+    """Every column chunk has a page index (column and offset index: a reader given an
+    ``entry_ms`` range skips the pages outside it), and a segment of the earlier layout (no
+    page index, pages of up to 20,000 rows) decodes to the same rows."""
+    rows = [entry(i, trace="t") for i in range(5000)]
+    first, last = rows[0][0], rows[-1][0]
+    data, _ = encode_segment("orders", 2, first, last, rows)
+    meta = pq.read_metadata(io.BytesIO(data))
+    chunks = [
+        meta.row_group(g).column(c)
+        for g in range(meta.num_row_groups)
+        for c in range(meta.num_columns)
+    ]
+    assert chunks and all(c.has_column_index and c.has_offset_index for c in chunks)
+
+    table, info = decode_segment(data, "k", expect=("orders", 2, first, last))
+    earlier = write_parquet(pq.read_table(io.BytesIO(data)), page_rows=20000, page_index=False)
+    assert not pq.read_metadata(io.BytesIO(earlier)).row_group(0).column(0).has_column_index
+    assert decode_segment(earlier, "k", expect=("orders", 2, first, last)) == (table, info)
+    # a range read by entry_ms gives the rows of the range
+    lo, hi = rows[1000][0].ms, rows[3000][0].ms
+    ranged = pq.read_table(
+        io.BytesIO(data), filters=[("entry_ms", ">=", lo), ("entry_ms", "<=", hi)]
+    )
+    assert ranged.column("entry_id").to_pylist() == [str(i) for i, _ in rows if lo <= i.ms <= hi]
 
 
 def raw_reply(rows: list[tuple[EntryId, dict[bytes, bytes]]]) -> tuple[list[bytes], list[list]]:
