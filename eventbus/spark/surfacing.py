@@ -18,8 +18,8 @@ log = logging.getLogger("eventbus.spark")
 
 def fail_or_warn(text: str, on_gap: str | None) -> None:
     """Raise `TierError` with `text` when ``on_gap == "fail"``, else say it on the driver: a
-    warning on logger ``eventbus.spark`` and a `RuntimeWarning` (pointing at the read's
-    caller of ``surface_*``)."""
+    warning on logger ``eventbus.spark`` and a `RuntimeWarning` (pointing at the caller of
+    ``surface_*``: `eventbus.spark.planning.surface` for batch reads)."""
     if on_gap == "fail":
         raise TierError(text)
     log.warning(text)
