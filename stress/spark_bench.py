@@ -377,18 +377,11 @@ def writer_section(
     workers and the Arrow batches they are handed, ``empty_sink``). ``ratio_publish_many``: the
     writer's median rate over ``publish_many``'s (a warm process whose events were built
     before its clock started); ``spark_share``: the empty sink's seconds over the writer's."""
-    import pyarrow as pa
+    from spark_writer import flights_frame  # (stress/, this script's folder)
 
     spark.dataSource.register(_empty_sink())
     n = len(rows)
-    table = pa.Table.from_pylist([r._asdict() for r in rows])
-    frame = (
-        spark.createDataFrame(table)
-        .repartition(2, "plane")
-        .sortWithinPartitions("position")
-        .cache()
-    )
-    frame.count()
+    frame = flights_frame(spark, rows)
     topics = (f"bench-b{i}" for i in itertools.count())
 
     def write() -> int:

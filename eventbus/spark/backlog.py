@@ -25,7 +25,7 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, overload
+from typing import Any, NamedTuple, overload
 
 import pyarrow.parquet as pq
 
@@ -232,6 +232,20 @@ class _Pager:
             self.count_next = min(page, 2 * self.count_next)
 
 
+class Span(NamedTuple):
+    """One shard's entries in (`after`, `head`] as a stream query sees them: its segments
+    `refs` (the listing, in key order) up to the archive's end `cp`, then, with `redis` (None:
+    the archive is all there is), those of `stream` after `cp`. `Backlog.lag`'s arguments."""
+
+    objects: Objects
+    redis: Any
+    stream: str
+    refs: Sequence[SegmentRef]
+    after: EntryId
+    head: EntryId
+    cp: EntryId | None
+
+
 class Backlog:
     """Counts a stream query's waiting entries per shard; remembers each segment's entry count
     (segments are immutable), so a segment's footer is read once per query run."""
@@ -291,3 +305,32 @@ class Backlog:
             return count
         low = max(after, cp) if cp is not None else after
         return count + stream_count(redis, stream, low, head)
+
+    def nth(self, span: Span, n: int) -> EntryId:
+        """The `n`-th entry ID of `span`'s shard after its ``after`` (or its ``head`` if there
+        are fewer): in its segments up to the archive's end, then, with Redis, in its stream
+        after that end. Raises `StoreError`, redis-py's errors."""
+        objects, redis, stream, refs, after, head, cp = span
+        left = n
+        last = after
+        for ref in refs:
+            if ref.last <= after or (redis is not None and (cp is None or ref.last > cp)):
+                continue
+            if ref.first > after:
+                (count,) = self.entries(objects, [ref])
+                if count <= left:
+                    left -= count
+                    last = ref.last
+                    if left == 0:
+                        return last
+                    continue
+            ids = segment_ids(objects, ref, after)
+            if len(ids) >= left:
+                return ids[left - 1]
+            left -= len(ids)
+            last = ref.last
+        if redis is None:
+            return min(last, head) if left < n else head
+        start = max(after, cp) if cp is not None else after
+        found = stream_nth(redis, stream, start, head, left)
+        return found if found is not None else max(last, start)

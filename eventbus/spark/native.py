@@ -1,7 +1,7 @@
 """The native path: the archive read by Spark's own Parquet reader, the Redis tail by the source.
 
 `read` plans the consistent cut of each topic read (``topic``, or each of ``subscribe``'s) as
-``format("eventbus")`` does (`plan_read`), then reads every cut's whole segments with one
+``format("eventbus")`` does (`plan_topics`), then reads every cut's whole segments with one
 ``spark.read.parquet`` over their files (in the JVM: vectorised, with Parquet statistics for any
 pushed filter, typed payload fields included; each segment's ``topic`` column tells the topics
 apart) and unions the cuts' Redis tails, read by the Python source from the very same plans (the
@@ -30,7 +30,7 @@ import logging
 import os
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -39,7 +39,8 @@ import pyarrow as pa
 from pydantic import BaseModel
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from eventbus.protocol.ids import ZERO, EntryId
+from eventbus.protocol.ids import ZERO
+from eventbus.spark.bounds import bounds_filter, literal
 from eventbus.spark.jvm import parquet_select
 from eventbus.spark.matching import (
     ReadTyping,
@@ -48,17 +49,10 @@ from eventbus.spark.matching import (
     segment_typing,
 )
 from eventbus.spark.objects import Objects, as_objects
-from eventbus.spark.options import SourceOptions, batch_offsets, models_option
-from eventbus.spark.planning import (
-    Pruning,
-    RangePart,
-    SegmentsPart,
-    plan_read,
-    ranges_option,
-    surface_beyond,
-    surface_gaps,
-)
-from eventbus.spark.reading import INT64_MAX, parquet_footer
+from eventbus.spark.options import SourceOptions, models_option
+from eventbus.spark.planning import RangePart, SegmentsPart, plan_topics, ranges_option, surface
+from eventbus.spark.pruning import Pruning
+from eventbus.spark.reading import parquet_footer
 from eventbus.spark.schema import CORRUPT, read_schema
 from eventbus.tier.layout import SegmentRef
 from eventbus.tier.segment import SCHEMA as SEGMENT_SCHEMA
@@ -88,66 +82,22 @@ def read(spark: Any, options: Mapping[str, Any] | None = None, **more: Any) -> A
     if why:
         return _fallback(python, why)
     objects = as_objects(opts.open_store())
-    redis = opts.redis()
-    try:  # one cut per topic read (``subscribe``'s, else ``topic``), as the Python source plans
-        whole = Pruning().added_since(opts.starting_timestamp)
-        cuts = {
-            topic: plan_read(
-                objects,
-                topic,
-                whole,
-                redis=redis,
-                keys=opts.keys(),
-                shards=opts.shards,
-                starts=batch_offsets(opts, topic, "startingOffsets"),
-                ends=batch_offsets(opts, topic, "endingOffsets"),
-            )
-            for topic in opts.subscribed
-        }
-    finally:
-        if redis is not None:
-            redis.close()
-    parts = [p for cut in cuts.values() for p in cut.parts]
-    segment_parts = [p for p in parts if isinstance(p, SegmentsPart)]
+    cuts = plan_topics(objects, opts, Pruning())  # the Python source's planner, same cut
     overlapping = [t for t, cut in cuts.items() if any(getattr(p, "floors", ()) for p in cut.parts)]
     if overlapping:
         which = ", ".join(overlapping)
         return _fallback(python, f"{which} has overlapping segments (each entry read once)")
-    bounded = [(r, p) for p in segment_parts for r in p.refs]
-    refs = [r for r, _ in bounded]
-    models = tuple((opts.models() or {}).items())
-    # the footers' typed columns are fetched while the JVM builds the relation (it waits for
-    # Spark most of that time): matched before the frame is returned, never skipped
-    footers = _typings(objects, refs) if refs and models else None
-    frames = []
-    failed = None
-    masked: frozenset[str] = frozenset()
-    if refs:
-        try:
-            frames.append(_segments(spark, opts, bounded, models, masked))
-        except Exception as exc:  # the JVM cannot list or read the files (py4j / analysis)
-            failed = f"Spark cannot read {opts.store}: {_first_line(exc)}"
+    parts = [p for cut in cuts.values() for p in cut.parts]
+    bounded = [(r, p) for p in parts if isinstance(p, SegmentsPart) for r in p.refs]
+    frames: list[Any] = []
     python_refs: list[tuple[SegmentRef, SegmentsPart]] = []
-    if footers is not None:
-        found = match(_read_typing(models), [f.result() for f in footers])
-        if failed is None and (found.python or found.masked):
-            native_refs = [bounded[i] for i in found.native]
-            python_refs = [bounded[i] for i in found.python]
-            frames = []
-            if native_refs:
-                try:
-                    frames.append(_segments(spark, opts, native_refs, models, found.masked))
-                except Exception as exc:
-                    failed = f"Spark cannot read {opts.store}: {_first_line(exc)}"
-        if found.why and not found.native:
-            return _fallback(python, found.why)
-        if found.why and failed is None:
-            _warn(f"{found.why}: those segments are read through the Python source")
-    if failed:
-        return _fallback(python, failed)
-    for topic, cut in cuts.items():  # after the fallbacks: they say it again
-        surface_gaps(topic, cut.gaps, opts.on_gap)
-        surface_beyond(topic, cut.beyond, opts.on_gap)
+    if bounded:
+        try:
+            frame, python_refs = _archived(spark, opts, objects, bounded)
+        except _Fallback as exc:
+            return _fallback(python, str(exc))
+        frames += [frame] if frame is not None else []
+    surface(cuts, opts.on_gap)  # after the fallbacks: they say it again
     tail = [p for p in parts if isinstance(p, RangePart)]
     tail += [_python_part(r, p) for r, p in python_refs]
     if tail or not frames:
@@ -156,6 +106,58 @@ def read(spark: Any, options: Mapping[str, Any] | None = None, **more: Any) -> A
     for other in frames[1:]:
         df = df.unionByName(other)
     return df
+
+
+class _Fallback(Exception):
+    """The whole read goes to the Python source: the text says why."""
+
+
+Bounded = Sequence[tuple[SegmentRef, SegmentsPart]]
+
+
+def _archived(
+    spark: Any, opts: SourceOptions, objects: Objects, bounded: Bounded
+) -> tuple[Any, list[tuple[SegmentRef, SegmentsPart]]]:
+    """The native frame of the segments of `bounded` (None: none of them), and those the Python
+    source reads instead (without usable typed columns for a typed read: said once on the
+    driver). Raises `_Fallback` when Spark cannot read the store or no segment has usable typed
+    columns, `TypedColumnConflict` for a changed column type."""
+    models = tuple((opts.models() or {}).items())
+    # the footers' typed columns are fetched while the JVM builds the relation (it waits for
+    # Spark most of that time): matched before the frame is returned, never skipped
+    footers = _typings(objects, [r for r, _ in bounded]) if models else None
+    frame, failed = _attempt(spark, opts, bounded, models, frozenset())
+    python_refs: list[tuple[SegmentRef, SegmentsPart]] = []
+    if footers is not None:
+        found = match(_read_typing(models), [f.result() for f in footers])
+        if failed is None and (found.python or found.masked):
+            python_refs = [bounded[i] for i in found.python]
+            native = [bounded[i] for i in found.native]
+            frame, failed = (
+                _attempt(spark, opts, native, models, found.masked) if native else (None, None)
+            )
+        if found.why and not found.native:
+            raise _Fallback(found.why)
+        if found.why and failed is None:
+            _warn(f"{found.why}: those segments are read through the Python source")
+    if failed:
+        raise _Fallback(failed)
+    return frame, python_refs
+
+
+def _attempt(
+    spark: Any,
+    opts: SourceOptions,
+    bounded: Bounded,
+    models: tuple[tuple[str | None, type[BaseModel]], ...],
+    masked: frozenset[str],
+) -> tuple[Any, str | None]:
+    """`_segments`' frame and None, or None and why the JVM could not build it (it cannot
+    list or read the files: a py4j or analysis error)."""
+    try:
+        return _segments(spark, opts, bounded, models, masked), None
+    except Exception as exc:
+        return None, f"Spark cannot read {opts.store}: {_first_line(exc)}"
 
 
 def _python_part(ref: SegmentRef, part: SegmentsPart) -> RangePart:
@@ -224,74 +226,6 @@ def _segments(
     return df.where(where) if where else df
 
 
-def bounds_filter(bounded: Sequence[tuple[SegmentRef, SegmentsPart]]) -> str | None:
-    """A Spark SQL condition keeping, in each shard whose segments reach past its part's bounds,
-    the rows within them (None: no segment does). Entry IDs compare as (``entry_ms``,
-    ``entry_seq``). Its size does not grow with the shard count: the bounds are array literals
-    indexed by ``shard`` (`_shard_bounds`), and a read of several topics picks its topic's
-    arrays with one ``CASE topic``. (A condition per shard made a filter of 16 shards read 0.09
-    x the unbounded read's rate; `stress/spark_bench.py`'s ``bounded_native``.)
-
-    It starts with the range of ``entry_ms`` any kept row has (`_time_range`): two plain
-    comparisons, which Spark pushes to its Parquet reader (row groups, and pages where the file
-    has a page index, outside them are skipped) and which drop most rows outside the bounds
-    before the per-shard comparisons."""
-    by_topic: dict[str, dict[int, tuple[EntryId, EntryId]]] = {}
-    for ref, part in bounded:
-        if ref.first < part.lo or ref.last > part.hi:
-            by_topic.setdefault(ref.topic, {})[ref.shard] = (part.lo, part.hi)
-    if not by_topic:
-        return None
-    conds = {topic: _shard_bounds(bounds) for topic, bounds in by_topic.items()}
-    if len({ref.topic for ref, _ in bounded}) == 1:
-        fine = next(iter(conds.values()))
-    else:
-        whens = " ".join(f"WHEN {_literal(t)} THEN {c}" for t, c in sorted(conds.items()))
-        fine = f"(CASE topic {whens} ELSE true END)"
-    lo, hi = _time_range(bounded)
-    return f"entry_ms >= {lo}L AND entry_ms <= {hi}L AND {fine}"
-
-
-def _time_range(bounded: Sequence[tuple[SegmentRef, SegmentsPart]]) -> tuple[int, int]:
-    """The first and last ``entry_ms`` of any row a read of `bounded` keeps: a segment's rows
-    lie within its first and last entry IDs, the kept ones also within its part's bounds."""
-    lo = min(max(ref.first, part.lo).ms for ref, part in bounded)
-    hi = max(min(ref.last, part.hi).ms for ref, part in bounded)
-    return lo, min(hi, INT64_MAX)
-
-
-def _shard_bounds(bounds: Mapping[int, tuple[EntryId, EntryId]]) -> str:
-    """The condition of one topic's rows: in a shard of `bounds` (shard -> first and last entry
-    ID wanted, inclusive), within them; in any other shard, kept. Per shard, the four bound
-    parts are elements of ``array`` literals (`get` of the ``shard`` column); IDs beyond int64
-    (`MAX_ID`, an ``EntryId.prev``) are clamped: the columns never exceed it."""
-    top = max(bounds) + 1
-    free = (ZERO, EntryId(INT64_MAX, INT64_MAX))  # a shard not bounded: every row kept
-    lows = [bounds.get(s, free)[0] for s in range(top)]
-    highs = [bounds.get(s, free)[1] for s in range(top)]
-    inside = []
-    if any(lo > ZERO for lo in lows):
-        ms, seq = _array(lo.ms for lo in lows), _array(lo.seq for lo in lows)
-        inside.append(
-            f"(entry_ms > get({ms}, shard) OR "
-            f"(entry_ms = get({ms}, shard) AND entry_seq >= get({seq}, shard)))"
-        )
-    if any(hi < free[1] for hi in highs):
-        ms, seq = _array(hi.ms for hi in highs), _array(hi.seq for hi in highs)
-        inside.append(
-            f"(entry_ms < get({ms}, shard) OR "
-            f"(entry_ms = get({ms}, shard) AND entry_seq <= get({seq}, shard)))"
-        )
-    if not inside:
-        return "true"
-    return f"(shard < 0 OR shard >= {top} OR ({' AND '.join(inside)}))"
-
-
-def _array(values: Iterable[int]) -> str:
-    """A Spark SQL ``array<bigint>`` literal of `values`, each clamped to int64."""
-    return "array(" + ", ".join(f"{min(v, INT64_MAX)}L" for v in values) + ")"
-
-
 @functools.lru_cache(maxsize=32)
 def _columns(
     models: tuple[tuple[str | None, type[BaseModel]], ...],
@@ -327,7 +261,7 @@ def _columns(
             exprs.append(f"timestamp_millis({source}) AS {_quoted(name)}")
         elif typing is not None and name in masked:  # (`CORRUPT_MASK` is ``_corrupt``)
             types = typing.keys if name == CORRUPT else typing.fields[name]
-            listed = ", ".join(_literal(t) for t in sorted(types))
+            listed = ", ".join(literal(t) for t in sorted(types))
             exprs.append(
                 f"CASE WHEN event_type IN ({listed}) THEN {_quoted(source)} END AS {_quoted(name)}"
             )
@@ -338,11 +272,6 @@ def _columns(
             value = _quoted(source) if source in have else "NULL"  # (``_corrupt`` of a raw read)
             exprs.append(f"CAST({value} AS {field.dataType.simpleString()}) AS {_quoted(name)}")
     return given, tuple(exprs)
-
-
-def _literal(text: str) -> str:
-    """`text` as a Spark SQL string literal."""
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _quoted(name: str) -> str:

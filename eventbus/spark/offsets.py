@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from eventbus.errors import ConfigError
-from eventbus.protocol.ids import parse_id
+from eventbus.protocol.ids import ZERO, EntryId, parse_id
 
 Offset = dict[str, str]
 """One topic's offset: shard (decimal text) -> entry ID text."""
@@ -141,3 +141,25 @@ def share(total: int, lags: Sequence[int]) -> list[int]:
     for i in by_remainder[: total - sum(quotas)]:
         quotas[i] += 1
     return quotas
+
+
+def initial_offset(start: str | Offset | int, heads: dict[int, EntryId]) -> Offset:
+    """A new query's offset of one topic: `start` (`parse_start`'s value) at `heads`."""
+    if start == "latest":
+        return {str(s): str(h) for s, h in heads.items()}
+    if isinstance(start, int):
+        at = EntryId(start, 0)
+        return {str(s): str(at.prev()) if start > 0 else "0-0" for s in heads}
+    given = start if isinstance(start, dict) else {}
+    return {str(s): given.get(str(s), "0-0") for s in heads}
+
+
+def starts_beyond(start: str | Offset | int, heads: dict[int, EntryId]) -> list[str]:
+    """The shards a new query's JSON `start` places past their last entry (`heads`)."""
+    if not isinstance(start, dict):
+        return []
+    return [
+        f"shard {k} at {v}, last entry {heads.get(int(k), 'none')}"
+        for k, v in start.items()
+        if parse_id(v) > heads.get(int(k), ZERO)
+    ]

@@ -1,163 +1,32 @@
-"""What a read covers: pruning, the consistent cut with Redis, and reading one shard's range.
-
-**Pruning** (`Pruning.from_filters`): Spark's pushed filters on ``shard``, ``resource_id``
-(through the shard hash), ``entry_id`` (equality), ``entry_ms`` (ranges) and ``published_at``
-(ranges, checked against each segment's Parquet statistics) narrow the shards and entry-ID
-range; segments outside are never fetched. Every filter is still handed back to Spark, which
-applies it to the rows: pruning only skips what cannot match.
+"""What a read covers: the consistent cut with Redis, as Spark tasks; both batch read paths plan
+with `plan_topics` (``format("eventbus")``'s `BatchReader` and `eventbus.spark.native.read`).
 
 **The cut** (`plan_read` with Redis): per shard, the offloader's checkpoint is read first,
 then the segments are listed, then the stream's last entry ``S``; ``C`` is the checkpoint, or
 the last listed segment's end when later (`archived_upto`). Segments give entries up to ``C``,
 ``XRANGE (C, S]`` the rest: disjoint, and together every entry of the shard up to ``S``.
-
-Reading the parts is `eventbus.spark.reading`'s job.
+Which shards and entry IDs are wanted is `eventbus.spark.pruning`'s; reading the parts is
+`eventbus.spark.reading`'s job (the native path reads the segment parts with Spark's own
+Parquet reader).
 """
 
 from __future__ import annotations
 
 import json
-import logging
-import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from pyspark.sql.datasource import (
-    EqualTo,
-    Filter,
-    GreaterThan,
-    GreaterThanOrEqual,
-    In,
-    InputPartition,
-    LessThan,
-    LessThanOrEqual,
-)
+from pyspark.sql.datasource import InputPartition
 
 from eventbus.errors import ConfigError
 from eventbus.protocol.ids import ZERO, EntryId, parse_id
 from eventbus.protocol.keys import Keys
-from eventbus.protocol.sharding import shard_of
 from eventbus.spark.objects import Objects
-from eventbus.tier.errors import TierError
+from eventbus.spark.options import SourceOptions, batch_offsets
+from eventbus.spark.pruning import Pruning
+from eventbus.spark.surfacing import surface_beyond, surface_gaps
 from eventbus.tier.layout import SegmentRef, parse_segment_key
-
-log = logging.getLogger("eventbus.spark")
-
-MAX_ID = EntryId((1 << 64) - 1, (1 << 64) - 1)
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-@dataclass(frozen=True, slots=True)
-class Pruning:
-    """Conditions every wanted row meets. `shards` None: any. Entry IDs in [`lo`, `hi`];
-    publisher time (Unix ms) in [`time_lo`, `time_hi`] when set."""
-
-    shards: frozenset[int] | None = None
-    resource_ids: frozenset[str] | None = None
-    lo: EntryId = ZERO
-    hi: EntryId = MAX_ID
-    time_lo: int | None = None
-    time_hi: int | None = None
-
-    @classmethod
-    def from_filters(cls, filters: Sequence[Filter]) -> Pruning:
-        """The conditions of the pushed `filters` that prune (others are ignored here)."""
-        p = cls()
-        for f in filters:
-            p = p._with(f)
-        return p
-
-    def _with(self, f: Filter) -> Pruning:
-        col = getattr(f, "attribute", ("",))
-        name = col[0] if len(col) == 1 else ""
-        value = getattr(f, "value", None)
-        values: tuple[Any, ...] = tuple(f.value) if isinstance(f, In) else (value,)
-        exact = isinstance(f, EqualTo | In)
-        if name == "shard" and exact:
-            return _replace(self, shards=_meet(self.shards, {int(v) for v in values}))
-        if name == "resource_id" and exact:
-            return _replace(self, resource_ids=_meet(self.resource_ids, set(map(str, values))))
-        if name == "entry_id" and exact:
-            try:
-                ids = sorted(parse_id(str(v)) for v in values)
-            except ConfigError:
-                return self
-            return _replace(self, lo=max(self.lo, ids[0]), hi=min(self.hi, ids[-1]))
-        if name == "entry_ms" and isinstance(value, int):
-            lo, hi = _bounds(f, value)
-            return _replace(
-                self,
-                lo=max(self.lo, EntryId(lo, 0)) if lo is not None else self.lo,
-                hi=min(self.hi, EntryId(hi, MAX_ID.seq)) if hi is not None else self.hi,
-            )
-        if name == "published_at" and isinstance(value, datetime):
-            # conservative bounds in whole ms (the literal may have microseconds): a segment is
-            # skipped only if no row can match
-            at = value if value.tzinfo else value.replace(tzinfo=UTC)
-            us = (at - _EPOCH) // timedelta(microseconds=1)
-            floor_ms, ceil_ms = us // 1000, -(-us // 1000)
-            lo = floor_ms if isinstance(f, EqualTo | GreaterThan | GreaterThanOrEqual) else None
-            hi = ceil_ms if isinstance(f, EqualTo | LessThan | LessThanOrEqual) else None
-            return _replace(
-                self,
-                time_lo=lo
-                if self.time_lo is None or (lo is not None and lo > self.time_lo)
-                else self.time_lo,
-                time_hi=hi
-                if self.time_hi is None or (hi is not None and hi < self.time_hi)
-                else self.time_hi,
-            )
-        return self
-
-    def shard_set(self, shards: int | None) -> frozenset[int] | None:
-        """Shards that may hold wanted rows, given the topic's shard count (None: unknown)."""
-        allowed = self.shards
-        if self.resource_ids is not None and shards:
-            allowed = _meet(allowed, {shard_of(r, shards) for r in self.resource_ids})
-        return allowed
-
-    def bounded(self, after: EntryId | None, upto: EntryId | None) -> Pruning:
-        """These conditions, and entry IDs after `after` and up to `upto` (either None)."""
-        lo = max(self.lo, after.next()) if after is not None else self.lo
-        hi = min(self.hi, upto) if upto is not None else self.hi
-        return self if (lo, hi) == (self.lo, self.hi) else _replace(self, lo=lo, hi=hi)
-
-    def added_since(self, ms: int | None) -> Pruning:
-        """These conditions, and entries Redis added at or after Unix ms `ms` (None: any):
-        ``startingTimestamp``."""
-        if ms is None or EntryId(ms, 0) <= self.lo:
-            return self
-        return _replace(self, lo=EntryId(ms, 0))
-
-    def overlaps(self, ref: SegmentRef) -> bool:
-        return ref.last >= self.lo and ref.first <= self.hi
-
-
-def _replace(p: Pruning, **changes: Any) -> Pruning:
-    values = {f: getattr(p, f) for f in Pruning.__slots__}
-    values.update(changes)
-    return Pruning(**values)
-
-
-def _meet(a: frozenset[Any] | None, b: set[Any]) -> frozenset[Any]:
-    return frozenset(b) if a is None else a & b
-
-
-def _bounds(f: Filter, v: int) -> tuple[int | None, int | None]:
-    """Inclusive integer bounds of a comparison filter on an integer (ms) value."""
-    if isinstance(f, EqualTo | In):
-        return v, v
-    if isinstance(f, GreaterThan):
-        return v + 1, None
-    if isinstance(f, GreaterThanOrEqual):
-        return v, None
-    if isinstance(f, LessThan):
-        return None, v - 1
-    if isinstance(f, LessThanOrEqual):
-        return None, v
-    return None, None
 
 
 @dataclass(frozen=True)
@@ -231,6 +100,42 @@ def unknown_topic(topic: str, objects: Objects, redis: Any) -> ConfigError:
     return ConfigError(f"topic {topic!r} is neither in the archive at {objects!r} {where}")
 
 
+def plan_topics(objects: Objects, opts: SourceOptions, pruning: Pruning) -> dict[str, Cut]:
+    """The cut (`plan_read`) of each topic a batch read of `opts` reads (``subscribe``'s, else
+    ``topic``), within `pruning` and ``startingTimestamp``, each bounded by its
+    ``startingOffsets`` / ``endingOffsets``: the one planner of both batch read paths. Opens
+    and closes a Redis client when ``redis_url`` is given. Raises what `plan_read` raises, and
+    `ConfigError` for bad offsets."""
+    redis = opts.redis()
+    whole = pruning.added_since(opts.starting_timestamp)
+    try:
+        return {
+            topic: plan_read(
+                objects,
+                topic,
+                whole,
+                starts=batch_offsets(opts, topic, "startingOffsets"),
+                ends=batch_offsets(opts, topic, "endingOffsets"),
+                redis=redis,
+                keys=opts.keys(),
+                shards=opts.shards,
+                pack_bytes=opts.pack_bytes,
+            )
+            for topic in opts.subscribed or (opts.topic,)
+        }
+    finally:
+        if redis is not None:
+            redis.close()
+
+
+def surface(cuts: Mapping[str, Cut], on_gap: str | None) -> None:
+    """Say on the driver (or raise, with ``onGap`` ``fail``) what each topic's cut cannot give:
+    gap records it overlaps, starting offsets past the last entry (`eventbus.spark.surfacing`)."""
+    for topic, cut in cuts.items():
+        surface_gaps(topic, cut.gaps, on_gap)
+        surface_beyond(topic, cut.beyond, on_gap)
+
+
 def plan_read(
     objects: Objects,
     topic: str,
@@ -248,55 +153,77 @@ def plan_read(
     a topic with no segment and (with `redis`) not registered. `starts` / `ends` bound shards'
     rows: after `starts[shard]`, up to `ends[shard]` (a batch read's offsets)."""
     keys = keys or Keys()
+    starts, ends = starts or {}, ends or {}
     count = shard_count(redis, keys, topic, shards)
     present = set(objects.shards(topic)) | set(range(count or 0))
     if not present:  # a misspelled topic must not read as an empty one
         raise unknown_topic(topic, objects, redis)
-    check_bounds(topic, present, starts or {}, ends or {})
+    check_bounds(topic, present, starts, ends)
     allowed = pruning.shard_set(count)
     chosen = sorted(s for s in present if allowed is None or s in allowed)
     cps = checkpoints(redis, keys, topic, chosen) if redis is not None else {}
-    parts: list[InputPartition] = []
-    gaps: list[dict[str, Any]] = []
-    per_shard = {s: objects.segments(topic, s) for s in chosen}
+    listed = {s: objects.segments(topic, s) for s in chosen}
     lasts = last_ids(redis, keys, topic, chosen) if redis is not None else {}
-    whole = pruning
-    beyond = []
+    cut = Cut([], [])
     for s in chosen:
-        pruning = whole.bounded((starts or {}).get(s), (ends or {}).get(s))
-        start = archived_upto(cps.get(s), per_shard[s]) if redis is not None else None
-        floors = overlap_floors(per_shard[s])
-        refs = [r for r in per_shard[s] if r.key in floors and pruning.overlaps(r)]
-        if redis is not None:
-            refs = [r for r in refs if start is not None and r.last <= start]
-        parts += [
-            SegmentsPart(
-                tuple(group),
-                pruning.lo,
-                pruning.hi,
-                pruning.time_lo,
-                pruning.time_hi,
-                tuple(floors[r.key] for r in group) if any(floors.values()) else (),
-            )
-            for group in _pack(refs, pack_bytes)
-        ]
+        bounded = pruning.bounded(starts.get(s), ends.get(s))
+        start = archived_upto(cps.get(s), listed[s]) if redis is not None else None
+        cut.parts += _segment_parts(listed[s], bounded, start, redis is not None, pack_bytes)
         last = lasts.get(s)
         head = max(
-            [x for x in (last, start, *(r.last for r in per_shard[s][-1:])) if x is not None],
+            [x for x in (last, start, *(r.last for r in listed[s][-1:])) if x is not None],
             default=ZERO,
         )
-        begin = (starts or {}).get(s)
-        if begin is not None and begin > head and (redis is not None or per_shard[s]):
-            beyond.append(f"shard {s} starts after {begin}, its last entry is {head}")
+        begin = starts.get(s)
+        if begin is not None and begin > head and (redis is not None or listed[s]):
+            cut.beyond.append(f"shard {s} starts after {begin}, its last entry is {head}")
         if last is not None and (start is None or last > start):
-            upto = min(last, pruning.hi)
-            floor = pruning.lo.prev() if pruning.lo > EntryId(0, 0) else None
-            after = start if floor is None else floor if start is None else max(start, floor)
-            if after is None or upto > after:
-                parts.append(RangePart(topic, s, after, upto, start))
-        if per_shard[s] or s in lasts or s in cps:
-            gaps += [g for g in objects.gaps(topic, s) if _gap_overlaps(g, pruning)]
-    return Cut(parts, gaps, beyond)
+            tail = _tail_part(topic, s, bounded, start, last)
+            cut.parts += [tail] if tail is not None else []
+        if listed[s] or s in lasts or s in cps:
+            cut.gaps += [g for g in objects.gaps(topic, s) if _gap_overlaps(g, bounded)]
+    return cut
+
+
+def _segment_parts(
+    listed: Sequence[SegmentRef],
+    pruning: Pruning,
+    start: EntryId | None,
+    with_redis: bool,
+    pack_bytes: int,
+) -> list[SegmentsPart]:
+    """The segment tasks of one shard's `listed` segments: those `pruning` may want, each
+    entry once (`overlap_floors`), with Redis (`with_redis`) only those up to where the
+    archive ends (`start`), packed up to `pack_bytes` a task."""
+    floors = overlap_floors(listed)
+    refs = [r for r in listed if r.key in floors and pruning.overlaps(r)]
+    if with_redis:
+        refs = [r for r in refs if start is not None and r.last <= start]
+    overlapping = any(floors.values())
+    return [
+        SegmentsPart(
+            tuple(group),
+            pruning.lo,
+            pruning.hi,
+            pruning.time_lo,
+            pruning.time_hi,
+            tuple(floors[r.key] for r in group) if overlapping else (),
+        )
+        for group in _pack(refs, pack_bytes)
+    ]
+
+
+def _tail_part(
+    topic: str, shard: int, pruning: Pruning, start: EntryId | None, last: EntryId
+) -> RangePart | None:
+    """The Redis task of one shard: its entries after the archive's end (`start`) up to the
+    stream's `last`, within `pruning` (None: none wanted)."""
+    upto = min(last, pruning.hi)
+    floor = pruning.lo.prev() if pruning.lo > ZERO else None
+    after = start if floor is None else floor if start is None else max(start, floor)
+    if after is None or upto > after:
+        return RangePart(topic, shard, after, upto, start)
+    return None
 
 
 def check_bounds(
@@ -320,30 +247,6 @@ def check_bounds(
                 f"options startingOffsets/endingOffsets: topic {topic!r} shard {s} ends at "
                 f"{ends[s]}, before it starts after {starts[s]}"
             )
-
-
-def fail_or_warn(text: str, on_gap: str | None) -> None:
-    """Raise `TierError` with `text` when ``on_gap == "fail"``, else say it on the driver: a
-    warning on logger ``eventbus.spark`` and a `RuntimeWarning` (pointing at the read's
-    caller of ``surface_*``)."""
-    if on_gap == "fail":
-        raise TierError(text)
-    log.warning(text)
-    warnings.warn(text, RuntimeWarning, stacklevel=3)
-
-
-def surface_beyond(topic: str, beyond: Sequence[str], on_gap: str | None) -> None:
-    """Warn about (``on_gap="fail"``: raise `TierError` for) a read whose starting offsets are
-    past the shards' last entries: entries added later before those offsets would never be
-    read by a read or stream started there (a mistyped offset, or a stream Redis lost)."""
-    if not beyond:
-        return
-    text = (
-        f"topic {topic!r}: startingOffsets past the last entry ("
-        + "; ".join(beyond[:5])
-        + "): nothing to read there, and entries added before those offsets would be skipped"
-    )
-    fail_or_warn(text, on_gap)
 
 
 def overlap_floors(refs: Sequence[SegmentRef]) -> dict[str, EntryId | None]:
@@ -378,20 +281,6 @@ def _gap_overlaps(gap: dict[str, Any], pruning: Pruning) -> bool:
     except (KeyError, ConfigError):
         return True
     return before > pruning.lo and after < pruning.hi
-
-
-def surface_gaps(topic: str, gaps: Sequence[dict[str, Any]], on_gap: str | None) -> None:
-    """Warn about (or, with ``on_gap="fail"``, raise `TierError` for) gap records in a read,
-    on the driver (a warning on logger ``eventbus.spark`` and a `RuntimeWarning`)."""
-    if not gaps:
-        return
-    lost = sum(g.get("lost_entries") or 0 for g in gaps)
-    text = (
-        f"topic {topic!r}: {len(gaps)} gap record(s) overlap this read ({lost} entries known "
-        "lost before they were archived; onGap / failOnDataLoss decide whether this fails); "
-        "read them with option('table', 'gaps'): " + ", ".join(g["key"] for g in gaps[:5])
-    )
-    fail_or_warn(text, on_gap)
 
 
 def _pack(refs: list[SegmentRef], pack_bytes: int) -> Iterator[list[SegmentRef]]:

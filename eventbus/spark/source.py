@@ -27,17 +27,16 @@ from pyspark.sql.types import StructType
 from eventbus.errors import ConfigError
 from eventbus.protocol.ids import ZERO
 from eventbus.spark.objects import Objects, as_objects
-from eventbus.spark.options import SourceOptions, batch_offsets
+from eventbus.spark.options import SourceOptions
 from eventbus.spark.planning import (
     Cut,
-    Pruning,
     RangePart,
     SegmentsPart,
     parse_ranges,
-    plan_read,
-    surface_beyond,
-    surface_gaps,
+    plan_topics,
+    surface,
 )
+from eventbus.spark.pruning import Pruning
 from eventbus.spark.schema import CORRUPT, GAPS, arrow_schema, read_schema
 from eventbus.tier.errors import CorruptSegment
 
@@ -78,7 +77,7 @@ class EventbusSource(DataSource):
         return PruningReader(opts, schema)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        from eventbus.spark.stream import Refused, StreamReader
+        from eventbus.spark.stream import StreamReader
 
         opts = self._opts()
         try:
@@ -106,38 +105,15 @@ class BatchReader(DataSourceReader):
         self.pruning = Pruning()
 
     def plan(self) -> dict[str, Cut]:
-        """The cut of each subscribed topic (``subscribe``, else ``topic``)."""
-        opts = self.opts
-        redis = opts.redis()
-        objects = as_objects(opts.open_store())
-        pruning = self.pruning.added_since(opts.starting_timestamp)
-        try:
-            return {
-                topic: plan_read(
-                    objects,
-                    topic,
-                    pruning,
-                    starts=batch_offsets(opts, topic, "startingOffsets"),
-                    ends=batch_offsets(opts, topic, "endingOffsets"),
-                    redis=redis,
-                    keys=opts.keys(),
-                    shards=opts.shards,
-                    pack_bytes=opts.pack_bytes,
-                )
-                for topic in opts.subscribed or (opts.topic,)
-            }
-        finally:
-            if redis is not None:
-                redis.close()
+        """The cut of each subscribed topic (``subscribe``, else ``topic``): `plan_topics`."""
+        return plan_topics(as_objects(self.opts.open_store()), self.opts, self.pruning)
 
     def partitions(self) -> Sequence[InputPartition]:
         if self.opts.ranges is not None:  # the tail of a cut `eventbus.spark.native` planned
             return parse_ranges(self.opts.ranges) or [SegmentsPart((), ZERO, ZERO)]
-        parts: list[InputPartition] = []
-        for topic, cut in self.plan().items():
-            surface_gaps(topic, cut.gaps, self.opts.on_gap)
-            surface_beyond(topic, cut.beyond, self.opts.on_gap)
-            parts += cut.parts
+        cuts = self.plan()
+        surface(cuts, self.opts.on_gap)
+        parts = [p for cut in cuts.values() for p in cut.parts]
         return parts or [SegmentsPart((), self.pruning.lo, self.pruning.hi)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -217,3 +193,24 @@ class GapsReader(DataSourceReader):
                     g.get(name) if name != "shard" else int(g.get("shard", shard))
                     for name in GAPS.fieldNames()
                 )
+
+
+class Refused(DataSourceStreamReader):
+    """The stream reader of a stream whose options a stream cannot take: it raises the
+    `ConfigError` at its first call. (Raised from ``streamReader`` itself, PySpark 4.1's
+    runner reported its own ``UnboundLocalError`` with ours chained under it.)"""
+
+    def __init__(self, error: ConfigError) -> None:
+        self.error = error
+
+    def initialOffset(self) -> dict[str, Any]:
+        raise self.error
+
+    def latestOffset(self, *args: Any) -> dict[str, Any]:
+        raise self.error
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        raise self.error
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        raise self.error

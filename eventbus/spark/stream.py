@@ -28,7 +28,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -40,21 +39,28 @@ from pyspark.sql.types import StringType, StructField, StructType
 
 from eventbus.errors import ConfigError
 from eventbus.protocol.ids import ZERO, EntryId, parse_id
-from eventbus.spark.backlog import Backlog, segment_ids, stream_nth
+from eventbus.spark.backlog import Backlog, Span
 from eventbus.spark.objects import Objects, as_objects
-from eventbus.spark.offsets import Offset, Offsets, by_topic, parse_start, share
+from eventbus.spark.offsets import (
+    Offset,
+    Offsets,
+    by_topic,
+    initial_offset,
+    parse_start,
+    share,
+    starts_beyond,
+)
 from eventbus.spark.options import SourceOptions
 from eventbus.spark.planning import (
     RangePart,
     archived_upto,
     checkpoints,
-    fail_or_warn,
     last_ids,
     shard_count,
-    surface_gaps,
     unknown_topic,
 )
 from eventbus.spark.schema import arrow_schema
+from eventbus.spark.surfacing import lost_in, surface_gaps, surface_loss
 from eventbus.tier.layout import SegmentRef
 
 __all__ = ["PLAN", "Offset", "Offsets", "StreamReader", "parse_start"]
@@ -145,12 +151,12 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 if not now.heads[t]:
                     raise unknown_topic(t, now.objects, now.redis)
                 if now.redis is not None:  # (without Redis the archive may lag the offsets)
-                    beyond = _beyond(self.start[t], now.heads[t])
+                    beyond = starts_beyond(self.start[t], now.heads[t])
                     if beyond:  # as replay's ArchiveGap: else entries added before are skipped
                         surface_loss(t, beyond, self.opts.on_gap or "fail")
         finally:
             now.close()
-        return {t: _initial(self.start[t], now.heads[t]) for t in self.topics}
+        return {t: initial_offset(self.start[t], now.heads[t]) for t in self.topics}
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> Offsets:
         return self._latest_offset(by_topic(start, self.topics), limit)
@@ -199,7 +205,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if redis is not None:
                 upto = archived_upto(cps.get(s), refs)
                 if upto is not None:
-                    cps[s] = upto  # where the archive ends, for `_nth`
+                    cps[s] = upto  # where the archive ends, for `Backlog.nth`
             heads[s] = max([refs[-1].last] if refs else [], default=ZERO)
             if s in cps:
                 heads[s] = max(heads[s], cps[s])
@@ -236,8 +242,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 for k in end[t]
                 if parse_id(end[t][k]) > parse_id(start[t].get(k, "0-0"))
             )
-            lags = [
-                self._backlog.lag(
+            spans = [
+                Span(
                     now.objects,
                     now.redis,
                     self.opts.keys().stream(t, s),
@@ -248,14 +254,10 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 )
                 for after, t, s in behind
             ]
-            for (after, t, s), quota in zip(behind, share(limit.max_rows, lags), strict=True):
-                cut = (
-                    self._nth(
-                        now.objects, now.redis, t, s, after, heads[t][s], now.cps[t].get(s), quota
-                    )
-                    if quota
-                    else after
-                )
+            lags = [self._backlog.lag(*span) for span in spans]
+            quotas = share(limit.max_rows, lags)
+            for span, (after, t, s), quota in zip(spans, behind, quotas, strict=True):
+                cut = self._backlog.nth(span, quota) if quota else after
                 end[t][str(s)] = str(min(cut, heads[t][s]))  # (AvailableNow: not past its target)
             return end
         finally:
@@ -274,43 +276,6 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             # (without Redis the archive may just not have caught up with the offsets yet)
             surface_loss(topic, beyond, self.opts.on_gap or "fail")
         return end
-
-    def _nth(
-        self,
-        objects: Objects,
-        redis: Any,
-        topic: str,
-        shard: int,
-        after: EntryId,
-        head: EntryId,
-        cp: EntryId | None,
-        n: int,
-    ) -> EntryId:
-        """The `n`-th entry ID of `topic`'s `shard` after `after` (or `head` if there are
-        fewer)."""
-        left = n
-        last = after
-        for ref in self._segments(objects, topic, shard):
-            if ref.last <= after or (redis is not None and (cp is None or ref.last > cp)):
-                continue
-            if ref.first > after:
-                (count,) = self._backlog.entries(objects, [ref])
-                if count <= left:
-                    left -= count
-                    last = ref.last
-                    if left == 0:
-                        return last
-                    continue
-            ids = segment_ids(objects, ref, after)
-            if len(ids) >= left:
-                return ids[left - 1]
-            left -= len(ids)
-            last = ref.last
-        if redis is None:
-            return min(last, head) if left < n else head
-        start = max(after, cp) if cp is not None else after
-        found = stream_nth(redis, self.opts.keys().stream(topic, shard), start, head, left)
-        return found if found is not None else max(last, start)
 
     def _partitions(
         self, objects: Objects, redis: Any, topic: str, start: Offset, end: Offset
@@ -335,7 +300,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 if r.last > after and r.first <= upto and (cp is not None and r.last <= cp)
             )
             parts.append(RangePart(topic, s, None if after == ZERO else after, upto, cp, refs))
-            lost += [g for g in objects.gaps(topic, s) if _lost_in(g, after, upto)]
+            lost += [g for g in objects.gaps(topic, s) if lost_in(g, after, upto)]
         # Kafka's failOnDataLoss, default true: entries lost in this batch's range fail it
         surface_gaps(topic, lost, self.opts.on_gap or "fail")
         return parts
@@ -364,63 +329,3 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         finally:
             if redis is not None:
                 redis.close()
-
-
-def _initial(start: str | Offset | int, heads: dict[int, EntryId]) -> Offset:
-    """A new query's offset of one topic: `start` (`parse_start`'s value) at `heads`."""
-    if start == "latest":
-        return {str(s): str(h) for s, h in heads.items()}
-    if isinstance(start, int):
-        at = EntryId(start, 0)
-        return {str(s): str(at.prev()) if start > 0 else "0-0" for s in heads}
-    given = start if isinstance(start, dict) else {}
-    return {str(s): given.get(str(s), "0-0") for s in heads}
-
-
-def _beyond(start: str | Offset | int, heads: dict[int, EntryId]) -> list[str]:
-    """The shards a new query's JSON `start` places past their last entry (`heads`)."""
-    if not isinstance(start, dict):
-        return []
-    return [
-        f"shard {k} at {v}, last entry {heads.get(int(k), 'none')}"
-        for k, v in start.items()
-        if parse_id(v) > heads.get(int(k), ZERO)
-    ]
-
-
-class Refused(DataSourceStreamReader):
-    """The stream reader of a stream whose options a stream cannot take: it raises the
-    `ConfigError` at its first call. (Raised from ``streamReader`` itself, PySpark 4.1's
-    runner reported its own ``UnboundLocalError`` with ours chained under it.)"""
-
-    def __init__(self, error: ConfigError) -> None:
-        self.error = error
-
-    def initialOffset(self) -> dict[str, Any]:
-        raise self.error
-
-    def latestOffset(self, *args: Any) -> dict[str, Any]:
-        raise self.error
-
-    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        raise self.error
-
-    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        raise self.error
-
-
-def surface_loss(topic: str, beyond: list[str], on_gap: str) -> None:
-    """The query's offsets are past the archive's and the stream's last entries (the stream was
-    deleted and recreated, or the store is another): fail (failOnDataLoss) or warn."""
-    text = (
-        f"topic {topic!r}: the query's offsets are beyond the archive and the stream ("
-        + "; ".join(beyond[:5])
-        + "): entries added there would be skipped; failOnDataLoss=false reads on"
-    )
-    fail_or_warn(text, on_gap)
-
-
-def _lost_in(gap: dict[str, Any], after: EntryId, upto: EntryId) -> bool:
-    """Whether gap record `gap` (entries lost strictly between its after and before) overlaps
-    the range (`after`, `upto`]."""
-    return parse_id(gap["before"]) > after.next() and parse_id(gap["after"]) < upto

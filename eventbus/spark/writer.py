@@ -27,22 +27,18 @@ are different events.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import hashlib
 import logging
 import time
-import types
-import typing
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from itertools import repeat
 from typing import Any
 
 import anyio
 import pyarrow as pa
 import pyarrow.compute as pc
-from pydantic import BaseModel, RootModel, TypeAdapter, ValidationError
+from pydantic import TypeAdapter, ValidationError
 from pydantic_core import to_jsonable_python
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
@@ -52,6 +48,7 @@ from eventbus.errors import ConfigError
 from eventbus.protocol.codec import Envelope, event_type_of
 from eventbus.protocol.event_ids import new_event_id
 from eventbus.spark.options import SourceOptions
+from eventbus.spark.payloads import plain_fields, typed_payloads
 
 log = logging.getLogger("eventbus.spark")
 
@@ -102,81 +99,6 @@ def derived_event_ids(topic: str, keys: list[Any]) -> list[bytes]:
         b[8] = (b[8] & 0x3F) | 0x80
         out.append(bytes(b))
     return out
-
-
-_ARROW_KINDS: dict[type, Callable[[pa.DataType], bool]] = {
-    int: pa.types.is_integer,
-    float: pa.types.is_floating,
-    str: lambda t: pa.types.is_string(t) or pa.types.is_large_string(t),
-    bool: pa.types.is_boolean,
-}
-
-
-def _plain_fields(model: type[BaseModel]) -> dict[str, tuple[type, bool, Any]] | None:
-    """The model's fields as ``name -> (int|float|str|bool, nullable, default)`` (default
-    `...` when required), in declaration order, when validating and dumping it (json mode) is
-    the identity on values of those types: no validators, serializers, computed fields,
-    aliases, constraints, default factories or model settings. None otherwise."""
-    decorators = model.__pydantic_decorators__
-    if (
-        model.model_config
-        or any(getattr(decorators, f.name) for f in dataclasses.fields(decorators))
-        or model.__pydantic_post_init__ is not None
-        or issubclass(model, RootModel)
-    ):
-        return None
-    out: dict[str, tuple[type, bool, Any]] = {}
-    for name, info in model.model_fields.items():
-        if (
-            info.alias
-            or info.validation_alias
-            or info.serialization_alias
-            or info.metadata
-            or info.exclude
-            or info.default_factory is not None
-        ):
-            return None
-        kind, nullable = info.annotation, False
-        if isinstance(kind, types.UnionType) or typing.get_origin(kind) is typing.Union:
-            args = [a for a in typing.get_args(kind) if a is not type(None)]
-            if len(args) != 1 or len(typing.get_args(kind)) != 2:
-                return None
-            kind, nullable = args[0], True
-        if kind not in _ARROW_KINDS:
-            return None
-        default = ... if info.is_required() else info.default
-        if default is not ... and not (default is None or type(default) is kind):
-            return None
-        out[name] = (kind, nullable, default)
-    return out
-
-
-def typed_payloads(
-    batch: pa.RecordBatch, fields: dict[str, tuple[type, bool, Any]]
-) -> list[dict[str, Any]] | None:
-    """The payloads of `batch`'s rows as the model of `fields` (`_plain_fields`) would dump
-    them (``model_dump(mode="json")``: its fields in order, defaults for absent columns), read
-    column by column, no model per row. None when a column would not validate as is (missing
-    required field, another Arrow type, a null in a required field, a NaN or infinity): the
-    caller validates that batch through pydantic, which says why or converts."""
-    names = batch.schema.names
-    columns: list[Any] = []
-    for name, (kind, nullable, default) in fields.items():
-        if name not in names:
-            if default is ...:
-                return None
-            columns.append(repeat(default))
-            continue
-        col = batch.column(name)
-        if not _ARROW_KINDS[kind](col.type) or (col.null_count and not nullable):
-            return None
-        if kind is float and len(col) > col.null_count and not pc.all(pc.is_finite(col)).as_py():
-            return None
-        columns.append(col.to_pylist())
-    if all(isinstance(c, repeat) for c in columns):  # no column of the model: zip never ends
-        return None
-    keys = list(fields)
-    return [dict(zip(keys, values, strict=False)) for values in zip(*columns, strict=False)]
 
 
 async def _publish_overlapped(
@@ -321,7 +243,7 @@ class EventWriter(DataSourceArrowWriter):
         model = models[None] if models else None
         adapter = TypeAdapter(list[model]) if model else None  # type: ignore[valid-type]
         etype = event_type_of(model) if model else opts.event_type or ""
-        fields = _plain_fields(model) if model else None
+        fields = plain_fields(model) if model else None
         try:
             async with bus:
                 stored = await bus.redis.hget(bus.keys.topics(), opts.topic)

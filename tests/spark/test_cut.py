@@ -14,7 +14,8 @@ from spark_support import fast_tier, make_bus, offload, publish, ticks
 
 from eventbus.protocol.keys import Keys
 from eventbus.spark.objects import Objects
-from eventbus.spark.planning import Pruning, RangePart, SegmentsPart, plan_read
+from eventbus.spark.planning import RangePart, SegmentsPart, plan_read
+from eventbus.spark.pruning import Pruning
 from eventbus.spark.reading import read_range, read_segments
 from eventbus.tier import Offloader, open_store
 

@@ -8,7 +8,7 @@ from pyspark.sql.datasource import EqualTo, GreaterThan, In, LessThan, LessThanO
 
 from eventbus.protocol.ids import EntryId
 from eventbus.protocol.sharding import shard_of
-from eventbus.spark.planning import Pruning
+from eventbus.spark.pruning import Pruning
 
 
 def test_shards_resources_and_ids() -> None:

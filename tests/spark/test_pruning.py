@@ -120,7 +120,9 @@ def test_gaps_surfaced(
 
     from eventbus.protocol.ids import EntryId
     from eventbus.spark.objects import Objects
-    from eventbus.spark.planning import Pruning, plan_read, surface_gaps
+    from eventbus.spark.planning import plan_read
+    from eventbus.spark.pruning import Pruning
+    from eventbus.spark.surfacing import surface_gaps
     from eventbus.tier.gaps import new_gap, record_gap
 
     store, _ = archived

@@ -17,14 +17,8 @@ from eventbus.errors import ConfigError, PayloadTooLarge
 from eventbus.protocol.codec import decode_entry
 from eventbus.protocol.keys import Keys
 from eventbus.spark.options import SourceOptions
-from eventbus.spark.writer import (
-    NAMESPACE,
-    EventWriter,
-    _plain_fields,
-    derived_event_id,
-    derived_event_ids,
-    typed_payloads,
-)
+from eventbus.spark.payloads import plain_fields, typed_payloads
+from eventbus.spark.writer import NAMESPACE, EventWriter, derived_event_id, derived_event_ids
 
 pytestmark = pytest.mark.integration
 
@@ -170,7 +164,7 @@ def test_typed_columns_give_the_payloads_pydantic_gives() -> None:
     """A batch whose columns have the model's types: the payloads read from the columns equal
     pydantic's validate-and-dump of the rows (field order, defaults for absent columns,
     nulls in optional fields, extra columns dropped)."""
-    fields = _plain_fields(Reading)
+    fields = plain_fields(Reading)
     assert fields is not None
     batch = pa.record_batch(
         {
@@ -203,14 +197,14 @@ def test_columns_that_would_not_validate_as_they_are_go_through_pydantic(
 ) -> None:
     columns: dict[str, Any] = {"sensor": ["a", "b"], "seq": [1, 2], "value": [1.0, 2.0]}
     columns |= {"ok": [True, True], "note": [None, None]} | change
-    fields = _plain_fields(Reading)
+    fields = plain_fields(Reading)
     assert fields is not None
     assert typed_payloads(pa.record_batch(columns), fields) is None
     missing = {k: v for k, v in columns.items() if k != "ok"}
     assert typed_payloads(pa.record_batch(missing), fields) is None  # a required field absent
 
 
-def test_models_with_more_than_plain_fields_are_validated_by_pydantic() -> None:
+def test_models_with_more_thanplain_fields_are_validated_by_pydantic() -> None:
     class Checked(BaseModel):
         seq: int
 
@@ -226,7 +220,7 @@ def test_models_with_more_than_plain_fields_are_validated_by_pydantic() -> None:
         seq: int = Field(alias="n")
 
     for model in (Tick, Checked, Limited, Aliased):  # Tick: a list field
-        assert _plain_fields(model) is None, model
+        assert plain_fields(model) is None, model
 
 
 @pytest.mark.parametrize("key", [0, 7, "abc", "ünï", 2**70, 1.5])

@@ -38,10 +38,11 @@ SMALL = [
     "eventbus/ops",
     "eventbus/protocol",
     "eventbus/publishing",
+    "eventbus/spark",
     "eventbus/testing",
     "localredis",
 ]
-"""The packages held to the size rule so far (spark/ and tier/ follow as they are split)."""
+"""The packages held to the size rule so far (tier/ follows as it is split)."""
 
 
 def test_modules_and_classes_stay_small() -> None:

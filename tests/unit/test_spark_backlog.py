@@ -21,6 +21,7 @@ from eventbus.spark.backlog import (
     FIRST_PAGE,
     PAGE,
     Backlog,
+    Span,
     segment_ids,
     stream_count,
     stream_nth,
@@ -253,22 +254,20 @@ def test_stream_nth_of_a_large_quota_holds_one_page_at_a_time(redis: Any) -> Non
 
 
 def test_a_stream_cut_in_redis_is_found_page_by_page(redis: Any, tmp_path: Path) -> None:
-    """`StreamReader._nth`, maxOffsetsPerTrigger's cut in a shard's Redis tail: 2,500 entries
+    """`Backlog.nth`, maxOffsetsPerTrigger's cut in a shard's Redis tail: 2,500 entries
     found in XRANGE pages of at most `PAGE` (one XRANGE COUNT 2500 before: the whole quota held
     at once)."""
     from eventbus.spark.objects import as_objects
     from eventbus.spark.options import SourceOptions
-    from eventbus.spark.schema import read_schema
-    from eventbus.spark.stream import StreamReader
 
     (tmp_path / "archive").mkdir()
     opts = SourceOptions.parse({"store": str(tmp_path / "archive"), "topic": "t"})
-    reader = StreamReader(opts, read_schema(None))
     stream = opts.keys().stream("t", 0)
     for i in range(3000):
         redis.xadd(stream, {"n": i}, id=f"{i + 1}-0")
     counts = _xrange_counts(redis)
     objects = as_objects(opts.open_store())
-    cut = reader._nth(objects, redis, "t", 0, EntryId(10, 0), EntryId(3000, 0), None, 2500)
+    span = Span(objects, redis, stream, [], EntryId(10, 0), EntryId(3000, 0), None)
+    cut = Backlog().nth(span, 2500)
     assert cut == EntryId(2510, 0)
     assert counts and max(counts) <= PAGE

@@ -1,4 +1,4 @@
-"""`eventbus.spark.native.bounds_filter`: the row filter of a bounded native read."""
+"""`eventbus.spark.bounds.bounds_filter`: the row filter of a bounded native read."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("pyspark")
 
 from eventbus.protocol.ids import EntryId
-from eventbus.spark.native import bounds_filter
+from eventbus.spark.bounds import bounds_filter
 from eventbus.spark.planning import SegmentsPart
 from eventbus.tier.layout import SegmentRef
 
