@@ -92,31 +92,15 @@ def topology(request: pytest.FixtureRequest) -> str:
 
 
 SPARK_TESTS = "tests/spark/"
-"""Test IDs starting so run on a worker with a SparkSession (`pytest_xdist_make_scheduler`)."""
-
-SPARK_STREAM_TESTS = tuple(
-    f"{SPARK_TESTS}{name}"
-    for name in ("test_stream.py", "test_stream_topics.py", "test_native_stream.py", "test_cut.py")
-)
-"""The streaming ones (and the cut between archive and Redis they plan): the second Spark
-group, so the suite's two longest chains of Spark tests run side by side."""
-
-
-def spark_group(nodeid: str) -> str | None:
-    """The Spark group a test ID belongs to ("spark-streams" or "spark-batch"), or None."""
-    if not nodeid.startswith(SPARK_TESTS):
-        return None
-    return "spark-streams" if nodeid.startswith(SPARK_STREAM_TESTS) else "spark-batch"
+"""Test IDs starting so share one pytest-xdist worker (`pytest_xdist_make_scheduler`)."""
 
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: unknown without it (-p no:xdist)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Under ``--dist loadgroup`` (scripts/dev.sh test) the tests of tests/spark run in two
-    groups (`spark_group`), each on one worker, first (the largest groups go first): a
-    SparkSession is a JVM of about 1 GiB and 15 s to start, so a session per worker cost more
-    than it spread (with one on each of 4 workers at load 14, py4j calls failed), while one
-    group of every Spark test was the suite's critical path (its worker finished minutes after
-    the others). Other tests go one by one to the next free worker.
+    """Under ``--dist loadgroup`` (scripts/dev.sh test) every test of tests/spark runs on one
+    worker, first (the largest group goes first): its SparkSession is a JVM of about 1 GiB and
+    15 s to start, and a session per worker cost more than it spread (with one on each of 4
+    workers at load 14, py4j calls failed). Other tests go one by one to the next free worker.
 
     By test ID, not by an ``xdist_group`` mark: pytest-xdist 3.8 names a marked test by
     rewriting ``item._nodeid``, which pytest 9 no longer reads, so marks group nothing."""
@@ -126,7 +110,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
     class SparkTogether(LoadGroupScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
-            return spark_group(nodeid) or super()._split_scope(nodeid)
+            return "spark" if nodeid.startswith(SPARK_TESTS) else super()._split_scope(nodeid)
 
     return SparkTogether(config, log)
 
