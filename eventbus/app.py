@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from eventbus.client.connection import connect
 from eventbus.client.retry import LOST_REPLY
-from eventbus.config import Settings
+from eventbus.config import Settings, environment_settings
 from eventbus.consumer import Subscription
 from eventbus.consumer.running import Running, make_consumers, run_consumers
 from eventbus.consumer.scope import HandlerScope, Middleware, State
@@ -54,7 +54,10 @@ class EventBus(Declarations, Lifecycle):
         archive: Any | None = None,
         profile: str | WireProfile = "eventbus",
     ) -> None:
-        """`archive`: the durable tier's segment store (`eventbus.tier.open_store(url)`). With
+        """`settings`: by default the environment's (`eventbus.config.environment_settings`:
+        validated once per distinct set of ``EVENTBUS_*`` / ``REDIS_URL`` values, a copy per bus).
+
+        `archive`: the durable tier's segment store (`eventbus.tier.open_store(url)`). With
         one, a consumer that locks a shard whose group fell behind Redis's first entry (the
         offloader trimmed what it had not read) first handles the missing entries from the
         segments, in order, then reads Redis: no gap. Without one, such entries are skipped.
@@ -65,7 +68,7 @@ class EventBus(Declarations, Lifecycle):
         locks (docs/verse.md says which guarantees hold beside Verse's consumers). Its parts
         are picked here, once. Raises `ConfigError` for another name, or for an `archive`
         with the verse profile (the durable tier reads eventbus's own entries only)."""
-        self.settings = settings or Settings()
+        self.settings = settings or environment_settings()
         self.profile = profile_named(profile)
         if archive is not None and not self.profile.codec.archived:
             raise ConfigError(

@@ -8,6 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from eventbus.config import Settings
+from eventbus.config.environment import environment_settings
 
 
 @pytest.fixture(autouse=True)
@@ -83,3 +84,30 @@ def test_bad_environment_value_raises_validation_error(monkeypatch: pytest.Monke
     monkeypatch.setenv("EVENTBUS_SHARDS", "0")
     with pytest.raises(ValidationError, match="shards"):
         Settings()
+
+
+@pytest.mark.parametrize("name", ["EVENTBUS_SHARDS", "eventbus_shards"])
+def test_environment_settings_follow_every_change_of_the_variables(
+    monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    assert environment_settings().shards == Settings().shards == 16
+    monkeypatch.setenv(name, "4")
+    assert environment_settings().shards == Settings().shards == 4
+    monkeypatch.setenv("REDIS_URL", "redis://plain:1/0")
+    assert environment_settings().redis_url == "redis://plain:1/0"
+    monkeypatch.delenv(name)
+    assert environment_settings().shards == 16
+
+
+def test_environment_settings_are_a_copy_per_call() -> None:
+    first = environment_settings()
+    first.shards = 3
+    assert environment_settings().shards == 16
+
+
+def test_environment_settings_raise_what_settings_raise(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EVENTBUS_SHARDS", "0")
+    with pytest.raises(ValidationError, match="shards"):
+        environment_settings()
+    monkeypatch.setenv("EVENTBUS_SHARDS", "2")
+    assert environment_settings().shards == 2
