@@ -138,8 +138,9 @@ class ShardLocks(Protocol):
 
 FULL_ROUNDS_PER_INTERVAL = 4.0
 """How many of a group's `LockClient.poll` rounds per lock interval run the whole script anyway,
-in expectation over the group (each member's poll does with odds 4 / members): they drop
-members whose liveness expired (docs/protocol.md, "The steady round")."""
+in expectation over the group (each member's poll does with odds 4 * share / shards, about 4 /
+members): they drop members whose liveness expired (docs/protocol.md, "The steady round"). A
+member whose last scan gave it every shard was alone: it has nobody to drop, and never does."""
 
 
 class LockClient:
@@ -235,16 +236,18 @@ class LockClient:
         and token fields) answers what the script would: the same locks held, the same share,
         nothing to take (`LockRound.refreshed` False: its liveness was not refreshed, so no
         lease starts from it; the heartbeat keeps liveness). Otherwise, and at random
-        `full_rounds` times per lock interval over the group (odds share / shards of each), it
+        `full_rounds` times per lock interval over the group (`FULL_ROUNDS_PER_INTERVAL`), it
         runs `acquire`. Raises what `acquire` raises."""
         candidates = list(candidates)
         share = self._share
+        # (alone at its last scan, share == shards: a member that came since changed the epoch)
+        odds = self._full_rounds * share / self.shards if share < self.shards else 0.0
         if not (
             self._plain_reads
             and self._epoch
             and share > 0
             and len(candidates) == self.shards
-            and random.random() >= self._full_rounds * share / self.shards
+            and random.random() >= odds
         ):
             return await self.acquire(candidates)
         sent_at = time.monotonic()

@@ -702,14 +702,30 @@ class LockClientCases:
 
     @pytest.mark.anyio
     async def test_a_poll_runs_the_lock_round_at_the_full_round_odds(self, client: Any) -> None:
-        # odds full_rounds * share / shards: 1 here (a member alone), so every poll is a round
+        # odds full_rounds * share / shards: 4 * 2 / 4 here, so every poll is a lock round
+        calls: list[str] = []
+        a = self.member(client, "a", scripts=self.counted(client, calls), full_rounds=4.0)
+        await a.acquire(range(4))
+        await self.member(client, "b").acquire([])  # b joins: a's share is 2
+        assert (await a.acquire(range(4))).share == 2
+
+        got = await a.poll(range(4))
+
+        assert calls == ["lock_shards"] * 3 and got.refreshed
+
+    @pytest.mark.anyio
+    async def test_a_member_alone_polls_without_full_rounds(self, client: Any) -> None:
+        # every shard its share: it was alone, nobody to drop; one that joins changes the epoch
         calls: list[str] = []
         a = self.member(client, "a", scripts=self.counted(client, calls), full_rounds=4.0)
         await a.acquire(range(4))
 
-        got = await a.poll(range(4))
+        polled = [await a.poll(range(4)) for _ in range(3)]
+        await self.member(client, "b").acquire([])
+        joined = await a.poll(range(4))
 
-        assert calls == ["lock_shards", "lock_shards"] and got.refreshed
+        assert [p.refreshed for p in polled] == [False] * 3 and joined.refreshed
+        assert calls == ["lock_shards", "lock_shards"] and joined.share == 2
 
     @pytest.mark.anyio
     async def test_a_poll_without_a_scan_at_the_current_epoch_runs_the_lock_round(
