@@ -8,9 +8,9 @@ On a private ``redis-server``, `--processes` worker processes run `--consumers` 
 `--groups` groups of one topic as anyio tasks, with the library's own lock client
 (`eventbus.locking.locks.LockClient`, ``lua/lock_shards.lua``) and heartbeat loop
 (`eventbus.locking.lease.heartbeat_loop`). Each member does what a busy consumer does for
-coordination: a lock round every `--lock-interval-ms` over every shard (in its rotating order
-of preference), its surplus above the fair share released at once (a draining shard with
-nothing in flight), a heartbeat every TTL / 3. No stream is read.
+coordination: a lock round (`LockClient.poll`) every `--lock-interval-ms` over every shard (in
+its rotating order of preference), its surplus above the fair share released at once (a
+draining shard with nothing in flight), a heartbeat every TTL / 3. No stream is read.
 
 It reports, per group count and shape:
 
@@ -74,7 +74,8 @@ async def member_loop(member: Member, shards: int, interval_s: float, stop: anyi
         ttl = member.settings.liveness_ttl_s
         tg.start_soon(heartbeat_loop, locks, ttl, joined, None, expired)
         while not stop.is_set():
-            got = await locks.acquire([(rotation + i) % shards for i in range(shards)])
+            # as the consumer's lock round (`Ownership.lock_round`, under a valid lease)
+            got = await locks.poll([(rotation + i) % shards for i in range(shards)])
             rotation = (rotation + 1) % shards
             joined.set()
             held = set(got.grants)

@@ -15,7 +15,7 @@ RESETSTAT``: events published at the rate (``bus.publish_many`` every millisecon
 Redis's own time per event is the ``usec`` of ``INFO commandstats`` over the events handled,
 the publisher's ``XADD`` left out (the same in both phases) and this script's ``INFO`` and
 ``CONFIG``. Reported per rate: ``raw_us_per_event``, ``eventbus_us_per_event``, their
-``ratio_raw``, and each phase's calls per event by command. `stress/bench.py --peers` writes
+``ratio_raw``, and each phase's calls and µs per event by command. `stress/bench.py --peers` writes
 the 2,000 events/s figures as ``redis_us_per_event_2000``.
 """
 
@@ -133,6 +133,10 @@ async def _phase(url: str, shards: int, rate: int, seconds: float, raw: bool) ->
         "calls_per_event": {
             k: round(c / sent, 3) for k, (c, _) in sorted(stats.items(), key=lambda kv: -kv[1][1])
         },
+        # (a script's commands count both in evalsha's usec and in their own)
+        "us_per_event_by_command": {
+            k: round(u / sent, 2) for k, (_, u) in sorted(stats.items(), key=lambda kv: -kv[1][1])
+        },
     }
 
 
@@ -150,6 +154,8 @@ async def measure(rates: list[int], seconds: float, shards: int) -> dict[str, An
                 "ratio_raw": round(ours["us_per_event"] / raw["us_per_event"], 3),
                 "raw_calls_per_event": raw["calls_per_event"],
                 "eventbus_calls_per_event": ours["calls_per_event"],
+                "raw_us_per_event_by_command": raw["us_per_event_by_command"],
+                "eventbus_us_per_event_by_command": ours["us_per_event_by_command"],
             }
     return out
 

@@ -165,10 +165,14 @@ class Ownership:
         `claimer`), mark surplus."""
         n = self.topic.shards
         self._next_lock = time.monotonic() + self.settings.lock_interval_ms / 1000
+        # under a valid lease, a round at an unchanged epoch only checks the held locks (no
+        # script, no liveness refresh: the heartbeat renews the lease); without one, the script
+        lock = self.locks.poll if self.lease.ok() else self.locks.acquire
         with refused("EVALSHA lock_shards", self.topic.name):
-            grants = await self.locks.acquire([(self._rotation + i) % n for i in range(n)])
+            grants = await lock([(self._rotation + i) % n for i in range(n)])
         self._rotation = (self._rotation + 1) % n
-        self.lease.renew(grants.sent_at)
+        if grants.refreshed:
+            self.lease.renew(grants.sent_at)
         lost, new = self.table.apply(grants.grants)
         if new or not self.joined.is_set():  # joined, or shards are coming: more may follow
             self.owed_until = time.monotonic() + self.settings.block_max_ms / 1000

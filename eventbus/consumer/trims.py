@@ -51,6 +51,8 @@ class _Baseline:
     generation: int
     lost: int | None  # entries the group had lost to trimming at the last check
     checked_at: float = 0.0
+    # the stream's `_shape` at the last check, when the group had read all of it (lag 0)
+    caught_up: tuple[Any, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,17 +104,43 @@ class TrimWatch:
         shards whose trims cannot be counted (`TrimCheck`). Raises the error replies of ``XINFO
         STREAM`` and ``XINFO GROUPS`` but "no such key" (a stream not created yet), as the
         broadcast check does: a check Redis refuses (NOPERM without ``+xinfo|stream``) fails
-        the round, logged and counted as a refusal, instead of turning the check off."""
+        the round, logged and counted as a refusal, instead of turning the check off.
+
+        A shard whose group had read all of it at its last check (lag 0), and whose stream has
+        had nothing added, trimmed or deleted since (``XINFO STREAM``), is not asked ``XINFO
+        GROUPS``: its lag is still 0 and it lost nothing (an operator's ``XGROUP SETID`` on
+        such a stream shows in the lag gauge once an entry is added). That reply lists every
+        group of the stream, so idle groups of one topic each paid for all the others at every
+        check."""
         pipe = self.redis.pipeline(transaction=False)
         for h in shards:
             pipe.xinfo_stream(h.stream)
+        infos = await pipe.execute(raise_on_error=False)
+        now = time.monotonic()
+        asked = []
+        for h, info in zip(shards, infos, strict=True):
+            if _missing(info):
+                continue  # no stream yet (any other error reply was raised)
+            base = self._base.get(h.shard)
+            # (caught_up None: the group was not caught up at the last check)
+            if (
+                base is not None
+                and base.generation == h.generation
+                and (base.caught_up == _shape(info))
+            ):
+                base.checked_at = now
+                continue
+            asked.append((h, info))
+        if not asked:
+            return TrimCheck([], [])
+        pipe = self.redis.pipeline(transaction=False)
+        for h, _ in asked:
             pipe.xinfo_groups(h.stream)
         replies = await pipe.execute(raise_on_error=False)
-        now = time.monotonic()
         found, uncounted = [], []
-        for h, info, groups in zip(shards, replies[0::2], replies[1::2], strict=True):
-            if _missing(info) or _missing(groups):
-                continue  # no stream yet (any other error reply was raised)
+        for (h, info), groups in zip(asked, replies, strict=True):
+            if _missing(groups):
+                continue
             group = next((g for g in groups if _text(g["name"]) == self.group), None)
             if group is None:
                 continue
@@ -130,6 +158,8 @@ class TrimWatch:
             trim = await self._compare(h, info, group, now)
             if trim is not None:
                 found.append(trim)
+            if lag is not None and int(lag) == 0:
+                self._base[h.shard].caught_up = _shape(info)
         for trim in found:
             await self._record(trim)
         return TrimCheck(found, uncounted)
@@ -215,6 +245,19 @@ def _gap_before_head(info: Any, group: Any) -> bool:
     first = info.get("first-entry")
     head = _id(_text(first[0])) if first else _id(_text(info["last-generated-id"])).next()
     return head > delivered.next()
+
+
+def _shape(info: Any) -> tuple[Any, ...]:
+    """What an ``XINFO STREAM`` reply says of the entries added, held and first: equal at two
+    checks when nothing was added, trimmed or deleted in between."""
+    first = info.get("first-entry")
+    return (
+        info.get("entries-added"),
+        info["length"],
+        info.get("last-generated-id"),
+        info.get("max-deleted-entry-id"),
+        first[0] if first else None,
+    )
 
 
 def _missing(reply: Any) -> bool:

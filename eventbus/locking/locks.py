@@ -15,6 +15,7 @@ change of owner.
 from __future__ import annotations
 
 import os
+import random
 import socket
 import time
 import uuid
@@ -22,6 +23,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, Protocol
+
+from redis.exceptions import NoPermissionError
 
 from eventbus.locking.member import Member
 from eventbus.locking.scripts import Scripts, register
@@ -77,13 +80,16 @@ class LockRound:
     `sent_at` is the `time.monotonic()` at which the request was sent, the earliest instant the
     refreshed liveness can count from (so the start of a lease); `unusable` maps each candidate
     shard whose lock key the script could not read (``verse_lock_shards.lua``: a key of another
-    type) to the server's error: neither taken nor held, the other shards unaffected.
+    type) to the server's error: neither taken nor held, the other shards unaffected;
+    `refreshed` is False for a round that only checked the held locks (`LockClient.poll`): it
+    did not refresh the member's liveness, so it starts no lease.
     """
 
     share: int
     grants: dict[int, Grant]
     sent_at: float
     unusable: dict[int, str] = field(default_factory=dict)
+    refreshed: bool = True
 
     @classmethod
     def parse(cls, reply: list[Any], sent_at: float) -> LockRound:
@@ -123,9 +129,18 @@ class ShardLocks(Protocol):
 
     async def acquire(self, candidates: Sequence[int]) -> LockRound: ...
 
+    async def poll(self, candidates: Sequence[int]) -> LockRound: ...
+
     async def release(self, shards: Iterable[int], *, leave: bool = False) -> list[int]: ...
 
     async def heartbeat(self) -> bool: ...
+
+
+FULL_ROUNDS_PER_INTERVAL = 4.0
+"""How many of a group's `LockClient.poll` rounds per lock interval run the whole script anyway,
+in expectation over the group (each member's poll does with odds 4 * share / shards, about 4 /
+members): they drop members whose liveness expired (docs/protocol.md, "The steady round"). A
+member whose last scan gave it every shard was alone: it has nobody to drop, and never does."""
 
 
 class LockClient:
@@ -135,12 +150,24 @@ class LockClient:
     :param shards: the topic's shard count (for the fair share)
     :param scripts: the registered scripts to share (default: registered on `member.redis`); on
         a Cluster the scripts' keys share one hashtag, so they run on one node
+    :param full_rounds: `FULL_ROUNDS_PER_INTERVAL` (0: a `poll` at an unchanged epoch never runs
+        the script on its own)
     """
 
     fences_writes = True  # its locks are eventbus's lock hash (`ShardLocks.fences_writes`)
 
-    def __init__(self, member: Member, *, shards: int, scripts: Scripts | None = None) -> None:
+    def __init__(
+        self,
+        member: Member,
+        *,
+        shards: int,
+        scripts: Scripts | None = None,
+        full_rounds: float = FULL_ROUNDS_PER_INTERVAL,
+    ) -> None:
         self.member_id = member.consumer_id
+        self._redis = member.redis
+        self._full_rounds = full_rounds
+        self._plain_reads = True  # False once the role refused HMGET: `poll` runs the script
         self.shards = shards
         self._ttl_ms = int(member.settings.liveness_ttl_s * 1000)
         self._scripts = scripts or Scripts.register(member.redis)
@@ -156,7 +183,7 @@ class LockClient:
         # shards that scan and the rounds since left it holding: while the epoch stays, a
         # round reads only those (``lock_shards.lua``; docs/protocol.md).
         self._epoch = ""
-        self._held: set[int] = set()
+        self._held: dict[int, Grant] = {}
         self._share = 0  # the fair share of the last lock round
         self._every: list[int] = []  # range(shards) twice: rotations are slices of it
 
@@ -197,10 +224,54 @@ class LockClient:
         share = int(reply[0])  # -1: the share of this member's last scan (the epoch held)
         got = LockRound.parse([self._share if share < 0 else share, *reply[2:]], sent_at)
         self._share = got.share
-        self._held = set(got.grants)
+        self._held = dict(got.grants)
         epoch = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
         self._epoch = epoch if every else ""
         return got
+
+    async def poll(self, candidates: Sequence[int]) -> LockRound:
+        """`acquire`'s reply, at the cost of what changed: when this member scanned every shard
+        at the group's current epoch and every lock it holds is still its own under the same
+        fencing token, one pipelined read (``HMGET`` of the epoch and of the held shards' owner
+        and token fields) answers what the script would: the same locks held, the same share,
+        nothing to take (`LockRound.refreshed` False: its liveness was not refreshed, so no
+        lease starts from it; the heartbeat keeps liveness). Otherwise, and at random
+        `full_rounds` times per lock interval over the group (`FULL_ROUNDS_PER_INTERVAL`), it
+        runs `acquire`. Raises what `acquire` raises."""
+        candidates = list(candidates)
+        share = self._share
+        # (alone at its last scan, share == shards: a member that came since changed the epoch)
+        odds = self._full_rounds * share / self.shards if share < self.shards else 0.0
+        if not (
+            self._plain_reads
+            and self._epoch
+            and share > 0
+            and len(candidates) == self.shards
+            and random.random() >= odds
+        ):
+            return await self.acquire(candidates)
+        sent_at = time.monotonic()
+        held = sorted(self._held)
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.hmget(self._keys[2], ["since", "n"])
+        if held:
+            pipe.hmget(self._keys[1], [f for s in held for f in (str(s), f"{s}:token")])
+        try:
+            [since, n], *fields = await pipe.execute()
+        except NoPermissionError:  # a role from before HMGET (docs/security.md): the script
+            self._plain_reads = False
+            return await self.acquire(candidates)
+        if f"{_text(since)}:{_text(n or b'0')}" != self._epoch:
+            return await self.acquire(candidates)  # membership or locks changed: scan
+        values = fields[0] if held else []
+        for i, s in enumerate(held):
+            # another owner or token at the same epoch: only after a failover to a replica that
+            # lost writes (the epoch numbers came back); the script says what is still held
+            owner, token = _text(values[2 * i]), _text(values[2 * i + 1])
+            if owner != self.member_id or token != str(self._held[s].token):
+                return await self.acquire(candidates)
+        grants = {s: Grant(s, self._held[s].token, LockState.HELD) for s in held}
+        return LockRound(share, grants, sent_at, refreshed=False)
 
     def _from(self, start: int) -> list[int]:
         """Every shard in order from `start`: ``start, start + 1, …, shards - 1, 0, …``."""
@@ -220,7 +291,8 @@ class LockClient:
                 keys=self._keys, args=[self.member_id, int(leave), *shards]
             )
         ]
-        self._held.difference_update(released)
+        for s in released:
+            self._held.pop(s, None)
         return released
 
     async def confirm(self, shard: int, token: int) -> bool:
@@ -244,3 +316,10 @@ class LockClient:
         if not live:
             self._epoch = ""  # its locks may be others' now: the next round scans
         return live
+
+
+def _text(value: bytes | str | None) -> str:
+    """A Redis reply as text, whatever the client's ``decode_responses`` (None: "")."""
+    if value is None:
+        return ""
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -94,6 +94,10 @@ class VerseLockClient:
             got.unusable[s] = f"{self._locks[s]}: {why}"
         return got
 
+    async def poll(self, candidates: Sequence[int]) -> LockRound:
+        """`acquire` (Verse's lock keys have no epoch to poll: every round runs the script)."""
+        return await self.acquire(candidates)
+
     async def release(self, shards: Iterable[int], *, leave: bool = False) -> list[int]:
         """Release the locks of `shards` this member holds (others' are left alone); with
         `leave`, also drop out of the members and delete the liveness key. Returns the shards

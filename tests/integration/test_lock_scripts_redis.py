@@ -133,3 +133,29 @@ async def test_lock_rounds_read_the_lock_hash_in_one_hmget_or_one_by_one_without
         assert (hmgets, hgets) == (9, 6)  # (the epoch's n and since: 2 rounds and `epoch`)
     else:
         assert hmgets == 0 and hgets == 2_500 + 2 * 2_500 + 6
+
+
+async def test_a_role_without_hmget_polls_through_the_lock_round(
+    private_r: tuple[redis.asyncio.Redis, str],
+) -> None:
+    # a role made before HMGET was granted: the steady poll's plain HMGET is refused; the
+    # member runs the lock script instead (its reads fall back to HGET) and keeps its locks
+    r, redis_db = private_r
+    await r.execute_command(
+        "ACL", "SETUSER", "locker", "on", ">pw", "resetkeys", "-@all", "+ping", "+time",
+        "+script|load", f"({_LOCK_RULES} +zrange)",
+    )  # fmt: skip
+    user = redis.asyncio.Redis.from_url(redis_db, username="locker", password="pw")
+    try:
+        a = LockClientCases.member(user, "a")
+        scanned = await a.acquire(range(4))
+        evalshas = await _calls(r, "evalsha")
+        polled = [await a.poll(range(4)) for _ in range(2)]
+        evalshas = await _calls(r, "evalsha") - evalshas
+    finally:
+        await user.aclose()
+        await r.execute_command("ACL", "DELUSER", "locker")
+
+    assert [p.refreshed for p in polled] == [True, True]
+    assert evalshas == 2  # each poll as a lock round
+    assert all(set(p.grants) == set(scanned.grants) == {0, 1, 2, 3} for p in polled)

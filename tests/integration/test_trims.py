@@ -167,3 +167,31 @@ async def test_the_lag_gauge_is_nan_while_redis_cannot_compute_the_lag(
         await watch.check([held])
     await bus.aclose()
     assert math.isnan(gauge._value.get())
+
+
+async def test_a_caught_up_shard_whose_stream_did_not_change_is_not_asked_its_groups(
+    settings: Callable[..., Settings], r: Any
+) -> None:
+    """``XINFO GROUPS`` lists every group of the stream: with many idle groups on a topic each
+    check paid for all of them. A group that had read everything (lag 0) on a stream nothing was
+    added to, trimmed from or deleted from since has lost nothing: only ``XINFO STREAM``."""
+    rec = Recorder()
+    bus = EventBus(settings(shards=1, trim_check_s=0.02))
+    bus.subscriber("t", group="g")(rec.add)
+
+    async def checks_later(n: int) -> None:
+        target = await _calls(r, "xinfo|stream") + n
+        with anyio.fail_after(30):
+            while await _calls(r, "xinfo|stream") < target:  # noqa: ASYNC110
+                await anyio.sleep(0.01)
+
+    async with running(bus):
+        await _publish(bus, "a", range(3))
+        await rec.wait_for(3)
+        await checks_later(5)  # (the acks are in, a check saw lag 0)
+        asked = await _calls(r, "xinfo|groups")
+        await checks_later(5)
+        assert await _calls(r, "xinfo|groups") == asked
+        await r.xtrim(bus.keys.stream("t", 0), maxlen=1, approximate=False)
+        await checks_later(2)
+        assert await _calls(r, "xinfo|groups") > asked  # the stream changed: asked again

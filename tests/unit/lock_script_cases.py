@@ -453,10 +453,42 @@ class LockClientCases:
     """Test cases of `eventbus.locking.locks.LockClient`: the scripts' replies as typed values."""
 
     @staticmethod
-    def member(client: Any, name: str, shards: int = 4, ttl_s: float = 60.0) -> LockClient:
+    def member(
+        client: Any,
+        name: str,
+        shards: int = 4,
+        ttl_s: float = 60.0,
+        scripts: Scripts | None = None,
+        full_rounds: float = 0.0,
+    ) -> LockClient:
         # below Settings' floor (0.3 s) on purpose: a member that expires at once
         settings = Settings.model_construct(liveness_ttl_s=ttl_s)
-        return LockClient(Member(client, KEYS, settings, "orders", "billing", name), shards=shards)
+        member = Member(client, KEYS, settings, "orders", "billing", name)
+        return LockClient(member, shards=shards, scripts=scripts, full_rounds=full_rounds)
+
+    @staticmethod
+    def counted(client: Any, calls: list[str]) -> Scripts:
+        """The lock scripts, each ``lock_shards`` call appended to `calls`."""
+        real = Scripts.register(client)
+
+        async def lock_shards(*, keys: Any, args: Any) -> Any:
+            calls.append("lock_shards")
+            return await real.lock_shards(keys=keys, args=args)
+
+        return Scripts(lock_shards, real.unlock_shards, real.heartbeat)
+
+    async def settled(self, client: Any, calls: list[str]) -> tuple[LockClient, LockClient]:
+        """Members a and b of a 4-shard group, two shards each, a's last round a scan at the
+        current epoch; `calls` counts a's script calls from then on."""
+        a = self.member(client, "a", scripts=self.counted(client, calls))
+        b = self.member(client, "b")
+        await a.acquire(range(4))
+        await b.acquire(range(4))  # b joins: a scans and lets two go
+        await a.release(sorted((await a.acquire(range(4))).grants)[2:])
+        await b.acquire(range(4))  # b takes them (the release changed the epoch)
+        assert set((await a.acquire(range(4))).grants) == {0, 1}  # a's scan at that epoch
+        calls.clear()
+        return a, b
 
     @pytest.mark.anyio
     async def test_grants_are_typed_with_share_and_send_time(self, client: Any) -> None:
@@ -612,3 +644,97 @@ class LockClientCases:
         assert {s: g.state for s, g in got.grants.items()} == dict.fromkeys(
             range(4), LockState.TAKEN_FROM_DEAD
         )
+
+    # -- the steady round (poll) ---------------------------------------------------------------
+    @pytest.mark.anyio
+    async def test_a_poll_at_an_unchanged_epoch_checks_the_held_locks_without_the_script(
+        self, client: Any
+    ) -> None:
+        calls: list[str] = []
+        a, _ = await self.settled(client, calls)
+        deadline = await client.zscore(MEMBERS, "a")
+        before = time.monotonic()
+
+        got = await a.poll(range(4))
+
+        assert calls == []  # two plain reads, no script
+        assert got.share == 2 and not got.refreshed and before <= got.sent_at
+        assert got.grants == {0: Grant(0, 1, LockState.HELD), 1: Grant(1, 1, LockState.HELD)}
+        assert await client.zscore(MEMBERS, "a") == deadline  # liveness left to the heartbeat
+
+    @pytest.mark.anyio
+    async def test_a_poll_runs_the_lock_round_when_a_member_joined(self, client: Any) -> None:
+        calls: list[str] = []
+        a, _ = await self.settled(client, calls)
+        await self.member(client, "c").acquire([])  # c joins: the epoch changes
+
+        got = await a.poll(range(4))
+
+        assert calls == ["lock_shards"] and got.refreshed
+        assert got.share == 2  # 4 shards, 3 members: a is first by ID, one more than floor 1
+        assert set(got.grants) == {0, 1}
+
+    @pytest.mark.anyio
+    async def test_a_poll_drops_a_lock_that_changed_owner_at_the_same_epoch(
+        self, client: Any
+    ) -> None:
+        # a failover to a replica that lost writes brings epoch numbers back: the epoch matches,
+        # yet shard 1 is b's there. The poll must not answer that a still holds it.
+        calls: list[str] = []
+        a, _ = await self.settled(client, calls)
+        await client.hset(LOCKS, mapping={"1": "b", "1:token": 2})
+
+        got = await a.poll(range(4))
+
+        assert calls == ["lock_shards"] and got.refreshed
+        assert got.grants == {0: Grant(0, 1, LockState.HELD)}
+
+    @pytest.mark.anyio
+    async def test_a_poll_reports_a_new_fencing_token_of_a_held_lock(self, client: Any) -> None:
+        calls: list[str] = []
+        a, _ = await self.settled(client, calls)
+        await client.hset(LOCKS, "0:token", 7)  # a's lock, retaken under another token
+
+        got = await a.poll(range(4))
+
+        assert calls == ["lock_shards"]
+        assert got.grants[0] == Grant(0, 7, LockState.HELD)
+
+    @pytest.mark.anyio
+    async def test_a_poll_runs_the_lock_round_at_the_full_round_odds(self, client: Any) -> None:
+        # odds full_rounds * share / shards: 4 * 2 / 4 here, so every poll is a lock round
+        calls: list[str] = []
+        a = self.member(client, "a", scripts=self.counted(client, calls), full_rounds=4.0)
+        await a.acquire(range(4))
+        await self.member(client, "b").acquire([])  # b joins: a's share is 2
+        assert (await a.acquire(range(4))).share == 2
+
+        got = await a.poll(range(4))
+
+        assert calls == ["lock_shards"] * 3 and got.refreshed
+
+    @pytest.mark.anyio
+    async def test_a_member_alone_polls_without_full_rounds(self, client: Any) -> None:
+        # every shard its share: it was alone, nobody to drop; one that joins changes the epoch
+        calls: list[str] = []
+        a = self.member(client, "a", scripts=self.counted(client, calls), full_rounds=4.0)
+        await a.acquire(range(4))
+
+        polled = [await a.poll(range(4)) for _ in range(3)]
+        await self.member(client, "b").acquire([])
+        joined = await a.poll(range(4))
+
+        assert [p.refreshed for p in polled] == [False] * 3 and joined.refreshed
+        assert calls == ["lock_shards", "lock_shards"] and joined.share == 2
+
+    @pytest.mark.anyio
+    async def test_a_poll_without_a_scan_at_the_current_epoch_runs_the_lock_round(
+        self, client: Any
+    ) -> None:
+        calls: list[str] = []
+        a, _ = await self.settled(client, calls)
+        await a.acquire([0, 1])  # not every shard: no scan, the epoch is not known
+
+        assert (await a.poll(range(4))).refreshed  # so the next poll runs the script
+        assert not (await a.poll(range(4))).refreshed
+        assert calls == ["lock_shards", "lock_shards"]

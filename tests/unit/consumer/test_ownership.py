@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from eventbus import EventBus, Settings
 from eventbus.consumer import Consumer
 from eventbus.consumer.running import make_consumers
 from eventbus.consumer.shards import HeldShard
+from eventbus.locking.locks import LockClient
+from eventbus.locking.member import Member
 from eventbus.protocol.topics import TopicRegistry
 from eventbus.testing import memory_redis
 
@@ -48,3 +52,25 @@ def test_with_lock_rounds_before_every_read_the_poll_is_the_block() -> None:
     c.ownership.share = 8
     c.ownership.owed_until = time.monotonic() + 60
     assert c.ownership.poll_ms(640) == 640
+
+
+@pytest.mark.anyio
+async def test_a_round_that_only_checked_the_held_locks_renews_no_lease() -> None:
+    # the lease counts from a liveness refresh: a poll (`LockClient.poll`) refreshes none, so
+    # it must not extend the lease; once the lease ran out, the round runs the lock script
+    c = consumer(lock_interval_ms=100)
+    own = c.ownership
+    member = Member(own.redis, own.keys, own.settings, own.topic.name, own.group, own.consumer_id)
+    own.locks = LockClient(member, shards=16, full_rounds=0)  # no random lock rounds
+    for s in range(16):
+        await own.redis.xgroup_create(own.keys.stream("orders", s), "billing", mkstream=True)
+    await own.lock_round(c.pipeline)  # a scan: every shard taken, a lease from its refresh
+    assert len(own.table.held) == 16 and own.lease.ok()
+    until = own.lease.until
+
+    await own.lock_round(c.pipeline)  # the epoch unchanged: the held locks checked, no script
+    assert own.lease.until == until and len(own.table.held) == 16
+
+    own.lease.until = 0.0  # the lease ran out (heartbeats late)
+    await own.lock_round(c.pipeline)
+    assert own.lease.until > until and len(own.table.held) == 16
