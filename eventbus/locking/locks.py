@@ -14,6 +14,7 @@ change of owner.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import socket
@@ -28,6 +29,8 @@ from redis.exceptions import NoPermissionError
 
 from eventbus.locking.member import Member
 from eventbus.locking.scripts import Scripts, register
+
+log = logging.getLogger("eventbus.locking")
 
 
 def new_member_id() -> str:
@@ -240,8 +243,11 @@ class LockClient:
         runs `acquire`. Raises what `acquire` raises."""
         candidates = list(candidates)
         share = self._share
-        # (alone at its last scan, share == shards: a member that came since changed the epoch)
-        odds = self._full_rounds * share / self.shards if share < self.shards else 0.0
+        # Alone at its last scan (share == shards > 1: no fair share of two or more members
+        # is every shard; with one shard the first of two members has share 1 too): a member
+        # that came since changed the epoch. Otherwise the random full rounds drop dead members.
+        alone = share == self.shards > 1
+        odds = 0.0 if alone else self._full_rounds * share / self.shards
         if not (
             self._plain_reads
             and self._epoch
@@ -258,8 +264,15 @@ class LockClient:
             pipe.hmget(self._keys[1], [f for s in held for f in (str(s), f"{s}:token")])
         try:
             [since, n], *fields = await pipe.execute()
-        except NoPermissionError:  # a role from before HMGET (docs/security.md): the script
+        except NoPermissionError as exc:  # a role from before HMGET (docs/security.md)
             self._plain_reads = False
+            log.warning(
+                "lock rounds of %s run the lock script every interval: its Redis user may not "
+                "send HMGET outside scripts (%s); grant +hmget (docs/security.md) for cheaper "
+                "steady rounds",
+                self.member_id,
+                exc,
+            )
             return await self.acquire(candidates)
         if f"{_text(since)}:{_text(n or b'0')}" != self._epoch:
             return await self.acquire(candidates)  # membership or locks changed: scan
@@ -269,6 +282,7 @@ class LockClient:
             # lost writes (the epoch numbers came back); the script says what is still held
             owner, token = _text(values[2 * i]), _text(values[2 * i + 1])
             if owner != self.member_id or token != str(self._held[s].token):
+                self._epoch = ""  # scan every shard: a lock lost at this epoch may be free
                 return await self.acquire(candidates)
         grants = {s: Grant(s, self._held[s].token, LockState.HELD) for s in held}
         return LockRound(share, grants, sent_at, refreshed=False)

@@ -136,7 +136,7 @@ async def test_lock_rounds_read_the_lock_hash_in_one_hmget_or_one_by_one_without
 
 
 async def test_a_role_without_hmget_polls_through_the_lock_round(
-    private_r: tuple[redis.asyncio.Redis, str],
+    private_r: tuple[redis.asyncio.Redis, str], caplog: pytest.LogCaptureFixture
 ) -> None:
     # a role made before HMGET was granted: the steady poll's plain HMGET is refused; the
     # member runs the lock script instead (its reads fall back to HGET) and keeps its locks
@@ -150,7 +150,8 @@ async def test_a_role_without_hmget_polls_through_the_lock_round(
         a = LockClientCases.member(user, "a")
         scanned = await a.acquire(range(4))
         evalshas = await _calls(r, "evalsha")
-        polled = [await a.poll(range(4)) for _ in range(2)]
+        with caplog.at_level("WARNING", logger="eventbus.locking"):
+            polled = [await a.poll(range(4)) for _ in range(2)]
         evalshas = await _calls(r, "evalsha") - evalshas
     finally:
         await user.aclose()
@@ -159,3 +160,5 @@ async def test_a_role_without_hmget_polls_through_the_lock_round(
     assert [p.refreshed for p in polled] == [True, True]
     assert evalshas == 2  # each poll as a lock round
     assert all(set(p.grants) == set(scanned.grants) == {0, 1, 2, 3} for p in polled)
+    warned = [r.getMessage() for r in caplog.records if r.name == "eventbus.locking"]
+    assert len(warned) == 1 and "grant +hmget" in warned[0]  # once, not per round

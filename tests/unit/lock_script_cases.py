@@ -690,6 +690,48 @@ class LockClientCases:
         assert got.grants == {0: Grant(0, 1, LockState.HELD)}
 
     @pytest.mark.anyio
+    async def test_a_lock_lost_at_the_same_epoch_is_taken_again_by_that_poll(
+        self, client: Any
+    ) -> None:
+        # the owner field gone (a replica that lost the take, an eviction) while the epoch
+        # stayed: a scan finds the shard free; a round at the known epoch would read only the
+        # held shards and leave it unowned until the membership changed
+        calls: list[str] = []
+        a, _ = await self.settled(client, calls)
+        await client.hdel(LOCKS, "1")
+
+        got = await a.poll(range(4))
+
+        assert calls == ["lock_shards"] and got.refreshed
+        assert {s: g.state for s, g in got.grants.items()} == {
+            0: LockState.HELD,
+            1: LockState.TAKEN_FREE,
+        }
+        assert await client.hget(LOCKS, "1") in ("a", b"a")
+
+    @pytest.mark.parametrize("shards", [1, 2])
+    @pytest.mark.anyio
+    async def test_a_dead_holder_is_dropped_by_the_random_rounds_of_a_member_owed_its_shards(
+        self, client: Any, shards: int
+    ) -> None:
+        # a (first by consumer ID) joins while b holds every shard; b dies before it lets go.
+        # With one shard a's fair share is that shard, as if it were alone: only a lock round
+        # (the script) drops b, so a's polls must still make them.
+        calls: list[str] = []
+        b = self.member(client, "b", shards=shards)
+        await b.acquire(range(shards))
+        a = self.member(
+            client, "a", shards=shards, scripts=self.counted(client, calls), full_rounds=4.0
+        )
+        assert (await a.acquire(range(shards))).grants == {}  # b is live: nothing to take
+        await client.zadd(MEMBERS, {"b": 0})  # its deadline passed (SIGKILL, TTL ran out)
+
+        rounds = [await a.poll(range(shards)) for _ in range(8)]
+
+        taken = {s for r in rounds for s, g in r.grants.items()}
+        assert taken == set(range(shards)) and len(calls) >= 2
+
+    @pytest.mark.anyio
     async def test_a_poll_reports_a_new_fencing_token_of_a_held_lock(self, client: Any) -> None:
         calls: list[str] = []
         a, _ = await self.settled(client, calls)
