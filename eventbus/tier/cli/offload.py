@@ -13,7 +13,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from eventbus.client.loops import stop_on_signal
+from eventbus.client.loops import stop_on_signal, young_gc_threshold
 from eventbus.errors import ConfigError, EventBusError, RedisUnavailable
 from eventbus.ops.cli_options import port_option
 from eventbus.ops.logs import configure
@@ -108,7 +108,8 @@ def offload(
         )
 
     try:
-        anyio.run(main)
+        with young_gc_threshold(settings.gc_threshold):  # as `eventbus run` (Settings.gc_threshold)
+            anyio.run(main)
     except EventBusError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from None
