@@ -45,11 +45,14 @@ Reading: `decode_segment`, the one reader, verifies a file.
 
 from __future__ import annotations
 
+import array
 import bisect
 import functools
 import io
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import accumulate, chain
+from operator import attrgetter
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -160,17 +163,15 @@ Fields = Sequence[bytes] | Mapping[bytes, bytes]
 def _field_lists(fields: Sequence[Any]) -> tuple[list[Any], list[Any], list[Any], int]:
     """Per entry its ``rid``, ``type`` and ``data`` values (None where missing) and the raw bytes
     of all fields. The common shape, raw lists of exactly those three fields in XADD's order,
-    is taken column by column; any other shape entry by entry."""
-    if (
-        fields
-        and set(map(type, fields)) == {list}
-        and set(map(len, fields)) == {6}
-        and ({f[0] for f in fields}, {f[2] for f in fields}, {f[4] for f in fields})
-        == _STANDARD_NAMES
-    ):
-        rids, types, datas = [f[1] for f in fields], [f[3] for f in fields], [f[5] for f in fields]
-        size = len(fields) * 11 + sum(map(len, rids)) + sum(map(len, types)) + sum(map(len, datas))
-        return rids, types, datas, size
+    is taken column by column (the lists joined in one, sliced by field: no Python step per
+    entry); any other shape entry by entry."""
+    n = len(fields)
+    if fields and set(map(type, fields)) == {list} and set(map(len, fields)) == {6}:
+        flat = list(chain.from_iterable(fields))
+        if all(flat[i::6] == [name] * n for i, name in _STANDARD_NAMES):
+            rids, types, datas = flat[1::6], flat[3::6], flat[5::6]
+            size = n * 11 + sum(map(len, rids)) + sum(map(len, types)) + sum(map(len, datas))
+            return rids, types, datas, size
     maps = [
         f if isinstance(f, Mapping) else dict(zip(f[::2], f[1::2], strict=True)) for f in fields
     ]
@@ -183,7 +184,8 @@ def _field_lists(fields: Sequence[Any]) -> tuple[list[Any], list[Any], list[Any]
     )
 
 
-_STANDARD_NAMES = ({F_RESOURCE}, {F_TYPE}, {F_DATA})  # what publishers write, in XADD's order
+# what publishers write, in XADD's order: (position in the flat list, name)
+_STANDARD_NAMES = ((0, F_RESOURCE), (2, F_TYPE), (4, F_DATA))
 
 
 def _uuid_text(ids: list[bytes]) -> Any:
@@ -292,10 +294,21 @@ def _mirrored_body(mirror: type[msgspec.Struct]) -> Any:
 _PLAIN = bytes([FORMAT_MSGPACK])
 
 
-def _texts(values: list[Any]) -> Any:
-    """UTF-8 bytes as a string array, null where missing; None if some are not UTF-8."""
+def _binary(values: list[bytes]) -> Any:
+    """`values` (none missing) as a binary array, built from their joined bytes and offsets
+    (a copy per value in C, not a conversion per value: a third of the time)."""
+    joined = b"".join(values)
+    if len(joined) >= 2**31:  # past int32 offsets (a segment is far smaller)
+        return pa.array(values, pa.binary())
+    offsets = array.array("i", accumulate(map(len, values), initial=0))
+    buffers = [None, pa.py_buffer(offsets), pa.py_buffer(joined)]
+    return pa.Array.from_buffers(pa.binary(), len(values), buffers)
+
+
+def _texts(values: list[bytes]) -> Any:
+    """UTF-8 bytes (none missing) as a string array; None if some are not UTF-8."""
     try:
-        return pa.array(values, pa.binary()).cast(pa.string())
+        return _binary(values).cast(pa.string())
     except pa.ArrowInvalid:
         return None
 
@@ -323,10 +336,12 @@ def entry_columns(
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
         raise ValueError(f"entry IDs of {topic}/{shard} are not <ms>-<seq>: {exc}") from None
     bodies = _decode_all(rids, types, datas, typed)
-    rid_text, type_text = _texts(rids), _texts(types)
+    rid_text = type_text = None
+    if bodies is not None:  # then no rid, type or data is missing
+        rid_text, type_text = _texts(rids), _texts(types)
     if bodies is None or rid_text is None or type_text is None:
         return _entry_by_entry(topic, shard, ms, seq, rids, types, datas, raw_bytes, typed)
-    heads = [b.h for b in bodies]
+    heads = list(map(_HEADERS, bodies))
     if any(heads):
         lengths = pa.array([len(h) for h in heads], pa.int32())
         offsets: Any = pa.concat_arrays([pa.array([0], pa.int32()), pc.cumulative_sum(lengths)])
@@ -341,15 +356,18 @@ def entry_columns(
         seq,
         rid_text,
         type_text,
-        pa.array([b.ts for b in bodies], pa.int64()),
-        _uuid_text([b.id for b in bodies]),
+        pa.array(list(map(_TIME, bodies)), pa.int64()),
+        _uuid_text(list(map(_EVENT_ID, bodies))),
         _map_array(offsets, None, keys, values),
-        pa.array(datas, pa.binary()),
+        _binary(datas),
     ]
     if typed is None:
         return EntryColumns(arrays, raw_bytes)
-    struct, errors = typed.columns_of([b.p for b in bodies], type_text)
+    struct, errors = typed.columns_of(list(map(_PAYLOAD, bodies)), type_text)
     return EntryColumns(arrays, raw_bytes, struct, errors, bodies, datas)
+
+
+_HEADERS, _TIME, _EVENT_ID, _PAYLOAD = map(attrgetter, ("h", "ts", "id", "p"))
 
 
 def _zeros(n: int) -> Any:
@@ -639,9 +657,17 @@ def _reencoded(
     names = fields.get("*" if keys[0] is None else keys[0])
     if names is None or tuple(names) != mirror.__struct_fields__:
         return None
+    # the common case, all at once: the bodies encoded as one array interleaved with the
+    # format byte (1, body, 1, body...) are the array's header and then the entries' ``data``
+    n = len(bodies)
+    interleaved: list[Any] = [FORMAT_MSGPACK] * (2 * n)
+    interleaved[1::2] = bodies
+    encoded = _ENCODER.encode(interleaved)
+    joined = b"".join(datas)
+    header = 1 if 2 * n < 16 else 3 if 2 * n < 65536 else 5  # fixarray, array 16, array 32
+    if len(encoded) == header + len(joined) and encoded.endswith(joined):
+        return [True] * n
     again = list(map(_ENCODER.encode, bodies))
-    if _PLAIN + _PLAIN.join(again) == b"".join(datas):  # the common case: all, at once
-        return [True] * len(datas)
     return [len(d) == len(e) + 1 and d.endswith(e) for d, e in zip(datas, again, strict=True)]
 
 
