@@ -29,11 +29,11 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-
 from ab import tree
+from tier_bench import offload_ceiling
+
 from eventbus import EventBus, Settings
 from localredis.server import RedisServer
-from tier_bench import offload_ceiling
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARDS = 16

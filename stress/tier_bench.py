@@ -189,7 +189,11 @@ async def offload_ceiling(redis: Any, streams: list[str], page: int, segment: in
 def warm_up() -> None:
     """pyarrow imports pandas on its first use: before anything is timed."""
     from eventbus.protocol.ids import EntryId
-    from eventbus.tier.segment import encode_segment
+
+    try:  # the write side's own module (segment.py held it before: an A/B's older side)
+        from eventbus.tier.segment_write import encode_segment
+    except ImportError:
+        from eventbus.tier.segment import encode_segment  # type: ignore[no-redef,attr-defined]
 
     one = EntryId(1, 0)
     encode_segment("warm", 0, one, one, [(one, {b"rid": b"r", b"type": b"t", b"data": b"\x01"})])
