@@ -265,16 +265,17 @@ def offload_worker(args: argparse.Namespace) -> None:
             await t.locks.acquire([])  # live in the group: the other's first round sees two
         await client.rpush(f"bench:{topic}:ready", 1)
         await client.blpop([f"bench:{topic}:go"])  # both go at once
-        started = time.time()
+        started, cpu = time.time(), time.process_time()
         with offloader_process_gc():
             stats = await offloader.run_until_caught_up()
-        ended = time.time()
+        ended, cpu = time.time(), time.process_time() - cpu
         await client.aclose()
         return {
             "entries": stats.entries,
             "stored_bytes": stats.stored_bytes,
             "started": started,
             "ended": ended,
+            "cpu_s": cpu,
         }
 
     print(json.dumps(anyio.run(main)))
@@ -311,6 +312,9 @@ async def offload_processes(
         "entries_per_s": round(entries / seconds),
         "entries": entries,
         "entries_by_process": [o["entries"] for o in outs],
+        # CPU of both processes (all threads) per entry: against `offload`'s, what a second
+        # process adds per entry (our rounds, locks, contention) rather than what it waits for
+        "cpu_us_per_entry": round(sum(o["cpu_s"] for o in outs) * 1e6 / entries, 2),
         # Redis's CPU over the processes' wall time (until the later one exits: an upper bound)
         "redis_cpu_pct": round(100 * redis_cpu / seconds, 1),
         "redis_cpu_us_per_entry": round(redis_cpu * 1e6 / entries, 2),
@@ -359,12 +363,12 @@ async def bench(args: argparse.Namespace, redis: str, store_location: str) -> di
         **rebuild_setting(args),
     )
     redis_cpu = await redis_cpu_s(bus.redis)
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     with offloader_process_gc():
         stats = await offload_until_caught_up(
             bus.redis, store, topics=["bench"], settings=bus.settings, tier=typed
         )
-    offload_s = time.perf_counter() - started
+    offload_s, cpu = time.perf_counter() - started, time.process_time() - cpu
     redis_cpu = await redis_cpu_s(bus.redis) - redis_cpu
     left = sum([await bus.redis.xlen(bus.keys.stream("bench", s)) for s in range(args.shards)])
     started = time.perf_counter()
@@ -416,6 +420,7 @@ async def bench(args: argparse.Namespace, redis: str, store_location: str) -> di
             "ratio_ceiling": round(stats.entries / offload_s / (ceiling_entries / ceiling_s), 3),
             "entries": stats.entries,
             "left_in_redis": left,
+            "cpu_us_per_entry": round(cpu * 1e6 / max(1, stats.entries), 2),  # all threads
             "redis_cpu_pct": round(100 * redis_cpu / offload_s, 1),
             "redis_cpu_us_per_entry": round(redis_cpu * 1e6 / max(1, stats.entries), 2),
         },
