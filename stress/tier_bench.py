@@ -282,21 +282,28 @@ def offload_worker(args: argparse.Namespace) -> None:
 
 
 async def offload_processes(
-    redis: Any, topic: str, location: str, model: str, shards: int, keep_data: bool
+    redis: Any,
+    topic: str,
+    location: str,
+    model: str,
+    shards: int,
+    keep_data: bool,
+    processes: int = 2,
 ) -> dict[str, Any]:
-    """``offload_2_processes``: two `offload_worker` processes on `topic`, released together."""
+    """``offload_2_processes``: `processes` `offload_worker` processes on `topic`, released
+    together."""
     cmd = [sys.executable, __file__, "--shards", str(shards), "--offload-worker", topic, location]
     cmd += ["--model", model] if model else []
     cmd += ["--keep-data"] if keep_data else []
     env = {**os.environ, "REDIS_URL": redis_url_of(redis)}
-    procs = [await anyio.open_process(cmd, env=env, stderr=None) for _ in range(2)]
+    procs = [await anyio.open_process(cmd, env=env, stderr=None) for _ in range(processes)]
     ready = 0
-    while ready < 2:  # short waits: within the client's socket timeout
+    while ready < processes:  # short waits: within the client's socket timeout
         ready += bool(await redis.blpop([f"bench:{topic}:ready"], timeout=1))
         if any(p.returncode is not None for p in procs):
             raise RuntimeError("an offloader process of offload_2_processes failed")
     redis_cpu = await redis_cpu_s(redis)
-    await redis.rpush(f"bench:{topic}:go", 1, 1)
+    await redis.rpush(f"bench:{topic}:go", *[1] * processes)
     outs = []
     for proc in procs:
         assert proc.stdout is not None
