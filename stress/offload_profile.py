@@ -24,7 +24,11 @@ from eventbus import EventBus, Settings
 from eventbus.protocol.ids import EntryId
 from eventbus.tier import TierSettings, open_store
 from eventbus.tier.offloader import offload_until_caught_up
-from eventbus.tier.segment import encode_segment
+
+try:  # the write side's own module (segment.py held it before)
+    from eventbus.tier.segment_write import encode_segment
+except ImportError:
+    from eventbus.tier.segment import encode_segment  # type: ignore[no-redef,attr-defined]
 from examples.flights.flightdata import Flight, load_flights
 
 

@@ -3,7 +3,7 @@
     python stress/segment_layout_bench.py STORE_FOLDER [--json F]
 
 Re-writes every segment under ``STORE_FOLDER`` (an archive, e.g. the flights of
-`stress/offload_profile.py offload`) with `eventbus.tier.segment.write_parquet` in each layout
+`stress/offload_profile.py offload`) with `eventbus.tier.segment_write.write_parquet` in each layout
 of `LAYOUTS`, and per layout measures: the stored bytes per entry; the CPU seconds of writing
 (all segments, `time.process_time`); and for a bounded read of every segment (the rows whose
 ``entry_ms`` lies between the segment's entry at a quarter and the one at three quarters, as
@@ -27,7 +27,7 @@ from typing import Any
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from eventbus.tier.segment import write_parquet
+from eventbus.tier.segment_write import write_parquet
 
 # (name, row group rows, page rows, page index)
 LAYOUTS = [

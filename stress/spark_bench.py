@@ -212,7 +212,7 @@ def offload_cost(topic: str, n: int, runs: int) -> dict[str, float]:
     microseconds per event, raw and with typed columns (`measure`'s median)."""
     from eventbus.protocol.codec import Envelope, encode_entry, new_event_id
     from eventbus.protocol.ids import EntryId
-    from eventbus.tier.segment import encode_segment
+    from eventbus.tier.segment_write import encode_segment
     from eventbus.tier.typed import TypedPayloads, load_models
 
     entries = []

@@ -16,7 +16,8 @@ with pipelined XADDs (to three topics: one per offload run below), then measures
 * ``offload_untyped``: the same without typed columns (another topic, same events);
 * ``offload_2_processes``: two offloader processes sharing a third topic's shards (each joins
   the offloader group before either starts, so the fair share holds from the first round);
-  ``scaling`` is their entries/s over ``offload``'s;
+  ``scaling`` is their entries/s over ``offload``'s; ``redis_cpu_pct`` beside both offloads:
+  Redis's CPU (``INFO cpu``) over the offload's wall time;
 * the segments: count, bytes, mean size, compression ratio (raw entry bytes / stored bytes),
   ``vs_untyped_bytes`` (stored bytes of the typed segments over the untyped ones');
 * replay: raw entries merged across shards (`iter_topic`), and typed events (`iter_events`),
@@ -29,6 +30,9 @@ with pipelined XADDs (to three topics: one per offload run below), then measures
   the same run (``catchup.ratio_live_batch``).
 
 Prints one JSON object. pyarrow's first use (it imports pandas) is warmed up before timing.
+The offloads run with the garbage collector as ``eventbus offload`` sets it
+(`offloader_process_gc`: the heap so far frozen, the young threshold raised), in this process
+and in the two worker processes alike.
 """
 
 from __future__ import annotations
@@ -185,10 +189,40 @@ async def offload_ceiling(redis: Any, streams: list[str], page: int, segment: in
 def warm_up() -> None:
     """pyarrow imports pandas on its first use: before anything is timed."""
     from eventbus.protocol.ids import EntryId
-    from eventbus.tier.segment import encode_segment
+
+    try:  # the write side's own module (segment.py held it before: an A/B's older side)
+        from eventbus.tier.segment_write import encode_segment
+    except ImportError:
+        from eventbus.tier.segment import encode_segment  # type: ignore[no-redef,attr-defined]
 
     one = EntryId(1, 0)
     encode_segment("warm", 0, one, one, [(one, {b"rid": b"r", b"type": b"t", b"data": b"\x01"})])
+
+
+@contextlib.contextmanager
+def offloader_process_gc() -> Iterator[None]:
+    """The garbage collector as in ``eventbus offload``'s process (docs/tier.md, "The
+    offloader's process"): what is allocated so far frozen out of the collected generations
+    (`gc.freeze`: the imports, and here the benchmark's events), the young generation collected
+    every `Settings.gc_threshold` allocations. Both sides of an A/B run under it (the harness is
+    this checkout's), so that the offload is measured as an offloader process runs it."""
+    import gc
+
+    from eventbus.client.loops import young_gc_threshold
+
+    gc.collect()
+    gc.freeze()
+    try:
+        with young_gc_threshold(Settings().gc_threshold):
+            yield
+    finally:
+        gc.unfreeze()
+
+
+async def redis_cpu_s(redis: Any) -> float:
+    """Redis's CPU seconds so far (``INFO cpu``: user + system, main thread and others)."""
+    info = await redis.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
 def rebuild_setting(args: argparse.Namespace) -> dict[str, bool]:
@@ -231,35 +265,45 @@ def offload_worker(args: argparse.Namespace) -> None:
             await t.locks.acquire([])  # live in the group: the other's first round sees two
         await client.rpush(f"bench:{topic}:ready", 1)
         await client.blpop([f"bench:{topic}:go"])  # both go at once
-        started = time.time()
-        stats = await offloader.run_until_caught_up()
-        ended = time.time()
+        started, cpu = time.time(), time.process_time()
+        with offloader_process_gc():
+            stats = await offloader.run_until_caught_up()
+        ended, cpu = time.time(), time.process_time() - cpu
         await client.aclose()
         return {
             "entries": stats.entries,
             "stored_bytes": stats.stored_bytes,
             "started": started,
             "ended": ended,
+            "cpu_s": cpu,
         }
 
     print(json.dumps(anyio.run(main)))
 
 
 async def offload_processes(
-    redis: Any, topic: str, location: str, model: str, shards: int, keep_data: bool
+    redis: Any,
+    topic: str,
+    location: str,
+    model: str,
+    shards: int,
+    keep_data: bool,
+    processes: int = 2,
 ) -> dict[str, Any]:
-    """``offload_2_processes``: two `offload_worker` processes on `topic`, released together."""
+    """``offload_2_processes``: `processes` `offload_worker` processes on `topic`, released
+    together."""
     cmd = [sys.executable, __file__, "--shards", str(shards), "--offload-worker", topic, location]
     cmd += ["--model", model] if model else []
     cmd += ["--keep-data"] if keep_data else []
     env = {**os.environ, "REDIS_URL": redis_url_of(redis)}
-    procs = [await anyio.open_process(cmd, env=env, stderr=None) for _ in range(2)]
+    procs = [await anyio.open_process(cmd, env=env, stderr=None) for _ in range(processes)]
     ready = 0
-    while ready < 2:  # short waits: within the client's socket timeout
+    while ready < processes:  # short waits: within the client's socket timeout
         ready += bool(await redis.blpop([f"bench:{topic}:ready"], timeout=1))
         if any(p.returncode is not None for p in procs):
             raise RuntimeError("an offloader process of offload_2_processes failed")
-    await redis.rpush(f"bench:{topic}:go", 1, 1)
+    redis_cpu = await redis_cpu_s(redis)
+    await redis.rpush(f"bench:{topic}:go", *[1] * processes)
     outs = []
     for proc in procs:
         assert proc.stdout is not None
@@ -267,6 +311,7 @@ async def offload_processes(
         if await proc.wait() != 0:
             raise RuntimeError("an offloader process of offload_2_processes failed")
         outs.append(json.loads(text))
+    redis_cpu = await redis_cpu_s(redis) - redis_cpu
     seconds = max(o["ended"] for o in outs) - min(o["started"] for o in outs)
     entries = sum(o["entries"] for o in outs)
     return {
@@ -274,6 +319,12 @@ async def offload_processes(
         "entries_per_s": round(entries / seconds),
         "entries": entries,
         "entries_by_process": [o["entries"] for o in outs],
+        # CPU of both processes (all threads) per entry: against `offload`'s, what a second
+        # process adds per entry (our rounds, locks, contention) rather than what it waits for
+        "cpu_us_per_entry": round(sum(o["cpu_s"] for o in outs) * 1e6 / entries, 2),
+        # Redis's CPU over the processes' wall time (until the later one exits: an upper bound)
+        "redis_cpu_pct": round(100 * redis_cpu / seconds, 1),
+        "redis_cpu_us_per_entry": round(redis_cpu * 1e6 / entries, 2),
     }
 
 
@@ -318,16 +369,20 @@ async def bench(args: argparse.Namespace, redis: str, store_location: str) -> di
         typed_models={"bench": model} if model else {},
         **rebuild_setting(args),
     )
-    started = time.perf_counter()
-    stats = await offload_until_caught_up(
-        bus.redis, store, topics=["bench"], settings=bus.settings, tier=typed
-    )
-    offload_s = time.perf_counter() - started
+    redis_cpu = await redis_cpu_s(bus.redis)
+    started, cpu = time.perf_counter(), time.process_time()
+    with offloader_process_gc():
+        stats = await offload_until_caught_up(
+            bus.redis, store, topics=["bench"], settings=bus.settings, tier=typed
+        )
+    offload_s, cpu = time.perf_counter() - started, time.process_time() - cpu
+    redis_cpu = await redis_cpu_s(bus.redis) - redis_cpu
     left = sum([await bus.redis.xlen(bus.keys.stream("bench", s)) for s in range(args.shards)])
     started = time.perf_counter()
-    untyped = await offload_until_caught_up(
-        bus.redis, store, topics=["bench_untyped"], settings=bus.settings, tier=tier
-    )
+    with offloader_process_gc():
+        untyped = await offload_until_caught_up(
+            bus.redis, store, topics=["bench_untyped"], settings=bus.settings, tier=tier
+        )
     untyped_s = time.perf_counter() - started
     two = await offload_processes(
         bus.redis, "bench_2p", store_location, model, args.shards, args.keep_data
@@ -372,6 +427,9 @@ async def bench(args: argparse.Namespace, redis: str, store_location: str) -> di
             "ratio_ceiling": round(stats.entries / offload_s / (ceiling_entries / ceiling_s), 3),
             "entries": stats.entries,
             "left_in_redis": left,
+            "cpu_us_per_entry": round(cpu * 1e6 / max(1, stats.entries), 2),  # all threads
+            "redis_cpu_pct": round(100 * redis_cpu / offload_s, 1),
+            "redis_cpu_us_per_entry": round(redis_cpu * 1e6 / max(1, stats.entries), 2),
         },
         "offload_untyped": {
             "seconds": round(untyped_s, 3),

@@ -3,7 +3,7 @@
 A topic's registered models (``EVENTBUS_TIER_TYPED_MODELS``, or ``format("eventbus")``'s
 ``model`` option) give the columns: the union of the models' fields, by field name, typed by
 `arrow_type` (docs/protocol.md has the table). The offloader writes them next to the raw ``data``
-column (`eventbus.tier.segment.encode_segment`), the Spark source builds the same values from
+column (`eventbus.tier.segment_write.encode_segment`), the Spark source builds the same values from
 ``data`` when a segment lacks them (`eventbus.spark.decode`). ``data`` stays the source of truth.
 """
 
@@ -25,11 +25,11 @@ from typing import Any
 import msgpack
 import msgspec
 import pyarrow as pa
-from pydantic import BaseModel, RootModel, TypeAdapter, ValidationError
-from pydantic_core import PydanticUndefined
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from eventbus.errors import ConfigError, DecodeError, cut, shown
 from eventbus.protocol.codec import F_DATA, F_RESOURCE, F_TYPE, FORMAT_MSGPACK, decode_entry
+from eventbus.tier.typed_mirror import _flat, mirror_struct
 
 ERROR_COLUMN = "typed_error"
 """Segment column: why an entry of a modelled type has null typed columns (else null)."""
@@ -295,61 +295,6 @@ def _struct_array(rows: list[Any], struct: pa.StructType, errors: list[str | Non
         return pa.array(kept, struct)
 
 
-_MIRRORED = (int, float, str, bool)
-_LAX_CONFIG = (
-    *("strict", "str_strip_whitespace", "str_to_lower", "str_to_upper", "str_min_length"),
-    *("str_max_length", "coerce_numbers_to_str", "validate_default"),
-)
-
-
-def mirror_struct(model: type[BaseModel]) -> type[msgspec.Struct] | None:
-    """A msgspec Struct of `model`'s fields (same names, order and defaults) when `model` is
-    simple enough that decoding a payload into it validates exactly as `model` would and gives
-    the same values, else None: every field ``int``, ``float``, ``str`` or ``bool``, or that or
-    None, without constraints, aliases or default factories; no validators, no post-init, no
-    configuration that changes validation (strict, string transforms, ``extra="forbid"``, no
-    inf/nan). msgspec's checks are then a subset of pydantic's lax ones with the same result
-    (an int given for a float becomes a float in both); a payload msgspec refuses is validated
-    by pydantic (it may still be valid: ``"1"`` for an int). Used by the offloader to decode
-    and validate the payloads of a page in one pass (`eventbus.tier.segment.entry_columns`)."""
-    if issubclass(model, RootModel) or getattr(model, "__pydantic_post_init__", None):
-        return None
-    d = model.__pydantic_decorators__
-    if d.validators or d.field_validators or d.root_validators or d.model_validators:
-        return None
-    if any("__get_pydantic_core_schema__" in vars(c) for c in model.__mro__ if c not in _BASES):
-        return None
-    config = model.model_config
-    if any(config.get(k) for k in _LAX_CONFIG) or config.get("extra") == "forbid":
-        return None
-    if config.get("allow_inf_nan") is False:
-        return None
-    fields: list[tuple[str, Any, Any]] = []
-    for name, f in model.model_fields.items():
-        ann = f.annotation
-        args = [a for a in typing.get_args(ann) if a is not type(None)]
-        optional = typing.get_origin(ann) in (typing.Union, types.UnionType) and len(args) == 1
-        base = args[0] if optional else ann
-        if base not in _MIRRORED or f.metadata or f.alias is not None:
-            return None
-        if f.validation_alias is not None or f.default_factory is not None:
-            return None
-        if f.default is PydanticUndefined:
-            fields.append((name, base | None if optional else base, msgspec.NODEFAULT))
-        elif f.default is None or type(f.default) in _MIRRORED:
-            fields.append((name, base | None if optional else base, f.default))
-        else:
-            return None
-    spec = [(n, t) if d is msgspec.NODEFAULT else (n, t, d) for n, t, d in fields]
-    try:
-        return msgspec.defstruct(model.__name__, spec, kw_only=True, gc=False)
-    except (TypeError, ValueError):  # a field name msgspec refuses
-        return None
-
-
-_BASES = frozenset({BaseModel, object})
-
-
 def _payload(raw: bytes) -> Any:
     """The payload (``p``) of an envelope; msgpack-only envelopes without the `Envelope` object
     (the common case), others through `decode_entry`. Raises `DecodeError`."""
@@ -360,23 +305,6 @@ def _payload(raw: bytes) -> Any:
         except Exception as exc:
             raise DecodeError(f"corrupt envelope: {type(exc).__name__}: {exc}") from None
     return decode_entry({F_RESOURCE: b"-", F_TYPE: b"-", F_DATA: raw}).payload
-
-
-_FLAT = (str, int, float, bool, bytes, dt.datetime, dt.date)
-
-
-def _flat(model: type[BaseModel]) -> bool:
-    """Whether every field of `model` is a scalar (or an optional one) that Arrow converts as
-    validated: ``str``, ``int``, ``float``, ``bool``, ``bytes``, ``datetime``, ``date`` (not a
-    subclass such as an enum)."""
-    for field in model.model_fields.values():
-        ann = field.annotation
-        args = [a for a in typing.get_args(ann) if a is not type(None)]
-        if typing.get_origin(ann) in (typing.Union, types.UnionType) and len(args) == 1:
-            ann = args[0]
-        if ann not in _FLAT:
-            return False
-    return True
 
 
 def _row(model: BaseModel) -> dict[str, Any]:

@@ -192,7 +192,7 @@ def test_overlapping_segments_give_each_entry_once(
     from eventbus.spark.reading import read_segments
     from eventbus.tier.layout import segment_key
     from eventbus.tier.replay import iter_shard
-    from eventbus.tier.segment import encode_segment
+    from eventbus.tier.segment_write import encode_segment
     from eventbus.tier.store import open_store
 
     store = str(tmp_path / "seg")

@@ -18,7 +18,8 @@ from eventbus.protocol.ids import EntryId
 from eventbus.tier.errors import CorruptSegment
 from eventbus.tier.layout import parse_segment_key, segment_key
 from eventbus.tier.replay import iter_shard
-from eventbus.tier.segment import decode_segment, decode_segment_batches, encode_segment
+from eventbus.tier.segment import decode_segment, decode_segment_batches
+from eventbus.tier.segment_write import encode_segment
 from eventbus.tier.store import open_store
 
 TOPIC = "orders"

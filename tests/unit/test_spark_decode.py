@@ -21,7 +21,7 @@ from eventbus.spark.objects import Objects
 from eventbus.spark.reading import segment_batches
 from eventbus.spark.schema import arrow_schema, read_schema
 from eventbus.tier.layout import parse_segment_key, segment_key
-from eventbus.tier.segment import encode_segment
+from eventbus.tier.segment_write import encode_segment
 from eventbus.tier.store import open_store
 from eventbus.tier.typed import TypedPayloads, load_models
 

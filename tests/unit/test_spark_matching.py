@@ -25,7 +25,7 @@ from eventbus.spark.matching import (
     segment_typing,
 )
 from eventbus.spark.options import models_option
-from eventbus.tier.segment import encode_segment
+from eventbus.tier.segment_write import encode_segment
 from eventbus.tier.typed import TypedPayloads, load_models
 
 MS = 1_700_000_000_000

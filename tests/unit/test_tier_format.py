@@ -18,13 +18,10 @@ from eventbus.protocol.ids import EntryId, parse_id
 from eventbus.tier.errors import CorruptSegment
 from eventbus.tier.gaps import find_gap
 from eventbus.tier.layout import gap_key, parse_gap_key, parse_segment_key, segment_key
-from eventbus.tier.segment import (
-    SCHEMA,
-    decode_segment,
-    encode_segment,
-    entry_columns,
-    write_parquet,
-)
+from eventbus.tier.segment import SCHEMA, decode_segment
+from eventbus.tier.segment_bodies import _decode_all
+from eventbus.tier.segment_columns import entry_columns
+from eventbus.tier.segment_write import encode_segment, write_parquet
 from eventbus.tier.typed import TypedPayloads
 
 
@@ -204,6 +201,33 @@ def test_entries_that_are_not_the_common_case_keep_their_raw_fields() -> None:
     assert [r["event_time_ms"] for r in table] == [None, None, 5, None]
     assert table[2]["event_id"] == str(big.event_id) and table[2]["headers"] == []
     assert entry_columns("t", 0, [b"1-0"], [rows[2]]).raw_bytes == sum(map(len, rows[2]))
+
+
+def test_field_lists_with_the_names_elsewhere_are_read_by_name() -> None:
+    """A page of six-field lists whose names are not all in XADD's order (here one entry's
+    ``rid`` and ``type`` swapped) is not sliced by position: every entry's values are read by
+    name, so no value lands in another field's column."""
+    rows = [entry(i) for i in range(5)]
+    ids, fields = raw_reply(rows)
+    f = fields[2]
+    fields[2] = [f[2], f[3], f[0], f[1], f[4], f[5]]  # type, T, rid, r, data, d
+    table = columns_table("t", ids, fields).to_pylist()
+    assert [r["resource_id"] for r in table] == [f"r{i % 7}" for i in range(5)]
+    assert {r["event_type"] for r in table} == {"Tick"}
+
+
+def test_a_page_is_decoded_in_one_pass_only_when_every_entry_is_the_common_case() -> None:
+    """`_decode_all` gives every body of a page of plain envelopes (format ``0x01``), and None
+    (the page then goes entry by entry) when one entry is missing a field or has another
+    format."""
+    rows = [entry(i) for i in range(4)]
+    _, fields = raw_reply(rows)
+    rids, types, datas = [f[1] for f in fields], [f[3] for f in fields], [f[5] for f in fields]
+    bodies = _decode_all(rids, types, datas, None)
+    assert bodies is not None
+    assert [b.ts for b in bodies] == [decode_entry(f).published_at_ms for _, f in rows]
+    assert _decode_all([*rids, None], [*types, b"T"], [*datas, datas[0]], None) is None
+    assert _decode_all([*rids, b"r"], [*types, b"T"], [*datas, b"\x09junk"], None) is None
 
 
 def test_a_payload_string_that_is_not_utf8_is_archived_raw() -> None:

@@ -26,7 +26,8 @@ from eventbus.tier.layout import segment_key
 from eventbus.tier.merge import merge_batches
 from eventbus.tier.replay import iter_events, iter_shard, iter_topic
 from eventbus.tier.replay_events import decode_event, models_by_type
-from eventbus.tier.segment import SCHEMA, encode_segment, entry_arrays
+from eventbus.tier.segment import SCHEMA, entry_arrays
+from eventbus.tier.segment_write import encode_segment
 from eventbus.tier.store import Store, open_store
 
 TOPIC = "orders"

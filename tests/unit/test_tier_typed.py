@@ -20,8 +20,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from eventbus.errors import ConfigError
 from eventbus.protocol.codec import F_DATA, Envelope, encode_entry, new_event_id
 from eventbus.protocol.ids import EntryId
-from eventbus.tier.segment import SCHEMA, decode_segment, encode_segment, entry_columns
-from eventbus.tier.typed import TypedPayloads, arrow_type, mirror_struct, typed_struct
+from eventbus.tier.segment import SCHEMA, decode_segment
+from eventbus.tier.segment_columns import entry_columns
+from eventbus.tier.segment_write import encode_segment
+from eventbus.tier.typed import TypedPayloads, arrow_type, typed_struct
+from eventbus.tier.typed_mirror import mirror_struct
 
 MS = 1_700_000_000_000
 

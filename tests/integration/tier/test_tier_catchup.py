@@ -17,7 +17,7 @@ from eventbus.tier.catchup import catch_up_group
 from eventbus.tier.layout import segment_key
 from eventbus.tier.offloader import Offloader
 from eventbus.tier.replay import ArchivedEntry, read_segment
-from eventbus.tier.segment import encode_segment
+from eventbus.tier.segment_write import encode_segment
 from eventbus.tier.store import list_segments_sync, open_store
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
