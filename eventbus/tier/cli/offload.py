@@ -4,6 +4,8 @@ or with ``--once`` until everything now in the streams is archived."""
 from __future__ import annotations
 
 import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Annotated
 
 import anyio
@@ -77,14 +79,6 @@ def offload(
     from eventbus.tier.offloader import Offloader
     from eventbus.tier.store import describe
 
-    # This process runs the offloader alone: the objects of its imports and set-up (pyarrow,
-    # pandas, pydantic, redis: ~100k) leave the collected generations, so that the full
-    # collections the offload's allocations trigger walk only its own objects (a quarter of its
-    # CPU before: docs/tier.md, "The offloader's process"). Process-wide, hence here and not in
-    # the library.
-    gc.collect()
-    gc.freeze()
-
     async def main() -> None:
         redis = connect(settings)
         offloader = Offloader(redis, target, settings=settings, tier=tier, topics=topic)
@@ -108,7 +102,8 @@ def offload(
         )
 
     try:
-        with young_gc_threshold(settings.gc_threshold):  # as `eventbus run` (Settings.gc_threshold)
+        # as `eventbus run` (Settings.gc_threshold), and the set-up's heap frozen
+        with young_gc_threshold(settings.gc_threshold), _frozen_heap():
             anyio.run(main)
     except EventBusError as exc:
         console.print(f"[red]error:[/red] {exc}")
@@ -116,3 +111,18 @@ def offload(
     except (RedisError, OSError) as exc:  # Redis unreachable or refusing: was a rich traceback
         down = isinstance(exc, RedisConnectionError | RedisTimeoutError | OSError)
         raise error_exit(RedisUnavailable.of(settings, exc) if down else exc) from None
+
+
+@contextmanager
+def _frozen_heap() -> Iterator[None]:
+    """The offloader's process runs it alone: the objects of its imports and set-up (pyarrow,
+    pandas, pydantic, redis: ~100k) leave the collected generations (`gc.freeze`), so that the
+    full collections the offload's allocations trigger walk only its own objects (a quarter of
+    its CPU before: docs/tier.md, "The offloader's process"). Process-wide, hence in the
+    command and not in the library; unfrozen at the end, for a command run in-process."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 
@@ -28,6 +29,7 @@ def test_offload_once_then_replay_jsonl_and_parquet(redis_db: str, tmp_path: Pat
     store = str(tmp_path / "segs")
     runner = CliRunner()
     env = {"EVENTBUS_TIER_HOT_WINDOW_S": "0", "EVENTBUS_TIER_TRIM_EXACT": "true"}
+    thresholds = gc.get_threshold()
     result = runner.invoke(
         app,
         [
@@ -44,6 +46,9 @@ def test_offload_once_then_replay_jsonl_and_parquet(redis_db: str, tmp_path: Pat
     )
     assert result.exit_code == 0, result.output
     assert "120 entries" in result.output
+    # the command freezes its set-up's heap for the offload (a process of its own); run
+    # in-process, it leaves nothing frozen and the collector's thresholds as they were
+    assert gc.get_freeze_count() == 0 and gc.get_threshold() == thresholds
 
     result = runner.invoke(app, ["replay", "cli", "--store", store, "--no-progress"])
     assert result.exit_code == 0, result.output
