@@ -6,7 +6,12 @@ On a private ``redis-server``, one process runs `--groups` subscribers of one to
 each (each its own `Consumer`: lock rounds, heartbeats, reads). After they have joined it
 measures, while nothing is published for `--idle-s` seconds, the process's CPU use (% of one
 core) and the Redis server's, and the process's resident memory; then publishes one event and
-measures the time until every group's handler has it (fan-out latency, ms), five times.
+measures the time until every group's handler has it (fan-out latency, ms), five times, with
+its breakdown: when `publish` returned (``fanout_publish_ms``), when the first and the median
+group's handler started (``fanout_first_ms``, ``fanout_half_ms``: a late first means late
+wake-ups, a spread from first to last means the groups' work queued on the one event loop) and
+the process CPU spent until the last (``fanout_cpu_ms``: near the latency on a quiet machine,
+the fan-out is CPU-bound).
 """
 
 from __future__ import annotations
@@ -34,10 +39,12 @@ class Ping(BaseModel):
 async def measure(url: str, groups: int, shards: int, idle_s: float) -> dict[str, Any]:
     bus = EventBus(Settings(redis_url=url, shards=shards))
     got: dict[int, set[str]] = {}
+    starts: dict[int, list[float]] = {}  # each group's handler start (perf_counter), by event
     arrived = anyio.Event()
 
     def handler_of(name: str) -> Any:
         async def handle(event: Ping) -> None:
+            starts.setdefault(event.n, []).append(time.perf_counter())
             seen = got.setdefault(event.n, set())
             seen.add(name)
             if len(seen) == groups:
@@ -68,17 +75,25 @@ async def measure(url: str, groups: int, shards: int, idle_s: float) -> dict[str
         redis_after = float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
         result["idle_redis_cpu_percent"] = 100 * (redis_after - redis_before) / wall
         result["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        latencies = []
+        latencies, published, firsts, halves, cpus = [], [], [], [], []
         for n in range(5):
             arrived = anyio.Event()
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             await bus.publish("fanout", Ping(n=n), resource_id=f"r{n}")
+            published.append((time.perf_counter() - start) * 1000)
             with anyio.fail_after(60):
                 await arrived.wait()
             latencies.append((time.perf_counter() - start) * 1000)
+            cpus.append((time.process_time() - cpu) * 1000)
+            firsts.append((min(starts[n]) - start) * 1000)
+            halves.append((statistics.median(starts[n]) - start) * 1000)
             await anyio.sleep(0.5)
         result["fanout_ms_median"] = statistics.median(latencies)
         result["fanout_ms_max"] = max(latencies)
+        result["fanout_publish_ms"] = statistics.median(published)
+        result["fanout_first_ms"] = statistics.median(firsts)
+        result["fanout_half_ms"] = statistics.median(halves)
+        result["fanout_cpu_ms"] = statistics.median(cpus)
         stop.set()
         await probe.aclose()
     return result
