@@ -28,7 +28,7 @@ from eventbus.protocol.codec import F_DATA, F_RESOURCE, F_TYPE, Envelope, decode
 from eventbus.protocol.ids import EntryId
 from eventbus.tier.errors import CorruptSegment
 from eventbus.tier.layout import SegmentRef
-from eventbus.tier.segment import decode_segment, decode_segment_batches
+from eventbus.tier.segment_read import decode_segment, decode_segment_batches
 from eventbus.tier.store import Store, get_bytes_sync
 
 _MAX_ID = EntryId((1 << 64) - 1, (1 << 64) - 1)

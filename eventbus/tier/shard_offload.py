@@ -36,7 +36,8 @@ from eventbus.tier.offload_state import (
     row_bytes,
     rows_bytes,
 )
-from eventbus.tier.segment import SegmentInfo, decode_segment, encode_columns, entry_columns
+from eventbus.tier.segment import SegmentInfo, encode_columns, entry_columns
+from eventbus.tier.segment_read import decode_segment
 from eventbus.tier.shard_gaps import ShardGaps
 from eventbus.tier.store import get_bytes, list_segments, put_create
 

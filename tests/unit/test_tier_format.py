@@ -20,11 +20,11 @@ from eventbus.tier.gaps import find_gap
 from eventbus.tier.layout import gap_key, parse_gap_key, parse_segment_key, segment_key
 from eventbus.tier.segment import (
     SCHEMA,
-    decode_segment,
     encode_segment,
     entry_columns,
     write_parquet,
 )
+from eventbus.tier.segment_read import decode_segment
 from eventbus.tier.typed import TypedPayloads
 
 

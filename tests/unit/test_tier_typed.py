@@ -20,7 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from eventbus.errors import ConfigError
 from eventbus.protocol.codec import F_DATA, Envelope, encode_entry, new_event_id
 from eventbus.protocol.ids import EntryId
-from eventbus.tier.segment import SCHEMA, decode_segment, encode_segment, entry_columns
+from eventbus.tier.segment import SCHEMA, encode_segment, entry_columns
+from eventbus.tier.segment_read import decode_segment
 from eventbus.tier.typed import TypedPayloads, arrow_type, mirror_struct, typed_struct
 
 MS = 1_700_000_000_000
