@@ -6,7 +6,7 @@ wrong data; a version-3 segment's left-out ``data`` is rebuilt (`eventbus.tier.r
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -149,6 +149,7 @@ def decode_segment_batches(
     *,
     expect: tuple[str, int, EntryId, EntryId] | None = None,
     batch_rows: int,
+    extra: Callable[[SegmentInfo, pa.Schema], Sequence[str]] | None = None,
 ) -> tuple[SegmentInfo, Iterator[pa.Table]]:
     """`decode_segment` by record batches of at most `batch_rows` rows (the segment-schema
     columns), so that a reader works on the first rows while the next are decoded. The
@@ -157,7 +158,9 @@ def decode_segment_batches(
     (after the batch before) and range, its left-out ``data`` rebuilt; the rows read and
     ``data`` left out are compared with the metadata after the last. Raises `CorruptSegment`
     naming `key`: from here for the file's checks, from the iterator at the batch that fails
-    (the batches before it held right rows)."""
+    (the batches before it held right rows). `extra(info, schema)` names more columns of the
+    file (typed columns: `eventbus.tier.replay_columns`) each batch holds after the
+    segment-schema ones (none when not given)."""
     try:
         owned = pa.allocate_buffer(len(data))  # (why a copy: `decode_segment`)
         memoryview(owned).cast("B")[:] = data
@@ -178,12 +181,15 @@ def decode_segment_batches(
         )
     if rows != info.entries:
         raise CorruptSegment(key, f"{rows} rows, metadata says {info.entries}")
-    return info, _batches(pf, info, key, batch_rows)
+    more = [] if extra is None else [c for c in extra(info, schema) if c not in COLUMNS]
+    return info, _batches(pf, info, key, batch_rows, more)
 
 
-def _batches(pf: Any, info: SegmentInfo, key: str, batch_rows: int) -> Iterator[pa.Table]:
-    """`decode_segment_batches`'s batches."""
-    wanted = list(COLUMNS)
+def _batches(
+    pf: Any, info: SegmentInfo, key: str, batch_rows: int, more: Sequence[str] = ()
+) -> Iterator[pa.Table]:
+    """`decode_segment_batches`'s batches (the segment-schema columns, then `more`)."""
+    wanted = [*COLUMNS, *more]
     needs = _rebuild_columns(info)
     reader = pf.iter_batches(batch_size=batch_rows, columns=list(dict.fromkeys([*wanted, *needs])))
     last: EntryId | None = None
@@ -199,7 +205,7 @@ def _batches(pf: Any, info: SegmentInfo, key: str, batch_rows: int) -> Iterator[
                 table = _restored(table, info, wanted, whole=False)
         except Exception as exc:  # as `decode_segment`'s
             raise CorruptSegment(key, f"{type(exc).__name__}: {exc}") from None
-        for name in table.column_names:
+        for name in COLUMNS:
             if not SCHEMA.field(name).nullable and table.column(name).null_count:
                 raise CorruptSegment(key, f"column {name} has nulls")
         _check_order(table, info, key, last)
