@@ -65,8 +65,13 @@ async def build(folder: str, n: int) -> dict[str, object]:
             for i in range(0, len(data), 20_000):
                 await bus.publish_many(topic, data[i : i + 20_000])
     model = f"{Flight.__module__}:{Flight.__qualname__}"
+    # version-3 segments, as stress/tier_bench.py writes them (EVENTBUS_KEEP_DATA=1: version 2)
     tier = TierSettings(
-        store_url=folder, hot_window_s=0, trim_exact=True, typed_models={"bench": model}
+        store_url=folder,
+        hot_window_s=0,
+        trim_exact=True,
+        typed_models={"bench": model},
+        rebuild_data=os.environ.get("EVENTBUS_KEEP_DATA") != "1",
     )
     stats = await offload_until_caught_up(
         bus.redis, open_store(folder), topics=["bench"], settings=bus.settings, tier=tier

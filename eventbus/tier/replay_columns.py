@@ -41,12 +41,13 @@ from pydantic import BaseModel
 
 from eventbus.protocol.budget import MIN_CONTAINERS
 from eventbus.protocol.codec import Envelope
+from eventbus.tier import rebuild
 from eventbus.tier.archived import EntryBatch, ReplayFilter, _filtered, paused_gc
 from eventbus.tier.layout import SegmentRef
 from eventbus.tier.rebuild import _payload_struct, rebuild_columns
 from eventbus.tier.replay_events import ReplayedEvent
 from eventbus.tier.segment import SCHEMA, SegmentInfo
-from eventbus.tier.segment_read import decode_segment_batches
+from eventbus.tier.segment_read import REBUILT_ROWS, decode_segment_batches
 from eventbus.tier.typed import ERROR_COLUMN, mirror_struct, model_struct
 
 _SET_DICT = object.__setattr__
@@ -123,16 +124,18 @@ class ColumnReplay:
         """`eventbus.tier.archived.open_batches`, with the typed columns of the `usable`
         types read too, each batch a `TypedBatch` where the segment has some."""
         found: dict[str, Fields] = {}
+        exact: set[str] = set()
 
         def extra(info: SegmentInfo, schema: pa.Schema) -> list[str]:
             found.update(self.usable(info, schema))
+            exact.update(_rebuilt_as(info, found))
             names = (n for f in found.values() for n in f.names)
             return [*dict.fromkeys(names), ERROR_COLUMN] if found else []
 
         info, tables = decode_segment_batches(
             data, ref.key, expect=ref.span, batch_rows=rows, extra=extra
         )
-        return info.entries, self._matching(tables, info, ref, flt, found)
+        return info.entries, self._matching(tables, info, ref, flt, found, exact)
 
     def _matching(
         self,
@@ -141,13 +144,16 @@ class ColumnReplay:
         ref: SegmentRef,
         flt: ReplayFilter,
         found: dict[str, Fields],
+        exact: set[str],
     ) -> Iterator[EntryBatch]:
         for table in tables:
             table = _filtered(table, flt, ref).combine_chunks()
             if not table.num_rows:
                 continue
             if found:
-                yield TypedBatch(table, info.topic, info.shard, ref.key, self, found)
+                kinds = _kinds(table, found, exact)
+                table = table.drop_columns([c for c in (REBUILT_ROWS,) if c in table.column_names])
+                yield TypedBatch(table, info.topic, info.shard, ref.key, self, found, kinds)
             else:
                 yield EntryBatch(table, info.topic, info.shard, ref.key)
 
@@ -171,7 +177,7 @@ class TypedBatch(EntryBatch):
     ) -> None:
         super().__init__(rows, topic, shard, segment)
         self.replay, self.found = replay, found
-        self.kinds = kinds if kinds is not None else _kinds(rows, found)
+        self.kinds = kinds if kinds is not None else _kinds(rows, found, set())
 
     def slice(self, start: int, stop: int) -> EntryBatch:
         """Rows ``start:stop`` (no copy of the columns)."""
@@ -201,9 +207,25 @@ class TypedBatch(EntryBatch):
         return out
 
 
-def _kinds(rows: pa.Table, found: dict[str, Fields]) -> list[str | None]:
+def _rebuilt_as(info: SegmentInfo, found: dict[str, Fields]) -> list[str]:
+    """The types of `found` whose rebuilt ``data`` (version 3: `eventbus.tier.rebuild`) is the
+    map of exactly their fields in declaration order: a row whose ``data`` was rebuilt needs
+    no comparison."""
+    if info.data_fields is None:
+        return []
+    fields = rebuild.parse_fields(info.data_fields)
+    out = []
+    for etype, f in found.items():
+        keys = [k for k in (etype, "*") if k in fields]
+        if len(keys) == 1 and tuple(fields[keys[0]]) == f.names:
+            out.append(etype)
+    return out
+
+
+def _kinds(rows: pa.Table, found: dict[str, Fields], exact: set[str]) -> list[str | None]:
     """Per row, the event type whose model builds it from the columns (module docstring), or
-    None."""
+    None. Rows of an `exact` type whose ``data`` was rebuilt (`REBUILT_ROWS`) are the
+    rebuilt bytes already; the others are compared with them."""
     n = rows.num_rows
     columns = {name: rows.column(name).combine_chunks() for name in rows.column_names}
     base = pc.and_(
@@ -219,6 +241,11 @@ def _kinds(rows: pa.Table, found: dict[str, Fields]) -> list[str | None]:
         for name in fields.required:
             if columns[name].null_count:
                 mask = pc.and_(mask, pc.is_valid(columns[name]))
+        if etype in exact and REBUILT_ROWS in columns:
+            done = pc.and_(mask, columns[REBUILT_ROWS])
+            for i in pc.indices_nonzero(done).to_pylist():
+                kinds[i] = etype
+            mask = pc.and_(mask, pc.invert(columns[REBUILT_ROWS]))
         idx = pc.indices_nonzero(mask)
         if not len(idx):
             continue

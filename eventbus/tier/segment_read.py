@@ -160,7 +160,8 @@ def decode_segment_batches(
     naming `key`: from here for the file's checks, from the iterator at the batch that fails
     (the batches before it held right rows). `extra(info, schema)` names more columns of the
     file (typed columns: `eventbus.tier.replay_columns`) each batch holds after the
-    segment-schema ones (none when not given)."""
+    segment-schema ones (none when not given), and then `REBUILT_ROWS` where ``data`` is
+    rebuilt."""
     try:
         owned = pa.allocate_buffer(len(data))  # (why a copy: `decode_segment`)
         memoryview(owned).cast("B")[:] = data
@@ -185,6 +186,11 @@ def decode_segment_batches(
     return info, _batches(pf, info, key, batch_rows, more)
 
 
+REBUILT_ROWS = "_data_rebuilt"
+"""A batch column of `decode_segment_batches` asked for `extra` columns of a version-3 segment
+with left-out ``data``: true where that row's ``data`` was rebuilt from its typed columns."""
+
+
 def _batches(
     pf: Any, info: SegmentInfo, key: str, batch_rows: int, more: Sequence[str] = ()
 ) -> Iterator[pa.Table]:
@@ -202,7 +208,10 @@ def _batches(
             table = pa.Table.from_batches([batch])
             if needs:
                 left_out += table.column("data").null_count
+                rebuilt = pc.is_null(table.column("data"))
                 table = _restored(table, info, wanted, whole=False)
+                if more:  # which rows' ``data`` the columns rebuilt (`REBUILT_ROWS`)
+                    table = table.append_column(REBUILT_ROWS, rebuilt)
         except Exception as exc:  # as `decode_segment`'s
             raise CorruptSegment(key, f"{type(exc).__name__}: {exc}") from None
         for name in COLUMNS:
