@@ -42,7 +42,8 @@ from pydantic import BaseModel
 from eventbus.protocol.budget import MIN_CONTAINERS
 from eventbus.protocol.codec import Envelope
 from eventbus.tier import rebuild
-from eventbus.tier.archived import EntryBatch, ReplayFilter, _filtered, paused_gc
+from eventbus.tier.archived import EntryBatch, ReplayFilter, _filtered
+from eventbus.tier.gc_pause import paused_gc
 from eventbus.tier.layout import SegmentRef
 from eventbus.tier.rebuild import _payload_struct, rebuild_columns
 from eventbus.tier.replay_events import ReplayedEvent
