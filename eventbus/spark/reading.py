@@ -25,7 +25,8 @@ from eventbus.spark.matching import ReadTyping, TypedColumnConflict, match, segm
 from eventbus.spark.objects import Objects
 from eventbus.spark.planning import RangePart, checkpoints
 from eventbus.tier.layout import SegmentRef
-from eventbus.tier.segment import SCHEMA, decode_segment, entry_arrays
+from eventbus.tier.segment import SCHEMA, entry_arrays
+from eventbus.tier.segment_read import decode_segment
 from eventbus.tier.typed import ERROR_COLUMN
 
 XRANGE_COUNT = 5000

@@ -10,9 +10,6 @@ columns (the ID range by bisecting the ordered ID columns, resource IDs and even
 from __future__ import annotations
 
 import bisect
-import contextlib
-import gc
-import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,8 +24,9 @@ from eventbus.errors import DecodeError
 from eventbus.protocol.codec import F_DATA, F_RESOURCE, F_TYPE, Envelope, decode_entry
 from eventbus.protocol.ids import EntryId
 from eventbus.tier.errors import CorruptSegment
+from eventbus.tier.gc_pause import paused_gc
 from eventbus.tier.layout import SegmentRef
-from eventbus.tier.segment import decode_segment, decode_segment_batches
+from eventbus.tier.segment_read import decode_segment, decode_segment_batches
 from eventbus.tier.store import Store, get_bytes_sync
 
 _MAX_ID = EntryId((1 << 64) - 1, (1 << 64) - 1)
@@ -204,35 +202,6 @@ def _fields(data: bytes, rid: bytes | None, kind: bytes | None) -> dict[bytes, b
     if kind is not None:
         out[F_TYPE] = kind
     return out
-
-
-_gc_lock = threading.Lock()
-_gc_pausers = 0  # threads making entries with the cyclic garbage collector paused
-_gc_paused_by_us = False
-
-
-@contextlib.contextmanager
-def paused_gc() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector (process-wide) while entries are made: a batch
-    allocates a few tracked objects per row (UUIDs, ID tuples, column lists), whose
-    collections took 40-45 % of a raw replay (flights, measured with ``gc.callbacks``); the
-    objects form no cycles, reference counting frees them. Resumed when the last concurrent
-    pauser ends, unless the application had disabled the collector itself (the pattern of
-    `eventbus.consumer.decoding`'s large-entry decode, which tier code cannot import)."""
-    global _gc_pausers, _gc_paused_by_us
-    with _gc_lock:
-        if _gc_pausers == 0 and gc.isenabled():
-            gc.disable()
-            _gc_paused_by_us = True
-        _gc_pausers += 1
-    try:
-        yield
-    finally:
-        with _gc_lock:
-            _gc_pausers -= 1
-            if _gc_pausers == 0 and _gc_paused_by_us:
-                _gc_paused_by_us = False
-                gc.enable()
 
 
 _NEW_ID = tuple.__new__  # EntryId(ms, seq) without its Python-level __new__: in C, via map

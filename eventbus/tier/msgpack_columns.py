@@ -129,8 +129,13 @@ def _small_ints() -> pa.Array:
 
 @functools.cache
 def _str_header_table() -> pa.Array:
-    """msgspec's string header for each byte length below 65,536 (binary, by length)."""
-    return pa.array([_ENCODE("x" * n)[: -n or None] for n in range(1 << 16)], pa.binary())
+    """msgspec's string header for each byte length below 65,536 (binary, by length): the
+    smallest form, fixstr, str8 or str16 (made from the lengths, not by encoding strings of
+    each length: 2 GiB of strings made one by one, 0.22 s per process; now 0.016 s)."""
+    fix = [bytes([0xA0 | n]) for n in range(32)]
+    str8 = [b"\xd9" + bytes([n]) for n in range(32, 256)]
+    str16 = [b"\xda" + n.to_bytes(2, "big") for n in range(256, 1 << 16)]
+    return pa.array(fix + str8 + str16, pa.binary())
 
 
 def _ints(values: pa.Array) -> pa.Array:

@@ -25,7 +25,7 @@ import contextlib
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
@@ -42,6 +42,7 @@ from eventbus.tier.completeness import ArchiveGap, check_complete, recorded_lost
 from eventbus.tier.dictionaries import read_from
 from eventbus.tier.layout import SegmentRef
 from eventbus.tier.merge import merge_batches
+from eventbus.tier.replay_columns import ColumnReplay
 from eventbus.tier.replay_events import ReplayedEvent, _Decoder, decode_event, models_by_type
 from eventbus.tier.store import Store, get_bytes_sync, list_segments_sync, list_shards_sync
 
@@ -90,13 +91,19 @@ def _prefetched(
 
 
 def _segment_reads(
-    fetched: Iterator[tuple[SegmentRef, bytes]], flt: ReplayFilter
+    fetched: Iterator[tuple[SegmentRef, bytes]],
+    flt: ReplayFilter,
+    typed: ColumnReplay | None = None,
 ) -> Iterator[tuple[SegmentRef, int, EntryBatch | None]]:
     """Each fetched segment's matching batches as ``(ref, held, batch)``, then ``(ref, held,
     None)`` at its end (`held`: the entries it holds); run a step at a time in a worker
-    thread (`_stepped`): decoding, verifying and rebuilding a batch release the GIL."""
+    thread (`_stepped`): decoding, verifying and rebuilding a batch release the GIL. With
+    `typed` (a typed replay), batches of `TypedBatch` where the typed columns serve."""
     for ref, data in fetched:
-        held, batches = open_batches(data, ref, flt, BATCH_ROWS)
+        if typed is None:
+            held, batches = open_batches(data, ref, flt, BATCH_ROWS)
+        else:
+            held, batches = typed.open_batches(data, ref, flt, BATCH_ROWS)
         for batch in batches:
             yield ref, held, batch
         yield ref, held, None
@@ -127,6 +134,7 @@ def _shard_batches(
     pool: ThreadPoolExecutor,
     fetch_pool: ThreadPoolExecutor,
     counts: dict[int, int] | None,
+    typed: ColumnReplay | None = None,
 ) -> Iterator[EntryBatch]:
     """One shard's matching rows in entry-ID order, as batches of at most `BATCH_ROWS` (none
     empty). Segments are fetched in `fetch_pool`, `prefetch` ahead, and decoded, verified and
@@ -134,7 +142,7 @@ def _shard_batches(
     start after the previous one's last (overlapping segments give each entry once)."""
     last: EntryId | None = None
     fetched = _prefetched(fetch_pool, refs, lambda r: (r, get_bytes_sync(store, r.key)), prefetch)
-    for ref, held, batch in _stepped(pool, _segment_reads(fetched, flt)):
+    for ref, held, batch in _stepped(pool, _segment_reads(fetched, flt, typed)):
         if batch is None:  # the segment's end
             if counts is not None:
                 counts[shard] = counts.get(shard, 0) + held
@@ -201,8 +209,10 @@ def _topic_batches(
     segments: Mapping[int, Sequence[SegmentRef]] | None,
     on_segment: Callable[[SegmentRef], None] | None,
     counts: dict[int, int] | None,
-) -> Iterator[list[ArchivedEntry]]:
-    """`iter_topic`'s entries as lists (batches), in the same order."""
+    typed: ColumnReplay | None = None,
+) -> Iterator[list[Any]]:
+    """`iter_topic`'s entries as lists (batches), in the same order; with `typed`, some of
+    them already `ReplayedEvent`s (`TypedBatch`)."""
     planned = segments if segments is not None else plan(store, topic, flt, shards)
     with (
         ThreadPoolExecutor(4, thread_name_prefix="eventbus-replay") as pool,
@@ -219,6 +229,7 @@ def _topic_batches(
                 pool=pool,
                 fetch_pool=fetch_pool,
                 counts=counts,
+                typed=typed,
             )
             for s, refs in sorted(planned.items())
         ]
@@ -268,9 +279,10 @@ def iter_events(
     merge: bool = True,
 ) -> Iterator[ReplayedEvent]:
     """Typed replay: entries whose event type has a model in `models` (others are skipped),
-    decoded and validated like a live consumer does (per batch: `_Decoder`). Raises
-    `DecodeError` on an entry that does not decode or validate, `CorruptSegment`,
-    `StoreError`."""
+    decoded and validated like a live consumer does (per batch: `_Decoder`), or, where that
+    provably gives the same event, built from the segment's typed columns without decoding
+    nor validating (`eventbus.tier.replay_columns`). Raises `DecodeError` on an entry that
+    does not decode or validate, `CorruptSegment`, `StoreError`."""
     by_type = models_by_type(models)
     types = frozenset(by_type)
     flt = flt or ReplayFilter()
@@ -288,11 +300,33 @@ def iter_events(
         segments=None,
         on_segment=None,
         counts=None,
+        typed=ColumnReplay(by_type),
     ):
+        yield from _decoded(decoder, batch)
+
+
+def _decoded(decoder: _Decoder, batch: list[Any]) -> Iterator[ReplayedEvent]:
+    """The events of `batch` in its order: its `ReplayedEvent`s as they are, its
+    `ArchivedEntry`s decoded (`_Decoder.decode`); from the first of those that does not
+    decode or validate on, entry by entry (`decode_event` raises its `DecodeError`)."""
+    plain = [i for i, x in enumerate(batch) if type(x) is not ReplayedEvent]
+    if not plain:
+        yield from batch
+        return
+    if len(plain) == len(batch):
         events, ok = decoder.decode(batch)
         yield from events
         if ok < len(batch):
             yield from decoder.decode_each(batch[ok:])
+        return
+    events, ok = decoder.decode([batch[i] for i in plain])
+    out = batch.copy()
+    for i, event in zip(plain, events, strict=False):
+        out[i] = event
+    bad = plain[ok] if ok < len(plain) else len(out)
+    yield from out[:bad]
+    for x in out[bad:]:
+        yield x if type(x) is ReplayedEvent else decode_event(x, decoder.models)
 
 
 __all__ = [

@@ -16,7 +16,8 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from eventbus.errors import DecodeError
 from eventbus.protocol.budget import MIN_CONTAINERS
 from eventbus.protocol.codec import FORMAT_MSGPACK, Envelope, _Body, event_type_of
-from eventbus.tier.archived import ArchivedEntry, paused_gc
+from eventbus.tier.archived import ArchivedEntry
+from eventbus.tier.gc_pause import paused_gc
 
 _FIRST = itemgetter(0)
 

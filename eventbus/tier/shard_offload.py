@@ -36,8 +36,9 @@ from eventbus.tier.offload_state import (
     row_bytes,
     rows_bytes,
 )
-from eventbus.tier.segment import SegmentInfo, decode_segment
+from eventbus.tier.segment import SegmentInfo
 from eventbus.tier.segment_columns import entry_columns
+from eventbus.tier.segment_read import decode_segment
 from eventbus.tier.segment_write import encode_columns
 from eventbus.tier.shard_gaps import ShardGaps
 from eventbus.tier.store import get_bytes, list_segments, put_create

@@ -74,7 +74,8 @@ from eventbus.tier.checkpoint import checkpoint_state
 from eventbus.tier.errors import CorruptCheckpoint, CorruptGapRecord, CorruptSegment
 from eventbus.tier.gaps import load_gap
 from eventbus.tier.layout import SegmentRef, segment_key
-from eventbus.tier.segment import SCHEMA, decode_segment
+from eventbus.tier.segment import SCHEMA
+from eventbus.tier.segment_read import decode_segment
 from eventbus.tier.segment_write import encode_segment
 from eventbus.tier.store import open_store
 from eventbus.tier.typed import TypedPayloads

@@ -40,9 +40,10 @@ SMALL = [
     "eventbus/publishing",
     "eventbus/spark",
     "eventbus/testing",
+    "eventbus/tier",
     "localredis",
 ]
-"""The packages held to the size rule so far (tier/ follows as it is split)."""
+"""The packages held to the size rule: every package of eventbus/, and localredis/."""
 
 
 def test_modules_and_classes_stay_small() -> None:

@@ -60,3 +60,11 @@ def test_other_types_are_refused() -> None:
     assert not encodable(column.type)
     with pytest.raises(TypeError, match="no column encoding"):
         encode(column)
+
+
+def test_string_headers_are_msgspecs_for_lengths_across_every_form() -> None:
+    """The header table (fixstr, str8, str16 by length) against msgspec for a spread of
+    lengths, multi-byte characters included (the header counts bytes)."""
+    lengths = [*range(0, 300), *range(65_400, 65_540), *range(1_000, 65_000, 997)]
+    rows = ["é" * (n // 2) + "x" * (n % 2) for n in lengths]
+    assert encode(pa.array(rows, pa.string())).to_pylist() == [_encode(v) for v in rows]

@@ -19,7 +19,8 @@ from eventbus.protocol.codec import F_DATA, Envelope, encode_entry, envelope_of,
 from eventbus.protocol.ids import EntryId
 from eventbus.tier import rebuild
 from eventbus.tier.errors import CorruptSegment
-from eventbus.tier.segment import SCHEMA, decode_segment
+from eventbus.tier.segment import SCHEMA
+from eventbus.tier.segment_read import decode_segment
 from eventbus.tier.segment_write import encode_segment
 from eventbus.tier.typed import TypedPayloads
 

@@ -1,4 +1,4 @@
-"""One segment reader (`eventbus.tier.segment.decode_segment`) for replay and the Spark source:
+"""One segment reader (`eventbus.tier.segment_read.decode_segment`) for replay and the Spark source:
 a damaged segment is refused by both with the same `CorruptSegment`, naming the object key and
 the first entry at fault; the order check over whole columns gives the verdict of the entry-by-
 entry reading (the spec below, `_first_fault`) on every order of entry IDs."""
@@ -18,7 +18,7 @@ from eventbus.protocol.ids import EntryId
 from eventbus.tier.errors import CorruptSegment
 from eventbus.tier.layout import parse_segment_key, segment_key
 from eventbus.tier.replay import iter_shard
-from eventbus.tier.segment import decode_segment, decode_segment_batches
+from eventbus.tier.segment_read import decode_segment, decode_segment_batches
 from eventbus.tier.segment_write import encode_segment
 from eventbus.tier.store import open_store
 

@@ -18,9 +18,10 @@ from eventbus.protocol.ids import EntryId, parse_id
 from eventbus.tier.errors import CorruptSegment
 from eventbus.tier.gaps import find_gap
 from eventbus.tier.layout import gap_key, parse_gap_key, parse_segment_key, segment_key
-from eventbus.tier.segment import SCHEMA, decode_segment
+from eventbus.tier.segment import SCHEMA
 from eventbus.tier.segment_bodies import _decode_all
 from eventbus.tier.segment_columns import entry_columns
+from eventbus.tier.segment_read import decode_segment
 from eventbus.tier.segment_write import encode_segment, write_parquet
 from eventbus.tier.typed import TypedPayloads
 

@@ -20,8 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from eventbus.errors import ConfigError
 from eventbus.protocol.codec import F_DATA, Envelope, encode_entry, new_event_id
 from eventbus.protocol.ids import EntryId
-from eventbus.tier.segment import SCHEMA, decode_segment
+from eventbus.tier.segment import SCHEMA
 from eventbus.tier.segment_columns import entry_columns
+from eventbus.tier.segment_read import decode_segment
 from eventbus.tier.segment_write import encode_segment
 from eventbus.tier.typed import TypedPayloads, arrow_type, typed_struct
 from eventbus.tier.typed_mirror import mirror_struct
