@@ -38,7 +38,7 @@ def segment_batches(
     objects: Objects, ref: SegmentRef, typed: ReadTyping | None = None
 ) -> list[pa.RecordBatch]:
     """Segment `ref` fetched, verified against its key and cut into segment-schema batches of
-    at most `BATCH_ROWS` rows. The tier's one reader (`eventbus.tier.segment.decode_segment`)
+    at most `BATCH_ROWS` rows. The tier's one reader (`eventbus.tier.segment_read.decode_segment`)
     makes the checks. With `typed` (a typed read's models), the segment's typed columns and
     ``typed_error`` are appended when they give that read's columns exactly (`typed_columns`):
     the payloads need no decoding then. Raises `CorruptSegment` naming the key,

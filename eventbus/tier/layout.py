@@ -114,7 +114,7 @@ class SegmentRef:
     @property
     def span(self) -> tuple[str, int, EntryId, EntryId]:
         """(topic, shard, first, last): what the key names, which the segment's metadata must
-        match (`eventbus.tier.segment.decode_segment`'s `expect`)."""
+        match (`eventbus.tier.segment_read.decode_segment`'s `expect`)."""
         return self.topic, self.shard, self.first, self.last
 
 
