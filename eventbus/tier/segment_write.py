@@ -129,6 +129,8 @@ def encode_columns(
             named = dict(zip(COLUMNS, arrays, strict=False))
             named |= {f.name: a for f, a in zip(typed.struct, payload, strict=True)}
             same = _reencoded(fields, typed, cols)
+            if same is not None:  # a row whose typed columns are null (e.g. an int past int64)
+                same = [s and e is None for s, e in zip(same, errors, strict=True)]  # keeps data
             if same is None:
                 data = rebuild.unneeded(fields, arrays[_DATA], arrays[6], error_array, named)
             elif any(same):

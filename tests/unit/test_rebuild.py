@@ -318,3 +318,34 @@ def _with(
     """`e` with `old` replaced by `new` in its ``data`` (once, and it must be there)."""
     assert e[1][F_DATA].count(old) == 1
     return e[0], {**e[1], F_DATA: e[1][F_DATA].replace(old, new)}
+
+
+class Counter(BaseModel):
+    n: int
+    name: str
+
+
+def test_a_payload_the_typed_columns_cannot_hold_keeps_its_data() -> None:
+    # an int past int64 decodes into the model's mirror but Arrow refuses it: the row has a
+    # typed error and null typed columns, so only its data can give its bytes back
+    payloads = [
+        {"n": 2**64 - 1, "name": "x"},
+        {"n": 1, "name": ""},
+        {"n": 2**63, "name": "y"},
+    ]
+    entries = [_raw(i, p, "Counter") for i, p in enumerate(payloads)]
+
+    data, info = encode_segment(
+        "t",
+        0,
+        entries[0][0],
+        entries[-1][0],
+        entries,
+        typed=TypedPayloads({"Counter": Counter}),
+        rebuild_data=True,
+    )
+
+    stored = pq.read_table(io.BytesIO(data)).column("data").to_pylist()
+    assert [d is None for d in stored] == [False, True, False] and info.data_rebuilt == 1
+    table, _ = decode_segment(data, "k")
+    assert table.column("data").to_pylist() == [f[F_DATA] for _, f in entries]
