@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import math
+import random
 from typing import Any
 
 import obstore
@@ -17,6 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+import eventbus.tier.replay as replay_module
+import eventbus.tier.replay_columns as replay_columns_module
 from eventbus.errors import DecodeError
 from eventbus.protocol.codec import Envelope, encode_entry, new_event_id
 from eventbus.protocol.ids import EntryId
@@ -245,3 +248,162 @@ def test_a_typed_segment_whose_event_id_is_no_uuid_is_corrupt() -> None:
     obstore.put(store, key, sink.getvalue())
     with pytest.raises(CorruptSegment, match="event_id"):
         list(iter_events(store, "t", [Plain]))
+
+
+# -- differential: the column path against validation of every payload, type-exactly ----------
+class _A(BaseModel):
+    a: int
+    s: str | None
+
+
+class _B(BaseModel):  # a default: never built from columns
+    a: int
+    s: str | None = None
+
+
+class _C(BaseModel):
+    a: int
+    f: float
+
+
+class _AFewer(BaseModel):  # _A as a later release of the same module:QualName has it
+    s: str | None
+
+
+class _AMore(BaseModel):
+    a: int
+    s: str | None
+    f: float | None
+
+
+for _changed in (_AFewer, _AMore):  # the same module:QualName in a segment's typed_models
+    _changed.__qualname__ = _A.__qualname__
+
+
+def _mixed_rows(n: int, seed: int, bad_at: int | None = None) -> list[tuple[str, dict[str, Any]]]:
+    rnd = random.Random(seed)
+    out: list[tuple[str, dict[str, Any]]] = []
+    for i in range(n):
+        kind = rnd.choice("ABCX")
+        if kind == "A":
+            p: dict[str, Any] = rnd.choice(
+                [
+                    {"a": i, "s": "x"},
+                    {"a": i, "s": None},
+                    {"a": str(i), "s": "lax"},
+                    {"s": "y", "a": i},
+                ]
+            )
+        elif kind == "B":
+            p = {"a": i}
+        elif kind == "C":
+            p = rnd.choice([{"a": i, "f": 0.5}, {"a": i, "f": 1}, {"a": i, "f": math.inf}])
+        else:
+            p = {"zz": 1}
+        out.append(("A", {"a": "bad", "s": None}) if i == bad_at else (kind, p))
+    return out
+
+
+def _segments(specs: list[tuple[int, int, list[tuple[str, Any]], Any, bool]]) -> Any:
+    """A store of topic "t": (shard, first ms, rows (type, payload), models or None, rebuild)."""
+    store = open_store("memory://")
+    for shard, first, rows, models, rebuild_data in specs:
+        ids = [EntryId(first + i, 0) for i in range(len(rows))]
+        entries = [
+            (
+                i,
+                encode_entry(
+                    Envelope(
+                        f"r{k % 3}",
+                        et,
+                        new_event_id(),
+                        first + k,
+                        {"k": "v"} if k % 4 == 0 else {},
+                        p,
+                    )
+                ),
+            )
+            for k, (i, (et, p)) in enumerate(zip(ids, rows, strict=True))
+        ]
+        typed = {"typed": TypedPayloads(models), "rebuild_data": rebuild_data} if models else {}
+        data, _ = encode_segment("t", shard, ids[0], ids[-1], entries, **typed)
+        obstore.put(store, segment_key("t", shard, ids[0], ids[-1]), data)
+    return store
+
+
+def _exact(v: Any) -> Any:
+    if isinstance(v, float):
+        return ("float", "nan" if math.isnan(v) else v, math.copysign(1, v))
+    return (type(v).__name__, v)
+
+
+def _replayed(store: Any, models: dict[str, type[BaseModel]]) -> tuple[list[Any], str | None]:
+    out, error = [], None
+    try:
+        for r in iter_events(store, "t", models):
+            ev = r.event
+            out.append(
+                (
+                    type(ev),
+                    [(k, _exact(v)) for k, v in ev.__dict__.items()],
+                    ev.model_fields_set,
+                    ev.__pydantic_extra__,
+                    repr(r.envelope),
+                    r.entry,
+                )
+            )
+    except DecodeError as exc:
+        error = str(exc)
+    return out, error
+
+
+class _NoColumns(ColumnReplay):
+    def __init__(self, models: Any) -> None:
+        super().__init__(models)
+        self.fields = {}
+
+
+@pytest.mark.parametrize("rebuild_data", [False, True])
+@pytest.mark.parametrize(
+    "case", ["shards-overlap-types", "invalid-mid-batch", "model-fewer-fields", "model-more-fields"]
+)
+def test_the_column_path_replays_what_validating_every_payload_replays(
+    monkeypatch: pytest.MonkeyPatch, case: str, rebuild_data: bool
+) -> None:
+    models: dict[str, type[BaseModel]] = {"A": _A, "B": _B, "C": _C}
+    rb = rebuild_data
+    if case == "shards-overlap-types":
+        specs = [
+            (0, MS, _mixed_rows(120, 1), models, rb),
+            (0, MS + 100, _mixed_rows(40, 2), models, rb),  # overlaps the one before
+            (1, MS + 5, _mixed_rows(120, 3), models, rb),
+            (2, MS + 7, _mixed_rows(60, 4), None, rb),  # untyped
+        ]
+    elif case == "invalid-mid-batch":
+        specs = [
+            (0, MS, _mixed_rows(120, 5, bad_at=61), models, rb),
+            (1, MS + 3, _mixed_rows(90, 6), models, rb),
+        ]
+    else:  # written with _A, replayed with a model of the same module:QualName that changed
+        specs = [(0, MS, [("A", {"a": i, "s": str(i)}) for i in range(50)], {"A": _A}, rb)]
+        changed = _AFewer if case == "model-fewer-fields" else _AMore
+        models = {"A": changed}
+    store = _segments(specs)
+    monkeypatch.setattr(replay_module, "BATCH_ROWS", 64)  # batches; an overlap sliced mid-batch
+    built: list[int] = []
+    kinds = replay_columns_module._kinds
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        got = kinds(*args, **kwargs)
+        built.append(sum(k is not None for k in got))
+        return got
+
+    monkeypatch.setattr(replay_columns_module, "_kinds", counted)
+    got = _replayed(store, models)
+    monkeypatch.setattr(replay_module, "ColumnReplay", _NoColumns)
+    want = _replayed(store, models)
+
+    assert got == want
+    # a required field the payloads lack fails validation (DecodeError) on both paths
+    assert (want[1] is not None) == (case in ("invalid-mid-batch", "model-more-fields"))
+    assert (sum(built) > 0) == case.startswith(("shards", "invalid"))  # the column path ran
