@@ -78,6 +78,8 @@ def batch_bounds(plan: Any) -> tuple[str, str] | None:
     DataFrame ``foreachBatch`` gets), None for a batch without entries. Read from its planned
     partition in the JVM (`_planned`), else from its row (a Spark job)."""
     try:
+        if type(plan).__module__.startswith("pyspark.sql.connect"):
+            raise _OtherPlan  # no JVM in this process: the row is the route, said by no one
         return _planned(plan)
     except _OtherPlan:
         pass
@@ -94,7 +96,8 @@ def batch_bounds(plan: Any) -> tuple[str, str] | None:
 
 
 class _OtherPlan(Exception):
-    """The micro-batch's RDD is not a planned `PlanPart`'s: its row is read instead."""
+    """The micro-batch's RDD is not a planned `PlanPart`'s (or is out of this process: Spark
+    Connect): its row is read instead."""
 
 
 def _planned(plan: Any) -> tuple[str, str] | None:
