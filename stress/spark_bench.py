@@ -44,9 +44,12 @@ DataFrame (planning the cut, listing, analysis) and the job, and rows are counte
 * ``bounded_native``: the typed aggregate of a bounded read (per shard after the entry at a
   quarter, up to the one at three quarters), natively; rate over the rows read;
 * ``stream_available_now`` / ``stream_available_now_100k``: a typed ``Trigger.AvailableNow``
-  stream of the archive (`eventbus.spark.read_stream`: micro-batches read natively) into the
-  ``noop`` sink (no limit; ``maxOffsetsPerTrigger=100000``); ``stream_python_available_now``:
-  the first through ``readStream.format("eventbus")`` (the Python source's micro-batches);
+  stream of the archive (`eventbus.spark.read_stream`: micro-batches read natively; no limit;
+  ``maxOffsetsPerTrigger=100000``), each micro-batch through ``foreachBatch`` running
+  ``typed_native``'s aggregate (``--stream-sink agg``, the default since session 7: the ratio
+  compares one query, streamed and not) or writing every column to Spark's ``noop`` sink
+  (``--stream-sink noop``, the sink before); ``stream_python_available_now``: the first
+  through ``readStream.format("eventbus")`` (the Python source's micro-batches), same sink;
   a stream that sees other than every archived row gets ``error`` (what it saw) and no rate;
 * ``native_after_evolution``: after a tenth more flights were archived with a model version
   that adds a field, the typed aggregate of the whole topic read natively with that version;
@@ -311,52 +314,65 @@ def _id(text: str) -> tuple[int, int]:
     return int(ms), int(seq)
 
 
-def python_stream_run(spark: Any, opts: dict[str, Any], limit: int | None) -> Callable[[], int]:
+def _sink(how: str, seen: list[int]) -> Callable[[Any, int], None]:
+    """A ``foreachBatch`` function counting each micro-batch's rows into `seen`: ``agg`` runs
+    ``typed_native``'s query on it (``count(*)``, ``sum(dep_delay)``: the stream's rate against
+    the batch read's of the same query), ``noop`` writes every column to Spark's ``noop`` sink
+    (an ``Observation`` counts the rows)."""
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+
+    def save(df: Any, batch_id: int) -> None:
+        if how == "agg":
+            seen.append(int(df.agg(F.count("*"), F.sum("dep_delay")).first()[0]))
+            return
+        counted = Observation()
+        df.observe(counted, F.count(F.lit(1)).alias("n")).write.format("noop").mode("append").save()
+        seen.append(counted.get["n"])
+
+    return save
+
+
+def python_stream_run(
+    spark: Any, opts: dict[str, Any], limit: int | None, how: str = "agg"
+) -> Callable[[], int]:
     """A ``Trigger.AvailableNow`` stream of the archive (typed, the Python source's
-    micro-batches) into Spark's ``noop`` sink, each run from a new checkpoint: rows read."""
+    micro-batches: ``readStream.format("eventbus")``), each micro-batch given to `_sink`'s
+    function (`how`), each run from a new checkpoint: rows read."""
 
     def run() -> int:
+        seen: list[int] = []
         reader = spark.readStream.format("eventbus").options(**opts)
         if limit:
             reader = reader.option("maxOffsetsPerTrigger", str(limit))
         with tempfile.TemporaryDirectory(prefix="spark-bench-ckpt-") as ckpt:
             q = (
                 reader.load()
-                .writeStream.format("noop")
+                .writeStream.foreachBatch(_sink(how, seen))
                 .option("checkpointLocation", ckpt)
                 .trigger(availableNow=True)
                 .start()
             )
             q.awaitTermination()
-            return sum(p["numInputRows"] for p in q.recentProgress)
+        return sum(seen)
 
     return run
 
 
-def stream_run(spark: Any, opts: dict[str, Any], limit: int | None) -> Callable[[], int]:
+def stream_run(
+    spark: Any, opts: dict[str, Any], limit: int | None, how: str = "agg"
+) -> Callable[[], int]:
     """A typed ``Trigger.AvailableNow`` stream of the archive with `eventbus.spark.read_stream`
-    (micro-batches planned by the eventbus stream, read natively), each micro-batch written to
-    Spark's ``noop`` sink, each run from a new checkpoint: rows written (an ``Observation``
-    per micro-batch)."""
-    from pyspark.sql import Observation
-    from pyspark.sql import functions as F
-
+    (micro-batches planned by the eventbus stream, read natively), each micro-batch given to
+    `_sink`'s function (`how`), each run from a new checkpoint: rows seen."""
     from eventbus.spark import read_stream
 
     def run() -> int:
         seen: list[int] = []
-
-        def save(df: Any, batch_id: int) -> None:
-            counted = Observation()
-            df.observe(counted, F.count(F.lit(1)).alias("n")).write.format("noop").mode(
-                "append"
-            ).save()
-            seen.append(counted.get["n"])
-
         options = {**opts, **({"maxOffsetsPerTrigger": limit} if limit else {})}
         with tempfile.TemporaryDirectory(prefix="spark-bench-ckpt-") as ckpt:
             q = (
-                read_stream(spark, save, options)
+                read_stream(spark, _sink(how, seen), options)
                 .option("checkpointLocation", ckpt)
                 .trigger(availableNow=True)
                 .start()
@@ -471,6 +487,13 @@ def main() -> None:
     parser.add_argument("--out", "--json", type=Path, help="write the JSON result here too")
     parser.add_argument("--runs", type=int, default=3, help="timed runs per read (median kept)")
     parser.add_argument(
+        "--stream-sink",
+        choices=("agg", "noop"),
+        default="agg",
+        help="what each stream micro-batch does: typed_native's aggregate (default), or a noop "
+        "write of every column (the sink of sessions before 7)",
+    )
+    parser.add_argument(
         "--only",
         default=",".join(SECTIONS),
         help="comma-separated sections to run (typed_native always runs, the reference of the "
@@ -500,6 +523,7 @@ def main() -> None:
             "timed": "building the DataFrame (planning, listing, analysis) and the job, every "
             "read path alike; writer: its first run apart, then runs alternated with an empty sink",
             "spark_conf": SPARK_CONF,
+            "stream_sink": args.stream_sink,
         },
     }
     with redis_url() as url, tempfile.TemporaryDirectory(prefix="spark-bench-") as store:
@@ -608,7 +632,7 @@ def main() -> None:
         )
         for name, limit, how in streams if "stream" in only else ():
             try:
-                result[name] = measure(how(spark, opts, limit), n, runs)
+                result[name] = measure(how(spark, opts, limit, args.stream_sink), n, runs)
             except SystemExit as exc:  # rows lost: said in the result, the other reads still run
                 result[name] = {"error": str(exc), "events_per_s": None}
                 result[name]["max_offsets_per_trigger"] = limit

@@ -23,20 +23,33 @@ def bounds_filter(bounded: Sequence[tuple[SegmentRef, SegmentsPart]]) -> str | N
     It starts with the range of ``entry_ms`` any kept row has (`_time_range`): two plain
     comparisons, which Spark pushes to its Parquet reader (row groups, and pages where the file
     has a page index, outside them are skipped) and which drop most rows outside the bounds
-    before the per-shard comparisons."""
+    before the per-shard comparisons; Spark evaluates them first, and the rest only for rows
+    they keep.
+
+    Where every bound and kept row has ``entry_ms`` below 2**43 (the year 2248) and every bound
+    an ``entry_seq`` below 2**20 - 1 (entries Redis added in one ms), an entry ID compares as
+    one ``bigint`` (`_KEY`: ``entry_ms`` shifted by 20 bits plus ``entry_seq`` clamped to
+    2**20 - 1, exact for such bounds): two array lookups a row instead of up to four and six
+    comparisons, and a shorter text for Spark to parse (`stress/spark_bench.py`'s
+    ``bounded_native``, docs/spark.md). Other bounds compare (``entry_ms``, ``entry_seq``)."""
     by_topic: dict[str, dict[int, tuple[EntryId, EntryId]]] = {}
     for ref, part in bounded:
         if ref.first < part.lo or ref.last > part.hi:
             by_topic.setdefault(ref.topic, {})[ref.shard] = (part.lo, part.hi)
     if not by_topic:
         return None
-    conds = {topic: _shard_bounds(bounds) for topic, bounds in by_topic.items()}
+    lo, hi = _time_range(bounded)
+    pack = hi < _MS_LIMIT and all(
+        _packs(first) and (_packs(last) or last >= _NO_END)
+        for bounds in by_topic.values()
+        for first, last in bounds.values()
+    )
+    conds = {topic: _shard_bounds(bounds, pack) for topic, bounds in by_topic.items()}
     if len({ref.topic for ref, _ in bounded}) == 1:
         fine = next(iter(conds.values()))
     else:
         whens = " ".join(f"WHEN {literal(t)} THEN {c}" for t, c in sorted(conds.items()))
         fine = f"(CASE topic {whens} ELSE true END)"
-    lo, hi = _time_range(bounded)
     return f"entry_ms >= {lo}L AND entry_ms <= {hi}L AND {fine}"
 
 
@@ -48,15 +61,37 @@ def _time_range(bounded: Sequence[tuple[SegmentRef, SegmentsPart]]) -> tuple[int
     return lo, min(hi, INT64_MAX)
 
 
-def _shard_bounds(bounds: Mapping[int, tuple[EntryId, EntryId]]) -> str:
+# an entry ID as one bigint: exact for bounds with ``entry_seq`` below `_SEQ_CAP` and rows and
+# bounds with ``entry_ms`` below `_MS_LIMIT` (a row's seq at or above the cap sorts after any
+# such bound of its ms, as it should; no overflow: Spark's ANSI mode would fail the job)
+_SEQ_BITS = 20
+_SEQ_CAP = (1 << _SEQ_BITS) - 1
+_MS_LIMIT = 1 << (63 - _SEQ_BITS)
+_NO_END = EntryId(INT64_MAX, INT64_MAX)  # a bound at or after it: no end (the columns' most)
+_KEY = f"(entry_ms * {1 << _SEQ_BITS}L + least(entry_seq, {_SEQ_CAP}L))"
+
+
+def _packs(bound: EntryId) -> bool:
+    return bound.seq < _SEQ_CAP and bound.ms < _MS_LIMIT
+
+
+def _shard_bounds(bounds: Mapping[int, tuple[EntryId, EntryId]], pack: bool = False) -> str:
     """The condition of one topic's rows: in a shard of `bounds` (shard -> first and last entry
-    ID wanted, inclusive), within them; in any other shard, kept. Per shard, the four bound
-    parts are elements of ``array`` literals (`get` of the ``shard`` column); IDs beyond int64
+    ID wanted, inclusive), within them; in any other shard, kept. Per shard, the bound parts
+    are elements of ``array`` literals (`get` of the ``shard`` column): with `pack`, the two
+    bounds as `_KEY` values (see `bounds_filter`), else their four parts; IDs beyond int64
     (`MAX_ID`, an ``EntryId.prev``) are clamped: the columns never exceed it."""
     top = max(bounds) + 1
-    free = (ZERO, EntryId(INT64_MAX, INT64_MAX))  # a shard not bounded: every row kept
+    free = (ZERO, _NO_END)  # a shard not bounded: every row kept
     lows = [bounds.get(s, free)[0] for s in range(top)]
     highs = [bounds.get(s, free)[1] for s in range(top)]
+    if pack:
+        keys = _array((lo.ms << _SEQ_BITS) + lo.seq for lo in lows)
+        tops = _array((hi.ms << _SEQ_BITS) + hi.seq if hi < _NO_END else INT64_MAX for hi in highs)
+        return (
+            f"(shard < 0 OR shard >= {top} OR "
+            f"{_KEY} BETWEEN get({keys}, shard) AND get({tops}, shard))"
+        )
     inside = []
     if any(lo > ZERO for lo in lows):
         ms, seq = _array(lo.ms for lo in lows), _array(lo.seq for lo in lows)

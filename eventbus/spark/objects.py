@@ -14,7 +14,6 @@ import obstore
 from obstore.exceptions import BaseError
 
 from eventbus.tier.errors import StoreError
-from eventbus.tier.gaps import gap_records
 from eventbus.tier.layout import SegmentRef
 from eventbus.tier.store import (
     Store,
@@ -58,6 +57,11 @@ class Objects:
     def gaps(self, topic: str, shard: int) -> list[dict[str, Any]]:
         """The shard's gap records (`eventbus.tier.gaps.parse_gap` dicts, with their ``key``),
         in key order. Raises `CorruptGapRecord` naming a damaged one, `StoreError`."""
+        # here, not at the top: the tier's gap records import pydantic's models and the tier's
+        # metrics (about a second at load 7), which the stream's planner process and the Python
+        # workers that unpickle the source paid at start, read or not
+        from eventbus.tier.gaps import gap_records
+
         return gap_records(self.store, topic, shard, get=self.get)
 
 

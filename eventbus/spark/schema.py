@@ -24,6 +24,7 @@ With a model, one column per model field follows (`model_fields`), then always `
 
 from __future__ import annotations
 
+import functools
 import typing
 from collections.abc import Mapping
 from typing import Any
@@ -43,7 +44,6 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from eventbus.tier.gaps import Gap
 from eventbus.tier.typed import arrow_type, typed_struct
 
 CORRUPT = "_corrupt"
@@ -73,15 +73,21 @@ def spark_type(annotation: Any) -> DataType:
     return from_arrow_type(arrow_type(annotation))
 
 
-GAPS = StructType(
-    [  # shard is an int, as in the entries' columns; the rest typed as the record's fields
-        StructField(name, IntegerType() if name == "shard" else spark_type(kind))
-        for name, kind in typing.get_type_hints(Gap).items()
-    ]
-    + [StructField("key", StringType())]  # the record's object key (`Gap.key`)
-)
-"""The side table of gap records (``option("table", "gaps")``): the fields of
-`eventbus.tier.gaps.Gap`, then ``key``."""
+@functools.cache
+def gaps_schema() -> StructType:
+    """The side table of gap records (``option("table", "gaps")``): the fields of
+    `eventbus.tier.gaps.Gap`, then ``key``. Built on first use: the tier's gap records import
+    pydantic models and the tier's metrics, which a process that reads no gap table (the
+    stream's planner, a Python worker) need not pay for."""
+    from eventbus.tier.gaps import Gap
+
+    return StructType(
+        [  # shard is an int, as in the entries' columns; the rest typed as the record's fields
+            StructField(name, IntegerType() if name == "shard" else spark_type(kind))
+            for name, kind in typing.get_type_hints(Gap).items()
+        ]
+        + [StructField("key", StringType())]  # the record's object key (`Gap.key`)
+    )
 
 
 def typed_fields(models: Mapping[str | None, type[BaseModel]]) -> list[StructField]:

@@ -37,7 +37,7 @@ from eventbus.spark.planning import (
     surface,
 )
 from eventbus.spark.pruning import Pruning
-from eventbus.spark.schema import CORRUPT, GAPS, arrow_schema, read_schema
+from eventbus.spark.schema import CORRUPT, arrow_schema, gaps_schema, read_schema
 from eventbus.tier.errors import CorruptSegment
 
 log = logging.getLogger("eventbus.spark")
@@ -56,7 +56,7 @@ class EventbusSource(DataSource):
     def schema(self) -> StructType:
         opts = self._opts()
         if opts.table == "gaps":
-            return GAPS
+            return gaps_schema()
         if opts.plan:
             from eventbus.spark.stream import PLAN
 
@@ -191,7 +191,7 @@ class GapsReader(DataSourceReader):
             for g in objects.gaps(topic, shard):
                 yield tuple(
                     g.get(name) if name != "shard" else int(g.get("shard", shard))
-                    for name in GAPS.fieldNames()
+                    for name in gaps_schema().fieldNames()
                 )
 
 

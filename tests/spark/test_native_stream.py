@@ -103,3 +103,46 @@ def test_a_batch_read_refuses_the_streams_internal_plan_option(
     with pytest.raises(Exception, match=r"ConfigError: option _plan is internal") as caught:
         df.collect()
     assert "read_stream" in str(caught.value)
+
+
+def test_each_micro_batchs_bounds_come_from_its_planned_partition_without_a_job(
+    spark: Any, redis_db: str, tmp_path: Path, topic: str
+) -> None:
+    """`batch_bounds` takes a micro-batch's offsets from the `PlanPart` Spark planned for it
+    (no Spark job reading the plan row in a Python worker): the same offsets as the row, batch
+    after batch, and no job runs for them."""
+    from eventbus.spark.native_stream import _planned, batch_bounds
+
+    store = str(tmp_path / "archive")
+    publish(redis_db, topic, ticks(90), shards=2)
+    offload(redis_db, store, topic, shards=2, typed_models={topic: MODEL})
+    plans = (
+        spark.readStream.format("eventbus")
+        .options(store=store, topic=topic, maxOffsetsPerTrigger="40", _plan="true")
+        .load()
+    )
+    seen: list[tuple[Any, Any, Any, int, int]] = []
+    tracker = spark.sparkContext.statusTracker()
+
+    def each(plan: Any, batch_id: int) -> None:
+        spark.sparkContext.setJobGroup(f"bounds-{batch_id}", "batch_bounds")
+        fast, planned = batch_bounds(plan), _planned(plan)
+        jobs = len(tracker.getJobIdsForGroup(f"bounds-{batch_id}"))
+        rows = [tuple(r) for r in plan.collect()]
+        counted = len(tracker.getJobIdsForGroup(f"bounds-{batch_id}"))  # the group sees jobs
+        seen.append((fast, planned, rows, jobs, counted))
+
+    q = (
+        plans.writeStream.foreachBatch(each)
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    try:
+        assert q.awaitTermination(300)
+    finally:
+        q.stop()
+    assert len(seen) >= 3
+    for fast, planned, rows, jobs, counted in seen:
+        assert rows and fast == planned == rows[0]
+        assert jobs == 0 and counted >= 1

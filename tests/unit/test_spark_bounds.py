@@ -24,11 +24,21 @@ def straddling(topic: str, shards: int) -> list[tuple[SegmentRef, SegmentsPart]]
 def test_the_filter_compares_entry_ids_a_fixed_number_of_times_however_many_shards() -> None:
     """A comparison per shard made the filter of 16 shards cost the JVM more than the read
     itself (``bounded_native`` at 0.09 x the whole read's rate): the bounds are array literals
-    indexed by ``shard``, four ID comparisons for 4 shards as for 256 (and the time range)."""
+    indexed by ``shard``, one packed key for 4 shards as for 256 (and the time range)."""
     few, many = bounds_filter(straddling("t", 4)), bounds_filter(straddling("t", 256))
     assert few is not None and many is not None
-    assert few.count("entry_ms") == many.count("entry_ms") == 6
-    assert "1455L" in many and "1545L" in many  # shard 255's bounds are there
+    assert few.count("entry_ms") == many.count("entry_ms") == 3
+    assert f"{(1455 << 20) + 1}L" in many and f"{(1545 << 20) + 2}L" in many  # shard 255's
+
+
+def test_bounds_with_a_large_sequence_number_compare_ms_and_seq_apart() -> None:
+    """A bound whose ``entry_seq`` reaches 2**20 - 1 does not fit the packed key: the four
+    parts are compared, still a fixed number of times."""
+    bounded = straddling("t", 4)
+    ref, part = bounded[0]
+    bounded[0] = (ref, SegmentsPart((ref,), EntryId(1200, (1 << 20) - 1), part.hi))
+    got = bounds_filter(bounded)
+    assert got is not None and got.count("entry_ms") == 6 and "entry_seq >=" in got
 
 
 def test_segments_inside_their_bounds_need_no_filter_and_topics_get_their_own() -> None:
@@ -39,7 +49,7 @@ def test_segments_inside_their_bounds_need_no_filter_and_topics_get_their_own() 
     both = bounds_filter([*straddling("a", 2), *inside])
     assert both is not None
     assert " AND (CASE topic WHEN 'a' THEN" in both and "'t'" not in both
-    assert both.count("entry_ms") == 6
+    assert both.count("entry_ms") == 3
 
 
 def test_the_filter_starts_with_the_time_range_of_the_rows_kept() -> None:
