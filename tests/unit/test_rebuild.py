@@ -94,7 +94,9 @@ _orders = st.builds(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(
     orders=st.lists(_orders, min_size=1, max_size=20),
     headers=st.none() | st.dictionaries(_text, _text, max_size=3),
@@ -238,7 +240,9 @@ _flats = st.builds(
 )
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=80, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(flats=st.lists(_flats, min_size=1, max_size=30), headers=st.booleans())
 def test_scalar_payloads_of_every_msgpack_form_are_rebuilt_byte_for_byte(
     flats: list[Flat], headers: bool

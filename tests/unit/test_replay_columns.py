@@ -14,7 +14,7 @@ import obstore
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -105,7 +105,7 @@ def _replays_as_validation(
     assert len(got) == len(want)
     for ev, w in zip(got, want, strict=True):
         assert _same(ev.event, w), (ev.event, w)
-        assert ev.envelope == ev.entry.envelope()
+        assert repr(ev.envelope) == repr(ev.entry.envelope())  # (NaN: == is False)
     batches = ColumnReplay({etype: model}).open_batches(
         bytes(obstore.get(store, key).bytes()), _ref(key), ReplayFilter(), 1000
     )[1]
@@ -151,7 +151,9 @@ def _flight(draw: Any) -> dict[str, Any]:
 _flights = st.composite(lambda draw: _flight(draw))()
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(payloads=st.lists(_flights, min_size=1, max_size=12), rebuild_data=st.booleans())
 def test_flights_replayed_from_typed_columns_equal_validation(
     payloads: list[dict[str, Any]], rebuild_data: bool
@@ -170,8 +172,11 @@ _orders = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(payloads=st.lists(_orders, min_size=1, max_size=12), rebuild_data=st.booleans())
+@example(payloads=[{"order": 0, "total": math.nan, "items": [], "note": None}], rebuild_data=False)
 def test_nested_models_replay_as_validation(payloads: list[Any], rebuild_data: bool) -> None:
     assert _replays_as_validation(payloads, Order, "Order", rebuild_data) == 0  # not built
 
