@@ -83,6 +83,19 @@ def check_schema(schema: pa.Schema, info: SegmentInfo, key: str) -> None:
         raise CorruptSegment(key, f"unexpected schema {schema}")
 
 
+def _check_expected(
+    info: SegmentInfo, key: str, expect: tuple[str, int, EntryId, EntryId] | None
+) -> None:
+    """Raise `CorruptSegment` when the metadata's topic, shard and range are not `expect`
+    (what the object key names)."""
+    if expect is not None and (info.topic, info.shard, info.first, info.last) != expect:
+        raise CorruptSegment(
+            key,
+            f"metadata says {info.topic}/{info.shard} {info.first}..{info.last}, "
+            f"the key says {expect[0]}/{expect[1]} {expect[2]}..{expect[3]}",
+        )
+
+
 def decode_segment(
     data: bytes,
     key: str,
@@ -128,12 +141,7 @@ def decode_segment(
         raise
     except Exception as exc:  # pyarrow raises ArrowInvalid, OSError, ... on damaged files
         raise CorruptSegment(key, f"{type(exc).__name__}: {exc}") from None
-    if expect is not None and (info.topic, info.shard, info.first, info.last) != expect:
-        raise CorruptSegment(
-            key,
-            f"metadata says {info.topic}/{info.shard} {info.first}..{info.last}, "
-            f"the key says {expect[0]}/{expect[1]} {expect[2]}..{expect[3]}",
-        )
+    _check_expected(info, key, expect)
     if table.num_rows != info.entries:
         raise CorruptSegment(key, f"{table.num_rows} rows, metadata says {info.entries}")
     for name in table.column_names:
@@ -174,12 +182,7 @@ def decode_segment_batches(
         raise
     except Exception as exc:  # pyarrow raises ArrowInvalid, OSError, ... on damaged files
         raise CorruptSegment(key, f"{type(exc).__name__}: {exc}") from None
-    if expect is not None and (info.topic, info.shard, info.first, info.last) != expect:
-        raise CorruptSegment(
-            key,
-            f"metadata says {info.topic}/{info.shard} {info.first}..{info.last}, "
-            f"the key says {expect[0]}/{expect[1]} {expect[2]}..{expect[3]}",
-        )
+    _check_expected(info, key, expect)
     if rows != info.entries:
         raise CorruptSegment(key, f"{rows} rows, metadata says {info.entries}")
     more = [] if extra is None else [c for c in extra(info, schema) if c not in COLUMNS]
