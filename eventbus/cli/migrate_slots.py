@@ -98,10 +98,22 @@ async def _groups(redis: Any, keys: Keys, topic: str) -> set[str]:
     return found
 
 
+async def _server_ms(redis: Any, key: str) -> int:
+    """The time (Unix ms) of the server holding `key`: liveness deadlines are in its clock."""
+    if hasattr(redis, "get_node_from_key"):  # a Cluster: ask that key's primary
+        secs, micros = await redis.execute_command(
+            "TIME", target_nodes=redis.get_node_from_key(key)
+        )
+    else:
+        secs, micros = await redis.time()
+    return int(secs) * 1000 + int(micros) // 1000
+
+
 async def _live(
-    redis: Any, keys: Keys, topic: str, groups: set[str], now_ms: int
+    redis: Any, keys: Keys, topic: str, groups: set[str]
 ) -> dict[tuple[str, str], list[str]]:
     """The live members (but `MOVED`) of `groups` in `keys`' layout, by (layout, group)."""
+    now_ms = await _server_ms(redis, keys.members(topic, "_"))  # (one slot per layout and topic)
     live: dict[tuple[str, str], list[str]] = {}
     for g in sorted(groups):
         ids = await redis.zrangebyscore(keys.members(topic, g), f"({now_ms}", "+inf")
@@ -145,10 +157,8 @@ async def plan(redis: Any, keys: Keys, topic: str, shards: int, to: Coordination
     source = _layout_keys(keys, "shared" if to == "topic" else "topic")
     groups = await _groups(redis, source, topic) | await _groups(redis, target, topic)
     groups.add(OFFLOADER_GROUP)
-    secs, micros = await redis.time()
-    now_ms = int(secs) * 1000 + int(micros) // 1000
-    live = await _live(redis, source, topic, groups, now_ms)
-    live |= await _live(redis, target, topic, groups, now_ms)
+    live = await _live(redis, source, topic, groups)
+    live |= await _live(redis, target, topic, groups)
     moves = {}
     for g in sorted(groups):
         src_locks = _str_map(await redis.hgetall(source.locks(topic, g)))
@@ -188,8 +198,7 @@ async def move(redis: Any, p: Plan) -> None:
         await redis.hdel(dst.checkpoints(topic), *fields)
         mapping = {k: v for moved in p.checkpoints.values() for k, v in moved.items()}
         await redis.hset(dst.checkpoints(topic), mapping=mapping)
-    secs, micros = await redis.time()
-    late = await _live(redis, src, topic, set(p.groups), int(secs) * 1000 + int(micros) // 1000)
+    late = await _live(redis, src, topic, set(p.groups))
     if late:
         raise LiveMembers(topic, late)
     for g in p.groups:
