@@ -335,6 +335,22 @@ async def test_per_topic_coordination_slots_spread_over_the_nodes_and_keep_order
         nodes = {client.get_node_from_key(keys.locks(t, GROUP)).name for t in rec}
         assert len(nodes) == 2
         assert await client.exists(keys.locks(first, GROUP)) == 1  # the keys really live there
+
+        # `eventbus stats` shows which primary holds each topic's tag, and the registry's
+        import io
+
+        from rich.console import Console
+
+        from eventbus.cli.placement import placement_table
+
+        console = Console(width=200, record=True, file=io.StringIO())
+        console.print(await placement_table(client, keys, {first: SHARDS, second: SHARDS}))
+        text = console.export_text()
+        rows = text.splitlines()
+        for topic in rec:
+            node = client.get_node_from_key(keys.locks(topic, GROUP)).name
+            assert any(node in row and f"{{eventbus:{topic}}}" in row for row in rows), rows
+        assert "{eventbus}" in text
     finally:
         await client.aclose()
 
