@@ -128,8 +128,13 @@ def _str_map(raw: dict[Any, bytes]) -> dict[str, bytes]:
 
 
 def _checkpoint_rank(fields: dict[str, bytes], shard: int) -> tuple[int, int]:
+    """Shard `shard`'s checkpoint in `fields` as (ms, seq), (0, 0) for none; `ConfigError`
+    naming the value when it is no entry ID."""
     cp = fields.get(str(shard))
-    return tuple(parse_id(cp)) if cp is not None else (0, 0)  # type: ignore[return-value]
+    if cp is None:
+        return (0, 0)
+    entry = parse_id(cp)
+    return (entry.ms, entry.seq)
 
 
 async def _checkpoints(
