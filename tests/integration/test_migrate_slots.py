@@ -57,7 +57,7 @@ async def _publish(settings: Settings, first: int, count: int) -> None:
                 await pub.publish(TOPIC, Tick(resource=rid, seq=seq), resource_id=rid)
 
 
-async def test_the_move_refuses_while_a_member_of_the_old_layout_is_live(
+async def test_the_move_refuses_while_a_member_of_either_layout_is_live(
     settings: Callable[..., Settings], redis_db: str, r: Any
 ) -> None:
     old = settings(shards=SHARDS, idle_release_ms=60_000)
@@ -76,6 +76,18 @@ async def test_the_move_refuses_while_a_member_of_the_old_layout_is_live(
     # nothing was written to either layout
     assert await r.exists(PER_TOPIC.locks(TOPIC, GROUP), PER_TOPIC.members(TOPIC, GROUP)) == 0
     assert MOVED.encode() not in await r.zrange(SHARED.members(TOPIC, GROUP), 0, -1)
+
+    # a live member of the target layout (started before the move) is refused too
+    early = LockClient(Member(r, PER_TOPIC, old, TOPIC, "early", "early-1"), shards=SHARDS)
+    await early.acquire(range(SHARDS))
+    with pytest.raises(LiveMembers, match="topic layout, group early: early-1"):
+        await move(r, await plan(r, SHARED, TOPIC, SHARDS, "topic"))
+    unknown = await anyio.to_thread.run_sync(
+        RUNNER.invoke,
+        app,
+        ["topic", "migrate-slots", "nope", "--to", "topic", "--redis-url", redis_db],
+    )
+    assert unknown.exit_code == 1 and "unknown topic 'nope'" in unknown.output
 
 
 async def test_a_moved_topic_continues_in_order_with_fencing_tokens_above_the_old_ones(
