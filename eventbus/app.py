@@ -76,7 +76,9 @@ class EventBus(Declarations, Lifecycle):
                 "and replay read eventbus's own entries; make the bus without archive="
             )
         self.archive = archive
-        self.keys = self.profile.keys(self.settings.key_prefix, self.settings.hashtag)
+        self.keys = self.profile.keys(
+            self.settings.key_prefix, self.settings.hashtag, self.settings.coordination_slots
+        )
         self._given_redis = redis
         self._session: Session | None = None
         self._sync: SyncBus | None = None

@@ -28,7 +28,7 @@ from eventbus.errors import ConfigError
 from eventbus.locking.locks import LockClient, ShardLocks
 from eventbus.locking.verse import VerseLockClient
 from eventbus.protocol.codec import F_DATA, F_RESOURCE, F_TYPE, Envelope, decode_entry, encode_entry
-from eventbus.protocol.keys import Keys
+from eventbus.protocol.keys import CoordinationSlots, Keys
 from eventbus.protocol.sharding import check_shards, shard_of
 from eventbus.protocol.verse.envelope import F_MSG, decode_verse, encode_verse
 from eventbus.protocol.verse.keys import VerseKeys, VerseStreamKeys
@@ -106,8 +106,8 @@ class NativeCodec(Codec):
 class WireProfile:
     """The four parts of a wire protocol (module docstring), and its name.
 
-    :param keys: ``keys(prefix, hashtag) -> Keys``: the key layout, whose ``stream`` names the
-        shard streams
+    :param keys: ``keys(prefix, hashtag, slots) -> Keys``: the key layout, whose ``stream``
+        names the shard streams (`slots`: the ``coordination_slots`` setting)
     :param shard_of: ``shard_of(resource_id, shards) -> shard`` (0 <= shard < shards)
     :param check_shards: returns a shard count the protocol supports, raises `ConfigError`
     :param codec: the entry format
@@ -118,7 +118,7 @@ class WireProfile:
     """
 
     name: str
-    keys: Callable[[str, str], Keys]
+    keys: Callable[[str, str, CoordinationSlots], Keys]
     shard_of: Callable[[str, int], int]
     check_shards: Callable[[int], int]
     codec: Codec

@@ -3,6 +3,7 @@ fast the shards move to a fair share when a consumer joins, leaves or dies.
 
     python stress/coordination.py [--consumers 200] [--shards 4096] [--groups 1]
         [--processes 2] [--lock-interval-ms 100] [--ttl-s 5] [--steady-s 10] [--json F]
+        [--coordination-slots shared|topic]
 
 On a private ``redis-server``, `--processes` worker processes run `--consumers` members of each of
 `--groups` groups of one topic as anyio tasks, with the library's own lock client
@@ -97,7 +98,7 @@ async def worker_main(url: str, settings: dict[str, Any], shards: int, conn: Con
 
     s = Settings(redis_url=url, **settings)
     client = redis.asyncio.Redis.from_url(url, max_connections=None)
-    keys = Keys()
+    keys = Keys.of(s)
     interval_s = s.lock_interval_ms / 1000
     stops: dict[tuple[str, str], anyio.Event] = {}
     async with client, anyio.create_task_group() as tg:
@@ -225,8 +226,12 @@ def command_calls(r: Any) -> dict[str, int]:
 
 
 def measure(args: argparse.Namespace, url: str) -> dict[str, Any]:
-    keys = Keys()
-    settings = {"liveness_ttl_s": args.ttl_s, "lock_interval_ms": args.lock_interval_ms}
+    keys = Keys(slots=args.coordination_slots)
+    settings = {
+        "liveness_ttl_s": args.ttl_s,
+        "lock_interval_ms": args.lock_interval_ms,
+        "coordination_slots": args.coordination_slots,
+    }
     groups = [f"g{g}" for g in range(args.groups)]
     r: Any = redis.Redis.from_url(url)
     fleet = Fleet(url, settings, args.shards, args.processes)
@@ -238,6 +243,7 @@ def measure(args: argparse.Namespace, url: str) -> dict[str, Any]:
         "shards": args.shards,
         "groups": args.groups,
         "processes": args.processes,
+        "coordination_slots": args.coordination_slots,
         "lock_interval_ms": args.lock_interval_ms,
         "ttl_s": args.ttl_s,
     }
@@ -305,6 +311,13 @@ def main() -> None:
     p.add_argument("--ttl-s", type=float, default=5.0, help="liveness TTL (seconds)")
     p.add_argument("--steady-s", type=float, default=10.0)
     p.add_argument("--json", default=None)
+    p.add_argument(
+        "--coordination-slots",
+        choices=["shared", "topic"],
+        default="shared",
+        help="the key layout (setting coordination_slots); one redis-server: same cost, other "
+        "key names (on a Cluster, 'topic' puts each topic's coordination on its slot's node)",
+    )
     a = p.parse_args()
     with RedisServer() as server:
         res = measure(a, server.url)

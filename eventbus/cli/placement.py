@@ -1,6 +1,7 @@
 """``eventbus stats`` on a Redis Cluster: which primary holds which shard streams, and which one
 holds the coordination hashtag (topic registry, locks, liveness: every lock round and heartbeat
-of the deployment goes there)."""
+of the deployment goes there), or, with ``coordination_slots="topic"``, which one holds each
+topic's own ``{<hashtag>:<topic>}`` (its lock rounds and heartbeats)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,11 @@ async def placement_table(redis: Any, keys: Keys, topics: dict[str, int]) -> Tab
         return None
     if not redis.nodes_manager.slots_cache:
         await redis.initialize()
-    coord = redis.get_node_from_key(keys.topics())
+    tags = {redis.get_node_from_key(keys.topics()).name: [f"{{{keys.hashtag}}}"]}
+    if keys.slots == "topic":
+        for topic in sorted(topics):
+            node = redis.get_node_from_key(keys.members(topic, "_")).name
+            tags.setdefault(node, []).append(keys.topic_hashtag(topic))
     rows: dict[str, dict[str, list[int]]] = {n.name: {} for n in redis.get_primaries()}
     for topic, count in sorted(topics.items()):
         for s in range(count):
@@ -26,7 +31,7 @@ async def placement_table(redis: Any, keys: Keys, topics: dict[str, int]) -> Tab
             rows.setdefault(node, {}).setdefault(topic, []).append(s)
     table = Table("node", "coordination", "topic", "shards", "shard streams", title="placement")
     for node in sorted(rows):
-        mark = f"{{{keys.hashtag}}}" if node == coord.name else ""
+        mark = " ".join(tags.get(node, []))
         by_topic = rows[node] or {"": []}
         for i, (topic, shards) in enumerate(sorted(by_topic.items())):
             table.add_row(

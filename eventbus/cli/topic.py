@@ -1,5 +1,6 @@
 """``eventbus topic``: per-topic settings stored in Redis. ``train-dict`` trains a zstd
-dictionary for a topic's entries (`eventbus.protocol.dictionaries`)."""
+dictionary for a topic's entries (`eventbus.protocol.dictionaries`); ``migrate-slots`` moves a
+stopped topic's coordination keys to the other layout (`eventbus.cli.migrate_slots`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import typer
 
 from eventbus.app import EventBus
 from eventbus.cli.connection import RedisUrl, open_bus, settings_from, stored_shards
+from eventbus.cli.migrate_slots import migrate_slots
 from eventbus.cli.output import run_async, user_errors
 from eventbus.config import Settings
 from eventbus.errors import ConfigError, DecodeError
@@ -17,6 +19,7 @@ from eventbus.protocol.codec import F_DATA, decode_entry, dictionary_body
 from eventbus.protocol.dictionaries import DEFAULT_SIZE, Dictionaries
 
 topic_app = typer.Typer(no_args_is_help=True, help="Per-topic settings stored in Redis.")
+topic_app.command("migrate-slots")(migrate_slots)
 
 
 @topic_app.command("train-dict")

@@ -88,7 +88,16 @@ class Settings(BaseSettings):
     """First part of every key name (`eventbus.protocol.keys`): deployments sharing a Redis differ
     here."""
     hashtag: str = Field("eventbus", pattern=r"^[A-Za-z0-9_.\-]{1,100}$")
-    """The ``{hashtag}`` of the lock keys: on a Cluster they all live in its slot."""
+    """The ``{hashtag}`` of the coordination keys (topic registry, locks, liveness, parked and
+    control hashes, checkpoints): on a Cluster they live in its slot, or in one slot per topic
+    (coordination_slots)."""
+    coordination_slots: Literal["shared", "topic"] = "shared"
+    """Where a topic's locks, liveness, lock epochs, parked and control hashes and checkpoints
+    hash on a Redis Cluster: 'shared', every topic's under {hashtag} (one node carries all
+    coordination); 'topic', each topic's under {hashtag:topic}, so the Cluster spreads
+    coordination over its nodes by topic. Every member of a topic must use the same value: a
+    topic changes layout only stopped, with eventbus topic migrate-slots
+    (docs/operations.md)."""
 
     # publishing
     shards: int = Field(16, ge=1, le=MAX_SHARDS)

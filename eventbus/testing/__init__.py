@@ -224,7 +224,7 @@ async def running(
     saved = (bus._session, bus.settings, bus.keys, dict(bus._topics))
     if key_prefix is not None:
         bus.settings = bus.settings.model_copy(update={"key_prefix": key_prefix})
-        bus.keys = Keys(key_prefix, bus.settings.hashtag)
+        bus.keys = Keys.of(bus.settings)
     if redis is None:
         bus.settings = bus.settings.model_copy(update=MEMORY_SETTINGS)
         bus._open_session(memory_redis(), owned=False)  # nothing to close: kept for `tb.redis`

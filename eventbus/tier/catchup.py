@@ -260,7 +260,7 @@ def _member(redis: AsyncRedis, settings: Settings | None, topic: str, group: str
     """A catch-up's own member of `group` (a fresh ``catchup-`` ID), settings from the
     environment when none are given."""
     settings = settings or Settings()  # type: ignore[call-arg,unused-ignore]  # fields from env
-    keys = Keys(settings.key_prefix, settings.hashtag)
+    keys = Keys.of(settings)
     return Member(redis, keys, settings, topic, group, f"catchup-{new_member_id()}")
 
 

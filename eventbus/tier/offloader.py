@@ -121,7 +121,7 @@ class Offloader:
         self.store = store
         self.settings = settings or Settings()  # type: ignore[call-arg,unused-ignore]  # fields from env
         self.tier = tier or TierSettings()  # type: ignore[call-arg,unused-ignore]
-        self.keys = Keys(self.settings.key_prefix, self.settings.hashtag)
+        self.keys = Keys.of(self.settings)
         self.acked_topics: set[str] = set()  # retention "acked": never trim past the groups
         self.scripts = Scripts.register(redis)
         self.consumer_id = consumer_id or f"offloader-{new_member_id()}"

@@ -787,3 +787,145 @@ def test_cli_publish_and_train_dict_under_their_roles(
     assert "is current" in trained.output
     assert _refused(nodes, "publisher") == []
     assert _refused(nodes, "trainer") == []
+
+
+# -- the roles with per-topic coordination slots (docs/security.md) ----------------------------
+PER_TOPIC_FAMILIES = ("locks", "members", "parked", "control", "checkpoints")
+_SHARED_FAMILY = re.compile(rf"eventbus:\{{eventbus\}}:({'|'.join(PER_TOPIC_FAMILIES)})")
+TOPIC_USERS = {f"t_{role}": role for role in ("publisher", "consumer", "offloader", "operator")}
+
+
+def _per_topic(rule: str) -> str:
+    """`rule` for ``coordination_slots=topic``, rewritten as docs/security.md says: the
+    per-topic families' ``eventbus:{eventbus}:`` becomes ``eventbus:{eventbus:*}:``."""
+    return _SHARED_FAMILY.sub(r"eventbus:{eventbus:*}:\1", rule)
+
+
+def test_the_page_states_the_per_topic_rewrite_the_tests_apply() -> None:
+    section = DOC.read_text().split("### With per-topic coordination slots")[1].split("\n## ")[0]
+    assert "`eventbus:{eventbus:*}:` in place of `eventbus:{eventbus}:`" in section
+    assert all(f"`{family}`" in section for family in PER_TOPIC_FAMILIES)
+
+
+@pytest.fixture
+def topic_users(redis_db: str, topology: str, nodes: list[Any]) -> Iterator[dict[str, str]]:
+    """User -> URL of a base role's user (`TOPIC_USERS`) with the per-topic key patterns."""
+    base = redis_db.removeprefix("redis://")
+    for r in nodes:
+        for user, role in TOPIC_USERS.items():
+            rules = [_per_topic(x.replace(f"{role}-pw", f"{user}-pw")) for x in _acl(role)]
+            r.execute_command("ACL", "SETUSER", user, *rules)
+            if topology == "cluster":
+                r.execute_command("ACL", "SETUSER", user, *_cluster_acl(role))
+        r.execute_command("ACL", "LOG", "RESET")
+    yield {user: f"redis://{user}:{user}-pw@{base}" for user in TOPIC_USERS}
+    for r in nodes:
+        r.acl_deluser(*TOPIC_USERS)
+
+
+async def test_the_roles_consume_park_requeue_and_archive_with_per_topic_slots(
+    topic_users: dict[str, str],
+    settings: Callable[..., Settings],
+    nodes: list[Any],
+    tmp_path: Path,
+) -> None:
+    """Under the per-topic patterns: the consumer takes its locks, parks a resource and runs
+    the operator's requeue (fenced scripts on the topic's slot); the offloader checkpoints
+    under its locks; every ACL log stays empty."""
+    from eventbus.dlq import DeadLetters
+    from eventbus.tier import TierSettings, offload_until_caught_up, open_store
+
+    def make(user: str, **kw: Any) -> Settings:
+        return settings(redis_url=topic_users[user], shards=2, coordination_slots="topic", **kw)
+
+    failing = {"bad"}
+    seen = Recorder()
+    publisher, bus = EventBus(make("t_publisher")), EventBus(make("t_consumer", block_max_ms=100))
+
+    @bus.subscriber("orders", group="billing", max_attempts=1, on_failure="park")
+    async def handle(event: Tick, ctx: Context) -> None:
+        if event.resource in failing:
+            raise RuntimeError("boom")
+        seen.add(event, ctx)
+
+    stop = anyio.Event()
+    op_url = topic_users["t_operator"]
+    async with publisher, async_client(op_url) as op, anyio.create_task_group() as tg:
+        letters = DeadLetters(op, bus.keys, bus.topic("orders"), "billing")
+        tg.start_soon(lambda: bus.run(stop=stop))
+        await publisher.publish("orders", Tick(resource="bad", seq=0), resource_id="bad")
+        await wait_until(lambda: _parked(letters))
+        await publisher.publish("orders", Tick(resource="ok", seq=1), resource_id="ok")
+        failing.clear()
+        await letters.requeue_resource("bad")
+        await seen.wait_for(2)
+        await wait_until(lambda: _unparked(letters))
+        stop.set()
+    await publisher.aclose()
+    await bus.aclose()
+    assert bus.keys.slots == "topic" and seen.by_resource() == {"ok": [1], "bad": [0]}
+    async with async_client(topic_users["t_offloader"]) as r:
+        stats = await offload_until_caught_up(
+            r,
+            open_store(f"file://{tmp_path}"),
+            settings=make("t_offloader"),
+            tier=TierSettings(hot_window_s=0),
+            timeout_s=60,
+        )
+    assert stats.entries == 3  # bad, ok, and bad's requeued copy
+    for user in TOPIC_USERS:
+        assert _refused(nodes, user) == [], user
+
+
+KT, KS = Keys(slots="topic"), Keys()
+REFUSED_PER_TOPIC: dict[str, list[tuple[str, ...]]] = {
+    "t_publisher": [
+        ("HSET", KT.parked("orders", "billing"), "a", "1-0"),
+        ("HSETNX", KT.control("orders", "billing"), "n", "x"),
+        ("ZADD", KT.members("orders", "billing"), "1", "x"),
+        ("HSET", KT.checkpoints("orders"), "0", "9999999999999-0"),
+    ],
+    "t_consumer": [
+        ("HSETNX", KT.control("orders", "billing"), "n", "x"),  # forging an operator's request
+        ("HSET", KT.checkpoints("orders"), "0", "9999999999999-0"),
+        ("HSET", KS.locks("orders", "billing"), "0", "x"),  # the shared layout's keys
+        ("ZADD", KS.members("orders", "billing"), "1", "x"),
+        ("HSET", KS.parked("orders", "billing"), "a", "1-0"),
+        ("HSET", KT.topics(), "orders", "3"),
+    ],
+    "t_offloader": [
+        ("HSET", KT.locks("orders", "billing"), "0", "x"),  # the consumers' locks and liveness
+        ("ZADD", KT.members("orders", "billing"), "1", "x"),
+        ("HSET", KT.parked("orders", "billing"), "a", "1-0"),
+        ("HSET", KS.locks("orders", "_offloader"), "0", "x"),
+        ("HSET", KS.checkpoints("orders"), "0", "9999999999999-0"),
+    ],
+    "t_operator": [
+        ("HSET", KT.parked("orders", "billing"), "a", "1-0"),
+        ("HSET", KT.control("orders", "billing"), "n", "x"),  # only HSETNX
+        ("HSET", KT.locks("orders", "billing"), "0", "x"),
+        ("ZADD", KT.members("orders", "billing"), "1", "x"),
+        ("HSETNX", KS.control("orders", "billing"), "n", "x"),
+    ],
+}
+
+
+@pytest.mark.parametrize("user", sorted(REFUSED_PER_TOPIC))
+async def test_each_role_is_refused_what_it_must_not_do_with_per_topic_slots(
+    user: str, topic_users: dict[str, str], nodes: list[Any]
+) -> None:
+    """As `test_each_role_is_refused_what_it_must_not_do`, for the per-topic patterns: the
+    families a role must not write, in the per-topic layout, and the shared layout's keys."""
+    allowed = []
+    async with async_client(topic_users[user]) as r:
+        for command in REFUSED_PER_TOPIC[user]:
+            try:
+                await r.execute_command(*command)
+            except NoPermissionError:
+                continue
+            except Exception as exc:  # refused otherwise (WRONGTYPE...): it was allowed
+                allowed.append(f"{' '.join(command)} -> {type(exc).__name__}: {exc}")
+            else:
+                allowed.append(" ".join(command))
+    assert allowed == [], f"{user} may {allowed}"
+    assert len(_refused(nodes, user)) == len(REFUSED_PER_TOPIC[user])

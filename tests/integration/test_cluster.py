@@ -224,3 +224,136 @@ async def test_an_unreachable_cluster_is_a_connection_error() -> None:
             await client.ping()
     finally:
         await client.aclose()
+
+
+async def _on_other_nodes(client: Any, keys: Any, candidates: list[str]) -> tuple[str, str]:
+    """Two of `candidates` whose per-topic coordination lives on different primaries."""
+    await client.initialize()
+    seen: dict[str, str] = {}
+    for topic in candidates:
+        node = client.get_node_from_key(keys.locks(topic, GROUP)).name
+        if seen and node not in seen:
+            return next(iter(seen.values())), topic
+        seen.setdefault(node, topic)
+    raise AssertionError(f"{candidates} all on {list(seen)}")
+
+
+async def test_per_topic_coordination_slots_spread_over_the_nodes_and_keep_order_and_fencing(
+    cluster_settings: Settings, tmp_path: Any
+) -> None:
+    """With ``coordination_slots="topic"`` two topics' locks, liveness and epochs live on
+    different primaries, each topic's keys (the parked, control and checkpoint hashes its fenced
+    scripts touch with its locks) in one slot apart from the registry's; two consumers of a
+    group consume both in order per resource, park and requeue a resource through the fenced
+    writes, hand their shards over with tokens that only grow, and the offloader checkpoints
+    under its per-topic locks."""
+    from eventbus.dlq import DeadLetters
+    from eventbus.tier import TierSettings, offload_until_caught_up, open_store
+
+    settings = cluster_settings.model_copy(update={"coordination_slots": "topic"})
+    client = connect(settings)
+    publisher = EventBus(settings)
+    keys = publisher.keys
+    first, second = await _on_other_nodes(client, keys, ["flights", "orders", "carts", "users"])
+    failing = {"bad"}
+    rec = {first: Recorder(), second: Recorder()}
+
+    def subscribe(bus: EventBus) -> EventBus:
+        for topic in (first, second):
+            bus.subscriber(topic, group=GROUP, max_attempts=1, on_failure="park")(handler(topic))
+        return bus
+
+    def handler(topic: str) -> Any:
+        async def handle(event: Tick, ctx: Context) -> None:
+            if event.resource in failing:
+                raise RuntimeError("parked until requeued")
+            rec[topic].add(event, ctx)
+
+        return handle
+
+    consumers = [subscribe(EventBus(settings)) for _ in range(2)]
+
+    async def publish(seqs: range) -> None:
+        for seq in seqs:
+            for topic in (first, second):
+                for rid in ("a", "b", "c", "d"):
+                    await publisher.publish(topic, Tick(resource=rid, seq=seq), resource_id=rid)
+
+    async def tokens(topic: str) -> dict[bytes, int]:
+        raw = await client.hgetall(keys.locks(topic, GROUP))
+        return {k: int(v) for k, v in raw.items() if k.endswith(b":token")}
+
+    try:
+        async with publisher:
+            await publish(range(5))
+            await publisher.publish(first, Tick(resource="bad", seq=0), resource_id="bad")
+            async with running(*consumers):
+                for topic in (first, second):
+                    await rec[topic].wait_for(20)
+                letters = DeadLetters(client, keys, publisher.topic(first), GROUP)
+                await wait_until(lambda: _is_parked(letters))
+                failing.clear()
+                await letters.requeue_resource("bad")  # a control entry, executed fenced
+                await rec[first].wait_for(21)
+            before = {t: await tokens(t) for t in (first, second)}
+            await publish(range(5, 10))
+            async with running(subscribe(EventBus(settings))):  # new owner: new tokens
+                for topic in (first, second):
+                    await rec[topic].wait_for(41 if topic == first else 40)
+            after = {t: await tokens(t) for t in (first, second)}
+        for topic in (first, second):
+            assert set(after[topic]) == set(before[topic]) and len(after[topic]) == SHARDS
+            assert all(after[topic][s] > before[topic][s] for s in before[topic])
+        expected = {rid: list(range(10)) for rid in ("a", "b", "c", "d")}
+        assert rec[second].by_resource() == expected
+        assert rec[first].by_resource() == {**expected, "bad": [0]}
+
+        stats = await offload_until_caught_up(
+            client,
+            open_store(f"file://{tmp_path}"),
+            settings=settings,
+            tier=TierSettings(hot_window_s=0),
+            timeout_s=60,
+        )
+        assert stats.entries == 82  # 80, "bad" and its requeued copy
+        assert await client.hlen(keys.checkpoints(first)) > 0
+
+        def slot_keys(topic: str) -> list[str]:
+            return [
+                keys.locks(topic, GROUP),
+                keys.members(topic, GROUP),
+                keys.lock_epoch(topic, GROUP),
+                keys.parked(topic, GROUP),
+                keys.control(topic, GROUP),
+                keys.locks(topic, "_offloader"),
+                keys.checkpoints(topic),
+            ]
+
+        slots = {t: {await client.cluster_keyslot(k) for k in slot_keys(t)} for t in rec}
+        assert all(len(s) == 1 for s in slots.values()) and slots[first] != slots[second]
+        assert await client.cluster_keyslot(keys.topics()) not in slots[first] | slots[second]
+        nodes = {client.get_node_from_key(keys.locks(t, GROUP)).name for t in rec}
+        assert len(nodes) == 2
+        assert await client.exists(keys.locks(first, GROUP)) == 1  # the keys really live there
+
+        # `eventbus stats` shows which primary holds each topic's tag, and the registry's
+        import io
+
+        from rich.console import Console
+
+        from eventbus.cli.placement import placement_table
+
+        console = Console(width=200, record=True, file=io.StringIO())
+        console.print(await placement_table(client, keys, {first: SHARDS, second: SHARDS}))
+        text = console.export_text()
+        rows = text.splitlines()
+        for topic in rec:
+            node = client.get_node_from_key(keys.locks(topic, GROUP)).name
+            assert any(node in row and f"{{eventbus:{topic}}}" in row for row in rows), rows
+        assert "{eventbus}" in text
+    finally:
+        await client.aclose()
+
+
+async def _is_parked(letters: Any) -> bool:
+    return "bad" in await letters.parked()

@@ -217,7 +217,7 @@ def _checkpoint_counts(settings: Settings, topic: str, only: list[int] | None) -
     from eventbus.client.connection import connect
     from eventbus.protocol.keys import Keys
 
-    key = Keys(settings.key_prefix, settings.hashtag).checkpoints(topic)
+    key = Keys.of(settings).checkpoints(topic)
 
     async def ask() -> dict[bytes, bytes]:
         client = connect(settings)
