@@ -202,7 +202,10 @@ class LockClient:
 
     async def acquire(self, candidates: Sequence[int]) -> LockRound:
         """Refresh liveness and take free or expired locks among `candidates` (in order of
-        preference) up to the fair share; report every lock held after the call.
+        preference) up to the fair share; report every lock held after the call. With every
+        shard as candidates it sends the epoch of its last scan and the locks it holds: the
+        script then reads only those, unless the membership changed and this member is owed
+        shards or owns a lock it does not know of (``lock_shards.lua``; docs/protocol.md).
 
         Raises `redis.exceptions.RedisError` (or `OSError`) as the client does; a reply lost with
         the connection may still have taken locks, which the next call reports as held.
@@ -234,13 +237,15 @@ class LockClient:
 
     async def poll(self, candidates: Sequence[int]) -> LockRound:
         """`acquire`'s reply, at the cost of what changed: when this member scanned every shard
-        at the group's current epoch and every lock it holds is still its own under the same
-        fencing token, one pipelined read (``HMGET`` of the epoch and of the held shards' owner
-        and token fields) answers what the script would: the same locks held, the same share,
-        nothing to take (`LockRound.refreshed` False: its liveness was not refreshed, so no
-        lease starts from it; the heartbeat keeps liveness). Otherwise, and at random
-        `full_rounds` times per lock interval over the group (`FULL_ROUNDS_PER_INTERVAL`), it
-        runs `acquire`. Raises what `acquire` raises."""
+        at the group's current epoch, every lock it holds is still its own under the same
+        fencing token and the epoch hash counts as many locks owned by it as it holds (it owns
+        none it does not know of), one pipelined read (``HMGET`` of the epoch and of the held
+        shards' owner and token fields) answers what the script would: the same locks held,
+        the same share, nothing to take (`LockRound.refreshed` False: its liveness was not
+        refreshed, so no lease starts from it; the heartbeat keeps liveness). Otherwise, and at
+        random `full_rounds` times per lock interval over the group
+        (`FULL_ROUNDS_PER_INTERVAL`), it runs `acquire` (as a scan of every shard when an
+        owner, token or the count differs). Raises what `acquire` raises."""
         candidates = list(candidates)
         share = self._share
         # Alone at its last scan (share == shards > 1: no fair share of two or more members
@@ -259,11 +264,11 @@ class LockClient:
         sent_at = time.monotonic()
         held = sorted(self._held)
         pipe = self._redis.pipeline(transaction=False)
-        pipe.hmget(self._keys[2], ["since", "n"])
+        pipe.hmget(self._keys[2], ["since", "n", f"held:{self.member_id}"])
         if held:
             pipe.hmget(self._keys[1], [f for s in held for f in (str(s), f"{s}:token")])
         try:
-            [since, n], *fields = await pipe.execute()
+            [since, n, owned], *fields = await pipe.execute()
         except NoPermissionError as exc:  # a role from before HMGET (docs/security.md)
             self._plain_reads = False
             log.warning(
@@ -275,7 +280,13 @@ class LockClient:
             )
             return await self.acquire(candidates)
         if f"{_text(since)}:{_text(n or b'0')}" != self._epoch:
-            return await self.acquire(candidates)  # membership or locks changed: scan
+            # membership or locks changed: the script (it scans only when owed shards)
+            return await self.acquire(candidates)
+        if int(owned or 0) != len(held):
+            # it owns a lock it does not know of (a release or a take lost with a failover to
+            # a replica that lacked it): a scan finds it, so it is read or released again
+            self._epoch = ""
+            return await self.acquire(candidates)
         values = fields[0] if held else []
         for i, s in enumerate(held):
             # another owner or token at the same epoch: only after a failover to a replica that
