@@ -3,7 +3,7 @@ fast the shards move to a fair share when a consumer joins, leaves or dies.
 
     python stress/coordination.py [--consumers 200] [--shards 4096] [--groups 1]
         [--processes 2] [--lock-interval-ms 100] [--ttl-s 5] [--steady-s 10] [--json F]
-        [--trace]
+        [--owed-interval-ms 0] [--trace]
 
 On a private ``redis-server``, `--processes` worker processes run `--consumers` members of each of
 `--groups` groups of one topic as anyio tasks, with the library's own lock client
@@ -81,12 +81,19 @@ EVENTS: list[tuple[float, str, str, int, int]] = []
 
 
 async def member_loop(
-    member: Member, shards: int, interval_s: float, stop: anyio.Event, every: list[int]
+    member: Member,
+    shards: int,
+    interval_s: float,
+    stop: anyio.Event,
+    every: list[int],
+    owed_interval_s: float = 0.0,
 ) -> None:
     """One member's coordination until `stop`: lock rounds, surplus released, heartbeats; then
     a graceful leave (its locks released, out of the live members). `every` is ``range(shards)``
     twice: a rotation of the shards is one slice of it (not a list built per round, which cost
-    the workers ~0.2 ms of CPU per round at 4,096 shards)."""
+    the workers ~0.2 ms of CPU per round at 4,096 shards). With `owed_interval_s`, a member
+    owed shards (`LockClient.owed`) makes its next round after that instead of `interval_s`
+    (what the consumer does not do yet: ``--owed-interval-ms``)."""
     locks = LockClient(member, shards=shards, scripts=Scripts.register(member.redis))
     joined = anyio.Event()
     held: set[int] = set()
@@ -108,6 +115,8 @@ async def member_loop(
             due = now + interval_s
             before = (len(held), share)
             got = await locks.poll(every[rotation : rotation + shards])
+            if owed_interval_s and locks.owed:
+                due = now + owed_interval_s
             ROUNDS[0] += 1
             rotation = (rotation + 1) % shards
             joined.set()
@@ -132,6 +141,8 @@ async def worker_main(url: str, settings: dict[str, Any], shards: int, conn: Con
     ``("rounds",)`` it answers its members' lock rounds so far (`ROUNDS`)."""
     import redis.asyncio
 
+    settings = dict(settings)  # (the simulator's own knob is no setting of the library)
+    owed_interval_s = settings.pop("owed_interval_ms", 0) / 1000
     s = Settings(redis_url=url, **settings)
     client = redis.asyncio.Redis.from_url(url, max_connections=None)
     keys = Keys()
@@ -160,7 +171,7 @@ async def worker_main(url: str, settings: dict[str, Any], shards: int, conn: Con
             if cmd[0] == "join":
                 stop = stops[(group, member_id)] = anyio.Event()
                 m = Member(client, keys, s, TOPIC, group, member_id)
-                tg.start_soon(member_loop, m, shards, interval_s, stop, every)
+                tg.start_soon(member_loop, m, shards, interval_s, stop, every, owed_interval_s)
             else:
                 stops.pop((group, member_id)).set()
             conn.send("ok")
@@ -346,7 +357,11 @@ def stats_between(
 
 def measure(args: argparse.Namespace, url: str) -> dict[str, Any]:
     keys = Keys()
-    settings = {"liveness_ttl_s": args.ttl_s, "lock_interval_ms": args.lock_interval_ms}
+    settings = {
+        "liveness_ttl_s": args.ttl_s,
+        "lock_interval_ms": args.lock_interval_ms,
+        "owed_interval_ms": args.owed_interval_ms,
+    }
     groups = [f"g{g}" for g in range(args.groups)]
     r: Any = redis.Redis.from_url(url)
     fleet = Fleet(url, settings, args.shards, args.processes)
@@ -361,6 +376,7 @@ def measure(args: argparse.Namespace, url: str) -> dict[str, Any]:
         "processes": args.processes,
         "lock_interval_ms": args.lock_interval_ms,
         "ttl_s": args.ttl_s,
+        "owed_interval_ms": args.owed_interval_ms,
         "load_average": list(os.getloadavg()),
     }
     try:
@@ -465,6 +481,13 @@ def main() -> None:
     p.add_argument("--lock-interval-ms", type=int, default=100)
     p.add_argument("--ttl-s", type=float, default=5.0, help="liveness TTL (seconds)")
     p.add_argument("--steady-s", type=float, default=10.0)
+    p.add_argument(
+        "--owed-interval-ms",
+        type=int,
+        default=0,
+        help="a member owed shards (LockClient.owed) rounds this often instead of every lock "
+        "interval (0: as the consumer does, every lock interval)",
+    )
     p.add_argument("--json", default=None)
     p.add_argument(
         "--trace",

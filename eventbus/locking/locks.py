@@ -191,6 +191,12 @@ class LockClient:
         self._every: list[int] = []  # range(shards) twice: rotations are slices of it
 
     @property
+    def owed(self) -> bool:
+        """Whether the last round left this member below its fair share (it joined, or its
+        share grew): its next round may come early (a poll until a release moves the epoch)."""
+        return len(self._held) < self._share
+
+    @property
     def acquiring(self) -> bool:
         """Whether a lock round is in flight: `acquire` was called and has not returned or
         raised yet. Its reply may say that locks were lost while the member's liveness had
@@ -202,10 +208,8 @@ class LockClient:
 
     async def acquire(self, candidates: Sequence[int]) -> LockRound:
         """Refresh liveness and take free or expired locks among `candidates` (in order of
-        preference) up to the fair share; report every lock held after the call. With every
-        shard as candidates it sends the epoch of its last scan and the locks it holds: the
-        script then reads only those, unless the membership changed and this member is owed
-        shards or owns a lock it does not know of (``lock_shards.lua``; docs/protocol.md).
+        preference) up to the fair share; report every lock held after the call. Given every
+        shard, it scans them only if owed shards or unsure what it holds (docs/protocol.md).
 
         Raises `redis.exceptions.RedisError` (or `OSError`) as the client does; a reply lost with
         the connection may still have taken locks, which the next call reports as held.
@@ -238,14 +242,13 @@ class LockClient:
     async def poll(self, candidates: Sequence[int]) -> LockRound:
         """`acquire`'s reply, at the cost of what changed: when this member scanned every shard
         at the group's current epoch, every lock it holds is still its own under the same
-        fencing token and the epoch hash counts as many locks owned by it as it holds (it owns
-        none it does not know of), one pipelined read (``HMGET`` of the epoch and of the held
-        shards' owner and token fields) answers what the script would: the same locks held,
-        the same share, nothing to take (`LockRound.refreshed` False: its liveness was not
-        refreshed, so no lease starts from it; the heartbeat keeps liveness). Otherwise, and at
-        random `full_rounds` times per lock interval over the group
-        (`FULL_ROUNDS_PER_INTERVAL`), it runs `acquire` (as a scan of every shard when an
-        owner, token or the count differs). Raises what `acquire` raises."""
+        fencing token and the epoch hash counts as many locks of its own, one pipelined read
+        (``HMGET`` of the epoch and of the held shards' owner and token fields) answers what
+        the script would: the same locks held and share, nothing to take (`LockRound.refreshed`
+        False: no liveness refresh, so no lease starts from it; the heartbeat keeps liveness).
+        Otherwise (a scan when an owner, token or the count differs), and at random
+        `full_rounds` times per lock interval over the group (`FULL_ROUNDS_PER_INTERVAL`), it
+        runs `acquire`. Raises what `acquire` raises."""
         candidates = list(candidates)
         share = self._share
         # Alone at its last scan (share == shards > 1: no fair share of two or more members
@@ -280,12 +283,9 @@ class LockClient:
             )
             return await self.acquire(candidates)
         if f"{_text(since)}:{_text(n or b'0')}" != self._epoch:
-            # membership or locks changed: the script (it scans only when owed shards)
-            return await self.acquire(candidates)
-        if int(owned or 0) != len(held):
-            # it owns a lock it does not know of (a release or a take lost with a failover to
-            # a replica that lacked it): a scan finds it, so it is read or released again
-            self._epoch = ""
+            return await self.acquire(candidates)  # (the script scans only when owed shards)
+        if int(owned or 0) != len(held):  # it owns a lock it does not know of (a release
+            self._epoch = ""  # lost with a failover, docs/protocol.md): a scan finds it
             return await self.acquire(candidates)
         values = fields[0] if held else []
         for i, s in enumerate(held):

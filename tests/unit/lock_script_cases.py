@@ -550,6 +550,20 @@ class LockClientCases:
         assert before <= got.sent_at <= time.monotonic()
 
     @pytest.mark.anyio
+    async def test_a_member_is_owed_while_it_holds_less_than_its_share(self, client: Any) -> None:
+        a, b = self.member(client, "a"), self.member(client, "b")
+        await a.acquire(range(4))
+        assert not a.owed
+
+        await b.acquire(range(4))  # a holds every shard: b's share 2, nothing to take
+        assert b.owed
+        got = await a.acquire(range(4))
+        assert (got.share, len(got.grants), a.owed) == (2, 4, False)  # above its share
+        await a.release([2, 3])
+        assert set((await b.acquire(range(4))).grants) == {2, 3}
+        assert not b.owed
+
+    @pytest.mark.anyio
     async def test_is_new_per_state(self, client: Any) -> None:
         dead = self.member(client, "dead", ttl_s=0.005)
         me = self.member(client, "me")
