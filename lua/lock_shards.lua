@@ -138,9 +138,12 @@ else
   local scan = true
   if known_epoch ~= '' then
     local owners = hget_many(listed)
-    local mine = 0
+    local mine, counted = 0, {}  -- distinct listed shards that are the caller's
     for j = 1, #listed do
-      if owners[j] == me then mine = mine + 1 end
+      if owners[j] == me and not counted[listed[j]] then
+        counted[listed[j]] = true
+        mine = mine + 1
+      end
     end
     local owned = tonumber(redis.call('HGET', epoch_key, 'held:' .. me) or '0')
     if mine >= share and mine == owned then

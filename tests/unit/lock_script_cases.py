@@ -411,8 +411,10 @@ class LockScriptCases:
         await self.lock(scripts, "b", 4, [])  # b joins: a's share is 2
 
         _, reply = await self.round_at(scripts, "a", 4, epoch, [0, 2, 3])
+        _, twice = await self.round_at(scripts, "a", 4, epoch, [0, 0, 2, 3])  # (4 listed)
 
         assert reply.share == 2 and reply.locks == {s: (1, HELD) for s in range(4)}
+        assert twice.locks == reply.locks
 
     # -- unlock_shards -----------------------------------------------------------------------------
     @pytest.mark.anyio
