@@ -3,13 +3,14 @@
 -- KEYS[1]  members  sorted set: consumer ID -> liveness deadline (server time, ms)
 -- KEYS[2]  locks    hash: "<shard>" -> owner consumer ID, "<shard>:token" -> fencing token
 -- KEYS[3]  epoch    hash: "n" -> the group's coordination epoch (an integer), "since" -> the
---                   server time (ms) the key was made: the epoch is "<since>:<n>"
+--                   server time (ms) the key was made: the epoch is "<since>:<n>";
+--                   "held:<member>" -> how many locks that member owns (absent: none)
 -- ARGV[1]  consumer ID of the caller
 -- ARGV[2]  liveness TTL (ms)
 -- ARGV[3]  shard count of the topic (for the fair share)
 -- ARGV[4]  the epoch at which the caller last scanned every shard, or "" (scan now)
 -- ARGV[5]  H: how many of the following shards are the ones the caller holds
--- ARGV[6..5+H]  the shards the caller holds (read only when ARGV[4] is the current epoch)
+-- ARGV[6..5+H]  the shards the caller holds (read when ARGV[4] is not "")
 -- ARGV[6+H]     S: "" when the candidates follow; else a shard, and the candidates are every
 --               shard in the order S, S+1, ..., shard count - 1, 0, ..., S-1 (none follow)
 -- ARGV[7+H..]   candidate shards, in the caller's order of preference
@@ -26,9 +27,14 @@
 -- member joined or was dropped (here), or locks were released or a member left
 -- (unlock_shards.lua). Between two such changes no lock becomes free and no member dies, so a
 -- caller that scanned every shard at the current epoch cannot take anything: the call then only
--- reads the shards the caller says it holds (O(held), not O(shards)). A stale or wrong epoch
--- from the caller only makes it scan, or miss takeable locks until the next change; it never
--- gives it a lock another member holds.
+-- reads the shards the caller says it holds (O(held), not O(shards)). At a later epoch than
+-- the caller's scan, a caller that still holds at least its (new) share and owns no lock it did
+-- not list ("held:<me>" counts its locks: every change of owner keeps it, every scan of all
+-- shards sets it) cannot take anything either, and a scan would report just the listed locks it
+-- owns: it gets those, with its new share, without a scan. So after a membership change only
+-- the members owed shards scan (O(what changed), not O(members x shards)). A stale or wrong
+-- epoch from the caller only makes it scan, or miss takeable locks until the next change; it
+-- never gives it a lock another member holds.
 --
 -- Returns {fair_share, epoch, {shard, token, state}, ...}: fair_share is -1 when the caller's
 -- epoch was current (membership unchanged since its scan, so its share is the one that scan
@@ -96,11 +102,20 @@ local function held_of(shards, owners)
   return out
 end
 
+-- How many locks a member owns, kept in the epoch hash ("held:<member>") by every change of a
+-- lock's owner (takes here, releases in unlock_shards.lua) and set by every scan of all shards:
+-- a member whose listed locks are all its own and as many as this owns no other.
+local function add_held(member, by)
+  if by ~= 0 and redis.call('HINCRBY', epoch_key, 'held:' .. member, by) <= 0 then
+    redis.call('HDEL', epoch_key, 'held:' .. member)
+  end
+end
+
+local listed = {}
+for i = 6, 5 + n_held do listed[#listed + 1] = ARGV[i] end
 local held = {}
 local share = -1
 if known_epoch == epoch then
-  local listed = {}
-  for i = 6, 5 + n_held do listed[#listed + 1] = ARGV[i] end
   held = held_of(listed, hget_many(listed))
 else
   local live = redis.call('ZCARD', members)
@@ -117,40 +132,84 @@ else
       if before < shard_count % live then share = share + 1 end
     end
   end
-  local candidates = {}
-  local start = ARGV[6 + n_held]
-  if start ~= '' then
-    start = tonumber(start)
-    for i = 0, shard_count - 1 do candidates[#candidates + 1] = tostring((start + i) % shard_count) end
-  else
-    for i = 7 + n_held, #ARGV do candidates[#candidates + 1] = ARGV[i] end
-  end
-  local owners = hget_many(candidates)
-  held = held_of(candidates, owners)
-  local count = #held
-  local free = {}
-  local live_owner = {}  -- owner -> whether it is a live member (ZSCORE once per owner)
-  for j, shard in ipairs(candidates) do
-    local owner = owners[j]
-    if not owner then
-      free[#free + 1] = {shard, 1}
-    elseif owner ~= me then
-      local is_live = live_owner[owner]
-      if is_live == nil then
-        is_live = redis.call('ZSCORE', members, owner) ~= false  -- expired ones were removed above
-        live_owner[owner] = is_live
+  -- A caller that scanned at an earlier epoch, holds at least its share now and owns no lock
+  -- it did not list has nothing to take and nothing more to report: a scan would find the
+  -- same (docs/protocol.md, "A round at a new epoch"). Only members owed shards scan.
+  local scan = true
+  if known_epoch ~= '' then
+    local owners = hget_many(listed)
+    local mine, counted = 0, {}  -- distinct listed shards that are the caller's
+    for j = 1, #listed do
+      if owners[j] == me and not counted[listed[j]] then
+        counted[listed[j]] = true
+        mine = mine + 1
       end
-      if not is_live then free[#free + 1] = {shard, 2} end
+    end
+    local owned = tonumber(redis.call('HGET', epoch_key, 'held:' .. me) or '0')
+    if mine >= share and mine == owned then
+      held = held_of(listed, owners)
+      scan = false
     end
   end
+  if scan then
+    local candidates = {}
+    local start = ARGV[6 + n_held]
+    local every = start ~= ''  -- the candidates are every shard (each once)
+    if every then
+      start = tonumber(start)
+      for i = 0, shard_count - 1 do candidates[#candidates + 1] = tostring((start + i) % shard_count) end
+    else
+      for i = 7 + n_held, #ARGV do candidates[#candidates + 1] = ARGV[i] end
+      if #candidates == shard_count then
+        local seen, distinct = {}, 0
+        for _, c in ipairs(candidates) do
+          local k = tonumber(c)
+          if k and k >= 0 and k < shard_count and k == math.floor(k) and not seen[k] then
+            seen[k] = true
+            distinct = distinct + 1
+          end
+        end
+        every = distinct == shard_count
+      end
+    end
+    local owners = hget_many(candidates)
+    held = held_of(candidates, owners)
+    local count = #held
+    local free = {}
+    local live_owner = {}  -- owner -> whether it is a live member (ZSCORE once per owner)
+    for j, shard in ipairs(candidates) do
+      local owner = owners[j]
+      if not owner then
+        free[#free + 1] = {shard, 1}
+      elseif owner ~= me then
+        local is_live = live_owner[owner]
+        if is_live == nil then
+          is_live = redis.call('ZSCORE', members, owner) ~= false  -- expired ones were removed above
+          live_owner[owner] = is_live
+        end
+        if not is_live then free[#free + 1] = {shard, 2, owner} end
+      end
+    end
 
-  for _, f in ipairs(free) do
-    if count >= share then break end
-    local shard, state = f[1], f[2]
-    redis.call('HSET', locks, shard, me)
-    local token = redis.call('HINCRBY', locks, shard .. ':token', 1)
-    count = count + 1
-    held[#held + 1] = {tonumber(shard), token, state}
+    local had = count
+    for _, f in ipairs(free) do
+      if count >= share then break end
+      local shard, state = f[1], f[2]
+      redis.call('HSET', locks, shard, me)
+      local token = redis.call('HINCRBY', locks, shard .. ':token', 1)
+      if state == 2 then add_held(f[3], -1) end
+      count = count + 1
+      held[#held + 1] = {tonumber(shard), token, state}
+    end
+    if every then  -- every lock the caller owns is in `held`: its count is known exactly
+      if count > 0 then
+        redis.call('HSET', epoch_key, 'held:' .. me, count)
+      else
+        redis.call('HDEL', epoch_key, 'held:' .. me)
+      end
+    else
+      add_held(me, count - had)
+    end
   end
 end
 

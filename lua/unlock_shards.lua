@@ -2,14 +2,16 @@
 --
 -- KEYS[1]  members  sorted set: consumer ID -> liveness deadline (server time, ms)
 -- KEYS[2]  locks    hash: "<shard>" -> owner consumer ID, "<shard>:token" -> fencing token
--- KEYS[3]  epoch    hash: "n" -> the group's coordination epoch, "since" (lock_shards.lua)
+-- KEYS[3]  epoch    hash: "n" -> the group's coordination epoch, "since", "held:<member>"
+--                   (lock_shards.lua)
 -- ARGV[1]  consumer ID of the caller
 -- ARGV[2]  "1" to also remove the caller from the live members (graceful shutdown), else "0"
 -- ARGV[3..] shards to release
 --
 -- A lock held by another consumer is left alone. Fencing tokens are kept, so they only grow.
 -- When a lock was released or the caller left, the epoch grows (lock_shards.lua): the other
--- members scan the shards again at their next lock round. Returns the list of shards released.
+-- members owed shards scan them again at their next lock round; the caller's count of locks
+-- owned ("held:<me>") goes down by those released. Returns the list of shards released.
 
 local members = KEYS[1]
 local locks = KEYS[2]
@@ -31,5 +33,9 @@ if leave then
 end
 if #released > 0 or left > 0 then
   redis.call('HINCRBY', epoch_key, 'n', 1)
+end
+-- the caller's count of locks owned (lock_shards.lua): the field goes with the last one
+if #released > 0 and redis.call('HINCRBY', epoch_key, 'held:' .. me, -#released) <= 0 then
+  redis.call('HDEL', epoch_key, 'held:' .. me)
 end
 return released

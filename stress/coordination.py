@@ -3,7 +3,7 @@ fast the shards move to a fair share when a consumer joins, leaves or dies.
 
     python stress/coordination.py [--consumers 200] [--shards 4096] [--groups 1]
         [--processes 2] [--lock-interval-ms 100] [--ttl-s 5] [--steady-s 10] [--json F]
-        [--coordination-slots shared|topic]
+        [--coordination-slots shared|topic] [--owed-interval-ms 0] [--trace]
 
 On a private ``redis-server``, `--processes` worker processes run `--consumers` members of each of
 `--groups` groups of one topic as anyio tasks, with the library's own lock client
@@ -21,15 +21,27 @@ It reports, per group count and shape:
   window; the script's own commands count under ``evalsha`` and the commands it calls);
 * ``rebalance_s_join`` / ``_leave`` / ``_kill``: seconds from a member joining, leaving
   gracefully (``unlock_shards`` with leave), or its process being SIGKILLed until group 0 has a
-  fair share again (``kill``: the TTL's expiry included);
+  fair share again (``kill``: the TTL's expiry included; ``_kill_after_deadline``: from the
+  victim's liveness deadline, its last refresh + TTL, which comes up to TTL / 3 before kill +
+  TTL);
 * ``moves_per_change``: shards whose owner differs before the change and at that fair share;
 * ``unowned_samples``: samples, once fair, in which a shard had no live owner (should be 0
-  outside a kill).
+  outside a kill);
+* ``rounds_per_s`` against ``rounds_per_s_asked`` (members x 1,000 / `--lock-interval-ms`): the
+  lock rounds the members made in the steady window; ``workers_cpu_percent`` (the worker
+  processes' CPU, % of one core) and ``round_late_ms_steady`` (p50/p99/max of how late a round
+  started after it was due) say whether the workers were short of CPU;
+  ``redis_us_per_round`` and ``redis_cpu_percent_at_full_rate`` (the steady CPU scaled to the
+  asked rounds) answer the CPU target honestly when they were;
+* ``rebalance_detail``: per change, the Redis CPU it took, the ``EVALSHA`` calls (lock and
+  unlock scripts) and their µs, when the joiner first held a shard, and how late rounds were;
+  with ``--trace``, ``rebalance_trace``: each member round that changed its share or locks, and
+  each release, in seconds from the change.
 
 A fair share: every shard's lock held by a live member, each member holding ``floor(shards /
 members)`` or ``ceil(shards / members)`` (the shares ``lock_shards.lua`` grants). Samples are
-one ``HGETALL`` of the lock hash and one ``ZRANGE`` of the members every 50 ms, taken outside the
-steady window.
+one ``HGETALL`` of the lock hash and one ``ZRANGE`` of the members every 20 ms (`SAMPLE_S`),
+taken outside the steady window.
 """
 
 from __future__ import annotations
@@ -60,12 +72,34 @@ from localredis.server import RedisServer
 TOPIC = "fleet"
 
 
-async def member_loop(member: Member, shards: int, interval_s: float, stop: anyio.Event) -> None:
+ROUNDS = [0]
+"""Lock rounds (`LockClient.poll` calls answered) of this worker process's members so far."""
+LATE_MS: list[float] = []
+"""How late each lock round of this worker's members started (ms after it was due): the worker's
+own CPU starvation, which delays rebalancing as much as Redis would."""
+EVENTS: list[tuple[float, str, str, int, int]] = []
+"""What changed for this worker's members, for `rebalance_trace`: (wall-clock s, member, what
+("round": the share or held locks changed, "free": surplus released), share, locks held)."""
+
+
+async def member_loop(
+    member: Member,
+    shards: int,
+    interval_s: float,
+    stop: anyio.Event,
+    every: list[int],
+    owed_interval_s: float = 0.0,
+) -> None:
     """One member's coordination until `stop`: lock rounds, surplus released, heartbeats; then
-    a graceful leave (its locks released, out of the live members)."""
+    a graceful leave (its locks released, out of the live members). `every` is ``range(shards)``
+    twice: a rotation of the shards is one slice of it, not a 4,096-element list comprehension
+    per round (the workers are short of CPU at 200 members). With `owed_interval_s`, a member
+    owed shards (`LockClient.owed`) makes its next round after that instead of `interval_s`
+    (what the consumer does not do yet: ``--owed-interval-ms``)."""
     locks = LockClient(member, shards=shards, scripts=Scripts.register(member.redis))
     joined = anyio.Event()
     held: set[int] = set()
+    share = -1
     rotation = hash(member.consumer_id) % shards
 
     def expired() -> None:
@@ -74,17 +108,29 @@ async def member_loop(member: Member, shards: int, interval_s: float, stop: anyi
     async with anyio.create_task_group() as tg:
         ttl = member.settings.liveness_ttl_s
         tg.start_soon(heartbeat_loop, locks, ttl, joined, None, expired)
+        due = time.monotonic()
         while not stop.is_set():
-            # as the consumer's lock round (`Ownership.lock_round`, under a valid lease)
-            got = await locks.poll([(rotation + i) % shards for i in range(shards)])
+            # as the consumer's lock round (`Ownership.lock_round`, under a valid lease): due
+            # `interval_s` after the previous one started
+            now = time.monotonic()
+            LATE_MS.append(1000 * (now - due))
+            due = now + interval_s
+            before = (len(held), share)
+            got = await locks.poll(every[rotation : rotation + shards])
+            if owed_interval_s and locks.owed:
+                due = now + owed_interval_s
+            ROUNDS[0] += 1
             rotation = (rotation + 1) % shards
             joined.set()
-            held = set(got.grants)
+            held, share = set(got.grants), got.share
+            if (len(held), share) != before:
+                EVENTS.append((time.time(), member.consumer_id, "round", share, len(held)))
             surplus = len(held) - got.share
             if surplus > 0:
                 for s in await locks.release(sorted(held)[-surplus:]):
                     held.discard(s)
-            with anyio.move_on_after(interval_s):
+                EVENTS.append((time.time(), member.consumer_id, "free", share, len(held)))
+            with anyio.move_on_after(due - time.monotonic()):
                 await stop.wait()
         tg.cancel_scope.cancel()
     with anyio.CancelScope(shield=True):
@@ -93,14 +139,18 @@ async def member_loop(member: Member, shards: int, interval_s: float, stop: anyi
 
 async def worker_main(url: str, settings: dict[str, Any], shards: int, conn: Connection) -> None:
     """A worker process: runs the members the parent names on `conn` (``("join", group, id)``,
-    ``("leave", group, id)``, ``("stop",)``), acknowledging each command with ``"ok"``."""
+    ``("leave", group, id)``, ``("stop",)``), acknowledging each command with ``"ok"``; to
+    ``("rounds",)`` it answers its members' lock rounds so far (`ROUNDS`)."""
     import redis.asyncio
 
+    settings = dict(settings)  # (the simulator's own knob is no setting of the library)
+    owed_interval_s = settings.pop("owed_interval_ms", 0) / 1000
     s = Settings(redis_url=url, **settings)
     client = redis.asyncio.Redis.from_url(url, max_connections=None)
     keys = Keys.of(s)
     interval_s = s.lock_interval_ms / 1000
     stops: dict[tuple[str, str], anyio.Event] = {}
+    every = list(range(shards)) * 2
     async with client, anyio.create_task_group() as tg:
         while True:
             cmd = await anyio.to_thread.run_sync(conn.recv)
@@ -108,11 +158,22 @@ async def worker_main(url: str, settings: dict[str, Any], shards: int, conn: Con
                 for ev in stops.values():
                     ev.set()
                 break
+            if cmd[0] == "rounds":
+                conn.send(ROUNDS[0])
+                continue
+            if cmd[0] == "late":
+                conn.send(LATE_MS[:])
+                LATE_MS.clear()
+                continue
+            if cmd[0] == "events":
+                conn.send(EVENTS[:])
+                EVENTS.clear()
+                continue
             _, group, member_id = cmd
             if cmd[0] == "join":
                 stop = stops[(group, member_id)] = anyio.Event()
                 m = Member(client, keys, s, TOPIC, group, member_id)
-                tg.start_soon(member_loop, m, shards, interval_s, stop)
+                tg.start_soon(member_loop, m, shards, interval_s, stop, every, owed_interval_s)
             else:
                 stops.pop((group, member_id)).set()
             conn.send("ok")
@@ -152,6 +213,45 @@ class Fleet:
 
     def leave(self, group: str, member_id: str) -> None:
         self._send(self.where.pop((group, member_id)), ("leave", group, member_id))
+
+    def rounds(self) -> int:
+        """Lock rounds made so far by the members of every live worker."""
+        total = 0
+        for conn, p in zip(self.conns, self.procs, strict=True):
+            if p.is_alive():
+                conn.send(("rounds",))
+                total += conn.recv()
+        return total
+
+    def events(self) -> list[tuple[float, str, str, int, int]]:
+        """The live workers' `EVENTS` since the last call, in time order."""
+        out = []
+        for conn, p in zip(self.conns, self.procs, strict=True):
+            if p.is_alive():
+                conn.send(("events",))
+                out += conn.recv()
+        return sorted(out)
+
+    def late_ms(self) -> list[float]:
+        """How late the live workers' lock rounds started since the last call (`LATE_MS`)."""
+        out = []
+        for conn, p in zip(self.conns, self.procs, strict=True):
+            if p.is_alive():
+                conn.send(("late",))
+                out += conn.recv()
+        return out
+
+    def cpu_s(self) -> float:
+        """CPU seconds (user + system) of the live workers so far (``/proc/<pid>/stat``)."""
+        tick = os.sysconf("SC_CLK_TCK")
+        total = 0.0
+        for p in self.procs:
+            try:
+                fields = Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except FileNotFoundError:
+                continue
+            total += (int(fields[11]) + int(fields[12])) / tick
+        return total
 
     def kill(self, process: int) -> None:
         os.kill(self.procs[process].pid, signal.SIGKILL)
@@ -199,17 +299,36 @@ def until_fair(
     timeout_s: float,
     gone: str = "",
     joined: str = "",
-) -> tuple[float, dict[int, str]]:
+) -> tuple[float, dict[int, str], float | None]:
     """Seconds until `group` has a fair share without member `gone` and with member `joined`
-    (sampled every 50 ms), and its owners then."""
+    (sampled every `SAMPLE_S`), its owners then, and the seconds until `joined` first held a
+    shard (None without `joined`)."""
     start = time.monotonic()
+    first = None
     while True:
         ok, owners, _ = fair(r, keys, group, shards, gone, joined)
+        if joined and first is None and joined in owners.values():
+            first = time.monotonic() - start
         if ok:
-            return time.monotonic() - start, owners
+            return time.monotonic() - start, owners, first
         if time.monotonic() - start > timeout_s:
             raise TimeoutError(f"group {group}: no fair share after {timeout_s} s")
-        time.sleep(0.05)
+        time.sleep(SAMPLE_S)
+
+
+SAMPLE_S = 0.02
+"""Seconds between two samples of the lock hash while waiting for a fair share."""
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    """p50, p99 and max of `values` (ms), rounded; zeros when empty."""
+    if not values:
+        return {"p50": 0.0, "p99": 0.0, "max": 0.0}
+    v = sorted(values)
+    return {
+        k: round(v[min(len(v) - 1, int(q * len(v)))], 1)
+        for k, q in (("p50", 0.5), ("p99", 0.99), ("max", 1.0))
+    }
 
 
 def moved(before: dict[int, str], after: dict[int, str]) -> int:
@@ -221,8 +340,21 @@ def cpu_s(r: Any) -> float:
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
-def command_calls(r: Any) -> dict[str, int]:
-    return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in r.info("commandstats").items()}
+def command_stats(r: Any) -> dict[str, tuple[int, int]]:
+    """``INFO commandstats``: command -> (calls, µs of Redis CPU) so far."""
+    return {
+        k.removeprefix("cmdstat_"): (int(v["calls"]), int(v["usec"]))
+        for k, v in r.info("commandstats").items()
+    }
+
+
+def stats_between(
+    before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]], command: str
+) -> tuple[int, int]:
+    """Calls and µs of `command` between two `command_stats`."""
+    c0, u0 = before.get(command, (0, 0))
+    c1, u1 = after.get(command, (0, 0))
+    return c1 - c0, u1 - u0
 
 
 def measure(args: argparse.Namespace, url: str) -> dict[str, Any]:
@@ -231,6 +363,7 @@ def measure(args: argparse.Namespace, url: str) -> dict[str, Any]:
         "liveness_ttl_s": args.ttl_s,
         "lock_interval_ms": args.lock_interval_ms,
         "coordination_slots": args.coordination_slots,
+        "owed_interval_ms": args.owed_interval_ms,
     }
     groups = [f"g{g}" for g in range(args.groups)]
     r: Any = redis.Redis.from_url(url)
@@ -238,6 +371,7 @@ def measure(args: argparse.Namespace, url: str) -> dict[str, Any]:
     # the member that will be SIGKILLed has a process of its own
     victim_process = Fleet(url, settings, args.shards, 1)
     timeout_s = 60 + 4 * args.ttl_s
+    asked = args.groups * args.consumers * 1000 / args.lock_interval_ms
     result: dict[str, Any] = {
         "consumers": args.consumers,
         "shards": args.shards,
@@ -246,6 +380,8 @@ def measure(args: argparse.Namespace, url: str) -> dict[str, Any]:
         "coordination_slots": args.coordination_slots,
         "lock_interval_ms": args.lock_interval_ms,
         "ttl_s": args.ttl_s,
+        "owed_interval_ms": args.owed_interval_ms,
+        "load_average": list(os.getloadavg()),
     }
     try:
         for g in groups:
@@ -258,14 +394,31 @@ def measure(args: argparse.Namespace, url: str) -> dict[str, Any]:
         result["first_fair_share_s"] = time.monotonic() - start
 
         time.sleep(2 * args.lock_interval_ms / 1000)  # the rounds after the first fair share
-        calls0, cpu0, t0 = command_calls(r), cpu_s(r), time.monotonic()
+        stats0, cpu0, t0 = command_stats(r), cpu_s(r), time.monotonic()
+        rounds0, workers0 = fleet.rounds() + victim_process.rounds(), fleet.cpu_s()
+        fleet.late_ms()
         time.sleep(args.steady_s)
-        calls1, cpu1, wall = command_calls(r), cpu_s(r), time.monotonic() - t0
-        per_s = {k: (calls1[k] - calls0.get(k, 0)) / wall for k in calls1}
-        result["redis_cpu_percent_steady"] = round(100 * (cpu1 - cpu0) / wall, 2)
+        stats1, cpu1, wall = command_stats(r), cpu_s(r), time.monotonic() - t0
+        rounds1, workers1 = fleet.rounds() + victim_process.rounds(), fleet.cpu_s()
+        per_s = {k: stats_between(stats0, stats1, k)[0] / wall for k in stats1}
+        cpu_percent = 100 * (cpu1 - cpu0) / wall
+        result["redis_cpu_percent_steady"] = round(cpu_percent, 2)
         result["commands_per_s"] = round(sum(per_s.values()), 1)
         top = sorted(per_s.items(), key=lambda kv: -kv[1])[:8]
         result["top_commands"] = {k: round(v, 1) for k, v in top if v > 0}
+        # what the members achieved of the rounds the lock interval asks: below it, the workers
+        # are short of CPU, and Redis would do proportionally more at the full rate
+        rounds_per_s = (rounds1 - rounds0) / wall
+        result["rounds_per_s"] = round(rounds_per_s, 1)
+        result["rounds_per_s_asked"] = round(asked, 1)
+        result["redis_us_per_round"] = round(1e6 * (cpu1 - cpu0) / max(rounds1 - rounds0, 1), 1)
+        result["redis_cpu_percent_at_full_rate"] = round(
+            cpu_percent * asked / max(rounds_per_s, 1e-9), 2
+        )
+        result["workers_cpu_percent"] = round(100 * (workers1 - workers0) / wall, 1)
+        result["round_late_ms_steady"] = percentiles(fleet.late_ms())
+        calls, usec = stats_between(stats0, stats1, "evalsha")
+        result["evalsha_us_per_call_steady"] = round(usec / calls, 1) if calls else None
 
         unowned = 0
         for _ in range(10):
@@ -273,31 +426,57 @@ def measure(args: argparse.Namespace, url: str) -> dict[str, Any]:
             time.sleep(0.05)
         result["unowned_samples"] = unowned
 
-        changes = []
+        changes: list[int] = []
+        where: dict[str, dict[str, Any]] = {}
+        trace: dict[str, list[Any]] = {}
         g0 = groups[0]
-        _, before = until_fair(r, keys, g0, args.shards, timeout_s)
-        fleet.join(g0, f"{g0}-joiner")
-        join_s, after = until_fair(r, keys, g0, args.shards, timeout_s, joined=f"{g0}-joiner")
-        result["rebalance_s_join"] = round(join_s, 3)
-        changes.append(moved(before, after))
+        _, before, _ = until_fair(r, keys, g0, args.shards, timeout_s)
 
-        before = after
-        fleet.leave(g0, f"{g0}-joiner")
-        leave_s, after = until_fair(r, keys, g0, args.shards, timeout_s, f"{g0}-joiner")
-        result["rebalance_s_leave"] = round(leave_s, 3)
-        changes.append(moved(before, after))
+        def change(kind: str, act: Any, gone: str = "", joined: str = "") -> None:
+            # where the rebalance's time goes: the Redis CPU it took, the lock scripts it ran
+            # (calls, µs each), and when the joiner first held a shard
+            nonlocal before
+            fleet.events(), fleet.late_ms()
+            s0, c0, t0 = command_stats(r), cpu_s(r), time.time()
+            act()
+            took, after, first = until_fair(r, keys, g0, args.shards, timeout_s, gone, joined)
+            s1, c1 = command_stats(r), cpu_s(r)
+            if args.trace:
+                trace[kind] = [
+                    [round(t - t0, 4), *rest] for t, *rest in fleet.events() if t < t0 + took + 1
+                ]
+            result[f"rebalance_s_{kind}"] = round(took, 3)
+            calls, usec = stats_between(s0, s1, "evalsha")
+            detail: dict[str, Any] = {
+                "redis_cpu_s": round(c1 - c0, 3),
+                "evalsha_calls": calls,
+                "evalsha_us_per_call": round(usec / calls, 1) if calls else None,
+                "evalsha_s": round(usec / 1e6, 3),
+            }
+            if first is not None:
+                detail["joiner_first_shard_s"] = round(first, 3)
+            detail["round_late_ms"] = percentiles(fleet.late_ms())
+            where[kind] = detail
+            changes.append(moved(before, after))
+            before = after
 
-        before = after
-        victim_process.kill(0)
-        kill_s, after = until_fair(r, keys, g0, args.shards, timeout_s, "victim")
-        result["rebalance_s_kill"] = round(kill_s, 3)
-        result["rebalance_s_kill_after_ttl"] = round(kill_s - args.ttl_s, 3)
-        changes.append(moved(before, after))
+        change("join", lambda: fleet.join(g0, f"{g0}-joiner"), joined=f"{g0}-joiner")
+        change("leave", lambda: fleet.leave(g0, f"{g0}-joiner"), gone=f"{g0}-joiner")
+        # the victim's liveness ends at its deadline (its last refresh + TTL), up to TTL / 3
+        # before kill + TTL: the time after that deadline is what the protocol takes
+        left_s = (float(r.zscore(keys.members(TOPIC, g0), "victim")) - server_ms(r)) / 1000
+        change("kill", lambda: victim_process.kill(0), gone="victim")
+        result["rebalance_s_kill_after_ttl"] = round(result["rebalance_s_kill"] - args.ttl_s, 3)
+        result["rebalance_s_kill_after_deadline"] = round(result["rebalance_s_kill"] - left_s, 3)
         result["moves_per_change"] = changes
+        result["rebalance_detail"] = where
+        if args.trace:
+            result["rebalance_trace"] = trace
     finally:
         fleet.close()
         victim_process.close()
         r.close()
+    result["load_average_end"] = list(os.getloadavg())
     return result
 
 
@@ -310,6 +489,13 @@ def main() -> None:
     p.add_argument("--lock-interval-ms", type=int, default=100)
     p.add_argument("--ttl-s", type=float, default=5.0, help="liveness TTL (seconds)")
     p.add_argument("--steady-s", type=float, default=10.0)
+    p.add_argument(
+        "--owed-interval-ms",
+        type=int,
+        default=0,
+        help="a member owed shards (LockClient.owed) rounds this often instead of every lock "
+        "interval (0: as the consumer does, every lock interval)",
+    )
     p.add_argument("--json", default=None)
     p.add_argument(
         "--coordination-slots",
@@ -317,6 +503,12 @@ def main() -> None:
         default="shared",
         help="the key layout (setting coordination_slots); one redis-server: same cost, other "
         "key names (on a Cluster, 'topic' puts each topic's coordination on its slot's node)",
+    )
+    p.add_argument(
+        "--trace",
+        action="store_true",
+        help="add rebalance_trace: per change, each member's round that changed its share or "
+        "locks and each release, in seconds from the change",
     )
     a = p.parse_args()
     with RedisServer() as server:

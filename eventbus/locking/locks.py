@@ -191,6 +191,12 @@ class LockClient:
         self._every: list[int] = []  # range(shards) twice: rotations are slices of it
 
     @property
+    def owed(self) -> bool:
+        """Whether the last round left this member below its fair share (it joined, or its
+        share grew): its next round may come early (a poll until a release moves the epoch)."""
+        return len(self._held) < self._share
+
+    @property
     def acquiring(self) -> bool:
         """Whether a lock round is in flight: `acquire` was called and has not returned or
         raised yet. Its reply may say that locks were lost while the member's liveness had
@@ -202,7 +208,8 @@ class LockClient:
 
     async def acquire(self, candidates: Sequence[int]) -> LockRound:
         """Refresh liveness and take free or expired locks among `candidates` (in order of
-        preference) up to the fair share; report every lock held after the call.
+        preference) up to the fair share; report every lock held after the call. Given every
+        shard, it scans them only if owed shards or unsure what it holds (docs/protocol.md).
 
         Raises `redis.exceptions.RedisError` (or `OSError`) as the client does; a reply lost with
         the connection may still have taken locks, which the next call reports as held.
@@ -234,11 +241,12 @@ class LockClient:
 
     async def poll(self, candidates: Sequence[int]) -> LockRound:
         """`acquire`'s reply, at the cost of what changed: when this member scanned every shard
-        at the group's current epoch and every lock it holds is still its own under the same
-        fencing token, one pipelined read (``HMGET`` of the epoch and of the held shards' owner
-        and token fields) answers what the script would: the same locks held, the same share,
-        nothing to take (`LockRound.refreshed` False: its liveness was not refreshed, so no
-        lease starts from it; the heartbeat keeps liveness). Otherwise, and at random
+        at the group's current epoch, every lock it holds is still its own under the same
+        fencing token and the epoch hash counts as many locks of its own, one pipelined read
+        (``HMGET`` of the epoch and of the held shards' owner and token fields) answers what
+        the script would: the same locks held and share, nothing to take (`LockRound.refreshed`
+        False: no liveness refresh, so no lease starts from it; the heartbeat keeps liveness).
+        Otherwise (a scan when an owner, token or the count differs), and at random
         `full_rounds` times per lock interval over the group (`FULL_ROUNDS_PER_INTERVAL`), it
         runs `acquire`. Raises what `acquire` raises."""
         candidates = list(candidates)
@@ -259,11 +267,11 @@ class LockClient:
         sent_at = time.monotonic()
         held = sorted(self._held)
         pipe = self._redis.pipeline(transaction=False)
-        pipe.hmget(self._keys[2], ["since", "n"])
+        pipe.hmget(self._keys[2], ["since", "n", f"held:{self.member_id}"])
         if held:
             pipe.hmget(self._keys[1], [f for s in held for f in (str(s), f"{s}:token")])
         try:
-            [since, n], *fields = await pipe.execute()
+            [since, n, owned], *fields = await pipe.execute()
         except NoPermissionError as exc:  # a role from before HMGET (docs/security.md)
             self._plain_reads = False
             log.warning(
@@ -275,7 +283,10 @@ class LockClient:
             )
             return await self.acquire(candidates)
         if f"{_text(since)}:{_text(n or b'0')}" != self._epoch:
-            return await self.acquire(candidates)  # membership or locks changed: scan
+            return await self.acquire(candidates)  # (the script scans only when owed shards)
+        if int(owned or 0) != len(held):  # it owns a lock it does not know of (a release
+            self._epoch = ""  # lost with a failover, docs/protocol.md): a scan finds it
+            return await self.acquire(candidates)
         values = fields[0] if held else []
         for i, s in enumerate(held):
             # another owner or token at the same epoch: only after a failover to a replica that

@@ -162,3 +162,35 @@ async def test_a_role_without_hmget_polls_through_the_lock_round(
     assert all(set(p.grants) == set(scanned.grants) == {0, 1, 2, 3} for p in polled)
     warned = [r.getMessage() for r in caplog.records if r.name == "eventbus.locking"]
     assert len(warned) == 1 and "grant +hmget" in warned[0]  # once, not per round
+
+
+async def test_at_a_new_epoch_only_a_member_owed_shards_scans(
+    private_r: tuple[redis.asyncio.Redis, str],
+) -> None:
+    # 2,500 shards over 10 members, 250 each; an 11th joins. a holds more than its new share
+    # and owns nothing it did not list: its round reads its 250 owners and tokens (2 HMGETs)
+    # instead of every shard's owner (3 HMGETs of 1,000 fields, then the tokens); the joiner,
+    # owed 227, scans. The replies are what scans would give.
+    r, _ = private_r
+    scripts = Scripts.register(r)
+    for name in "bcdefghij":
+        await LockScriptCases.lock(scripts, name, 2_500, [])
+    for name in "abcdefghij":
+        await LockScriptCases.lock(scripts, name, 2_500)
+    epoch = await LockScriptCases.epoch(r)
+    a = sorted(s for s, owner in (await LockScriptCases.owners(r)).items() if owner == "a")
+    assert len(a) == 250
+    await LockScriptCases.lock(scripts, "z", 2_500, [])  # z joins: a new epoch
+
+    hmgets = await _calls(r, "hmget")
+    now, round_a = await LockScriptCases.round_at(scripts, "a", 2_500, epoch, a)
+    hmgets_a = await _calls(r, "hmget") - hmgets
+    _, round_z = await LockScriptCases.round_at(scripts, "z", 2_500, epoch, [])
+    hmgets_z = await _calls(r, "hmget") - hmgets - hmgets_a
+
+    assert now != epoch
+    assert round_a.share == 228  # floor(2,500 / 11) = 227, a first by ID of the 3 left over
+    assert round_a.locks == {s: (1, 0) for s in a}  # its 250, kept until it releases 22
+    assert hmgets_a == 2
+    assert (round_z.share, round_z.locks) == (227, {})  # every shard is held: nothing yet
+    assert hmgets_z == 3  # a scan: every shard's owner

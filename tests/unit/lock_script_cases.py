@@ -367,6 +367,55 @@ class LockScriptCases:
         assert scanned.shards == {0, 1} and scanned.share == 2  # a scan: the free lock 1 taken
         assert await self.owners(client) == {0: "a", 1: "a", 2: "b", 3: "b"}
 
+    @staticmethod
+    async def owned(client: Any) -> dict[str, int]:
+        """The epoch hash's count of locks owned per member (``held:<member>``)."""
+        raw = await client.hgetall(EPOCH)
+        return {
+            k.decode().removeprefix("held:"): int(v)
+            for k, v in raw.items()
+            if k.startswith(b"held:")
+        }
+
+    @pytest.mark.anyio
+    async def test_the_epoch_hash_counts_the_locks_each_member_owns(
+        self, client: Any, scripts: Scripts
+    ) -> None:
+        # kept by every change of owner (takes, takes from the dead, releases) and set by a
+        # scan of every shard; a member owning none has no field
+        await self.lock(scripts, "a", 4, candidates=[0, 1, 2])
+        await self.lock(scripts, "b", 4, candidates=[3], ttl_ms=5)
+        assert await self.owned(client) == {"a": 3, "b": 1}
+        assert await self.unlock(scripts, "a", [2]) == {2}
+        assert await self.owned(client) == {"a": 2, "b": 1}
+        await self.expire_now(client, "b")
+
+        reply = await self.lock(scripts, "a", 4, candidates=[3, 2])  # not every shard
+
+        assert reply.locks == {3: (2, TAKEN_FROM_DEAD), 2: (2, TAKEN_FREE)}  # (0, 1 unlisted)
+        assert await self.owned(client) == {"a": 4}
+        await client.hset(EPOCH, "held:a", 9)  # (a wrong count, set right by a scan)
+        await self.lock(scripts, "a", 4)
+        assert await self.owned(client) == {"a": 4}
+        assert await self.unlock(scripts, "a", [0, 1, 2, 3], leave=True) == {0, 1, 2, 3}
+        assert await self.owned(client) == {}
+
+    @pytest.mark.anyio
+    async def test_at_a_new_epoch_a_member_owning_a_lock_it_did_not_list_scans(
+        self, client: Any, scripts: Scripts
+    ) -> None:
+        # a holds its share and lists only part of it (its release of 1 was lost with a
+        # failover, say): the count of what it owns says so, and the round reports 1 again
+        await self.lock(scripts, "a", 4)
+        epoch = await self.epoch(client)
+        await self.lock(scripts, "b", 4, [])  # b joins: a's share is 2
+
+        _, reply = await self.round_at(scripts, "a", 4, epoch, [0, 2, 3])
+        _, twice = await self.round_at(scripts, "a", 4, epoch, [0, 0, 2, 3])  # (4 listed)
+
+        assert reply.share == 2 and reply.locks == {s: (1, HELD) for s in range(4)}
+        assert twice.locks == reply.locks
+
     # -- unlock_shards -----------------------------------------------------------------------------
     @pytest.mark.anyio
     async def test_unlock_releases_only_the_callers_locks(
@@ -501,6 +550,20 @@ class LockClientCases:
         assert got.grants == {s: Grant(s, 1, LockState.TAKEN_FREE) for s in (0, 1)}
         assert all(type(g.shard) is int and type(g.token) is int for g in got.grants.values())
         assert before <= got.sent_at <= time.monotonic()
+
+    @pytest.mark.anyio
+    async def test_a_member_is_owed_while_it_holds_less_than_its_share(self, client: Any) -> None:
+        a, b = self.member(client, "a"), self.member(client, "b")
+        await a.acquire(range(4))
+        assert not a.owed
+
+        await b.acquire(range(4))  # a holds every shard: b's share 2, nothing to take
+        assert b.owed
+        got = await a.acquire(range(4))
+        assert (got.share, len(got.grants), a.owed) == (2, 4, False)  # above its share
+        await a.release([2, 3])
+        assert set((await b.acquire(range(4))).grants) == {2, 3}
+        assert not b.owed
 
     @pytest.mark.anyio
     async def test_is_new_per_state(self, client: Any) -> None:
@@ -708,6 +771,26 @@ class LockClientCases:
             1: LockState.TAKEN_FREE,
         }
         assert await client.hget(LOCKS, "1") in ("a", b"a")
+
+    @pytest.mark.anyio
+    async def test_a_lock_owned_but_not_known_at_the_same_epoch_is_found_by_that_poll(
+        self, client: Any
+    ) -> None:
+        # a released shard 1, then a failover to a replica that lacked the release: the lock is
+        # a's again there, with the epoch and a's count of locks from before; a's table lacks
+        # it, and the owner and token checks of what it holds all pass. The count differs from
+        # what a holds, so the poll scans: a reads 1 again (or releases it), not nobody
+        calls: list[str] = []
+        a, _ = await self.settled(client, calls)
+        before = await client.hgetall(EPOCH)
+        assert await a.release([1]) == [1]
+        await client.hset(LOCKS, "1", "a")
+        await client.hset(EPOCH, mapping=before)
+
+        got = await a.poll(range(4))
+
+        assert calls == ["lock_shards"] and got.refreshed
+        assert got.grants == {0: Grant(0, 1, LockState.HELD), 1: Grant(1, 1, LockState.HELD)}
 
     @pytest.mark.parametrize("shards", [1, 2])
     @pytest.mark.anyio
