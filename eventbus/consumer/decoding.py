@@ -28,7 +28,7 @@ from eventbus.consumer.foreign import prepare_foreign
 from eventbus.errors import DecodeError, InvalidReply, UnknownEventType, undecodable
 from eventbus.locking.member import Member
 from eventbus.ops.metrics import METRICS
-from eventbus.profiles import Codec, profile_of
+from eventbus.profiles import Codec
 from eventbus.protocol.codec import (
     F_DATA,
     FORMAT_MSGPACK,
@@ -64,7 +64,7 @@ class Decoding:
         self._skipped_types: set[str] = set()  # at most _SKIPPED_TYPES
         self._skipped_more = 0  # entries of other unknown types since the last WARNING
         self._next_skip_warning = 0.0
-        self.codec = profile_of(member).codec  # the format, and how a read is prepared
+        self.codec = member.profile.codec  # the format, and how a read is prepared
 
     def prepare(self, batch: Sequence[Delivery]) -> None:
         """Decode and validate the entries of one read ahead of their turn: each envelope
