@@ -52,13 +52,12 @@ from eventbus.consumer.open_ownership import OpenOwnership
 from eventbus.consumer.pipeline import Pipeline, per_resource
 from eventbus.consumer.position_reads import PositionReader
 from eventbus.consumer.supervision import count_refusals, read_loop, start_when_reachable
-from eventbus.errors import RedisCommandRefused
 from eventbus.locking.member import Member
 from eventbus.protocol.topics import TopicRegistry
 
 log = logging.getLogger("eventbus.consumer")
 
-_CHECK_FAILED: tuple[type[Exception], ...] = (*LOST_REPLY, ResponseError, RedisCommandRefused)
+_CHECK_FAILED: tuple[type[Exception], ...] = (*LOST_REPLY, ResponseError)  # the last gap check
 
 
 class Drops:
