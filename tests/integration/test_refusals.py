@@ -52,13 +52,14 @@ def _logged_with_its_reason(caplog: pytest.LogCaptureFixture, command: str) -> b
 
 @contextlib.asynccontextmanager
 async def _consuming(
-    settings: Callable[..., Settings], url: str
+    settings: Callable[..., Settings], url: str, **subscriber: object
 ) -> AsyncIterator[tuple[EventBus, Recorder]]:
     """A bus on `url` (one shard, backing off 0.2 s at most) whose consumer of topic "t", group
-    "g" records what it handles, running until the block ends (then stopped gracefully)."""
+    "g" (or as `subscriber` says) records what it handles, running until the block ends (then
+    stopped gracefully)."""
     rec = Recorder()
     bus = EventBus(settings(redis_url=url, shards=1, retry_max_s=0.2))
-    bus.subscriber("t", group="g")(rec.add)
+    bus.subscriber("t", **(subscriber or {"group": "g"}))(rec.add)
     stop = anyio.Event()
     async with anyio.create_task_group() as tg:
         tg.start_soon(lambda: bus.run(stop=stop))
@@ -242,16 +243,10 @@ async def test_a_refused_broadcast_read_is_reported_like_a_groups_and_retried_un
     url = restricted("-xread")
     refusals = METRICS.redis_refusals.labels("t", "_broadcast", "XREAD")
     before = refusals._value.get()
-    rec = Recorder()
-    bus = EventBus(settings(redis_url=url, shards=1, retry_max_s=0.2))
-    bus.subscriber("t", broadcast=True)(rec.add)
-    stop = anyio.Event()
     with caplog.at_level(logging.ERROR, logger="eventbus.consumer"):
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(lambda: bus.run(stop=stop))
+        async with _consuming(settings, url, broadcast=True) as (bus, rec):
             await wait_until(lambda: refusals._value.get() - before >= 2)
             await bus.publish("t", Tick(resource="a", seq=1), resource_id="a")
             await r.execute_command("ACL", "SETUSER", "limited", "+xread")
             await rec.wait_for(1)
-            stop.set()
     assert _logged_with_its_reason(caplog, "XREAD")

@@ -10,7 +10,8 @@ import pytest
 from eventbus import EventBus, Settings
 from eventbus.consumer.broadcast import BroadcastConsumer
 from eventbus.consumer.position_reads import PositionReader
-from eventbus.consumer.running import make_consumers
+from eventbus.locking.member import Member
+from eventbus.profiles import EVENTBUS
 from eventbus.protocol.topics import TopicRegistry
 from eventbus.testing import memory_redis
 
@@ -18,18 +19,19 @@ pytestmark = pytest.mark.anyio
 
 
 async def started(**settings: int) -> tuple[BroadcastConsumer, PositionReader]:
+    """A broadcast consumer of topic "config" (2 shards, in memory) that took its start
+    positions (the streams do not exist yet: both at 0-0), and its reader."""
     bus = EventBus(Settings(redis_url="redis://in-memory", shards=2, **settings))
 
     @bus.subscriber("config", broadcast=True)
     async def handle(event: dict) -> None:  # type: ignore[type-arg]
         pass
 
+    [sub] = bus.subscriptions
     redis = memory_redis()
-    [c] = make_consumers(
-        bus.subscriptions, redis, bus.keys, bus.settings, TopicRegistry(redis, bus.keys)
-    )
-    assert isinstance(c, BroadcastConsumer)
-    await c.ownership.start()  # the streams do not exist yet: both start at 0-0
+    member = Member(redis, bus.keys, bus.settings, "config", sub.group, "c-1", EVENTBUS)
+    c = BroadcastConsumer(member, TopicRegistry(redis, bus.keys), sub)
+    await c.ownership.start()
     reader = c.pipeline.reader
     assert isinstance(reader, PositionReader)
     return c, reader
