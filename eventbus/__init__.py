@@ -1,12 +1,12 @@
 """eventbus: event-driven microservices on Redis Streams.
 
-The names of `__all__` are imported on first use (PEP 562, `__getattr__`): a process that
-imports one submodule (a Spark worker unpickling ``eventbus.spark.writer``, a CLI command) does
-not pay for the bus, the consumer and Redis clients it does not use.
+The names of `__all__` are imported on first use (`eventbus.ops.lazy`).
 """
 
 from importlib.metadata import PackageNotFoundError, version
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from eventbus.ops.lazy import lazy_names
 
 if TYPE_CHECKING:
     from eventbus.app import EventBus
@@ -67,47 +67,22 @@ __all__ = [
 ]
 
 
-_LAZY = {
-    "EventBus": "eventbus.app",
-    "Settings": "eventbus.config",
-    "Context": "eventbus.consumer",
-    "Depends": "eventbus.consumer.depends",
-    "Router": "eventbus.router",
-    "State": "eventbus.consumer.scope",
-    "DeadLetters": "eventbus.dlq",
-    "HandlerLogFilter": "eventbus.ops.log_context",
-    "log_context": "eventbus.ops.log_context",
-    "shard_of": "eventbus.protocol.sharding",
-    "TopicConfig": "eventbus.protocol.topics",
-    "SyncBus": "eventbus.sync",
-    **dict.fromkeys(
-        (
-            "ConfigError",
-            "DecodeError",
-            "EventBusError",
-            "HandlerTimeout",
-            "InvalidReply",
-            "PayloadTooLarge",
-            "PublishError",
-            "RedisUnavailable",
-            "RequestTimeout",
-            "ShardCountMismatch",
-            "UnknownEventType",
-        ),
-        "eventbus.errors",
-    ),
-}
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
-
-
-def __getattr__(name: str) -> Any:
-    import importlib
-
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value  # looked up once
-        return value
-    raise AttributeError(f"module 'eventbus' has no attribute {name!r}")
+# The names of `__all__` not listed here (but `__version__`) are exceptions of `eventbus.errors`.
+__getattr__, __dir__ = lazy_names(
+    globals(),
+    {
+        **dict.fromkeys(__all__, "eventbus.errors"),
+        "EventBus": "eventbus.app",
+        "Settings": "eventbus.config",
+        "Context": "eventbus.consumer",
+        "Depends": "eventbus.consumer.depends",
+        "Router": "eventbus.router",
+        "State": "eventbus.consumer.scope",
+        "DeadLetters": "eventbus.dlq",
+        "HandlerLogFilter": "eventbus.ops.log_context",
+        "log_context": "eventbus.ops.log_context",
+        "shard_of": "eventbus.protocol.sharding",
+        "TopicConfig": "eventbus.protocol.topics",
+        "SyncBus": "eventbus.sync",
+    },
+)

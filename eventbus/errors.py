@@ -175,11 +175,11 @@ class InvalidEventType(ConfigError):
     name refused, `where` what used it."""
 
     rule = "1-200 characters of [A-Za-z0-9_.-]"
+    source = "(the model's __event_type__, or its class name)"
 
     def __init__(self, event_type: object, where: str) -> None:
         super().__init__(
-            f"{where}: invalid event type {event_type!r}: use {self.rule} (the model's "
-            "__event_type__, or its class name)"
+            f"{where}: invalid event type {event_type!r}: use {self.rule} {self.source}"
         )
         self.event_type, self.where = event_type, where
 

@@ -175,12 +175,6 @@ VERSE = WireProfile(
 PROFILES = {p.name: p for p in (EVENTBUS, VERSE)}
 
 
-def profile_of(member: Member) -> WireProfile:
-    """The wire profile `member` speaks: its own, or eventbus's when it names none (a member
-    made by the durable tier, which reads eventbus's format only)."""
-    return member.profile or EVENTBUS
-
-
 def profile_named(profile: str | WireProfile) -> WireProfile:
     """The profile named `profile` (``"eventbus"`` or ``"verse"``), or `profile` itself if it
     is one. Raises `ConfigError` for another name."""

@@ -66,6 +66,7 @@ from eventbus.locking.lease import heartbeat_loop
 from eventbus.locking.locks import LockClient
 from eventbus.locking.member import Member
 from eventbus.locking.scripts import Scripts
+from eventbus.profiles import EVENTBUS
 from eventbus.protocol.keys import Keys
 from localredis.server import RedisServer
 
@@ -172,7 +173,7 @@ async def worker_main(url: str, settings: dict[str, Any], shards: int, conn: Con
             _, group, member_id = cmd
             if cmd[0] == "join":
                 stop = stops[(group, member_id)] = anyio.Event()
-                m = Member(client, keys, s, TOPIC, group, member_id)
+                m = Member(client, keys, s, TOPIC, group, member_id, EVENTBUS)
                 tg.start_soon(member_loop, m, shards, interval_s, stop, every, owed_interval_s)
             else:
                 stops.pop((group, member_id)).set()

@@ -2,7 +2,8 @@
 lock rounds, lease, held-shard table, recovery, release: the fence) and a `Pipeline`
 (`pipeline`: `reading` -> `decoding` -> `queues` and `runner` -> `acks`), run by `engine` and
 `supervision`; a broadcast one (`broadcast`) is an open ownership (`open_ownership`: no lock, no
-lease, its own read positions) with the pipeline's `Stages` (handling, queues, runner, acks).
+lease, its own read positions) with the same pipeline, reading with ``XREAD`` from those
+positions (`position_reads`) instead of `reading`'s ``XREADGROUP``.
 Each entry goes through the handling path shared with catch-up (`handling`, `delivery`,
 `failures`). docs/architecture.md lists every module and the path of an entry.
 """

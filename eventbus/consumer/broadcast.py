@@ -26,21 +26,22 @@ behind by a crashed instance. Its guarantees are those of a plain read:
   handler, a catch-all one included.
 
 The assembly: an open ownership (`open_ownership.OpenOwnership`: every shard, no lock, no lease,
-a fence that always holds, its own read positions) and a group's pipeline stages
-(`pipeline.Stages`): the handling path (decoded and validated per read, the retry policy, the
-watchdog's timeouts), per-resource queues run by a pool of workers, and the count of entries in
-flight (`acks`, as for ``NOACK`` reads: nothing is sent); only the last step differs (`Drops`:
-dropped, not dead-lettered), and the reads are plain ``XREAD`` from the positions.
+a fence that always holds, its own read positions, its trim check telling the gaps) and a
+group's pipeline (`pipeline.Pipeline`, its rounds run by the same read loop,
+`supervision.read_loop`) reading with plain ``XREAD`` from the positions
+(`position_reads.PositionReader`) instead of ``XREADGROUP``: the handling path (decoded and
+validated per read, the retry policy, the watchdog's timeouts), per-resource queues run by a pool
+of workers, and the count of entries in flight (`acks`, as for ``NOACK`` reads: nothing is
+sent). What differs is here: the last step (`Drops`: dropped, not dead-lettered) and the stop
+(the blocked read ended at once, the gaps told once more, what is left after the grace dropped).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import anyio
 from redis.exceptions import ResponseError
-from redis.typing import KeyT, StreamIdT
 
 from eventbus.client import retry
 from eventbus.client.retry import LOST_REPLY
@@ -48,15 +49,15 @@ from eventbus.consumer.context import Subscription
 from eventbus.consumer.delivery import Delivery, Fence, Outcome, Tally
 from eventbus.consumer.handling import Handling
 from eventbus.consumer.open_ownership import OpenOwnership
-from eventbus.consumer.pipeline import Stages, per_resource
-from eventbus.consumer.supervision import start_when_reachable
+from eventbus.consumer.pipeline import Pipeline, per_resource
+from eventbus.consumer.position_reads import PositionReader
+from eventbus.consumer.supervision import count_refusals, read_loop, start_when_reachable
 from eventbus.locking.member import Member
 from eventbus.protocol.topics import TopicRegistry
 
 log = logging.getLogger("eventbus.consumer")
 
-_BATCH = 500  # entries per stream per XREAD
-_RETRIED: tuple[type[Exception], ...] = (*LOST_REPLY, ResponseError)  # reads start over
+_CHECK_FAILED: tuple[type[Exception], ...] = (*LOST_REPLY, ResponseError)  # the last gap check
 
 
 class Drops:
@@ -103,35 +104,35 @@ class Drops:
 
 class BroadcastConsumer:
     """Runs one broadcast `Subscription` until stopped; see the module docstring. Its parts:
-    `ownership` (open) and the pipeline's `stages` (per-resource queues; `handling` with
-    `Drops` as its failure policy; `acks`, the count of entries in flight, nothing sent)."""
+    `ownership` (open) and the `pipeline` (`PositionReader`; per-resource queues; `handling`
+    with `Drops` as its failure policy; `acks`, the count of entries in flight, nothing sent)."""
 
     def __init__(self, member: Member, registry: TopicRegistry, sub: Subscription) -> None:
         """`member` names this instance (its topic and group are `sub`'s); `registry` checks the
         topic's shard count."""
         settings = self.settings = member.settings
-        self.redis, self.consumer_id, self.group = member.redis, member.consumer_id, member.group
+        self.consumer_id, self.group = member.consumer_id, member.group
         self.registry, self.sub, self.topic = registry, sub, sub.topic
-        own = self.ownership = OpenOwnership(member, sub)
+        refusals = count_refusals(self.topic.name, self.group)
+        own = self.ownership = OpenOwnership(member, sub, refusals)
         self.lease = own  # readiness (`Running.lease`): it reads once its positions are taken
         self.started, self.gaps, self.mark_reads = own.started, own.gaps, own.mark_reads
-        self.backoff = retry.backoff(settings.retry_base_s, settings.retry_max_s)
         self.drops: Drops | None = None
-        # a group's stages, fenced by the open ownership; entries are finished when handled
-        # (or dropped): acked as NOACK reads are, nothing sent
-        stages = self.stages = Stages(
+        count = settings.read_count
+        self.pipeline = Pipeline(
             member,
             sub,
             own,
-            own.table,
-            None,
-            noack=True,
+            PositionReader(member, own, count=count),
+            count=count,
             queues=per_resource,
             failures=self._drops,
-            backoff=self.backoff,
+            catch_up=None,
+            backoff=retry.backoff(settings.retry_base_s, settings.retry_max_s),
+            on_refused=refusals,
         )
-        self.handling, self.acks = stages.handling, stages.acks
-        self.tally = stages.tally  # dead_lettered stays 0: no dead-letter stream here
+        self.handling, self.acks = self.pipeline.handling, self.pipeline.acks
+        self.tally = self.pipeline.tally  # dead_lettered stays 0: no dead-letter stream here
 
     def _drops(self, tally: Tally) -> Drops:
         self.drops = Drops(self.sub, tally)
@@ -153,7 +154,8 @@ class BroadcastConsumer:
         `shutdown_grace_s` seconds, the rest is dropped (not this instance's any more). A lost
         connection at start is retried until Redis answers or `stop` is set (then it returns,
         `started` set: there is nothing to wait for: `start_when_reachable`)."""
-        waits = retry.Waits(self.backoff, log)
+        pipe, settings = self.pipeline, self.settings
+        waits = retry.Waits(retry.backoff(settings.retry_base_s, settings.retry_max_s), log)
         who = f"broadcast consumer {self.consumer_id}"
         if not await start_when_reachable(self._start, stop, waits, who):
             self.started.set()
@@ -164,80 +166,44 @@ class BroadcastConsumer:
             self.topic.name,
             self.topic.shards,
         )
-        # One XREAD of every shard stream on a single node; on a Cluster one per stream, each
-        # on its own connection: the keys of one XREAD must share a hash slot there.
-        streams = self.ownership.table.streams
-        reads = [[s] for s in streams] if self.settings.cluster else [streams]
         try:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(self.handling.watchdog.run)
-                self.stages.queues.start_workers(
-                    lambda: tg.start_soon(self.stages.worker, tg), self.settings.concurrency
+                tg.start_soon(pipe.handling.watchdog.run)
+                pipe.queues.start_workers(
+                    lambda: tg.start_soon(pipe.worker, tg), settings.concurrency
                 )
-                async with anyio.create_task_group() as readers:
-                    readers.start_soon(self._cancel_reads_on, stop, readers.cancel_scope)
-                    for these in reads:
-                        readers.start_soon(self._read_loop, these, stop)
-                with anyio.move_on_after(self.settings.shutdown_grace_s):
+                with anyio.CancelScope() as reading:
+                    tg.start_soon(self._end_reads_on, stop, reading)
+                    await read_loop(pipe, self.ownership, self.registry, stop)
+                with anyio.move_on_after(settings.shutdown_grace_s):
                     await self._last_check()
                     while self.acks.in_flight:
                         await self.acks.wait_idle()
                 tg.cancel_scope.cancel()
         finally:
-            self.handling.flush_metrics()
+            pipe.report_handled()
         if self.in_flight:
             log.warning(
                 "broadcast consumer %s stopped with %d events read and not handled within "
                 "shutdown_grace_s=%.1f s: dropped",
                 self.consumer_id,
                 self.in_flight,
-                self.settings.shutdown_grace_s,
+                settings.shutdown_grace_s,
             )
 
-    async def _read_loop(self, streams: list[str], stop: anyio.Event) -> None:
-        """Read `streams` from their positions into the queues until `stop` is set (then the
-        task group's cancellation ends a blocked read), at most `max_in_flight` entries
-        unfinished."""
-        own, acks, settings = self.ownership, self.acks, self.settings
-        waits = retry.Waits(self.backoff, log)
-        behind = False  # whether trimming may have caught up with the position (`Gaps`)
-        while not stop.is_set():
-            while acks.in_flight >= settings.max_in_flight:
-                behind = True  # not reading, while the stream may grow past its cap
-                await own.table.changed()  # (`Acks` wakes it once back under the cap)
-            try:
-                if behind or own.gaps.due(streams, settings.trim_check_s):
-                    await own.check_gaps(streams)
-                positions: dict[KeyT, StreamIdT] = {s: own.positions[s] for s in streams}
-                reply = await self.redis.xread(positions, count=_BATCH, block=settings.block_max_ms)
-                waits.ok()
-            except _RETRIED as exc:
-                await waits.wait(stop, f"broadcast consumer {self.consumer_id}: read failed", exc)
-                continue
-            self._dispatch(reply or [])
-            self.handling.flush_metrics()
-            behind = any(len(entries) >= _BATCH for _, entries in reply or [])  # more to read
-
-    def _dispatch(self, reply: list[Any]) -> None:
-        own = self.ownership
-        for stream, entries in reply:
-            key = stream.decode() if isinstance(stream, bytes) else stream
-            self.stages.dispatch(own.by_stream[key], entries, None)
-            if entries:
-                own.read(key, entries)
-
-    async def _cancel_reads_on(self, stop: anyio.Event, scope: anyio.CancelScope) -> None:
-        """A blocking XREAD does not wait for its block time once `stop` is set, nor does a
-        handler retry (`wait_retry`): within the grace it is tried at once, not dropped."""
-        await stop.wait()
+    async def _end_reads_on(self, stop: anyio.Event, reading: anyio.CancelScope) -> None:
+        """At `stop`, read no more (`Pipeline.stop_starting`) and end a blocked ``XREAD`` at
+        once: it holds nothing (`position_reads`). A handler retry waiting then (`wait_retry`)
+        is tried at once, within the grace, not dropped."""
+        await self.pipeline.stop_starting(stop)
         self.handling.stopping.set()
-        scope.cancel()
+        reading.cancel()
 
     async def _last_check(self) -> None:
         """At stop, once reading ended: tell the entries trimmed since the last check."""
         try:
             await self.ownership.check_gaps(self.ownership.table.streams)
-        except _RETRIED as exc:
+        except _CHECK_FAILED as exc:
             log.warning(
                 "broadcast consumer %s: could not check for entries trimmed before it read "
                 "them at stop: %s",

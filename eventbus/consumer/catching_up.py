@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import KW_ONLY, dataclass, field
 
 from redis.backoff import AbstractBackoff
 
@@ -36,22 +37,17 @@ consumer has just locked, from the durable tier's segments
 (`eventbus.consumer.catchup.shard_hook`)."""
 
 
+@dataclass
 class CatchUpSchedule:
     """Per shard: its failed catch-ups in a row, and the time before which it is not tried
     (nor locked) again. `clock` gives monotonic seconds."""
 
-    def __init__(
-        self,
-        backoff: AbstractBackoff,
-        *,
-        check_s: float = CATCH_UP_CHECK_S,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.backoff = backoff
-        self.check_s = check_s
-        self.clock = clock
-        self._failures: dict[int, int] = {}
-        self._not_before: dict[int, float] = {}
+    backoff: AbstractBackoff
+    _: KW_ONLY
+    check_s: float = CATCH_UP_CHECK_S
+    clock: Callable[[], float] = time.monotonic
+    _failures: dict[int, int] = field(default_factory=dict, init=False, repr=False)
+    _not_before: dict[int, float] = field(default_factory=dict, init=False, repr=False)
 
     def backing_off(self, shard: int) -> bool:
         """Whether `shard`'s last check failed and its backoff has not run out: do not lock it."""

@@ -28,7 +28,7 @@ from eventbus.consumer.foreign import prepare_foreign
 from eventbus.errors import DecodeError, InvalidReply, UnknownEventType, undecodable
 from eventbus.locking.member import Member
 from eventbus.ops.metrics import METRICS
-from eventbus.profiles import Codec, profile_of
+from eventbus.profiles import Codec
 from eventbus.protocol.codec import (
     F_DATA,
     FORMAT_MSGPACK,
@@ -64,7 +64,7 @@ class Decoding:
         self._skipped_types: set[str] = set()  # at most _SKIPPED_TYPES
         self._skipped_more = 0  # entries of other unknown types since the last WARNING
         self._next_skip_warning = 0.0
-        self.codec = profile_of(member).codec  # the format, and how a read is prepared
+        self.codec = member.profile.codec  # the format, and how a read is prepared
 
     def prepare(self, batch: Sequence[Delivery]) -> None:
         """Decode and validate the entries of one read ahead of their turn: each envelope
@@ -156,22 +156,12 @@ class Decoding:
             await retrying.call(
                 self.retry, "dictionary load", lambda: self.dictionaries.ensure(topic, data)
             )
-        try:
-            if not _large(fields):
-                return self.decode(fields)
-            return await anyio.to_thread.run_sync(_without_gc, self.decode, fields)
-        except Exception as exc:
-            raise undecodable(exc)  # noqa: B904 (its cause is `exc`: `undecodable`)
+        return await _off_loop_if_large(self.decode, fields)
 
     async def envelope(self, fields: dict[bytes, bytes]) -> Envelope:
         """The entry's envelope alone (control entries), bounded and off the loop like
         `decoded`. Raises `DecodeError` (for whatever the decode raised: `undecodable`)."""
-        try:
-            if not _large(fields):
-                return self._envelope(fields)
-            return await anyio.to_thread.run_sync(_without_gc, self._envelope, fields)
-        except Exception as exc:
-            raise undecodable(exc)  # noqa: B904 (its cause is `exc`: `undecodable`)
+        return await _off_loop_if_large(self._envelope, fields)
 
     def _envelope(self, fields: dict[bytes, bytes]) -> Envelope:
         return decode_entry(fields, max_bytes=self.max_decoded_bytes)
@@ -261,6 +251,19 @@ def _large(fields: dict[bytes, bytes]) -> bool:
         return True
     size = decompressed_size(data)
     return size < 0 or size >= THREAD_DECODE_BYTES
+
+
+async def _off_loop_if_large(
+    decode: Callable[[dict[bytes, bytes]], T], fields: dict[bytes, bytes]
+) -> T:
+    """``decode(fields)`` on the event loop for a small entry, in a worker thread for a large
+    one (`_large`, `_without_gc`). Raises `DecodeError` for whatever it raised (`undecodable`)."""
+    try:
+        if not _large(fields):
+            return decode(fields)
+        return await anyio.to_thread.run_sync(_without_gc, decode, fields)
+    except Exception as exc:
+        raise undecodable(exc)  # noqa: B904 (its cause is `exc`: `undecodable`)
 
 
 DECODE_SWITCH_INTERVAL_S = 0.0005

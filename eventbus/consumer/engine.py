@@ -9,8 +9,8 @@ The three assemblies: a **group** consumer is an Ownership and a Pipeline with o
 resource (`pipeline.per_resource`); a **batch** one the same with one queue per shard run in
 batches (`batching.batch_queues`), both wired here at construction; a **broadcast** one
 (`broadcast.BroadcastConsumer`) is an open ownership (`open_ownership`: every shard, no lock, no
-lease, a fence that always holds, its own read positions) with the pipeline's `Stages`
-(handling, queues, runner, acks), dropping what a group dead-letters, reading with ``XREAD``.
+lease, a fence that always holds, its own read positions) with the same Pipeline and read loop,
+reading with ``XREAD`` from the positions (`position_reads`), dropping what a group dead-letters.
 
 The life of a round (`Pipeline.round`, run by `supervision.read_loop`):
 
@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
 import anyio
@@ -45,9 +46,11 @@ from eventbus.client import retry
 from eventbus.consumer.batching import batch_queues, is_batch
 from eventbus.consumer.catching_up import CatchUpHook
 from eventbus.consumer.context import Subscription
+from eventbus.consumer.failures import Failures
 from eventbus.consumer.handling import Handling
 from eventbus.consumer.ownership import Ownership
 from eventbus.consumer.pipeline import Pipeline, Queues, per_resource
+from eventbus.consumer.reading import Reader
 from eventbus.consumer.supervision import count_refusals, read_loop, start_when_reachable
 from eventbus.locking.lease import heartbeat_loop
 from eventbus.locking.member import Member
@@ -89,12 +92,24 @@ class Consumer:
         if is_batch(sub.call):  # full batches: a read as large as a batch
             count, queues = max(count, sub.call.max_batch), batch_queues
         self.ownership, self.lease = own, own.lease
+        failures = partial(
+            Failures,
+            member,
+            sub,
+            retry.forever(settings.retry_base_s, settings.retry_max_s),
+            fenced_off=own.fenced_off,
+            # (a custom lock client written before `ShardLocks.fences_writes`: cannot fence)
+            fence_in_redis=getattr(own.locks, "fences_writes", False),
+        )
+        self.reader = Reader(member, own.table.streams, noack=own.noack, count=count)
         self.pipeline = Pipeline(
             member,
             sub,
             own,
+            self.reader,
             count=count,
             queues=queues,
+            failures=failures,
             catch_up=catch_up,
             backoff=backoff,
             on_refused=refusals,
@@ -168,4 +183,4 @@ class Consumer:
 
     async def _start(self) -> None:
         await self.registry.ensure(self.topic)
-        await self.pipeline.reader.ensure_groups()
+        await self.reader.ensure_groups()

@@ -32,7 +32,6 @@ from eventbus.errors import ConfigError, DecodeError
 from eventbus.locking.member import Member
 from eventbus.locking.scripts import register
 from eventbus.ops.metrics import METRICS
-from eventbus.profiles import profile_of
 from eventbus.protocol.dead_letters import (
     DROP,
     DeadLetter,
@@ -86,7 +85,7 @@ class Failures:
                 f"subscriber of topic {sub.topic.name!r}, group {sub.group!r}: "
                 f"on_failure='park' needs its writes to the parked set fenced by the shard "
                 f"locks (lua/fenced_hash.lua checks eventbus's lock hash), and the "
-                f"{profile_of(member).name} profile's lock client keeps its locks "
+                f"{member.profile.name} profile's lock client keeps its locks "
                 f"elsewhere (its fences_writes is False): use eventbus's lock client "
                 f"(profiles.EVENTBUS.lock_client) or on_failure='continue'"
             )
@@ -94,7 +93,7 @@ class Failures:
         self.parked: dict[str, str] = {}  # resource -> its first parked letter's ID
         self._changes = 0  # local parks and unparks, to detect a reload racing them
         self._m_dead = METRICS.dead_lettered.labels(sub.topic.name, sub.group)
-        self._kept = profile_of(member).codec.fields  # what a dead letter keeps
+        self._kept = member.profile.codec.fields  # what a dead letter keeps
 
     def gives_up(self, parking: bool) -> str:
         return "dead-lettering and parking the resource" if parking else "dead-lettering"

@@ -36,7 +36,6 @@ from eventbus.locking.lease import Lease
 from eventbus.locking.member import Member
 from eventbus.locking.scripts import Scripts
 from eventbus.ops.metrics import METRICS, ShardMetrics
-from eventbus.profiles import profile_of
 from eventbus.protocol.retention import trim_held_to_acked
 from eventbus.tier.settings import OFFLOADER_GROUP
 
@@ -78,7 +77,7 @@ class Ownership:
         self.noack = sub.options.ack == "before"
         self.on_refused = on_refused
         n = self.topic.shards
-        self.locks = profile_of(member).lock_client(member, n, scripts)
+        self.locks = member.profile.lock_client(member, n, scripts)
         self.lease = Lease(settings.lease_s)
         self.table = ShardTable([self.keys.stream(self.topic.name, s) for s in range(n)])
         self.trims = TrimWatch(member)
@@ -219,6 +218,15 @@ class Ownership:
         except BaseException:
             self.table.forget(shards)
             raise
+
+    def shard_room(self, count: int) -> int:
+        """The per-shard read-ahead bound for reads of `count`: a shard is read while at most
+        one read's worth of its entries is in flight (one handled, the next read meanwhile), so
+        one hot shard cannot take all of `max_in_flight`, and what a draining shard must finish,
+        or a crash leaves to XAUTOCLAIM, does not grow with it (docs/operations.md). NOACK reads
+        lose what they read ahead at a stop or a lost lease: a shard of theirs is read only once
+        its last read is finished (0) (docs/semantics.md, at-most-once)."""
+        return 0 if self.noack else count
 
     def poll_ms(self, block_ms: int) -> int:
         """How long a round that has no shard to read waits before the next: the read loop's

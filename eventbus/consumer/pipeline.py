@@ -6,9 +6,10 @@ its queues (decoded and validated in one pass first, unless a batch worker decod
 them through the handling path (`handling`) under the ownership's fence (`runner`, or a batch
 subscription's `BatchRunner`); and acks them in batches (`acks`). The queues and the workers'
 step are the assembly's choice, made at construction (`Queues`). Everything after the read is
-`Stages` (handling, queues and workers, acks), which the broadcast assembly builds too
-(`eventbus.consumer.broadcast`: its own reads, an open ownership's fence, `Drops` as its last
-step).
+`Stages` (handling, queues and workers, acks). The reads are the assembly's choice too
+(`Reads`): a group's `reading.Reader` (``XREADGROUP``, recovery, fenced delivery) or a
+broadcast's `position_reads.PositionReader` (``XREAD`` from an open ownership's positions;
+`eventbus.consumer.broadcast`, whose last step is `Drops`).
 
 One entry, from the read to the ack: `Reader.read` (``XREADGROUP``, `reading`) ->
 `Pipeline._dispatch` -> `Stages.dispatch` -> `Handling.prepare` (`decoding`: envelope, model) ->
@@ -21,8 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import anyio.abc
@@ -33,11 +33,10 @@ from eventbus.consumer.acks import Acks
 from eventbus.consumer.catching_up import CatchUpHook
 from eventbus.consumer.context import Subscription
 from eventbus.consumer.delivery import FailurePolicy, Fence, Tally
-from eventbus.consumer.failures import Failures
 from eventbus.consumer.handling import Handling
-from eventbus.consumer.ownership import Ownership
+from eventbus.consumer.ownership import Claimer
 from eventbus.consumer.queues import ResourceQueues
-from eventbus.consumer.reading import Counts, Entries, Reader
+from eventbus.consumer.reading import Counts, Dispatch, Entries, Read
 from eventbus.consumer.runner import QueueRunner
 from eventbus.consumer.shards import HeldShard, ShardTable, read_items
 from eventbus.consumer.supervision import refused
@@ -55,6 +54,70 @@ def per_resource(
 ) -> tuple[ResourceQueues, Any]:
     """One queue per resource, run entry by entry (`QueueRunner.run`)."""
     return ResourceQueues(acks.started), runner.run
+
+
+class Reads(Protocol):
+    """How a pipeline reads: ``XREADGROUP`` (`reading.Reader`) or ``XREAD`` from positions
+    (`position_reads.PositionReader`)."""
+
+    command: str
+    """What a refused read names (`supervision.refused`)."""
+
+    async def read(self, shards: list[HeldShard], block_ms: int) -> list[Read]:
+        """New entries of `shards`, blocking at most `block_ms` ms when there are none."""
+        ...
+
+    async def recover(
+        self, shards: list[HeldShard], dispatch: Dispatch, held: Callable[[HeldShard], bool]
+    ) -> None:
+        """Dispatch the pending entries of newly held `shards` while `held`."""
+
+    async def regroup(self) -> list[str]:
+        """After NOGROUP: create the group again; the streams that had vanished."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class Owner(Protocol):
+    """What the pipeline and its read loop (`supervision.read_loop`) ask of an ownership: a
+    group's (`ownership.Ownership`) or a broadcast's open one (`open_ownership.OpenOwnership`).
+    It is the `Fence` too."""
+
+    consumer_id: str
+    group: str
+    noack: bool
+    table: ShardTable
+
+    @property
+    def lease(self) -> Lease | None: ...
+
+    @property
+    def topic(self) -> Any: ...
+
+    def holds(self, d: Any) -> bool: ...
+
+    async def wait(self, d: Any) -> bool: ...
+
+    def lock_due(self) -> bool: ...
+
+    async def lock_round(self, claimer: Claimer) -> None: ...
+
+    async def check_trims(self, claimer: Any) -> None: ...
+
+    def shard_room(self, count: int) -> int | None: ...
+
+    def poll_ms(self, block_ms: int) -> int: ...
+
+    async def release(self, shards: list[int]) -> None: ...
+
+    def drop_all(self, reason: str, *, lease: bool = True) -> None: ...
+
+    def on_refused(self, command: str) -> None: ...
+
+    def wake(self) -> None: ...
+
+    def let_go(self) -> None: ...
 
 
 class Stages:
@@ -124,11 +187,13 @@ class Stages:
 
 class Pipeline(Stages):
     """Reads, handles and acks the entries of `sub` for `member` on the shards `own` holds:
-    `Reader` (``XREADGROUP``, recovery) -> the `Stages`, fenced by `own`, failures
-    dead-lettered (`Failures`).
+    `reader` (``XREADGROUP`` and recovery, or ``XREAD`` from positions) -> the `Stages`, fenced
+    by `own`.
 
     :param count: entries a read takes per shard at most (``COUNT``)
     :param queues: the queues and the workers' step (`per_resource`, or a batch's)
+    :param failures: makes the policy for entries that cannot be handled (a group's
+        `failures.Failures`, a broadcast's `Drops`)
     :param catch_up: makes the durable tier's catch-up hook from the handling path (None: the
         bus has no archive)
     :param backoff: spaces the retries of a failed XACK
@@ -139,36 +204,20 @@ class Pipeline(Stages):
         self,
         member: Member,
         sub: Subscription,
-        own: Ownership,
+        own: Owner,
+        reader: Reads,
         *,
         count: int,
         queues: Queues,
+        failures: Callable[[Tally], FailurePolicy],
         catch_up: Callable[[Handling], CatchUpHook] | None,
         backoff: AbstractBackoff,
         on_refused: Callable[[str], None],
     ) -> None:
-        settings = member.settings
         self.own, self.table, self.lease = own, own.table, own.lease
         self.noack = own.noack
-        self.reader = Reader(member, self.table.streams, noack=self.noack, count=count)
-        failures = partial(
-            Failures,
-            member,
-            sub,
-            retry.forever(settings.retry_base_s, settings.retry_max_s),
-            fenced_off=own.fenced_off,
-            # (a custom lock client written before `ShardLocks.fences_writes`: cannot fence)
-            fence_in_redis=getattr(own.locks, "fences_writes", False),
-        )
-        # The per-shard read-ahead bound: a shard is read only while at most one read's worth
-        # (`count`) of its entries is in flight, so at most two reads' worth is: one handled,
-        # the next read meanwhile. One hot shard cannot take all of `max_in_flight`, and what
-        # a draining shard must finish before its release, or a crash leaves to XAUTOCLAIM,
-        # does not grow with `max_in_flight` (docs/operations.md, max_in_flight). NOACK reads
-        # lose what they read ahead when the consumer stops or loses its lease: a shard of
-        # theirs is read again only once its last read is finished, so at most `count` x held
-        # shards are lost (docs/semantics.md, at-most-once).
-        self.shard_room = 0 if self.noack else count
+        self.reader = reader
+        self.shard_room = own.shard_room(count)
         super().__init__(
             member,
             sub,
@@ -184,6 +233,7 @@ class Pipeline(Stages):
         )
         self.catch_up = None if catch_up is None else catch_up(self.handling)
         self.read_full = False  # the last read filled a shard's read_count (`read_linger_ms`)
+        self.held_back = False  # waited for room since the last read (`supervision.read_loop`)
         self.stopping = False  # set at the stop: no more reads
         self._handled_reported = 0
         self._m_handled = METRICS.handled.labels(sub.topic.name, sub.group)
@@ -237,14 +287,17 @@ class Pipeline(Stages):
             return set()
         if len(readable) < active:  # a full shard gets room while the read blocks: not long
             block_ms = min(block_ms, self.settings.block_min_ms)
-        lease_ms = self.lease.remaining_ms() - 5
-        if lease_ms < 1:
-            return None
+        if self.lease is not None:  # (an open ownership has none: its reads are not fenced)
+            lease_ms = self.lease.remaining_ms() - 5
+            if lease_ms < 1:
+                return None
+            block_ms = min(block_ms, lease_ms)
         got = set()
-        with refused("XREADGROUP", ",".join(h.stream for h in readable)):
-            reads = await self.reader.read(readable, min(block_ms, lease_ms))
+        with refused(self.reader.command, ",".join(h.stream for h in readable)):
+            reads = await self.reader.read(readable, block_ms)
         count = self.settings.read_count
         self.read_full = any(len(read.entries) >= count for read in reads)
+        self.held_back = False
         for read in reads:
             held = table.of_stream(read.stream)
             if held is not None:

@@ -79,6 +79,8 @@ class Read:
 class Reader:
     """Reads for `member` over its topic's shard `streams` (``NOACK`` reads with `noack`)."""
 
+    command = "XREADGROUP"  # what a refusal names (`supervision.refused`)
+
     def __init__(self, member: Member, streams: list[str], *, noack: bool, count: int) -> None:
         """`count`: XREADGROUP's COUNT, entries per shard stream per read (`read_count`, or a
         batch subscriber's `max_batch` when larger, so that its batches can fill)."""

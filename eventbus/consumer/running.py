@@ -21,7 +21,7 @@ from eventbus.consumer.handling import Handling
 from eventbus.locking.locks import new_member_id
 from eventbus.locking.member import AsyncRedis, Member
 from eventbus.locking.scripts import Scripts
-from eventbus.profiles import WireProfile
+from eventbus.profiles import EVENTBUS, WireProfile
 from eventbus.protocol.keys import Keys
 from eventbus.protocol.topics import TopicConfig, TopicRegistry
 
@@ -83,12 +83,12 @@ def make_consumers(
     registry: TopicRegistry,
     *,
     archive: Any | None = None,
-    profile: WireProfile | None = None,
+    profile: WireProfile = EVENTBUS,
 ) -> list[Running]:
     """One `Consumer` per subscription (a `BroadcastConsumer` for a broadcast one), sharing the
     Redis client `redis`, its scripts and the topic `registry`. With `archive` (the durable
     tier's segment store), each consumer catches a lagging group up from it
-    (`eventbus.consumer.catchup`). `profile`: the bus's wire profile (default eventbus's)."""
+    (`eventbus.consumer.catchup`). `profile`: the bus's wire profile, every member's."""
     scripts = Scripts.register(redis)
     catch_up = None
     if archive is not None:

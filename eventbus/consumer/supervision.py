@@ -38,8 +38,7 @@ from eventbus.errors import RedisCommandRefused
 from eventbus.ops.metrics import METRICS
 
 if TYPE_CHECKING:
-    from eventbus.consumer.ownership import Ownership
-    from eventbus.consumer.pipeline import Pipeline
+    from eventbus.consumer.pipeline import Owner, Pipeline
     from eventbus.protocol.topics import TopicRegistry
 
 log = logging.getLogger("eventbus.consumer")
@@ -75,19 +74,19 @@ async def start_when_reachable(
     return False
 
 
-async def read_loop(
-    pipe: Pipeline, own: Ownership, registry: TopicRegistry, stop: anyio.Event
-) -> None:
-    """Run `pipe`'s rounds (on the shards `own` holds) until `stop` is set, waiting while
-    `max_in_flight` entries are unfinished, with an adaptive BLOCK (doubling from `block_min_ms`
-    to `block_max_ms` while nothing arrives), and `read_linger_ms` after a read that got entries
-    but filled no shard's `read_count`. `registry` writes the topic again after Redis lost it."""
+async def read_loop(pipe: Pipeline, own: Owner, registry: TopicRegistry, stop: anyio.Event) -> None:
+    """Run `pipe`'s rounds (on the shards `own` holds: a group's `Ownership`, or a broadcast's
+    open one) until `stop` is set, waiting while `max_in_flight` entries are unfinished, with an
+    adaptive BLOCK (doubling from `block_min_ms` to `block_max_ms` while nothing arrives), and
+    `read_linger_ms` after a read that got entries but filled no shard's `read_count`.
+    `registry` writes the topic again after Redis lost it."""
     settings, acks, who = pipe.settings, pipe.acks, own.consumer_id
     waits = Waits(backoff(settings.retry_base_s, settings.retry_max_s), log)
     block = settings.block_min_ms
     said = False  # the data loss of this incident was reported
     while not stop.is_set():
         while acks.in_flight >= settings.max_in_flight and not stop.is_set():
+            pipe.held_back = True
             await own.table.changed()
         if stop.is_set():
             break

@@ -30,8 +30,9 @@ class Member:
     to Redis through `redis` with the key layout `keys` and the deployment's `settings`.
 
     The offloader is a member of the reserved group ``_offloader``; catch-up takes the locks of
-    the group it catches up, under its own member ID. `profile` is the bus's wire profile
-    (`eventbus.profiles`; None: eventbus's own), whose lock client and codec the member uses.
+    the group it catches up, under its own member ID. `profile` is the wire profile the member
+    speaks (`eventbus.profiles`: the bus's; the durable tier's members ``EVENTBUS``, the only
+    format it reads), whose lock client and codec it uses.
     """
 
     redis: AsyncRedis
@@ -40,4 +41,4 @@ class Member:
     topic: str
     group: str
     consumer_id: str
-    profile: WireProfile | None = None
+    profile: WireProfile

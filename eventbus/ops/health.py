@@ -121,31 +121,30 @@ class ChildrenHealth:
             return f"the children's metric files could not be read ({exc}): a child is writing one"
         return out
 
-    def _dead(self) -> list[str]:
-        return [str(p.pid) for p in self.procs if p.poll() is not None]
+    def _every_child(
+        self, gauge: str, failing: Callable[[float | None], bool], failed: str
+    ) -> Check:
+        """Bad while a child has exited, the files cannot be read, or a child's value of
+        `gauge` (None: it has none) is `failing`: then `failed` and the children's pids."""
+        if dead := [str(p.pid) for p in self.procs if p.poll() is not None]:
+            return False, f"child processes exited: {', '.join(dead)}"
+        values = self._gauge(gauge)
+        if isinstance(values, str):
+            return False, values
+        if bad := [str(p.pid) for p in self.procs if failing(values.get(str(p.pid)))]:
+            return False, f"{failed} {', '.join(bad)}"
+        return True, "ok"
 
     def live(self) -> Check:
-        if dead := self._dead():
-            return False, f"child processes exited: {', '.join(dead)}"
-        ticks = self._gauge("eventbus_loop_tick_timestamp_seconds")
-        if isinstance(ticks, str):
-            return False, ticks
         now = time.time()
-        stale = [str(p.pid) for p in self.procs if now - ticks.get(str(p.pid), 0) > self.stall_s]
-        if stale:
-            return False, f"no recent tick from processes {', '.join(stale)}"
-        return True, "ok"
+        return self._every_child(
+            "eventbus_loop_tick_timestamp_seconds",
+            lambda tick: now - (tick or 0) > self.stall_s,
+            "no recent tick from processes",
+        )
 
     def ready(self) -> Check:
-        if dead := self._dead():
-            return False, f"child processes exited: {', '.join(dead)}"
-        ready = self._gauge("eventbus_ready")
-        if isinstance(ready, str):
-            return False, ready
-        waiting = [str(p.pid) for p in self.procs if ready.get(str(p.pid)) != 1]
-        if waiting:
-            return False, f"processes not ready: {', '.join(waiting)}"
-        return True, "ok"
+        return self._every_child("eventbus_ready", lambda ready: ready != 1, "processes not ready:")
 
 
 def wsgi_app(probe: Probe, registry: CollectorRegistry | None = None) -> Callable[..., Any]:

@@ -263,28 +263,21 @@ def decode_entry(
         return Envelope(rid, etype, b.id, b.ts, b.h, b.p)
     if max_containers is None:
         max_containers = max(MIN_CONTAINERS, max_bytes // DECOMPRESSION_FACTOR)
-    if fmt == FORMAT_DICT_COMPACT:
-        body = decompressed_body(data, max_bytes=max_bytes)
-        try:  # typed in one pass when short, as above; else under the budget first
-            d = (
-                _DICT_BODY.decode(body)
-                if len(body) <= MIN_CONTAINERS
-                else msgspec.convert(unpack_body(body, max_containers=max_containers), _DictBody)
-            )
-        except msgspec.MsgspecError as exc:
-            raise DecodeError(f"corrupt envelope: {exc}") from None
-        except DecodeError:
-            raise
-        except Exception as exc:  # as above
-            raise DecodeError(f"corrupt envelope: {type(exc).__name__}: {exc}") from None
-        return Envelope(rid, etype, data[1 + ID_BYTES : COMPACT_HEAD], d.ts, d.h, d.p)
     body = decompressed_body(data, max_bytes=max_bytes)
     try:
-        b = msgspec.convert(unpack_body(body, max_containers=max_containers), _Body)
+        if fmt != FORMAT_DICT_COMPACT:
+            b = msgspec.convert(unpack_body(body, max_containers=max_containers), _Body)
+            return Envelope(rid, etype, b.id, b.ts, b.h, b.p)
+        # typed in one pass when short, as above; else under the budget first
+        d = (
+            _DICT_BODY.decode(body)
+            if len(body) <= MIN_CONTAINERS
+            else msgspec.convert(unpack_body(body, max_containers=max_containers), _DictBody)
+        )
+        return Envelope(rid, etype, data[1 + ID_BYTES : COMPACT_HEAD], d.ts, d.h, d.p)
     except msgspec.MsgspecError as exc:
         raise DecodeError(f"corrupt envelope: {exc}") from None
     except DecodeError:
         raise
     except Exception as exc:  # as above
         raise DecodeError(f"corrupt envelope: {type(exc).__name__}: {exc}") from None
-    return Envelope(rid, etype, b.id, b.ts, b.h, b.p)

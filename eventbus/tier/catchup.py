@@ -49,6 +49,7 @@ from eventbus.client import retry
 from eventbus.config import Settings
 from eventbus.locking.locks import Fenced, LockClient, new_member_id
 from eventbus.locking.member import AsyncRedis, Member
+from eventbus.profiles import EVENTBUS
 from eventbus.protocol.keys import Keys
 from eventbus.tier.catchup_shard import MAX_ROUNDS, Handle, ShardCatchUp
 from eventbus.tier.catchup_shard import CatchUpStats as CatchUpStats  # re-exported
@@ -261,7 +262,7 @@ def _member(redis: AsyncRedis, settings: Settings | None, topic: str, group: str
     environment when none are given."""
     settings = settings or Settings()  # type: ignore[call-arg,unused-ignore]  # fields from env
     keys = Keys.of(settings)
-    return Member(redis, keys, settings, topic, group, f"catchup-{new_member_id()}")
+    return Member(redis, keys, settings, topic, group, f"catchup-{new_member_id()}", EVENTBUS)
 
 
 def _raw(handle: RawHandler) -> Handle:

@@ -206,9 +206,9 @@ def _topic_batches(
     *,
     shards: Sequence[int] | None,
     merge: bool,
-    segments: Mapping[int, Sequence[SegmentRef]] | None,
-    on_segment: Callable[[SegmentRef], None] | None,
-    counts: dict[int, int] | None,
+    segments: Mapping[int, Sequence[SegmentRef]] | None = None,
+    on_segment: Callable[[SegmentRef], None] | None = None,
+    counts: dict[int, int] | None = None,
     typed: ColumnReplay | None = None,
 ) -> Iterator[list[Any]]:
     """`iter_topic`'s entries as lists (batches), in the same order; with `typed`, some of
@@ -291,17 +291,8 @@ def iter_events(
         flt.start_id, flt.end_id, flt.since_ms, flt.until_ms, flt.resource_ids, frozenset(wanted)
     )
     decoder = _Decoder(by_type)
-    for batch in _topic_batches(
-        store,
-        topic,
-        narrowed,
-        shards=shards,
-        merge=merge,
-        segments=None,
-        on_segment=None,
-        counts=None,
-        typed=ColumnReplay(by_type),
-    ):
+    typed = ColumnReplay(by_type)
+    for batch in _topic_batches(store, topic, narrowed, shards=shards, merge=merge, typed=typed):
         yield from _decoded(decoder, batch)
 
 

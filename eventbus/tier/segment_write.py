@@ -16,15 +16,12 @@ import pyarrow.parquet as pq
 
 from eventbus.protocol.codec import _ENCODER, FORMAT_MSGPACK
 from eventbus.protocol.ids import EntryId
-from eventbus.tier import rebuild
+from eventbus.tier import rebuild, segment
 from eventbus.tier.segment import (
     _DATA,
     COLUMNS,
-    FORMAT_VERSION,
     REBUILT_SCHEMA,
-    REBUILT_VERSION,
     SCHEMA,
-    TYPED_VERSION,
     RawEntry,
     SegmentInfo,
     _after_previous,
@@ -164,9 +161,9 @@ def encode_columns(
                 "eventbus.data_fields": rebuild.fields_text(fields),
                 "eventbus.data_rebuilt": str(rebuilt),
             }
-    version = FORMAT_VERSION if typed is None else TYPED_VERSION
+    version = segment.FORMAT_VERSION if typed is None else segment.TYPED_VERSION
     if info.data_fields is not None:
-        version = REBUILT_VERSION
+        version = segment.REBUILT_VERSION
     metadata = {
         "eventbus.segment_version": version,
         "eventbus.topic": topic,

@@ -18,6 +18,7 @@ from eventbus.client.retry import REDIS_ERRORS
 from eventbus.locking.lease import heartbeat_loop
 from eventbus.locking.locks import Fenced, LockClient
 from eventbus.locking.member import Member
+from eventbus.profiles import EVENTBUS
 from eventbus.tier.errors import StoreError
 from eventbus.tier.offload_state import OffloadShard
 from eventbus.tier.settings import OFFLOADER_GROUP
@@ -44,7 +45,13 @@ class TopicOffloader:
         self.steps = ShardOffload(owner, topic)
         self.checkpoints = self.steps.checkpoints
         member = Member(
-            owner.redis, owner.keys, owner.settings, topic, OFFLOADER_GROUP, owner.consumer_id
+            owner.redis,
+            owner.keys,
+            owner.settings,
+            topic,
+            OFFLOADER_GROUP,
+            owner.consumer_id,
+            EVENTBUS,  # the durable tier reads and writes eventbus's format only
         )
         self.locks = LockClient(member, shards=shards, scripts=owner.scripts)
         self.held: dict[int, OffloadShard] = {}

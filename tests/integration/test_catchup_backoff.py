@@ -41,6 +41,7 @@ async def test_catch_up_from_a_corrupt_archive_is_not_retried_at_once(
     from eventbus.consumer import Consumer
     from eventbus.consumer.catchup import shard_hook
     from eventbus.locking.member import Member
+    from eventbus.profiles import EVENTBUS
 
     s = settings(shards=1, retry_base_s=0.1, retry_max_s=10.0)  # the defaults
     segment = tmp_path / "orders" / "0" / f"{'0' * 19}1-{'0' * 20}-{'0' * 19}9-{'0' * 20}.parquet"
@@ -58,7 +59,7 @@ async def test_catch_up_from_a_corrupt_archive_is_not_retried_at_once(
     await r.xgroup_create(stream, "billing", id="0")
     await r.xtrim(stream, maxlen=0)  # the group's next entries are only in the archive now
     await bus.registry.ensure(bus.subscriptions[0].topic)
-    member = Member(bus.redis, bus.keys, s, "orders", "billing", "c-1")
+    member = Member(bus.redis, bus.keys, s, "orders", "billing", "c-1", EVENTBUS)
     consumer = Consumer(member, bus.registry, bus.subscriptions[0])
     hook = shard_hook(store, consumer.handling)
     attempts: list[BaseException | None] = []

@@ -153,9 +153,10 @@ def test_the_consumer_decodes_up_to_the_shared_cap(settings: SettingsFactory) ->
     from eventbus.client.retry import forever
     from eventbus.consumer.handling import Handling
     from eventbus.locking.member import Member
+    from eventbus.profiles import EVENTBUS
     from eventbus.protocol.keys import Keys
 
-    member = Member(None, Keys(), s, "orders", "billing", "c")  # type: ignore[arg-type]  # no Redis call
+    member = Member(None, Keys(), s, "orders", "billing", "c", EVENTBUS)  # type: ignore[arg-type]  # no Redis call
     h = Handling(member, bus.subscriptions[0], forever(0.01, 0.1))
     assert h.decoding.max_decoded_bytes == s.max_decompressed_bytes
 
@@ -388,6 +389,7 @@ async def test_catch_up_from_an_unreachable_archive_backs_off(
     from eventbus.consumer import Consumer
     from eventbus.consumer.catchup import shard_hook
     from eventbus.locking.member import Member
+    from eventbus.profiles import EVENTBUS
 
     # retry_base_s=30: after a failure the next attempt is at least 30 s away, far beyond the
     # rounds driven below
@@ -403,7 +405,7 @@ async def test_catch_up_from_an_unreachable_archive_backs_off(
     await r.xgroup_create(stream, "billing", id="0")
     await r.xtrim(stream, maxlen=0)  # the group's next entries are only in the archive now
     await bus.registry.ensure(bus.subscriptions[0].topic)
-    member = Member(bus.redis, bus.keys, s, "orders", "billing", "c-1")
+    member = Member(bus.redis, bus.keys, s, "orders", "billing", "c-1", EVENTBUS)
     consumer = Consumer(member, bus.registry, bus.subscriptions[0])
     hook = shard_hook(store, consumer.handling)
     attempts = 0

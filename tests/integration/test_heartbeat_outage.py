@@ -14,6 +14,7 @@ from eventbus.client.connection import connect
 from eventbus.locking.lease import heartbeat_loop
 from eventbus.locking.locks import LockClient
 from eventbus.locking.member import Member
+from eventbus.profiles import EVENTBUS
 from eventbus.protocol.keys import Keys
 from localredis.server import RedisServer
 
@@ -59,7 +60,9 @@ async def test_a_redis_outage_logs_one_warning_then_the_recovery_once(
         settings = Settings(redis_url=server.url, liveness_ttl_s=TTL_S)
         redis = connect(settings)
         keys = Keys(settings.key_prefix, settings.hashtag)
-        locks = CountedLocks(LockClient(Member(redis, keys, settings, "t", "g", "c-1"), shards=1))
+        locks = CountedLocks(
+            LockClient(Member(redis, keys, settings, "t", "g", "c-1", EVENTBUS), shards=1)
+        )
         await locks.locks.acquire([0])  # joined: the heartbeats find the member live
         joined = anyio.Event()
         joined.set()

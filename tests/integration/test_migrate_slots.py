@@ -19,6 +19,7 @@ from eventbus.cli import app
 from eventbus.cli.migrate_slots import MOVED, LiveMembers, move, plan
 from eventbus.locking.locks import LockClient
 from eventbus.locking.member import Member
+from eventbus.profiles import EVENTBUS
 from eventbus.protocol.keys import Keys
 
 pytestmark = [
@@ -78,7 +79,9 @@ async def test_the_move_refuses_while_a_member_of_either_layout_is_live(
     assert MOVED.encode() not in await r.zrange(SHARED.members(TOPIC, GROUP), 0, -1)
 
     # a live member of the target layout (started before the move) is refused too
-    early = LockClient(Member(r, PER_TOPIC, old, TOPIC, "early", "early-1"), shards=SHARDS)
+    early = LockClient(
+        Member(r, PER_TOPIC, old, TOPIC, "early", "early-1", EVENTBUS), shards=SHARDS
+    )
     await early.acquire(range(SHARDS))
     with pytest.raises(LiveMembers, match="topic layout, group early: early-1"):
         await move(r, await plan(r, SHARED, TOPIC, SHARDS, "topic"))
@@ -128,7 +131,7 @@ async def test_a_moved_topic_continues_in_order_with_fencing_tokens_above_the_ol
     assert await r.exists(PER_TOPIC.lock_epoch(TOPIC, GROUP)) == 0  # a new era
 
     # a member still on the old layout takes nothing: the moved mark holds every lock
-    stale = LockClient(Member(r, SHARED, old, TOPIC, GROUP, "old-release"), shards=SHARDS)
+    stale = LockClient(Member(r, SHARED, old, TOPIC, GROUP, "old-release", EVENTBUS), shards=SHARDS)
     assert (await stale.acquire(range(SHARDS))).grants == {}
     await stale.release([], leave=True)
 
@@ -153,6 +156,8 @@ async def test_a_moved_topic_continues_in_order_with_fencing_tokens_above_the_ol
     assert MOVED.encode() not in await r.zrange(SHARED.members(TOPIC, GROUP), 0, -1)
     assert MOVED.encode() in await r.zrange(PER_TOPIC.members(TOPIC, GROUP), 0, -1)
     assert await _tokens(r, SHARED) == after
-    again = LockClient(Member(r, SHARED, old, TOPIC, GROUP, "after-move-back"), shards=SHARDS)
+    again = LockClient(
+        Member(r, SHARED, old, TOPIC, GROUP, "after-move-back", EVENTBUS), shards=SHARDS
+    )
     grants = (await again.acquire(range(SHARDS))).grants
     assert {s: g.token for s, g in grants.items()} == {s: after[s] + 1 for s in range(SHARDS)}

@@ -57,9 +57,10 @@ async def _driven(bus: EventBus, s: Settings, member_id: str = "consumer-c") -> 
     """A `Consumer` of `bus`'s subscription, its topic registered, driven round by round by
     the test (no read loop, no heartbeats)."""
     from eventbus.locking.member import Member
+    from eventbus.profiles import EVENTBUS
 
     await bus.registry.ensure(bus.subscriptions[0].topic)
-    member = Member(bus.redis, bus.keys, s, "t", "g", member_id)
+    member = Member(bus.redis, bus.keys, s, "t", "g", member_id, EVENTBUS)
     return Consumer(member, bus.registry, bus.subscriptions[0])
 
 
@@ -151,6 +152,7 @@ async def _pause_in_catch_up(
     next lock round starts (``lease_ok``, ``held``) with the lock owners of shards 0 and 1."""
     from eventbus.consumer.catchup import shard_hook
     from eventbus.locking.member import Member
+    from eventbus.profiles import EVENTBUS
 
     store = open_store(str(tmp_path / "segments"))
     s = settings(shards=2, liveness_ttl_s=1.0)
@@ -181,7 +183,7 @@ async def _pause_in_catch_up(
                 resume.wait(60)  # blocks C's event loop: the whole "process" stops
 
         await bus_c.registry.ensure(bus_c.subscriptions[0].topic)
-        member = Member(bus_c.redis, bus_c.keys, s, "t", "g", "consumer-c")
+        member = Member(bus_c.redis, bus_c.keys, s, "t", "g", "consumer-c", EVENTBUS)
         c = Consumer(member, bus_c.registry, bus_c.subscriptions[0])
         c.pipeline.catch_up = shard_hook(store, c.handling)
         rounds, answered = anyio.Event(), anyio.Event()

@@ -52,13 +52,14 @@ def _logged_with_its_reason(caplog: pytest.LogCaptureFixture, command: str) -> b
 
 @contextlib.asynccontextmanager
 async def _consuming(
-    settings: Callable[..., Settings], url: str
+    settings: Callable[..., Settings], url: str, **subscriber: object
 ) -> AsyncIterator[tuple[EventBus, Recorder]]:
     """A bus on `url` (one shard, backing off 0.2 s at most) whose consumer of topic "t", group
-    "g" records what it handles, running until the block ends (then stopped gracefully)."""
+    "g" (or as `subscriber` says) records what it handles, running until the block ends (then
+    stopped gracefully)."""
     rec = Recorder()
     bus = EventBus(settings(redis_url=url, shards=1, retry_max_s=0.2))
-    bus.subscriber("t", group="g")(rec.add)
+    bus.subscriber("t", **(subscriber or {"group": "g"}))(rec.add)
     stop = anyio.Event()
     async with anyio.create_task_group() as tg:
         tg.start_soon(lambda: bus.run(stop=stop))
@@ -227,3 +228,25 @@ async def test_a_refused_trim_check_is_reported_and_nothing_read_unchecked(
             await r.execute_command("ACL", "SETUSER", "limited", "+xinfo|stream")
             await rec.wait_for(1)
     assert _logged_with_its_reason(caplog, "XINFO")
+
+
+async def test_a_refused_broadcast_read_is_reported_like_a_groups_and_retried_until_allowed(
+    settings: Callable[..., Settings],
+    restricted: Callable[..., str],
+    r: redis.asyncio.Redis,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A broadcast subscriber whose user may not ``XREAD``: its failed reads were logged at
+    WARNING and counted nowhere. Now it reads through a group's read loop: the refusal is
+    named, counted in ``eventbus_redis_refusals_total``, logged at ERROR with the server's
+    reason, retried; once the operator allows the command the events are handled."""
+    url = restricted("-xread")
+    refusals = METRICS.redis_refusals.labels("t", "_broadcast", "XREAD")
+    before = refusals._value.get()
+    with caplog.at_level(logging.ERROR, logger="eventbus.consumer"):
+        async with _consuming(settings, url, broadcast=True) as (bus, rec):
+            await wait_until(lambda: refusals._value.get() - before >= 2)
+            await bus.publish("t", Tick(resource="a", seq=1), resource_id="a")
+            await r.execute_command("ACL", "SETUSER", "limited", "+xread")
+            await rec.wait_for(1)
+    assert _logged_with_its_reason(caplog, "XREAD")

@@ -149,6 +149,7 @@ async def test_the_lag_gauge_is_nan_while_redis_cannot_compute_the_lag(
     from eventbus.consumer.shards import HeldShard
     from eventbus.consumer.trims import TrimWatch
     from eventbus.locking.member import Member
+    from eventbus.profiles import EVENTBUS
 
     s = settings(shards=1)
     bus = EventBus(s)
@@ -157,7 +158,7 @@ async def test_the_lag_gauge_is_nan_while_redis_cannot_compute_the_lag(
     async with bus:
         await _publish(bus, "a", range(3))
         await r.xgroup_create(stream, "g", id="0")
-        watch = TrimWatch(Member(bus.redis, bus.keys, s, "t", "g", "c"))
+        watch = TrimWatch(Member(bus.redis, bus.keys, s, "t", "g", "c", EVENTBUS))
         held = HeldShard(0, stream, token=1, generation=1)
         await watch.check([held])
         assert gauge._value.get() == 3  # Redis knows it: nothing read

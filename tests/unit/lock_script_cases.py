@@ -20,6 +20,7 @@ from eventbus.config import Settings
 from eventbus.locking.locks import Grant, LockClient, LockState
 from eventbus.locking.member import Member
 from eventbus.locking.scripts import Scripts
+from eventbus.profiles import EVENTBUS
 from eventbus.protocol.keys import Keys
 
 KEYS = Keys()
@@ -512,7 +513,7 @@ class LockClientCases:
     ) -> LockClient:
         # below Settings' floor (0.3 s) on purpose: a member that expires at once
         settings = Settings.model_construct(liveness_ttl_s=ttl_s)
-        member = Member(client, KEYS, settings, "orders", "billing", name)
+        member = Member(client, KEYS, settings, "orders", "billing", name, EVENTBUS)
         return LockClient(member, shards=shards, scripts=scripts, full_rounds=full_rounds)
 
     @staticmethod
@@ -662,7 +663,7 @@ class LockClientCases:
             return reply
 
         settings = Settings.model_construct(liveness_ttl_s=60.0)
-        member = Member(client, KEYS, settings, "orders", "billing", "a")
+        member = Member(client, KEYS, settings, "orders", "billing", "a", EVENTBUS)
         scripts = Scripts(lock_shards, real.unlock_shards, real.heartbeat)
         a = LockClient(member, shards=4, scripts=scripts)
 

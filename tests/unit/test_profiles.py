@@ -79,7 +79,7 @@ def test_verse_bus_names_verses_streams_and_keeps_eventbus_keys_for_the_rest() -
 
 
 def test_lock_clients_of_each_profile() -> None:
-    member = Member(memory_redis(), Keys(), Settings(), "orders", "billing", "c-1")
+    member = Member(memory_redis(), Keys(), Settings(), "orders", "billing", "c-1", EVENTBUS)
     assert isinstance(EVENTBUS.lock_client(member, 16, None), LockClient)
     verse = VERSE.lock_client(member, 16, None)
     assert isinstance(verse, VerseLockClient)

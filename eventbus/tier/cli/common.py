@@ -57,6 +57,16 @@ def open_tier_store(tier: TierSettings, *, create: bool = True) -> Store:
     )
 
 
+def command_setup(
+    redis_url: str | None, store_url: str | None, *, create: bool = True, **overrides: Any
+) -> tuple[Settings, TierSettings, Store]:
+    """A tier command's settings (`settings_of`), tier settings (`tier_settings`) and store
+    (`open_tier_store`), in that order. Raises `ValidationError` or `EventBusError`."""
+    settings = settings_of(redis_url)
+    tier = tier_settings(store_url, **overrides)
+    return settings, tier, open_tier_store(tier, create=create)
+
+
 def error_exit(exc: BaseException) -> typer.Exit:
     """One line on stderr (terminal-safe, passwords redacted), exit code 1."""
     console.print(f"[red]error:[/red] {escape(terminal_safe(exc))}", soft_wrap=True)

@@ -19,15 +19,7 @@ from eventbus.client.loops import stop_on_signal, young_gc_threshold
 from eventbus.errors import ConfigError, EventBusError, RedisUnavailable
 from eventbus.ops.cli_options import port_option
 from eventbus.ops.logs import configure
-from eventbus.tier.cli.common import (
-    RedisUrl,
-    StoreUrl,
-    console,
-    error_exit,
-    open_tier_store,
-    settings_of,
-    tier_settings,
-)
+from eventbus.tier.cli.common import RedisUrl, StoreUrl, command_setup, console, error_exit
 
 
 def offload(
@@ -57,15 +49,14 @@ def offload(
     # this process (another command run in-process) replaced, not written to after they closed
     configure(level=log_level)
     try:
-        settings = settings_of(redis_url)
-        tier = tier_settings(
+        settings, tier, target = command_setup(
+            redis_url,
             store,
             segment_max_entries=segment_max_entries,
             segment_max_bytes=segment_max_bytes,
             segment_max_age_s=segment_max_age_s,
             hot_window_s=hot_window_s,
         )
-        target = open_tier_store(tier)
     except (EventBusError, ValidationError) as exc:  # (ValidationError: a traceback before)
         raise error_exit(exc) from None
     if metrics_port is not None:

@@ -23,15 +23,7 @@ from rich.progress import (
 from eventbus.config import MAX_SHARDS, Settings
 from eventbus.errors import EventBusError
 from eventbus.ops.cli_options import output_file
-from eventbus.tier.cli.common import (
-    RedisUrl,
-    StoreUrl,
-    console,
-    error_exit,
-    open_tier_store,
-    settings_of,
-    tier_settings,
-)
+from eventbus.tier.cli.common import RedisUrl, StoreUrl, command_setup, console, error_exit
 from eventbus.tier.cli.export import entry_json, stdout, write_parquet
 
 if TYPE_CHECKING:
@@ -100,9 +92,7 @@ def replay(
 
     try:
         check_name("topic", topic)
-        settings = settings_of(redis_url)
-        tier = tier_settings(store)
-        source = open_tier_store(tier, create=False)
+        settings, _, source = command_setup(redis_url, store, create=False)
         from eventbus.protocol.ids import parse_id
         from eventbus.tier.replay import ReplayFilter, iter_topic, plan
         from eventbus.tier.store import describe, list_shards_sync

@@ -27,6 +27,7 @@ from eventbus import Context, EventBus, Settings
 from eventbus.dlq import DeadLetter, DeadLetters
 from eventbus.locking.locks import LockClient
 from eventbus.locking.member import Member
+from eventbus.profiles import EVENTBUS
 from eventbus.tier import LockUnavailable, catch_up, offload_until_caught_up, open_store
 from eventbus.tier.store import Store
 
@@ -237,7 +238,7 @@ class Takeover:
         client = async_client(self.redis_url)
         settings = Settings(liveness_ttl_s=60)
         lock = LockClient(
-            Member(client, self.bus.keys, settings, TOPIC, GROUP, "intruder"), shards=1
+            Member(client, self.bus.keys, settings, TOPIC, GROUP, "intruder", EVENTBUS), shards=1
         )
         try:
 

@@ -45,9 +45,10 @@ async def _driven(bus: EventBus, s: Settings, member_id: str = "consumer-c") -> 
     """A `Consumer` of `bus`'s subscription, its topic registered, driven round by round by
     the test (no read loop, no workers, no heartbeats)."""
     from eventbus.locking.member import Member
+    from eventbus.profiles import EVENTBUS
 
     await bus.registry.ensure(bus.subscriptions[0].topic)
-    member = Member(bus.redis, bus.keys, s, "t", "g", member_id)
+    member = Member(bus.redis, bus.keys, s, "t", "g", member_id, EVENTBUS)
     return Consumer(member, bus.registry, bus.subscriptions[0])
 
 

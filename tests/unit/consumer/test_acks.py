@@ -21,6 +21,7 @@ from eventbus.consumer.shards import HeldShard, Item, ShardTable, read_item
 from eventbus.locking.lease import Lease
 from eventbus.locking.locks import Grant, LockState
 from eventbus.locking.member import Member
+from eventbus.profiles import EVENTBUS
 from eventbus.protocol.keys import Keys
 
 pytestmark = pytest.mark.anyio
@@ -83,7 +84,7 @@ def setup(
     lease = Lease(lease_s=60.0)
     if lease_ok:
         lease.renew(time.monotonic())
-    member = Member(redis, Keys(), Settings(max_in_flight=max_in_flight), "t", "g", "c")
+    member = Member(redis, Keys(), Settings(max_in_flight=max_in_flight), "t", "g", "c", EVENTBUS)
     acks = Acks(member, table, lease, noack=noack, backoff=ConstantBackoff(0))
     return acks, redis, table, lease
 

@@ -24,6 +24,7 @@ from eventbus.consumer.routing import Routes
 from eventbus.dlq import DeadLetter, control_entry, control_request
 from eventbus.errors import DecodeError, UnknownEventType
 from eventbus.locking.member import Member
+from eventbus.profiles import EVENTBUS
 from eventbus.protocol.codec import F_DATA, F_RESOURCE, F_TYPE, Envelope, encode_entry, new_event_id
 from eventbus.protocol.dead_letters import dead_letter_fields
 from eventbus.protocol.keys import Keys
@@ -96,7 +97,7 @@ class Harness:
             models=models,
             routes=routes,
         )
-        member = Member(redis, KEYS, Settings(), TOPIC.name, "g", "c-1")
+        member = Member(redis, KEYS, Settings(), TOPIC.name, "g", "c-1", EVENTBUS)
         self.fenced_off: list[Delivery] = []  # deliveries whose fenced write Redis refused
         redis_retry = retry.forever(0.001, 0.01)
         failures = partial(

@@ -14,6 +14,7 @@ from eventbus.consumer.running import make_consumers
 from eventbus.consumer.shards import HeldShard
 from eventbus.locking.locks import LockClient
 from eventbus.locking.member import Member
+from eventbus.profiles import EVENTBUS
 from eventbus.protocol.topics import TopicRegistry
 from eventbus.testing import memory_redis
 
@@ -60,7 +61,9 @@ async def test_a_round_that_only_checked_the_held_locks_renews_no_lease() -> Non
     # it must not extend the lease; once the lease ran out, the round runs the lock script
     c = consumer(lock_interval_ms=100)
     own = c.ownership
-    member = Member(own.redis, own.keys, own.settings, own.topic.name, own.group, own.consumer_id)
+    member = Member(
+        own.redis, own.keys, own.settings, own.topic.name, own.group, own.consumer_id, EVENTBUS
+    )
     own.locks = LockClient(member, shards=16, full_rounds=0)  # no random lock rounds
     for s in range(16):
         await own.redis.xgroup_create(own.keys.stream("orders", s), "billing", mkstream=True)
