@@ -107,8 +107,14 @@ ensure_venv() {
   local py
   if [ -n "$PYTHON" ]; then py=$(python_of "$PYTHON"); else py=$(python_bin); fi
   # --frozen: install exactly what uv.lock pins; a stale lock is an error, not a silent update.
+  # --compile-bytecode: the installed packages' .pyc files written once here, since Python
+  # compiles every imported module from source in each process otherwise where
+  # PYTHONDONTWRITEBYTECODE is set (it is on the CI machines): the suite's child processes,
+  # pytest-xdist workers and Spark's Python workers each paid for it (docs/performance.md).
   UV_PROJECT_ENVIRONMENT="$VENV" "$UV" sync --frozen --all-extras --group dev --python "$py" \
-    --no-python-downloads --quiet
+    --no-python-downloads --compile-bytecode --quiet
+  # and this checkout's own modules (a .pyc older than its source is not used: no stale code)
+  "$VENV/bin/python" -m compileall -q -j 0 eventbus examples >/dev/null
 }
 
 setup() { ensure_redis; ensure_java; ensure_venv; }
