@@ -5,7 +5,6 @@ imports one submodule (a Spark worker unpickling ``eventbus.spark.writer``, a CL
 not pay for the bus, the consumer and Redis clients it does not use.
 """
 
-from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -33,11 +32,6 @@ if TYPE_CHECKING:
     from eventbus.protocol.topics import TopicConfig
     from eventbus.router import Router
     from eventbus.sync import SyncBus
-
-try:
-    __version__ = version("eventbus")
-except PackageNotFoundError:  # run from a source tree that was never installed
-    __version__ = "0+unknown"
 
 __all__ = [
     "ConfigError",
@@ -109,5 +103,14 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value  # looked up once
+        return value
+    if name == "__version__":  # on use: importlib.metadata costs every process ~30 ms
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            value = version("eventbus")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            value = "0+unknown"
+        globals()[name] = value
         return value
     raise AttributeError(f"module 'eventbus' has no attribute {name!r}")

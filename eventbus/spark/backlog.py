@@ -27,8 +27,6 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple, overload
 
-import pyarrow.parquet as pq
-
 from eventbus.protocol.ids import ZERO, EntryId, parse_id
 from eventbus.spark.objects import Objects
 from eventbus.tier.layout import SegmentRef
@@ -139,6 +137,8 @@ def _store_name(store: Any) -> str:
 
 
 def _read_ids(objects: Objects, ref: SegmentRef) -> SegmentIds:
+    import pyarrow.parquet as pq  # here: a stream without maxOffsetsPerTrigger never counts
+
     table = pq.read_table(io.BytesIO(objects.get(ref.key)), columns=["entry_ms", "entry_seq"])
     return SegmentIds(
         array("q", table.column("entry_ms").to_pylist()),

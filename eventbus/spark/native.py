@@ -81,7 +81,7 @@ def read(spark: Any, options: Mapping[str, Any] | None = None, **more: Any) -> A
     why = _python_only(opts)
     if why:
         return _fallback(python, why)
-    objects = as_objects(opts.open_store())
+    objects = as_objects(opts.open_store(entries=False))
     cuts = plan_topics(objects, opts, Pruning())  # the Python source's planner, same cut
     overlapping = [t for t, cut in cuts.items() if any(getattr(p, "floors", ()) for p in cut.parts)]
     if overlapping:

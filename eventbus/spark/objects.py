@@ -14,11 +14,12 @@ import obstore
 from obstore.exceptions import BaseError
 
 from eventbus.tier.errors import StoreError
-from eventbus.tier.layout import SegmentRef
+from eventbus.tier.layout import SegmentRef, gap_prefixes
 from eventbus.tier.store import (
     Store,
     describe,
     get_bytes_sync,
+    list_keys_sync,
     list_segments_sync,
     list_shards_sync,
 )
@@ -57,9 +58,10 @@ class Objects:
     def gaps(self, topic: str, shard: int) -> list[dict[str, Any]]:
         """The shard's gap records (`eventbus.tier.gaps.parse_gap` dicts, with their ``key``),
         in key order. Raises `CorruptGapRecord` naming a damaged one, `StoreError`."""
-        # here, not at the top: the tier's gap records import pydantic's models and the tier's
-        # metrics (about a second at load 7), which the stream's planner process and the Python
-        # workers that unpickle the source paid at start, read or not
+        # the tier's gap records import pydantic and the tier's metrics (prometheus): only
+        # when a shard has a record (rare), not in every stream planner's micro-batch
+        if not any(list_keys_sync(self.store, p) for p in gap_prefixes(topic, shard)):
+            return []
         from eventbus.tier.gaps import gap_records
 
         return gap_records(self.store, topic, shard, get=self.get)

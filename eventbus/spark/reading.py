@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -28,6 +28,10 @@ from eventbus.tier.layout import SegmentRef
 from eventbus.tier.segment import SCHEMA, entry_arrays
 from eventbus.tier.segment_read import decode_segment
 from eventbus.tier.typed import ERROR_COLUMN
+
+if TYPE_CHECKING:
+    from eventbus.spark.decode import Converter
+    from eventbus.spark.options import SourceOptions
 
 XRANGE_COUNT = 5000
 INT64_MAX = (1 << 63) - 1
@@ -157,6 +161,21 @@ def read_segments(
                 n = batch.num_rows - 1
                 ms, seq = batch.column("entry_ms")[n].as_py(), batch.column("entry_seq")[n].as_py()
                 after = EntryId(ms, seq)
+
+
+def converted_range(
+    opts: SourceOptions, objects: Objects, part: RangePart, conv: Converter
+) -> Iterator[pa.RecordBatch]:
+    """`part` read by `read_range` in a task, each batch converted by `conv` to the read
+    schema; the Redis client of `opts` (None without ``redis_url``: a part of segments only)
+    is closed after."""
+    redis = opts.redis()
+    try:
+        for batch in read_range(objects, redis, opts.keys(), part, conv.read_typing):
+            yield conv.convert(batch)
+    finally:
+        if redis is not None:
+            redis.close()
 
 
 def read_range(

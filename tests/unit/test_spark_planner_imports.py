@@ -1,0 +1,84 @@
+"""The Python processes Spark starts to plan a read (a stream's planner, a batch read's planner
+worker) import only what planning uses: not the settings (pydantic-settings), the tier's
+metrics (prometheus), the entry codec (msgspec, zstandard), Redis clients, anyio, pydantic or
+pandas. Each such process starts from nothing, and Spark gives a stream's planner process a
+fixed 10 s to start (docs/spark.md, "A stream that fails with ...")."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pyspark")
+
+from eventbus.protocol.ids import EntryId
+from eventbus.tier.layout import segment_key
+
+# what a planning process must not import (a read with a model imports pydantic for it, and a
+# read with redis_url the redis client: these plans have neither)
+HEAVY = (
+    "anyio",
+    "eventbus.config.settings",
+    "eventbus.protocol.codec",
+    "eventbus.tier.gaps",
+    "eventbus.tier.typed",
+    "importlib.metadata",
+    "msgspec",
+    "pandas",
+    "prometheus_client",
+    "pydantic",
+    "pydantic_settings",
+    "redis",
+    "zstandard",
+)
+
+PLAN = """
+import json, sys
+from pyspark.sql.streaming.datasource import ReadAllAvailable
+from eventbus.spark.source import EventbusSource
+
+source = EventbusSource({"store": sys.argv[1], "topic": "orders"})
+schema = source.schema()
+stream = source.streamReader(schema)
+start = stream.initialOffset()
+end = stream.latestOffset(start, ReadAllAvailable())
+streamed = stream.partitions(start, end)
+batch = source.reader(schema)
+list(batch.pushFilters([]))
+planned = batch.partitions()
+print(json.dumps({"parts": [len(streamed), len(planned)], "end": end, "modules": list(sys.modules)}))
+"""
+
+
+def _archive(root: Path) -> str:
+    """Two shards of `orders` with two segments each (planning reads keys, not contents)."""
+    for shard in (0, 1):
+        for first, last in ((EntryId(1, 0), EntryId(5, 0)), (EntryId(6, 0), EntryId(9, 0))):
+            path = root / segment_key("orders", shard, first, last)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(b"")
+    return str(root)
+
+
+def test_planning_a_stream_and_a_batch_read_imports_no_codec_settings_metrics_or_clients(
+    tmp_path: Path,
+) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", PLAN, _archive(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = json.loads(proc.stdout.splitlines()[-1])
+    assert said["parts"] == [2, 2]  # one range per shard; one segments task per shard
+    assert said["end"] == {"orders": {"0": "9-0", "1": "9-0"}}
+    heavy = sorted(
+        m for m in said["modules"] if any(m == h or m.startswith(f"{h}.") for h in HEAVY)
+    )
+    assert heavy == []
