@@ -115,8 +115,12 @@ class SourceOptions:
     plan: bool = False  # internal: a stream of micro-batch bounds (`eventbus.spark.native_stream`)
 
     @classmethod
-    def parse(cls, options: Mapping[str, str], *, need_store: bool = True) -> SourceOptions:
-        """Parse Spark's option map. Raises `ConfigError` for a missing or invalid option."""
+    def parse(
+        cls, options: Mapping[str, str], *, need_store: bool = True, load_model: bool = True
+    ) -> SourceOptions:
+        """Parse Spark's option map. Raises `ConfigError` for a missing or invalid option;
+        `load_model`: the ``model`` option's classes are imported now to check them (else at
+        their first use, `models`)."""
         opts = canonical(options)
         topics = tuple(t.strip() for t in opts.get("subscribe", "").split(",") if t.strip())
         if topics and opts.get("topic"):
@@ -178,7 +182,8 @@ class SourceOptions:
             raise ConfigError(
                 "options startingTimestamp and startingOffsets exclude each other: give one"
             )
-        parsed.models()  # fails now, not in a task
+        if load_model:
+            parsed.models()  # fails now, not in a task
         return parsed
 
     def __repr__(self) -> str:
