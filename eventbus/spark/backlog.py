@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple, overload
 
 from eventbus.protocol.ids import ZERO, EntryId, parse_id
-from eventbus.spark.objects import Objects
+from eventbus.spark.objects import Objects, parquet_footer
 from eventbus.tier.layout import SegmentRef
 from eventbus.tier.store import describe
 
@@ -262,10 +262,6 @@ class Backlog:
     def entries(self, objects: Objects, refs: Sequence[SegmentRef]) -> list[int]:
         """The number of entries in each of `refs` (footers read, eight at a time, only for
         segments not counted before). Raises `StoreError`."""
-        # imported on use: it brings the segment codec, which a stream without a limit per
-        # trigger never needs in the driver's stream process
-        from eventbus.spark.reading import parquet_footer
-
         new = [r for r in refs if r.key not in self._entries]
         if len(new) > 1:
             with ThreadPoolExecutor(8) as pool:

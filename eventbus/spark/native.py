@@ -48,11 +48,10 @@ from eventbus.spark.matching import (
     match,
     segment_typing,
 )
-from eventbus.spark.objects import Objects, as_objects
+from eventbus.spark.objects import Objects, as_objects, parquet_footer
 from eventbus.spark.options import SourceOptions, models_option
 from eventbus.spark.planning import RangePart, SegmentsPart, plan_topics, ranges_option, surface
 from eventbus.spark.pruning import Pruning
-from eventbus.spark.reading import parquet_footer
 from eventbus.spark.schema import CORRUPT, read_schema
 from eventbus.tier.layout import SegmentRef
 from eventbus.tier.segment import SCHEMA as SEGMENT_SCHEMA

@@ -8,6 +8,7 @@ with one).
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
 import obstore
@@ -70,3 +71,18 @@ class Objects:
 def as_objects(store: Any) -> Objects:
     """`store` itself when it is an `Objects`, else an `Objects` around an obstore store."""
     return store if isinstance(store, Objects) else Objects(store)
+
+
+def parquet_footer(objects: Objects, ref: SegmentRef, guess: int = 65536) -> Any:
+    """The Parquet metadata of segment `ref`, from ranged reads of its end only (usually one
+    GET of the last `guess` bytes). Raises `StoreError`, or pyarrow's errors when damaged."""
+    import pyarrow.parquet as pq  # here: the stream's planner reads footers only to count
+
+    size = ref.size
+    tail = objects.get_range(ref.key, max(0, size - guess), size)
+    n = int.from_bytes(tail[-8:-4], "little")
+    if tail[-4:] != b"PAR1" or n + 8 > size:
+        raise ValueError("not a Parquet file end")
+    if n + 8 > len(tail):
+        tail = objects.get_range(ref.key, size - n - 8, size)
+    return pq.read_metadata(io.BytesIO(b"PAR1" + tail[-(n + 8) :]))

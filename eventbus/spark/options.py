@@ -23,9 +23,9 @@ if TYPE_CHECKING:
     from pydantic import BaseModel
 
 # The entry codec (`eventbus.tier.typed`, `eventbus.tier.dictionaries`: pydantic, msgspec,
-# zstandard, redis) is imported where a model is given or entries are decoded: Spark's stream
-# planner and the Python processes that unpickle these options start without it (Spark gives
-# the planner's process 10 s to start; tests/unit/test_spark_planner_imports.py pins it).
+# zstandard, redis) is imported where a model is used or entries are decoded: Spark's stream
+# planner and the Python processes that unpickle these options start without it, at every
+# query start (tests/unit/test_spark_planner_imports.py pins it).
 
 MODES = ("PERMISSIVE", "FAILFAST")
 

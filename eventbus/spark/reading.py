@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from eventbus.protocol.ids import EntryId, parse_id
 from eventbus.protocol.keys import Keys
 from eventbus.spark.matching import ReadTyping, TypedColumnConflict, match, segment_typing
-from eventbus.spark.objects import Objects
+from eventbus.spark.objects import Objects, parquet_footer
 from eventbus.spark.planning import RangePart, checkpoints
 from eventbus.tier.layout import SegmentRef
 from eventbus.tier.segment import SCHEMA, entry_arrays
@@ -101,19 +101,6 @@ def id_mask(batch: pa.RecordBatch, after: EntryId | None, upto: EntryId | None) 
         )
         mask = m if mask is None else pc.and_(mask, m)
     return mask
-
-
-def parquet_footer(objects: Objects, ref: SegmentRef, guess: int = 65536) -> Any:
-    """The Parquet metadata of segment `ref`, from ranged reads of its end only (usually one
-    GET of the last `guess` bytes). Raises `StoreError`, or pyarrow's errors when damaged."""
-    size = ref.size
-    tail = objects.get_range(ref.key, max(0, size - guess), size)
-    n = int.from_bytes(tail[-8:-4], "little")
-    if tail[-4:] != b"PAR1" or n + 8 > size:
-        raise ValueError("not a Parquet file end")
-    if n + 8 > len(tail):
-        tail = objects.get_range(ref.key, size - n - 8, size)
-    return pq.read_metadata(io.BytesIO(b"PAR1" + tail[-(n + 8) :]))
 
 
 def stats_exclude(

@@ -1,8 +1,8 @@
 """The Python processes Spark starts to plan a read (a stream's planner, a batch read's planner
 worker) import only what planning uses: not the settings (pydantic-settings), the tier's
 metrics (prometheus), the entry codec (msgspec, zstandard), Redis clients, anyio, pydantic or
-pandas. Each such process starts from nothing, and Spark gives a stream's planner process a
-fixed 10 s to start (docs/spark.md, "A stream that fails with ...")."""
+pandas: each such process starts from nothing, a stream's planner at every query start
+(docs/spark.md, "What Spark's Python processes import to plan")."""
 
 from __future__ import annotations
 
