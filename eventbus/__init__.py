@@ -3,8 +3,7 @@
 The names of `__all__` are imported on first use (`eventbus.ops.lazy`).
 """
 
-from importlib.metadata import PackageNotFoundError, version
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from eventbus.ops.lazy import lazy_names
 
@@ -33,11 +32,6 @@ if TYPE_CHECKING:
     from eventbus.protocol.topics import TopicConfig
     from eventbus.router import Router
     from eventbus.sync import SyncBus
-
-try:
-    __version__ = version("eventbus")
-except PackageNotFoundError:  # run from a source tree that was never installed
-    __version__ = "0+unknown"
 
 __all__ = [
     "ConfigError",
@@ -68,7 +62,7 @@ __all__ = [
 
 
 # The names of `__all__` not listed here (but `__version__`) are exceptions of `eventbus.errors`.
-__getattr__, __dir__ = lazy_names(
+_lazy, __dir__ = lazy_names(
     globals(),
     {
         **dict.fromkeys(__all__, "eventbus.errors"),
@@ -86,3 +80,17 @@ __getattr__, __dir__ = lazy_names(
         "SyncBus": "eventbus.sync",
     },
 )
+
+
+def __getattr__(name: str) -> Any:
+    if name != "__version__":
+        return _lazy(name)
+    # on use: importlib.metadata costs every process ~30 ms
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        value = version("eventbus")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        value = "0+unknown"
+    globals()[name] = value
+    return value

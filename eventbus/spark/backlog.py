@@ -27,10 +27,8 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple, overload
 
-import pyarrow.parquet as pq
-
 from eventbus.protocol.ids import ZERO, EntryId, parse_id
-from eventbus.spark.objects import Objects
+from eventbus.spark.objects import Objects, parquet_footer
 from eventbus.tier.layout import SegmentRef
 from eventbus.tier.store import describe
 
@@ -139,6 +137,8 @@ def _store_name(store: Any) -> str:
 
 
 def _read_ids(objects: Objects, ref: SegmentRef) -> SegmentIds:
+    import pyarrow.parquet as pq  # here: a stream without maxOffsetsPerTrigger never counts
+
     table = pq.read_table(io.BytesIO(objects.get(ref.key)), columns=["entry_ms", "entry_seq"])
     return SegmentIds(
         array("q", table.column("entry_ms").to_pylist()),
@@ -262,10 +262,6 @@ class Backlog:
     def entries(self, objects: Objects, refs: Sequence[SegmentRef]) -> list[int]:
         """The number of entries in each of `refs` (footers read, eight at a time, only for
         segments not counted before). Raises `StoreError`."""
-        # imported on use: it brings the segment codec, which a stream without a limit per
-        # trigger never needs in the driver's stream process
-        from eventbus.spark.reading import parquet_footer
-
         new = [r for r in refs if r.key not in self._entries]
         if len(new) > 1:
             with ThreadPoolExecutor(8) as pool:

@@ -9,7 +9,7 @@ touches rows one by one.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -17,8 +17,13 @@ from pydantic import BaseModel
 
 from eventbus.errors import DecodeError
 from eventbus.spark.matching import EVERY, ReadTyping
-from eventbus.spark.schema import BASE_NAMES, CORRUPT
+from eventbus.spark.schema import BASE_NAMES, CORRUPT, arrow_schema
 from eventbus.tier.typed import ERROR_COLUMN, TypedPayloads
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
+
+    from eventbus.spark.options import SourceOptions
 
 BATCH_ROWS = 32768
 
@@ -48,6 +53,11 @@ class Converter:
         typed_type = pa.struct([target.field(n) for n in self.typed_names])
         self.typed = TypedPayloads(self.models, typed_type)
         self.read_typing = ReadTyping.of(self.models) if self.models else None
+
+    @classmethod
+    def of(cls, opts: SourceOptions, schema: StructType) -> Converter:
+        """The converter of a read of `opts` into Spark's `schema`."""
+        return cls(arrow_schema(schema), opts.models(), opts.mode, opts.validate)
 
     def convert(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """One read-schema batch for one segment-schema batch (same rows, same order)."""

@@ -48,11 +48,10 @@ from eventbus.spark.matching import (
     match,
     segment_typing,
 )
-from eventbus.spark.objects import Objects, as_objects
+from eventbus.spark.objects import Objects, as_objects, parquet_footer
 from eventbus.spark.options import SourceOptions, models_option
 from eventbus.spark.planning import RangePart, SegmentsPart, plan_topics, ranges_option, surface
 from eventbus.spark.pruning import Pruning
-from eventbus.spark.reading import parquet_footer
 from eventbus.spark.schema import CORRUPT, read_schema
 from eventbus.tier.layout import SegmentRef
 from eventbus.tier.segment import SCHEMA as SEGMENT_SCHEMA
@@ -81,7 +80,7 @@ def read(spark: Any, options: Mapping[str, Any] | None = None, **more: Any) -> A
     why = _python_only(opts)
     if why:
         return _fallback(python, why)
-    objects = as_objects(opts.open_store())
+    objects = as_objects(opts.open_store(entries=False))
     cuts = plan_topics(objects, opts, Pruning())  # the Python source's planner, same cut
     overlapping = [t for t, cut in cuts.items() if any(getattr(p, "floors", ()) for p in cut.parts)]
     if overlapping:

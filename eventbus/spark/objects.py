@@ -8,17 +8,19 @@ with one).
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
 import obstore
 from obstore.exceptions import BaseError
 
 from eventbus.tier.errors import StoreError
-from eventbus.tier.layout import SegmentRef
+from eventbus.tier.layout import SegmentRef, gap_prefixes
 from eventbus.tier.store import (
     Store,
     describe,
     get_bytes_sync,
+    list_keys_sync,
     list_segments_sync,
     list_shards_sync,
 )
@@ -57,9 +59,10 @@ class Objects:
     def gaps(self, topic: str, shard: int) -> list[dict[str, Any]]:
         """The shard's gap records (`eventbus.tier.gaps.parse_gap` dicts, with their ``key``),
         in key order. Raises `CorruptGapRecord` naming a damaged one, `StoreError`."""
-        # here, not at the top: the tier's gap records import pydantic's models and the tier's
-        # metrics (about a second at load 7), which the stream's planner process and the Python
-        # workers that unpickle the source paid at start, read or not
+        # the tier's gap records import pydantic and the tier's metrics (prometheus): only
+        # when a shard has a record (rare), not in every stream planner's micro-batch
+        if not any(list_keys_sync(self.store, p) for p in gap_prefixes(topic, shard)):
+            return []
         from eventbus.tier.gaps import gap_records
 
         return gap_records(self.store, topic, shard, get=self.get)
@@ -68,3 +71,18 @@ class Objects:
 def as_objects(store: Any) -> Objects:
     """`store` itself when it is an `Objects`, else an `Objects` around an obstore store."""
     return store if isinstance(store, Objects) else Objects(store)
+
+
+def parquet_footer(objects: Objects, ref: SegmentRef, guess: int = 65536) -> Any:
+    """The Parquet metadata of segment `ref`, from ranged reads of its end only (usually one
+    GET of the last `guess` bytes). Raises `StoreError`, or pyarrow's errors when damaged."""
+    import pyarrow.parquet as pq  # here: the stream's planner reads footers only to count
+
+    size = ref.size
+    tail = objects.get_range(ref.key, max(0, size - guess), size)
+    n = int.from_bytes(tail[-8:-4], "little")
+    if tail[-4:] != b"PAR1" or n + 8 > size:
+        raise ValueError("not a Parquet file end")
+    if n + 8 > len(tail):
+        tail = objects.get_range(ref.key, size - n - 8, size)
+    return pq.read_metadata(io.BytesIO(b"PAR1" + tail[-(n + 8) :]))

@@ -9,20 +9,23 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any
-
-from pydantic import BaseModel
+from typing import TYPE_CHECKING, Any
 
 from eventbus.config.addresses import check_redis_url, redact_url
 from eventbus.errors import ConfigError
-from eventbus.protocol.codec import event_type_of
 from eventbus.protocol.ids import EntryId, parse_id
 from eventbus.protocol.keys import Keys, check_name
 from eventbus.spark.names import canonical, shown
 from eventbus.spark.offsets import parse_start
-from eventbus.tier.dictionaries import read_from
 from eventbus.tier.store import Store, open_store
-from eventbus.tier.typed import load_models, load_object
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+# The entry codec (`eventbus.tier.typed`, `eventbus.tier.dictionaries`: pydantic, msgspec,
+# zstandard, redis) is imported where a model is used or entries are decoded: Spark's stream
+# planner and the Python processes that unpickle these options start without it, at every
+# query start (tests/unit/test_spark_planner_imports.py pins it).
 
 MODES = ("PERMISSIVE", "FAILFAST")
 
@@ -35,6 +38,8 @@ def models_option(models: Any) -> str:
         return f"{models.__module__}:{models.__qualname__}"
     if isinstance(models, Mapping):
         return json.dumps({k: models_option(v) for k, v in models.items()})
+    from eventbus.protocol.codec import event_type_of
+
     return json.dumps({event_type_of(m): models_option(m) for m in models})
 
 
@@ -110,8 +115,12 @@ class SourceOptions:
     plan: bool = False  # internal: a stream of micro-batch bounds (`eventbus.spark.native_stream`)
 
     @classmethod
-    def parse(cls, options: Mapping[str, str], *, need_store: bool = True) -> SourceOptions:
-        """Parse Spark's option map. Raises `ConfigError` for a missing or invalid option."""
+    def parse(
+        cls, options: Mapping[str, str], *, need_store: bool = True, load_model: bool = True
+    ) -> SourceOptions:
+        """Parse Spark's option map. Raises `ConfigError` for a missing or invalid option;
+        `load_model`: the ``model`` option's classes are imported now to check them (else at
+        their first use, `models`)."""
         opts = canonical(options)
         topics = tuple(t.strip() for t in opts.get("subscribe", "").split(",") if t.strip())
         if topics and opts.get("topic"):
@@ -173,7 +182,8 @@ class SourceOptions:
             raise ConfigError(
                 "options startingTimestamp and startingOffsets exclude each other: give one"
             )
-        load_models(parsed.model)  # fails now, not in a task
+        if load_model:
+            parsed.models()  # fails now, not in a task
         return parsed
 
     def __repr__(self) -> str:
@@ -186,19 +196,30 @@ class SourceOptions:
         return Keys(self.key_prefix, self.hashtag)
 
     def models(self) -> dict[str | None, type[BaseModel]] | None:
+        """The ``model`` option's models by event type (`eventbus.tier.typed.load_models`);
+        None without the option."""
+        if not self.model:
+            return None
+        from eventbus.tier.typed import load_models
+
         return load_models(self.model)
 
-    def open_store(self) -> Store:
+    def open_store(self, *, entries: bool = True) -> Store:
         """The segment store: ``store_factory(url)`` when given (an obstore store, e.g. with
         custom credentials or instrumentation), else `eventbus.tier.open_store(url)` for reading
         (a missing local folder is `StoreNotFound`), with the ``s3_endpoint`` / ``s3_region``
-        options, else ``EVENTBUS_TIER_S3_ENDPOINT`` / ``_REGION`` as the CLI reads them."""
+        options, else ``EVENTBUS_TIER_S3_ENDPOINT`` / ``_REGION`` as the CLI reads them.
+        `entries`: the process decodes entries, so compressed entries' dictionaries are loaded
+        from this store on a miss (`eventbus.tier.dictionaries.read_from`); planning passes
+        False and does not import the codec."""
         if self.store_factory:
+            from eventbus.tier.typed import load_object
+
             factory = load_object(self.store_factory, "store_factory")
             made = factory(self.store)
             # an `Objects` wrapper keeps the obstore store in `.store`
-            for topic in self.subscribed or (self.topic,):
-                read_from(getattr(made, "store", made), topic)
+            if entries:
+                _read_dictionaries(getattr(made, "store", made), self.subscribed or (self.topic,))
             return made
         endpoint, region = self.s3_endpoint, self.s3_region
         if self.store.startswith(("s3://", "s3a://")) and not (endpoint and region):
@@ -207,8 +228,8 @@ class SourceOptions:
             tier = TierSettings()
             endpoint, region = endpoint or tier.s3_endpoint, region or tier.s3_region
         store = open_store(self.store, endpoint=endpoint, region=region, create=False)
-        for topic in self.subscribed or (self.topic,):  # compressed entries' dictionaries
-            read_from(store, topic)
+        if entries:
+            _read_dictionaries(store, self.subscribed or (self.topic,))
         return store
 
     def redis(self) -> Any:
@@ -221,6 +242,14 @@ class SourceOptions:
         from eventbus.client.credentials import from_url
 
         return from_url(redis.Redis, self.redis_url)
+
+
+def _read_dictionaries(store: Store, topics: tuple[str, ...]) -> None:
+    """Compressed entries of `topics` find their dictionaries in `store` (on a cache miss)."""
+    from eventbus.tier.dictionaries import read_from
+
+    for topic in topics:
+        read_from(store, topic)
 
 
 def batch_offsets(opts: SourceOptions, topic: str, name: str) -> dict[int, EntryId] | None:

@@ -27,7 +27,6 @@ from pyspark.sql.datasource import (
 
 from eventbus.errors import ConfigError
 from eventbus.protocol.ids import ZERO, EntryId, parse_id
-from eventbus.protocol.sharding import shard_of
 from eventbus.tier.layout import SegmentRef
 
 MAX_ID = EntryId((1 << 64) - 1, (1 << 64) - 1)
@@ -100,6 +99,10 @@ class Pruning:
         """Shards that may hold wanted rows, given the topic's shard count (None: unknown)."""
         allowed = self.shards
         if self.resource_ids is not None and shards:
+            # here: the shard hash imports the settings (pydantic-settings), which planning
+            # without a resource_id filter (every stream planner) does not need
+            from eventbus.protocol.sharding import shard_of
+
             allowed = _meet(allowed, {shard_of(r, shards) for r in self.resource_ids})
         return allowed
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -22,12 +22,16 @@ import pyarrow.parquet as pq
 from eventbus.protocol.ids import EntryId, parse_id
 from eventbus.protocol.keys import Keys
 from eventbus.spark.matching import ReadTyping, TypedColumnConflict, match, segment_typing
-from eventbus.spark.objects import Objects
+from eventbus.spark.objects import Objects, parquet_footer
 from eventbus.spark.planning import RangePart, checkpoints
 from eventbus.tier.layout import SegmentRef
 from eventbus.tier.segment import SCHEMA, entry_arrays
 from eventbus.tier.segment_read import decode_segment
 from eventbus.tier.typed import ERROR_COLUMN
+
+if TYPE_CHECKING:
+    from eventbus.spark.decode import Converter
+    from eventbus.spark.options import SourceOptions
 
 XRANGE_COUNT = 5000
 INT64_MAX = (1 << 63) - 1
@@ -99,19 +103,6 @@ def id_mask(batch: pa.RecordBatch, after: EntryId | None, upto: EntryId | None) 
     return mask
 
 
-def parquet_footer(objects: Objects, ref: SegmentRef, guess: int = 65536) -> Any:
-    """The Parquet metadata of segment `ref`, from ranged reads of its end only (usually one
-    GET of the last `guess` bytes). Raises `StoreError`, or pyarrow's errors when damaged."""
-    size = ref.size
-    tail = objects.get_range(ref.key, max(0, size - guess), size)
-    n = int.from_bytes(tail[-8:-4], "little")
-    if tail[-4:] != b"PAR1" or n + 8 > size:
-        raise ValueError("not a Parquet file end")
-    if n + 8 > len(tail):
-        tail = objects.get_range(ref.key, size - n - 8, size)
-    return pq.read_metadata(io.BytesIO(b"PAR1" + tail[-(n + 8) :]))
-
-
 def stats_exclude(
     objects: Objects, ref: SegmentRef, time_lo: int | None, time_hi: int | None
 ) -> bool:
@@ -157,6 +148,21 @@ def read_segments(
                 n = batch.num_rows - 1
                 ms, seq = batch.column("entry_ms")[n].as_py(), batch.column("entry_seq")[n].as_py()
                 after = EntryId(ms, seq)
+
+
+def converted_range(
+    opts: SourceOptions, objects: Objects, part: RangePart, conv: Converter
+) -> Iterator[pa.RecordBatch]:
+    """`part` read by `read_range` in a task, each batch converted by `conv` to the read
+    schema; the Redis client of `opts` (None without ``redis_url``: a part of segments only)
+    is closed after."""
+    redis = opts.redis()
+    try:
+        for batch in read_range(objects, redis, opts.keys(), part, conv.read_typing):
+            yield conv.convert(batch)
+    finally:
+        if redis is not None:
+            redis.close()
 
 
 def read_range(

@@ -27,10 +27,9 @@ from __future__ import annotations
 import functools
 import typing
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from pydantic import BaseModel
 from pyspark.sql.pandas.types import from_arrow_type, to_arrow_schema
 from pyspark.sql.types import (
     BinaryType,
@@ -44,7 +43,11 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from eventbus.tier.typed import arrow_type, typed_struct
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+# `eventbus.tier.typed` (pydantic, msgspec, the entry codec) is imported by the functions that
+# map models: a read without a model, and the stream's planner, start without it
 
 CORRUPT = "_corrupt"
 
@@ -70,6 +73,8 @@ def spark_type(annotation: Any) -> DataType:
     """The Spark type of a pydantic field annotation: Spark's type of its Arrow type
     (`eventbus.tier.typed.arrow_type`, the typed segment columns' mapping), so the source's
     typed columns and the segments' are the same."""
+    from eventbus.tier.typed import arrow_type
+
     return from_arrow_type(arrow_type(annotation))
 
 
@@ -93,6 +98,8 @@ def gaps_schema() -> StructType:
 def typed_fields(models: Mapping[str | None, type[BaseModel]]) -> list[StructField]:
     """The union of the models' fields, in first-seen order (`eventbus.tier.typed.typed_struct`,
     whose `ConfigError` it raises for a field of two types or with a fixed column's name)."""
+    from eventbus.tier.typed import typed_struct
+
     return list(from_arrow_type(typed_struct(models)).fields)  # type: ignore[attr-defined]
 
 

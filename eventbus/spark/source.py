@@ -37,7 +37,7 @@ from eventbus.spark.planning import (
     surface,
 )
 from eventbus.spark.pruning import Pruning
-from eventbus.spark.schema import CORRUPT, arrow_schema, gaps_schema, read_schema
+from eventbus.spark.schema import CORRUPT, gaps_schema, read_schema
 from eventbus.tier.errors import CorruptSegment
 
 log = logging.getLogger("eventbus.spark")
@@ -51,17 +51,20 @@ class EventbusSource(DataSource):
         return "eventbus"
 
     def _opts(self, need_store: bool = True) -> SourceOptions:
-        return SourceOptions.parse(self.options, need_store=need_store)
+        # the models are imported where used: `schema` (at load()), the writer (at save()), the
+        # tasks; a stream's planner process never imports them (nor pydantic, the codec)
+        return SourceOptions.parse(self.options, need_store=need_store, load_model=False)
 
     def schema(self) -> StructType:
         opts = self._opts()
+        models = opts.models()  # a bad model fails at load(), whichever table
         if opts.table == "gaps":
             return gaps_schema()
         if opts.plan:
             from eventbus.spark.stream import PLAN
 
             return PLAN
-        return read_schema(opts.models())
+        return read_schema(models)
 
     def reader(self, schema: StructType) -> DataSourceReader:
         opts = self._opts()
@@ -106,7 +109,7 @@ class BatchReader(DataSourceReader):
 
     def plan(self) -> dict[str, Cut]:
         """The cut of each subscribed topic (``subscribe``, else ``topic``): `plan_topics`."""
-        return plan_topics(as_objects(self.opts.open_store()), self.opts, self.pruning)
+        return plan_topics(as_objects(self.opts.open_store(entries=False)), self.opts, self.pruning)
 
     def partitions(self) -> Sequence[InputPartition]:
         if self.opts.ranges is not None:  # the tail of a cut `eventbus.spark.native` planned
@@ -120,19 +123,13 @@ class BatchReader(DataSourceReader):
         # here, not at the top: they import the tier's segment codec (and pandas), which the
         # writer's and the driver's Python processes that unpickle this source never need
         from eventbus.spark.decode import Converter
-        from eventbus.spark.reading import id_mask, read_range, segment_batches, stats_exclude
+        from eventbus.spark.reading import converted_range, id_mask, segment_batches, stats_exclude
 
         opts = self.opts
         objects = as_objects(opts.open_store())
-        conv = Converter(arrow_schema(self.schema), opts.models(), opts.mode, opts.validate)
-        if isinstance(partition, RangePart):
-            redis = opts.redis()  # None: a segment the native path has the Python source read
-            try:
-                for batch in read_range(objects, redis, opts.keys(), partition, conv.read_typing):
-                    yield conv.convert(batch)
-            finally:
-                if redis is not None:
-                    redis.close()
+        conv = Converter.of(opts, self.schema)
+        if isinstance(partition, RangePart):  # (no redis_url: segments the native path hands us)
+            yield from converted_range(opts, objects, partition, conv)
             return
         assert isinstance(partition, SegmentsPart)
         for i, ref in enumerate(partition.refs):
@@ -182,7 +179,7 @@ class GapsReader(DataSourceReader):
         self.opts = opts
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
-        objects: Objects = as_objects(self.opts.open_store())
+        objects: Objects = as_objects(self.opts.open_store(entries=False))
         for topic in self.opts.subscribed or (self.opts.topic,):
             yield from self._gaps(objects, topic)
 

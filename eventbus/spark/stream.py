@@ -59,7 +59,6 @@ from eventbus.spark.planning import (
     shard_count,
     unknown_topic,
 )
-from eventbus.spark.schema import arrow_schema
 from eventbus.spark.surfacing import lost_in, surface_gaps, surface_loss
 from eventbus.tier.layout import SegmentRef
 
@@ -163,7 +162,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         begin, upto = by_topic(start, self.topics), by_topic(end, self.topics)
-        objects = as_objects(self.opts.open_store())
+        objects = as_objects(self.opts.open_store(entries=False))
         redis = self.opts.redis()
         try:
             parts: list[InputPartition] = []
@@ -184,7 +183,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _heads(self) -> _Heads:
         """Per topic and shard: the checkpoint (where the archive ends) and the last entry now
         readable."""
-        now = _Heads(as_objects(self.opts.open_store()), self.opts.redis())
+        now = _Heads(as_objects(self.opts.open_store(entries=False)), self.opts.redis())
         try:
             for t in self.topics:
                 now.cps[t], now.heads[t] = self._topic_heads(now.objects, now.redis, t)
@@ -317,15 +316,9 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # here, not at the top: the tier's segment codec (and pandas) is the tasks' alone; the
         # driver's stream process (offsets, planning) starts without it
         from eventbus.spark.decode import Converter
-        from eventbus.spark.reading import read_range
+        from eventbus.spark.reading import converted_range
 
-        opts = self.opts
-        objects = as_objects(opts.open_store())
-        conv = Converter(arrow_schema(self.schema), opts.models(), opts.mode, opts.validate)
-        redis = opts.redis()
-        try:
-            for batch in read_range(objects, redis, opts.keys(), partition, conv.read_typing):
-                yield conv.convert(batch)
-        finally:
-            if redis is not None:
-                redis.close()
+        objects = as_objects(self.opts.open_store())
+        yield from converted_range(
+            self.opts, objects, partition, Converter.of(self.opts, self.schema)
+        )

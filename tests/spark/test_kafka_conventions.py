@@ -5,6 +5,7 @@ unknown shard or ending before their start, a time start for batch reads."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,29 @@ from eventbus.spark import read
 from eventbus.tier.errors import TierError
 
 pytestmark = pytest.mark.integration
+
+# Spark's fixed 10 s for a stream planner's Python process to connect back, missed on a loaded
+# machine before any eventbus code runs (docs/spark.md, "A stream that fails with ...")
+CONNECT_BACK = "Python worker failed to connect back"
+
+
+def _stream_failure(start: Callable[[str], Any], name: str, attempts: int = 3) -> str:
+    """The error text of a stream query that must fail, started by ``start(query_name)``; a
+    query whose planner process missed Spark's connect-back bound is started again, as the
+    docs tell users (nothing was read). Fails the test if the query does not fail."""
+    for attempt in range(attempts):
+        query = start(f"{name}_{attempt}")
+        try:
+            query.processAllAvailable()
+        except Exception as exc:
+            said = str(exc)
+            if CONNECT_BACK not in said or attempt + 1 == attempts:
+                return said
+        else:
+            pytest.fail("the stream query did not fail")
+        finally:
+            query.stop()
+    raise AssertionError("unreachable")
 
 
 @pytest.mark.parametrize("mode", ["overwrite", "ignore"])
@@ -57,13 +81,9 @@ def test_a_stream_with_ending_offsets_fails_with_the_config_error_itself(
         .option("endingOffsets", "latest-ish")
         .load()
     )
-    q = df.writeStream.format("memory").queryName(f"e_{topic[2:]}").start()
-    try:
-        with pytest.raises(Exception) as caught:
-            q.processAllAvailable()
-    finally:
-        q.stop()
-    said = str(caught.value)
+    said = _stream_failure(
+        lambda name: df.writeStream.format("memory").queryName(name).start(), f"e_{topic[2:]}"
+    )
     assert "ConfigError: option endingOffsets is for batch reads" in said
     assert "UnboundLocalError" not in said
 
@@ -85,19 +105,11 @@ def test_offsets_past_a_shards_last_entry_are_said_not_read_as_an_empty_range(
         assert read(spark, options, startingOffsets=start).count() == 0
     with pytest.raises(TierError, match="startingOffsets past the last entry"):
         read(spark, options, startingOffsets=start, onGap="fail")
-    df = (
-        spark.readStream.format("eventbus")
-        .options(**options, startingOffsets=start)
-        .load()
-        .writeStream.format("memory")
-        .queryName(f"b_{topic[2:]}")
-        .start()
+    stream = spark.readStream.format("eventbus").options(**options, startingOffsets=start).load()
+    said = _stream_failure(
+        lambda name: stream.writeStream.format("memory").queryName(name).start(), f"b_{topic[2:]}"
     )
-    try:
-        with pytest.raises(Exception, match="offsets are beyond the archive and the stream"):
-            df.processAllAvailable()
-    finally:
-        df.stop()
+    assert "offsets are beyond the archive and the stream" in said
 
 
 def test_bounded_offsets_of_an_unknown_shard_or_ending_before_the_start_are_errors(
