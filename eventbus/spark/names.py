@@ -23,6 +23,7 @@ NAMES = (
     "shards",
     "keyPrefix",
     "hashtag",
+    "coordinationSlots",
     "packBytes",
     "pushdown",
     "native",
@@ -45,6 +46,7 @@ NAMES = (
 ALIASES = {
     "redis_url": "redisUrl",
     "key_prefix": "keyPrefix",
+    "coordination_slots": "coordinationSlots",
     "store_factory": "storeFactory",
     "s3_endpoint": "s3Endpoint",
     "s3_region": "s3Region",

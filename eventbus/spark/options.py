@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from eventbus.config.addresses import check_redis_url, redact_url
 from eventbus.errors import ConfigError
 from eventbus.protocol.ids import EntryId, parse_id
-from eventbus.protocol.keys import Keys, check_name
+from eventbus.protocol.keys import CoordinationSlots, Keys, check_name
 from eventbus.spark.names import canonical, shown
 from eventbus.spark.offsets import parse_start
 from eventbus.tier.store import Store, open_store
@@ -94,6 +94,7 @@ class SourceOptions:
     shards: int | None = None
     key_prefix: str = "eventbus"
     hashtag: str = "eventbus"
+    coordination_slots: CoordinationSlots = "shared"  # the setting: where checkpoints live
     pack_bytes: int = 8 << 20
     store_factory: str | None = None
     table: str = "events"
@@ -142,6 +143,13 @@ class SourceOptions:
         if table not in ("events", "gaps"):
             raise ConfigError(f"option table must be 'events' or 'gaps', got {table!r}")
         on_gap = _on_gap(opts)
+        given = opts.get("coordinationslots", "shared")
+        if given not in ("shared", "topic"):
+            raise ConfigError(
+                f"option coordinationSlots must be 'shared' or 'topic' (the bus's setting "
+                f"coordination_slots), got {given!r}"
+            )
+        slots: CoordinationSlots = "topic" if given == "topic" else "shared"
         parsed = cls(
             store=store,
             topic=topic,
@@ -152,6 +160,7 @@ class SourceOptions:
             shards=_int(opts, "shards", None, 1),
             key_prefix=opts.get("keyprefix", "eventbus"),
             hashtag=opts.get("hashtag", "eventbus"),
+            coordination_slots=slots,
             pack_bytes=_int(opts, "packbytes", 8 << 20) or 0,
             store_factory=opts.get("storefactory") or None,
             table=table,
@@ -172,7 +181,7 @@ class SourceOptions:
             plan=_bool(opts, "_plan", False),
             subscribed=topics or (topic,),
         )
-        parsed.keys()  # validates key_prefix / hashtag
+        parsed.keys()  # validates key_prefix / hashtag / coordination_slots
         if parsed.redis_url:
             try:
                 check_redis_url(parsed.redis_url)
@@ -193,7 +202,7 @@ class SourceOptions:
         return f"SourceOptions({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
 
     def keys(self) -> Keys:
-        return Keys(self.key_prefix, self.hashtag)
+        return Keys(self.key_prefix, self.hashtag, self.coordination_slots)
 
     def models(self) -> dict[str | None, type[BaseModel]] | None:
         """The ``model`` option's models by event type (`eventbus.tier.typed.load_models`);

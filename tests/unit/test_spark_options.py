@@ -91,3 +91,13 @@ def test_starting_timestamp_is_unix_ms_and_excludes_starting_offsets() -> None:
         SourceOptions.parse({**BASE, "startingTimestamp": "yesterday"})
     with pytest.raises(ConfigError, match="startingTimestamp and startingOffsets exclude"):
         SourceOptions.parse({**BASE, "startingTimestamp": "1", "startingOffsets": "earliest"})
+
+
+def test_the_coordination_slots_option_reads_the_checkpoints_of_that_layout() -> None:
+    default = SourceOptions.parse(BASE).keys()
+    per_topic = SourceOptions.parse({**BASE, "coordinationSlots": "topic"}).keys()
+    assert default.checkpoints("orders") == "eventbus:{eventbus}:checkpoints:orders"
+    assert per_topic.checkpoints("orders") == "eventbus:{eventbus:orders}:checkpoints:orders"
+    assert SourceOptions.parse({**BASE, "coordination_slots": "topic"}).keys() == per_topic
+    with pytest.raises(ConfigError, match="option coordinationSlots must be 'shared' or 'topic'"):
+        SourceOptions.parse({**BASE, "coordinationSlots": "nodes"})
