@@ -452,17 +452,7 @@ async def test_each_role_is_refused_what_it_must_not_do(
 ) -> None:
     """Every command of the role's table is answered NOPERM, and every node's ACL log holds
     exactly one refusal per command (of this user)."""
-    allowed = []
-    async with async_client(users[user]) as r:
-        for command in REFUSED[user]:
-            try:
-                await r.execute_command(*command)
-            except NoPermissionError:
-                continue
-            except Exception as exc:  # refused otherwise (WRONGTYPE...): it was allowed
-                allowed.append(f"{' '.join(command)} -> {type(exc).__name__}: {exc}")
-            else:
-                allowed.append(" ".join(command))
+    allowed = await _allowed_of(users[user], REFUSED[user])
     assert allowed == [], f"{user} may {allowed}"
     assert len(_refused(nodes, user)) == len(REFUSED[user])
 
@@ -916,9 +906,17 @@ async def test_each_role_is_refused_what_it_must_not_do_with_per_topic_slots(
 ) -> None:
     """As `test_each_role_is_refused_what_it_must_not_do`, for the per-topic patterns: the
     families a role must not write, in the per-topic layout, and the shared layout's keys."""
+    allowed = await _allowed_of(topic_users[user], REFUSED_PER_TOPIC[user])
+    assert allowed == [], f"{user} may {allowed}"
+    assert len(_refused(nodes, user)) == len(REFUSED_PER_TOPIC[user])
+
+
+async def _allowed_of(user: Any, commands: list[tuple[str, ...]]) -> list[str]:
+    """The `commands` that `user` was not refused with NOPERM (another error reply, WRONGTYPE
+    and the like, means the command was allowed), each with what it answered."""
     allowed = []
-    async with async_client(topic_users[user]) as r:
-        for command in REFUSED_PER_TOPIC[user]:
+    async with async_client(user) as r:
+        for command in commands:
             try:
                 await r.execute_command(*command)
             except NoPermissionError:
@@ -927,5 +925,4 @@ async def test_each_role_is_refused_what_it_must_not_do_with_per_topic_slots(
                 allowed.append(f"{' '.join(command)} -> {type(exc).__name__}: {exc}")
             else:
                 allowed.append(" ".join(command))
-    assert allowed == [], f"{user} may {allowed}"
-    assert len(_refused(nodes, user)) == len(REFUSED_PER_TOPIC[user])
+    return allowed
