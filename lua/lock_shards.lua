@@ -27,7 +27,9 @@
 -- member joined or was dropped (here), or locks were released or a member left
 -- (unlock_shards.lua). Between two such changes no lock becomes free and no member dies, so a
 -- caller that scanned every shard at the current epoch cannot take anything: the call then only
--- reads the shards the caller says it holds (O(held), not O(shards)). At a later epoch than
+-- reads the shards the caller says it holds (O(held), not O(shards)), and its count of locks:
+-- a caller that owns a lock it did not list (its release was lost with a failover that rolled
+-- back the release's epoch too) scans, so it finds that lock. At a later epoch than
 -- the caller's scan, a caller that still holds at least its (new) share and owns no lock it did
 -- not list ("held:<me>" counts its locks: every change of owner keeps it, every scan of all
 -- shards sets it) cannot take anything either, and a scan would report just the listed locks it
@@ -111,13 +113,60 @@ local function add_held(member, by)
   end
 end
 
+-- How many distinct `listed` shards the caller owns, by their `owners`
+local function mine_of(listed, owners)
+  local mine, counted = 0, {}
+  for j = 1, #listed do
+    if owners[j] == me and not counted[listed[j]] then
+      counted[listed[j]] = true
+      mine = mine + 1
+    end
+  end
+  return mine
+end
+
+local function owned_count()
+  return tonumber(redis.call('HGET', epoch_key, 'held:' .. me) or '0')
+end
+
+-- The candidates: every shard from S, or the ones given, each once; a candidate that is not
+-- the decimal form of a shard of the topic is an error (it would name a foreign field).
+local function candidates_of(start)
+  local candidates = {}
+  if start ~= '' then
+    start = tonumber(start)
+    for i = 0, shard_count - 1 do candidates[#candidates + 1] = tostring((start + i) % shard_count) end
+    return candidates, true
+  end
+  local seen = {}
+  for i = 7 + n_held, #ARGV do
+    local c = ARGV[i]
+    local k = tonumber(c)
+    if not k or tostring(k) ~= c or k < 0 or k >= shard_count then
+      return redis.error_reply('ERR lock_shards: candidate "' .. c .. '" is not a shard of 0..' .. (shard_count - 1))
+    end
+    if not seen[c] then
+      seen[c] = true
+      candidates[#candidates + 1] = c
+    end
+  end
+  return candidates, #candidates == shard_count
+end
+
 local listed = {}
 for i = 6, 5 + n_held do listed[#listed + 1] = ARGV[i] end
 local held = {}
 local share = -1
-if known_epoch == epoch then
-  held = held_of(listed, hget_many(listed))
-else
+local current = known_epoch == epoch
+if current then
+  local owners = hget_many(listed)
+  if mine_of(listed, owners) == owned_count() then
+    held = held_of(listed, owners)
+  else
+    current = false  -- it owns a lock it did not list: a scan finds it
+  end
+end
+if not current then
   local live = redis.call('ZCARD', members)
   share = math.floor(shard_count / live)
   if shard_count % live > 0 then  -- the first (S mod N) members by ID hold one more
@@ -138,40 +187,15 @@ else
   local scan = true
   if known_epoch ~= '' then
     local owners = hget_many(listed)
-    local mine, counted = 0, {}  -- distinct listed shards that are the caller's
-    for j = 1, #listed do
-      if owners[j] == me and not counted[listed[j]] then
-        counted[listed[j]] = true
-        mine = mine + 1
-      end
-    end
-    local owned = tonumber(redis.call('HGET', epoch_key, 'held:' .. me) or '0')
-    if mine >= share and mine == owned then
+    local mine = mine_of(listed, owners)
+    if mine >= share and mine == owned_count() then
       held = held_of(listed, owners)
       scan = false
     end
   end
   if scan then
-    local candidates = {}
-    local start = ARGV[6 + n_held]
-    local every = start ~= ''  -- the candidates are every shard (each once)
-    if every then
-      start = tonumber(start)
-      for i = 0, shard_count - 1 do candidates[#candidates + 1] = tostring((start + i) % shard_count) end
-    else
-      for i = 7 + n_held, #ARGV do candidates[#candidates + 1] = ARGV[i] end
-      if #candidates == shard_count then
-        local seen, distinct = {}, 0
-        for _, c in ipairs(candidates) do
-          local k = tonumber(c)
-          if k and k >= 0 and k < shard_count and k == math.floor(k) and not seen[k] then
-            seen[k] = true
-            distinct = distinct + 1
-          end
-        end
-        every = distinct == shard_count
-      end
-    end
+    local candidates, every = candidates_of(ARGV[6 + n_held])  -- every: each shard once
+    if every == nil then return candidates end  -- the error reply
     local owners = hget_many(candidates)
     held = held_of(candidates, owners)
     local count = #held

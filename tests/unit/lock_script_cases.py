@@ -345,10 +345,45 @@ class LockScriptCases:
         a free lock (which cannot exist at an unchanged epoch unless the caller lies)."""
         await self.lock(scripts, "a", 4, candidates=[0, 1])
 
-        _, reply = await self.round_at(scripts, "a", 4, await self.epoch(client), [1])
+        _, reply = await self.round_at(scripts, "a", 4, await self.epoch(client), [1, 0])
 
-        assert reply.locks == {1: (1, HELD)}  # 0 not listed: not reported; 2, 3 free: not taken
+        assert reply.locks == {1: (1, HELD), 0: (1, HELD)}  # 2, 3 free: not taken
         assert await self.owners(client) == {0: "a", 1: "a"}
+
+    @pytest.mark.anyio
+    async def test_at_the_current_epoch_a_member_owning_a_lock_it_did_not_list_scans(
+        self, client: Any, scripts: Scripts
+    ) -> None:
+        # a released 1, then a failover to a replica that lacked the release rolled back the
+        # owner, a's count and the epoch together: a's epoch is current again and its list
+        # lacks 1. The count of what it owns says so: the round scans and reports 1 (the
+        # offloader and roles without HMGET only ever send this round, never a poll)
+        await self.lock(scripts, "a", 4)
+        epoch = await self.epoch(client)
+
+        now, reply = await self.round_at(scripts, "a", 4, epoch, [0, 2, 3])
+
+        assert now == epoch
+        assert reply.share == 4 and reply.locks == {s: (1, HELD) for s in range(4)}
+        assert await self.owned(client) == {"a": 4}
+
+    @pytest.mark.anyio
+    async def test_candidates_are_each_taken_once_and_must_be_shards_of_the_topic(
+        self, client: Any, scripts: Scripts
+    ) -> None:
+        # a repeated candidate is one candidate: its lock taken once, its token grown once and
+        # the counts of locks exact; a candidate that is not a shard's decimal form would name
+        # a foreign field of the lock hash: an error, nothing taken
+        reply = await self.lock(scripts, "a", 4, candidates=[1, 1, 2])
+        assert reply.locks == {1: (1, TAKEN_FREE), 2: (1, TAKEN_FREE)}
+        assert await self.owned(client) == {"a": 2}
+        for bad in ("03", "1.0", " 1", "0x1", "4", "-1"):
+            with pytest.raises(Exception, match="is not a shard of 0..3"):
+                await scripts.lock_shards(
+                    keys=[MEMBERS, LOCKS, EPOCH], args=["a", LONG_TTL_MS, 4, "", 0, "", bad]
+                )
+        assert await self.owners(client) == {1: "a", 2: "a"}
+        assert await self.owned(client) == {"a": 2}
 
     @pytest.mark.anyio
     async def test_a_wrong_epoch_or_held_list_never_grants_another_members_lock(
