@@ -41,6 +41,12 @@ from eventbus.tier.settings import OFFLOADER_GROUP
 
 log = logging.getLogger("eventbus.consumer")
 
+OWED_ROUNDS = 4
+"""Lock rounds per `lock_interval_ms` of a consumer owed shards (it holds fewer than its fair
+share) for `block_max_ms` after it joined or was granted a shard: the holders release what they
+owe it at their next lock round (`Ownership.lock_round`), and it takes them a quarter interval
+after, not a whole one (`Ownership.lock_due`, `Ownership.poll_ms`)."""
+
 
 class Claimer(Protocol):
     """What a round asks of the pipeline for the shards it newly holds or finds behind."""
@@ -157,11 +163,32 @@ class Ownership:
         shards are read under the lease that heartbeats keep (`lease`); a consumer reading a
         trickle of events would otherwise run ``lock_shards.lua`` on the hashtag's node for
         every few events."""
-        return time.monotonic() >= self._next_lock or not self.table.held or not self.lease.ok()
+        now = time.monotonic()
+        return (
+            now >= self._next_lock
+            or not self.table.held
+            or not self.lease.ok()
+            or (self._owed(now) and now >= self._next_lock - self._owed_gap_s())
+        )
+
+    def _owed(self, now: float) -> bool:
+        """Whether this consumer holds less than its fair share, within the window after it
+        joined or was granted a shard (`owed_until`): its lock rounds come `OWED_ROUNDS` times
+        an interval. Bounded by the window: a share owed by a member that died stays owed until
+        its liveness TTL, and polling 4 times as often for that long is not worth it."""
+        return self.share > len(self.table.held) and now < self.owed_until
+
+    def _owed_gap_s(self) -> float:
+        """How much sooner than `lock_interval_ms` after the last a lock round of a consumer
+        owed shards comes: all but a quarter interval."""
+        interval_s = self.settings.lock_interval_ms / 1000
+        return interval_s - interval_s / OWED_ROUNDS
 
     async def lock_round(self, claimer: Claimer) -> None:
         """Acquire, apply the grants, catch up and recover newly held shards (through
-        `claimer`), mark surplus."""
+        `claimer`), mark surplus and release the surplus shards that have nothing in flight at
+        once (not after the next read, which may block for `block_max_ms`): a member that
+        joined takes them at its next lock round."""
         n = self.topic.shards
         self._next_lock = time.monotonic() + self.settings.lock_interval_ms / 1000
         # under a valid lease, a round at an unchanged epoch only checks the held locks (no
@@ -199,6 +226,9 @@ class Ownership:
             await self._recover(recover, claimer)
         self.table.mark_surplus(grants.share)
         self.share = grants.share
+        drained = [h.shard for h in self.table.held.values() if h.draining and not h.in_flight]
+        if drained:
+            await self.release(drained)
 
     async def _recover(self, shards: list[int], claimer: Claimer) -> None:
         """Recover the PEL of newly held `shards`, only under a valid lease (``XAUTOCLAIM`` is
@@ -229,17 +259,19 @@ class Ownership:
         return 0 if self.noack else count
 
     def poll_ms(self, block_ms: int) -> int:
-        """How long a round that has no shard to read waits before the next: the read loop's
-        BLOCK, which doubles while rounds get nothing, but no more than `lock_interval_ms` while
-        this consumer holds none, the last lock round gave it a share, and it joined or was
-        granted a shard less than `block_max_ms` ago (a consumer joining a busy group: the
-        others release its shards once they have drained them, and it took them up to the 1 s
-        of `block_max_ms` late). A standby (members outnumber shards) has a share of 0 and
-        backs off with the BLOCK; the window also bounds a member whose share is owed by others
-        that are slow to release (one polling every `lock_interval_ms` for ever ran 10 lock
-        rounds a second); after it, the BLOCK, never later than it was."""
-        if not self.table.held and self.share and time.monotonic() < self.owed_until:
-            return min(block_ms, self.settings.lock_interval_ms or block_ms)
+        """How long a round waits before the next, in a read's BLOCK or with no shard to read:
+        the read loop's BLOCK, which doubles while rounds get nothing, but no more than a
+        quarter `lock_interval_ms` (`OWED_ROUNDS`) while this consumer holds less than the share
+        its last lock round gave it and it joined or was granted a shard less than
+        `block_max_ms` ago (a consumer joining a group: the others release its shards at their
+        next lock round once they have drained them, and it took them up to the 1 s of
+        `block_max_ms` late). A standby (members outnumber shards) has a share of 0 and backs
+        off with the BLOCK; the window also bounds a member whose share is owed by others that
+        are slow to release (one polling every `lock_interval_ms` for ever ran 10 lock rounds a
+        second); after it, the BLOCK, never later than it was."""
+        if self.share > len(self.table.held) and time.monotonic() < self.owed_until:
+            interval_ms = self.settings.lock_interval_ms
+            return min(block_ms, max(1, interval_ms // OWED_ROUNDS) if interval_ms else block_ms)
         return block_ms
 
     # -- trims and catch-up ---------------------------------------------------------------------
