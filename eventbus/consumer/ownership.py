@@ -29,7 +29,7 @@ from eventbus.consumer.catching_up import CatchUpHook, CatchUpSchedule
 from eventbus.consumer.context import Subscription
 from eventbus.consumer.delivery import Delivery
 from eventbus.consumer.shards import HeldShard, ShardTable
-from eventbus.consumer.supervision import refused
+from eventbus.consumer.supervision import refused, report_unusable
 from eventbus.consumer.trims import TrimWatch
 from eventbus.errors import RedisCommandRefused
 from eventbus.locking.lease import Lease
@@ -42,10 +42,8 @@ from eventbus.tier.settings import OFFLOADER_GROUP
 log = logging.getLogger("eventbus.consumer")
 
 OWED_ROUNDS = 4
-"""Lock rounds per `lock_interval_ms` of a consumer owed shards (it holds fewer than its fair
-share) for `block_max_ms` after it joined or was granted a shard: the holders release what they
-owe it at their next lock round (`Ownership.lock_round`), and it takes them a quarter interval
-after, not a whole one (`Ownership.lock_due`, `Ownership.poll_ms`)."""
+"""Lock rounds per `lock_interval_ms` of a consumer owed shards, for `block_max_ms` after it
+joined or was granted one (`Ownership.lock_due`, `poll_ms`)."""
 
 
 class Claimer(Protocol):
@@ -164,31 +162,21 @@ class Ownership:
         trickle of events would otherwise run ``lock_shards.lua`` on the hashtag's node for
         every few events."""
         now = time.monotonic()
-        return (
-            now >= self._next_lock
-            or not self.table.held
-            or not self.lease.ok()
-            or (self._owed(now) and now >= self._next_lock - self._owed_gap_s())
-        )
+        if now >= self._next_lock or not self.table.held or not self.lease.ok():
+            return True
+        # owed shards: a quarter interval after the last (the holders release at their rounds)
+        interval_s = self.settings.lock_interval_ms / 1000
+        return self._owed(now) and now >= self._next_lock - interval_s * (1 - 1 / OWED_ROUNDS)
 
     def _owed(self, now: float) -> bool:
-        """Whether this consumer holds less than its fair share, within the window after it
-        joined or was granted a shard (`owed_until`): its lock rounds come `OWED_ROUNDS` times
-        an interval. Bounded by the window: a share owed by a member that died stays owed until
-        its liveness TTL, and polling 4 times as often for that long is not worth it."""
+        """Holding less than its share, within `owed_until` (a share owed by a dead member stays
+        owed until its TTL: not worth 4 rounds an interval for that long)."""
         return self.share > len(self.table.held) and now < self.owed_until
-
-    def _owed_gap_s(self) -> float:
-        """How much sooner than `lock_interval_ms` after the last a lock round of a consumer
-        owed shards comes: all but a quarter interval."""
-        interval_s = self.settings.lock_interval_ms / 1000
-        return interval_s - interval_s / OWED_ROUNDS
 
     async def lock_round(self, claimer: Claimer) -> None:
         """Acquire, apply the grants, catch up and recover newly held shards (through
-        `claimer`), mark surplus and release the surplus shards that have nothing in flight at
-        once (not after the next read, which may block for `block_max_ms`): a member that
-        joined takes them at its next lock round."""
+        `claimer`), mark surplus and release the drained surplus at once (not after the next
+        read, which may block for `block_max_ms`): a joiner takes it at its next lock round."""
         n = self.topic.shards
         self._next_lock = time.monotonic() + self.settings.lock_interval_ms / 1000
         # under a valid lease, a round at an unchanged epoch only checks the held locks (no
@@ -205,7 +193,9 @@ class Ownership:
         self.joined.set()
         self._m_shards.round(*grants.taken(new), len(lost), len(self.table.held))
         if grants.unusable or self._unusable:
-            self._report_unusable(grants.unusable)
+            self._unusable = report_unusable(
+                self.consumer_id, self.topic.name, grants.unusable, self._unusable, self.on_refused
+            )
         for s in lost:
             log.warning("consumer %s lost shard %d to another consumer", self.consumer_id, s)
         if new and self.sub.options.on_failure == "park":
@@ -260,16 +250,12 @@ class Ownership:
 
     def poll_ms(self, block_ms: int) -> int:
         """How long a round waits before the next, in a read's BLOCK or with no shard to read:
-        the read loop's BLOCK, which doubles while rounds get nothing, but no more than a
-        quarter `lock_interval_ms` (`OWED_ROUNDS`) while this consumer holds less than the share
-        its last lock round gave it and it joined or was granted a shard less than
-        `block_max_ms` ago (a consumer joining a group: the others release its shards at their
-        next lock round once they have drained them, and it took them up to the 1 s of
-        `block_max_ms` late). A standby (members outnumber shards) has a share of 0 and backs
-        off with the BLOCK; the window also bounds a member whose share is owed by others that
-        are slow to release (one polling every `lock_interval_ms` for ever ran 10 lock rounds a
-        second); after it, the BLOCK, never later than it was."""
-        if self.share > len(self.table.held) and time.monotonic() < self.owed_until:
+        the read loop's BLOCK (doubling while rounds get nothing), but at most a quarter
+        `lock_interval_ms` (`OWED_ROUNDS`) while `_owed`: a joiner takes its shards at its round
+        after the holders' (it took them up to `block_max_ms` late). A standby (share 0) backs
+        off with the BLOCK; the window bounds a share owed by members slow to release (one
+        polling every `lock_interval_ms` for ever ran 10 lock rounds a second)."""
+        if self._owed(time.monotonic()):
             interval_ms = self.settings.lock_interval_ms
             return min(block_ms, max(1, interval_ms // OWED_ROUNDS) if interval_ms else block_ms)
         return block_ms
@@ -359,22 +345,3 @@ class Ownership:
                 self.settings.liveness_ttl_s,
             )
         self.table.clear()
-
-    def _report_unusable(self, unusable: dict[int, str]) -> None:
-        """Say, once per shard (not per round) until its lock key can be read again, that a
-        shard is not handled because the lock script could not read its lock key (a Verse lock
-        key of another type: `LockRound.unusable`); counted as a refused ``EVALSHA
-        lock_shards``. The other shards are handled as usual."""
-        for s in sorted(unusable.keys() - self._unusable):
-            log.error(
-                "consumer %s: shard %d of topic %r is not handled: its lock key is unusable "
-                "(%s); delete or repair the key and the shard is taken in the next lock round",
-                self.consumer_id,
-                s,
-                self.topic.name,
-                unusable[s],
-            )
-            self.on_refused("EVALSHA lock_shards")
-        for s in sorted(self._unusable - unusable.keys()):
-            log.warning("consumer %s: shard %d's lock key is usable again", self.consumer_id, s)
-        self._unusable = set(unusable)

@@ -4,7 +4,8 @@ which summaries go with a read, ahead of its reply."""
 
 from __future__ import annotations
 
-from eventbus.consumer.reading import AHEAD_AFTER, Streaks, strays
+from eventbus.consumer.read_summaries import AHEAD_AFTER, Streaks
+from eventbus.consumer.reading import strays
 
 ME = b"me-1"
 NOTHING = [0, None, None, None]
