@@ -3,7 +3,7 @@ fast the shards move to a fair share when a consumer joins, leaves or dies.
 
     python stress/coordination.py [--consumers 200] [--shards 4096] [--groups 1]
         [--processes 2] [--lock-interval-ms 100] [--ttl-s 5] [--steady-s 10] [--json F]
-        [--coordination-slots shared|topic] [--owed-interval-ms 0] [--trace]
+        [--coordination-slots shared|topic] [--owed-interval-ms N] [--trace]
 
 On a private ``redis-server``, `--processes` worker processes run `--consumers` members of each of
 `--groups` groups of one topic as anyio tasks, with the library's own lock client
@@ -96,7 +96,7 @@ async def member_loop(
     twice: a rotation of the shards is one slice of it, not a 4,096-element list comprehension
     per round (the workers are short of CPU at 200 members). With `owed_interval_s`, a member
     owed shards (`LockClient.owed`) makes its next round after that instead of `interval_s`
-    (what the consumer does not do yet: ``--owed-interval-ms``)."""
+    (``--owed-interval-ms``, by default a quarter interval: what the consumer does)."""
     locks = LockClient(member, shards=shards, scripts=Scripts.register(member.redis))
     joined = anyio.Event()
     held: set[int] = set()
@@ -493,9 +493,10 @@ def main() -> None:
     p.add_argument(
         "--owed-interval-ms",
         type=int,
-        default=0,
+        default=None,
         help="a member owed shards (LockClient.owed) rounds this often instead of every lock "
-        "interval (0: as the consumer does, every lock interval)",
+        "interval (default: a quarter lock interval, as the consumer does: "
+        "eventbus.consumer.ownership.OWED_ROUNDS; 0: every lock interval, the consumer before s9)",
     )
     p.add_argument("--json", default=None)
     p.add_argument(
@@ -512,6 +513,8 @@ def main() -> None:
         "locks and each release, in seconds from the change",
     )
     a = p.parse_args()
+    if a.owed_interval_ms is None:  # the consumer's cadence (`OWED_ROUNDS` = 4 rounds an interval)
+        a.owed_interval_ms = a.lock_interval_ms // 4
     with RedisServer() as server:
         res = measure(a, server.url)
     print(json.dumps(res, indent=2))

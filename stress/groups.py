@@ -11,7 +11,9 @@ its breakdown: when `publish` returned (``fanout_publish_ms``), when the first a
 group's handler started (``fanout_first_ms``, ``fanout_half_ms``: a late first means late
 wake-ups, a spread from first to last means the groups' work queued on the one event loop) and
 the process CPU spent until the last (``fanout_cpu_ms``: near the latency on a quiet machine,
-the fan-out is CPU-bound).
+the fan-out is CPU-bound). While idle it also reports the Redis commands the groups send
+(``idle_commands_per_s``, and ``idle_top_commands``: per command calls and µs of Redis time per
+second, ``INFO commandstats``).
 """
 
 from __future__ import annotations
@@ -65,11 +67,23 @@ async def measure(url: str, groups: int, shards: int, idle_s: float) -> dict[str
             while not all([await probe.zcard(m) for m in members]):  # noqa: ASYNC110
                 await anyio.sleep(0.1)
         await anyio.sleep(1.0)  # past the first lock rounds
+        await probe.config_resetstat()  # commandstats from here
         info = await probe.info("cpu")
         redis_before = float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
         cpu_before, wall_before = time.process_time(), time.monotonic()
         await anyio.sleep(idle_s)
         wall = time.monotonic() - wall_before
+        stats = await probe.info("commandstats")
+        idle = {
+            k.removeprefix("cmdstat_"): (int(v["calls"]), int(v["usec"]))
+            for k, v in stats.items()
+            if k.removeprefix("cmdstat_").split("|")[0] not in ("info", "config", "zcard")
+        }
+        top = sorted(idle.items(), key=lambda kv: -kv[1][1])
+        result["idle_commands_per_s"] = round(sum(c for c, _ in idle.values()) / wall, 1)
+        result["idle_top_commands"] = {  # per second: calls, and µs of Redis time
+            k: {"calls": round(c / wall, 1), "usec": round(u / wall)} for k, (c, u) in top[:8]
+        }
         result["idle_cpu_percent"] = 100 * (time.process_time() - cpu_before) / wall
         info = await probe.info("cpu")
         redis_after = float(info["used_cpu_user"]) + float(info["used_cpu_sys"])

@@ -29,7 +29,7 @@ from eventbus.consumer.catching_up import CatchUpHook, CatchUpSchedule
 from eventbus.consumer.context import Subscription
 from eventbus.consumer.delivery import Delivery
 from eventbus.consumer.shards import HeldShard, ShardTable
-from eventbus.consumer.supervision import refused
+from eventbus.consumer.supervision import refused, report_unusable
 from eventbus.consumer.trims import TrimWatch
 from eventbus.errors import RedisCommandRefused
 from eventbus.locking.lease import Lease
@@ -40,6 +40,10 @@ from eventbus.protocol.retention import trim_held_to_acked
 from eventbus.tier.settings import OFFLOADER_GROUP
 
 log = logging.getLogger("eventbus.consumer")
+
+OWED_ROUNDS = 4
+"""Lock rounds per `lock_interval_ms` of a consumer owed shards, for `block_max_ms` after it
+joined or was granted one (`Ownership.lock_due`, `poll_ms`)."""
 
 
 class Claimer(Protocol):
@@ -157,11 +161,22 @@ class Ownership:
         shards are read under the lease that heartbeats keep (`lease`); a consumer reading a
         trickle of events would otherwise run ``lock_shards.lua`` on the hashtag's node for
         every few events."""
-        return time.monotonic() >= self._next_lock or not self.table.held or not self.lease.ok()
+        now = time.monotonic()
+        if now >= self._next_lock or not self.table.held or not self.lease.ok():
+            return True
+        # owed shards: a quarter interval after the last (the holders release at their rounds)
+        interval_s = self.settings.lock_interval_ms / 1000
+        return self._owed(now) and now >= self._next_lock - interval_s * (1 - 1 / OWED_ROUNDS)
+
+    def _owed(self, now: float) -> bool:
+        """Holding less than its share, within `owed_until` (a share owed by a dead member stays
+        owed until its TTL: not worth 4 rounds an interval for that long)."""
+        return self.share > len(self.table.held) and now < self.owed_until
 
     async def lock_round(self, claimer: Claimer) -> None:
         """Acquire, apply the grants, catch up and recover newly held shards (through
-        `claimer`), mark surplus."""
+        `claimer`), mark surplus and release the drained surplus at once (not after the next
+        read, which may block for `block_max_ms`): a joiner takes it at its next lock round."""
         n = self.topic.shards
         self._next_lock = time.monotonic() + self.settings.lock_interval_ms / 1000
         # under a valid lease, a round at an unchanged epoch only checks the held locks (no
@@ -178,7 +193,9 @@ class Ownership:
         self.joined.set()
         self._m_shards.round(*grants.taken(new), len(lost), len(self.table.held))
         if grants.unusable or self._unusable:
-            self._report_unusable(grants.unusable)
+            self._unusable = report_unusable(
+                self.consumer_id, self.topic.name, grants.unusable, self._unusable, self.on_refused
+            )
         for s in lost:
             log.warning("consumer %s lost shard %d to another consumer", self.consumer_id, s)
         if new and self.sub.options.on_failure == "park":
@@ -199,6 +216,9 @@ class Ownership:
             await self._recover(recover, claimer)
         self.table.mark_surplus(grants.share)
         self.share = grants.share
+        drained = [h.shard for h in self.table.held.values() if h.draining and not h.in_flight]
+        if drained:
+            await self.release(drained)
 
     async def _recover(self, shards: list[int], claimer: Claimer) -> None:
         """Recover the PEL of newly held `shards`, only under a valid lease (``XAUTOCLAIM`` is
@@ -229,17 +249,15 @@ class Ownership:
         return 0 if self.noack else count
 
     def poll_ms(self, block_ms: int) -> int:
-        """How long a round that has no shard to read waits before the next: the read loop's
-        BLOCK, which doubles while rounds get nothing, but no more than `lock_interval_ms` while
-        this consumer holds none, the last lock round gave it a share, and it joined or was
-        granted a shard less than `block_max_ms` ago (a consumer joining a busy group: the
-        others release its shards once they have drained them, and it took them up to the 1 s
-        of `block_max_ms` late). A standby (members outnumber shards) has a share of 0 and
-        backs off with the BLOCK; the window also bounds a member whose share is owed by others
-        that are slow to release (one polling every `lock_interval_ms` for ever ran 10 lock
-        rounds a second); after it, the BLOCK, never later than it was."""
-        if not self.table.held and self.share and time.monotonic() < self.owed_until:
-            return min(block_ms, self.settings.lock_interval_ms or block_ms)
+        """How long a round waits before the next, in a read's BLOCK or with no shard to read:
+        the read loop's BLOCK (doubling while rounds get nothing), but at most a quarter
+        `lock_interval_ms` (`OWED_ROUNDS`) while `_owed`: a joiner takes its shards at its round
+        after the holders' (it took them up to `block_max_ms` late). A standby (share 0) backs
+        off with the BLOCK; the window bounds a share owed by members slow to release (one
+        polling every `lock_interval_ms` for ever ran 10 lock rounds a second)."""
+        if self._owed(time.monotonic()):
+            interval_ms = self.settings.lock_interval_ms
+            return min(block_ms, max(1, interval_ms // OWED_ROUNDS) if interval_ms else block_ms)
         return block_ms
 
     # -- trims and catch-up ---------------------------------------------------------------------
@@ -327,22 +345,3 @@ class Ownership:
                 self.settings.liveness_ttl_s,
             )
         self.table.clear()
-
-    def _report_unusable(self, unusable: dict[int, str]) -> None:
-        """Say, once per shard (not per round) until its lock key can be read again, that a
-        shard is not handled because the lock script could not read its lock key (a Verse lock
-        key of another type: `LockRound.unusable`); counted as a refused ``EVALSHA
-        lock_shards``. The other shards are handled as usual."""
-        for s in sorted(unusable.keys() - self._unusable):
-            log.error(
-                "consumer %s: shard %d of topic %r is not handled: its lock key is unusable "
-                "(%s); delete or repair the key and the shard is taken in the next lock round",
-                self.consumer_id,
-                s,
-                self.topic.name,
-                unusable[s],
-            )
-            self.on_refused("EVALSHA lock_shards")
-        for s in sorted(self._unusable - unusable.keys()):
-            log.warning("consumer %s: shard %d's lock key is usable again", self.consumer_id, s)
-        self._unusable = set(unusable)

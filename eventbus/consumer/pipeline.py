@@ -287,6 +287,7 @@ class Pipeline(Stages):
             return set()
         if len(readable) < active:  # a full shard gets room while the read blocks: not long
             block_ms = min(block_ms, self.settings.block_min_ms)
+        block_ms = self.own.poll_ms(block_ms)  # owed shards: the next lock round comes soon
         if self.lease is not None:  # (an open ownership has none: its reads are not fenced)
             lease_ms = self.lease.remaining_ms() - 5
             if lease_ms < 1:

@@ -23,8 +23,9 @@ than that read's entries. So no later entry of a resource is dispatched before a
 on a single node and on a Cluster (the summary follows the read on the stream's own node). A
 read that returns nothing of a shard has nothing to order: on a single node its summary is skipped,
 but for a sweep (every `SWEEP_EVERY` reads and `SWEEP_S` at the most often), so that a late read
-into a shard that gets nothing more is still handled. The summaries of shards that gave several
-entries to the last read go in the read's round trip, the others that got entries in a second one.
+into a shard that gets nothing more is still handled. The summaries of shards that gave entries
+to each of the last `AHEAD_AFTER` reads go in the read's round trip, the others that got entries
+in a second one (`Streaks`).
 (On a Cluster each blocking read carries its shard's summary.) See docs/protocol.md, "Fenced
 delivery".
 
@@ -45,6 +46,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from eventbus.client.pipelines import HeldConnection, Packed, execute
 from eventbus.consumer.cluster_reads import BlockingReads
 from eventbus.consumer.raw_replies import name_of, others_of, parse_xread, strays
+from eventbus.consumer.read_summaries import Streaks
 from eventbus.consumer.shards import HeldShard
 from eventbus.locking.member import Member
 from eventbus.ops.metrics import METRICS
@@ -103,11 +105,10 @@ class Reader:
         self._me = self.consumer_id.encode()
         # a single node's XPENDING summaries, packed once per shard stream
         self._summaries = {s: Packed.of("XPENDING", s, self.group) for s in streams}
-        # the streams whose last read returned several entries: their summaries go with their
-        # next read (a busy stream is summarized in the read's round trip); `_rounds` counts the
+        # the streams whose summaries go with their next read (`Streaks`); `_rounds` counts the
         # reads toward the sweep that summarizes every stream read (`SWEEP_EVERY`, `SWEEP_S`),
         # due at monotonic time `_sweep_at`
-        self._busy: set[str] = set()
+        self._streaks = Streaks()
         self._rounds = 0
         self._sweep_at = 0.0
 
@@ -211,15 +212,15 @@ class Reader:
         """A single node's read round: ``XREADGROUP`` then, with `check`, the ``XPENDING`` summaries
         the fenced delivery needs (docs/protocol.md): of each stream the read returned entries of,
         and of every stream read on a sweep (`SWEEP_EVERY`, `SWEEP_S`: so that a late read into a
-        stream that gets nothing more is not stranded). The summaries of the streams whose last read
-        gave several entries are sent with the read, in its round trip; those of the others that got
-        entries follow in a second one (still after the read on the server, which is all the check
-        needs). Returns the read's reply (`parse_xread`'s shape) and, by index in `streams`, the
-        names of the other consumers with entries pending there. An error reply to the read is
-        raised; one to a summary too, or, when the read delivered entries, a
-        `redis.exceptions.ConnectionError` (the read loop then forgets the shards and claims their
-        PELs again, as after a lost reply: the entries read cannot be checked, so they are not
-        dispatched)."""
+        stream that gets nothing more is not stranded). The summaries of the streams that gave
+        entries to each of their last `AHEAD_AFTER` reads are sent with the read, in its round
+        trip; those of the others that got entries follow in a second one (still after the read on
+        the server, which is all the check needs). Returns the read's reply (`parse_xread`'s
+        shape) and, by index in `streams`, the names of the other consumers with entries pending
+        there. An error reply to the read is raised; one to a summary too, or, when the read
+        delivered entries, a `redis.exceptions.ConnectionError` (the read loop then forgets the
+        shards and claims their PELs again, as after a lost reply: the entries read cannot be
+        checked, so they are not dispatched)."""
         read = (*self._xreadgroup, block_ms, *self._noack, "STREAMS", *streams)
         commands: list[Any] = [(*read, *(">",) * len(streams))]
         ahead: list[int] = []  # indexes in `streams` of the summaries sent with the read
@@ -229,8 +230,7 @@ class Reader:
                 self._rounds, self._sweep_at = 0, time.monotonic() + SWEEP_S
                 ahead = list(range(len(streams)))
             else:
-                busy = self._busy
-                ahead = [i for i, s in enumerate(streams) if s in busy]
+                ahead = self._streaks.ahead(streams)
             summaries = self._summaries
             commands += [summaries[streams[i]] for i in ahead]
         got, *rest = await self._conn.execute(commands, raise_on_error=False)
@@ -239,22 +239,8 @@ class Reader:
         replies = parse_xread(got)
         if not check:
             return replies, {}
-        # a stream that gave more than one entry is likely to give more at its next read (which
-        # may come rounds later: a shard with a full read in flight is not read): its summary
-        # goes with it; one entry at a time (a trickle, or a round that woke up on one event)
-        # or none is summarized after, rather than every read of it sending one for nothing
-        read_from = set()
-        busy = self._busy
-        for stream, rows in replies:
-            if rows:
-                name = name_of(stream)
-                read_from.add(name)
-                if len(rows) > 1:
-                    busy.add(name)
-                else:
-                    busy.discard(name)
-        if len(read_from) < len(streams):
-            busy.difference_update([s for s in streams if s not in read_from])
+        read_from = {name_of(stream) for stream, rows in replies if rows}
+        self._streaks.update(streams, read_from)
         sent = set(ahead)
         after = [i for i, s in enumerate(streams) if s in read_from and i not in sent]
         if after:  # entries of streams not summarized with the read: summarize them now

@@ -148,3 +148,30 @@ def count_refusals(topic: str, group: str) -> Callable[[str], None]:
         METRICS.redis_refusals.labels(topic, group, command).inc()
 
     return count
+
+
+def report_unusable(
+    who: str,
+    topic: str,
+    unusable: dict[int, str],
+    reported: set[int],
+    on_refused: Callable[[str], None],
+) -> set[int]:
+    """Say, once per shard (not per round) until its lock key can be read again, that a shard
+    of `topic` is not handled by consumer `who` because the lock script could not read its lock
+    key (a Verse lock key of another type: `LockRound.unusable`); counted as a refused
+    ``EVALSHA lock_shards`` (`on_refused`). The other shards are handled as usual. `reported`:
+    the shards said so far; returns those of `unusable` (the next call's `reported`)."""
+    for s in sorted(unusable.keys() - reported):
+        log.error(
+            "consumer %s: shard %d of topic %r is not handled: its lock key is unusable "
+            "(%s); delete or repair the key and the shard is taken in the next lock round",
+            who,
+            s,
+            topic,
+            unusable[s],
+        )
+        on_refused("EVALSHA lock_shards")
+    for s in sorted(reported - unusable.keys()):
+        log.warning("consumer %s: shard %d's lock key is usable again", who, s)
+    return set(unusable)

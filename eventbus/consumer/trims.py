@@ -44,6 +44,11 @@ log = logging.getLogger("eventbus.consumer")
 
 RECORDS_MAXLEN = 10_000  # trim records kept per group (approximately)
 COUNT_LIMIT = 10_000  # most entries counted with XRANGE in one check
+IDLE_EVERY = 12
+"""A shard whose group had read all of it at its last check, and whose reads since all came back
+empty, is checked every `IDLE_EVERY` times `TrimWatch.interval_s` rather than every interval
+(`TrimWatch.due`): nothing was added to it that a ``MAXLEN`` trim could take unread. 100 idle
+groups of a 16-shard topic in one process sent 320 ``XINFO STREAM`` a second for nothing."""
 
 
 @dataclass(slots=True)
@@ -89,13 +94,25 @@ class TrimWatch:
         self._m_trimmed = METRICS.trimmed_unread.labels(member.topic, member.group)
 
     def due(self, held: list[HeldShard], now: float) -> list[HeldShard]:
-        """Shards to check now: newly held ones, and those not checked for `interval_s`."""
+        """Shards to check now: newly held ones, and those not checked for `interval_s`, but
+        for an idle one: found caught up at its last check and read empty at every read since
+        (`HeldShard.idle_since` no later than that check), it waits `IDLE_EVERY` intervals. The
+        newest entry of a stream survives every ``MAXLEN`` trim, so had anything been added
+        since, a read (``>``) would have returned it; an operator's ``XTRIM``/``XDEL`` of every
+        new entry between two reads stays in the group's lag and is counted by the check after
+        the next read that gets entries, or at the latest `IDLE_EVERY` intervals on."""
 
         def is_due(h: HeldShard) -> bool:
             base = self._base.get(h.shard)
             if base is None or base.generation != h.generation:
                 return True
-            return now - base.checked_at >= self.interval_s
+            since = now - base.checked_at
+            if since < self.interval_s:
+                return False
+            idle = h.idle_since
+            if base.caught_up is not None and idle is not None and idle <= base.checked_at:
+                return since >= self.interval_s * IDLE_EVERY
+            return True
 
         return [h for h in held if is_due(h)]
 

@@ -1,6 +1,8 @@
-"""How long a consumer's round waits when it has no shard to read (`Ownership.poll_ms`): a
-consumer joining a busy group polls for the shards of its fair share at least every
-`lock_interval_ms`, not at the read loop's doubling BLOCK (up to `block_max_ms`)."""
+"""`Ownership`'s lock rounds: how long a consumer's round waits (`poll_ms`) and when its next lock
+round is due (`lock_due`) while it is owed shards (a consumer joining a group polls for the
+shards of its fair share four times a `lock_interval_ms`, not at the read loop's doubling BLOCK,
+up to `block_max_ms`); a holder releases its drained surplus in the lock round that finds it;
+a poll renews no lease."""
 
 from __future__ import annotations
 
@@ -19,14 +21,14 @@ from eventbus.protocol.topics import TopicRegistry
 from eventbus.testing import memory_redis
 
 
-def consumer(**settings: int) -> Consumer:
+def consumer(redis: object = None, **settings: int) -> Consumer:
     bus = EventBus(Settings(redis_url="redis://in-memory", shards=16, **settings))
 
     @bus.subscriber("orders", group="billing")
     async def handle(event: dict) -> None:  # type: ignore[type-arg]
         pass
 
-    redis = memory_redis()
+    redis = redis or memory_redis()
     [c] = make_consumers(
         bus.subscriptions, redis, bus.keys, bus.settings, TopicRegistry(redis, bus.keys)
     )
@@ -34,18 +36,35 @@ def consumer(**settings: int) -> Consumer:
     return c
 
 
-def test_a_consumer_owed_shards_it_does_not_hold_polls_every_lock_interval() -> None:
+def test_a_consumer_owed_shards_polls_four_times_a_lock_interval() -> None:
     c = consumer(lock_interval_ms=100, block_max_ms=1000)
     assert c.ownership.poll_ms(1000) == 1000  # before any lock round: no share known
-    c.ownership.share = 8  # a lock round gave it a share of 8 and no lock (others hold them all)
+    c.ownership.share = 2  # a lock round gave it a share of 2 and no lock (others hold them all)
     assert c.ownership.poll_ms(1000) == 1000  # ... but longer ago than the window of a join
     c.ownership.owed_until = time.monotonic() + 60  # it joined (or was granted a shard) just now
-    assert c.ownership.poll_ms(1000) == 100
-    assert c.ownership.poll_ms(40) == 40  # the BLOCK still starts short
+    assert c.ownership.poll_ms(1000) == 25
+    assert c.ownership.poll_ms(10) == 10  # the BLOCK still starts short
     table = c.ownership.table
-    table.held[3] = HeldShard(3, table.streams[3], 1, 1)  # some of its share held
-    c.ownership.table.held[3].draining = True
-    assert c.ownership.poll_ms(1000) == 1000  # nothing readable, but its own shards: backs off
+    table.held[3] = HeldShard(3, table.streams[3], 1, 1)  # some of its share held: still owed
+    assert c.ownership.poll_ms(1000) == 25
+    table.held[4] = HeldShard(4, table.streams[4], 1, 1)  # its whole share: the BLOCK again
+    assert c.ownership.poll_ms(1000) == 1000
+
+
+def test_a_consumer_owed_shards_locks_a_quarter_interval_after_its_last_lock_round() -> None:
+    c = consumer(lock_interval_ms=100)
+    own, table = c.ownership, c.ownership.table
+    table.held[3] = HeldShard(3, table.streams[3], 1, 1)
+    own.lease.renew(time.monotonic())
+    own.share = 1  # holding its share: the next lock round a whole interval after the last
+    own._next_lock = time.monotonic() + 0.1 - 0.03  # the last one 30 ms ago
+    assert not own.lock_due()
+    own.share = 2  # owed one shard, but longer ago than the window after it joined
+    assert not own.lock_due()
+    own.owed_until = time.monotonic() + 60  # owed, within the window: 25 ms after the last
+    assert own.lock_due()
+    own._next_lock = time.monotonic() + 0.1 - 0.01  # the last one 10 ms ago
+    assert not own.lock_due()
 
 
 def test_with_lock_rounds_before_every_read_the_poll_is_the_block() -> None:
@@ -77,3 +96,37 @@ async def test_a_round_that_only_checked_the_held_locks_renews_no_lease() -> Non
     own.lease.until = 0.0  # the lease ran out (heartbeats late)
     await own.lock_round(c.pipeline)
     assert own.lease.until > until and len(own.table.held) == 16
+
+
+async def _member(c: Consumer) -> None:
+    """`c` with a lock client that runs no random full round (a poll is a poll)."""
+    own = c.ownership
+    member = Member(
+        own.redis, own.keys, own.settings, own.topic.name, own.group, own.consumer_id, EVENTBUS
+    )
+    own.locks = LockClient(member, shards=16, full_rounds=0)
+    await c.reader.ensure_groups()
+
+
+@pytest.mark.anyio
+async def test_a_joiner_holds_its_share_at_its_first_lock_round_after_the_holders() -> None:
+    """Rounds counted, not timed: the holder's first lock round after the join releases its
+    idle surplus (it used to keep it, marked draining, until after its next read, which blocks
+    up to `block_max_ms` on an idle topic), and the joiner's next lock round takes it."""
+    redis = memory_redis()
+    first, second = consumer(redis), consumer(redis)
+    for c in (first, second):
+        await _member(c)
+    await first.ownership.lock_round(first.pipeline)
+    assert len(first.ownership.table.held) == 16
+
+    await second.ownership.lock_round(second.pipeline)  # joins: a share of 8, every lock held
+    assert second.ownership.share == 8 and not second.ownership.table.held
+
+    await first.ownership.lock_round(first.pipeline)  # sees the new epoch: its share is 8
+    assert first.ownership.share == 8 and len(first.ownership.table.held) == 8
+    await second.ownership.lock_round(second.pipeline)
+    assert len(second.ownership.table.held) == 8
+    owners = await redis.hgetall(first.ownership.keys.locks("orders", "billing"))
+    ids = [owners[str(s).encode()].decode() for s in range(16)]
+    assert sorted(set(ids)) == sorted({first.consumer_id, second.consumer_id})
