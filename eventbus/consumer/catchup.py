@@ -31,6 +31,10 @@ from eventbus.tier.store import Store
 
 log = logging.getLogger("eventbus.tier")
 
+_CHUNK = 500
+"""Rows of a segment's batch made items and handled at a time by a per-event subscription's
+catch-up (`TypedCatchUp.rows`; a batch subscription's: its ``max_batch``)."""
+
 
 async def catch_up(
     bus: Any,
@@ -166,15 +170,26 @@ class TypedCatchUp:
 
     async def rows(self, batch: EntryBatch, sc: ShardCatchUp) -> int:
         """`batch` for the rows of a segment as read (`RowsHandle.rows`): the items made from
-        its columns (`EntryBatch.stream_entries`), without `ArchivedEntry`s."""
+        its columns (`EntryBatch.stream_entries`), without `ArchivedEntry`s, a handler's batch
+        (`_CHUNK` for a per-event handler) at a time: a segment's batch is 8,192 rows, and
+        holding all their decoded events until the last is handled made decoding and
+        validating them ~1.7 x slower than the live consumer's (stress/results/
+        catchup-profile-s9.md)."""
         held = await self._held_shard(sc)
         ids, fields = batch.stream_entries()
         shard, token, segment = sc.shard, sc.token, batch.segment
-        items = [
-            Item(shard, token, i, f, 0, 0, segment, held=held)
-            for i, f in zip(ids, fields, strict=True)
-        ]
-        return await self._items(items, sc)
+        call = self.handling.sub.call
+        size = call.max_batch if is_batch(call) else _CHUNK
+        for start in range(0, len(ids), size):
+            stop = start + size
+            items = [
+                Item(shard, token, i, f, 0, 0, segment, held=held)
+                for i, f in zip(ids[start:stop], fields[start:stop], strict=True)
+            ]
+            done = await self._items(items, sc)
+            if done < len(items):
+                return start + done
+        return len(ids)
 
     async def _held_shard(self, sc: ShardCatchUp) -> HeldShard:
         """The `HeldShard` the items of `sc` are read under; the first time, the subscription's

@@ -51,6 +51,7 @@ from eventbus.locking.locks import Fenced, LockClient, new_member_id
 from eventbus.locking.member import AsyncRedis, Member
 from eventbus.profiles import EVENTBUS
 from eventbus.protocol.keys import Keys
+from eventbus.tier.catchup_read import DECODE_THREADS
 from eventbus.tier.catchup_shard import MAX_ROUNDS, Handle, ShardCatchUp
 from eventbus.tier.catchup_shard import CatchUpStats as CatchUpStats  # re-exported
 from eventbus.tier.checkpoint import Checkpoints
@@ -88,6 +89,7 @@ class CatchUp:
         self.revive = revive
         self.consumed: dict[int, SegmentRef] = {}  # last segment handled, per shard
         self.checkpoints = Checkpoints(self.redis, self.keys, self.topic)  # the offloader's
+        self.decoding = anyio.CapacityLimiter(DECODE_THREADS)  # shared by the shards' reads
 
     async def lock(self, shards: Sequence[int]) -> dict[int, int]:
         """Take (or keep) the locks of `shards` that are free; returns shard -> token held."""

@@ -33,6 +33,12 @@ READ_AHEAD = 8
 dominates on S3); with that one, the batch being decoded and the one being handled, what a
 shard's catch-up holds at most."""
 
+DECODE_THREADS = 2
+"""Worker threads decoding segments for all the shards of one catch-up at once (`CatchUp.
+decoding`). Their batches are handled on the one event loop thread, one at a time: a thread a
+shard (16 on flights) only made the decoding threads contend with that thread for the GIL
+(stress/results/catchup-profile-s9.md)."""
+
 
 class ReadBatch(NamedTuple):
     """One step of `read_ahead`: a batch of segment `ref`'s matching rows (`rows`, in entry-ID
@@ -67,12 +73,19 @@ def _steps(
             yield ReadBatch(ref, batch, None)
 
 
-async def _reader(steps: Iterator[ReadBatch], send: MemoryObjectSendStream[object]) -> None:
-    """Send each step of `steps` as it is made (in a worker thread), then close `send`; an
-    error of a step is sent in its place (raised where it comes, after the batches before)."""
+async def _reader(
+    steps: Iterator[ReadBatch],
+    send: MemoryObjectSendStream[object],
+    limiter: anyio.CapacityLimiter | None,
+) -> None:
+    """Send each step of `steps` as it is made (in a worker thread of `limiter`), then close
+    `send`; an error of a step is sent in its place (raised where it comes, after the batches
+    before)."""
     async with send:
         try:
-            while (step := await anyio.to_thread.run_sync(next, steps, None)) is not None:
+            while (
+                step := await anyio.to_thread.run_sync(next, steps, None, limiter=limiter)
+            ) is not None:
                 await send.send(step)
         except Exception as exc:
             await send.send(exc)
@@ -86,14 +99,16 @@ async def read_ahead(
     *,
     entries: bool,
     depth: int = READ_AHEAD,
+    limiter: anyio.CapacityLimiter | None = None,
 ) -> AsyncIterator[AsyncIterator[ReadBatch]]:
     """The matching rows of segments `refs` (one shard's, in entry-ID order), as `ReadBatch`es
     in order: each segment's batches, then its end. A task reads them a step ahead of the one
     handed on (decoding and verifying release the GIL), the next `depth` segments fetched
     meanwhile: bounded memory (the bytes of the `depth` segments fetched ahead and of the one
-    being decoded, two batches). `entries`: the rows
-    also as `ArchivedEntry`s. Iterating raises `CorruptSegment`, `FileNotFoundError`,
-    `StoreError` at the segment that has it; leaving the block stops the reading."""
+    being decoded, two batches). `entries`: the rows also as `ArchivedEntry`s. `limiter`: the
+    worker threads the steps run in (default anyio's); the shards of one catch-up share theirs
+    (`DECODE_THREADS`). Iterating raises `CorruptSegment`, `FileNotFoundError`, `StoreError`
+    at the segment that has it; leaving the block stops the reading."""
     send, receive = anyio.create_memory_object_stream[object](0)
     pool = ThreadPoolExecutor(max(1, depth), thread_name_prefix="eventbus-catchup-fetch")
     steps = _steps(store, refs, flt, pool, entries=entries, depth=depth)
@@ -108,7 +123,7 @@ async def read_ahead(
     failure: Exception | None = None
     try:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(_reader, steps, send)
+            tg.start_soon(_reader, steps, send, limiter)
             try:
                 yield batches()
             except Exception as exc:  # raised here, not as a task group's ExceptionGroup
@@ -138,7 +153,8 @@ async def archive_pass(sc: ShardCatchUp, delivered: EntryId) -> bool:
     refs = await sc.segments_after(delivered, resume=True)
     flt = ReplayFilter(start_id=delivered.next())
     rows = sc.takes_rows()
-    async with read_ahead(sc.o.store, refs, flt, entries=not rows) as batches:
+    reading = read_ahead(sc.o.store, refs, flt, entries=not rows, limiter=sc.o.decoding)
+    async with reading as batches:
         async for ref, batch, entries in batches:
             if batch is None:  # the segment's end: every entry of it handled
                 sc.o.consumed[sc.shard] = ref
@@ -183,4 +199,4 @@ async def archive_pass(sc: ShardCatchUp, delivered: EntryId) -> bool:
     return True
 
 
-__all__ = ["READ_AHEAD", "ReadBatch", "archive_pass", "read_ahead"]
+__all__ = ["DECODE_THREADS", "READ_AHEAD", "ReadBatch", "archive_pass", "read_ahead"]

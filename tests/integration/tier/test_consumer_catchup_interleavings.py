@@ -340,3 +340,48 @@ async def test_a_stop_mid_segment_hands_handled_entries_to_the_next_owner(
         await bus.aclose()
     assert first == [0, 1, 2]  # x:3 is let go at the stop, left in the archive
     assert seen == [0, 1, 2, 3, 4], f"handled {seen}: x:0..x:2 twice after a graceful stop"
+
+
+@pytest.mark.single_node("one shard, consumers driven round by round")
+async def test_a_stop_in_a_later_handler_batch_of_a_segment_keeps_the_batches_handled(
+    settings: Callable[..., Settings], r: redis.asyncio.Redis, tmp_path: Path
+) -> None:
+    """A segment's batch is handed to a batch subscriber `max_batch` entries at a time; a stop
+    during its second handler batch lets the rest go, and the group moves past the two handler
+    batches handled, not past the first alone nor the whole segment: the next owner handles
+    x:4 only."""
+    from eventbus.consumer.catchup import shard_hook
+
+    store = open_store(str(tmp_path / "segments"))
+    s = settings(shards=1)
+    bus = EventBus(s, archive=store)
+    seen: list[int] = []
+    stop = anyio.Event()
+
+    @bus.subscriber("t", group="g", batch=True, max_batch=2)
+    async def handle(events: list[Tick]) -> None:
+        seen.extend(e.seq for e in events)
+        if 3 in seen:
+            stop.set()  # SIGTERM while x:2, x:3 run: they finish, x:4 is let go
+            await anyio.lowlevel.checkpoint()
+
+    c1 = await _driven(bus, s, "consumer-1")
+    c1.pipeline.catch_up = shard_hook(store, c1.handling)
+    await c1.pipeline.reader.ensure_groups()
+    try:
+        for seq in range(5):  # one segment x:0..x:4, archived and trimmed before g read them
+            await bus.publish("t", Tick(resource="x", seq=seq), resource_id="x")
+        await _offload(bus, s, store)
+        assert await r.xlen(bus.keys.stream("t", 0)) == 0
+        with anyio.fail_after(30):
+            await c1.run(stop)
+        first = list(seen)
+        c2 = await _driven(bus, s, "consumer-2")
+        c2.pipeline.catch_up = shard_hook(store, c2.handling)
+        with anyio.fail_after(30):
+            await c2.pipeline.round(1)  # takes shard 0: its catch-up handles the rest
+        await c2.ownership.leave()
+    finally:
+        await bus.aclose()
+    assert first == [0, 1, 2, 3]  # two handler batches, then the stop
+    assert seen == [0, 1, 2, 3, 4], f"handled {seen}: not each entry once across the stop"
