@@ -326,8 +326,8 @@ def test_without_a_jvm_in_this_process_the_frame_is_built_through_the_public_api
 def test_reads_of_the_same_segments_share_one_relation_each_with_its_own_bounds(
     spark: Any, redis_db: str, tmp_path: Path, topic: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Bounded reads of the same segment (a stream's micro-batches within it) build Spark's Parquet
-    relation once and filter it each by its own bounds: each gives exactly the Python path's
+    """Bounded reads of the same segment (a stream's micro-batches within it) build Spark's
+    Parquet relation once and filter it each by its own bounds: each gives exactly its own
     rows. A segment rewritten with another size (same key) gets a relation of its own, not the
     stale file listing."""
     import itertools
