@@ -32,10 +32,9 @@ sys.path.insert(1, str(Path(__file__).resolve().parent))
 N = 336_776
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--archive", default="/tmp/s7spark/store")
-    store = parser.parse_args().archive
+def archive(store: str) -> str:
+    """`store`, with topic ``bench-a`` (the first `N` flights, typed segments as `spark_bench`
+    writes them) archived in it first when it is not there yet."""
     if not Path(store, "bench-a").exists():
         import anyio
         import spark_bench as sb
@@ -47,6 +46,13 @@ def main() -> None:
 
             redis.Redis.from_url(url).flushdb()
             anyio.run(sb.publish_and_archive, url, "bench-a", load_flights(None, N), store)
+    return store
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--archive", default="/tmp/s7spark/store")
+    store = archive(parser.parse_args().archive)
 
     import pyarrow.parquet as pq
     from pyspark.sql import functions as F

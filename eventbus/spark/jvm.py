@@ -27,7 +27,8 @@ import json
 import logging
 import threading
 import weakref
-from collections.abc import Iterator, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -37,6 +38,12 @@ log = logging.getLogger("eventbus.spark")
 _TOOLS: weakref.WeakKeyDictionary[Any, _Tools | str] = weakref.WeakKeyDictionary()
 _SAID: set[str] = set()  # the missing pieces already logged in this process
 _SAY_LOCK = threading.Lock()
+KEPT = 8  # frames `kept_frame` keeps per session (each its JVM plan, a few kB)
+# per session: `kept_frame`'s (frame class, JVM Dataset) by key, least recently used first
+_KEPT_FRAMES: weakref.WeakKeyDictionary[Any, OrderedDict[Hashable, Any]] = (
+    weakref.WeakKeyDictionary()
+)
+_KEPT_LOCK = threading.Lock()  # footer threads and a user's threads may read at once
 
 
 class _Moved(Exception):
@@ -105,6 +112,33 @@ def parquet_select(spark: Any, schema: Any, paths: Sequence[str], exprs: Sequenc
             _TOOLS[spark] = moved.piece
             _say(moved)
     return spark.read.schema(schema).parquet(*paths).selectExpr(*exprs)
+
+
+def kept_frame(spark: Any, key: Hashable, build: Callable[[], Any]) -> Any:
+    """The DataFrame `build` made for `key` in session `spark`, kept (the last `KEPT` per
+    session), else `build`'s new one. A stream's micro-batches read the same segments with
+    other bounds, and building their relation (Spark checks each path, then analyses the
+    projection) was most of a micro-batch's planning (`stress/spark_stream_breakdown.py`):
+    `key` must name everything the frame depends on (a file's size as well as its path: a
+    file rewritten with another size must not be read through a stale listing). What is kept
+    is the JVM Dataset, not the frame (which would keep the session alive); a frame without
+    one here (Spark Connect) is not kept."""
+    with _KEPT_LOCK:
+        kept = _KEPT_FRAMES.setdefault(spark, OrderedDict())
+        hit = kept.get(key)
+        if hit is not None:
+            kept.move_to_end(key)
+    if hit is not None:
+        frame_class, jdf = hit
+        return frame_class(jdf, spark)
+    df = build()
+    jdf = getattr(df, "_jdf", None)
+    if jdf is not None:
+        with _KEPT_LOCK:
+            kept[key] = (type(df), jdf)
+            while len(kept) > KEPT:
+                kept.popitem(last=False)
+    return df
 
 
 def _route(spark: Any) -> _Tools | str:

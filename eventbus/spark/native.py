@@ -41,7 +41,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from eventbus.protocol.ids import ZERO
 from eventbus.spark.bounds import bounds_filter, literal
-from eventbus.spark.jvm import parquet_select
+from eventbus.spark.jvm import kept_frame, parquet_select
 from eventbus.spark.matching import (
     ReadTyping,
     SegmentTyping,
@@ -216,11 +216,18 @@ def _segments(
     the columns of a read of `models` (event type, class pairs; none: a raw read): one relation
     with the segments' schema given (no inference job), then one projection that renames three
     columns, turns ``event_time_ms`` into ``published_at`` and nulls the `masked` columns on
-    rows of types the read does not model for them (`_columns`); rows outside a part's entry-ID
-    bounds (``startingOffsets``, ``endingOffsets``, ``startingTimestamp``) are filtered out."""
-    given, exprs = _columns(models, masked)
+    rows of types the read does not model for them (`_columns`), kept for reads of the same
+    files (`kept_frame`: a stream's micro-batches within the same segments); rows outside a
+    part's entry-ID bounds (``startingOffsets``, ``endingOffsets``, ``startingTimestamp``) are
+    filtered out."""
     root = _root(opts.store)
-    df = parquet_select(spark, given, [f"{root}/{r.key}" for r, _ in bounded], exprs)
+    files = tuple((r.key, r.size) for r, _ in bounded)  # (a rewritten file: another size)
+
+    def build() -> Any:
+        given, exprs = _columns(models, masked)
+        return parquet_select(spark, given, [f"{root}/{k}" for k, _ in files], exprs)
+
+    df = kept_frame(spark, (root, files, models, masked), build)
     where = bounds_filter(bounded)
     return df.where(where) if where else df
 

@@ -111,8 +111,10 @@ UPGRADES = {
 
 @pytest.fixture
 def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No session's internals probed yet, nothing said yet (restored after the test)."""
+    """No session's internals probed yet, no frame kept, nothing said yet (restored after the
+    test)."""
     monkeypatch.setattr(jvm, "_TOOLS", weakref.WeakKeyDictionary())
+    monkeypatch.setattr(jvm, "_KEPT_FRAMES", weakref.WeakKeyDictionary())
     monkeypatch.setattr(jvm, "_SAID", set(), raising=False)
 
 
@@ -156,6 +158,7 @@ def test_a_moved_internal_still_reads_natively_with_the_fast_routes_rows(
     want = rows(fast)
     assert len(want) == 200
     monkeypatch.setattr(jvm, "_TOOLS", weakref.WeakKeyDictionary())  # a session not seen yet
+    monkeypatch.setattr(jvm, "_KEPT_FRAMES", weakref.WeakKeyDictionary())  # nothing kept
     with monkeypatch.context() as patched, caplog.at_level(logging.WARNING, "eventbus.spark"):
         piece = upgrade(spark, patched)
         df = read(spark, options)

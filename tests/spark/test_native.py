@@ -321,3 +321,58 @@ def test_without_a_jvm_in_this_process_the_frame_is_built_through_the_public_api
     assert made[0].columns == ["rid", "at", "data"]
     assert sorted(made[0].collect()) == sorted(made[1].collect())
     assert len(made[0].collect()) == 301
+
+
+def test_reads_of_the_same_segments_share_one_relation_each_with_its_own_bounds(
+    spark: Any, redis_db: str, tmp_path: Path, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bounded reads of the same segment (a stream's micro-batches within it) build Spark's
+    Parquet relation once and filter it each by its own bounds: each gives exactly its own
+    rows. A segment rewritten with another size (same key) gets a relation of its own, not the
+    stale file listing."""
+    import itertools
+    import json
+
+    import pyarrow.parquet as pq
+
+    import eventbus.spark.native as native
+
+    store = str(tmp_path / "archive")
+    ids = publish(redis_db, topic, ticks(200), shards=1)
+    offload(redis_db, store, topic, shards=1, typed_models={topic: "spark_support:Tick"})
+    built: list[Any] = []
+    select = native.parquet_select
+
+    def counted(*args: Any) -> Any:
+        built.append(args)
+        return select(*args)
+
+    monkeypatch.setattr(native, "parquet_select", counted)
+    # ranges inside the segment holding the 100th tick: each read covers it alone
+    inside = next(
+        pq.read_table(f, columns=["entry_id"]).column(0).to_pylist()
+        for f in Path(store).glob(f"{topic}/*/*.parquet")
+        if ids[100] in pq.read_table(f, columns=["entry_id"]).column(0).to_pylist()
+    )
+    first = ids.index(inside[0])
+    assert len(inside) >= 8
+    cuts = [first, first + 2, first + len(inside) // 2, first + len(inside) - 1]
+    for lo, hi in [*itertools.pairwise(cuts), (cuts[1], cuts[2] + 1)]:
+        options = {
+            "store": store,
+            "topic": topic,
+            "model": Tick,
+            "startingOffsets": json.dumps({topic: {"0": ids[lo]}}),
+            "endingOffsets": json.dumps({topic: {"0": ids[hi]}}),
+        }
+        got = [r.seq for r in read(spark, options).collect()]
+        assert sorted(got) == list(range(lo + 1, hi + 1))
+    assert len(built) == 1
+    (segment,) = [
+        f
+        for f in Path(store).glob(f"{topic}/*/*.parquet")
+        if pq.read_table(f, columns=["entry_id"]).column(0).to_pylist() == inside
+    ]
+    pq.write_table(pq.read_table(segment), segment, compression="none")  # another size
+    got = [r.seq for r in read(spark, options).collect()]  # the last bounds again
+    assert sorted(got) == list(range(cuts[1] + 1, cuts[2] + 2)) and len(built) == 2
