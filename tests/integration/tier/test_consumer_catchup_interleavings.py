@@ -296,6 +296,41 @@ async def test_entries_archived_and_trimmed_during_a_live_catch_up_are_handled(
     )
 
 
+async def _stopped_then_taken_over(
+    bus: EventBus,
+    s: Settings,
+    r: redis.asyncio.Redis,
+    store: Any,
+    stop: anyio.Event,
+    seen: list[int],
+) -> tuple[list[int], list[int]]:
+    """One segment x:0..x:4 of topic ``t`` archived and trimmed before group g read it;
+    consumer-1 catches it up until `stop`, then consumer-2 takes shard 0 and catches up what is
+    left. Returns (`seen` when consumer-1 stopped, the shards consumer-2 held after its round)."""
+    from eventbus.consumer.catchup import shard_hook
+
+    c1 = await _driven(bus, s, "consumer-1")
+    c1.pipeline.catch_up = shard_hook(store, c1.handling)
+    await c1.pipeline.reader.ensure_groups()
+    try:
+        for seq in range(5):
+            await bus.publish("t", Tick(resource="x", seq=seq), resource_id="x")
+        await _offload(bus, s, store)
+        assert await r.xlen(bus.keys.stream("t", 0)) == 0
+        with anyio.fail_after(30):
+            await c1.run(stop)
+        first = list(seen)
+        c2 = await _driven(bus, s, "consumer-2")
+        c2.pipeline.catch_up = shard_hook(store, c2.handling)
+        with anyio.fail_after(30):
+            await c2.pipeline.round(1)  # takes shard 0: its catch-up handles the rest
+        held = list(c2.ownership.table.held)
+        await c2.ownership.leave()
+    finally:
+        await bus.aclose()
+    return first, held
+
+
 @pytest.mark.single_node("one shard, consumers driven round by round")
 @pytest.mark.parametrize("ack", ["before", "after"])
 async def test_a_stop_mid_segment_hands_handled_entries_to_the_next_owner(
@@ -304,8 +339,6 @@ async def test_a_stop_mid_segment_hands_handled_entries_to_the_next_owner(
     """The stop-aware catch-up fence let the next entry go mid-segment, and the
     group moved only after a whole segment: the next owner handled x:0..x:2 again (at-most-once
     subscribers too)."""
-    from eventbus.consumer.catchup import shard_hook
-
     store = open_store(str(tmp_path / "segments"))
     s = settings(shards=1)
     bus = EventBus(s, archive=store)
@@ -319,25 +352,8 @@ async def test_a_stop_mid_segment_hands_handled_entries_to_the_next_owner(
             stop.set()  # SIGTERM while x:2 runs: x:2 finishes, x:3 is let go
             await anyio.lowlevel.checkpoint()  # a handler doing I/O: the stop task runs
 
-    c1 = await _driven(bus, s, "consumer-1")
-    c1.pipeline.catch_up = shard_hook(store, c1.handling)
-    await c1.pipeline.reader.ensure_groups()
-    try:
-        for seq in range(5):  # one segment x:0..x:4, archived and trimmed before g read them
-            await bus.publish("t", Tick(resource="x", seq=seq), resource_id="x")
-        await _offload(bus, s, store)
-        assert await r.xlen(bus.keys.stream("t", 0)) == 0
-        with anyio.fail_after(30):
-            await c1.run(stop)
-        first = list(seen)
-        c2 = await _driven(bus, s, "consumer-2")
-        c2.pipeline.catch_up = shard_hook(store, c2.handling)
-        with anyio.fail_after(30):
-            await c2.pipeline.round(1)  # takes shard 0: its catch-up handles the segment
-        assert list(c2.ownership.table.held) == [0]
-        await c2.ownership.leave()
-    finally:
-        await bus.aclose()
+    first, held = await _stopped_then_taken_over(bus, s, r, store, stop, seen)
+    assert held == [0]
     assert first == [0, 1, 2]  # x:3 is let go at the stop, left in the archive
     assert seen == [0, 1, 2, 3, 4], f"handled {seen}: x:0..x:2 twice after a graceful stop"
 
@@ -350,8 +366,6 @@ async def test_a_stop_in_a_later_handler_batch_of_a_segment_keeps_the_batches_ha
     during its second handler batch lets the rest go, and the group moves past the two handler
     batches handled, not past the first alone nor the whole segment: the next owner handles
     x:4 only."""
-    from eventbus.consumer.catchup import shard_hook
-
     store = open_store(str(tmp_path / "segments"))
     s = settings(shards=1)
     bus = EventBus(s, archive=store)
@@ -365,23 +379,6 @@ async def test_a_stop_in_a_later_handler_batch_of_a_segment_keeps_the_batches_ha
             stop.set()  # SIGTERM while x:2, x:3 run: they finish, x:4 is let go
             await anyio.lowlevel.checkpoint()
 
-    c1 = await _driven(bus, s, "consumer-1")
-    c1.pipeline.catch_up = shard_hook(store, c1.handling)
-    await c1.pipeline.reader.ensure_groups()
-    try:
-        for seq in range(5):  # one segment x:0..x:4, archived and trimmed before g read them
-            await bus.publish("t", Tick(resource="x", seq=seq), resource_id="x")
-        await _offload(bus, s, store)
-        assert await r.xlen(bus.keys.stream("t", 0)) == 0
-        with anyio.fail_after(30):
-            await c1.run(stop)
-        first = list(seen)
-        c2 = await _driven(bus, s, "consumer-2")
-        c2.pipeline.catch_up = shard_hook(store, c2.handling)
-        with anyio.fail_after(30):
-            await c2.pipeline.round(1)  # takes shard 0: its catch-up handles the rest
-        await c2.ownership.leave()
-    finally:
-        await bus.aclose()
+    first, _ = await _stopped_then_taken_over(bus, s, r, store, stop, seen)
     assert first == [0, 1, 2, 3]  # two handler batches, then the stop
     assert seen == [0, 1, 2, 3, 4], f"handled {seen}: not each entry once across the stop"
